@@ -1,0 +1,35 @@
+# Two commands do everything on a fresh machine: `make reproduce` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.pipelab-installed
+
+.PHONY: install test reproduce lab lint clean
+
+install: $(STAMP)
+
+# torch/torchvision are pinned to the releases that install from this machine's disk (pip only).
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q -e '.[notebooks,dev]'
+	@touch $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy pipelab
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy pipelab
+	OMP_NUM_THREADS=1 $(PY) -m pytest
+
+reproduce: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pipelab.cli reproduce
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

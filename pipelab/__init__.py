@@ -1,0 +1,71 @@
+"""pipelab: profile, partition, simulate, run and watch pipeline-parallel DNN training.
+
+The data flow (each arrow a pure function or a process launch, each box a frozen record)::
+
+    nn.Module --profile()--> Profile --partition()--> Plan --schedules.build()--> Schedule
+                                                        |                            |
+                           Cluster ---------------------+--> simulate() / train() --> Trace --> views
+
+Public names are imported lazily, so ``import pipelab`` is cheap and a notebook that only
+simulates never pays for what it does not use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "Profile": "pipelab.profile.records",
+    "Layer": "pipelab.profile.records",
+    "profile": "pipelab.profile.measure",
+    "Cluster": "pipelab.cluster",
+    "Plan": "pipelab.partition.plan",
+    "Stage": "pipelab.partition.plan",
+    "partition": "pipelab.partition",
+    "Action": "pipelab.schedules.actions",
+    "Schedule": "pipelab.schedules.actions",
+    "simulate": "pipelab.sim",
+    "SimResult": "pipelab.sim",
+    "Trace": "pipelab.trace",
+    "Event": "pipelab.trace",
+    "train": "pipelab.runtime",
+    "launch": "pipelab.runtime",
+    "models": "pipelab.models",
+    "schedules": "pipelab.schedules",
+    "views": "pipelab.views",
+    "widgets": "pipelab.widgets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import public names on first use."""
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pipelab' has no attribute {name!r}")
+    module = importlib.import_module(mod)
+    value = module if mod.endswith("." + name) else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from pipelab import models, schedules, views, widgets  # noqa: F401
+    from pipelab.cluster import Cluster  # noqa: F401
+    from pipelab.partition import partition  # noqa: F401
+    from pipelab.partition.plan import Plan, Stage  # noqa: F401
+    from pipelab.profile.measure import profile  # noqa: F401
+    from pipelab.profile.records import Layer, Profile  # noqa: F401
+    from pipelab.runtime import launch, train  # noqa: F401
+    from pipelab.schedules.actions import Action, Schedule  # noqa: F401
+    from pipelab.sim import SimResult, simulate  # noqa: F401
+    from pipelab.trace import Event, Trace  # noqa: F401

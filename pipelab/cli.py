@@ -1,0 +1,41 @@
+"""The ``pipelab`` command line: ``pipelab profile|plan|simulate|train|reproduce``.
+
+Each sub-command lives next to the code it drives; this module only dispatches, so that
+``pipelab --help`` stays fast (nothing heavy is imported until a sub-command runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# sub-command -> "module:function" taking the remaining argv and returning an exit code
+COMMANDS: dict[str, tuple[str, str]] = {
+    "profile": ("pipelab.profile.cli", "profile a model, or show a saved profile"),
+    "plan": ("pipelab.partition.cli", "partition a profile for a cluster"),
+    "simulate": ("pipelab.sim.cli", "simulate a plan with a method"),
+    "train": ("pipelab.runtime.cli", "run a job (job.json) on this machine or under torchrun"),
+    "reproduce": ("pipelab.reproduce", "run the papers' reproductions (make reproduce)"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``pipelab`` script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+        p = argparse.ArgumentParser(prog="pipelab", description="pipeline-parallel training lab")
+        sub = p.add_subparsers(dest="command", metavar="COMMAND")
+        for name, (_, help_) in COMMANDS.items():
+            sub.add_parser(name, help=help_, add_help=False)
+        if args and args[0] not in ("-h", "--help"):
+            p.error(f"unknown command {args[0]!r}; choose one of {', '.join(COMMANDS)}")
+        p.print_help()
+        return 0 if args else 2
+    module = importlib.import_module(COMMANDS[args[0]][0])
+    return int(module.main(args[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The Plan record: which layers each pipeline stage runs, on how many replicas, on which workers.
+
+A plan is what a partitioner returns and what schedules, the simulator and the runtime consume.
+Stage ``s`` runs the contiguous layers ``[start, end)`` on ``replicas`` workers (data parallel
+within the stage); ``ranks`` are the global worker ranks of those replicas, in replica order.
+Workers are numbered stage by stage: stage 0's replicas first, then stage 1's, and so on.
+
+``config`` follows the PipeDream paper's notation: replica counts per stage joined by ``-``
+(``"15-1"``), ``"straight"`` for a pipeline without replication, and the worker count alone
+(``"16"``) for plain data parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pipelab._io import read_record, write_record
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: layers ``[start, end)`` replicated on ``replicas`` workers ``ranks``."""
+
+    index: int
+    start: int
+    end: int
+    replicas: int
+    ranks: tuple[int, ...]
+    in_flight: int = 1        # minibatches in flight at this stage in steady state (1F1B/PipeDream)
+    versions: int = 1         # weight versions this stage keeps under the plan's method
+    time_s: float = 0.0       # predicted busy seconds of one replica per minibatch (compute + comm)
+    memory_bytes: int = 0     # predicted peak memory of one replica
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        if self.start < 0 or self.end <= self.start:
+            raise ValueError(f"stage {self.index}: layer range [{self.start}, {self.end}) is empty")
+        if self.replicas < 1:
+            raise ValueError(f"stage {self.index}: replicas={self.replicas} must be >= 1")
+        if len(self.ranks) != self.replicas:
+            raise ValueError(f"stage {self.index}: {self.replicas} replicas but {len(self.ranks)} ranks "
+                             f"{self.ranks}; give one rank per replica")
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers in the stage."""
+        return self.end - self.start
+
+
+def config_string(replicas: Sequence[int]) -> str:
+    """The paper's notation for a list of per-stage replica counts."""
+    if len(replicas) == 1:
+        return str(replicas[0])
+    if all(r == 1 for r in replicas):
+        return "straight"
+    return "-".join(str(r) for r in replicas)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A partition of a profile's layers into stages, with the partitioner's predictions."""
+
+    stages: tuple[Stage, ...]
+    num_layers: int
+    method: str = "manual"
+    profile_fingerprint: str = ""
+    model: str = ""
+    cluster: str = ""
+    batch_size: int = 1
+    time_per_minibatch: float = float("nan")   # predicted steady-state seconds per minibatch
+    speedup_over_dp: float = float("nan")      # predicted, against the "dp" plan on the same cluster
+    memory_per_worker: tuple[int, ...] = ()    # predicted peak bytes, indexed by worker rank
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "memory_per_worker", tuple(int(m) for m in self.memory_per_worker))
+        self.validate()
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def num_stages(self) -> int:
+        """Number of pipeline stages."""
+        return len(self.stages)
+
+    @property
+    def num_workers(self) -> int:
+        """Total workers (sum of replicas)."""
+        return sum(s.replicas for s in self.stages)
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        """Replica count per stage."""
+        return tuple(s.replicas for s in self.stages)
+
+    @property
+    def config(self) -> str:
+        """Paper notation: ``"15-1"``, ``"straight"`` or ``"16"``."""
+        return config_string(self.replicas)
+
+    @property
+    def time_per_sample(self) -> float:
+        """Predicted seconds per sample in steady state."""
+        return self.time_per_minibatch / self.batch_size
+
+    @property
+    def noam(self) -> int:
+        """PipeDream's NOAM: minibatches in flight = ceil(workers / input-stage replicas)."""
+        return math.ceil(self.num_workers / self.stages[0].replicas)
+
+    def stage_of_rank(self, rank: int) -> Stage:
+        """The stage that worker ``rank`` runs."""
+        for s in self.stages:
+            if rank in s.ranks:
+                return s
+        raise ValueError(f"rank {rank} is not in this plan (workers 0..{self.num_workers - 1})")
+
+    def stage_of_layer(self, layer: int) -> Stage:
+        """The stage that runs layer index ``layer``."""
+        for s in self.stages:
+            if s.start <= layer < s.end:
+                return s
+        raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+
+    # ------------------------------------------------------------------ checks
+    def validate(self, profile: Any = None) -> None:
+        """Raise ``ValueError`` saying what is wrong unless the stages tile ``[0, num_layers)``.
+
+        With ``profile``, also check that the plan was made for that profile's layers.
+        """
+        if not self.stages:
+            raise ValueError("a Plan needs at least one stage")
+        if self.num_layers < 1:
+            raise ValueError("a Plan needs num_layers >= 1")
+        if len(self.stages) > self.num_layers:
+            raise ValueError(f"Plan has {len(self.stages)} stages but the model has {self.num_layers} layers; "
+                             f"use at most {self.num_layers} stages")
+        expect = 0
+        for i, s in enumerate(self.stages):
+            if s.index != i:
+                raise ValueError(f"stage at position {i} has index {s.index}; stages must be numbered 0..")
+            if s.start != expect:
+                raise ValueError(f"stage {i} starts at layer {s.start} but the previous stage ended at "
+                                 f"{expect}; stages must be contiguous and cover every layer")
+            expect = s.end
+        if expect != self.num_layers:
+            raise ValueError(f"stages end at layer {expect} but the model has {self.num_layers} layers")
+        ranks = [r for s in self.stages for r in s.ranks]
+        if sorted(ranks) != list(range(len(ranks))):
+            raise ValueError(f"worker ranks {ranks} must be 0..{len(ranks) - 1}, each exactly once")
+        if self.memory_per_worker and len(self.memory_per_worker) != len(ranks):
+            raise ValueError("memory_per_worker needs one entry per worker")
+        if profile is not None:
+            if len(profile) != self.num_layers:
+                raise ValueError(f"this plan is for a model of {self.num_layers} layers but the profile has "
+                                 f"{len(profile)}; partition this profile again")
+            if self.profile_fingerprint and profile.fingerprint() != self.profile_fingerprint:
+                raise ValueError(f"this plan was made for another model ({self.model or 'unknown'}, "
+                                 f"fingerprint {self.profile_fingerprint}) than the profile "
+                                 f"({profile.model or 'unknown'}, {profile.fingerprint()}); partition again")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_boundaries(cls, num_layers: int, boundaries: Sequence[int], replicas: Sequence[int] | None = None,
+                        *, method: str = "manual", batch_size: int = 1, **kw: Any) -> Plan:
+        """A plan from cut points: ``boundaries=[3, 5]`` on 8 layers gives stages [0,3) [3,5) [5,8).
+
+        ``replicas`` (default all 1) gives each stage's replica count; ranks are assigned in order.
+        """
+        cuts = [0, *[int(b) for b in boundaries], num_layers]
+        if any(b <= a for a, b in zip(cuts, cuts[1:])):
+            raise ValueError(f"boundaries {list(boundaries)} must be strictly increasing inside 1..{num_layers - 1}")
+        reps = list(replicas) if replicas is not None else [1] * (len(cuts) - 1)
+        if len(reps) != len(cuts) - 1:
+            raise ValueError(f"{len(cuts) - 1} stages but {len(reps)} replica counts")
+        stages, rank = [], 0
+        for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+            stages.append(Stage(index=i, start=a, end=b, replicas=reps[i], ranks=tuple(range(rank, rank + reps[i]))))
+            rank += reps[i]
+        return cls(stages=tuple(stages), num_layers=num_layers, method=method, batch_size=batch_size, **kw)
+
+    @classmethod
+    def even(cls, num_layers: int, num_stages: int, **kw: Any) -> Plan:
+        """Split ``num_layers`` into ``num_stages`` stages of (nearly) equal layer counts."""
+        if not (1 <= num_stages <= num_layers):
+            raise ValueError(f"num_stages={num_stages} must be in 1..{num_layers} (the number of layers)")
+        bounds = [round(i * num_layers / num_stages) for i in range(1, num_stages)]
+        return cls.from_boundaries(num_layers, bounds, **kw)
+
+    def with_predictions(self, **kw: Any) -> Plan:
+        """A copy with some fields replaced (predictions filled in by a partitioner or simulator)."""
+        return replace(self, **kw)
+
+    # ------------------------------------------------------------------ (de)serialization
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (without the schema envelope)."""
+        d = asdict(self)
+        d["stages"] = [asdict(s) for s in self.stages]
+        d["config"] = self.config
+        for k in ("time_per_minibatch", "speedup_over_dp"):
+            if isinstance(d[k], float) and math.isnan(d[k]):
+                d[k] = None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """Inverse of :meth:`to_dict`."""
+        try:
+            d = dict(d)
+            d.pop("config", None)
+            stages = tuple(Stage(**{**s, "ranks": tuple(s["ranks"])}) for s in d.pop("stages"))
+            for k in ("time_per_minibatch", "speedup_over_dp"):
+                if d.get(k) is None:
+                    d[k] = float("nan")
+            d["memory_per_worker"] = tuple(d.get("memory_per_worker", ()))
+            return cls(stages=stages, **d)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed plan JSON ({exc}); re-create it with pl.partition(...).save()") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the plan as JSON (atomically)."""
+        return write_record(path, "plan", SCHEMA_VERSION, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read a plan written by :meth:`save`."""
+        return cls.from_dict(read_record(path, "plan", SCHEMA_VERSION))
+
+    def describe(self) -> str:
+        """A few lines for humans: config, stages with layer ranges and ranks, predictions."""
+        lines = [f"Plan {self.config!r} ({self.method}) for {self.model or 'model'} on {self.cluster or 'cluster'}: "
+                 f"{self.num_stages} stages, {self.num_workers} workers"]
+        for s in self.stages:
+            lines.append(f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas} on ranks {list(s.ranks)}"
+                         + (f", {s.time_s * 1e3:.2f} ms/minibatch" if s.time_s else ""))
+        if not math.isnan(self.time_per_minibatch):
+            lines.append(f"  predicted {self.time_per_minibatch * 1e3:.2f} ms/minibatch"
+                         + (f", {self.speedup_over_dp:.2f}x over data parallel"
+                            if not math.isnan(self.speedup_over_dp) else ""))
+        return "\n".join(lines)

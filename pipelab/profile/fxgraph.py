@@ -1,0 +1,199 @@
+"""The model as a layer graph: torch.fx tracing at module granularity, cuts, and stage modules.
+
+One place decides what a "layer" is, so that the profiler (which measures layers) and the runtime
+(which builds each stage from a layer range) always agree:
+
+* :func:`trace` traces a model with :class:`LayerTracer`: standard ``torch.nn`` layers are leaves,
+  and so are the classes in ``leaf_modules`` and every module deeper than ``depth``.
+* The *layers* are the graph's ``call_module`` / ``call_function`` / ``call_method`` nodes, in the
+  graph's (topological) order. ``get_attr`` nodes (parameters used directly) are not layers; they
+  are copied into whichever stage uses them.
+* :func:`live_across_cuts` gives, for every boundary between consecutive layers, the values that
+  are produced before it and used after it (model inputs included): exactly what a pipeline cut
+  there must send. Skip connections and attention inputs are counted by construction.
+* :func:`build_stage` cuts layers ``[start, end)`` out as a ``torch.nn.Module`` taking the live
+  values before the range and returning the live values after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+LAYER_OPS = ("call_module", "call_function", "call_method")
+
+
+class LayerTracer(fx.Tracer):
+    """An fx tracer whose leaves are standard layers, ``leaf_modules`` and modules below ``depth``."""
+
+    def __init__(self, leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None) -> None:
+        super().__init__()
+        self.leaf_types = tuple(leaf_modules)
+        self.depth = depth
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        """Standard torch.nn layers, ``leaf_modules`` instances, and modules at ``depth`` are leaves."""
+        if self.leaf_types and isinstance(m, self.leaf_types):
+            return True
+        if self.depth is not None and module_qualified_name and module_qualified_name.count(".") + 1 >= self.depth:
+            return True
+        return bool(super().is_leaf_module(m, module_qualified_name))
+
+
+def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
+          depth: int | None = None) -> fx.GraphModule:
+    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity.
+
+    Raises ``TypeError`` with advice when fx cannot trace the model (data-dependent control flow).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth={depth} must be >= 1 (1 = the model's direct children are leaves)")
+    tracer = LayerTracer(leaf_modules, depth)
+    try:
+        graph = tracer.trace(model)
+    except Exception as exc:  # fx raises many types (TraceError, TypeError, RuntimeError, ...)
+        raise TypeError(
+            f"torch.fx cannot trace {type(model).__name__}: {type(exc).__name__}: {exc}. "
+            "Make the offending submodule a leaf (leaf_modules=[ThatClass] or depth=N), or remove "
+            "Python control flow that depends on tensor values from forward()") from None
+    name = type(model).__name__
+    return fx.GraphModule(tracer.root, graph, name)
+
+
+def layer_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The layer nodes of a traced model, in topological order."""
+    return [n for n in gm.graph.nodes if n.op in LAYER_OPS]
+
+
+def _is_value(n: fx.Node) -> bool:
+    return n.op in LAYER_OPS or n.op == "placeholder"
+
+
+def live_across_cuts(gm: fx.GraphModule) -> list[list[str]]:
+    """For each boundary ``i`` (after layer ``i``), names of the values alive across it.
+
+    A value is alive across boundary ``i`` when it is produced by a placeholder or by a layer at
+    position ``<= i`` and used by a layer at position ``> i`` or by the model's output.
+    """
+    layers = layer_nodes(gm)
+    pos = {n.name: i for i, n in enumerate(layers)}
+    last_use: dict[str, int] = {}
+    produced_at: dict[str, int] = {}
+    n_layers = len(layers)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            produced_at[n.name] = -1
+        elif n.op in LAYER_OPS:
+            produced_at[n.name] = pos[n.name]
+        for inp in n.all_input_nodes:
+            if not _is_value(inp):
+                continue
+            user_pos = pos[n.name] if n.op in LAYER_OPS else (n_layers if n.op == "output" else None)
+            if user_pos is None:
+                continue
+            last_use[inp.name] = max(last_use.get(inp.name, -1), user_pos)
+    cuts: list[list[str]] = []
+    order = [n.name for n in gm.graph.nodes if _is_value(n)]
+    for i in range(n_layers - 1):
+        cuts.append([v for v in order if produced_at[v] <= i < last_use.get(v, -2)])
+    return cuts
+
+
+def inputs_of_range(gm: fx.GraphModule, start: int, end: int) -> list[str]:
+    """Names of the values a layer range ``[start, end)`` consumes from before it, in graph order.
+
+    Equal to the live set across boundary ``start - 1`` restricted to what the range itself needs
+    is not enough for a pipeline (later stages may need values that merely pass through), so
+    stage inputs are the full live set; this helper returns that set (placeholders for start 0).
+    """
+    if start == 0:
+        return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return live_across_cuts(gm)[start - 1]
+
+
+class StageModule(nn.Module):
+    """Layers ``[start, end)`` of a traced model as a module: live values in, live values out.
+
+    ``forward(*inputs)`` takes the values named by ``input_names`` (in that order) and returns a
+    tuple of the values named by ``output_names`` — or, for the last stage, the model's output.
+    """
+
+    def __init__(self, gm: fx.GraphModule, start: int, end: int) -> None:
+        super().__init__()
+        layers = layer_nodes(gm)
+        n = len(layers)
+        if not (0 <= start < end <= n):
+            raise ValueError(f"stage layer range [{start}, {end}) is outside the model's 0..{n} layers")
+        cuts = live_across_cuts(gm)
+        self.start, self.end, self.is_last = start, end, end == n
+        self.input_names = inputs_of_range(gm, start, end)
+        self.output_names = [] if self.is_last else cuts[end - 1]
+        selected = {n.name for n in layers[start:end]}
+        graph = fx.Graph()
+        env: dict[str, fx.Node] = {}
+        for name in self.input_names:
+            env[name] = graph.placeholder(name)
+        attr_nodes = {n.name: n for n in gm.graph.nodes if n.op == "get_attr"}
+
+        def lookup_name(name: str) -> fx.Node:
+            if name not in env and name in attr_nodes:
+                env[name] = graph.node_copy(attr_nodes[name], lookup)
+            if name not in env:
+                raise RuntimeError(f"stage [{start}, {end}) needs value {name!r} that is not alive "
+                                   f"at its input; this is a bug in cut computation")
+            return env[name]
+
+        def lookup(node: fx.Node) -> fx.Node:
+            return lookup_name(node.name)
+
+        out_node: fx.Node | None = None
+        for node in gm.graph.nodes:
+            if node.name in selected:
+                env[node.name] = graph.node_copy(node, lookup)
+            elif node.op == "output":
+                out_node = node
+        if self.is_last:
+            assert out_node is not None
+            graph.output(fx.map_arg(out_node.args[0], lookup))
+        else:
+            graph.output(tuple(lookup_name(name) for name in self.output_names))
+        graph.lint()
+        self.graph_module = fx.GraphModule(gm, graph, f"Stage_{start}_{end}")
+
+    def forward(self, *inputs: Any) -> Any:
+        """Run the stage's layers on the live values entering it."""
+        return self.graph_module(*inputs)
+
+
+def build_stage(model_or_gm: nn.Module, start: int, end: int, *,
+                leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None) -> StageModule:
+    """Cut layers ``[start, end)`` out of a model (traced with the same rules as the profiler)."""
+    gm = model_or_gm if isinstance(model_or_gm, fx.GraphModule) else trace(
+        model_or_gm, leaf_modules=leaf_modules, depth=depth)
+    return StageModule(gm, start, end)
+
+
+def as_tuple(value: Any) -> tuple[Any, ...]:
+    """Wrap a stage's inputs as a tuple (a lone tensor becomes a 1-tuple)."""
+    if isinstance(value, tuple):
+        return value
+    if isinstance(value, list):
+        return tuple(value)
+    return (value,)
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor inside ``value`` (nested tuples/lists/dicts), using real dtypes."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    return 0

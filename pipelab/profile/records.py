@@ -1,0 +1,291 @@
+"""The Profile record: a model as an ordered list of layers with their costs.
+
+A :class:`Profile` is the first box of pipelab's data flow (``profile() -> Profile -> partition()``).
+Layers are in a topological order of the model's graph; boundary ``i`` lies between layer ``i`` and
+layer ``i + 1`` and ``cut_bytes[i]`` counts *every* tensor alive across it (skip connections and
+attention inputs included), which is what a pipeline cut there must send forward (and what its
+gradient sends back).
+
+Times are seconds per minibatch of ``batch_size`` samples; sizes are bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, overload
+
+from pipelab._io import read_record, write_record
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer (a leaf of the model's graph) and what it costs for one minibatch."""
+
+    name: str
+    kind: str
+    fwd_s: float
+    bwd_s: float
+    out_bytes: int
+    param_bytes: int
+    flops: int = 0
+    saved_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for attr in ("fwd_s", "bwd_s", "out_bytes", "param_bytes", "flops", "saved_bytes"):
+            v = getattr(self, attr)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"layer {self.name!r}: {attr}={v!r} must be a finite number >= 0; "
+                                 f"fix the profile (times are seconds, sizes bytes)")
+
+
+@dataclass(frozen=True)
+class RangeTotals:
+    """Totals of a contiguous layer range ``[start, end)`` of a profile (``profile[start:end]``)."""
+
+    start: int
+    end: int
+    fwd_s: float
+    bwd_s: float
+    param_bytes: int
+    flops: int
+    saved_bytes: int
+    in_bytes: int   # bytes entering the range: cut before it (the model input for start == 0)
+    out_bytes: int  # bytes leaving the range: cut after it (the last layer's output at the end)
+
+    @property
+    def compute_s(self) -> float:
+        """Forward plus backward seconds per minibatch."""
+        return self.fwd_s + self.bwd_s
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-layer costs of a model, in topological order, plus what crosses every cut.
+
+    ``edges`` (optional) are the data-flow edges between layer indices, kept for drawing the layer
+    graph; the partitioners need only the linear order and ``cut_bytes``.
+    """
+
+    layers: tuple[Layer, ...]
+    cut_bytes: tuple[int, ...]
+    batch_size: int
+    dtype: str = "float32"
+    device: str = "cpu"
+    input_bytes: int = 0
+    model: str = ""
+    source: str = ""
+    edges: tuple[tuple[int, int], ...] = field(default=())
+
+    # ------------------------------------------------------------------ validation
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "cut_bytes", tuple(int(c) for c in self.cut_bytes))
+        object.__setattr__(self, "edges", tuple((int(a), int(b)) for a, b in self.edges))
+        n = len(self.layers)
+        if n == 0:
+            raise ValueError("a Profile needs at least one layer")
+        if len(self.cut_bytes) != n - 1:
+            raise ValueError(f"cut_bytes has {len(self.cut_bytes)} entries but a profile of {n} layers has "
+                             f"{n - 1} boundaries; give one per boundary between consecutive layers")
+        if any(c < 0 for c in self.cut_bytes):
+            raise ValueError("cut_bytes must be >= 0")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size!r} must be a positive integer")
+        if self.input_bytes < 0:
+            raise ValueError("input_bytes must be >= 0")
+        for a, b in self.edges:
+            if not (0 <= a < b < n):
+                raise ValueError(f"edge ({a}, {b}) is not forward between layer indices 0..{n - 1}")
+
+    # ------------------------------------------------------------------ access
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers."""
+        return len(self.layers)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Layer names in order."""
+        return tuple(layer.name for layer in self.layers)
+
+    @overload
+    def __getitem__(self, key: int) -> Layer: ...
+    @overload
+    def __getitem__(self, key: slice) -> RangeTotals: ...
+
+    def __getitem__(self, key: int | slice) -> Layer | RangeTotals:
+        """``profile[i]`` is layer ``i``; ``profile[a:b]`` the totals of layers ``a..b-1``."""
+        if isinstance(key, slice):
+            start, end, step = key.indices(len(self))
+            if step != 1:
+                raise ValueError("a layer range must be contiguous (step 1)")
+            return self.totals(start, end)
+        return self.layers[key]
+
+    def totals(self, start: int, end: int) -> RangeTotals:
+        """Totals of the contiguous layer range ``[start, end)``."""
+        n = len(self)
+        if not (0 <= start < end <= n):
+            raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{n}")
+        sel = self.layers[start:end]
+        return RangeTotals(
+            start=start, end=end,
+            fwd_s=sum(layer.fwd_s for layer in sel),
+            bwd_s=sum(layer.bwd_s for layer in sel),
+            param_bytes=sum(layer.param_bytes for layer in sel),
+            flops=sum(layer.flops for layer in sel),
+            saved_bytes=sum(layer.saved_bytes for layer in sel),
+            in_bytes=self.input_bytes if start == 0 else self.cut_bytes[start - 1],
+            out_bytes=self.layers[-1].out_bytes if end == n else self.cut_bytes[end - 1],
+        )
+
+    @property
+    def fwd_s(self) -> float:
+        """Whole-model forward seconds per minibatch."""
+        return sum(layer.fwd_s for layer in self.layers)
+
+    @property
+    def bwd_s(self) -> float:
+        """Whole-model backward seconds per minibatch."""
+        return sum(layer.bwd_s for layer in self.layers)
+
+    @property
+    def param_bytes(self) -> int:
+        """Whole-model parameter bytes."""
+        return sum(layer.param_bytes for layer in self.layers)
+
+    def fingerprint(self) -> str:
+        """A short hash of the layer structure (names and parameter bytes), not of the timings.
+
+        Plans remember it so that a plan made for one model is refused for another.
+        """
+        h = hashlib.sha1()
+        for layer in self.layers:
+            h.update(f"{layer.name}|{layer.param_bytes};".encode())
+        return h.hexdigest()[:12]
+
+    def summary(self) -> pd.DataFrame:
+        """One row per layer (times in ms, sizes in MB) as a pandas DataFrame, with a total row."""
+        import pandas as pd
+
+        rows = []
+        for i, layer in enumerate(self.layers):
+            rows.append({
+                "layer": layer.name, "kind": layer.kind,
+                "fwd_ms": layer.fwd_s * 1e3, "bwd_ms": layer.bwd_s * 1e3,
+                "out_MB": layer.out_bytes / 1e6,
+                "cut_MB": self.cut_bytes[i] / 1e6 if i < len(self.cut_bytes) else float("nan"),
+                "params_MB": layer.param_bytes / 1e6, "GFLOP": layer.flops / 1e9,
+                "saved_MB": layer.saved_bytes / 1e6,
+            })
+        df = pd.DataFrame(rows)
+        total = {"layer": "TOTAL", "kind": "", **{c: df[c].sum() for c in
+                 ("fwd_ms", "bwd_ms", "out_MB", "params_MB", "GFLOP", "saved_MB")}, "cut_MB": float("nan")}
+        return pd.concat([df, pd.DataFrame([total])], ignore_index=True)
+
+    def scaled(self, *, time: float = 1.0, batch_size: int | None = None) -> Profile:
+        """A copy with all times multiplied by ``time`` (e.g. another device's relative speed)."""
+        if not (time > 0 and math.isfinite(time)):
+            raise ValueError("time scale must be a positive finite number")
+        layers = tuple(Layer(**{**asdict(layer), "fwd_s": layer.fwd_s * time, "bwd_s": layer.bwd_s * time})
+                       for layer in self.layers)
+        return Profile(layers=layers, cut_bytes=self.cut_bytes, batch_size=batch_size or self.batch_size,
+                       dtype=self.dtype, device=self.device, input_bytes=self.input_bytes, model=self.model,
+                       source=self.source, edges=self.edges)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def synthetic(
+        cls,
+        fwd_s: Sequence[float],
+        bwd_s: Sequence[float] | None = None,
+        out_bytes: Sequence[int] | None = None,
+        param_bytes: Sequence[int] | None = None,
+        batch_size: int = 1,
+        *,
+        cut_bytes: Sequence[int] | None = None,
+        names: Sequence[str] | None = None,
+        input_bytes: int = 0,
+        model: str = "synthetic",
+    ) -> Profile:
+        """A profile from plain numbers, for tests and teaching.
+
+        ``bwd_s`` defaults to twice ``fwd_s``; ``out_bytes`` and ``param_bytes`` to zero;
+        ``cut_bytes`` to ``out_bytes`` of the layer before each cut (a plain chain).
+        """
+        n = len(fwd_s)
+        if n == 0:
+            raise ValueError("synthetic profile needs at least one layer (fwd_s is empty)")
+        bwd = list(bwd_s) if bwd_s is not None else [2.0 * f for f in fwd_s]
+        outs = list(out_bytes) if out_bytes is not None else [0] * n
+        params = list(param_bytes) if param_bytes is not None else [0] * n
+        nm = list(names) if names is not None else [f"layer{i}" for i in range(n)]
+        for label, seq in (("bwd_s", bwd), ("out_bytes", outs), ("param_bytes", params), ("names", nm)):
+            if len(seq) != n:
+                raise ValueError(f"{label} has {len(seq)} entries but fwd_s has {n}; give one per layer")
+        layers = tuple(Layer(name=nm[i], kind="synthetic", fwd_s=float(fwd_s[i]), bwd_s=float(bwd[i]),
+                             out_bytes=int(outs[i]), param_bytes=int(params[i])) for i in range(n))
+        cuts = list(cut_bytes) if cut_bytes is not None else [int(o) for o in outs[:-1]]
+        return cls(layers=layers, cut_bytes=tuple(int(c) for c in cuts), batch_size=batch_size,
+                   input_bytes=input_bytes, model=model, source="synthetic",
+                   edges=tuple((i, i + 1) for i in range(n - 1)))
+
+    @classmethod
+    def from_pipedream(cls, path: str | os.PathLike[str], *, batch_size: int | None = None,
+                       model: str | None = None) -> Profile:
+        """Import one of PipeDream's ``graph.txt`` profiles (ms per minibatch, sizes in bytes)."""
+        from pipelab.profile.pipedream_format import load_pipedream
+
+        return load_pipedream(path, batch_size=batch_size, model=model)
+
+    # ------------------------------------------------------------------ (de)serialization
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (without the schema envelope)."""
+        return {
+            "model": self.model, "source": self.source, "batch_size": self.batch_size,
+            "dtype": self.dtype, "device": self.device, "input_bytes": self.input_bytes,
+            "layers": [asdict(layer) for layer in self.layers],
+            "cut_bytes": list(self.cut_bytes),
+            "edges": [list(e) for e in self.edges],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        """Inverse of :meth:`to_dict`; raises ``ValueError`` naming a missing or bad field."""
+        try:
+            layers = tuple(Layer(**layer) for layer in d["layers"])
+            return cls(layers=layers, cut_bytes=tuple(d["cut_bytes"]), batch_size=int(d["batch_size"]),
+                       dtype=d.get("dtype", "float32"), device=d.get("device", "cpu"),
+                       input_bytes=int(d.get("input_bytes", 0)), model=d.get("model", ""),
+                       source=d.get("source", ""), edges=tuple(tuple(e) for e in d.get("edges", ())))
+        except KeyError as exc:
+            raise ValueError(f"profile JSON lacks field {exc}; re-create it with pl.profile(...).save()") from None
+        except TypeError as exc:
+            raise ValueError(f"profile JSON has a malformed layer ({exc})") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the profile as JSON (atomically) and return the path."""
+        return write_record(path, "profile", SCHEMA_VERSION, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Profile:
+        """Read a profile written by :meth:`save`."""
+        return cls.from_dict(read_record(path, "profile", SCHEMA_VERSION))
+
+    def __repr__(self) -> str:
+        return (f"Profile(model={self.model!r}, layers={len(self)}, batch={self.batch_size}, "
+                f"fwd={self.fwd_s * 1e3:.2f} ms, bwd={self.bwd_s * 1e3:.2f} ms, "
+                f"params={self.param_bytes / 1e6:.1f} MB, source={self.source!r})")

@@ -1,0 +1,163 @@
+"""The Trace record: what happened (or would happen) on every worker, action by action.
+
+Both the simulator and the runtime produce a :class:`Trace`; views draw it. One :class:`Event` per
+executed action (kinds ``F``, ``B``, ``W``, ``U``) and optionally per transfer (kinds ``send``,
+``recv``, ``allreduce``), with start/end seconds relative to the run's start, bytes moved, and the
+weight version the action read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipelab._io import atomic_write_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+COMPUTE_KINDS = ("F", "B", "W", "U")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One action (or transfer) on one worker.
+
+    ``weight_version`` is the version of the stage's weights the action read (-1 when not tracked);
+    ``step`` is the index of the action in its worker's action list (-1 for transfers).
+    """
+
+    worker: int
+    stage: int
+    kind: str
+    microbatch: int
+    start_s: float
+    end_s: float
+    bytes: int = 0
+    weight_version: int = -1
+    step: int = -1
+    peer: int = -1
+
+    @property
+    def duration_s(self) -> float:
+        """``end_s - start_s``."""
+        return self.end_s - self.start_s
+
+    @property
+    def action(self) -> str:
+        """The action's text form, e.g. ``"1F0"``."""
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+
+@dataclass(frozen=True)
+class Trace:
+    """An ordered collection of :class:`Event` plus free-form metadata (method, plan config, ...)."""
+
+    events: tuple[Event, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", tuple(self.events))
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """Sorted worker ids that appear in the trace."""
+        return tuple(sorted({e.worker for e in self.events}))
+
+    def compute_events(self) -> tuple[Event, ...]:
+        """Only F/B/W/U events."""
+        return tuple(e for e in self.events if e.kind in COMPUTE_KINDS)
+
+    def actions_by_worker(self) -> dict[int, list[str]]:
+        """Per worker, its compute actions' text forms in execution order (by step, then start)."""
+        out: dict[int, list[Event]] = {}
+        for e in self.compute_events():
+            out.setdefault(e.worker, []).append(e)
+        return {w: [e.action for e in sorted(evs, key=lambda e: (e.step, e.start_s))] for w, evs in out.items()}
+
+    @property
+    def makespan(self) -> float:
+        """Seconds from the first start to the last end (0 for an empty trace)."""
+        if not self.events:
+            return 0.0
+        return max(e.end_s for e in self.events) - min(e.start_s for e in self.events)
+
+    # ------------------------------------------------------------------ exports
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per event, with a ``duration_s`` column."""
+        import pandas as pd
+
+        df = pd.DataFrame([asdict(e) for e in self.events],
+                          columns=[f for f in Event.__dataclass_fields__])
+        df["duration_s"] = df["end_s"] - df["start_s"]
+        return df
+
+    def to_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
+        """Write Chrome trace-event JSON (opens in Perfetto or chrome://tracing): one event per action."""
+        evs = []
+        for e in self.events:
+            evs.append({"name": e.action, "cat": e.kind, "ph": "X", "pid": 0, "tid": e.worker,
+                        "ts": e.start_s * 1e6, "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
+                        "args": {"stage": e.stage, "microbatch": e.microbatch, "bytes": e.bytes,
+                                 "weight_version": e.weight_version, "step": e.step}})
+        meta = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": w, "args": {"name": f"worker {w}"}}
+                for w in self.workers]
+        doc = {"traceEvents": meta + evs, "displayTimeUnit": "ms", "otherData": _jsonable(self.meta)}
+        return atomic_write_text(path, json.dumps(doc))
+
+    def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
+        """Write one JSON object per line (first line: metadata), atomically."""
+        lines = [json.dumps({"meta": _jsonable(self.meta)})]
+        lines += [json.dumps(asdict(e)) for e in self.events]
+        return atomic_write_text(path, "\n".join(lines) + "\n")
+
+    @classmethod
+    def load_jsonl(cls, path: str | os.PathLike[str]) -> Trace:
+        """Read a trace written by :meth:`save_jsonl` (or streamed by the runtime)."""
+        meta: dict[str, Any] = {}
+        events = []
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    raise ValueError(f"{path}:{n} is not a JSON line; the trace file is corrupt") from None
+                if "meta" in obj and len(obj) == 1:
+                    meta = obj["meta"]
+                else:
+                    events.append(Event(**obj))
+        return cls(events=tuple(events), meta=meta)
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event], **meta: Any) -> Trace:
+        """Build a trace from any iterable of events, sorted by (worker, start)."""
+        return cls(events=tuple(sorted(events, key=lambda e: (e.worker, e.start_s, e.step))), meta=dict(meta))
+
+
+def _jsonable(obj: Any) -> Any:
+    """Best-effort conversion of metadata to JSON-safe values."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def events_of(trace_or_events: Trace | Sequence[Event]) -> tuple[Event, ...]:
+    """Events of a Trace or a plain sequence of events."""
+    return trace_or_events.events if isinstance(trace_or_events, Trace) else tuple(trace_or_events)
