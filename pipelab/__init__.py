@@ -49,7 +49,9 @@ def __getattr__(name: str) -> Any:
     if mod is None:
         raise AttributeError(f"module 'pipelab' has no attribute {name!r}")
     module = importlib.import_module(mod)
-    value = module if mod.endswith("." + name) else getattr(module, name)
+    # a package exported under its own name ("models") is the module itself, unless it defines a
+    # function of that name ("partition" -> pipelab.partition.partition)
+    value = getattr(module, name, module) if mod.endswith("." + name) else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -65,7 +67,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from pipelab.partition.plan import Plan, Stage  # noqa: F401
     from pipelab.profile.measure import profile  # noqa: F401
     from pipelab.profile.records import Layer, Profile  # noqa: F401
-    from pipelab.runtime import launch, train  # noqa: F401
+    from pipelab.runtime.launch import launch, train  # noqa: F401
     from pipelab.schedules.actions import Action, Schedule  # noqa: F401
     from pipelab.sim import SimResult, simulate  # noqa: F401
     from pipelab.trace import Event, Trace  # noqa: F401

@@ -9,6 +9,7 @@ weight version the action read.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -109,11 +110,50 @@ class Trace:
             evs.append({"name": e.action, "cat": e.kind, "ph": "X", "pid": 0, "tid": e.worker,
                         "ts": e.start_s * 1e6, "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
                         "args": {"stage": e.stage, "microbatch": e.microbatch, "bytes": e.bytes,
-                                 "weight_version": e.weight_version, "step": e.step}})
+                                 "weight_version": e.weight_version, "step": e.step, "peer": e.peer,
+                                 "start_s": e.start_s, "end_s": e.end_s}})
         meta = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": w, "args": {"name": f"worker {w}"}}
                 for w in self.workers]
         doc = {"traceEvents": meta + evs, "displayTimeUnit": "ms", "otherData": _jsonable(self.meta)}
         return atomic_write_text(path, json.dumps(doc))
+
+    @classmethod
+    def load_chrome_trace(cls, path: str | os.PathLike[str]) -> Trace:
+        """Read a file written by :meth:`to_chrome_trace` back (exact times from the events' args)."""
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            raw = doc["traceEvents"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})") from None
+        events = []
+        for ev in raw:
+            if ev.get("ph") != "X":
+                continue
+            a = ev.get("args", {})
+            start = a.get("start_s", ev["ts"] / 1e6)
+            events.append(Event(worker=int(ev["tid"]), stage=int(a.get("stage", -1)), kind=str(ev["cat"]),
+                                microbatch=int(a.get("microbatch", -1)), start_s=float(start),
+                                end_s=float(a.get("end_s", start + ev.get("dur", 0.0) / 1e6)),
+                                bytes=int(a.get("bytes", 0)), weight_version=int(a.get("weight_version", -1)),
+                                step=int(a.get("step", -1)), peer=int(a.get("peer", -1))))
+        return cls(events=tuple(events), meta=dict(doc.get("otherData", {})))
+
+    # ------------------------------------------------------------------ measures
+    def busy_time(self, start: float | None = None, end: float | None = None) -> dict[int, float]:
+        """Per worker, seconds spent in compute actions (F/B/W/U), clipped to ``[start, end]`` if given."""
+        lo = -math.inf if start is None else start
+        hi = math.inf if end is None else end
+        out: dict[int, float] = {w: 0.0 for w in self.workers}
+        for e in self.compute_events():
+            out[e.worker] += max(0.0, min(e.end_s, hi) - max(e.start_s, lo))
+        return out
+
+    def bubble_fraction(self) -> dict[int, float]:
+        """Per worker, the idle fraction of the trace's span (1 - busy / makespan)."""
+        span = self.makespan
+        if span <= 0:
+            return {w: 0.0 for w in self.workers}
+        return {w: 1.0 - b / span for w, b in self.busy_time().items()}
 
     def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write one JSON object per line (first line: metadata), atomically."""

@@ -14,9 +14,16 @@ round-robin) and, for methods that keep several weight versions, the version eac
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from pipelab._io import atomic_write_text
 
 KINDS = ("F", "B", "W", "U")
 _ACTION_RE = re.compile(r"^\s*(\d+)([FBWU])(\d+)\s*$")
@@ -108,3 +115,149 @@ class Schedule:
 
     def __len__(self) -> int:
         return sum(len(a) for a in self.actions)
+
+    # ------------------------------------------------------------------ views of the lists
+    def __str__(self) -> str:
+        return self.grid()
+
+    def grid(self, mark: tuple[int, int] | None = None, *, max_steps: int | None = None) -> str:
+        """The schedule as text: one row per worker, one column per step of its list.
+
+        ``mark=(worker, index)`` brackets that step (the validator uses it to show a failure);
+        ``max_steps`` elides long rows around the mark (or after the start).
+        """
+        longest = max((len(a) for a in self.actions), default=0)
+        lo, hi = 0, longest
+        if max_steps is not None and longest > max_steps:
+            centre = mark[1] if mark is not None else 0
+            lo = max(0, min(centre - max_steps // 2, longest - max_steps))
+            hi = lo + max_steps
+        rows: list[list[str]] = []
+        for w, acts in enumerate(self.actions):
+            cells = []
+            for i in range(lo, min(hi, len(acts))):
+                text = str(acts[i])
+                if self.versions is not None and acts[i].kind != "U":
+                    text += f"@{self.versions[w][i]}"
+                cells.append(f"[{text}]" if mark == (w, i) else f" {text} ")
+            rows.append(cells)
+        width = max([len(c) for r in rows for c in r] + [len(str(hi))]) + 1
+        head = " " * 6 + "".join(f" {i:<{width - 1}}" for i in range(lo, hi))
+        lines = [f"{self.method} schedule: {self.num_stages} stages, {self.num_workers} workers, "
+                 f"M={self.microbatches}, K={self.minibatches}", head.rstrip()]
+        for w, cells in enumerate(rows):
+            more = "..." if hi < len(self.actions[w]) else ""
+            lines.append((f"w{w:<4}" + ("<" if lo > 0 else " ") + "".join(f"{c:<{width}}" for c in cells)
+                          ).rstrip() + more)
+        return "\n".join(lines)
+
+    def positions(self) -> dict[Action, list[tuple[int, int]]]:
+        """Where each action sits: action -> [(worker, index), ...] (several for replicated U's)."""
+        out: dict[Action, list[tuple[int, int]]] = {}
+        for w, acts in enumerate(self.actions):
+            for i, a in enumerate(acts):
+                out.setdefault(a, []).append((w, i))
+        return out
+
+    def versions_held(self, stage: int) -> int:
+        """Most distinct weight versions of ``stage`` alive at once on any of its workers.
+
+        Walks each hosting worker's list in order: the latest version (produced by the last ``U``)
+        is always alive; a version read by a microbatch's ``F`` stays alive until that
+        microbatch's last ``B``/``W`` on the stage. Closed forms: PipeDream ``P - s`` for stage
+        ``s`` of a straight ``P``-stage pipeline, 2BW 2, ``buffered`` at most K, 1 for flushes.
+        """
+        if not 0 <= stage < self.num_stages:
+            raise ValueError(f"stage {stage} is outside 0..{self.num_stages - 1}")
+        has_w = any(a.kind == "W" and a.stage == stage for acts in self.actions for a in acts)
+        best = 1
+        for w in self.stage_ranks[stage]:
+            latest = 0
+            live: dict[int, int] = {}   # microbatch -> version it read
+            for i, a in enumerate(self.actions[w]):
+                if a.stage != stage:
+                    continue
+                v = self.version_of(w, i)
+                if a.kind == "U":
+                    latest = v
+                elif a.kind == "F":
+                    live[a.microbatch] = v
+                elif (a.kind == "W") or (a.kind == "B" and not has_w):
+                    live.pop(a.microbatch, None)
+                best = max(best, len(set(live.values()) | {latest}))
+        return best
+
+    def in_flight(self, stage: int) -> int:
+        """Most microbatches of ``stage`` between their ``F`` and last gradient action on one worker
+        (activations held). PipeDream: NOAM = ceil(workers / input replicas) at the input stage."""
+        if not 0 <= stage < self.num_stages:
+            raise ValueError(f"stage {stage} is outside 0..{self.num_stages - 1}")
+        has_w = any(a.kind == "W" and a.stage == stage for acts in self.actions for a in acts)
+        best = 0
+        for w in self.stage_ranks[stage]:
+            live = 0
+            for a in self.actions[w]:
+                if a.stage != stage:
+                    continue
+                if a.kind == "F":
+                    live += 1
+                    best = max(best, live)
+                elif a.kind == "W" or (a.kind == "B" and not has_w):
+                    live -= 1
+        return best
+
+    # ------------------------------------------------------------------ CSV
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Save as CSV: a ``#``-line of JSON metadata, then one row per worker ``w,<action>[@version],...``.
+
+        Edit the rows by hand to try a custom order, load it with :meth:`from_csv`, and check it
+        with ``pipelab.schedules.validate``.
+        """
+        meta = {"method": self.method, "num_stages": self.num_stages,
+                "stage_ranks": [list(r) for r in self.stage_ranks], "microbatches": self.microbatches,
+                "minibatches": self.minibatches, "options": self.options,
+                "versions": self.versions is not None}
+        buf = io.StringIO()
+        buf.write("#" + json.dumps(meta, default=str) + "\n")
+        writer = csv.writer(buf, lineterminator="\n")
+        for w, acts in enumerate(self.actions):
+            cells = [str(a) + (f"@{self.versions[w][i]}" if self.versions is not None else "")
+                     for i, a in enumerate(acts)]
+            writer.writerow([w, *cells])
+        return atomic_write_text(path, buf.getvalue())
+
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike[str]) -> Schedule:
+        """Read a schedule written by :meth:`to_csv` (possibly edited by hand)."""
+        text = Path(path).read_text(encoding="utf-8")
+        lines = text.splitlines()
+        if not lines or not lines[0].startswith("#"):
+            raise ValueError(f"{path}: first line must be '#' + JSON metadata as written by Schedule.to_csv")
+        try:
+            meta = json.loads(lines[0][1:])
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: metadata line is not JSON ({exc}); re-save with Schedule.to_csv") from None
+        rows = list(csv.reader(lines[1:]))
+        actions: list[list[Action]] = []
+        versions: list[list[int]] = []
+        for n, row in enumerate(rows, 2):
+            if not row:
+                continue
+            if int(row[0]) != len(actions):
+                raise ValueError(f"{path}:{n}: rows must be workers 0, 1, ... in order; found worker {row[0]}")
+            acts, vers = [], []
+            for cell in row[1:]:
+                text_a, _, ver = cell.strip().partition("@")
+                try:
+                    acts.append(Action.parse(text_a))
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{n}: {exc}") from None
+                vers.append(int(ver) if ver else 0)
+            actions.append(acts)
+            versions.append(vers)
+        return cls(method=meta["method"], num_stages=meta["num_stages"],
+                   stage_ranks=tuple(tuple(r) for r in meta["stage_ranks"]),
+                   microbatches=meta["microbatches"], minibatches=meta["minibatches"],
+                   actions=tuple(tuple(a) for a in actions),
+                   versions=tuple(tuple(v) for v in versions) if meta.get("versions") else None,
+                   options=dict(meta.get("options", {})))

@@ -1,0 +1,349 @@
+"""The Cluster record: devices arranged in a hierarchy of interconnect levels.
+
+A cluster is ``num_workers`` devices (one worker per device) grouped by levels, innermost first:
+``levels[0]`` groups ``levels[0].size`` consecutive workers (e.g. the GPUs of one server, joined by
+PCIe or NVLink), ``levels[1]`` groups ``levels[1].size`` of those groups (servers joined by a network
+switch), and so on; ``prod(level.size) == num_workers``. Worker ``w`` sits in level-``k`` block
+``w // prod(size of levels 0..k)``. A transfer between two workers crosses the link of the innermost
+level whose block holds both.
+
+``Device.speed`` is relative throughput, 1.0 meaning "the device the profile was measured on"
+(the cost model divides profiled times by it). Bandwidths are bytes per second in one direction
+(links are full duplex); latencies are seconds per message.
+
+Presets (``Cluster.preset(name)`` or ``Cluster.parse("name:SxG")``; S servers of G GPUs):
+
+=============  ==================  ===========  ===============================  ======================
+preset         device              per server   inside a server                  across servers
+=============  ==================  ===========  ===============================  ======================
+pipedream-a    V100 16 GB          4            PCIe, 10 GB/s                    10 Gbps Ethernet
+pipedream-b    V100 16 GB          8            NVLink (V100), 50 GB/s p2p       25 Gbps Ethernet
+pipedream-c    Titan X 12 GB       1            --                               40 Gbps Ethernet
+dgx-h100       H100 80 GB          8            NVLink 4, 450 GB/s per direction 400 Gbps IB per GPU
+a100-ib        A100 80 GB          8            NVLink 3, 300 GB/s per direction 200 Gbps IB per GPU
+hetpipe        TITAN V/RTX, 2060,  4 (1 type    PCIe 3 x16, ~10 GB/s             56 Gbps InfiniBand
+               Quadro P4000        per node)
+=============  ==================  ===========  ===============================  ======================
+
+Sources: clusters A, B, C are PipeDream (Narayanan et al., SOSP'19) §5.1 "Clusters" (A: 4 V100 per
+server, PCIe inside, 10 Gbps across; B: 8 V100 per server (AWS p3.16xlarge), NVLink inside, 25 Gbps
+across; C: one Titan X per server, 40 Gbps); the 10 GB/s PCIe figure is the issue's. The V100
+NVLink point-to-point figure (2 NVLink-2 bricks of 25 GB/s between most GPU pairs of a p3.16xlarge /
+DGX-1 hybrid cube mesh) and the H100/A100 figures are NVIDIA's data sheets (DGX H100: 900 GB/s
+bidirectional NVLink 4 per GPU and one 400 Gbps ConnectX-7 per GPU; DGX A100: 600 GB/s
+bidirectional NVLink 3 and one 200 Gbps HDR adapter per GPU). The heterogeneous "hetpipe" cluster
+is the one of HetPipe (Park et al., USENIX ATC'20) §6: four nodes, each with four GPUs of one type
+(TITAN V, TITAN RTX, GeForce RTX 2060, Quadro P4000), InfiniBand between nodes. Relative speeds
+there are the vendors' FP32 peak ratios to TITAN V (14.9, 16.3, 6.5, 5.3 TFLOPS), a first-order
+proxy; replace them with measured ratios when you have them.
+
+Latencies are round figures (about 5 us for PCIe/NVLink, 10-25 us for Ethernet, 2 us for IB).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+GB = 1e9
+Gbps = 1e9 / 8
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator: a name, its speed relative to the profiled device, its memory in bytes."""
+
+    name: str
+    speed: float = 1.0
+    memory_bytes: int = 16 * 2**30
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.speed, (int, float)) and math.isfinite(self.speed) and self.speed > 0):
+            raise ValueError(f"device {self.name!r}: speed={self.speed!r} must be a positive finite number "
+                             f"(1.0 = the device the profile was measured on)")
+        if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
+            raise ValueError(f"device {self.name!r}: memory_bytes={self.memory_bytes!r} must be a positive int")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One interconnect level: ``size`` sub-blocks per block, joined by links of ``bandwidth`` B/s.
+
+    ``uplinks`` is how many independent links of that bandwidth each sub-block has into this level
+    (e.g. 8 InfiniBand adapters per DGX server): a single transfer uses one, a collective that
+    moves data of several GPUs of a sub-block at once can use up to ``uplinks`` of them in parallel.
+    """
+
+    name: str
+    size: int
+    bandwidth: float
+    latency: float = 0.0
+    uplinks: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"level {self.name!r}: size={self.size!r} must be an integer >= 1")
+        if not (isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0 and not math.isnan(self.bandwidth)):
+            raise ValueError(f"level {self.name!r}: bandwidth={self.bandwidth!r} must be > 0 bytes/s")
+        if not (isinstance(self.latency, (int, float)) and math.isfinite(self.latency) and self.latency >= 0):
+            raise ValueError(f"level {self.name!r}: latency={self.latency!r} must be a finite number >= 0 s")
+        if not isinstance(self.uplinks, int) or self.uplinks < 1:
+            raise ValueError(f"level {self.name!r}: uplinks={self.uplinks!r} must be an integer >= 1")
+
+
+# preset name -> (device, gpus per server, default servers, inner level (or None), outer level)
+_V100 = Device("V100-16GB", 1.0, 16 * 2**30)
+_PRESETS: dict[str, tuple[Device, int, int, Level | None, Level]] = {
+    "pipedream-a": (_V100, 4, 4, Level("pcie", 4, 10 * GB, 5e-6), Level("ethernet-10g", 4, 10 * Gbps, 25e-6)),
+    "pipedream-b": (_V100, 8, 2, Level("nvlink", 8, 50 * GB, 5e-6), Level("ethernet-25g", 2, 25 * Gbps, 25e-6)),
+    "pipedream-c": (Device("TitanX-12GB", 1.0, 12 * 2**30), 1, 4, None,
+                    Level("ethernet-40g", 4, 40 * Gbps, 10e-6)),
+    "dgx-h100": (Device("H100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink4", 8, 450 * GB, 3e-6),
+                 Level("infiniband-400g", 2, 400 * Gbps, 2e-6, uplinks=8)),
+    "a100-ib": (Device("A100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink3", 8, 300 * GB, 3e-6),
+                Level("infiniband-200g", 2, 200 * Gbps, 2e-6, uplinks=8)),
+}
+
+# HetPipe ATC'20 §6 GPU types; speed relative to TITAN V from FP32 peak TFLOPS (vendor data sheets)
+HETPIPE_DEVICES: dict[str, Device] = {
+    "V": Device("TITAN-V", 1.0, 12 * 2**30),
+    "R": Device("TITAN-RTX", 16.3 / 14.9, 24 * 2**30),
+    "G": Device("RTX-2060", 6.5 / 14.9, 6 * 2**30),
+    "Q": Device("Quadro-P4000", 5.3 / 14.9, 8 * 2**30),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices (one per worker) in a hierarchy of levels, innermost first."""
+
+    name: str
+    levels: tuple[Level, ...]
+    devices: tuple[Device, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", tuple(self.levels))
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if not self.devices:
+            raise ValueError(f"cluster {self.name!r} has zero workers; give at least one device")
+        if not self.levels:
+            raise ValueError(f"cluster {self.name!r} needs at least one level (use Cluster.flat for one switch)")
+        n = math.prod(lv.size for lv in self.levels)
+        if n != len(self.devices):
+            sizes = " x ".join(str(lv.size) for lv in self.levels)
+            raise ValueError(f"cluster {self.name!r}: level sizes {sizes} multiply to {n} but there are "
+                             f"{len(self.devices)} devices; give one device per worker")
+
+    # ------------------------------------------------------------------ access
+    @property
+    def num_workers(self) -> int:
+        """Number of workers (devices)."""
+        return len(self.devices)
+
+    def _check(self, w: int) -> None:
+        if not (0 <= w < len(self.devices)):
+            raise ValueError(f"worker {w} is outside 0..{len(self.devices) - 1} of cluster {self.name!r}")
+
+    def speed(self, w: int) -> float:
+        """Relative speed of worker ``w``'s device."""
+        self._check(w)
+        return self.devices[w].speed
+
+    def memory(self, w: int) -> int:
+        """Memory in bytes of worker ``w``'s device."""
+        self._check(w)
+        return self.devices[w].memory_bytes
+
+    def block_size(self, k: int) -> int:
+        """Workers in one level-``k`` block (``prod`` of sizes of levels ``0..k``); 1 for ``k == -1``."""
+        return math.prod(lv.size for lv in self.levels[: k + 1])
+
+    def level_between(self, a: int, b: int) -> int:
+        """Index of the innermost level whose block contains both ``a`` and ``b``; -1 if ``a == b``."""
+        self._check(a)
+        self._check(b)
+        if a == b:
+            return -1
+        block = 1
+        for k, lv in enumerate(self.levels):
+            block *= lv.size
+            if a // block == b // block:
+                return k
+        raise AssertionError("unreachable: the outermost level holds every worker")
+
+    def link(self, a: int, b: int) -> Level:
+        """The level whose link a transfer ``a -> b`` crosses (``a != b``)."""
+        k = self.level_between(a, b)
+        if k < 0:
+            raise ValueError(f"link({a}, {b}): a worker does not send to itself over a link")
+        return self.levels[k]
+
+    def subset(self, workers: Sequence[int]) -> Cluster:
+        """A flat-ordered cluster of the given workers (kept in their original hierarchy when aligned).
+
+        Used by partitioners' ``workers=`` option: the selection must be a union of whole blocks of
+        some level or lie inside one block; otherwise its hierarchy is flattened to the slowest
+        link among the selected workers.
+        """
+        ws = sorted(set(int(w) for w in workers))
+        if not ws:
+            raise ValueError("workers= selects zero workers; pick at least one")
+        for w in ws:
+            self._check(w)
+        devices = tuple(self.devices[w] for w in ws)
+        if len(ws) == 1:
+            return Cluster(f"{self.name}[{ws[0]}]", (Level("local", 1, self.levels[0].bandwidth),), devices)
+        # rebuild levels: for each level count distinct sub-blocks per block among the selection
+        levels: list[Level] = []
+        for k, lv in enumerate(self.levels):
+            inner, outer = self.block_size(k - 1), self.block_size(k)
+            groups: dict[int, set[int]] = {}
+            for w in ws:
+                groups.setdefault(w // outer, set()).add(w // inner)
+            sizes = {len(g) for g in groups.values()}
+            if len(sizes) != 1:
+                raise ValueError(f"workers {ws} are not a regular sub-grid of cluster {self.name!r} at level "
+                                 f"{lv.name!r}; choose whole servers or GPUs inside one server")
+            levels.append(Level(lv.name, sizes.pop(), lv.bandwidth, lv.latency, lv.uplinks))
+        if math.prod(lv.size for lv in levels) != len(ws):
+            raise ValueError(f"workers {ws} are not a regular sub-grid of cluster {self.name!r}; "
+                             f"choose the same number of GPUs in each chosen server")
+        return Cluster(f"{self.name}[{len(ws)}]", tuple(levels), devices)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def flat(cls, workers: int, bandwidth: float = 10 * GB, memory: int = 16 * 2**30, latency: float = 0.0,
+             speed: float = 1.0, *, name: str | None = None, device: str = "gpu") -> Cluster:
+        """``workers`` identical devices behind one switch (a single level)."""
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers={workers!r}: a cluster needs at least one worker")
+        dev = Device(device, speed, int(memory))
+        return cls(name or f"flat:{workers}", (Level("switch", workers, bandwidth, latency),), (dev,) * workers)
+
+    @classmethod
+    def preset(cls, name: str, *, servers: int | None = None, gpus_per_server: int | None = None,
+               speed: float | None = None, memory: int | None = None) -> Cluster:
+        """A named cluster (see the module docstring for the table and sources).
+
+        ``speed`` overrides the device's relative speed (1.0 = the profile was measured on this
+        device type, the default for every homogeneous preset).
+        """
+        key = name.lower()
+        if key == "hetpipe":
+            return cls.hetpipe(servers=servers or 4, gpus_per_server=gpus_per_server or 4)
+        if key not in _PRESETS:
+            raise ValueError(f"unknown cluster preset {name!r}; choose one of {', '.join([*_PRESETS, 'hetpipe'])} "
+                             f"or build one with Cluster.flat / Cluster(...)")
+        dev, g0, s0, inner, outer = _PRESETS[key]
+        g = g0 if gpus_per_server is None else gpus_per_server
+        s = s0 if servers is None else servers
+        for label, v in (("servers", s), ("gpus_per_server", g)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{label}={v!r} must be an integer >= 1")
+        if inner is None and g != 1:
+            raise ValueError(f"preset {name!r} has one GPU per server; use servers=N (got gpus_per_server={g})")
+        if speed is not None or memory is not None:
+            dev = Device(dev.name, dev.speed if speed is None else speed,
+                         dev.memory_bytes if memory is None else int(memory))
+        levels: list[Level] = []
+        if inner is not None:
+            levels.append(Level(inner.name, g, inner.bandwidth, inner.latency, inner.uplinks))
+        levels.append(Level(outer.name, s, outer.bandwidth, outer.latency, min(outer.uplinks, g)))
+        tag = f"{key}:{s}x{g}" if inner is not None else f"{key}:{s}"
+        return cls(tag, tuple(levels), (dev,) * (s * g))
+
+    @classmethod
+    def parse(cls, spec: str) -> Cluster:
+        """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, or a name."""
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?::\s*(\d+)\s*(?:[xX]\s*(\d+))?)?\s*", spec)
+        if not m:
+            raise ValueError(f"cannot read cluster spec {spec!r}; write e.g. 'pipedream-a:4x4' (servers x GPUs)")
+        name, a, b = m.group(1), m.group(2), m.group(3)
+        if name.lower() == "flat":
+            if a is None or b is not None:
+                raise ValueError(f"write a flat cluster as 'flat:N' (N workers), not {spec!r}")
+            return cls.flat(int(a))
+        if a is None:
+            return cls.preset(name)
+        if b is not None:
+            return cls.preset(name, servers=int(a), gpus_per_server=int(b))
+        key = name.lower()
+        g0 = _PRESETS[key][1] if key in _PRESETS else 4
+        n = int(a)
+        if g0 == 1:
+            return cls.preset(name, servers=n)
+        if n <= g0:
+            return cls.preset(name, servers=1, gpus_per_server=n)
+        if n % g0:
+            raise ValueError(f"{spec!r}: {n} GPUs do not fill servers of {g0}; write 'SERVERSxGPUS'")
+        return cls.preset(name, servers=n // g0, gpus_per_server=g0)
+
+    @classmethod
+    def heterogeneous(cls, servers: Sequence[Sequence[Device]], *, intra: Level, inter: Level,
+                      name: str = "heterogeneous") -> Cluster:
+        """Servers given as lists of devices (same count per server), ``intra``/``inter`` links.
+
+        Only the bandwidth, latency and uplinks of ``intra``/``inter`` are used; their sizes are
+        set from ``servers``.
+        """
+        if not servers:
+            raise ValueError("heterogeneous cluster needs at least one server")
+        per = {len(s) for s in servers}
+        if len(per) != 1 or 0 in per:
+            raise ValueError(f"every server needs the same (non-zero) number of devices; got "
+                             f"{[len(s) for s in servers]}")
+        g = per.pop()
+        levels = (Level(intra.name, g, intra.bandwidth, intra.latency, intra.uplinks),
+                  Level(inter.name, len(servers), inter.bandwidth, inter.latency, min(inter.uplinks, g)))
+        return cls(name, levels, tuple(d for s in servers for d in s))
+
+    @classmethod
+    def hetpipe(cls, *, servers: int = 4, gpus_per_server: int = 4, types: str = "VRGQ") -> Cluster:
+        """HetPipe's cluster (ATC'20 §6): one GPU type per node, cycling through ``types`` (V,R,G,Q)."""
+        if servers < 1 or gpus_per_server < 1:
+            raise ValueError("servers and gpus_per_server must be >= 1")
+        bad = set(types) - set(HETPIPE_DEVICES)
+        if bad or not types:
+            raise ValueError(f"types={types!r}: use letters from {''.join(HETPIPE_DEVICES)} "
+                             f"(TITAN V, TITAN RTX, RTX 2060, Quadro P4000)")
+        nodes = [[HETPIPE_DEVICES[types[i % len(types)]]] * gpus_per_server for i in range(servers)]
+        return cls.heterogeneous(nodes, intra=Level("pcie", gpus_per_server, 10 * GB, 5e-6),
+                                 inter=Level("infiniband-56g", servers, 56 * Gbps, 2e-6),
+                                 name=f"hetpipe:{servers}x{gpus_per_server}")
+
+    # ------------------------------------------------------------------ output
+    @property
+    def homogeneous(self) -> bool:
+        """True when every device is identical."""
+        return len(set(self.devices)) == 1
+
+    def describe(self) -> str:
+        """A few lines for humans: workers, devices, levels with bandwidths."""
+        kinds: dict[Device, int] = {}
+        for d in self.devices:
+            kinds[d] = kinds.get(d, 0) + 1
+        devs = ", ".join(f"{n} x {d.name} (speed {d.speed:.2f}, {d.memory_bytes / 2**30:.0f} GiB)"
+                         for d, n in kinds.items())
+        lines = [f"Cluster {self.name!r}: {self.num_workers} workers: {devs}"]
+        for k, lv in enumerate(self.levels):
+            up = f", {lv.uplinks} uplinks" if lv.uplinks > 1 else ""
+            lines.append(f"  level {k} {lv.name}: {lv.size} per block, {lv.bandwidth / GB:.3g} GB/s "
+                         f"({lv.bandwidth * 8 / 1e9:.3g} Gbps), latency {lv.latency * 1e6:.3g} us{up}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return {"name": self.name, "levels": [asdict(lv) for lv in self.levels],
+                "devices": [asdict(d) for d in self.devices]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Cluster:
+        """Inverse of :meth:`to_dict`."""
+        try:
+            return cls(d["name"], tuple(Level(**lv) for lv in d["levels"]),
+                       tuple(Device(**dv) for dv in d["devices"]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed cluster dict ({exc}); produce it with Cluster.to_dict()") from None

@@ -1,0 +1,76 @@
+"""Partitioners: split a Profile's layers into pipeline stages for a Cluster, returning a Plan.
+
+``partition(profile, cluster, method=...)`` dispatches to:
+
+* ``"pipedream"`` -- PipeDream's DP over stages and replica counts (:mod:`.pipedream`);
+* ``"prefix-sum"`` -- Lv et al.'s balanced straight pipeline, memory-aware (:mod:`.prefix_sum`);
+* ``"gpipe"`` -- torchgpipe's balance by time or size, fill-drain schedule (:mod:`.balance`);
+* ``"hetpipe"`` -- HetPipe's virtual workers of heterogeneous GPUs (:mod:`.hetero`);
+* ``"dp"`` -- plain data parallelism, the baseline of every ``speedup_over_dp`` (:mod:`.dp`).
+
+All of them price stages with the one cost model, :class:`pipelab.sim.costs.CostModel`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelab.cluster import Cluster
+from pipelab.partition.plan import Plan, Stage
+from pipelab.profile.records import Profile
+from pipelab.sim.costs import CostModel
+
+METHODS = ("pipedream", "prefix-sum", "gpipe", "hetpipe", "dp")
+
+__all__ = ["METHODS", "CostModel", "Plan", "Stage", "partition"]
+
+
+def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
+              compression_ratio: float = 1.0, optimizer: str = "sgd-momentum", **options: Any) -> Plan:
+    """Partition ``profile`` for ``cluster`` (a Cluster or a spec like ``"pipedream-a:4x4"``) by ``method``.
+
+    Options per method: pipedream ``straight``, ``memory_limit``, ``workers``; prefix-sum ``stages``,
+    ``memory_limit``, ``buffers``, ``workers``; gpipe ``stages``, ``microbatches``, ``by``,
+    ``memory_limit``; hetpipe ``policy``, ``memory_limit``; dp ``workers``, ``memory_limit``.
+    ``memory_limit`` (bytes per worker) defaults to each device's memory.
+    """
+    if not isinstance(profile, Profile):
+        raise TypeError(f"partition() needs a pipelab Profile, got {type(profile).__name__}; "
+                        f"load one with Profile.load / Profile.from_pipedream or pl.profile(model, x)")
+    cl = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
+    if not isinstance(cl, Cluster):
+        raise TypeError(f"cluster must be a Cluster or a preset spec string, got {type(cluster).__name__}")
+    cm = CostModel(profile, cl, compression_ratio=compression_ratio, optimizer=optimizer)
+    m = method.lower()
+    if m not in METHODS:
+        raise ValueError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
+
+    def allowed(names: tuple[str, ...]) -> None:
+        bad = set(options) - set(names)
+        if bad:
+            raise TypeError(f"method {m!r} does not take option(s) {sorted(bad)}; it takes {list(names)}")
+
+    if m == "pipedream":
+        from pipelab.partition.pipedream import partition_pipedream
+
+        allowed(("straight", "memory_limit", "workers"))
+        return partition_pipedream(cm, **options)
+    if m == "prefix-sum":
+        from pipelab.partition.prefix_sum import partition_prefix_sum
+
+        allowed(("stages", "memory_limit", "buffers", "workers"))
+        return partition_prefix_sum(cm, **options)
+    if m == "gpipe":
+        from pipelab.partition.balance import partition_gpipe
+
+        allowed(("stages", "microbatches", "by", "memory_limit"))
+        return partition_gpipe(cm, **options)
+    if m == "hetpipe":
+        from pipelab.partition.hetero import partition_hetpipe
+
+        allowed(("policy", "memory_limit"))
+        return partition_hetpipe(cm, **options)
+    from pipelab.partition.dp import partition_dp
+
+    allowed(("workers", "memory_limit"))
+    return partition_dp(cm, **options)

@@ -1,0 +1,71 @@
+"""``pipelab plan PROFILE --cluster SPEC [--method M] [-o plan.json]``: partition a profile from the shell.
+
+PROFILE is a pipelab profile JSON (``Profile.save``), a PipeDream ``graph.txt``, or the name of a
+shipped PipeDream profile (``vgg16``, ``resnet50``, ``gnmt8``, ``gnmt16``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipelab.partition import METHODS
+
+
+def _load_profile(arg: str):  # type: ignore[no-untyped-def]
+    from pipelab.profile.records import Profile
+
+    p = Path(arg)
+    if p.suffix == ".json" and p.exists():
+        return Profile.load(p)
+    return Profile.from_pipedream(arg)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, partition, print the plan; write it with ``-o``. Returns the exit code."""
+    ap = argparse.ArgumentParser(prog="pipelab plan", description=__doc__.splitlines()[0])
+    ap.add_argument("profile", help="profile JSON, PipeDream graph.txt, or shipped name (vgg16, gnmt8, ...)")
+    ap.add_argument("--cluster", required=True, help="cluster spec, e.g. pipedream-a:4x4, pipedream-b:2x8, flat:8")
+    ap.add_argument("--method", default="pipedream", choices=METHODS)
+    ap.add_argument("--straight", action="store_true", help="pipedream: no replication")
+    ap.add_argument("--memory-limit-gb", type=float, default=None, help="per-worker memory limit in GiB")
+    ap.add_argument("--compression-ratio", type=float, default=1.0, help="activation compression (2 = fp16)")
+    ap.add_argument("--optimizer", default="sgd-momentum", help="sgd, sgd-momentum or adam")
+    ap.add_argument("--microbatches", type=int, default=None, help="gpipe: microbatches per minibatch")
+    ap.add_argument("--batch-size", type=int, default=None, help="override the profile's minibatch size")
+    ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
+    args = ap.parse_args(list(argv) if argv is not None else None)
+    from pipelab.cluster import Cluster
+    from pipelab.partition import partition
+
+    try:
+        prof = _load_profile(args.profile)
+        if args.batch_size is not None:
+            prof = prof.scaled(batch_size=args.batch_size)
+        cluster = Cluster.parse(args.cluster)
+        opts: dict[str, object] = {}
+        if args.memory_limit_gb is not None:
+            opts["memory_limit"] = args.memory_limit_gb * 2**30
+        if args.straight:
+            if args.method != "pipedream":
+                ap.error("--straight applies to --method pipedream")
+            opts["straight"] = True
+        if args.microbatches is not None:
+            if args.method != "gpipe":
+                ap.error("--microbatches applies to --method gpipe")
+            opts["microbatches"] = args.microbatches
+        plan = partition(prof, cluster, args.method, compression_ratio=args.compression_ratio,
+                         optimizer=args.optimizer, **opts)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"pipelab plan: error: {exc}", file=sys.stderr)
+        return 2
+    print(plan.describe())
+    if args.output:
+        print(f"wrote {plan.save(args.output)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

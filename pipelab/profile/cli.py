@@ -1,0 +1,83 @@
+"""``pipelab profile``: measure a zoo model, import a PipeDream graph.txt, or show a saved profile.
+
+    pipelab profile --model vgg16 --batch 32 --image-size 64 --device cpu -o vgg16.json
+    pipelab profile --show vgg16.json
+    pipelab profile --pipedream vgg16 -o vgg16_pipedream.json     (a shipped name or a graph.txt path)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from pipelab.profile.records import Profile
+
+
+def _parser() -> argparse.ArgumentParser:
+    from pipelab.models import REGISTRY
+
+    p = argparse.ArgumentParser(prog="pipelab profile", description="profile a model layer by layer, import a "
+                                "PipeDream graph.txt, or show a saved profile")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", choices=sorted(REGISTRY), help="a model of pipelab's zoo to measure")
+    src.add_argument("--show", metavar="JSON", help="print the table of a saved profile")
+    src.add_argument("--pipedream", metavar="NAME_OR_PATH",
+                     help="import a PipeDream graph.txt (vgg16, resnet50, alexnet, gnmt8, gnmt16 or a path)")
+    p.add_argument("--batch", type=int, default=8, help="minibatch size to measure (default 8)")
+    p.add_argument("--image-size", type=int, default=224, help="image side for vgg16/resnet50 (default 224)")
+    p.add_argument("--seq-len", type=int, default=24, help="sequence length for gnmt/tiny_transformer")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size for gnmt/tiny_transformer")
+    p.add_argument("--hidden", type=int, default=None, help="hidden size for gnmt (default 1024)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per layer; the median is kept")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per layer before timing")
+    p.add_argument("--depth", type=int, default=None, help="treat modules this deep as single layers")
+    p.add_argument("--pipedream-batch", type=int, default=None,
+                   help="override the minibatch size inferred from a graph.txt")
+    p.add_argument("-o", "--output", metavar="JSON", help="save the profile here (written atomically)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+    return p
+
+
+def show(prof: Profile, file: TextIO | None = None) -> None:
+    """Print a profile's header and per-layer table (ms, MB, GFLOP)."""
+    out = file if file is not None else sys.stdout
+    print(repr(prof), file=out)
+    print(prof.summary().to_string(float_format=lambda v: f"{v:.3f}"), file=out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``pipelab profile``; returns the exit code (2 for bad input, with a one-line reason)."""
+    parser = _parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        if args.show:
+            prof = Profile.load(args.show)
+        elif args.pipedream:
+            from pipelab.profile.pipedream_format import load_pipedream
+
+            prof = load_pipedream(args.pipedream, batch_size=args.pipedream_batch)
+        else:
+            from pipelab.models import example
+            from pipelab.profile.measure import profile
+
+            model, sample = example(args.model, args.batch, image_size=args.image_size, seq_len=args.seq_len,
+                                    vocab=args.vocab, hidden=args.hidden)
+            prof = profile(model, sample, device=args.device, warmup=args.warmup, repeats=args.repeats,
+                           depth=args.depth, progress=not args.quiet, model_name=args.model)
+        if args.output:
+            prof.save(args.output)
+    except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
+        print(f"pipelab profile: error: {exc}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        show(prof)
+    if args.output:
+        print(f"saved {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The profiler: measure a model layer by layer and return a :class:`~pipelab.profile.records.Profile`.
+
+Layers are exactly the ones the runtime builds stages from (:func:`pipelab.profile.fxgraph.trace`).
+The traced graph runs node by node; each layer runs in isolation on copies of its real inputs, so
+that its forward and its backward (``torch.autograd.grad`` of its outputs with respect to its
+inputs and weights) can be timed alone, as PipeDream's profiler does (Narayanan et al., SOSP'19,
+section 3.1: forward time, backward time, output size and weight size per layer). Per layer and
+repeat the timer is ``time.perf_counter`` on CPU and CUDA events on a GPU; a layer's time is the
+median over ``repeats``. Besides times the profiler records output bytes (real dtypes), the bytes
+alive across every cut (from the fx graph: skip connections and attention inputs included),
+parameter bytes (each shared weight once), forward FLOPs (``torch.utils.flop_counter``), and the
+bytes autograd saves for backward (unique storages seen by ``saved_tensors_hooks``).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from pipelab.profile.fxgraph import LAYER_OPS, layer_nodes, live_across_cuts, tensor_bytes, trace
+from pipelab.profile.records import Layer, Profile
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    fx.node.map_aggregate(value, lambda v: out.append(v) if isinstance(v, torch.Tensor) else None)
+    return out
+
+
+def _detach(value: Any) -> Any:
+    return fx.node.map_aggregate(value, lambda v: v.detach() if isinstance(v, torch.Tensor) else v)
+
+
+class _Timer:
+    """Seconds of a region: ``perf_counter`` on CPU, CUDA events (then a sync) on a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, started: Any) -> float:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return float(started.elapsed_time(end)) / 1e3
+        return time.perf_counter() - started
+
+
+class _SavedBytes:
+    """Counts the unique storages autograd saves for backward, parameters excluded.
+
+    ``params`` holds the storage addresses (``untyped_storage().data_ptr()``) of the weights.
+    """
+
+    def __init__(self, params: set[int]) -> None:
+        self.params = params
+        self.storages: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            st = t.untyped_storage()
+            # weights (and views of them, e.g. a transposed weight) are not activations
+            if st.data_ptr() not in self.params:
+                self.storages[st.data_ptr()] = max(self.storages.get(st.data_ptr(), 0), st.nbytes())
+        except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. sparse)
+            self.storages[id(t)] = t.numel() * t.element_size()
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def _as_args(sample_input: Any) -> tuple[Any, ...]:
+    if isinstance(sample_input, torch.Tensor):
+        return (sample_input,)
+    if isinstance(sample_input, (tuple, list)):
+        return tuple(sample_input)
+    raise TypeError(f"sample_input must be a tensor or a tuple of the model's positional inputs, "
+                    f"got {type(sample_input).__name__}")
+
+
+def _describe(args: Sequence[Any]) -> str:
+    return ", ".join(f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}" if isinstance(a, torch.Tensor)
+                     else type(a).__name__ for a in args)
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but CUDA is not available here; profile with device='cpu' "
+                         "or run on a machine with a GPU")
+    return dev
+
+
+class _LayerRunner:
+    """Runs one fx node on given inputs, with the weights it uses, for timing in isolation."""
+
+    def __init__(self, gm: fx.GraphModule, node: fx.Node) -> None:
+        self.node = node
+        self.params: list[torch.Tensor] = []
+        if node.op == "call_module":
+            mod = gm.get_submodule(str(node.target))
+            self.fn: Callable[..., Any] = mod
+            self.params = [p for p in mod.parameters() if p.requires_grad]
+            self.kind = type(mod).__name__
+        elif node.op == "call_function":
+            self.fn = node.target  # type: ignore[assignment]
+            self.kind = getattr(node.target, "__name__", str(node.target))
+        else:  # call_method
+            method = str(node.target)
+            self.fn = lambda obj, *a, **k: getattr(obj, method)(*a, **k)
+            self.kind = method
+
+    def __call__(self, args: Any, kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device = "cpu", warmup: int = 1,
+            repeats: int = 3, leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None,
+            loss_fn: Callable[[Any], torch.Tensor] | None = None, progress: bool = True,
+            model_name: str | None = None) -> Profile:
+    """Measure ``model`` on ``sample_input`` (one minibatch) layer by layer.
+
+    ``sample_input`` is a tensor or a tuple of the model's positional inputs, batch dimension first;
+    its batch size becomes the profile's ``batch_size``. ``leaf_modules``/``depth`` choose the layer
+    granularity (see :func:`pipelab.profile.fxgraph.trace`). Each layer runs ``warmup`` untimed and
+    ``repeats`` timed times; times are medians. ``loss_fn(output) -> scalar`` adds the loss's forward
+    and backward to the last layer (the last stage computes it in training). The model runs in its
+    current mode (call ``model.train()`` for training costs); buffers it updates (BatchNorm's running
+    statistics) are restored afterwards. On ``device="cuda"`` a copy of the model is moved there.
+    """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+    dev = _resolve_device(device)
+    args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in _as_args(sample_input))
+    name = model_name or type(model).__name__
+    if any(p.device != dev for p in model.parameters()) or any(b.device != dev for b in model.buffers()):
+        model = copy.deepcopy(model).to(dev)
+    gm = trace(model, leaf_modules=leaf_modules, depth=depth)
+    buffers = {k: v.detach().clone() for k, v in gm.state_dict(keep_vars=True).items()
+               if not isinstance(v, nn.Parameter)}
+    try:
+        with torch.no_grad():
+            gm(*args)
+    except Exception as exc:
+        raise ValueError(f"the sample input ({_describe(args)}) does not fit {name}: {type(exc).__name__}: "
+                         f"{exc}. Pass one minibatch shaped as the model's forward() expects (a tensor, or a "
+                         "tuple of its positional inputs, batch dimension first)") from None
+    try:
+        layers, value_bytes, edges = _measure(gm, args, dev, warmup, repeats, loss_fn, progress, name)
+    finally:
+        with torch.no_grad():
+            state = gm.state_dict(keep_vars=True)
+            for k, v in buffers.items():
+                state[k].copy_(v)
+    live = live_across_cuts(gm)
+    cut_bytes = tuple(sum(value_bytes.get(v, 0) for v in cut) for cut in live)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    batch = next((int(a.shape[0]) for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), 1)
+    floating = [p for p in gm.parameters() if p.is_floating_point()]
+    dtype = str(floating[0].dtype if floating else torch.get_default_dtype()).replace("torch.", "")
+    return Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
+                   input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
+                   source="measured", edges=tuple(sorted(set(edges))))
+
+
+def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmup: int, repeats: int,
+             loss_fn: Callable[[Any], torch.Tensor] | None, progress: bool,
+             name: str) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
+    from tqdm.auto import tqdm
+
+    nodes = layer_nodes(gm)
+    pos = {n.name: i for i, n in enumerate(nodes)}
+    timer = _Timer(dev)
+    param_ids = {p.untyped_storage().data_ptr() for p in gm.parameters()}
+    counted_params: set[int] = set()
+    env: dict[str, Any] = {}
+    requires: dict[str, bool] = {}
+    value_bytes: dict[str, int] = {}
+    last_use: dict[str, int] = {}
+    for i, n in enumerate(gm.graph.nodes):
+        for inp in n.all_input_nodes:
+            last_use[inp.name] = i
+    placeholders = iter(args)
+    layers: list[Layer] = []
+    edges: list[tuple[int, int]] = []
+    used_names: set[str] = set()
+    bar = tqdm(total=len(nodes), desc=f"profiling {name}", disable=not progress, leave=False)
+    try:
+        for idx, node in enumerate(gm.graph.nodes):
+            if node.op == "placeholder":
+                v = next(placeholders, None)
+                env[node.name] = v
+                requires[node.name] = False
+                value_bytes[node.name] = tensor_bytes(v)
+            elif node.op == "get_attr":
+                attr: Any = gm
+                for part in str(node.target).split("."):
+                    attr = getattr(attr, part)
+                env[node.name] = attr
+                requires[node.name] = isinstance(attr, torch.Tensor) and attr.requires_grad
+            elif node.op in LAYER_OPS:
+                runner = _LayerRunner(gm, node)
+                lay, out = _measure_layer(runner, node, env, requires, param_ids, timer, warmup, repeats)
+                param_bytes = 0
+                for p in runner.params + [env[a.name] for a in node.all_input_nodes
+                                          if a.op == "get_attr" and isinstance(env[a.name], nn.Parameter)]:
+                    if id(p) not in counted_params:
+                        counted_params.add(id(p))
+                        param_bytes += p.numel() * p.element_size()
+                lname = str(node.target) if node.op == "call_module" else node.name
+                if lname in used_names:
+                    lname = node.name
+                used_names.add(lname)
+                out_bytes = tensor_bytes(out)
+                layers.append(Layer(name=lname, kind=runner.kind, fwd_s=lay[0], bwd_s=lay[1], out_bytes=out_bytes,
+                                    param_bytes=param_bytes, flops=lay[2], saved_bytes=lay[3]))
+                env[node.name] = _detach(out)
+                requires[node.name] = any(t.requires_grad for t in _tensors(out))
+                value_bytes[node.name] = out_bytes
+                edges.extend((pos[a.name], pos[node.name]) for a in node.all_input_nodes if a.name in pos)
+                bar.update(1)
+            elif node.op == "output" and loss_fn is not None and layers:
+                out = fx.node.map_arg(node.args[0], lambda a: env[a.name])
+                f_s, b_s = _time_loss(loss_fn, out, timer, warmup, repeats)
+                last = layers[-1]
+                layers[-1] = Layer(name=last.name, kind=last.kind, fwd_s=last.fwd_s + f_s, bwd_s=last.bwd_s + b_s,
+                                   out_bytes=last.out_bytes, param_bytes=last.param_bytes, flops=last.flops,
+                                   saved_bytes=last.saved_bytes)
+            # free values nobody needs any more (as fx.Interpreter does), keeping memory at one pass
+            for inp in node.all_input_nodes:
+                if last_use.get(inp.name) == idx and node.op != "output":
+                    env.pop(inp.name, None)
+    finally:
+        bar.close()
+    return layers, value_bytes, edges
+
+
+def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool]
+                  ) -> tuple[Any, Any, list[torch.Tensor]]:
+    """Copies of a node's inputs as new autograd leaves (those whose originals need grad), so that
+    in-place layers never touch the stored values and backward stops at this layer."""
+    leaves: list[torch.Tensor] = []
+
+    def fresh(a: fx.Node) -> Any:
+        v = env[a.name]
+        if a.op == "get_attr":
+            return v  # weights used directly: the real parameter
+
+        def copy_one(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            leaf = t.detach()
+            if requires.get(a.name, False) and t.is_floating_point():
+                leaf = leaf.requires_grad_()
+                leaves.append(leaf)
+            return leaf.clone()
+
+        return fx.node.map_aggregate(v, copy_one)
+
+    a = fx.node.map_arg(node.args, fresh)
+    k = fx.node.map_arg(node.kwargs, fresh)
+    return a, k, leaves
+
+
+def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
+                   param_ids: set[int], timer: _Timer, warmup: int, repeats: int
+                   ) -> tuple[tuple[float, float, int, int], Any]:
+    """(fwd_s, bwd_s, flops, saved_bytes) of one layer, and its output (from the first run)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    attr_params = [env[a.name] for a in node.all_input_nodes
+                   if a.op == "get_attr" and isinstance(env[a.name], torch.Tensor) and env[a.name].requires_grad]
+    fwd: list[float] = []
+    bwd: list[float] = []
+    flops = saved = 0
+    first_out: Any = None
+    for r in range(1 + warmup + repeats):
+        args, kwargs, leaves = _fresh_inputs(node, env, requires)
+        wrt = leaves + runner.params + attr_params
+        if r == 0:  # untimed run that counts FLOPs and saved bytes
+            counter = _SavedBytes(param_ids)
+            with FlopCounterMode(display=False) as fc, torch.autograd.graph.saved_tensors_hooks(
+                    counter.pack, counter.unpack):
+                out = runner(args, kwargs)
+            flops, saved, first_out = int(fc.get_total_flops()), counter.total, out
+            if flops == 0 and isinstance(runner.fn, nn.RNNBase):
+                flops = _rnn_flops(runner.fn, args[0])
+        else:
+            t0 = timer.start()
+            out = runner(args, kwargs)
+            f = timer.stop(t0)
+        outs = [t for t in _tensors(out) if t.requires_grad]
+        b = 0.0
+        if outs and wrt:
+            grads = [torch.ones_like(t) for t in outs]
+            t0 = timer.start()
+            torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+            b = timer.stop(t0)
+        if r > warmup:
+            fwd.append(f)
+            bwd.append(b)
+    return (statistics.median(fwd), statistics.median(bwd), flops, saved), first_out
+
+
+def _rnn_flops(rnn: nn.RNNBase, x: Any) -> int:
+    """Matmul FLOPs of a recurrent layer, which the flop counter does not see (fused kernels):
+    per token, direction and layer ``2 * G*H * (in + H)`` with G = 4 gates (LSTM), 3 (GRU), 1 (RNN)."""
+    if isinstance(x, nn.utils.rnn.PackedSequence):
+        tokens = int(x.data.shape[0])
+    elif isinstance(x, torch.Tensor) and x.dim() >= 2:
+        tokens = x.numel() // x.shape[-1]
+    else:
+        return 0
+    gates = {"LSTM": 4, "GRU": 3}.get(rnn.mode, 1)
+    dirs = 2 if rnn.bidirectional else 1
+    h, total = rnn.hidden_size, 0
+    for layer in range(rnn.num_layers):
+        inp = rnn.input_size if layer == 0 else h * dirs
+        total += dirs * 2 * gates * h * (inp + h)
+    return tokens * total
+
+
+def _time_loss(loss_fn: Callable[[Any], torch.Tensor], out: Any, timer: _Timer, warmup: int,
+               repeats: int) -> tuple[float, float]:
+    fwd: list[float] = []
+    bwd: list[float] = []
+    for r in range(warmup + repeats):
+        leaf = fx.node.map_aggregate(out, lambda t: t.detach().requires_grad_() if isinstance(t, torch.Tensor)
+                                     and t.is_floating_point() else t)
+        t0 = timer.start()
+        loss = loss_fn(leaf)
+        f = timer.stop(t0)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError("loss_fn(output) must return a scalar tensor")
+        t0 = timer.start()
+        if loss.requires_grad:
+            loss.backward()
+        b = timer.stop(t0)
+        if r >= warmup:
+            fwd.append(f)
+            bwd.append(b)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+__all__ = ["profile"]

@@ -1,0 +1,15 @@
+"""The multi-process stage runtime: ``train``/``launch`` a Schedule on real processes.
+
+``pl.train(model_fn, plan, method=..., data=..., loss_fn=..., optimizer=..., steps=...)`` runs one
+process per worker (gloo on CPU, NCCL on GPUs) or, with ``backend="local"``, the single-process
+reference executor; both execute exactly the Schedule that ``pl.schedules.build`` returns.
+
+Modules: ``launch`` (processes, the Run handle, RunResult), ``worker`` (one worker's actions),
+``comm`` (messages between stages), ``weights`` (weight-version policies), ``local`` (the
+reference executor), ``job`` (arguments checked in the parent), ``cli`` (``pipelab train job.json``).
+"""
+
+from pipelab.runtime.launch import Run, RunResult, WorkerError, launch, train
+from pipelab.runtime.weights import supported_methods
+
+__all__ = ["Run", "RunResult", "WorkerError", "launch", "supported_methods", "train"]

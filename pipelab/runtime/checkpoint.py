@@ -1,0 +1,171 @@
+"""Per-worker checkpoints of a pipeline run, written atomically, with a manifest and plan check.
+
+Layout of a checkpoint folder::
+
+    checkpoint_dir/
+      step-00000010/
+        rank-0.pt  rank-1.pt  ...     one file per worker (torch.save of a dict)
+        manifest.json                 written last: step, plan fingerprint, method, sha256 per file
+      step-00000020/ ...
+
+Each worker writes its own file with :func:`save_worker` (``torch.save`` into memory, then
+:func:`pipelab._io.atomic_write_bytes`: temp file, fsync, rename), so a file is either absent or
+complete. Once every worker's file is in, one process calls :func:`write_manifest`; a checkpoint
+*exists* only when its manifest does. A run killed while writing therefore leaves the previous
+checkpoint as :func:`latest`, intact. :func:`load_worker` refuses a checkpoint written for another
+plan or method, and one whose file does not match the manifest's hash.
+
+What a worker saves is up to the runtime; by convention a dict with ``"stages"`` (stage index ->
+module state_dict), ``"optimizer"``, ``"versions"`` (the weight versions it holds), ``"step"``,
+``"data_position"``, ``"rng"`` and method-specific state (2BW buffers, PipeMare's delta).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipelab._io import atomic_write_bytes, read_record, write_record
+
+SCHEMA_VERSION = 1
+_STEP_RE = re.compile(r"^step-(\d{8})$")
+
+
+def plan_fingerprint(plan: Any) -> str:
+    """A short hash of what makes a plan's checkpoints interchangeable: layers per stage, replicas, ranks.
+
+    Predictions (times, memory) are left out: re-partitioning with another cost model that yields
+    the same layout can resume from the same checkpoint.
+    """
+    doc = {"num_layers": int(plan.num_layers),
+           "profile": getattr(plan, "profile_fingerprint", ""),
+           "stages": [[int(s.start), int(s.end), int(s.replicas), [int(r) for r in s.ranks]] for s in plan.stages]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def step_dir(checkpoint_dir: str | os.PathLike[str], step: int) -> Path:
+    """The folder of the checkpoint taken after ``step`` optimizer steps."""
+    if step < 0:
+        raise ValueError(f"checkpoint step {step} must be >= 0")
+    return Path(checkpoint_dir) / f"step-{int(step):08d}"
+
+
+def save_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, state: dict[str, Any], *,
+                plan: Any, method: str) -> Path:
+    """Write worker ``rank``'s ``state`` for ``step`` atomically; returns the file's path."""
+    buf = io.BytesIO()
+    torch.save({"pipelab": "checkpoint-worker", "schema": SCHEMA_VERSION, "rank": int(rank), "step": int(step),
+                "plan_fingerprint": plan_fingerprint(plan), "method": method, "state": state}, buf)
+    return atomic_write_bytes(step_dir(checkpoint_dir, step) / f"rank-{int(rank)}.pt", buf.getvalue())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(checkpoint_dir: str | os.PathLike[str], step: int, *, plan: Any, method: str,
+                   num_workers: int | None = None, extra: dict[str, Any] | None = None,
+                   keep: int | None = 2) -> Path:
+    """Seal the checkpoint of ``step`` once every worker's file is written; prune to ``keep`` newest.
+
+    Raises ``FileNotFoundError`` naming the missing ranks if a worker's file is absent.
+    """
+    d = step_dir(checkpoint_dir, step)
+    n = int(num_workers if num_workers is not None else plan.num_workers)
+    missing = [r for r in range(n) if not (d / f"rank-{r}.pt").exists()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {d} lacks the files of ranks {missing}; every worker must call "
+                                "save_worker before the manifest is written")
+    files = {f"rank-{r}.pt": _sha256(d / f"rank-{r}.pt") for r in range(n)}
+    path = write_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION,
+                        {"step": int(step), "plan_fingerprint": plan_fingerprint(plan), "method": method,
+                         "num_workers": n, "plan_config": getattr(plan, "config", ""), "files": files,
+                         "extra": extra or {}})
+    if keep is not None and keep > 0:
+        for old in list_checkpoints(checkpoint_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
+    """Complete checkpoints (with a readable manifest), oldest first."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in sorted(root.iterdir()):
+        if _STEP_RE.match(p.name) and (p / "manifest.json").exists():
+            try:
+                read_record(p / "manifest.json", "checkpoint", SCHEMA_VERSION)
+            except ValueError:
+                continue
+            out.append(p)
+    return out
+
+
+def latest(checkpoint_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint folder under ``checkpoint_dir``, or ``None``."""
+    cps = list_checkpoints(checkpoint_dir)
+    return cps[-1] if cps else None
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """A step folder from either a step folder or a checkpoint root (then its latest checkpoint)."""
+    p = Path(path)
+    if (p / "manifest.json").exists():
+        return p
+    last = latest(p)
+    if last is None:
+        raise FileNotFoundError(f"{p} holds no complete checkpoint (no step-*/manifest.json); pass a folder "
+                                "written with checkpoint_every=..., checkpoint_dir=...")
+    return last
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` (a step folder or a checkpoint root)."""
+    return read_record(resolve(path) / "manifest.json", "checkpoint", SCHEMA_VERSION)
+
+
+def check_compatible(path: str | os.PathLike[str], *, plan: Any, method: str) -> dict[str, Any]:
+    """Return the manifest if the checkpoint was written for ``plan`` and ``method``; else a clear error."""
+    man = read_manifest(path)
+    fp = plan_fingerprint(plan)
+    if man["plan_fingerprint"] != fp:
+        raise ValueError(f"checkpoint {resolve(path)} was written for another plan (config "
+                         f"{man.get('plan_config')!r}, fingerprint {man['plan_fingerprint']}) than this run's "
+                         f"(config {getattr(plan, 'config', '')!r}, fingerprint {fp}); resume with the plan it "
+                         "was written for, or start without resume=")
+    if man["method"] != method:
+        raise ValueError(f"checkpoint {resolve(path)} was written by method {man['method']!r}, this run uses "
+                         f"{method!r}; resume with method={man['method']!r}")
+    return man
+
+
+def load_worker(path: str | os.PathLike[str], rank: int, *, plan: Any, method: str) -> dict[str, Any]:
+    """Worker ``rank``'s saved state from the checkpoint at ``path``, after the plan/method/hash checks."""
+    man = check_compatible(path, plan=plan, method=method)
+    d = resolve(path)
+    name = f"rank-{int(rank)}.pt"
+    if name not in man["files"]:
+        raise ValueError(f"checkpoint {d} has no state for rank {rank} ({man['num_workers']} workers)")
+    f = d / name
+    if _sha256(f) != man["files"][name]:
+        raise ValueError(f"{f} does not match its manifest hash (modified or corrupt); use an older "
+                         "checkpoint")
+    doc = torch.load(f, map_location="cpu", weights_only=True)
+    if doc.get("rank") != rank or doc.get("step") != man["step"]:
+        raise ValueError(f"{f} holds rank {doc.get('rank')} step {doc.get('step')}, expected rank {rank} "
+                         f"step {man['step']}")
+    return dict(doc["state"])

@@ -1,0 +1,243 @@
+"""Messages between stages: what crosses each cut, how it is packed, tagged and moved.
+
+A *message* is the list of tensors one stage hands its neighbour for one microbatch: the live values
+across the cut (activations, forward) or the gradients of their floating-point members (backward).
+Every worker knows each cut's layout (shapes and dtypes) before the run starts — computed once from
+the first microbatch by :func:`boundary_specs` — so receives can be posted early, before the sender
+has even started, without a header exchange.
+
+A message of one tensor travels as itself; several tensors are packed into one byte buffer (each
+member padded to 8 bytes so it can be viewed back in place), so a cut costs one send whatever its
+width. Tags are unique per (direction, cut, microbatch), so gloo matches each receive with its send
+whatever the order they are posted in.
+
+Two transports implement the same two calls (post a receive, send): :class:`DistComm` over
+``torch.distributed`` point-to-point (gloo or NCCL) and :class:`Mailbox` for the single-process
+reference executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch.fx.passes.shape_prop import ShapeProp
+
+from pipelab.profile.fxgraph import layer_nodes, live_across_cuts
+
+ACT, GRAD = 0, 1   # message directions
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one tensor in a message (dtype as its name, e.g. ``"float32"``)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The ``torch.dtype``."""
+        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.torch_dtype).element_size()
+
+    @property
+    def is_float(self) -> bool:
+        """Whether gradients flow through this value."""
+        return self.torch_dtype.is_floating_point or self.torch_dtype.is_complex
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorSpec:
+        """The spec of a tensor."""
+        return cls(tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))
+
+
+VERSION_SPEC = TensorSpec((1,), "int64")   # weight version riding with activations (vertical sync)
+
+
+def tag(direction: int, boundary: int, microbatch: int, num_boundaries: int) -> int:
+    """The p2p tag of the message crossing cut ``boundary`` for ``microbatch`` in ``direction``."""
+    return (microbatch * max(num_boundaries, 1) + boundary) * 2 + direction
+
+
+def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
+                   ranges: Sequence[tuple[int, int]]) -> list[list[TensorSpec]]:
+    """Specs of the live values across the cut after each stage range but the last.
+
+    Runs the traced model once on ``inputs`` (one microbatch) with fx's shape propagation, so the
+    layouts are those of the real model on the real data. Raises ``TypeError`` when a value that
+    crosses a cut is not a tensor (say, a Python int from ``x.size(0)``), which cannot be sent.
+    """
+    ShapeProp(gm).propagate(*inputs)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    cuts = live_across_cuts(gm)
+    n_layers = len(layer_nodes(gm))
+    out: list[list[TensorSpec]] = []
+    for _, end in ranges[:-1]:
+        if not 0 < end < n_layers:
+            raise ValueError(f"stage boundary {end} is outside 1..{n_layers - 1}")
+        specs = []
+        for name in cuts[end - 1]:
+            meta = nodes[name].meta.get("tensor_meta")
+            if meta is None or not hasattr(meta, "shape"):
+                raise TypeError(f"value {name!r} crosses the cut after layer {end - 1} but is not a tensor; "
+                                "move the cut, or make the model pass tensors between layers")
+            specs.append(TensorSpec(tuple(int(d) for d in meta.shape), str(meta.dtype).removeprefix("torch.")))
+        out.append(specs)
+    return out
+
+
+def grad_specs(specs: Sequence[TensorSpec]) -> list[TensorSpec]:
+    """The members of an activation message that carry gradients back (floating point)."""
+    return [s for s in specs if s.is_float]
+
+
+def _padded(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One tensor standing for the message: the tensor itself, or a padded byte buffer."""
+    if len(tensors) == 1:
+        return tensors[0].detach().contiguous()
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    buf = torch.zeros(sum(_padded(n) for n in sizes), dtype=torch.uint8, device=tensors[0].device)
+    off = 0
+    for t, n in zip(tensors, sizes):
+        if n:
+            buf[off:off + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        off += _padded(n)
+    return buf
+
+
+def empty_for(specs: Sequence[TensorSpec], device: torch.device) -> torch.Tensor:
+    """A receive buffer for a message of ``specs``."""
+    if len(specs) == 1:
+        return torch.empty(specs[0].shape, dtype=specs[0].torch_dtype, device=device)
+    return torch.empty(sum(_padded(s.nbytes) for s in specs), dtype=torch.uint8, device=device)
+
+
+def unpack(buf: torch.Tensor, specs: Sequence[TensorSpec]) -> list[torch.Tensor]:
+    """Inverse of :func:`pack`: views into ``buf`` with the specs' shapes and dtypes."""
+    if len(specs) == 1:
+        return [buf]
+    out, off = [], 0
+    for s in specs:
+        n = s.nbytes
+        out.append(buf[off:off + n].view(s.torch_dtype).view(s.shape))
+        off += _padded(n)
+    return out
+
+
+def message_bytes(specs: Sequence[TensorSpec]) -> int:
+    """Payload bytes of a message (without padding)."""
+    return sum(s.nbytes for s in specs)
+
+
+@dataclass
+class Recv:
+    """A receive a worker's next action needs: from ``src`` with ``tag``, laid out as ``specs``."""
+
+    src: int
+    tag: int
+    specs: list[TensorSpec]
+
+
+@dataclass
+class Send:
+    """A message an action produced: ``tensors`` to worker ``dst`` with ``tag``."""
+
+    dst: int
+    tag: int
+    tensors: list[torch.Tensor]
+
+
+class DistComm:
+    """Point-to-point messages and group all-reduces over ``torch.distributed`` (gloo or NCCL).
+
+    Receives are posted with :meth:`post` (idempotent) and completed with :meth:`wait`; sends are
+    asynchronous and their handles kept until they complete (the buffer must stay alive).
+    """
+
+    def __init__(self, rank: int, device: torch.device, groups: dict[int, Any]) -> None:
+        self.rank = rank
+        self.device = device
+        self.groups = groups
+        self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, list[TensorSpec]]] = {}
+        self._sends: list[tuple[Any, torch.Tensor]] = []
+        self._local: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    def post(self, r: Recv) -> None:
+        """Post the receive for ``r`` now, unless already posted (or local)."""
+        key = (r.src, r.tag)
+        if r.src == self.rank or key in self._posted:
+            return
+        buf = empty_for(r.specs, self.device)
+        work = dist.irecv(buf, src=r.src, tag=r.tag)
+        self._posted[key] = (work, buf, r.specs)
+
+    def wait(self, r: Recv) -> list[torch.Tensor]:
+        """Block until ``r``'s message arrived; return its tensors."""
+        key = (r.src, r.tag)
+        if r.src == self.rank:
+            return self._local.pop(key)
+        if key not in self._posted:
+            self.post(r)
+        work, buf, specs = self._posted.pop(key)
+        work.wait()
+        return unpack(buf, specs)
+
+    def send(self, s: Send) -> int:
+        """Start sending ``s``; returns its payload bytes."""
+        nbytes = sum(t.numel() * t.element_size() for t in s.tensors)
+        if s.dst == self.rank:
+            # a hand-off between two stages of this worker (interleaved chunks): no transfer
+            self._local[(self.rank, s.tag)] = [t.detach() for t in s.tensors]
+            return nbytes
+        buf = pack(s.tensors)
+        self._sends.append((dist.isend(buf, dst=s.dst, tag=s.tag), buf))
+        if len(self._sends) > 16:
+            self._sends = [(w, b) for w, b in self._sends if not w.is_completed()]
+        return nbytes
+
+    def allreduce(self, stage: int, flat: torch.Tensor) -> torch.Tensor:
+        """Sum ``flat`` over the replicas of ``stage`` (in place); returns it."""
+        dist.all_reduce(flat, group=self.groups[stage])
+        return flat
+
+    def flush(self) -> None:
+        """Wait for every outstanding send."""
+        for w, _ in self._sends:
+            w.wait()
+        self._sends.clear()
+
+
+class Mailbox:
+    """The reference executor's transport: messages wait in a dict until their action runs."""
+
+    def __init__(self) -> None:
+        self.box: dict[tuple[int, int, int], list[torch.Tensor]] = {}
+
+    def put(self, src: int, s: Send) -> int:
+        """Deliver ``s`` from ``src`` (copies, as a real transfer would)."""
+        self.box[(src, s.dst, s.tag)] = [t.detach().clone() for t in s.tensors]
+        return sum(t.numel() * t.element_size() for t in s.tensors)
+
+    def ready(self, dst: int, r: Recv) -> bool:
+        """Whether ``r``'s message for ``dst`` has arrived."""
+        return (r.src, dst, r.tag) in self.box
+
+    def take(self, dst: int, r: Recv) -> list[torch.Tensor]:
+        """Remove and return ``r``'s message for ``dst``."""
+        return self.box.pop((r.src, dst, r.tag))

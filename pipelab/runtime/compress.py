@@ -1,0 +1,209 @@
+"""Activation/gradient compression for pipeline transfers: ``none``, ``fp16``, ``bf16``, ``int8``.
+
+Every tensor that crosses a stage boundary (activations forward, gradients backward) can be encoded
+before the send and decoded after the receive. :func:`encode` returns an :class:`Encoded` record:
+the payload tensors that go on the wire plus the metadata the receiver needs (original dtype and
+shape); :func:`decode` inverts it. :meth:`Encoded.wire_bytes` is the exact number of payload bytes
+sent, which the runtime records in the trace's transfer events.
+
+Codecs (for a float32 source):
+
+- ``none``: the tensor itself (ratio 1).
+- ``fp16`` / ``bf16``: a cast (``Tensor.to``, round-to-nearest-even); ratio 2. fp16 keeps 10 mantissa
+  bits but overflows above 65504; bf16 keeps float32's exponent range with 7 mantissa bits.
+- ``int8``: symmetric per-tensor quantization. ``scale = max|t| / 127``; ``q = round(t / scale)``
+  with round-half-to-even (``torch.round``), clamped to [-127, 127] (``-128`` is never used, so the
+  code is symmetric); decode is ``q * scale``. The absolute error per element is at most
+  ``scale / 2`` (plus float32 rounding of the product). The scale travels as one float32, so the
+  wire carries ``numel + 4`` bytes: ratio ``4 * numel / (numel + 4)``, tending to 4.
+
+The partitioner's cost model divides transfer bytes by a ``compression_ratio``
+(``pipelab.sim.costs.CostModel``); :func:`compression_ratio` gives the number consistent with what
+this module actually sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+CODECS: tuple[str, ...] = ("none", "fp16", "bf16", "int8")
+
+_CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_INT8_LEVELS = 127  # symmetric code: [-127, 127]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tensor as it travels: ``payload`` tensors plus what the receiver needs to rebuild it."""
+
+    codec: str
+    payload: tuple[torch.Tensor, ...]
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    def wire_bytes(self) -> int:
+        """Exact bytes of the payload tensors (what goes over the link)."""
+        return sum(p.numel() * p.element_size() for p in self.payload)
+
+    def raw_bytes(self) -> int:
+        """Bytes the uncompressed tensor would have taken."""
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        return numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+def check_codec(codec: str | None) -> str:
+    """Normalize ``codec`` (``None`` means ``"none"``) and raise a clear error for unknown names."""
+    name = "none" if codec is None else str(codec).lower()
+    if name not in CODECS:
+        raise ValueError(f"unknown compression {codec!r}; use one of {', '.join(CODECS)} (or None)")
+    return name
+
+
+def encode(t: torch.Tensor, codec: str | None = "none") -> Encoded:
+    """Encode ``t`` with ``codec``; see the module docstring for each codec's rule.
+
+    Integer/bool tensors (indices, masks) are never compressed: they pass through unchanged whatever
+    the codec, because a lossy code would corrupt them.
+    """
+    name = check_codec(codec)
+    shape = tuple(t.shape)
+    if name == "none" or not t.is_floating_point():
+        return Encoded("none", (t,), t.dtype, shape)
+    if name in _CAST:
+        return Encoded(name, (t.detach().to(_CAST[name]),), t.dtype, shape)
+    # int8, symmetric per-tensor scale
+    x = t.detach().float()
+    amax = x.abs().max() if x.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
+    if not torch.isfinite(amax):
+        raise ValueError("int8 compression cannot encode a tensor with inf/NaN values "
+                         "(training has diverged?); lower the learning rate or use compression='bf16'")
+    # An all-zero tensor gets scale 1 so that decode (q * scale) stays exact and division is safe.
+    scale = torch.where(amax > 0, amax / _INT8_LEVELS, torch.ones_like(amax)).reshape(1).to(torch.float32)
+    q = torch.clamp(torch.round(x / scale), -_INT8_LEVELS, _INT8_LEVELS).to(torch.int8)
+    return Encoded("int8", (q, scale), t.dtype, shape)
+
+
+def decode(enc: Encoded) -> torch.Tensor:
+    """Rebuild the tensor (in its original dtype and shape) from an :class:`Encoded`."""
+    if enc.codec == "none":
+        return enc.payload[0]
+    if enc.codec in _CAST:
+        return enc.payload[0].to(enc.dtype).reshape(enc.shape)
+    if enc.codec == "int8":
+        q, scale = enc.payload
+        return (q.to(torch.float32) * scale).to(enc.dtype).reshape(enc.shape)
+    raise ValueError(f"cannot decode codec {enc.codec!r}; known: {', '.join(CODECS)}")
+
+
+def payload_specs(shape: Sequence[int], dtype: torch.dtype,
+                  codec: str | None) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Shapes and dtypes of the payload tensors :func:`encode` produces for a ``shape``/``dtype`` tensor.
+
+    A receiver that knows the tensor's shape and dtype (from the first exchange or the model) uses
+    this to allocate its receive buffers without an extra header message.
+    """
+    name = check_codec(codec)
+    shp = tuple(int(d) for d in shape)
+    if name == "none" or not dtype.is_floating_point:
+        return [(shp, dtype)]
+    if name in _CAST:
+        return [(shp, _CAST[name])]
+    return [(shp, torch.int8), ((1,), torch.float32)]
+
+
+def from_payload(payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype,
+                 codec: str | None) -> torch.Tensor:
+    """Decode received ``payload`` tensors (allocated from :func:`payload_specs`) back to a tensor."""
+    name = check_codec(codec)
+    if name == "none" or not dtype.is_floating_point:
+        name = "none"
+    return decode(Encoded(name, tuple(payload), dtype, tuple(int(d) for d in shape)))
+
+
+def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32) -> int:
+    """Exact bytes on the wire for a ``numel``-element tensor of ``dtype`` under ``codec``."""
+    name = check_codec(codec)
+    size = torch.empty((), dtype=dtype).element_size()
+    if name == "none" or not dtype.is_floating_point:
+        return numel * size
+    if name in _CAST:
+        return numel * 2
+    return numel * 1 + 4
+
+
+def compression_ratio(codec: str | None, dtype: torch.dtype = torch.float32, numel: int | None = None) -> float:
+    """Uncompressed bytes / bytes on the wire, the number ``CostModel(compression_ratio=...)`` expects.
+
+    Without ``numel`` the asymptotic ratio (large tensors: int8 from float32 gives 4.0); with it, the
+    exact ratio including int8's 4-byte scale.
+    """
+    name = check_codec(codec)
+    size = torch.empty((), dtype=dtype).element_size()
+    if name == "none":
+        return 1.0
+    if name in _CAST:
+        return size / 2
+    if numel is None:
+        return float(size)
+    return numel * size / wire_bytes(numel, name, dtype)
+
+
+def max_abs_error_bound(t: torch.Tensor, codec: str | None) -> float:
+    """An upper bound on ``max |decode(encode(t)) - t|`` for this codec (used by tests and docs).
+
+    int8: half a quantization step, ``max|t| / 254``; fp16: half an ulp at ``max|t|``, i.e.
+    ``max|t| * 2**-11`` (values in fp16's normal range); bf16: ``max|t| * 2**-8``; none: 0. A small
+    slack for float32 rounding of the decode product is added.
+    """
+    name = check_codec(codec)
+    amax = float(t.detach().abs().max()) if t.numel() else 0.0
+    slack = amax * 2.0 ** -22
+    if name == "none":
+        return 0.0
+    if name == "int8":
+        return amax / (2 * _INT8_LEVELS) + slack
+    if name == "fp16":
+        return amax * 2.0 ** -11 + 2.0 ** -25 + slack  # 2**-25: half the smallest fp16 subnormal step
+    return amax * 2.0 ** -8 + slack
+
+
+# ---------------------------------------------------------------------- whole messages
+def encode_message(tensors: Sequence[torch.Tensor], codec: str | None) -> list[torch.Tensor]:
+    """The wire tensors of a message (activations or gradients): each member encoded, payloads flattened.
+
+    Non-float members (indices, masks) pass through. The receiver rebuilds the message with
+    :func:`decode_message` from the original members' shapes and dtypes.
+    """
+    out: list[torch.Tensor] = []
+    for t in tensors:
+        out.extend(encode(t, codec).payload)
+    return out
+
+
+def decode_message(wire: Sequence[torch.Tensor], shapes_dtypes: Sequence[tuple[Sequence[int], torch.dtype]],
+                   codec: str | None) -> list[torch.Tensor]:
+    """Inverse of :func:`encode_message` given each original member's (shape, dtype)."""
+    expect = message_specs(shapes_dtypes, codec)
+    if len(expect) != len(wire) or any(w.dtype != d for w, (_, d) in zip(wire, expect)):
+        raise ValueError(f"message has wire tensors {[str(w.dtype) for w in wire]}, the layout expects "
+                         f"{[str(d) for _, d in expect]}; sender and receiver disagree on compression")
+    out, i = [], 0
+    for shape, dtype in shapes_dtypes:
+        n = len(payload_specs(shape, dtype, codec))
+        out.append(from_payload(wire[i:i + n], shape, dtype, codec))
+        i += n
+    return out
+
+
+def message_specs(shapes_dtypes: Sequence[tuple[Sequence[int], torch.dtype]],
+                  codec: str | None) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of every wire tensor of a message whose members are ``shapes_dtypes``."""
+    out: list[tuple[tuple[int, ...], torch.dtype]] = []
+    for shape, dtype in shapes_dtypes:
+        out.extend(payload_specs(shape, dtype, codec))
+    return out

@@ -1,0 +1,316 @@
+"""The Job record (everything a worker needs) and its preparation and checks in the parent.
+
+:func:`prepare` turns the user's arguments into a :class:`Job`, checking everything that can be
+checked before a process starts, so that bad input gives a clear error instead of a hang: the plan
+matches the model's layer count, the schedule matches the plan, the first minibatch has the shape
+the model accepts and divides into microbatches, ``data()`` is deterministic, the backend exists,
+the rendezvous port is free. It also computes each cut's message layout once (see
+:func:`pipelab.runtime.comm.boundary_specs`).
+
+Callables (``model_fn``, ``data``, ``loss_fn``, ``optimizer``) are pickled by reference to spawn
+workers, so they must be importable top-level functions; in a ``job.json`` (torchrun) they are
+written ``"module:function"``, or ``{"fn": "module:function", "kwargs": {...}}`` for a partial.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import pickle
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipelab.partition.plan import Plan
+from pipelab.profile.fxgraph import layer_nodes, trace
+from pipelab.runtime.comm import TensorSpec, boundary_specs
+from pipelab.runtime.weights import policy_for
+from pipelab.schedules.actions import Schedule
+
+BACKENDS = ("gloo", "nccl", "local")
+
+
+@dataclass
+class Job:
+    """A fully checked training job: callables, plan, the schedule to execute, layouts, knobs."""
+
+    model_fn: Callable[[], torch.nn.Module]
+    data: Callable[[], Iterable[Any]]
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    plan: Plan
+    schedule: Schedule
+    ranges: tuple[tuple[int, int], ...]          # layer range of every (virtual) schedule stage
+    specs: list[list[TensorSpec]]                # layout of the cut after each stage but the last
+    steps: int
+    microbatches: int
+    batch_size: int
+    seed: int = 0
+    backend: str = "gloo"
+    timeout: float = 300.0
+    options: dict[str, Any] = field(default_factory=dict)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
+
+    @property
+    def method(self) -> str:
+        """The schedule's method name."""
+        return self.schedule.method
+
+    @property
+    def world_size(self) -> int:
+        """Number of worker processes."""
+        return self.schedule.num_workers
+
+
+def resolve(spec: Any) -> Callable[..., Any]:
+    """A callable from ``"module:function"`` or ``{"fn": "module:function", "kwargs": {...}}``."""
+    if callable(spec):
+        return spec  # type: ignore[no-any-return]
+    kwargs: dict[str, Any] = {}
+    if isinstance(spec, dict):
+        kwargs = dict(spec.get("kwargs", {}))
+        spec = spec.get("fn")
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ValueError(f"{spec!r} is not a callable reference; write 'package.module:function'")
+    mod, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import {spec!r} ({exc}); check the module is on PYTHONPATH") from None
+    return functools.partial(fn, **kwargs) if kwargs else fn  # type: ignore[no-any-return]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_port(port: int, host: str = "127.0.0.1") -> None:
+    """Raise ``ValueError`` if ``port`` is in use on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise ValueError(f"port {port} on {host} is in use (another job or program holds it); pass a "
+                             "free port, or leave port=None to let pipelab pick one") from None
+
+
+def stage_ranges(plan: Plan, schedule: Schedule) -> tuple[tuple[int, int], ...]:
+    """Layer range of every schedule stage: the plan's stages are the schedule's stages.
+
+    (For ``interleaved-1f1b`` the plan's stages are the ``v * P`` virtual stages, stage
+    ``c * P + w`` running on worker ``w``; see :func:`pipelab.schedules.sync.interleaved`.)
+    """
+    if schedule.num_stages != plan.num_stages:
+        raise ValueError(f"the schedule has {schedule.num_stages} stages but the plan has {plan.num_stages}; "
+                         "build the schedule from this plan")
+    return tuple((s.start, s.end) for s in plan.stages)
+
+
+def as_inputs(x: Any) -> tuple[torch.Tensor, ...]:
+    """A minibatch's inputs as a tuple of tensors (one per model input)."""
+    t = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    if not all(isinstance(v, torch.Tensor) for v in t):
+        raise TypeError(f"data() must yield (inputs, targets) with inputs a tensor or a tuple of tensors; got "
+                        f"inputs of type {type(x).__name__}")
+    return t
+
+
+def split_microbatches(x: Any, microbatches: int) -> list[Any]:
+    """Split a tensor (or a tuple/list of tensors) along dim 0 into ``microbatches`` equal parts."""
+    if isinstance(x, torch.Tensor):
+        if x.shape[0] % microbatches:
+            raise ValueError(f"a minibatch of {x.shape[0]} samples does not split into {microbatches} "
+                             "microbatches; make the batch size a multiple of microbatches")
+        return list(x.split(x.shape[0] // microbatches))
+    if isinstance(x, (tuple, list)):
+        parts = [split_microbatches(v, microbatches) for v in x]
+        return [tuple(p[j] for p in parts) for j in range(microbatches)]
+    raise TypeError(f"cannot split a {type(x).__name__} into microbatches; use tensors or tuples of tensors")
+
+
+def _shapes(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), str(x.dtype))
+    if isinstance(x, (tuple, list)):
+        return tuple(_shapes(v) for v in x)
+    return type(x).__name__
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def first_minibatch(data: Callable[[], Iterable[Any]]) -> tuple[Any, Any]:
+    """The first ``(inputs, targets)`` of ``data()``, checked for form."""
+    try:
+        it = iter(data())
+        mb = next(it)
+    except StopIteration:
+        raise ValueError("data() yielded no minibatch; it must yield (inputs, targets) pairs") from None
+    if not (isinstance(mb, (tuple, list)) and len(mb) == 2):
+        raise ValueError(f"data() must yield (inputs, targets) pairs; the first item is {_shapes(mb)}")
+    return mb[0], mb[1]
+
+
+def _check_picklable(name: str, fn: Any) -> None:
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        raise ValueError(f"{name} cannot be sent to worker processes ({type(exc).__name__}: {exc}); pass an "
+                         "importable top-level function (not a lambda or a closure; in a notebook put it in "
+                         "a .py module), or functools.partial of one") from None
+
+
+def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None,
+            data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
+            optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
+            microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
+            schedule: Schedule | None = None, port: int | None = None, master_addr: str = "127.0.0.1",
+            trace_kwargs: dict[str, Any] | None = None, check_rendezvous: bool = True,
+            **method_options: Any) -> Job:
+    """Check the arguments of ``train``/``launch`` and build the :class:`Job` (see module docstring)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
+    if steps < 1:
+        raise ValueError(f"steps={steps}; train for at least one minibatch")
+    if microbatches < 1:
+        raise ValueError(f"microbatches={microbatches} must be >= 1")
+    if timeout <= 0:
+        raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a pipelab Plan, got {type(plan).__name__}")
+    for name, fn in (("model_fn", model_fn), ("data", data), ("loss_fn", loss_fn), ("optimizer", optimizer)):
+        if not callable(fn):
+            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        if backend != "local":
+            _check_picklable(name, fn)
+    if backend == "nccl":
+        n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n_gpu < plan.num_workers:
+            raise ValueError(f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this machine "
+                             f"has {n_gpu}; use backend='gloo' on CPU")
+    trace_kwargs = dict(trace_kwargs or {})
+
+    # the schedule: exactly what pl.schedules.build returns (or the caller's own)
+    if schedule is None:
+        if method is None:
+            raise ValueError("pass method=... (e.g. '1f1b-flush') or a prebuilt schedule=")
+        from pipelab import schedules as _schedules
+        schedule = _schedules.build(method, plan, microbatches=microbatches, minibatches=steps, **method_options)
+    elif method is not None and method != schedule.method:
+        raise ValueError(f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them")
+    if schedule.minibatches != steps:
+        raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}")
+    microbatches = schedule.microbatches
+    options = {**schedule.options, **method_options}
+    policy_for(schedule.method, options)   # fails early for a method the runtime cannot run
+
+    # the model: same seed as the workers, layer count as the plan's
+    torch.manual_seed(seed)
+    model = model_fn()
+    gm = trace(model, **trace_kwargs)
+    n_layers = len(layer_nodes(gm))
+    if plan.num_layers != n_layers:
+        raise ValueError(f"plan is for a model of {plan.num_layers} layers but this model has {n_layers}; "
+                         "partition this model's profile")
+    ranges = stage_ranges(plan, schedule)
+    n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+
+    # the first minibatch: form, batch size, divisibility, the model runs on it, loss is a scalar
+    inputs, targets = first_minibatch(data)
+    xs = as_inputs(inputs)
+    if len(xs) != n_inputs:
+        raise ValueError(f"the model takes {n_inputs} input(s) but data() yields {len(xs)}; yield (inputs, targets) "
+                         "with inputs a tensor or a tuple of one tensor per model input")
+    batch = int(xs[0].shape[0]) if xs[0].dim() else 0
+    if batch < 1 or any(x.dim() == 0 or x.shape[0] != batch for x in xs):
+        raise ValueError(f"the inputs' first dimension must be the batch; got shapes {_shapes(xs)}")
+    if batch % microbatches:
+        raise ValueError(f"batch size {batch} is not divisible by microbatches={microbatches}; make the batch a "
+                         "multiple of the microbatch count")
+    mb_x = tuple(split_microbatches(x, microbatches)[0] for x in xs)
+    mb_y = split_microbatches(targets, microbatches)[0]
+    try:
+        specs = boundary_specs(gm, mb_x, ranges)
+        with torch.no_grad():
+            loss = loss_fn(gm(*mb_x), mb_y)
+    except (TypeError, ValueError) as exc:
+        if "crosses the cut" in str(exc):
+            raise
+        raise ValueError(f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
+                         f"targets {_shapes(mb_y)}): {type(exc).__name__}: {exc}; check that data() yields what "
+                         "the model and loss_fn accept") from None
+    except RuntimeError as exc:
+        raise ValueError(f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
+                         f"targets {_shapes(mb_y)}): {exc}; check that data() yields what the model and loss_fn "
+                         "accept") from None
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        raise ValueError(f"loss_fn must return a scalar tensor (mean over the batch); got {_shapes(loss)}")
+    if not _same((inputs, targets), first_minibatch(data)):
+        raise ValueError("data() is not deterministic: two calls yield different first minibatches. Every worker "
+                         "calls data() and takes its own microbatches, so it must yield the same sequence each time "
+                         "(seed any shuffling)")
+
+    if backend != "local" and check_rendezvous:
+        if port is None:
+            port = free_port(master_addr)
+        else:
+            check_port(port, master_addr)
+    return Job(model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer, plan=plan, schedule=schedule,
+               ranges=ranges, specs=specs, steps=steps, microbatches=microbatches, batch_size=batch, seed=seed,
+               backend=backend, timeout=float(timeout), options=options, master_addr=master_addr,
+               master_port=int(port or 0), trace_kwargs=trace_kwargs)
+
+
+def load_job_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a ``job.json``: returns (arguments for :func:`prepare`, extra settings).
+
+    Keys: ``model_fn``, ``data``, ``loss_fn``, ``optimizer`` (callable references), ``plan`` (a plan
+    dict or a path to a saved plan), ``method``, ``steps``, ``microbatches``, ``seed``, ``backend``,
+    ``timeout``, ``options`` (method options), ``out`` (output folder, default beside the job file).
+    """
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read job file {p}: {exc}") from None
+    missing = [k for k in ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps") if k not in doc]
+    if missing:
+        raise ValueError(f"job file {p} lacks {missing}; see pipelab.runtime.job.load_job_file for the keys")
+    plan_spec = doc["plan"]
+    if isinstance(plan_spec, str):
+        plan_path = Path(plan_spec) if Path(plan_spec).is_absolute() else p.parent / plan_spec
+        plan = Plan.load(plan_path)
+    else:
+        plan = Plan.from_dict(plan_spec)
+    args: dict[str, Any] = {
+        "model_fn": resolve(doc["model_fn"]), "data": resolve(doc["data"]), "loss_fn": resolve(doc["loss_fn"]),
+        "optimizer": resolve(doc["optimizer"]), "plan": plan, "method": doc["method"], "steps": int(doc["steps"]),
+        "microbatches": int(doc.get("microbatches", 1)), "seed": int(doc.get("seed", 0)),
+        "backend": doc.get("backend", "gloo"), "timeout": float(doc.get("timeout", 300.0)),
+        **dict(doc.get("options", {})),
+    }
+    out = Path(doc.get("out", p.parent / (p.stem + ".out")))
+    if not out.is_absolute():
+        out = p.parent / out
+    return args, {"out": out}
+
+
+def dumps_ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    """``[0,3) [3,8)`` for messages."""
+    return " ".join(f"[{a},{b})" for a, b in ranges)

@@ -1,0 +1,345 @@
+"""Start a job: one OS process per worker (torch.multiprocessing, spawn), or the reference executor.
+
+:func:`launch` checks the arguments (:func:`pipelab.runtime.job.prepare`), starts the workers and
+returns a :class:`Run` handle at once; :func:`train` launches and waits with a progress bar.
+Workers stream their events to the parent through a multiprocessing queue while they run, so
+``Run.events`` yields them live (a notebook's live Gantt chart reads it).
+
+Faults end the whole job: when a worker raises, the parent receives its traceback, kills every
+worker of the job and raises :class:`WorkerError` naming the rank, stage and action. ``cancel()``,
+Ctrl-C (KeyboardInterrupt) in ``train``/``wait`` and the ``timeout`` do the same. Workers ignore
+SIGINT themselves and ask the kernel to kill them if the parent dies, so none outlives the job.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipelab.partition.plan import Plan
+from pipelab.runtime.job import Job, prepare
+from pipelab.schedules.actions import Schedule
+from pipelab.trace import Event, Trace
+
+
+class WorkerError(RuntimeError):
+    """A worker failed (or the job was cancelled / timed out); the message holds its traceback."""
+
+    def __init__(self, message: str, *, rank: int = -1, stage: int = -1, action: str = "",
+                 worker_traceback: str = "") -> None:
+        super().__init__(message)
+        self.rank, self.stage, self.action, self.worker_traceback = rank, stage, action, worker_traceback
+
+
+@dataclass
+class RunResult:
+    """What a finished run returns."""
+
+    trace: Trace
+    losses: list[float]                   # per minibatch (step): mean of its microbatch losses
+    throughput: float                     # samples/s between the first action's start and the last's end
+    versions_held: dict[int, int]         # per stage: most weight versions it held at once (measured)
+    schedule: Schedule
+    wall_s: float = 0.0
+    _state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's final weights, keys as in ``model_fn().state_dict()`` (copies)."""
+        return {k: v.clone() for k, v in self._state.items()}
+
+
+def to_event(t: tuple[Any, ...]) -> Event:
+    """An event tuple from a worker as a :class:`pipelab.trace.Event`."""
+    w, s, kind, m, a, b, nbytes, version, step, peer = t
+    return Event(worker=w, stage=s, kind=kind, microbatch=m, start_s=a, end_s=b, bytes=nbytes,
+                 weight_version=version, step=step, peer=peer)
+
+
+def assemble(job: Job, events: Iterable[Event], results: list[dict[str, Any]], wall_s: float,
+             trace_path: str | Path | None = None) -> RunResult:
+    """Combine the workers' results and events into a :class:`RunResult` (and save the trace)."""
+    sched = job.schedule
+    tr = Trace.from_events(events, method=sched.method, config=job.plan.config, backend=job.backend,
+                           microbatches=job.microbatches, minibatches=job.steps, batch_size=job.batch_size,
+                           stage_ranks=[list(r) for r in sched.stage_ranks])
+    state: dict[str, torch.Tensor] = {}
+    losses = [0.0] * job.steps
+    held: dict[int, int] = {}
+    for r in sorted(results, key=lambda r: r["rank"]):
+        state.update(r["state"])
+        for k, v in r["losses"].items():
+            losses[int(k)] += v
+        for s, n in r["versions_held"].items():
+            held[int(s)] = max(held.get(int(s), 0), int(n))
+    torch.manual_seed(job.seed)
+    expected = job.model_fn().state_dict()
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise RuntimeError(f"weights {missing[:5]} were not returned by any stage; is a parameter shared "
+                           "between stages? (tied weights across stages are not supported)")
+    state = {k: state[k] for k in expected}
+    comp = tr.compute_events()
+    span = (max(e.end_s for e in comp) - min(e.start_s for e in comp)) if comp else 0.0
+    thr = job.steps * job.batch_size / span if span > 0 else math.nan
+    if trace_path is not None:
+        tr.save_jsonl(trace_path)
+    return RunResult(trace=tr, losses=losses, throughput=thr, versions_held=held, schedule=sched,
+                     wall_s=wall_s, _state=state)
+
+
+class Run:
+    """A running job: ``.events`` (live), ``.done``, ``.wait()``, ``.cancel()``, ``.pids``."""
+
+    def __init__(self, job: Job, *, trace_path: str | Path | None = None, progress: bool = False) -> None:
+        self.job = job
+        self.trace_path = trace_path
+        self._events: list[Event] = []
+        self._cond = threading.Condition()
+        self._finished = False
+        self._error: BaseException | None = None
+        self._result: RunResult | None = None
+        self._cancel = threading.Event()
+        self._procs: list[Any] = []
+        self._t0 = time.time()
+        self._bar = _progress_bar(job.steps, progress)
+        self._last_stage_steps: set[int] = set()
+        if job.backend == "local":
+            self._thread = threading.Thread(target=self._run_local, daemon=True, name="pipelab-local")
+        else:
+            self._start_processes()
+            self._thread = threading.Thread(target=self._monitor, daemon=True, name="pipelab-monitor")
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers (empty for the local backend)."""
+        return [p.pid for p in self._procs if p.pid is not None]
+
+    @property
+    def done(self) -> bool:
+        """Whether the job has ended (finished, failed or cancelled)."""
+        return self._finished
+
+    @property
+    def events(self) -> Iterator[Event]:
+        """Every event so far, then each new one as it arrives, until the job ends."""
+        i = 0
+        while True:
+            with self._cond:
+                while i >= len(self._events) and not self._finished:
+                    self._cond.wait(0.5)
+                batch = self._events[i:]
+                finished = self._finished
+            yield from batch
+            i += len(batch)
+            if finished and i >= len(self._events):
+                return
+
+    def events_so_far(self) -> list[Event]:
+        """A snapshot of the events received so far (non-blocking)."""
+        with self._cond:
+            return list(self._events)
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Block until the job ends; return its result or raise :class:`WorkerError`.
+
+        Ctrl-C while waiting cancels the job (every worker is killed) and re-raises.
+        """
+        try:
+            deadline = None if timeout is None else time.time() + timeout
+            while self._thread.is_alive():
+                self._thread.join(0.2)
+                if deadline is not None and time.time() > deadline:
+                    raise TimeoutError(f"the job is still running after {timeout} s (it continues; cancel() it)")
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> None:
+        """Stop the job now: kill every worker process; ``wait()`` then raises :class:`WorkerError`."""
+        self._cancel.set()
+        self._kill()
+        self._thread.join(10)
+        if not self._finished:
+            self._fail(WorkerError("the job was cancelled"))
+
+    # ------------------------------------------------------------------ internals
+    def _add(self, evs: list[Event]) -> None:
+        with self._cond:
+            self._events.extend(evs)
+            self._cond.notify_all()
+        last = self.job.schedule.num_stages - 1
+        for e in evs:
+            if e.kind == "U" and e.stage == last and e.microbatch not in self._last_stage_steps:
+                self._last_stage_steps.add(e.microbatch)
+                if self._bar is not None:
+                    self._bar.update(1)
+
+    def _fail(self, err: BaseException) -> None:
+        self._error = err
+        self._end()
+
+    def _end(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        with self._cond:
+            self._finished = True
+            self._cond.notify_all()
+
+    def _run_local(self) -> None:
+        from pipelab.runtime.local import run_local
+
+        buf: list[Event] = []
+
+        def emit(t: tuple[Any, ...]) -> None:
+            buf.append(to_event(t))
+            if len(buf) >= 16:
+                self._add(buf[:])
+                buf.clear()
+        try:
+            results = run_local(self.job, emit, should_stop=self._cancel.is_set)
+            self._add(buf)
+            self._result = assemble(self.job, self._events, results, time.time() - self._t0, self.trace_path)
+            self._end()
+        except KeyboardInterrupt:
+            self._fail(WorkerError("the job was cancelled"))
+        except BaseException as exc:   # the reference executor's errors surface unchanged
+            self._fail(exc)
+
+    def _start_processes(self) -> None:
+        import torch.multiprocessing as mp
+
+        from pipelab.runtime.worker import process_main
+
+        ctx = mp.get_context("spawn")
+        self._queue = ctx.Queue()
+        try:
+            for rank in range(self.job.world_size):
+                p = ctx.Process(target=process_main, args=(self.job, rank, self._queue), daemon=True,
+                                name=f"pipelab-worker-{rank}")
+                p.start()
+                self._procs.append(p)
+        except BaseException:
+            self._kill()
+            raise
+
+    def _kill(self) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.time() + 3
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.time()))
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+    def _monitor(self) -> None:
+        results: dict[int, dict[str, Any]] = {}
+        world = self.job.world_size
+        deadline = self._t0 + self.job.timeout
+        dead_since: dict[int, float] = {}
+        try:
+            while len(results) < world:
+                if self._cancel.is_set():
+                    return
+                try:
+                    msg = self._queue.get(timeout=0.2)
+                except queue_mod.Empty:
+                    msg = None
+                if msg is not None:
+                    kind, rank, payload = msg
+                    if kind == "events":
+                        self._add([to_event(t) for t in payload])
+                    elif kind == "done":
+                        results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+                    elif kind == "error":
+                        stage, action, tb = payload
+                        self._kill()
+                        where = f"stage {stage}, action {action}" if stage >= 0 else action
+                        self._fail(WorkerError(f"worker {rank} ({where}) failed:\n{tb}", rank=rank, stage=stage,
+                                               action=action, worker_traceback=tb))
+                        return
+                    continue
+                now = time.time()
+                for rank, p in enumerate(self._procs):
+                    if rank not in results and p.exitcode is not None:
+                        # give its last message time to arrive before calling it a silent death
+                        if now - dead_since.setdefault(rank, now) > 2.0:
+                            self._kill()
+                            self._fail(WorkerError(f"worker {rank} exited with code {p.exitcode} without reporting "
+                                                   "an error (killed, or out of memory?)", rank=rank))
+                            return
+                if now > deadline:
+                    self._kill()
+                    self._fail(WorkerError(f"the job did not finish within timeout={self.job.timeout} s; every "
+                                           "worker was stopped (raise timeout= for longer runs)"))
+                    return
+            for p in self._procs:
+                p.join(10)
+            self._kill()
+            self._result = assemble(self.job, self._events, list(results.values()), time.time() - self._t0,
+                                    self.trace_path)
+            self._end()
+        except BaseException as exc:
+            self._kill()
+            self._fail(exc)
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="train", unit="step")
+
+
+def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
+           data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
+           optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
+           microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
+           trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
+           port: int | None = None, **method_options: Any) -> Run:
+    """Start a training job and return its :class:`Run` handle at once (see :func:`train`)."""
+    job = prepare(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
+                  microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, schedule=schedule,
+                  port=port, **method_options)
+    return Run(job, trace_path=trace_path, progress=progress)
+
+
+def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
+          data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
+          optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
+          microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
+          trace_path: str | Path | None = None, progress: bool = True, schedule: Schedule | None = None,
+          port: int | None = None, **method_options: Any) -> RunResult:
+    """Train ``model_fn()`` split by ``plan`` with ``method`` for ``steps`` minibatches; block until done.
+
+    ``data()`` yields ``(inputs, targets)`` minibatches (deterministically: every worker iterates
+    it); ``loss_fn(outputs, targets)`` returns the mean loss; ``optimizer(params)`` builds the
+    optimizer of one stage (e.g. ``functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)``).
+    Each minibatch is split into ``microbatches``. ``backend`` is ``"gloo"`` (CPU processes),
+    ``"nccl"`` (one GPU per worker) or ``"local"`` (the single-process reference executor).
+    The schedule is ``pl.schedules.build(method, plan, microbatches=..., minibatches=steps,
+    **method_options)`` unless ``schedule`` is given. Raises :class:`WorkerError` if a worker fails.
+    """
+    run = launch(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
+                 microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, trace_path=trace_path,
+                 progress=progress, schedule=schedule, port=port, **method_options)
+    return run.wait()

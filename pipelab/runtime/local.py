@@ -1,0 +1,102 @@
+"""The reference executor: the same Schedule and weight policies, in one process — the oracle.
+
+It builds one :class:`~pipelab.runtime.worker.Worker` per rank (the very code the multi-process
+runtime runs) and executes their action lists in a valid global order: sweep over the workers, and
+run each worker's next action as soon as its inputs are ready — its messages are in the mailbox,
+and for a replicated stage's ``U`` every replica has reached its matching ``U`` (then their
+gradients are summed, as the all-reduce would). Each worker's own order is the schedule's; if no
+worker can move, the schedule deadlocks and the error lists every worker's stuck action.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipelab.runtime.comm import Mailbox
+from pipelab.runtime.job import Job
+from pipelab.runtime.worker import EventTuple, Worker
+
+
+def run_local(job: Job, emit: Callable[[EventTuple], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
+    """Execute ``job`` in this process; returns each rank's :meth:`Worker.result`.
+
+    ``emit`` receives one event tuple per action (times in seconds since the start);
+    ``should_stop`` is polled between actions (cancellation).
+    """
+    sched = job.schedule
+    workers = [Worker(job, r) for r in range(sched.num_workers)]
+    box = Mailbox()
+    pos = [0] * len(workers)
+    t0 = time.perf_counter()
+
+    def now() -> float:
+        return time.perf_counter() - t0
+
+    def ev(w: Worker, i: int, start: float, nbytes: int, version: int) -> None:
+        if emit is not None:
+            a = w.actions[i]
+            emit((w.rank, a.stage, a.kind, a.microbatch, start, now(), nbytes, version, i, -1))
+
+    def ready(w: Worker) -> bool:
+        i = pos[w.rank]
+        a = w.actions[i]
+        if not all(box.ready(w.rank, r) for r in w.recvs(i)):
+            return False
+        if a.kind == "U" and len(sched.stage_ranks[a.stage]) > 1:
+            for x in sched.stage_ranks[a.stage]:
+                wx = workers[x]
+                j = pos[x]
+                if j >= len(wx.actions):
+                    return False
+                b = wx.actions[j]
+                if not (b.kind == "U" and b.stage == a.stage and wx.u_pair[j] == w.u_pair[i]):
+                    return False
+        return True
+
+    def step(w: Worker) -> None:
+        i = pos[w.rank]
+        a = w.actions[i]
+        if a.kind == "U" and len(sched.stage_ranks[a.stage]) > 1:
+            group = [workers[x] for x in sched.stage_ranks[a.stage]]
+            start = now()
+            flats = [g.begin_update(pos[g.rank]) for g in group]
+            total = None
+            if flats[0] is not None:
+                total = flats[0].clone()
+                for f in flats[1:]:
+                    assert f is not None
+                    total += f   # for two replicas exactly the a + b the all-reduce computes
+            for g in group:
+                j = pos[g.rank]
+                v = g.finish_update(j, None if total is None else total.clone())
+                ev(g, j, start, 0 if total is None else total.numel() * total.element_size(), v)
+                pos[g.rank] += 1
+            return
+        received = [box.take(w.rank, r) for r in w.recvs(i)]
+        start = now()
+        if a.kind == "U":
+            v = w.finish_update(i, w.begin_update(i))
+            ev(w, i, start, 0, v)
+        else:
+            sends, v = w.run(i, received)
+            nbytes = sum(box.put(w.rank, s) for s in sends)
+            ev(w, i, start, nbytes, v)
+        pos[w.rank] += 1
+
+    while any(pos[w.rank] < len(w.actions) for w in workers):
+        moved = False
+        for w in workers:
+            while pos[w.rank] < len(w.actions) and ready(w):
+                step(w)
+                moved = True
+                if should_stop is not None and should_stop():
+                    raise KeyboardInterrupt("cancelled")
+        if not moved:
+            stuck = ", ".join(f"worker {w.rank} at step {pos[w.rank]} ({w.actions[pos[w.rank]]})"
+                              for w in workers if pos[w.rank] < len(w.actions))
+            raise RuntimeError(f"the schedule deadlocks: no worker can run its next action: {stuck}; "
+                               "check it with pipelab.schedules.validate")
+    return [w.result() for w in workers]

@@ -1,0 +1,102 @@
+"""Runtime options of every pipelined method: compression, recomputation, slowdowns, checkpoints.
+
+``pl.train(..., compression="int8", recompute=True, slowdown={1: 2.0}, checkpoint_every=5,
+checkpoint_dir="ckpt", resume="ckpt")`` - these knobs change how the runtime executes a schedule,
+never the schedule itself, so :func:`split_options` takes them (and PipeMare's hyperparameters)
+out of the keyword arguments before ``pl.schedules.build`` sees the rest.
+
+* ``compression``: ``"fp16"``, ``"bf16"`` or ``"int8"`` (:mod:`pipelab.runtime.compress`) for the
+  activations and gradients that cross stage boundaries; the trace's send events count the bytes
+  actually sent.
+* ``recompute=True``: a stage's forward keeps only its inputs and recomputes its activations in the
+  backward pass (``torch.utils.checkpoint``, non-reentrant; GPipe's re-materialization).
+* ``slowdown={worker: factor}``: after each compute action the worker sleeps ``(factor - 1)`` times
+  the action's duration, emulating a device ``factor`` times slower (heterogeneous clusters on one
+  machine).
+* ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
+  stages (weights, optimizer, weight versions, RNG) and the last writer seals the manifest
+  (:mod:`pipelab.runtime.checkpoint`); ``resume=path`` continues a run from the newest complete
+  checkpoint under ``path`` (or a given ``step-*`` folder) up to ``steps`` minibatches in all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from pipelab.runtime.compress import check_codec
+
+#: options the runtime consumes (never passed to the schedule builders)
+RUNTIME_OPTIONS = frozenset({"compression", "recompute", "slowdown", "checkpoint_every", "checkpoint_dir",
+                             "resume", "checkpoint_keep"})
+#: PipeMare's switches and hyperparameters (runtime-side too)
+PIPEMARE_OPTIONS = frozenset({"lr_reschedule", "discrepancy_correction", "warmup_steps", "decay",
+                              "decay_from_delay"})
+
+
+def split_options(method: str | None, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(schedule_options, runtime_options)``: what goes to ``pl.schedules.build`` and what stays here.
+
+    Checks the runtime options' values and raises ``ValueError`` saying what to pass instead.
+    """
+    sched: dict[str, Any] = {}
+    rt: dict[str, Any] = {}
+    for k, v in options.items():
+        if k in RUNTIME_OPTIONS:
+            rt[k] = v
+        elif k in PIPEMARE_OPTIONS:
+            if method != "pipemare":
+                raise ValueError(f"option {k}= belongs to method 'pipemare' (got method={method!r})")
+            rt[k] = v
+        else:
+            sched[k] = v
+    check_runtime_options(rt)
+    return sched, rt
+
+
+def check_runtime_options(rt: Mapping[str, Any]) -> None:
+    """Raise a clear ``ValueError`` for a bad runtime option value."""
+    if rt.get("compression") is not None:
+        check_codec(rt["compression"])
+    sd = rt.get("slowdown")
+    if sd is not None:
+        if not isinstance(sd, Mapping):
+            raise ValueError(f"slowdown={sd!r} must be a dict {{worker rank: factor >= 1}}, e.g. {{1: 2.0}}")
+        for w, f in sd.items():
+            if not isinstance(w, int) or w < 0 or not isinstance(f, (int, float)) or not f >= 1.0:
+                raise ValueError(f"slowdown entry {w!r}: {f!r} must map a worker rank to a factor >= 1 "
+                                 "(2.0 = twice as slow)")
+    n = rt.get("checkpoint_every")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"checkpoint_every={n!r} must be an int >= 1 (minibatches between checkpoints)")
+        if not rt.get("checkpoint_dir"):
+            raise ValueError("checkpoint_every=N needs checkpoint_dir=... (where to write the checkpoints)")
+    if rt.get("checkpoint_dir") and n is None:
+        raise ValueError("checkpoint_dir=... needs checkpoint_every=N (minibatches between checkpoints)")
+    for k in ("warmup_steps",):
+        if k in rt and (not isinstance(rt[k], int) or rt[k] < 0):
+            raise ValueError(f"{k}={rt[k]!r} must be an int >= 0")
+    if "decay" in rt and not (isinstance(rt["decay"], (int, float)) and 0.0 <= rt["decay"] < 1.0):
+        raise ValueError(f"decay={rt['decay']!r} must be in [0, 1)")
+
+
+def slow_down(rank: int, slowdown: Mapping[int, float] | None, elapsed_s: float) -> None:
+    """Sleep ``(factor - 1) * elapsed_s`` if worker ``rank`` has a slowdown factor."""
+    if not slowdown:
+        return
+    f = float(slowdown.get(rank, 1.0))
+    if f > 1.0 and elapsed_s > 0:
+        time.sleep((f - 1.0) * elapsed_s)
+
+
+def run_maybe_checkpointed(fn: Any, inputs: tuple[torch.Tensor, ...], recompute: bool) -> Any:
+    """``fn(*inputs)``, or under ``torch.utils.checkpoint`` (activations recomputed in backward)."""
+    if not recompute or not torch.is_grad_enabled():
+        return fn(*inputs)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(fn, *inputs, use_reentrant=False)

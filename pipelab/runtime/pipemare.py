@@ -1,0 +1,197 @@
+"""PipeMare's two techniques as pure functions and a small per-stage state object.
+
+PipeMare (Yang, Zhang, Li, Ré, Aberger, De Sa: "PipeMare: Asynchronous Pipeline Parallel DNN
+Training", arXiv 1910.05124, MLSys 2021) trains with an asynchronous, bubble-free pipeline that keeps
+no weight stash: a minibatch's forward at stage ``i`` reads weights ``tau_fwd_i`` optimizer steps
+old by the time its gradient is applied, and its backward reads weights ``tau_bwd_i`` steps old.
+Two techniques make this converge (Section 3 of the paper; the exact text could not be retrieved in
+this session, so the formulas below follow the issue's statement of them, which matches our reading
+of the paper):
+
+- **T1, learning-rate rescheduling**: the step size of stage ``i`` at optimizer step ``k`` is the
+  base step size times ``tau_i ** -(1 - min(k / K, 1))``, where ``K`` is the number of warm-up steps
+  and ``tau_i`` the stage's delay. Early on, deep-delay stages take ``1/tau_i``-sized steps (what
+  keeps delayed SGD stable); after ``K`` steps every stage uses the base step size.
+- **T2, discrepancy correction**: the backward pass uses extrapolated weights
+  ``u = w - (tau_fwd_i - tau_bwd_i) * delta``, where ``delta`` is an exponential moving average of the
+  per-step weight change, ``delta <- gamma * delta + (1 - gamma) * (w_new - w_old)``. ``u`` estimates
+  the (unstored) weights the forward pass used, so forward and backward see nearly the same weights
+  without keeping a copy. ``gamma`` is the decay hyperparameter; :func:`decay_for_delay` offers
+  ``gamma = D ** (1 / tau)`` to tie the averaging window to the delay (a convenience, not required).
+
+Delays here are counted in optimizer steps of the stage and measured from the schedule itself
+(:func:`delays_from_versions`), so they are right for any pipeline depth and replica layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+# ---------------------------------------------------------------------- T1: learning-rate rescheduling
+def lr_scale(tau: float, step: int, warmup_steps: int) -> float:
+    """PipeMare T1 factor ``tau ** -(1 - min(step / warmup_steps, 1))`` (arXiv 1910.05124 §3).
+
+    ``tau`` below 1 (a stage with no delay) is treated as 1, so its factor is 1. ``warmup_steps=0``
+    switches rescheduling off (factor 1 from the first step).
+    """
+    if step < 0:
+        raise ValueError(f"step={step} must be >= 0")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps} must be >= 0 (0 turns rescheduling off)")
+    if warmup_steps == 0:
+        return 1.0
+    t = max(float(tau), 1.0)
+    frac = min(step / warmup_steps, 1.0)
+    return t ** -(1.0 - frac)
+
+
+def stage_lrs(base_lr: float, taus: Sequence[float], step: int, warmup_steps: int) -> list[float]:
+    """The step size of every stage at ``step``: ``base_lr * lr_scale(tau_i, step, warmup_steps)``."""
+    return [base_lr * lr_scale(t, step, warmup_steps) for t in taus]
+
+
+# ---------------------------------------------------------------------- T2: discrepancy correction
+def ema_delta(delta: torch.Tensor, w_new: torch.Tensor, w_old: torch.Tensor, gamma: float) -> torch.Tensor:
+    """One step of the moving average of weight changes: ``gamma * delta + (1 - gamma) * (w_new - w_old)``."""
+    if not 0.0 <= gamma < 1.0:
+        raise ValueError(f"decay gamma={gamma} must be in [0, 1)")
+    return gamma * delta + (1.0 - gamma) * (w_new - w_old)
+
+
+def corrected_weights(w: torch.Tensor, delta: torch.Tensor, tau_fwd: float, tau_bwd: float) -> torch.Tensor:
+    """Backward weights ``w - (tau_fwd - tau_bwd) * delta`` (PipeMare T2, arXiv 1910.05124 §3)."""
+    return w - (float(tau_fwd) - float(tau_bwd)) * delta
+
+
+def decay_for_delay(D: float, tau: float) -> float:
+    """``gamma = D ** (1 / tau)``: the averaging decays to ``D`` over one delay window (``tau >= 1``)."""
+    if not 0.0 <= D < 1.0:
+        raise ValueError(f"D={D} must be in [0, 1)")
+    return D ** (1.0 / max(float(tau), 1.0))
+
+
+# ---------------------------------------------------------------------- delays from a schedule
+def delays_from_versions(f_versions: Mapping[int, int], b_versions: Mapping[int, int],
+                         u_versions: Mapping[int, int]) -> tuple[int, int]:
+    """Steady-state ``(tau_fwd, tau_bwd)`` of one stage from the weight versions its actions read.
+
+    Each mapping is keyed by minibatch: the version its F read, the version its B read, and the
+    version its U produced (version ``v`` = weights after ``v`` updates, so the update of minibatch
+    ``m`` is applied to version ``u_versions[m] - 1``). The delay is the number of updates between
+    the version read and the one updated; the maximum over minibatches is the steady-state value.
+    """
+    tf = tb = 0
+    for m, v in u_versions.items():
+        if m in f_versions:
+            tf = max(tf, v - 1 - f_versions[m])
+        if m in b_versions:
+            tb = max(tb, v - 1 - b_versions[m])
+    return tf, tb
+
+
+def schedule_delays(schedule: object) -> dict[int, tuple[int, int]]:
+    """Per stage ``(tau_fwd, tau_bwd)`` measured from a :class:`pipelab.schedules.actions.Schedule`.
+
+    Needs ``schedule.versions``; minibatch of an F/B action is ``schedule.minibatch_of(microbatch)``,
+    the ``U``'s microbatch field is the minibatch it closes. Replicas of a stage are pooled.
+    """
+    versions = getattr(schedule, "versions", None)
+    if versions is None:
+        raise ValueError("the schedule has no per-action weight versions; build it with "
+                         "pl.schedules.build('pipemare' or 'naive-async', ...)")
+    per: dict[int, tuple[dict[int, int], dict[int, int], dict[int, int]]] = {}
+    for w, acts in enumerate(schedule.actions):  # type: ignore[attr-defined]
+        for a, v in zip(acts, versions[w]):
+            f, b, u = per.setdefault(a.stage, ({}, {}, {}))
+            if a.kind == "U":
+                u[a.microbatch] = v
+            else:
+                mb = schedule.minibatch_of(a.microbatch)  # type: ignore[attr-defined]
+                if a.kind == "F":
+                    f[mb] = min(v, f.get(mb, v))
+                elif a.kind == "B":
+                    b[mb] = min(v, b.get(mb, v))
+    return {s: delays_from_versions(*maps) for s, maps in sorted(per.items())}
+
+
+# ---------------------------------------------------------------------- per-stage state
+@dataclass
+class PipeMareConfig:
+    """Switches and hyperparameters of PipeMare (both techniques on by default).
+
+    ``warmup_steps`` is T1's ``K``; ``decay`` is T2's ``gamma`` (or, with ``decay_from_delay``,
+    the ``D`` in ``gamma = D ** (1 / tau)``).
+    """
+
+    lr_reschedule: bool = True
+    discrepancy_correction: bool = True
+    warmup_steps: int = 100
+    decay: float = 0.5
+    decay_from_delay: bool = False
+
+
+class PipeMareState:
+    """One stage's PipeMare bookkeeping: the delta EMA and the per-step learning-rate factor.
+
+    Usage in a worker: ``lr = base_lr * state.lr_factor(step)`` before each optimizer step;
+    ``state.observe(params_before, params_after)`` after it; ``state.backward_params(params)`` gives
+    the weights to run the backward pass with.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor], tau_fwd: int, tau_bwd: int,
+                 config: PipeMareConfig | None = None) -> None:
+        self.config = config or PipeMareConfig()
+        self.tau_fwd = int(tau_fwd)
+        self.tau_bwd = int(tau_bwd)
+        if self.tau_fwd < self.tau_bwd:
+            raise ValueError(f"tau_fwd={tau_fwd} < tau_bwd={tau_bwd}: a backward cannot read older "
+                             "weights than its forward")
+        c = self.config
+        self.gamma = decay_for_delay(c.decay, self.tau_fwd) if c.decay_from_delay else float(c.decay)
+        if not 0.0 <= self.gamma < 1.0:
+            raise ValueError(f"PipeMare decay={c.decay} must be in [0, 1)")
+        self.delta = [torch.zeros_like(p, memory_format=torch.preserve_format).detach() for p in params]
+
+    def lr_factor(self, step: int) -> float:
+        """T1 factor for this stage at optimizer step ``step`` (1.0 when rescheduling is off)."""
+        if not self.config.lr_reschedule:
+            return 1.0
+        return lr_scale(self.tau_fwd, step, self.config.warmup_steps)
+
+    @torch.no_grad()
+    def observe(self, before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) -> None:
+        """Fold one optimizer step's weight change into the delta EMA."""
+        if len(before) != len(self.delta) or len(after) != len(self.delta):
+            raise ValueError("observe() needs one tensor per parameter of the stage")
+        for d, a, b in zip(self.delta, after, before):
+            d.copy_(ema_delta(d, a, b, self.gamma))
+
+    @torch.no_grad()
+    def backward_params(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """T2's corrected weights for the backward pass (the params themselves when T2 is off)."""
+        if not self.config.discrepancy_correction or self.tau_fwd == self.tau_bwd:
+            return [p.detach() for p in params]
+        return [corrected_weights(p.detach(), d, self.tau_fwd, self.tau_bwd)
+                for p, d in zip(params, self.delta)]
+
+    def state_dict(self) -> dict[str, object]:
+        """What a checkpoint needs to resume this state exactly."""
+        return {"tau_fwd": self.tau_fwd, "tau_bwd": self.tau_bwd, "gamma": self.gamma,
+                "delta": [d.clone() for d in self.delta]}
+
+    def load_state_dict(self, sd: Mapping[str, object]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        delta = sd["delta"]
+        assert isinstance(delta, list)
+        if len(delta) != len(self.delta):
+            raise ValueError(f"checkpointed PipeMare state has {len(delta)} tensors, this stage has "
+                             f"{len(self.delta)}; it belongs to another model or plan")
+        for d, s in zip(self.delta, delta):
+            d.copy_(s)
+        self.tau_fwd = int(sd["tau_fwd"])  # type: ignore[call-overload]
+        self.tau_bwd = int(sd["tau_bwd"])  # type: ignore[call-overload]
+        self.gamma = float(sd["gamma"])  # type: ignore[arg-type]

@@ -1,0 +1,206 @@
+"""Weight policies: which version of a stage's weights each forward and backward reads.
+
+A stage's *master* weights are its module's parameters; the optimizer updates them in place at
+every ``U``, and version ``v`` means "after ``v`` updates on this stage". A policy decides, per
+microbatch, which version its ``F`` and its ``B``/``W`` read, and keeps exactly the versions some
+in-flight or future microbatch still needs (the number it holds is measured, see :attr:`held`).
+
+* :class:`SingleVersion` — flushed methods (``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``,
+  ``zb-h1``, ``dp``): every action reads the master weights; an update while a microbatch is in
+  flight would be a schedule bug and raises.
+* :class:`Stashing` — PipeDream's weight stashing (Narayanan et al., SOSP'19, §3.3): ``F`` reads the
+  newest version and stashes it; the microbatch's ``B`` computes gradients against that same
+  stashed version; the update is applied to the newest (master) weights. With ``vertical_sync``
+  every stage reads the version the *input stage* used for the microbatch, which travels with the
+  activations (§3.3, "vertical sync").
+* :class:`NoStash` — the naive-async ablation (§3): ``F`` and ``B`` both read the newest weights;
+  ``B`` recomputes the stage's forward from the microbatch's saved inputs with the weights current
+  at ``B`` time, so the gradient is exactly "the newest weights' gradient at those inputs".
+
+Stashed versions are separate tensors (clones taken when an update creates a version), never the
+master parameters, so an in-place optimizer step cannot corrupt a saved autograd graph.
+
+The next issue adds 2BW, buffered-K, PipeMare and HetPipe policies through :func:`register`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class WeightPolicy:
+    """Interface every policy implements (the runtime calls these around each action)."""
+
+    name = "base"
+    #: ``F`` builds an autograd graph (False: ``F`` runs under ``no_grad`` and ``B`` recomputes)
+    forward_builds_graph = True
+    #: the version an activation was computed with travels with it (vertical sync)
+    sends_version = False
+
+    def __init__(self, params: dict[str, nn.Parameter], stage: int,
+                 upcoming_input_versions: Iterable[int] = ()) -> None:
+        self.params = params
+        self.stage = stage
+        self.latest = 0
+        self.in_flight: dict[int, int] = {}      # microbatch -> version its F read
+        self.max_held = 1
+
+    # -- what the runtime asks
+    def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
+        """The version ``F`` of ``microbatch`` reads (``upstream_version``: the one sent with it)."""
+        return self.latest
+
+    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
+        """Tensors to run with for ``version`` (name -> tensor), or None for the master weights."""
+        return None
+
+    def backward_version(self, microbatch: int) -> int:
+        """The version ``B``/``W`` of ``microbatch`` reads."""
+        return self.in_flight[microbatch]
+
+    # -- what the runtime tells it
+    def forward_done(self, microbatch: int, version: int) -> None:
+        """``F`` of ``microbatch`` ran with ``version``."""
+        self.in_flight[microbatch] = version
+        self._measure()
+
+    def backward_done(self, microbatch: int) -> None:
+        """The microbatch's last backward action (``B``, or ``W`` when split) on this stage ran."""
+        self.in_flight.pop(microbatch, None)
+        self._release()
+        self._measure()
+
+    def updated(self) -> None:
+        """The optimizer just updated the master weights: a new version exists."""
+        self.latest += 1
+        self._release()
+        self._measure()
+
+    @property
+    def held(self) -> int:
+        """Distinct weight versions held right now."""
+        return 1
+
+    # -- internals
+    def _release(self) -> None:
+        pass
+
+    def _measure(self) -> None:
+        self.max_held = max(self.max_held, self.held)
+
+
+class SingleVersion(WeightPolicy):
+    """One version, updated at flushes: every action reads the master weights."""
+
+    name = "single"
+
+    def updated(self) -> None:
+        """Check that the pipeline is flushed, then count the new version."""
+        if self.in_flight:
+            raise RuntimeError(
+                f"stage {self.stage}: weight update while microbatches {sorted(self.in_flight)} are in flight; "
+                "a single-version method needs a flush before U (the schedule is not flushed)")
+        super().updated()
+
+
+class Stashing(WeightPolicy):
+    """PipeDream weight stashing, optionally with vertical sync (SOSP'19 §3.3)."""
+
+    name = "stashing"
+
+    def __init__(self, params: dict[str, nn.Parameter], stage: int,
+                 upcoming_input_versions: Iterable[int] = (), *, vertical_sync: bool = False) -> None:
+        super().__init__(params, stage)
+        self.vertical_sync = vertical_sync
+        self.sends_version = vertical_sync
+        # versions the input stage used for the microbatches this stage will still forward, in
+        # order: a vertically synced stage must keep them until their forward arrives
+        self.upcoming: deque[int] = deque(upcoming_input_versions) if vertical_sync else deque()
+        self.stash: dict[int, dict[str, torch.Tensor]] = {0: self._snapshot()}
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in self.params.items()}
+
+    def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
+        """Newest version, or with vertical sync the input stage's version for the microbatch."""
+        if self.vertical_sync and upstream_version is not None:
+            if self.upcoming:
+                self.upcoming.popleft()
+            v = upstream_version
+        else:
+            v = self.latest
+        if v not in self.stash:
+            raise RuntimeError(f"stage {self.stage}: microbatch {microbatch} needs weight version {v} but this "
+                               f"stage holds versions {sorted(self.stash)} (newest {self.latest}); the schedule's "
+                               "version rule and the runtime disagree")
+        return v
+
+    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
+        """The stashed tensors of ``version``."""
+        return self.stash[version]
+
+    def updated(self) -> None:
+        """Stash the new version (a copy of the master weights) and drop versions nobody needs."""
+        self.latest += 1
+        self.stash[self.latest] = self._snapshot()
+        self._release()
+        self._measure()
+
+    def _release(self) -> None:
+        keep = {self.latest, *self.in_flight.values(), *self.upcoming}
+        for v in [v for v in self.stash if v not in keep]:
+            del self.stash[v]
+
+    @property
+    def held(self) -> int:
+        """Versions in the stash."""
+        return len(self.stash)
+
+
+class NoStash(WeightPolicy):
+    """Naive asynchronous pipelining: forward and backward both read the newest weights (§3)."""
+
+    name = "no-stash"
+    forward_builds_graph = False
+
+    def backward_version(self, microbatch: int) -> int:
+        """The newest version (B recomputes the forward with it)."""
+        return self.latest
+
+
+PolicyFactory = Callable[..., WeightPolicy]
+
+_POLICIES: dict[str, Callable[[dict[str, Any]], PolicyFactory]] = {}
+
+
+def register(method: str, make: Callable[[dict[str, Any]], PolicyFactory]) -> None:
+    """Register ``make(options) -> factory`` as the weight policy of ``method``.
+
+    ``factory(params, stage, upcoming_input_versions)`` builds one stage's policy.
+    """
+    _POLICIES[method] = make
+
+
+for _m in ("dp", "gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1"):
+    register(_m, lambda opts: SingleVersion)
+register("pipedream", lambda opts: (lambda params, stage, upcoming=(): Stashing(
+    params, stage, upcoming, vertical_sync=bool(opts.get("vertical_sync", False)))))
+register("naive-async", lambda opts: NoStash)
+
+
+def policy_for(method: str, options: dict[str, Any] | None = None) -> PolicyFactory:
+    """The policy factory for ``method`` (raises ``ValueError`` naming the supported methods)."""
+    if method not in _POLICIES:
+        raise ValueError(f"the runtime has no weight policy for method {method!r}; supported: "
+                         f"{', '.join(sorted(_POLICIES))}")
+    return _POLICIES[method](dict(options or {}))
+
+
+def supported_methods() -> tuple[str, ...]:
+    """Methods the runtime can execute."""
+    return tuple(sorted(_POLICIES))

@@ -1,0 +1,292 @@
+"""HetPipe's Wave Synchronous Parallel (WSP) parameter server: the logic, and a process that serves it.
+
+HetPipe (Park et al., "HetPipe: Enabling Large DNN Training on (Whimpy) Heterogeneous GPU Clusters
+through Integration of Pipelined Model Parallelism and Data Parallelism", USENIX ATC'20, §4-§5)
+groups GPUs into *virtual workers* (VWs); each VW trains its own copy of the model with a PipeDream
+pipeline, and VWs share weights through a parameter server. A *wave* is the NOAM minibatches a VW
+processes before it synchronizes. At the end of every wave a VW pushes its aggregated update (the
+change of its local weights over the wave) and increments its local clock; the server adds the
+update to the global weights. The *global clock* is the minimum of the local clocks. A VW may start
+a wave only while its local clock is at most ``D`` ahead of the global clock (the staleness bound);
+``D = 0`` is bulk-synchronous at wave granularity. When it may start, it pulls the global weights.
+
+What a pull returns: every update of a complete clock (all clocks below the global clock; these
+are the updates WSP guarantees a VW sees) plus the pulling VW's own later updates (read your
+writes); other VWs' updates of incomplete clocks are folded in once their clock completes. Updates
+are added in (clock, virtual worker) order, never in arrival order. Hence with ``D = 0`` a pull's
+result does not depend on timing at all, and a multi-process run is bit-identical to the
+single-process reference and to a wave-synchronous oracle.
+
+The server is sharded by pipeline stage: each stage's weights form one shard with its own clocks
+(a stage's workers of all VWs push and pull that shard only), because a worker holds only its
+stage's weights. :class:`WSPServer` is the thread-safe logic; :func:`serve` runs shards in a
+separate process behind ``multiprocessing`` pipes and :class:`WSPClient` is a worker's end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class WSPEvent:
+    """One server-side event: a push received or a pull granted (``clock`` = the VW's local clock)."""
+
+    t: float
+    kind: str          # "push" | "pull"
+    stage: int
+    vw: int
+    clock: int         # local clock of the VW after the push / at the pull
+    global_clock: int  # global clock right after the event
+
+
+class WSPServer:
+    """The weights of one shard, the VWs' local clocks and the staleness rule (thread-safe).
+
+    ``params`` are the initial global weights (copied); ``num_virtual_workers`` VWs; ``staleness`` is
+    HetPipe's ``D`` (>= 0).
+    """
+
+    def __init__(self, params: Mapping[str, torch.Tensor], num_virtual_workers: int, staleness: int,
+                 *, stage: int = 0) -> None:
+        if num_virtual_workers < 1:
+            raise ValueError(f"num_virtual_workers={num_virtual_workers} must be >= 1")
+        if staleness < 0:
+            raise ValueError(f"staleness bound D={staleness} must be >= 0 (0 = wave-level BSP)")
+        self.stage = stage
+        self.num_virtual_workers = num_virtual_workers
+        self.staleness = staleness
+        self._committed = {k: v.detach().clone() for k, v in params.items()}
+        self._pending: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self.clocks = [0] * num_virtual_workers
+        self.log: list[WSPEvent] = []
+        self._cond = threading.Condition()
+        self._t0 = time.time()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def global_clock(self) -> int:
+        """Minimum of the VWs' local clocks."""
+        return min(self.clocks)
+
+    def may_start(self, vw: int) -> bool:
+        """Whether VW ``vw`` may start its next wave: local clock - global clock <= D."""
+        return self.clocks[vw] - self.global_clock <= self.staleness
+
+    def _check_vw(self, vw: int) -> None:
+        if not 0 <= vw < self.num_virtual_workers:
+            raise ValueError(f"virtual worker {vw} is outside 0..{self.num_virtual_workers - 1}")
+
+    def _commit(self) -> None:
+        # Fold every complete clock (< global clock) into the committed weights, VW order.
+        g = self.global_clock
+        for key in sorted(k for k in self._pending if k[0] < g):
+            for name, u in self._pending.pop(key).items():
+                self._committed[name].add_(u)
+
+    def weights(self, vw: int | None = None) -> dict[str, torch.Tensor]:
+        """Global weights as VW ``vw`` sees them: complete clocks plus its own pending updates.
+
+        ``vw=None`` gives every update received so far (all pending ones too), in (clock, VW) order.
+        """
+        out = {k: v.clone() for k, v in self._committed.items()}
+        for key in sorted(self._pending):
+            if vw is None or key[1] == vw:
+                for name, u in self._pending[key].items():
+                    out[name].add_(u)
+        return out
+
+    # ------------------------------------------------------------------ protocol
+    def push(self, vw: int, update: Mapping[str, torch.Tensor]) -> int:
+        """Add VW ``vw``'s aggregated wave update; advance its clock; return the new global clock."""
+        self._check_vw(vw)
+        missing = set(self._committed) - set(update)
+        extra = set(update) - set(self._committed)
+        if missing or extra:
+            raise ValueError(f"WSP push from virtual worker {vw} (stage {self.stage}) has wrong keys: "
+                             f"missing {sorted(missing)}, unexpected {sorted(extra)}")
+        with self._cond:
+            self._pending[(self.clocks[vw], vw)] = {k: v.detach().clone() for k, v in update.items()}
+            self.clocks[vw] += 1
+            self._commit()
+            self.log.append(WSPEvent(time.time() - self._t0, "push", self.stage, vw, self.clocks[vw],
+                                     self.global_clock))
+            self._cond.notify_all()
+            return self.global_clock
+
+    def try_pull(self, vw: int) -> tuple[dict[str, torch.Tensor], int] | None:
+        """Global weights and global clock if VW ``vw`` may start its next wave, else ``None``."""
+        self._check_vw(vw)
+        with self._cond:
+            if not self.may_start(vw):
+                return None
+            self.log.append(WSPEvent(time.time() - self._t0, "pull", self.stage, vw, self.clocks[vw],
+                                     self.global_clock))
+            return self.weights(vw), self.global_clock
+
+    def pull(self, vw: int, timeout: float | None = None) -> tuple[dict[str, torch.Tensor], int]:
+        """Block until VW ``vw`` may start its next wave, then return (global weights, global clock)."""
+        self._check_vw(vw)
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.may_start(vw), timeout=timeout):
+                raise TimeoutError(f"virtual worker {vw} waited {timeout} s for the global clock "
+                                   f"({self.global_clock}, local clocks {self.clocks}, D={self.staleness}); "
+                                   "a slower virtual worker stopped pushing")
+            out = self.try_pull(vw)
+            assert out is not None
+            return out
+
+
+def check_staleness(log: Sequence[WSPEvent], num_virtual_workers: int, staleness: int) -> int:
+    """Replay a server log and raise ``AssertionError`` if any pull broke the bound; return the max gap.
+
+    The global clock is recomputed from the pushes alone (not taken from the log), so this checks
+    the server rather than trusting it.
+    """
+    shards: dict[int, list[int]] = {}
+    worst = 0
+    for e in log:
+        clocks = shards.setdefault(e.stage, [0] * num_virtual_workers)
+        if e.kind == "push":
+            clocks[e.vw] += 1
+            if clocks[e.vw] != e.clock:
+                raise AssertionError(f"stage {e.stage} VW {e.vw}: push recorded clock {e.clock}, replay says "
+                                     f"{clocks[e.vw]}")
+        elif e.kind == "pull":
+            gap = clocks[e.vw] - min(clocks)
+            worst = max(worst, gap)
+            if gap > staleness:
+                raise AssertionError(f"stage {e.stage} VW {e.vw} pulled at clock {clocks[e.vw]} while the "
+                                     f"global clock was {min(clocks)}: {gap} > D={staleness}")
+    return worst
+
+
+# ---------------------------------------------------------------------- the process form
+def _to_wire(d: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    # numpy arrays pickle as plain bytes: no shared-memory file descriptors to leak across pipes.
+    return {k: v.detach().cpu().numpy() for k, v in d.items()}
+
+
+def _from_wire(d: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in d.items()}
+
+
+def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.Tensor]],
+          num_virtual_workers: int, staleness: int) -> list[WSPEvent]:
+    """Run the parameter server on ``conns`` (one per worker) until every worker said ``"stop"``.
+
+    Messages from a worker: ``("push", stage, vw, {name: ndarray})`` -> reply ``("ok", global_clock)``;
+    ``("pull", stage, vw)`` -> reply ``("weights", {name: ndarray}, global_clock)`` as soon as the
+    staleness rule allows (other workers are served meanwhile); ``("log",)`` -> reply with the log so
+    far; ``("stop",)``. Returns the merged log.
+    """
+    servers = {s: WSPServer(p, num_virtual_workers, staleness, stage=s) for s, p in shards.items()}
+    t0 = time.time()
+    for srv in servers.values():
+        srv._t0 = t0
+    open_conns = list(conns)
+    waiting: list[tuple[Connection, int, int]] = []
+
+    def merged_log() -> list[WSPEvent]:
+        return sorted((e for srv in servers.values() for e in srv.log), key=lambda e: e.t)
+
+    def serve_waiting() -> None:
+        still = []
+        for c, s, v in waiting:
+            got = servers[s].try_pull(v)
+            if got is None:
+                still.append((c, s, v))
+            else:
+                c.send(("weights", _to_wire(got[0]), got[1]))
+        waiting[:] = still
+
+    while open_conns:
+        for c in wait(open_conns):
+            assert isinstance(c, Connection)
+            try:
+                msg = c.recv()
+            except EOFError:
+                open_conns.remove(c)
+                continue
+            kind = msg[0]
+            if kind == "push":
+                _, s, v, upd = msg
+                try:
+                    g = servers[s].push(v, _from_wire(upd))
+                except (KeyError, ValueError) as exc:
+                    c.send(("error", f"{type(exc).__name__}: {exc}"))
+                    continue
+                c.send(("ok", g))
+                serve_waiting()
+            elif kind == "pull":
+                _, s, v = msg
+                waiting.append((c, s, v))
+                serve_waiting()
+            elif kind == "log":
+                c.send(("log", merged_log()))
+            elif kind == "stop":
+                open_conns.remove(c)
+            else:
+                c.send(("error", f"unknown WSP message {kind!r}"))
+    return merged_log()
+
+
+def serve_process_main(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, np.ndarray]],
+                       num_virtual_workers: int, staleness: int, result: Connection | None = None) -> None:
+    """Entry point of the parameter-server process: ``serve`` and send the log back on ``result``."""
+    torch.set_num_threads(1)
+    log = serve(conns, {s: _from_wire(p) for s, p in shards.items()}, num_virtual_workers, staleness)
+    if result is not None:
+        result.send(log)
+        result.close()
+
+
+class WSPClient:
+    """A worker's end of the parameter server (stage ``stage`` of virtual worker ``vw``)."""
+
+    def __init__(self, conn: Connection, stage: int, vw: int, timeout: float = 300.0) -> None:
+        self.conn, self.stage, self.vw, self.timeout = conn, stage, vw, timeout
+        self.clock = 0
+
+    def _recv(self, what: str) -> Any:
+        if not self.conn.poll(self.timeout):
+            raise TimeoutError(f"stage {self.stage} of virtual worker {self.vw}: the WSP parameter server did "
+                               f"not answer a {what} within {self.timeout} s (a slower virtual worker may have "
+                               "failed)")
+        msg = self.conn.recv()
+        if msg[0] == "error":
+            raise RuntimeError(f"WSP parameter server: {msg[1]}")
+        return msg
+
+    def push(self, update: Mapping[str, torch.Tensor]) -> int:
+        """Send this wave's aggregated update; returns the global clock after it."""
+        self.conn.send(("push", self.stage, self.vw, _to_wire(update)))
+        _, g = self._recv("push")
+        self.clock += 1
+        return int(g)
+
+    def pull(self) -> tuple[dict[str, torch.Tensor], int]:
+        """Wait until the staleness bound allows the next wave; return (global weights, global clock)."""
+        self.conn.send(("pull", self.stage, self.vw))
+        _, w, g = self._recv("pull")
+        return _from_wire(w), int(g)
+
+    def log(self) -> list[WSPEvent]:
+        """The server's event log so far."""
+        self.conn.send(("log",))
+        return list(self._recv("log")[1])
+
+    def stop(self) -> None:
+        """Tell the server this worker is done."""
+        try:
+            self.conn.send(("stop",))
+        except (BrokenPipeError, OSError):
+            pass

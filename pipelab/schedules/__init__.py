@@ -1,0 +1,127 @@
+"""Schedules as data: build, print, save, load and validate per-worker action lists.
+
+``build(method, plan, microbatches=M, minibatches=K, **options) -> Schedule`` is a pure function of
+the plan's topology (or an int ``P`` for a straight ``P``-stage pipeline). The runtime executes
+exactly these lists, the simulator times them and the views draw them.
+
+Contract (stable; see also :mod:`pipelab.schedules.actions`):
+
+- worker ``w``'s list is in the order it executes; microbatch ``m`` (global, ``0..M*K-1``) is in
+  minibatch ``m // M`` and runs stage ``s`` on replica ``m % replicas_s`` (``Schedule.worker_of``);
+- sync methods (``dp``, ``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``, ``zb-h1``): each worker
+  ends each minibatch with one ``U`` (microbatch field = minibatch) per stage it hosts; replicas of
+  a stage all-reduce there (``options["allreduce"]``);
+- ``pipedream``/``naive-async``/``pipemare``/``hetpipe``: ``M = 1``, a ``U`` after each ``B``
+  (replicas' ``k``-th ``U``'s pair up for the all-reduce, none for hetpipe);
+- ``2bw``/``buffered``: ``M`` microbatches per minibatch, one ``U`` per stage per minibatch after
+  its last ``B``;
+- ``versions`` (for the async methods) follow :func:`pipelab.schedules._common.assign_versions`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pipelab.partition.plan import Plan
+from pipelab.schedules import async_, hetpipe as _hetpipe, sync
+from pipelab.schedules._common import ScheduleError, in_flight, resolve_plan
+from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.validate import validate
+
+#: method name -> (synchronous?, one-line description)
+METHODS: dict[str, tuple[bool, str]] = {
+    "dp": (True, "data parallel: one stage on every worker, all-reduce per minibatch"),
+    "gpipe": (True, "GPipe: fill-drain, flush per minibatch"),
+    "1f1b-flush": (True, "1F1B with a flush per minibatch (PipeDream-Flush, Megatron)"),
+    "interleaved-1f1b": (True, "Megatron interleaved 1F1B, option chunks=v"),
+    "zb-h1": (True, "zero-bubble ZB-H1: backward split into B (input grad) and W (weight grad)"),
+    "pipedream": (False, "PipeDream: 1F1B, NOAM in flight, no flush, weight stashing; option vertical_sync"),
+    "naive-async": (False, "1F1B without flush and without stashing (PipeDream §3 ablation)"),
+    "pipemare": (False, "PipeMare: no stash; LR rescheduling and discrepancy correction in the runtime"),
+    "2bw": (False, "PipeDream-2BW: two weight versions, gradient coalescing over M microbatches"),
+    "buffered": (False, "bounded weight buffer of K versions (Lv et al.), option versions=K"),
+    "hetpipe": (False, "HetPipe: PipeDream inside virtual workers, WSP across them; option D"),
+}
+
+_OPTIONS: dict[str, set[str]] = {"interleaved-1f1b": {"chunks"}, "pipedream": {"vertical_sync"},
+                                 "buffered": {"versions"}, "hetpipe": {"D"}}
+_PER_MINIBATCH = ("pipedream", "naive-async", "pipemare", "hetpipe")
+
+
+def build(method: str, plan: Plan | int, microbatches: int | None = None, minibatches: int | None = None,
+          **options: Any) -> Schedule:
+    """Build ``method``'s schedule for ``plan`` (a Plan, or an int P: straight P stages).
+
+    ``microbatches`` M per minibatch (default: 1 for pipedream-like methods, the stage count for
+    pipelined ones, the worker count for ``dp``); ``minibatches`` K (default 1 for sync methods, three
+    times the input stage's in-flight count for async ones). Options: ``chunks`` (interleaved-1f1b,
+    required; with an int P the plan gets ``chunks * P`` virtual stages), ``vertical_sync`` (pipedream),
+    ``versions`` (buffered, K >= 2), ``D`` (hetpipe staleness bound).
+    """
+    if method not in METHODS:
+        raise ScheduleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    bad = set(options) - _OPTIONS.get(method, set())
+    if bad:
+        allowed = sorted(_OPTIONS.get(method, set())) or "none"
+        raise ScheduleError(f"method {method!r} takes no option(s) {sorted(bad)}; its options: {allowed}")
+    if method == "interleaved-1f1b":
+        if "chunks" not in options:
+            raise ScheduleError("interleaved-1f1b needs chunks=v (virtual stages per worker), e.g. chunks=2")
+        v = options["chunks"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ScheduleError(f"chunks={v!r} must be an int >= 1")
+        if not isinstance(plan, Plan):
+            plan = resolve_plan(plan * v if isinstance(plan, int) and not isinstance(plan, bool) and plan >= 1
+                                else plan)
+    p = resolve_plan(plan)
+    sync_method = METHODS[method][0]
+    if method in _PER_MINIBATCH:
+        if microbatches not in (None, 1):
+            raise ScheduleError(f"{method} treats every microbatch as a minibatch (M = 1); pass "
+                                f"minibatches=K instead of microbatches={microbatches}")
+        M = 1
+    elif microbatches is None:
+        M = p.num_workers if method == "dp" else p.num_stages // int(options.get("chunks", 1))
+        if method in ("2bw", "buffered"):
+            M = max(M, in_flight(p.replicas, 0))
+    else:
+        M = microbatches
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ScheduleError(f"microbatches={M!r} must be an int >= 1")
+    K = minibatches
+    # replicas of a stage pair their k-th updates, so with an update per microbatch every replica
+    # needs the same number of microbatches: K a multiple of every replica count
+    step = math.lcm(*p.replicas) if method in _PER_MINIBATCH and method != "hetpipe" else 1
+    if K is None:
+        K = 1 if sync_method else 3 * max(1, -(-in_flight(p.replicas, 0) // M))
+        K = -(-K // step) * step
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ScheduleError(f"minibatches={K!r} must be an int >= 1")
+    if K % step:
+        raise ScheduleError(f"{method} on plan {p.config!r} all-reduces replicas' k-th updates, so every replica "
+                            f"needs as many minibatches: use minibatches a multiple of {step} (got {K})")
+
+    if method == "dp":
+        return sync.dp(p, M, K)
+    if method == "gpipe":
+        return sync.gpipe(p, M, K)
+    if method == "1f1b-flush":
+        return sync.one_f_one_b_flush(p, M, K)
+    if method == "interleaved-1f1b":
+        return sync.interleaved(p, M, K, int(options["chunks"]))
+    if method == "zb-h1":
+        return sync.zb_h1(p, M, K)
+    if method in ("pipedream", "naive-async", "pipemare"):
+        return async_.per_minibatch_async(p, method, K, vertical_sync=bool(options.get("vertical_sync", False)))
+    if method == "2bw":
+        return async_.coalesced(p, "2bw", M, K, delay=1)
+    if method == "buffered":
+        kv = options.get("versions", 2)
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 2:
+            raise ScheduleError(f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}")
+        return async_.coalesced(p, "buffered", M, K, delay=kv - 1)
+    return _hetpipe.hetpipe(p, K, D=int(options.get("D", 0)))
+
+
+__all__ = ["Action", "METHODS", "Schedule", "ScheduleError", "build", "validate"]

@@ -1,0 +1,164 @@
+"""Shared pieces of the schedule builders: plan resolution, the 1F1B order, U insertion, versions.
+
+Every builder is a pure function of (plan topology, M, K, options). The helpers here are the only
+place where the weight-version rules live, so the builders, the validator and the runtime agree.
+
+Version numbering (per stage, per worker): version 0 is the initial weights; the ``k``-th ``U``
+of a stage on a worker (1-based) produces version ``k``. Replicas of a stage that all-reduce keep
+identical versions, because their ``k``-th ``U``'s pair up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipelab.partition.plan import Plan
+from pipelab.schedules.actions import Action
+
+
+class ScheduleError(ValueError):
+    """A schedule (or a request to build one) is wrong; the message says where and what to do."""
+
+
+def resolve_plan(plan: Plan | int) -> Plan:
+    """A ``Plan`` as given, or for an int ``P`` a straight ``P``-stage plan with one layer per stage."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, bool) or not isinstance(plan, int) or plan < 1:
+        raise ScheduleError(f"plan must be a pipelab Plan or a positive int (stages); got {plan!r}")
+    return Plan.even(plan, plan)
+
+
+def in_flight(replicas: Sequence[int], stage: int) -> int:
+    """Global microbatches admitted at ``stage`` before its first backward: workers of stages >= it.
+
+    For a straight pipeline this is ``P - s`` (1F1B's warm-up plus one); for the input stage it
+    is the worker count, i.e. PipeDream's NOAM = ceil(workers / input replicas) per replica
+    (Harlap/Narayanan et al., SOSP'19, §3.2).
+    """
+    return sum(replicas[stage:])
+
+
+def one_f_one_b(mbs: Sequence[int], warm: int, stage: int) -> list[Action]:
+    """``warm`` forwards, then alternate one backward and one forward, then the remaining backwards.
+
+    ::
+
+        mbs=[0..5], warm=3:  F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5
+    """
+    warm = min(warm, len(mbs))
+    out = [Action(stage, "F", m) for m in mbs[:warm]]
+    for i, m in enumerate(mbs):
+        out.append(Action(stage, "B", m))
+        if warm + i < len(mbs):
+            out.append(Action(stage, "F", mbs[warm + i]))
+    return out
+
+
+def insert_updates(acts: Sequence[Action]) -> list[Action]:
+    """A ``U`` (microbatch field = that microbatch) right after each microbatch's last gradient
+    action (``W`` if the stage splits backward, else ``B``): PipeDream's update per minibatch."""
+    split = {a.stage for a in acts if a.kind == "W"}
+    out: list[Action] = []
+    for a in acts:
+        out.append(a)
+        if (a.kind == "W" or (a.kind == "B" and a.stage not in split)):
+            out.append(Action(a.stage, "U", a.microbatch))
+    return out
+
+
+def insert_minibatch_updates(acts: Sequence[Action], local: dict[int, list[int]], M: int, K: int,
+                             lead: dict[int, int] | None = None) -> list[Action]:
+    """One ``U`` per stage per minibatch ``k`` (microbatch field = ``k``), as early as allowed.
+
+    ``U(k)`` goes after the last local gradient action of minibatch ``k`` (right after ``U(k-1)``
+    when this replica has none, so that every replica's ``k``-th ``U`` exists to pair up) and, with
+    ``lead[s] = G`` (microbatches in flight at stage ``s``), after every local forward of a
+    microbatch ``<= (k+1) M - 2 + G``: in 1F1B order the stage's last backward of minibatch ``k``
+    comes after those forwards, so a replica that blocked in the all-reduce earlier would hold back
+    a forward its partners wait for (a deadlock with replicated stages).
+    """
+    split = {a.stage for a in acts if a.kind == "W"}
+    lead = lead or {}
+    remaining: dict[tuple[int, int], int] = {}
+    for s, mbs in local.items():
+        for k in range(K):
+            remaining[(s, k)] = sum(1 for m in mbs if m // M == k)
+    fwd_left: dict[int, list[int]] = {s: sorted(mbs) for s, mbs in local.items()}
+    next_k = {s: 0 for s in local}
+    out: list[Action] = []
+
+    def flush(s: int) -> None:
+        while next_k[s] < K and remaining[(s, next_k[s])] == 0:
+            k = next_k[s]
+            if s in lead and fwd_left[s] and fwd_left[s][0] <= (k + 1) * M - 2 + lead[s]:
+                return
+            out.append(Action(s, "U", k))
+            next_k[s] += 1
+
+    for s in local:
+        flush(s)
+    for a in acts:
+        out.append(a)
+        if a.kind == "F" and fwd_left[a.stage] and fwd_left[a.stage][0] == a.microbatch:
+            fwd_left[a.stage].pop(0)
+        if a.kind == "W" or (a.kind == "B" and a.stage not in split):
+            remaining[(a.stage, a.microbatch // M)] -= 1
+        flush(a.stage)
+    for s in local:
+        flush(s)
+    return out
+
+
+def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks: Sequence[Sequence[int]],
+                    M: int, delay: int = 0) -> tuple[tuple[int, ...], ...]:
+    """The weight version each action reads (F, B, W) or produces (U), by rule.
+
+    - ``"stash"`` (PipeDream, SOSP'19 §3.3 weight stashing): ``F`` reads the latest version on
+      its worker; ``B``/``W`` read the version their microbatch's ``F`` read on that stage.
+    - ``"vertical"`` (PipeDream vertical sync): every stage's ``F``/``B``/``W`` of microbatch ``m``
+      read the version the input stage's ``F`` of ``m`` read.
+    - ``"latest"`` (naive async, PipeMare): ``F``, ``B`` and ``W`` read the latest version when
+      they run.
+    - ``"delay"`` (2BW with ``delay=1``, ``buffered`` K with ``delay=K-1``): all actions of minibatch
+      ``k`` read version ``max(0, k - delay)``, the same on every stage. 2BW's update
+      W(t+1) = W(t) - nu * grad f(W(t-1)) (Narayanan et al., ICML'21, §3) is ``delay=1``.
+    - ``"single"``: everything reads version 0 except that ``U`` still counts (sync methods).
+
+    ``U`` always produces the number of ``U``'s of that stage so far on the worker.
+    """
+    out: list[tuple[int, ...]] = []
+    input_version: dict[int, int] = {}
+    # workers of the input stage first: vertical sync needs the input stage's versions
+    order = sorted(range(len(actions)), key=lambda w: 0 if w in stage_ranks[0] else 1)
+    per_worker: dict[int, tuple[int, ...]] = {}
+    for w in order:
+        latest: dict[int, int] = {}
+        f_read: dict[tuple[int, int], int] = {}
+        vs: list[int] = []
+        for a in actions[w]:
+            cur = latest.get(a.stage, 0)
+            if a.kind == "U":
+                latest[a.stage] = cur + 1
+                vs.append(cur + 1)
+                continue
+            if rule == "single":
+                v = 0
+            elif rule == "latest":
+                v = cur
+            elif rule == "delay":
+                v = max(0, a.microbatch // M - delay)
+            elif a.kind == "F":
+                if rule == "vertical" and a.stage != 0:
+                    v = input_version.get(a.microbatch, cur)
+                else:
+                    v = cur
+            else:
+                v = f_read.get((a.stage, a.microbatch), cur)
+            if a.kind == "F":
+                f_read[(a.stage, a.microbatch)] = v
+                if a.stage == 0:
+                    input_version[a.microbatch] = v
+            vs.append(v)
+        per_worker[w] = tuple(vs)
+    return tuple(per_worker[w] for w in range(len(actions)))

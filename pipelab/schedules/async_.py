@@ -1,0 +1,97 @@
+"""Asynchronous (no-flush) 1F1B schedules: ``pipedream``, ``naive-async``, ``pipemare``, ``2bw``, ``buffered``.
+
+All share one order: stage ``s`` admits the microbatches of every worker of stages ``>= s``
+before its first backward (PipeDream's NOAM = ceil(workers / input replicas) per input replica,
+SOSP'19 §3.2), then alternates one backward and one forward, never flushing; the run's end
+drains. Microbatch ``m`` of stage ``s`` runs on replica ``m % replicas_s`` (round-robin).
+
+What differs is when weights change and which version each action reads:
+
+- ``pipedream``, ``naive-async``, ``pipemare``: each "microbatch" is a minibatch (``M = 1``); a
+  ``U`` (microbatch field = that minibatch) follows every ``B``; replicas' ``k``-th ``U``'s
+  all-reduce together. Versions: ``pipedream`` stashes (B reads the version its F read, the
+  latest when F ran), ``vertical_sync=True`` makes every stage use the input stage's version;
+  ``naive-async``/``pipemare`` read the latest weights in F and in B (no stash).
+- ``2bw``, ``buffered``: ``M`` microbatches per minibatch, gradients coalesced, one ``U`` per stage
+  per minibatch (microbatch field ``k``) right after its last ``B``. Minibatch ``k`` reads version
+  ``max(0, k - d)`` on every stage, with ``d = 1`` for 2BW (W(t+1) = W(t) - nu grad f(W(t-1)),
+  Narayanan et al. ICML'21 §3) and ``d = K - 1`` for ``buffered`` with ``versions=K`` (at most K
+  versions alive per stage, after Lv et al. CCGrid'23).
+
+Picture (pipedream, straight P=3, ``U`` after each B)::
+
+    w0: F0 F1 F2 B0 U0 F3 B1 U1 F4 B2 U2 ...
+    w2: .. .. F0 B0 U0 F1 B1 U1 F2 B2 U2 ...
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipelab.partition.plan import Plan
+from pipelab.schedules._common import (
+    ScheduleError,
+    assign_versions,
+    in_flight,
+    insert_minibatch_updates,
+    insert_updates,
+    one_f_one_b,
+)
+from pipelab.schedules.actions import Action, Schedule
+
+
+def _orders(plan: Plan, total: int) -> tuple[list[list[Action]], list[dict[int, list[int]]]]:
+    reps = plan.replicas
+    lists: list[list[Action]] = [[] for _ in range(plan.num_workers)]
+    local: list[dict[int, list[int]]] = [{} for _ in range(plan.num_workers)]
+    for st in plan.stages:
+        for j, w in enumerate(st.ranks):
+            mbs = [m for m in range(total) if m % st.replicas == j]
+            warm = sum(1 for m in mbs if m < in_flight(reps, st.index))
+            lists[w] = one_f_one_b(mbs, warm, st.index)
+            local[w] = {st.index: mbs}
+    return lists, local
+
+
+def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool = False,
+                        allreduce: bool = True, extra: dict[str, object] | None = None) -> Schedule:
+    """PipeDream-style 1F1B without flush, ``M = 1``, a ``U`` after every ``B``."""
+    lists, _ = _orders(plan, K)
+    acts = [insert_updates(a) for a in lists]
+    if method in ("naive-async", "pipemare"):
+        rule = "latest"
+    elif vertical_sync:
+        if len(set(plan.replicas)) != 1:
+            raise ScheduleError(f"vertical_sync needs every stage to have the same replica count (so that "
+                                f"version numbers match across stages); this plan has {plan.config!r}")
+        rule = "vertical"
+    else:
+        rule = "stash"
+    ranks = tuple(s.ranks for s in plan.stages)
+    versions = assign_versions(rule, acts, ranks, 1)
+    options: dict[str, object] = {"allreduce": allreduce and any(r > 1 for r in plan.replicas), "weights": rule,
+                                  "vertical_sync": vertical_sync, "noam": plan.noam}
+    options.update(extra or {})
+    return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=ranks, microbatches=1, minibatches=K,
+                    actions=tuple(tuple(a) for a in acts), versions=versions, options=options)
+
+
+def coalesced(plan: Plan, method: str, M: int, K: int, delay: int) -> Schedule:
+    """2BW / buffered: 1F1B without flush over all ``M*K`` microbatches, one ``U`` per minibatch,
+    minibatch ``k`` reading version ``max(0, k - delay)``."""
+    g0 = in_flight(plan.replicas, 0)
+    # F of minibatch k's first microbatch needs U(k - delay - 1), i.e. the B of microbatch
+    # (k - delay) * M - 1, done before it: g0 <= delay * M + 1.
+    if g0 > delay * M + 1:
+        need = math.ceil((g0 - 1) / delay)
+        raise ScheduleError(f"{method} with {delay + 1} weight versions keeps {g0} microbatches in flight at the "
+                            f"input stage, so it needs microbatches >= {need} per minibatch; got {M}")
+    lists, local = _orders(plan, M * K)
+    lead = {s: in_flight(plan.replicas, s) for s in range(plan.num_stages)}
+    acts = [insert_minibatch_updates(a, loc, M, K, lead) for a, loc in zip(lists, local)]
+    ranks = tuple(s.ranks for s in plan.stages)
+    versions = assign_versions("delay", acts, ranks, M, delay)
+    return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=ranks, microbatches=M, minibatches=K,
+                    actions=tuple(tuple(a) for a in acts), versions=versions,
+                    options={"allreduce": any(r > 1 for r in plan.replicas), "weights": "delay",
+                             "delay": delay, "versions": delay + 1})

@@ -1,0 +1,164 @@
+"""Synchronous (flushing) schedules: ``dp``, ``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``, ``zb-h1``.
+
+Every worker ends minibatch ``k`` with one ``U`` (microbatch field ``k``) per stage it hosts;
+replicas of a stage all-reduce their gradients there, so all methods here compute plain
+minibatch SGD with a single weight version (``versions`` is ``None``).
+
+Microbatch ``m`` (global id ``k*M + i``) of stage ``s`` runs on replica ``m % replicas_s``.
+Pictures (P=3, M=4, one minibatch, worker rows; ``U`` omitted)::
+
+    gpipe        w0: F0 F1 F2 F3 .. .. .. .. B0 B1 B2 B3
+                 w2: .. .. F0 F1 F2 F3 B0 B1 B2 B3
+    1f1b-flush   w0: F0 F1 F2 .. B0 F3 B1 .. B2 .. B3
+                 w2: .. .. F0 B0 F1 B1 F2 B2 F3 B3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipelab.partition.plan import Plan
+from pipelab.schedules._common import ScheduleError, in_flight, one_f_one_b
+from pipelab.schedules.actions import Action, Schedule
+
+
+def _local(plan: Plan, stage: int, worker: int, mbs: range) -> list[int]:
+    st = plan.stages[stage]
+    j = st.ranks.index(worker)
+    return [m for m in mbs if m % st.replicas == j]
+
+
+def _per_minibatch(plan: Plan, method: str, M: int, K: int,
+                   order: Callable[[list[int], int, int], list[Action]], options: dict[str, object]) -> Schedule:
+    """Build a flushing schedule: for each minibatch, ``order(local_mbs, stage, worker)`` then ``U``."""
+    reps = plan.replicas
+    lists: list[list[Action]] = [[] for _ in range(plan.num_workers)]
+    for st in plan.stages:
+        for w in st.ranks:
+            for k in range(K):
+                local = _local(plan, st.index, w, range(k * M, (k + 1) * M))
+                lists[w] += order(local, st.index, w)
+                lists[w].append(Action(st.index, "U", k))
+    return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=tuple(s.ranks for s in plan.stages),
+                    microbatches=M, minibatches=K, actions=tuple(tuple(a) for a in lists),
+                    options={"allreduce": any(r > 1 for r in reps), "weights": "single", **options})
+
+
+def gpipe(plan: Plan, M: int, K: int) -> Schedule:
+    """GPipe (Huang et al., NeurIPS'19): all forwards of the minibatch, then all backwards, then ``U``."""
+    def order(local: list[int], s: int, w: int) -> list[Action]:
+        return [Action(s, "F", m) for m in local] + [Action(s, "B", m) for m in local]
+    return _per_minibatch(plan, "gpipe", M, K, order, {})
+
+
+def one_f_one_b_flush(plan: Plan, M: int, K: int) -> Schedule:
+    """PipeDream-Flush / Megatron 1F1B (Narayanan et al., ICML'21 §3.3): ``P - s`` forwards in
+    flight at stage ``s`` (all workers of later stages, with replication), then one-forward-
+    one-backward, drain, ``U``."""
+    reps = plan.replicas
+
+    def order(local: list[int], s: int, w: int) -> list[Action]:
+        if not local:
+            return []
+        k0 = local[0] // M * M
+        warm = sum(1 for m in local if m - k0 < in_flight(reps, s))
+        return one_f_one_b(local, warm, s)
+    return _per_minibatch(plan, "1f1b-flush", M, K, order, {})
+
+
+def dp(plan: Plan, M: int, K: int) -> Schedule:
+    """Data parallel: one stage (the whole model) on every worker, microbatch ``m`` on worker
+    ``m % W``; each worker runs F, B per microbatch, then all-reduces at ``U``."""
+    W = plan.num_workers
+    if M % W:
+        raise ScheduleError(f"dp splits each minibatch's {M} microbatches over {W} workers; "
+                            f"use microbatches a multiple of {W} (e.g. {W})")
+    lists = [[] for _ in range(W)]  # type: list[list[Action]]
+    for w in range(W):
+        for k in range(K):
+            for m in range(k * M + w, (k + 1) * M, W):
+                lists[w] += [Action(0, "F", m), Action(0, "B", m)]
+            lists[w].append(Action(0, "U", k))
+    return Schedule(method="dp", num_stages=1, stage_ranks=(tuple(range(W)),), microbatches=M, minibatches=K,
+                    actions=tuple(tuple(a) for a in lists),
+                    options={"allreduce": W > 1, "weights": "single", "num_layers": plan.num_layers})
+
+
+def interleaved(plan: Plan, M: int, K: int, chunks: int) -> Schedule:
+    """Megatron-LM interleaved 1F1B (Narayanan et al., SC'21 §2.2): ``P`` workers each run ``v``
+    chunks; virtual stage ``c * P + w`` is chunk ``c`` on worker ``w``. The plan's stages are the
+    virtual stages (``v * P`` of them). Needs ``M`` a multiple of ``P``. Warm-up on worker ``w``:
+    ``2(P - w - 1) + (v - 1) P`` forwards; forwards walk chunks in groups of ``P`` microbatches,
+    backwards walk chunks in reverse.
+    """
+    v = chunks
+    S = plan.num_stages
+    if v < 1 or S % v:
+        raise ScheduleError(f"chunks={v} does not divide the plan's {S} stages; interleaved-1f1b needs "
+                            f"v * P stages (P workers); use a plan with a multiple of {v} stages")
+    if any(r != 1 for r in plan.replicas):
+        raise ScheduleError("interleaved-1f1b needs a plan without replicated stages (config 'straight')")
+    P = S // v
+    if M % P:
+        raise ScheduleError(f"interleaved-1f1b needs microbatches a multiple of the {P} workers; got {M}")
+    total = M * v
+
+    def chunk_f(i: int) -> int:
+        return (i % (P * v)) // P
+
+    def mb(i: int) -> int:
+        return (i // (P * v)) * P + i % P
+
+    lists = [[] for _ in range(P)]  # type: list[list[Action]]
+    for w in range(P):
+        warm = min(2 * (P - w - 1) + (v - 1) * P, total)
+        for k in range(K):
+            def f(i: int) -> Action:
+                return Action(chunk_f(i) * P + w, "F", k * M + mb(i))  # noqa: B023
+
+            def b(i: int) -> Action:
+                return Action((v - 1 - chunk_f(i)) * P + w, "B", k * M + mb(i))  # noqa: B023
+            acts = [f(i) for i in range(warm)]
+            for i in range(total - warm):
+                acts += [f(warm + i), b(i)]
+            acts += [b(i) for i in range(total - warm, total)]
+            acts += [Action(c * P + w, "U", k) for c in range(v)]
+            lists[w] += acts
+    return Schedule(method="interleaved-1f1b", num_stages=S, stage_ranks=tuple((s % P,) for s in range(S)),
+                    microbatches=M, minibatches=K, actions=tuple(tuple(a) for a in lists),
+                    options={"allreduce": False, "weights": "single", "chunks": v})
+
+
+def zb_h1(plan: Plan, M: int, K: int) -> Schedule:
+    """ZB-H1 (Qi et al., ICLR'24 "Zero Bubble Pipeline Parallelism" §3.1): backward split into ``B``
+    (input gradient) and ``W`` (weight gradient). Stage ``s`` keeps 1F1B's order of ``F`` and ``B``
+    (``P - s`` forwards before the first backward) and runs ``W`` of microbatch ``k - s`` right after
+    ``B`` of ``k``: the last stages defer weight gradients into what would be 1F1B's bubbles and
+    drain them at the end. At most ``P`` microbatches hold activations on any stage (1F1B's peak).
+    With equal F, B, W the bubble is ``(P-1)(T_F + T_B - T_W)`` per worker, a third of 1F1B's
+    ``(P-1)(T_F + T_B + T_W)`` (paper §3.1), once ``M >= P``::
+
+        P=3, M=4   w0: F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3
+                   w2: F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
+    """
+    reps = plan.replicas
+
+    def order(local: list[int], s: int, w: int) -> list[Action]:
+        if not local:
+            return []
+        k0 = local[0] // M * M
+        warm = sum(1 for m in local if m - k0 < in_flight(reps, s))
+        out: list[Action] = []
+        pending: list[int] = []
+        for a in one_f_one_b(local, warm, s):
+            out.append(a)
+            if a.kind == "B":
+                pending.append(a.microbatch)
+                if len(pending) > s:
+                    out.append(Action(s, "W", pending.pop(0)))
+        return out + [Action(s, "W", m) for m in pending]
+    sch = _per_minibatch(plan, "zb-h1", M, K, order, {"split_backward": True})
+    return sch
+
+
+__all__ = ["gpipe", "one_f_one_b_flush", "dp", "interleaved", "zb_h1"]

@@ -1,0 +1,228 @@
+"""Discrete-event execution of a :class:`~pipelab.schedules.Schedule`: blocking actions, async sends.
+
+Semantics (the same the runtime has): each worker runs its list in order; an action starts when
+the worker is free and its inputs are there (``F`` of stage ``s`` needs the activation of ``F`` of
+stage ``s-1`` for that microbatch; ``B`` needs its own ``F`` and the gradient of ``B`` of stage
+``s+1``; ``W`` needs its ``B``). Sends are asynchronous: when an ``F``/``B`` ends, its output is
+queued on the directed link to the consumer's worker; transfers on one link run one at a time in
+issue order (a link's transfers are issued in its sender's program order, so program order is time
+order and no global event queue is needed: every action's times follow from its dependencies').
+
+A ``U`` of a replicated stage (``schedule.options["allreduce"]``) waits for the matching ``U`` of
+every replica (their ``k``-th ``U``'s pair up). The gradient all-reduce overlaps the backward:
+the costs give a *tail*, the seconds from the start of a replica's last gradient action of the
+stage to the reduced gradient being ready (see :class:`Costs.allreduce`).
+
+Deadlock: if no worker can advance, :class:`Deadlock` lists every stuck worker's next step and what
+it waits for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelab.schedules.actions import Action, Schedule
+from pipelab.trace import Event
+
+
+class Costs:
+    """What actions cost. Subclass or use :class:`UnitCosts`; ``pipelab.sim`` builds one from a profile."""
+
+    def compute(self, worker: int, action: Action, split: bool) -> float:
+        """Seconds of ``action`` on ``worker``; ``split``: the stage has separate ``W`` actions."""
+        raise NotImplementedError
+
+    def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
+        """(seconds, bytes) to ship the output of ``action`` (F: activation, B: gradient) from ``src`` to ``dst``."""
+        raise NotImplementedError
+
+    def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
+        """(tail, comm seconds, bytes) of stage ``stage``'s gradient all-reduce over ``workers``.
+
+        ``tail`` counts from the start of the last gradient action (which takes ``grad_s``) to
+        the reduced gradient; a tail of ``grad_s`` means the all-reduce hides completely.
+        """
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class UnitCosts(Costs):
+    """Fixed durations: ``F=f``, ``B=b`` (``b + w`` when the stage does not split off ``W``), ``W=w``,
+    ``U=u``; transfers take ``send_s`` and all-reduces hide behind backward unless ``allreduce_s``."""
+
+    f: float = 1.0
+    b: float = 1.0
+    w: float = 1.0
+    u: float = 0.0
+    send_s: float = 0.0
+    allreduce_s: float = 0.0
+
+    def compute(self, worker: int, action: Action, split: bool) -> float:
+        """See :meth:`Costs.compute`."""
+        k = action.kind
+        if k == "F":
+            return self.f
+        if k == "B":
+            return self.b if split else self.b + self.w
+        return self.w if k == "W" else self.u
+
+    def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
+        """See :meth:`Costs.send`."""
+        return (0.0 if src == dst else self.send_s), 0
+
+    def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
+        """See :meth:`Costs.allreduce`."""
+        return max(grad_s, self.allreduce_s), self.allreduce_s, 0
+
+
+class Deadlock(RuntimeError):
+    """No worker can advance; ``stuck`` lists (worker, step index, action, waiting-for text)."""
+
+    def __init__(self, message: str, stuck: list[tuple[int, int, Action, str]]) -> None:
+        super().__init__(message)
+        self.stuck = stuck
+
+
+def run(schedule: Schedule, costs: Costs) -> list[Event]:
+    """Execute ``schedule`` under ``costs``; return the events (one per action, plus sends/all-reduces)."""
+    S = schedule.num_stages
+    acts = schedule.actions
+    nw = schedule.num_workers
+    split = frozenset(a.stage for lst in acts for a in lst if a.kind == "W")
+    allreduce = bool(schedule.options.get("allreduce", False))
+    ranks = schedule.stage_ranks
+    rep = [len(r) for r in ranks]
+    ptr = [0] * nw
+    free = [0.0] * nw
+    avail: dict[tuple[str, int, int], float] = {}     # data/done keys -> time
+    waiting: dict[tuple[str, int, int], list[int]] = {}
+    link_free: dict[tuple[int, int], float] = {}
+    u_count: dict[tuple[int, int], int] = {}           # (worker, stage) -> U's done
+    last_grad: dict[tuple[int, int], tuple[float, float]] = {}  # (worker, stage) -> (start, dur) of last B/W
+    groups: dict[tuple[int, int], list[tuple[int, float, float, float]]] = {}
+    ar_free = [0.0] * S
+    events: list[Event] = []
+    versions = schedule.versions
+    stack = list(range(nw - 1, -1, -1))
+
+    def publish(key: tuple[str, int, int], t: float) -> None:
+        avail[key] = t
+        if key in waiting:
+            stack.extend(waiting.pop(key))
+
+    while stack:
+        w = stack.pop()
+        lst = acts[w]
+        while ptr[w] < len(lst):
+            i = ptr[w]
+            a = lst[i]
+            s, kind, m = a.stage, a.kind, a.microbatch
+            ready = free[w]
+            need: tuple[str, int, int] | None = None
+            if kind == "F":
+                if s > 0:
+                    t = avail.get(("a", s - 1, m))
+                    if t is None:
+                        need = ("a", s - 1, m)
+                    elif t > ready:
+                        ready = t
+            elif kind == "B":
+                t = avail.get(("f", s, m))
+                if t is None:
+                    need = ("f", s, m)
+                else:
+                    if t > ready:
+                        ready = t
+                    if s < S - 1:
+                        t = avail.get(("g", s + 1, m))
+                        if t is None:
+                            need = ("g", s + 1, m)
+                        elif t > ready:
+                            ready = t
+            elif kind == "W":
+                t = avail.get(("b", s, m))
+                if t is None:
+                    need = ("b", s, m)
+                elif t > ready:
+                    ready = t
+            elif allreduce and rep[s] > 1:
+                k = u_count.get((w, s), 0)
+                key = ("r", s, k)
+                t = avail.get(key)
+                if t is None:
+                    grp = groups.setdefault((s, k), [])
+                    if all(g[0] != w for g in grp):
+                        gs, gd = last_grad.get((w, s), (ready, 0.0))
+                        grp.append((w, ready, gs, gd))
+                    if len(grp) < rep[s]:
+                        need = key
+                    else:
+                        tails = [costs.allreduce(s, ranks[s], gd) for _, _, _, gd in grp]
+                        done = max(max(g[1] for g in grp),
+                                   max(g[2] + tl[0] for g, tl in zip(grp, tails)), ar_free[s])
+                        comm, nbytes = tails[0][1], tails[0][2]
+                        ar_free[s] = done
+                        for g in grp:
+                            events.append(Event(worker=g[0], stage=s, kind="allreduce", microbatch=m,
+                                                start_s=done - comm, end_s=done, bytes=nbytes))
+                        del groups[(s, k)]
+                        publish(key, done)
+                        t = done
+                if t is not None and t > ready:
+                    ready = t
+            if need is not None:
+                waiting.setdefault(need, []).append(w)
+                break
+            dur = costs.compute(w, a, s in split)
+            end = ready + dur
+            events.append(Event(w, s, kind, m, ready, end, 0, versions[w][i] if versions is not None else 0, i))
+            free[w] = end
+            ptr[w] = i + 1
+            if kind == "F":
+                publish(("f", s, m), end)
+                if s < S - 1:
+                    rs = ranks[s + 1]
+                    dst = rs[m % len(rs)]
+                    arrive = end if dst == w else _ship(costs, a, w, dst, end, link_free, events)
+                    publish(("a", s, m), arrive)
+            elif kind == "B":
+                publish(("b", s, m), end)
+                last_grad[(w, s)] = (ready, dur)
+                if s > 0:
+                    rs = ranks[s - 1]
+                    dst = rs[m % len(rs)]
+                    arrive = end if dst == w else _ship(costs, a, w, dst, end, link_free, events)
+                    publish(("g", s, m), arrive)
+            elif kind == "W":
+                last_grad[(w, s)] = (ready, dur)
+            else:
+                u_count[(w, s)] = u_count.get((w, s), 0) + 1
+
+    stuck = [(w, ptr[w], acts[w][ptr[w]]) for w in range(nw) if ptr[w] < len(acts[w])]
+    if stuck:
+        why = {w2: key for key, ws in waiting.items() for w2 in ws}
+        rows = [(w, i, a, _explain(why.get(w))) for w, i, a in stuck]
+        text = "; ".join(f"worker {w} step {i} ({a}) waits for {reason}" for w, i, a, reason in rows)
+        raise Deadlock(f"schedule deadlocks: {text}", rows)
+    return events
+
+
+def _explain(key: tuple[str, int, int] | None) -> str:
+    if key is None:
+        return "nothing (internal error)"
+    kind, s, m = key
+    return {"a": f"the activation of {s}F{m}", "g": f"the gradient of {s}B{m}", "f": f"its own {s}F{m}",
+            "b": f"its own {s}B{m}", "r": f"the all-reduce partners of stage {s}'s U number {m + 1}"}[kind]
+
+
+def _ship(costs: Costs, a: Action, src: int, dst: int, end: float,
+          link_free: dict[tuple[int, int], float], events: list[Event]) -> float:
+    """Queue ``a``'s output on link ``src -> dst`` (FIFO); return its arrival time."""
+    secs, nbytes = costs.send(src, dst, a)
+    if secs == 0.0 and nbytes == 0:
+        return end
+    start = max(end, link_free.get((src, dst), 0.0))
+    arrive = start + secs
+    link_free[(src, dst)] = arrive
+    events.append(Event(src, a.stage, "send", a.microbatch, start, arrive, nbytes, -1, -1, dst))
+    return arrive

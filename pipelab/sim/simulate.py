@@ -1,0 +1,287 @@
+"""``simulate`` and ``SimResult``: time a schedule on a cluster with the one cost model.
+
+The simulator executes the very :class:`~pipelab.schedules.Schedule` that the runtime runs
+(:mod:`pipelab.sim.engine`), with durations from the one cost model
+(:class:`pipelab.sim.costs.CostModel`):
+
+- ``F``/``B`` of a stage: the profile's forward/backward seconds of its layers for one microbatch
+  (minibatch / ``M``), divided by the worker's speed; ``zb-h1`` splits each backward in halves,
+  ``B`` (input gradient) and ``W`` (weight gradient), since profiles do not separate them;
+- ``U``: the optimizer step streams weights, gradients and optimizer state once through device
+  memory: ``param_bytes * (3 + state) / memory_bandwidth`` (default 900 GB/s, a V100's HBM2);
+- transfers: ``CostModel.transfer_s`` of the cut's bytes per microbatch, one at a time per directed
+  link (no NIC sharing between links);
+- all-reduce of replicated stages: DDP-style overlap with the last backward (same formula as
+  ``CostModel.replica_time_s``), one at a time per stage.
+
+Memory per worker over time: weights + one gradient buffer + optimizer state per hosted stage,
+plus one extra weight copy per additional version alive (stashing), plus the activations of every
+microbatch between its ``F`` and its last gradient action.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipelab.partition.plan import Plan
+from pipelab.schedules import METHODS
+from pipelab.schedules._common import ScheduleError, in_flight
+from pipelab.schedules.actions import Action, Schedule
+from pipelab.sim.engine import Costs, Deadlock, UnitCosts, run
+from pipelab.trace import COMPUTE_KINDS, Event, Trace
+
+if TYPE_CHECKING:
+    from pipelab.cluster import Cluster
+    from pipelab.profile.records import Profile
+    from pipelab.sim.costs import CostModel
+
+HBM_BYTES_PER_S = 900e9   # NVIDIA V100 data sheet: 900 GB/s HBM2
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a simulated run did and what it measured (times in seconds, memory in bytes)."""
+
+    schedule: Schedule
+    trace: Trace
+    time_per_minibatch: float
+    throughput: float                     # samples per second (minibatch / time_per_minibatch)
+    utilization: tuple[float, ...]        # per worker: busy fraction of the measured window
+    bubble_fraction: tuple[float, ...]    # per worker: 1 - utilization
+    peak_memory: tuple[int, ...]          # per worker
+    memory_timeline: dict[int, list[tuple[float, int]]] = field(default_factory=dict, repr=False)
+    window: tuple[float, float] = (0.0, 0.0)   # the measured interval (steady state for async methods)
+    batch_size: int = 1
+
+    @property
+    def makespan(self) -> float:
+        """Seconds from the first action's start to the last action's end."""
+        return self.trace.makespan
+
+    @property
+    def bubble_time(self) -> tuple[float, ...]:
+        """Per worker: idle seconds inside the measured window."""
+        span = self.window[1] - self.window[0]
+        return tuple(b * span for b in self.bubble_fraction)
+
+    def summary(self) -> str:
+        """A few lines for humans."""
+        util = sum(self.utilization) / max(len(self.utilization), 1)
+        return (f"{self.schedule.method}: {self.time_per_minibatch * 1e3:.3f} ms/minibatch, "
+                f"{self.throughput:.1f} samples/s, mean utilization {util:.1%}, "
+                f"peak memory {max(self.peak_memory, default=0) / 2**30:.2f} GiB")
+
+
+class ProfileCosts(Costs):
+    """Costs of a schedule's actions from a :class:`CostModel` and the plan's layer ranges."""
+
+    def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
+                 memory_bandwidth: float = HBM_BYTES_PER_S, workers: list[int] | None = None) -> None:
+        """``ranges[s]`` = stage ``s``'s layers; one microbatch is 1/``microbatches`` of the profile's
+        minibatch; ``workers[r]`` is the cluster worker of schedule rank ``r`` (default identity, see
+        ``plan.notes["workers"]`` of HetPipe plans)."""
+        self.model = model
+        self.ranges = ranges
+        self.M = microbatches
+        self.memory_bandwidth = memory_bandwidth
+        self.phys = workers
+        self._cache: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def _w(self, rank: int) -> int:
+        return rank if self.phys is None else self.phys[rank]
+
+    def _fb(self, stage: int, worker: int) -> tuple[float, float]:
+        key = (stage, worker)
+        if key not in self._cache:
+            a, b = self.ranges[stage]
+            self._cache[key] = self.model.compute_s(a, b, self._w(worker), microbatches=self.M)
+        return self._cache[key]
+
+    def compute(self, worker: int, action: Action, split: bool) -> float:
+        """See :meth:`Costs.compute`."""
+        f, b = self._fb(action.stage, worker)
+        if action.kind == "F":
+            return f
+        if action.kind in ("B", "W"):
+            return b / 2 if split else b
+        a, e = self.ranges[action.stage]
+        p = self.model.param_bytes(a, e)
+        return p * (3 + self.model.state_factor) / (self.memory_bandwidth * self.model.cluster.speed(self._w(worker)))
+
+    def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
+        """See :meth:`Costs.send`."""
+        a, e = self.ranges[action.stage]
+        boundary = e - 1 if action.kind == "F" else a - 1
+        nbytes = self.model.cut_bytes(boundary, self.M)
+        return self.model.transfer_s(nbytes, self._w(src), self._w(dst)), nbytes
+
+    def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
+        """See :meth:`Costs.allreduce`: tail = max_l [B(l..end) + kappa * P(start..l)] + fixed."""
+        a, e = self.ranges[stage]
+        cm = self.model
+        nbytes = cm.param_bytes(a, e)
+        phys = [self._w(w) for w in workers]
+        kappa, fixed = cm.allreduce_coeffs(phys)
+        if kappa == 0.0 or nbytes == 0:
+            return grad_s, 0.0, nbytes
+        speed = min(cm.cluster.speed(w) for w in phys) * self.M
+        tail = max((cm.pb[e] - cm.pb[ly]) / speed + kappa * (cm.pp[ly + 1] - cm.pp[a]) for ly in range(a, e))
+        return max(grad_s, float(tail) + fixed), cm.allreduce_s(nbytes, phys), nbytes
+
+
+def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_size: int = 1,
+                      memory: Mapping[int, tuple[int, int, int]] | None = None,
+                      minibatch_scale: int = 1) -> SimResult:
+    """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it.
+
+    ``time_per_minibatch`` is the steady-state seconds per schedule minibatch divided by
+    ``minibatch_scale`` (``simulate`` passes ``M`` for ``dp``, whose every microbatch is a whole
+    profile minibatch on one replica, as in PipeDream's data-parallel baseline); ``throughput`` is
+    ``batch_size`` samples per ``time_per_minibatch``. Sync methods are measured over the whole run
+    (makespan / K); async methods between the completion of minibatch ``w - 1`` and ``K - 1 - w``,
+    ``w`` = minibatches in flight at the input stage (warm-up and drain excluded).
+
+    ``memory`` maps stage -> (static bytes: weights, gradient buffer and optimizer state; activation
+    bytes per microbatch; bytes of one extra weight version) to get a memory timeline; without it
+    memory is reported as 0.
+    """
+    costs = costs if costs is not None else UnitCosts()
+    try:
+        events = run(schedule, costs)
+    except Deadlock as exc:
+        raise ScheduleError(f"{exc}\n{schedule.grid(mark=exc.stuck[0][:2], max_steps=26)}") from None
+    trace = Trace.from_events(events, method=schedule.method, microbatches=schedule.microbatches,
+                              minibatches=schedule.minibatches, stages=schedule.num_stages)
+    comp = [e for e in events if e.kind in COMPUTE_KINDS]
+    M, K = schedule.microbatches, schedule.minibatches
+    end = max((e.end_s for e in events), default=0.0)
+    window = (0.0, end)
+    tpm = end / K
+    if not METHODS.get(schedule.method, (True, ""))[0]:
+        done = [0.0] * K
+        for e in comp:
+            k = e.microbatch if e.kind == "U" and M > 1 else e.microbatch // M
+            done[k] = max(done[k], e.end_s)
+        w = max(1, -(-in_flight([len(r) for r in schedule.stage_ranks], 0) // M))
+        if K > 2 * w:
+            window = (done[w - 1], done[K - 1 - w])
+            tpm = (window[1] - window[0]) / (K - 2 * w)
+    tpm /= minibatch_scale
+    span = window[1] - window[0]
+    busy = [0.0] * schedule.num_workers
+    for e in comp:
+        busy[e.worker] += max(0.0, min(e.end_s, window[1]) - max(e.start_s, window[0]))
+    util = tuple(b / span if span > 0 else 0.0 for b in busy)
+    timeline = _memory(schedule, comp, memory) if memory is not None else {}
+    peak = tuple(max((b for _, b in timeline.get(w, [])), default=0) for w in range(schedule.num_workers))
+    return SimResult(schedule=schedule, trace=trace, time_per_minibatch=tpm,
+                     throughput=batch_size / tpm if tpm > 0 else math.inf, utilization=util,
+                     bubble_fraction=tuple(1.0 - u for u in util), peak_memory=peak, memory_timeline=timeline,
+                     window=window, batch_size=batch_size)
+
+
+def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[int, int, int]]
+            ) -> dict[int, list[tuple[float, int]]]:
+    """Per worker, (time, bytes) after every change: static state, extra versions, live activations."""
+    split = {e.stage for e in comp if e.kind == "W"}
+    by_worker: dict[int, list[Event]] = {}
+    for e in comp:
+        by_worker.setdefault(e.worker, []).append(e)
+    out: dict[int, list[tuple[float, int]]] = {}
+    for w, evs in by_worker.items():
+        evs.sort(key=lambda e: e.step)
+        hosted = schedule.stages_of(w)
+        # the static part counts weights, one gradient buffer and optimizer state (CostModel.memory_bytes)
+        static = sum(memory[s][0] for s in hosted)
+        latest: dict[int, int] = {s: 0 for s in hosted}
+        live: dict[tuple[int, int], int] = {}   # (stage, microbatch) -> version
+        acts = 0
+        line = [(0.0, static)]
+        for e in evs:
+            s = e.stage
+            if e.kind == "F":
+                live[(s, e.microbatch)] = e.weight_version
+                acts += memory[s][1]
+            elif e.kind == "U":
+                latest[s] = e.weight_version
+            elif e.kind == "W" or (e.kind == "B" and s not in split):
+                live.pop((s, e.microbatch), None)
+                acts -= memory[s][1]
+            extra = 0
+            for st in hosted:
+                vs = {v for (s2, _), v in live.items() if s2 == st} | {latest[st]}
+                extra += (len(vs) - 1) * memory[st][2]
+            t = e.start_s if e.kind == "F" else e.end_s
+            line.append((t, static + extra + acts))
+        out[w] = line
+    return out
+
+
+def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
+    """Split ``profile``'s layers into ``chunks * P`` stages of balanced compute for interleaved 1F1B
+    (exact min-max split, :func:`pipelab.partition.balance.balance_by_time`)."""
+    from pipelab.partition.balance import balance_by_time
+
+    n_st = chunks * plan.num_stages
+    if n_st > len(profile):
+        raise ScheduleError(f"interleaved-1f1b with chunks={chunks} on {plan.num_stages} workers needs "
+                            f"{n_st} virtual stages but the model has {len(profile)} layers; use fewer chunks")
+    sizes = balance_by_time(n_st, [layer.fwd_s + layer.bwd_s for layer in profile.layers])
+    bounds = [sum(sizes[:i]) for i in range(1, n_st)]
+    return Plan.from_boundaries(len(profile), bounds, batch_size=plan.batch_size, method="interleaved")
+
+
+def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str = "pipedream", *,
+             microbatches: int | None = None, minibatches: int | None = None, compression_ratio: float = 1.0,
+             optimizer: str = "sgd-momentum", memory_bandwidth: float = HBM_BYTES_PER_S,
+             schedule: Schedule | None = None, **options: Any) -> SimResult:
+    """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
+
+    ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan). For
+    ``interleaved-1f1b`` (``chunks=v``) a plan with ``P`` stages is re-split into ``v * P`` virtual
+    stages of balanced compute. ``schedule`` overrides the built schedule (a custom order from
+    ``Schedule.from_csv``). Returns a :class:`SimResult`.
+    """
+    from pipelab.schedules import build
+    from pipelab.schedules._common import ScheduleError
+    from pipelab.sim.costs import CostModel
+
+    if isinstance(plan, int) and not isinstance(plan, bool):
+        plan = Plan.even(len(profile), plan, batch_size=profile.batch_size)
+    plan.validate(profile)
+    if method == "interleaved-1f1b" and plan.num_stages == plan.num_workers and "chunks" in options:
+        plan = virtual_plan(plan, profile, int(options["chunks"]))
+    sch = schedule if schedule is not None else build(method, plan, microbatches=microbatches,
+                                                      minibatches=minibatches, **options)
+    if method == "dp" or sch.method == "dp":
+        ranges = [(0, len(profile))]
+    else:
+        if sch.num_stages != plan.num_stages:
+            raise ScheduleError(f"schedule has {sch.num_stages} stages but the plan has {plan.num_stages}; "
+                                f"build the schedule from this plan")
+        ranges = [(s.start, s.end) for s in plan.stages]
+    if max(max(r) for r in sch.stage_ranks) >= cluster.num_workers:
+        raise ScheduleError(f"the schedule uses {sch.num_workers} workers but cluster {cluster.name!r} has "
+                            f"{cluster.num_workers}; use a bigger cluster or a plan for this one")
+    phys = plan.notes.get("workers") if sch.method != "dp" else None
+    phys = [int(w) for w in phys] if phys else None
+    if max(phys or [0]) >= cluster.num_workers:
+        raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
+    is_dp = sch.method == "dp"
+    cm = CostModel(profile, cluster, compression_ratio=compression_ratio, optimizer=optimizer)
+    micro = 1 if is_dp else sch.microbatches
+    costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys)
+    mem: dict[int, tuple[int, int, int]] = {}
+    for s, (a, e) in enumerate(ranges):
+        p = cm.param_bytes(a, e)
+        mem[s] = ((2 + cm.state_factor) * p, cm.activation_bytes(a, e, micro), p)
+    res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,
+                            minibatch_scale=sch.microbatches if is_dp else 1)
+    res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
+    return res
+
+
+__all__ = ["SimResult", "simulate", "simulate_schedule", "ProfileCosts", "virtual_plan"]

@@ -1,0 +1,20 @@
+"""Views: pure functions from pipelab records to ``plotly.graph_objects.Figure``.
+
+- :func:`gantt` — one row per worker, one box per action (Trace, Schedule or a result with ``.trace``)
+- :func:`partition_graph` — the layer graph coloured by stage (Profile + Plan)
+- :func:`memory` — per-worker memory, stacked by component, against the device limit
+- :func:`compare` — throughput and speed-up across methods or plans
+
+Nothing here imports ipywidgets; live, interactive versions live in :mod:`pipelab.widgets`.
+:func:`to_html` renders a figure for reports that must work offline.
+"""
+
+from __future__ import annotations
+
+from pipelab.views.gantt import bubble_fraction, gantt, schedule_trace, worker_labels
+from pipelab.views.memory import memory, memory_breakdown, schedule_memory
+from pipelab.views.partition_graph import partition_graph
+from pipelab.views.tables import compare, compare_table, to_html
+
+__all__ = ["bubble_fraction", "compare", "compare_table", "gantt", "memory", "memory_breakdown",
+           "partition_graph", "schedule_memory", "schedule_trace", "to_html", "worker_labels"]

@@ -1,0 +1,373 @@
+"""Gantt chart of a pipeline: one row per worker, one box per action.
+
+Works for a simulated :class:`~pipelab.trace.Trace`, a runtime trace (same type), a result object
+with a ``.trace`` (``SimResult``, ``RunResult``) and a bare :class:`~pipelab.schedules.actions.Schedule`,
+which is first laid out with unit costs (:func:`schedule_trace`) so that it can be drawn before any
+profile or cluster exists.
+
+Drawing: one ``go.Bar`` trace per action kind (``base`` = start, ``x`` = duration, horizontal) so that
+tens of thousands of boxes are one SVG layer each rather than one shape each. Kinds differ by fill
+pattern and outline (F solid, B hatched ``/``, W dotted, U dark outline); colour is the microbatch or
+the weight version. Transfers (``send``/``recv``/``allreduce``) are drawn as thin bars under each row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import hex_to_rgb, qualitative, unlabel_rgb
+
+from pipelab.schedules.actions import Schedule
+from pipelab.trace import COMPUTE_KINDS, Event, Trace
+
+#: Unit costs used to lay out a bare schedule: backward = 2 forward (the usual rule of thumb, e.g.
+#: Narayanan et al. SC'21 §2.2). When a schedule splits the weight gradient off (``W`` actions, Zero
+#: Bubble, Qi et al. ICLR'24 §2) F, B and W cost the same, as in that paper's analysis.
+UNIT_COSTS: dict[str, float] = {"F": 1.0, "B": 2.0, "W": 1.0, "U": 0.0}
+UNIT_COSTS_SPLIT: dict[str, float] = {"F": 1.0, "B": 1.0, "W": 1.0, "U": 0.0}
+
+PALETTE: tuple[str, ...] = tuple(qualitative.Plotly) + tuple(qualitative.Safe)
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight grad", "U": "update"}
+KIND_STYLE: dict[str, dict[str, Any]] = {
+    "F": {"pattern_shape": "", "line": {"width": 0.5, "color": "#444"}, "opacity": 1.0},
+    "B": {"pattern_shape": "/", "line": {"width": 0.5, "color": "#444"}, "opacity": 0.85},
+    "W": {"pattern_shape": ".", "line": {"width": 0.5, "color": "#444"}, "opacity": 0.7},
+    "U": {"pattern_shape": "x", "line": {"width": 2.0, "color": "#000"}, "opacity": 1.0},
+}
+TRANSFER_COLOR = "#7f7f7f"
+COLOR_BY = ("microbatch", "version")
+#: above this many actions ``render="auto"`` paints a raster instead of one SVG box per action
+BARS_MAX = 4000
+#: most time bins (heatmap columns) of a raster Gantt
+RASTER_MAX_BINS = 4000
+
+
+# ---------------------------------------------------------------------------- unit-cost layout
+def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = None, engine: bool = True) -> Trace:
+    """Lay a schedule out in time with per-kind unit costs (no communication), respecting dependencies.
+
+    Rules (the data dependencies of pipeline training): ``F(s, m)`` after ``F(s-1, m)``; ``B(s, m)``
+    after ``F(s, m)`` and ``B(s+1, m)``; ``W(s, m)`` after ``B(s, m)``; and each worker runs its
+    actions in list order (so a ``U`` follows the backward passes its list puts before it). Each action
+    starts as soon as both hold (list scheduling), which is what a simulator does with zero-cost
+    transfers; the all-reduce barrier between replicas at a ``U`` is not modelled here.
+
+    The simulator's discrete-event engine (:func:`pipelab.sim.engine.run` with ``UnitCosts``) is used
+    when it is installed, so the chart and the simulator cannot drift (it also models the all-reduce
+    barrier of replicated stages); ``engine=False`` forces the small list scheduler below, which is
+    the fallback and the tests' oracle (it does not model that barrier).
+
+    Raises ``ValueError`` naming the stuck actions if the schedule deadlocks or needs an action that
+    no worker runs.
+    """
+    if len(schedule) == 0:
+        raise ValueError("the schedule has no actions; build it with pl.schedules.build(method, plan, microbatches=...)")
+    split = any(a.kind == "W" for acts in schedule.actions for a in acts)
+    cost = dict(UNIT_COSTS_SPLIT if split else UNIT_COSTS)
+    cost.update(costs or {})
+    unknown = set(cost) - set(COMPUTE_KINDS)
+    if unknown or any(not (v >= 0) for v in cost.values()):
+        raise ValueError(f"costs {dict(costs or {})} must map kinds F/B/W/U to durations >= 0")
+    present = {(a.kind, a.stage, a.microbatch) for acts in schedule.actions for a in acts}
+    for w, acts in enumerate(schedule.actions):
+        for a in acts:
+            for k, st, m in _deps(a.kind, a.stage, a.microbatch, schedule.num_stages - 1):
+                if (k, st, m) not in present:
+                    raise ValueError(f"worker {w} action {a} needs {st}{k}{m}, which no worker runs; "
+                                     f"the schedule is incomplete (check its builder)")
+    meta = {"method": schedule.method, "unit_costs": cost, "layout": "unit-cost",
+            "stage_ranks": [list(r) for r in schedule.stage_ranks]}
+    if engine:
+        try:
+            from pipelab.sim.engine import Deadlock, UnitCosts, run
+        except ImportError:
+            pass
+        else:
+            # UnitCosts charges B as b + w when a stage has no separate W action
+            uc = UnitCosts(f=cost["F"], b=cost["B"], w=cost["W"] if split else 0.0, u=cost["U"])
+            try:
+                evs = run(schedule, uc)
+            except Deadlock as exc:
+                raise ValueError(f"the {schedule.method!r} schedule deadlocks: {exc}") from None
+            # zero-cost transfers would only clutter the chart
+            evs = [e for e in evs if e.kind in COMPUTE_KINDS or e.end_s > e.start_s]
+            return Trace.from_events(evs, **meta, layout_engine="pipelab.sim.engine")
+    return _list_schedule(schedule, cost, meta)
+
+
+def _deps(kind: str, stage: int, mb: int, last: int) -> list[tuple[str, int, int]]:
+    """What an action waits for (besides its worker's previous action)."""
+    if kind == "F":
+        return [("F", stage - 1, mb)] if stage > 0 else []
+    if kind == "B":
+        return [("F", stage, mb)] + ([("B", stage + 1, mb)] if stage < last else [])
+    if kind == "W":
+        return [("B", stage, mb)]
+    return []  # U: its worker's own B/W come before it in the list
+
+
+def _list_schedule(schedule: Schedule, cost: Mapping[str, float], meta: dict[str, Any]) -> Trace:
+    """Plain list scheduling of ``schedule`` under per-kind ``cost`` (the fallback layout)."""
+    last = schedule.num_stages - 1
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * schedule.num_workers
+    ptr = [0] * schedule.num_workers
+    events: list[Event] = []
+    remaining = len(schedule)
+    while remaining:
+        progress = False
+        for w, acts in enumerate(schedule.actions):
+            while ptr[w] < len(acts):
+                a = acts[ptr[w]]
+                need = _deps(a.kind, a.stage, a.microbatch, last)
+                if any(d not in done for d in need):
+                    break
+                start = max([free[w], *(done[d] for d in need)])
+                end = start + float(cost[a.kind])
+                done[(a.kind, a.stage, a.microbatch)] = free[w] = end
+                events.append(Event(worker=w, stage=a.stage, kind=a.kind, microbatch=a.microbatch,
+                                    start_s=start, end_s=end, weight_version=schedule.version_of(w, ptr[w]),
+                                    step=ptr[w]))
+                ptr[w] += 1
+                remaining -= 1
+                progress = True
+        if not progress:
+            stuck = ", ".join(f"w{w}:{acts[ptr[w]]}" for w, acts in enumerate(schedule.actions) if ptr[w] < len(acts))
+            raise ValueError(f"the {schedule.method!r} schedule deadlocks: every worker waits ({stuck}); "
+                             f"each waits for an action that is queued behind another waiting one")
+    return Trace.from_events(events, **meta, layout_engine="pipelab.views.gantt")
+
+
+# ---------------------------------------------------------------------------- helpers
+def bubble_fraction(trace: Trace | Sequence[Event], *, num_workers: int | None = None) -> float:
+    """Idle share of worker time: ``1 - busy / (workers * makespan)`` over compute events.
+
+    For GPipe and 1F1B with P stages and M microbatches of equal cost this equals the closed form
+    ``(P - 1) / (M + P - 1)`` (Huang et al. NeurIPS'19 §2.2; Narayanan et al. SC'21 §2.2).
+    """
+    evs = [e for e in (trace.events if isinstance(trace, Trace) else trace) if e.kind in COMPUTE_KINDS]
+    if not evs:
+        raise ValueError("no compute events (F/B/W/U): the bubble fraction of an empty trace is undefined")
+    span = max(e.end_s for e in evs) - min(e.start_s for e in evs)
+    workers = num_workers or len({e.worker for e in evs})
+    if span <= 0:
+        return 0.0
+    return 1.0 - sum(e.duration_s for e in evs) / (workers * span)
+
+
+def worker_labels(trace: Trace, stage_ranks: Sequence[Sequence[int]] | None = None) -> dict[int, str]:
+    """Row labels such as ``"w3 · stage 1 (replica 0)"``; several stages for interleaved workers.
+
+    ``stage_ranks`` (from the schedule, or ``trace.meta["stage_ranks"]``) gives replica indices; without
+    it replicas are numbered by worker rank within each stage, which is how plans assign ranks.
+    """
+    if stage_ranks is None and "stage_ranks" in trace.meta:
+        stage_ranks = trace.meta["stage_ranks"]
+    stages_of: dict[int, set[int]] = {}
+    for e in trace.events:
+        if e.kind in COMPUTE_KINDS:
+            stages_of.setdefault(e.worker, set()).add(e.stage)
+    if stage_ranks is None:
+        seen: dict[int, set[int]] = {}
+        for w, ss in stages_of.items():
+            for s in ss:
+                seen.setdefault(s, set()).add(w)
+        stage_ranks = [sorted(seen.get(s, ())) for s in range(max(seen, default=-1) + 1)]
+    labels = {}
+    for w in sorted({e.worker for e in trace.events}):
+        ss = sorted(stages_of.get(w, ()))
+        if len(ss) == 1:
+            ranks = list(stage_ranks[ss[0]]) if ss[0] < len(stage_ranks) else []
+            labels[w] = f"w{w} · stage {ss[0]} (replica {ranks.index(w) if w in ranks else 0})"
+        elif ss:
+            labels[w] = f"w{w} · stages {','.join(map(str, ss))}"
+        else:
+            labels[w] = f"w{w}"
+    return labels
+
+
+def _as_trace(source: Any, costs: Mapping[str, float] | None) -> tuple[Trace, float | None]:
+    """Normalize the accepted inputs to a Trace (and the source's own bubble fraction, if it has one)."""
+    if isinstance(source, Schedule):
+        return schedule_trace(source, costs=costs), None
+    if isinstance(source, Trace):
+        return source, None
+    trace = getattr(source, "trace", None)
+    if isinstance(trace, Trace):
+        bub = getattr(source, "bubble_fraction", None)
+        return trace, float(bub) if isinstance(bub, (int, float)) else None
+    if isinstance(source, (list, tuple)) and all(isinstance(e, Event) for e in source):
+        return Trace.from_events(source), None
+    raise TypeError(f"gantt() draws a Trace, a Schedule, a list of Events or a result with .trace; "
+                    f"got {type(source).__name__}")
+
+
+def color_key(e: Event, color_by: str) -> int:
+    """The number an event is coloured by: its microbatch, or its weight version (0 if untracked).
+
+    The box's colour is ``PALETTE[color_key(e, color_by) % len(PALETTE)]``.
+    """
+    return e.microbatch if color_by == "microbatch" else max(e.weight_version, 0)
+
+
+# ---------------------------------------------------------------------------- the view
+def gantt(
+    trace_or_schedule: Trace | Schedule | Sequence[Event] | Any,
+    *,
+    color_by: str = "microbatch",
+    show_transfers: bool = True,
+    title: str | None = None,
+    costs: Mapping[str, float] | None = None,
+    time_unit: str | None = None,
+    render: str = "auto",
+) -> go.Figure:
+    """Draw one row per worker and one box per action; return a ``plotly`` figure.
+
+    ``color_by`` is ``"microbatch"`` or ``"version"`` (the weight version each action read: PipeDream's
+    stashing shows as colour bands). ``costs`` lays out a bare schedule with these per-kind durations
+    (default :data:`UNIT_COSTS`). ``time_unit`` labels the x axis (default ``"s"`` for traces and
+    ``"unit"`` for schedules). The title carries the bubble fraction. Raises ``ValueError`` for an
+    empty trace or an unknown ``color_by``.
+
+    ``render``: ``"bars"`` draws one SVG box per action (exact, hover per box); ``"raster"`` paints the
+    chart as one heatmap image on a time grid as fine as the shortest action (capped at
+    :data:`RASTER_MAX_BINS` columns), which a browser draws in about a second even for 64 workers x
+    512 microbatches, where SVG boxes take minutes; ``"auto"`` picks bars up to :data:`BARS_MAX`
+    actions.
+    """
+    if color_by not in COLOR_BY:
+        raise ValueError(f"color_by={color_by!r}; use one of {COLOR_BY}")
+    if render not in ("auto", "bars", "raster"):
+        raise ValueError(f"render={render!r}; use 'auto', 'bars' or 'raster'")
+    is_schedule = isinstance(trace_or_schedule, Schedule)
+    trace, source_bubble = _as_trace(trace_or_schedule, costs)
+    compute = trace.compute_events()
+    if not compute:
+        raise ValueError(f"nothing to draw: the trace has {len(trace)} events and none is an action "
+                         f"(F/B/W/U); run or simulate at least one step before drawing")
+    labels = worker_labels(trace, trace_or_schedule.stage_ranks if is_schedule else None)
+    rows = [labels[w] for w in sorted(labels)]
+    bubble = source_bubble if source_bubble is not None else bubble_fraction(trace, num_workers=len(rows))
+    unit = time_unit or ("unit" if is_schedule or trace.meta.get("layout") == "unit-cost" else "s")
+    t0 = min(e.start_s for e in compute)
+
+    row_of = {w: i for i, w in enumerate(sorted(labels))}
+    if render == "raster" or (render == "auto" and len(compute) > BARS_MAX):
+        fig = _raster(compute, row_of, t0, color_by, unit)
+    else:
+        fig = _bars(compute, trace, labels, row_of, t0, color_by, unit, show_transfers)
+    method = trace.meta.get("method", "")
+    head = title or (f"{method} pipeline" if method else "pipeline")
+    fig.update_layout(
+        title={"text": f"{head} — bubble {bubble:.1%}, makespan {trace.makespan:.4g} {unit}"},
+        barmode="overlay", bargap=0.15, hovermode="closest", plot_bgcolor="#f4f4f4",
+        xaxis={"title": {"text": f"time ({unit})"}, "rangemode": "tozero"},
+        yaxis={"tickmode": "array", "tickvals": list(range(len(rows))), "ticktext": rows,
+               "autorange": "reversed", "zeroline": False, "showgrid": False},
+        height=min(140 + 28 * len(rows), 2400),
+        margin={"l": 10, "r": 10, "t": 60, "b": 40},
+        legend={"orientation": "h", "y": 1.0, "x": 1.0, "xanchor": "right", "yanchor": "bottom"},
+        meta={**(fig.layout.meta or {}), "bubble_fraction": bubble, "color_by": color_by, "boxes": len(compute)},
+    )
+    return fig
+
+
+def _bars(compute: Sequence[Event], trace: Trace, labels: Mapping[int, str], row_of: Mapping[int, int],
+          t0: float, color_by: str, unit: str, show_transfers: bool) -> go.Figure:
+    """One go.Bar per kind: exact boxes with per-box hover (the default up to BARS_MAX actions)."""
+    ncol = len(PALETTE)
+    # A discrete colour scale over the palette: value k (0..ncol-1) paints PALETTE[k]. Numeric colour
+    # arrays keep a 65k-box figure fast to build (plotly validates colour strings one by one).
+    scale = [[pos, c] for k, c in enumerate(PALETTE) for pos in (k / ncol, (k + 1) / ncol)]
+    fig = go.Figure()
+    for kind in COMPUTE_KINDS:
+        evs = [e for e in compute if e.kind == kind]
+        if not evs:
+            continue
+        style = KIND_STYLE[kind]
+        fig.add_trace(go.Bar(
+            name=KIND_NAMES[kind], orientation="h", legendgroup=kind,
+            base=np.array([e.start_s - t0 for e in evs]), x=np.array([e.duration_s for e in evs]),
+            y=np.array([row_of[e.worker] for e in evs]),
+            width=0.8, opacity=style["opacity"],
+            marker={"color": np.array([color_key(e, color_by) % ncol for e in evs]), "colorscale": scale,
+                    "cmin": -0.5, "cmax": ncol - 0.5, "showscale": False, "line": style["line"],
+                    "pattern": {"shape": style["pattern_shape"], "fillmode": "overlay", "fgcolor": "#222",
+                                "size": 6, "solidity": 0.25}},
+            customdata=np.array([[e.stage, e.microbatch, e.weight_version, e.bytes, e.worker] for e in evs]),
+            hovertemplate=(f"<b>%{{customdata[0]}}{kind}%{{customdata[1]}}</b> on w%{{customdata[4]}}<br>"
+                           "stage %{customdata[0]}, microbatch %{customdata[1]}, version %{customdata[2]}<br>"
+                           "start %{base:.4g}, duration %{x:.4g} " + unit + "<br>%{customdata[3]:,} bytes"
+                           "<extra>" + KIND_NAMES[kind] + "</extra>"),
+        ))
+    transfers = [e for e in trace.events if e.kind not in COMPUTE_KINDS and e.worker in labels]
+    if show_transfers and transfers:
+        fig.add_trace(go.Bar(
+            name="transfer", orientation="h", legendgroup="transfer",
+            base=np.array([e.start_s - t0 for e in transfers]), x=np.array([e.duration_s for e in transfers]),
+            y=np.array([row_of[e.worker] for e in transfers]), width=0.12, offset=0.42,
+            marker={"color": TRANSFER_COLOR, "line": {"width": 0}},
+            text=np.array([e.kind for e in transfers], dtype=object), textposition="none",
+            customdata=np.array([[e.stage, e.microbatch, e.peer, e.bytes] for e in transfers]),
+            hovertemplate=("<b>%{text}</b> stage %{customdata[0]} microbatch %{customdata[1]} "
+                           "peer w%{customdata[2]}<br>%{customdata[3]:,} bytes in %{x:.4g} " + unit
+                           + "<extra>transfer</extra>"),
+        ))
+    fig.update_layout(meta={"render": "bars"})
+    return fig
+
+
+def _shade(color: str, toward: tuple[int, int, int], amount: float) -> str:
+    """``color`` blended ``amount`` of the way toward the RGB ``toward``."""
+    rgb = hex_to_rgb(color) if color.startswith("#") else unlabel_rgb(color)
+    r, g, b = (round(c + (t - c) * amount) for c, t in zip(rgb, toward))
+    return f"rgb({r}, {g}, {b})"
+
+
+def raster_colorscale() -> tuple[list[list[Any]], int]:
+    """The heatmap colour scale of raster mode and its number of steps.
+
+    Value ``kind_index * len(PALETTE) + k`` paints colour ``k`` of the palette shaded by kind: F as is,
+    B darker, W lighter, U black (kind_index is the position in ``COMPUTE_KINDS``).
+    """
+    steps: list[str] = []
+    for kind in COMPUTE_KINDS:
+        for c in PALETTE:
+            steps.append(c if kind == "F" else _shade(c, (0, 0, 0), 0.35) if kind == "B"
+                         else _shade(c, (255, 255, 255), 0.5) if kind == "W" else "rgb(0, 0, 0)")
+    n = len(steps)
+    return [[pos, c] for k, c in enumerate(steps) for pos in (k / n, (k + 1) / n)], n
+
+
+def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, color_by: str,
+            unit: str) -> go.Figure:
+    """Paint actions on a (worker x time-bin) grid as one heatmap; a bin shows the action at its centre."""
+    span = max(e.end_s for e in compute) - t0
+    shortest = min((e.duration_s for e in compute if e.duration_s > 0), default=span or 1.0)
+    width = max(shortest, span / RASTER_MAX_BINS) if span > 0 else 1.0
+    bins = max(1, math.ceil(span / width))
+    ncol = len(PALETTE)
+    z = np.full((len(row_of), bins), np.nan)
+    text = np.full((len(row_of), bins), "", dtype=object)
+    kind_index = {k: i for i, k in enumerate(COMPUTE_KINDS)}
+    # bins whose centres (i + 0.5) * width fall in [start, end): an action at least one bin long
+    # always covers one, so nothing at least `width` long disappears
+    for e in compute:
+        i0 = math.ceil((e.start_s - t0) / width - 0.5)
+        i1 = min(math.ceil((e.end_s - t0) / width - 0.5), bins)
+        if i1 <= i0:
+            continue
+        r = row_of[e.worker]
+        z[r, i0:i1] = kind_index[e.kind] * ncol + color_key(e, color_by) % ncol
+        text[r, i0:i1] = f"{e.action} v{e.weight_version} · {e.duration_s:.4g} {unit}"
+    scale, n = raster_colorscale()
+    fig = go.Figure(go.Heatmap(
+        z=z, x=t0 * 0 + (np.arange(bins) + 0.5) * width, y=np.arange(len(row_of)), text=text,
+        colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False, ygap=3, hoverongaps=False,
+        hovertemplate="%{text}<br>t = %{x:.4g} " + unit + "<extra></extra>", name="actions"))
+    fig.update_layout(meta={"render": "raster", "bin_width": width, "bins": bins})
+    return fig

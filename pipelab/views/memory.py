@@ -1,0 +1,163 @@
+"""Per-worker memory, stacked by component, against the device limit.
+
+Components: ``weights`` (the stage's parameters), ``stashed versions`` (extra weight copies a method
+keeps: PipeDream stashes one per in-flight minibatch, Narayanan et al. SOSP'19 §3.3; 2BW keeps two,
+Narayanan et al. ICML'21 §3.1; Lv et al.'s buffered method at most K), ``activations`` (what the
+in-flight microbatches saved for backward) and ``optimizer state`` (momentum: one slot per
+parameter; Adam: two).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from pipelab.partition.plan import Plan
+from pipelab.profile.records import Profile
+from pipelab.schedules.actions import Schedule
+
+COMPONENTS = ("weights", "stashed versions", "activations", "optimizer state")
+COMPONENT_COLORS = {"weights": "#1f77b4", "stashed versions": "#9467bd", "activations": "#ff7f0e",
+                    "optimizer state": "#2ca02c", "total": "#7f7f7f"}
+
+
+def memory_breakdown(plan: Plan, profile: Profile, *, optimizer_slots: int = 1) -> dict[int, dict[str, int]]:
+    """Predicted peak bytes per worker and component for ``plan`` on ``profile``.
+
+    Per replica of stage ``s`` with parameters ``P_s`` and saved activations ``A_s`` per minibatch:
+    weights ``P_s``; stashed versions ``(versions_s - 1) * P_s``; activations ``in_flight_s * A_s``;
+    optimizer state ``optimizer_slots * P_s``. ``A_s`` is the profile's ``saved_bytes`` (or, when the
+    profile did not record it, the layers' outputs, which is what a plain chain keeps for backward).
+    """
+    plan.validate(profile)
+    if optimizer_slots < 0:
+        raise ValueError(f"optimizer_slots={optimizer_slots} must be >= 0 (0 plain SGD, 1 momentum, 2 Adam)")
+    out: dict[int, dict[str, int]] = {}
+    for st in plan.stages:
+        tot = profile.totals(st.start, st.end)
+        saved = tot.saved_bytes or sum(layer.out_bytes for layer in profile.layers[st.start:st.end])
+        comp = {"weights": tot.param_bytes, "stashed versions": max(st.versions - 1, 0) * tot.param_bytes,
+                "activations": st.in_flight * saved, "optimizer state": optimizer_slots * tot.param_bytes}
+        for r in st.ranks:
+            out[r] = dict(comp)
+    return dict(sorted(out.items()))
+
+
+def schedule_memory(schedule: Schedule) -> dict[int, dict[str, int]]:
+    """Memory of a bare schedule in *units*: one stage's weights, one microbatch's saved activations.
+
+    Per worker: ``weights`` = stages hosted; ``stashed versions`` = extra weight versions alive at
+    once (``Schedule.versions_held(stage) - 1`` summed over its stages); ``activations`` = the most
+    microbatches whose forward ran and whose last backward (``B``, or ``W`` when split) has not, found
+    by walking the worker's list. Closed forms: GPipe keeps all ``M`` (Huang et al. §2.2), 1F1B at most
+    ``P - s`` on stage ``s`` (Narayanan et al. SC'21 §2.2).
+    """
+    if len(schedule) == 0:
+        raise ValueError("the schedule has no actions; build it with pl.schedules.build(...)")
+    split = {a.stage for acts in schedule.actions for a in acts if a.kind == "W"}
+    out: dict[int, dict[str, int]] = {}
+    for w, acts in enumerate(schedule.actions):
+        stages = schedule.stages_of(w) or tuple(sorted({a.stage for a in acts}))
+        held = getattr(schedule, "versions_held", None)
+        stash = sum(max(held(s) - 1, 0) for s in stages) if callable(held) and schedule.versions is not None else 0
+        live: set[tuple[int, int]] = set()
+        peak = 0
+        for a in acts:
+            if a.kind == "F":
+                live.add((a.stage, a.microbatch))
+                peak = max(peak, len(live))
+            elif a.kind == ("W" if a.stage in split else "B"):
+                live.discard((a.stage, a.microbatch))
+        out[w] = {"weights": len(stages), "stashed versions": stash, "activations": peak}
+    return out
+
+
+def _normalize(obj: Any) -> dict[int, dict[str, float]]:
+    """Accept {worker: {component: bytes}}, {worker: bytes}, a per-worker sequence, or a DataFrame."""
+    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):          # pandas DataFrame, index = worker
+        obj = {int(k): v for k, v in obj.to_dict(orient="index").items()}
+    if isinstance(obj, Mapping):
+        res: dict[int, dict[str, float]] = {}
+        for w, v in obj.items():
+            res[int(w)] = ({str(k): float(b) for k, b in v.items()} if isinstance(v, Mapping)
+                           else {"total": float(v)})
+        return res
+    if isinstance(obj, Sequence) and not isinstance(obj, str):
+        return {w: {"total": float(b)} for w, b in enumerate(obj)}
+    raise TypeError(f"cannot read a memory breakdown from {type(obj).__name__}")
+
+
+def _from_source(source: Any, profile: Profile | None, optimizer_slots: int) -> tuple[dict[int, dict[str, float]], str]:
+    if isinstance(source, Plan):
+        if profile is not None:
+            return _normalize(memory_breakdown(source, profile, optimizer_slots=optimizer_slots)), \
+                f"plan {source.config!r} ({source.method})"
+        if source.memory_per_worker:
+            return _normalize(list(source.memory_per_worker)), f"plan {source.config!r} ({source.method}), predicted"
+        raise ValueError("this plan has no memory prediction; pass the profile too: memory(plan, profile)")
+    for attr in ("memory_breakdown", "memory"):              # SimResult / RunResult
+        val = getattr(source, attr, None)
+        if callable(val):
+            val = val()
+        if val is not None and not isinstance(val, (int, float)):
+            try:
+                return _normalize(val), f"{type(source).__name__}"
+            except TypeError:
+                pass
+    peak = getattr(source, "peak_memory", None)
+    if peak is not None:
+        return _normalize(peak), f"{type(source).__name__} peak"
+    if isinstance(source, (Mapping, Sequence)) or hasattr(source, "columns"):
+        return _normalize(source), "memory"
+    raise TypeError(f"memory() takes a Plan (with its Profile), a simulation/run result with per-worker "
+                    f"memory, or a mapping worker -> bytes; got {type(source).__name__}")
+
+
+def memory(
+    sim_or_plan: Any,
+    profile: Profile | None = None,
+    *,
+    limit: float | None = None,
+    optimizer_slots: int = 1,
+    title: str | None = None,
+    unit: str = "GB",
+) -> go.Figure:
+    """Per-worker stacked bars of memory by component (GB), with the device ``limit`` (bytes) as a line.
+
+    ``sim_or_plan``: a Plan (plus its ``profile`` for the breakdown), a SimResult/RunResult with a
+    ``memory_breakdown`` / ``memory`` / ``peak_memory`` attribute, or a mapping worker -> bytes or ->
+    {component: bytes}, or a bare Schedule (drawn in units, see :func:`schedule_memory`). Workers over
+    the limit (same unit as the data: bytes, or units for a schedule) are named in the title.
+    ``unit`` is ``"GB"``, ``"MB"`` or ``"B"`` for byte data.
+    """
+    if isinstance(sim_or_plan, Schedule):
+        data, unit = _normalize(schedule_memory(sim_or_plan)), "units"
+        what = f"{sim_or_plan.method} (1 unit = a stage's weights or a microbatch's activations)"
+    else:
+        data, what = _from_source(sim_or_plan, profile, optimizer_slots)
+    scale = {"GB": 1e9, "MB": 1e6}.get(unit, 1.0)
+    if not data:
+        raise ValueError("no workers to draw: the memory breakdown is empty")
+    workers = sorted(data)
+    names = [c for c in COMPONENTS if any(c in data[w] for w in workers)]
+    names += sorted({c for w in workers for c in data[w]} - set(names))
+    x = [f"w{w}" for w in workers]
+    fig = go.Figure()
+    for c in names:
+        fig.add_trace(go.Bar(name=c, x=x, y=[data[w].get(c, 0.0) / scale for w in workers],
+                             marker={"color": COMPONENT_COLORS.get(c)},
+                             hovertemplate="%{x}: %{y:.4g} " + unit + " " + c + "<extra></extra>"))
+    totals = [sum(data[w].values()) for w in workers]
+    over = [x[i] for i, t in enumerate(totals) if limit is not None and t > limit]
+    head = title or f"memory per worker — {what}"
+    if limit is not None:
+        fig.add_hline(y=limit / scale, line={"color": "red", "dash": "dash"},
+                      annotation_text=f"limit {limit / scale:.4g} {unit}", annotation_position="top left")
+        head += f" — {len(over)} over the limit" + (f" ({', '.join(over[:8])})" if over else "")
+    fig.update_layout(barmode="stack", title={"text": head}, yaxis={"title": {"text": unit}},
+                      xaxis={"title": {"text": "worker"}}, height=420,
+                      margin={"l": 10, "r": 10, "t": 60, "b": 40},
+                      meta={"totals_bytes": totals, "over_limit": over})
+    return fig

@@ -1,0 +1,126 @@
+"""The layer graph of a profile, coloured by the stage a plan gives each layer.
+
+Layout: layers are placed in layers of a layered (Sugiyama-style) drawing — x is a layer's depth,
+the longest path from an input in the data-flow graph, so every edge points right; layers of equal
+depth (parallel branches) are spread vertically. Node colour = stage, node area ~ compute time
+(forward + backward), edge width ~ bytes the edge carries (the producing layer's output). Each stage
+is annotated with its replica count and ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import networkx as nx
+import plotly.graph_objects as go
+
+from pipelab.partition.plan import Plan
+from pipelab.profile.records import Profile
+from pipelab.views.gantt import PALETTE
+
+
+def layer_graph(profile: Profile) -> nx.DiGraph:
+    """A ``networkx.DiGraph`` over layer indices with ``profile.edges`` (a chain if it has none).
+
+    Node attributes: ``name``, ``kind``, ``compute_s``, ``param_bytes``; edge attribute ``bytes``.
+    """
+    g = nx.DiGraph()
+    for i, layer in enumerate(profile.layers):
+        g.add_node(i, name=layer.name, kind=layer.kind, compute_s=layer.fwd_s + layer.bwd_s,
+                   param_bytes=layer.param_bytes)
+    edges = profile.edges or tuple((i, i + 1) for i in range(len(profile) - 1))
+    for a, b in edges:
+        g.add_edge(a, b, bytes=profile.layers[a].out_bytes)
+    return g
+
+
+def layered_positions(g: nx.DiGraph) -> dict[int, tuple[float, float]]:
+    """x = longest-path depth from a source, y = spread of same-depth nodes around 0 (in index order)."""
+    depth: dict[int, int] = {}
+    for n in nx.topological_sort(g):
+        depth[n] = max((depth[p] + 1 for p in g.predecessors(n)), default=0)
+    by_depth: dict[int, list[int]] = {}
+    for n in sorted(g.nodes):
+        by_depth.setdefault(depth[n], []).append(n)
+    pos = {}
+    for d, nodes in by_depth.items():
+        for j, n in enumerate(nodes):
+            pos[n] = (float(d), (len(nodes) - 1) / 2.0 - j)
+    return pos
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n:.1f} GB"
+
+
+def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -> go.Figure:
+    """Draw ``profile``'s layer graph with nodes coloured by ``plan``'s stages.
+
+    Raises ``ValueError`` (from ``plan.validate(profile)``) when the plan was made for another model.
+    """
+    if not isinstance(profile, Profile) or not isinstance(plan, Plan):
+        raise TypeError(f"partition_graph(profile, plan) takes a Profile and a Plan; got "
+                        f"{type(profile).__name__} and {type(plan).__name__}")
+    plan.validate(profile)
+    g = layer_graph(profile)
+    pos = layered_positions(g)
+    stage_of = {i: plan.stage_of_layer(i).index for i in g.nodes}
+
+    fig = go.Figure()
+    # edges, bucketed by width (plotly line width is per trace): 1..8 px on a log scale of bytes
+    max_b = max((d["bytes"] for *_, d in g.edges(data=True)), default=0)
+    buckets: dict[float, tuple[list[float | None], list[float | None]]] = {}
+    for a, b, d in g.edges(data=True):
+        width = 1.0 if max_b <= 0 or d["bytes"] <= 0 else 1.0 + 7.0 * math.log1p(d["bytes"]) / math.log1p(max_b)
+        xs, ys = buckets.setdefault(round(width), ([], []))
+        xs += [pos[a][0], pos[b][0], None]
+        ys += [pos[a][1], pos[b][1], None]
+    for width, (xs, ys) in sorted(buckets.items()):
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"width": width, "color": "#9a9a9a"},
+                                 hoverinfo="skip", showlegend=False, name=f"edges {width:g}px"))
+    # nodes, one trace per stage (legend = stages)
+    max_c = max((d["compute_s"] for _, d in g.nodes(data=True)), default=0.0)
+    for st in plan.stages:
+        nodes = [n for n in sorted(g.nodes) if stage_of[n] == st.index]
+        sizes = [8.0 + 32.0 * math.sqrt(g.nodes[n]["compute_s"] / max_c) if max_c > 0 else 14.0 for n in nodes]
+        fig.add_trace(go.Scatter(
+            x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], mode="markers",
+            name=f"stage {st.index} ×{st.replicas}",
+            marker={"size": sizes, "color": PALETTE[st.index % len(PALETTE)], "line": {"width": 1, "color": "#333"}},
+            customdata=[[n, g.nodes[n]["name"], g.nodes[n]["kind"], g.nodes[n]["compute_s"] * 1e3,
+                         _fmt_bytes(g.nodes[n]["param_bytes"]), _fmt_bytes(profile.layers[n].out_bytes)]
+                        for n in nodes],
+            hovertemplate=(f"stage {st.index} (×{st.replicas}, ranks {list(st.ranks)})<br>"
+                           "layer %{customdata[0]}: <b>%{customdata[1]}</b> (%{customdata[2]})<br>"
+                           "fwd+bwd %{customdata[3]:.3g} ms, params %{customdata[4]}, "
+                           "output %{customdata[5]}<extra></extra>"),
+        ))
+    top = max((y for _, y in pos.values()), default=0.0) + 0.8
+    for st in plan.stages:
+        xs = [pos[n][0] for n in range(st.start, st.end)]
+        ranks = ",".join(map(str, st.ranks)) if len(st.ranks) <= 6 else f"{st.ranks[0]}–{st.ranks[-1]}"
+        fig.add_annotation(x=sum(xs) / len(xs), y=top, showarrow=False, yanchor="bottom",
+                           text=f"<b>S{st.index}</b> ×{st.replicas}<br>ranks {ranks}",
+                           font={"color": PALETTE[st.index % len(PALETTE)], "size": 11})
+    head = title or f"{profile.model or 'model'}: plan {plan.config!r} ({plan.method}), {plan.num_stages} stages"
+    fig.update_layout(
+        title={"text": head}, hovermode="closest", plot_bgcolor="white",
+        xaxis={"title": {"text": "depth (topological layer)"}, "showgrid": False, "zeroline": False},
+        yaxis={"visible": False, "range": [min(y for _, y in pos.values()) - 1.0, top + 1.2]},
+        height=360 + 20 * max(1, int(top)), margin={"l": 10, "r": 10, "t": 60, "b": 40},
+        meta={"stage_of_layer": [stage_of[i] for i in range(len(profile))]},
+    )
+    return fig
+
+
+def stage_colors(plan: Plan) -> list[str]:
+    """The colour each stage gets in :func:`partition_graph` (and other views)."""
+    return [PALETTE[s.index % len(PALETTE)] for s in plan.stages]
+
+
+__all__ = ["layer_graph", "layered_positions", "partition_graph", "stage_colors"]

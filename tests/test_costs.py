@@ -1,0 +1,104 @@
+"""The cost model against closed forms and a step-by-step event oracle."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelab.cluster import Cluster, Device, Level
+from pipelab.profile.records import Profile
+from pipelab.sim.costs import CostModel
+
+
+def _prof(n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return Profile.synthetic(list(rng.uniform(1e-3, 1e-2, n)), list(rng.uniform(1e-3, 2e-2, n)),
+                             out_bytes=[int(x) for x in rng.integers(1, 10**6, n)],
+                             param_bytes=[int(x) for x in rng.integers(0, 10**7, n)], batch_size=8)
+
+
+def test_compute_transfer_closed_forms():
+    p = _prof()
+    c = Cluster.flat(4, bandwidth=2e9, latency=1e-5, speed=2.0)
+    cm = CostModel(p, c, compression_ratio=2.0)
+    f, b = cm.compute_s(1, 4, 0, microbatches=4)
+    assert f == pytest.approx(sum(layer.fwd_s for layer in p.layers[1:4]) / 2 / 4)
+    assert b == pytest.approx(sum(layer.bwd_s for layer in p.layers[1:4]) / 2 / 4)
+    assert cm.cut_bytes(2, 3) == math.ceil(p.cut_bytes[2] / 3)
+    assert cm.transfer_s(10**9, 0, 3) == pytest.approx(1e-5 + 1e9 / 2 / 2e9)
+    assert cm.transfer_s(10**9, 2, 2) == 0.0
+    with pytest.raises(ValueError, match="compression_ratio"):
+        CostModel(p, c, compression_ratio=0.5)
+    with pytest.raises(ValueError, match="optimizer"):
+        CostModel(p, c, optimizer="lion?")
+    with pytest.raises(ValueError, match="empty or outside"):
+        cm.compute_s(3, 3, 0)
+
+
+def test_allreduce_ring_and_hierarchy():
+    p = _prof()
+    flat = CostModel(p, Cluster.flat(8, bandwidth=1e9, latency=0.0))
+    assert flat.allreduce_s(8 * 10**6, range(8)) == pytest.approx(2 * 7 / 8 * 8e6 / 1e9)
+    assert flat.allreduce_s(10**6, [3]) == 0.0
+    a = CostModel(p, Cluster.preset("pipedream-a", servers=4, gpus_per_server=4))
+    pcie, eth = a.cluster.levels
+    nb = 10**8
+    inside = 2 * 3 / 4 * nb / pcie.bandwidth + 2 * 3 * pcie.latency
+    across = 2 * 3 / 4 * nb / eth.bandwidth + 2 * 3 * eth.latency
+    assert a.allreduce_s(nb, range(4)) == pytest.approx(inside)
+    assert a.allreduce_s(nb, [0, 4, 8, 12]) == pytest.approx(across)
+    assert a.allreduce_s(nb, range(16)) == pytest.approx(inside + across)
+    # DGX: the 8 GPUs of a server drive 8 adapters at once
+    h = CostModel(p, Cluster.preset("dgx-h100", servers=2))
+    ib = h.cluster.levels[1]
+    assert h.allreduce_s(nb, [0, 8]) == pytest.approx(nb / ib.bandwidth + 2 * ib.latency)
+    two_each = h.allreduce_s(nb, [0, 1, 8, 9]) - h.allreduce_s(nb, [0, 1])
+    assert two_each == pytest.approx(nb / (2 * ib.bandwidth) + 2 * ib.latency)
+
+
+def _replica_oracle(p, a, b, kappa, fixed, speed):
+    """Event-by-event: backward from layer b-1 to a, one all-reduce at a time in backward order."""
+    t = sum(layer.fwd_s for layer in p.layers[a:b]) / speed
+    comm_free = 0.0
+    for layer in reversed(p.layers[a:b]):
+        t += layer.bwd_s / speed
+        comm_free = max(comm_free, t) + kappa * layer.param_bytes
+    has = any(layer.param_bytes for layer in p.layers[a:b])
+    return max(t, comm_free) + (fixed if has and kappa else 0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 7), bw=st.floats(1e8, 1e11))
+def test_replica_time_matches_event_oracle(seed, n, bw):
+    p = _prof(n, seed)
+    c = Cluster("t", (Level("l", 4, bw, 1e-5),), (Device("g", 1.5),) * 4)
+    cm = CostModel(p, c)
+    kappa, fixed = cm.allreduce_coeffs(range(4))
+    M = cm.replica_time_matrix(1.5, kappa, fixed)
+    for a in range(n):
+        for b in range(a + 1, n + 1):
+            want = _replica_oracle(p, a, b, kappa, fixed, 1.5)
+            assert cm.replica_time_s(a, b, range(4)) == pytest.approx(want, rel=1e-9)
+            assert M[a, b] == pytest.approx(want, rel=1e-9)
+    assert cm.replica_time_s(0, n, [0]) == pytest.approx((p.fwd_s + p.bwd_s) / 1.5)
+
+
+def test_memory_parts():
+    p = Profile.synthetic([1.0] * 3, param_bytes=[100, 0, 50], out_bytes=[10, 20, 30], input_bytes=7)
+    cm = CostModel(p, Cluster.flat(2), optimizer="adam")
+    m = cm.memory_bytes(0, 2, versions=3, in_flight=4, microbatches=2)
+    assert m["weights"] == 100 and m["stashed_weights"] == 200 and m["gradients"] == 100
+    assert m["optimizer"] == 200
+    assert m["activations"] == 4 * math.ceil((10 + 20 + 7) / 2)
+    assert m["total"] == sum(v for k, v in m.items() if k != "total")
+    P, A = cm.memory_arrays(2)
+    assert P[0, 2] == 100 and A[1, 3] == math.ceil((20 + 30 + 10) / 2)
+
+
+def test_nan_or_negative_costs_rejected():
+    with pytest.raises(ValueError, match="finite number"):
+        Profile.synthetic([1.0, float("nan")])
+    with pytest.raises(ValueError):
+        Profile.synthetic([1.0, -2.0])

@@ -1,0 +1,88 @@
+"""The teaching notebooks: stored clean, generated from ``notebooks/_build.py``, and runnable.
+
+Each notebook runs top to bottom under papermill with small parameters (the ones a reader would not
+notice: fewer steps, fewer sweep points). Their solution cells end with checks against oracles
+(brute force, closed forms, the schedule itself), so a notebook that runs is also a notebook whose
+answers hold.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NB_DIR = REPO / "notebooks"
+
+# Small parameters per notebook for the suite (each run should take well under 60 s on 2 cores).
+SMALL: dict[str, dict[str, Any]] = {
+    "01_quickstart": {"backend": "gloo", "steps": 6, "microbatches": 2, "batch_size": 32},
+    "02_why_pipelining": {"worker_counts": [1, 4, 16], "bandwidths_gbps": [10, 100], "minibatches": 2},
+    "03_partitioning": {"explorer_models": ["vgg16"]},
+    "04_schedules": {"microbatches": 4, "microbatch_sweep": [1, 4, 8]},
+    "05_weight_versions": {"backend": "gloo", "steps": 8, "compare_steps": 16},
+    "06_heterogeneous": {"staleness_bounds": [0, 2], "minibatches": 8},
+    "07_beyond_dnns": {"batches": 8},
+}
+NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((NB_DIR / f"{name}.ipynb").read_text(encoding="utf-8"))
+
+
+def test_all_seven_notebooks_exist_and_have_small_parameters() -> None:
+    assert NOTEBOOKS == sorted(SMALL), f"notebooks on disk {NOTEBOOKS} differ from those tested {sorted(SMALL)}"
+
+
+def test_notebooks_match_their_generator() -> None:
+    r = subprocess.run([sys.executable, str(NB_DIR / "_build.py"), "--check"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, "stored notebooks differ from notebooks/_build.py; run it:\n" + r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_notebook_is_stored_clean(name: str) -> None:
+    path = NB_DIR / f"{name}.ipynb"
+    assert path.stat().st_size < 100_000, f"{path.name} is {path.stat().st_size} bytes; store it without outputs"
+    nb = _load(name)
+    codes = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c["outputs"] == [] and c["execution_count"] is None for c in codes), f"{name} has outputs"
+    tagged = [c for c in codes if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1 and codes.index(tagged[0]) == 0, f"{name}: first code cell must be the parameters cell"
+    # every small parameter the suite overrides exists in the parameters cell (papermill would add it silently)
+    source = "".join(tagged[0]["source"])
+    for key in SMALL[name]:
+        assert f"\n{key} =" in "\n" + source, f"{name}: parameter {key!r} is not in its parameters cell"
+    solutions = [c for c in codes if "solution" in c["metadata"].get("tags", [])]
+    assert all(c["metadata"]["jupyter"]["source_hidden"] for c in solutions)
+    if name != "01_quickstart":
+        assert solutions, f"{name} teaches, so it needs at least one exercise with a hidden solution"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_notebook_runs_under_papermill(name: str, tmp_path: Path) -> None:
+    papermill = pytest.importorskip("papermill")
+    t0 = time.perf_counter()
+    out = tmp_path / f"{name}.out.ipynb"
+    try:
+        papermill.execute_notebook(str(NB_DIR / f"{name}.ipynb"), str(out), parameters=SMALL[name],
+                                   kernel_name="python3", cwd=str(NB_DIR), progress_bar=False,
+                                   execution_timeout=180)
+    except papermill.PapermillExecutionError as exc:
+        tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(exc.traceback[-4:]))   # drop terminal colours
+        pytest.fail(f"{name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n{tb}", pytrace=False)
+    print(f"{name}: {time.perf_counter() - t0:.1f} s")
+    executed = json.loads(out.read_text(encoding="utf-8"))
+    errors = [o for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors, errors

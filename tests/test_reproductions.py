@@ -1,0 +1,149 @@
+"""The reproductions: every notebook runs under papermill with tiny parameters, the driver writes its
+tables and report, and the helpers behind them agree with hand computations.
+
+Notebook runs are real (a kernel per notebook), so a broken notebook fails ``make test``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from pipelab import reproduce as rp
+
+REPO = Path(__file__).resolve().parents[1]
+REPRO = REPO / "reproductions"
+NOTEBOOKS = sorted(REPRO.glob("*/*.ipynb"))
+
+
+def _papermill(nb: Path, out: Path, **params: object) -> nbformat.NotebookNode:
+    rp.run_notebook(nb, out / nb.name, {"out_dir": str(out), "report": True, **params}, cwd=nb.parent)
+    return nbformat.read(str(out / nb.name), as_version=4)
+
+
+# ----------------------------------------------------------------------------- notebooks as stored
+
+
+def test_notebooks_are_stored_clean_and_built_from_source() -> None:
+    assert {p.parent.name for p in NOTEBOOKS} >= {"pipedream_table1", "weight_stashing", "hetpipe"}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(str(path), as_version=4)
+        tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
+        for c in nb.cells:
+            if c.cell_type == "code":
+                assert not c.outputs and c.execution_count is None, f"{path.name}: stored with outputs"
+        assert path.stat().st_size < 100_000
+    # the .ipynb files are what build_notebooks.py writes (edit the source there, not the JSON)
+    r = subprocess.run([sys.executable, str(REPRO / "build_notebooks.py"), "--check"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------- helpers vs hand values
+
+
+def test_paper_table_and_config_shapes() -> None:
+    row = rp.paper_row("vgg16", "pipedream-a", 4, 4)
+    assert row is not None and (row.config, row.speedup) == ("15-1", 5.28)
+    assert rp.paper_row("vgg16", "pipedream-a", 1, 1) is None
+    assert {r.key for r in rp.TABLE1} >= {"gnmt8/pipedream-a/3x4", "gnmt16/pipedream-b/2x8", "resnet50/pipedream-b/2x8"}
+    assert rp.config_shape("15-1") == "replicated-front"
+    assert rp.config_shape("16") == "dp"
+    assert rp.config_shape("straight") == "straight"
+    assert rp.config_shape("1-3") == "hybrid"
+    with pytest.raises(ValueError, match="notation"):
+        rp.config_shape("fifteen-one")
+
+
+def test_table1_row_error_and_shape() -> None:
+    from pipelab.partition.plan import Plan
+
+    plan = Plan.from_boundaries(10, [8], replicas=[15, 1])
+    row = rp.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4, plan=plan,
+                        predicted_speedup=5.0, simulated_speedup=4.224)
+    assert row["config"] == "15-1" and row["shape_matches"] is True
+    assert row["error"] == pytest.approx(4.224 / 5.28 - 1, abs=1e-3)
+    assert row["within_25pct"] is True
+    straight = rp.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4,
+                             plan=Plan.even(10, 4), predicted_speedup=2.0, simulated_speedup=2.0)
+    assert straight["shape_matches"] is False and straight["within_25pct"] is False
+
+
+def test_svg_chart_is_well_formed() -> None:
+    df = pd.DataFrame({"epoch": [1, 2, 1, 2], "acc": [0.5, 0.9, 0.4, 0.6], "method": ["dp", "dp", "x", "x"]})
+    svg = rp.svg_curves(df, x="epoch", y="acc", color="method", title="t & <u>")
+    root = ET.fromstring(svg)
+    assert len(root.findall("{http://www.w3.org/2000/svg}polyline")) == 2
+
+
+def test_markdown_table_without_tabulate() -> None:
+    df = pd.DataFrame({"a": [1.5, math.nan], "b": ["x", None]})
+    assert rp._markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| 1.5 | x |", "|  |  |"]
+
+
+def test_simulated_table1_row_is_deterministic() -> None:
+    import pipelab as pl
+
+    prof = pl.models.pipedream_profile("gnmt8")
+    cl = pl.Cluster.preset("pipedream-a", servers=1, gpus_per_server=4)
+    plan = pl.partition(prof, cl, method="pipedream")
+    a = rp.simulate_plan(plan, prof, cl, minibatches=16).throughput
+    b = rp.simulate_plan(pl.partition(prof, cl, method="pipedream"), prof, cl, minibatches=16).throughput
+    assert a == b and a > 0
+
+
+# ----------------------------------------------------------------------------- notebooks under papermill
+
+
+@pytest.mark.slow
+def test_table1_notebook_simulate(tmp_path: Path) -> None:
+    nb = _papermill(REPRO / "pipedream_table1" / "table1.ipynb", tmp_path, model="gnmt8", cluster="pipedream-a",
+                    servers=1, gpus_per_server=4, minibatches=8, gantt_minibatches=2)
+    row = json.loads((tmp_path / "row.json").read_text())
+    assert row["paper_config"] == "straight" and row["paper_speedup"] == 1.5
+    assert row["simulated_speedup"] > 0 and row["config"]
+    html = "".join(o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code"
+                   for o in c.outputs)
+    assert "Plotly.newPlot" in html and "plotly.js v" not in html  # the figure, without its own plotly.js
+
+
+@pytest.mark.slow
+def test_weight_stashing_notebook(tmp_path: Path) -> None:
+    _papermill(REPRO / "weight_stashing" / "weight_stashing.ipynb", tmp_path, methods=["dp", "pipedream"],
+               epochs=1, train_limit=64, batch_size=16)
+    df = pd.read_csv(tmp_path / "accuracy.csv")
+    assert set(df["method"]) == {"dp", "pipedream"}
+    assert df["test_accuracy"].between(0, 1).all()
+    ET.parse(tmp_path / "accuracy.svg")
+
+
+@pytest.mark.slow
+def test_hetpipe_notebook(tmp_path: Path) -> None:
+    _papermill(REPRO / "hetpipe" / "hetpipe.ipynb", tmp_path, staleness=[0, 1], minibatches=8,
+               emulate=False)
+    sim = pd.read_csv(tmp_path / "simulated.csv")
+    assert sim["config"].iloc[0].startswith("dp") and (sim["samples_per_s"] > 0).all()
+
+
+@pytest.mark.slow
+def test_driver_writes_table_and_offline_report(tmp_path: Path) -> None:
+    assert rp.main(["--only", "table1", "--quick", "--out", str(tmp_path)]) == 0
+    out = tmp_path / "pipedream_table1"
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 2 and set(df["paper_config"]) == {"15-1"}
+    md = (out / "results.md").read_text()
+    assert "15-1" in md and "paper" in md
+    html = (out / "report.html").read_text()
+    assert html.count("plotly.js v") == 1          # plotly.js once, for every figure
+    assert html.count("Plotly.newPlot") == 2       # one Gantt per row
+    assert len(html) < 6_000_000
+    assert not (out / "_runs").exists()
