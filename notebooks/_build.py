@@ -78,48 +78,58 @@ steps = 30               # minibatches to train
 """),
         code("""
 import functools
+import torch
 import pipelab as pl
 from pipelab.models import demo
 
-model = demo.small_cnn()                                  # a plain nn.Module
-x, y = next(iter(demo.digits_data(batch_size=batch_size)()))
-print(model, "\\ninput", tuple(x.shape), "labels", tuple(y.shape))
+# The model and data: plain PyTorch. Worker processes import these by name, hence functools.partial
+# of library functions rather than lambdas defined here.
+images, labels = demo.digits_data("train")
+n = len(labels) // batch_size * batch_size                          # whole minibatches only
+data = functools.partial(demo.batches, (images[:n], labels[:n]), batch_size)
+loss_fn = torch.nn.functional.cross_entropy
+optimizer = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+model = demo.small_cnn()
+x, y = data()[0]
+print(model, "\\nminibatch:", tuple(x.shape), "labels:", tuple(y.shape))
 """),
         code("""
-# 1. Profile: forward/backward time, output/cut bytes and parameters of every layer on this CPU.
+# 1. Profile: forward/backward time, output/cut bytes and parameters of every layer, on this CPU.
 prof = pl.profile(model, x, progress=False)
 prof.summary()
 """),
         code("""
-# 2. Partition: a cluster model of this machine (workers on one host), then the pipeline plan.
+# 2. Partition: a cluster model of this machine (processes on one host), then the pipeline plan.
 cluster = pl.Cluster.flat(workers, bandwidth=1e9)          # ~1 GB/s between local processes
 plan = pl.partition(prof, cluster, method="pipedream", straight=True)
 print(plan.describe())
 pl.views.partition_graph(prof, plan)
 """),
         code("""
-# 3. Simulate: the same schedule the runtime will execute, timed with the profile and the cluster model.
-sim = pl.simulate(plan, prof, cluster, method=method, microbatches=microbatches, minibatches=4)
+# 3. Simulate: the schedule the runtime will execute, timed with the profile and the cluster model.
+sim = pl.simulate(plan, prof, cluster, method=method, microbatches=microbatches, minibatches=steps)
 print(f"simulated: {sim.throughput:.0f} samples/s, {sim.time_per_minibatch * 1e3:.2f} ms per minibatch")
 pl.views.gantt(sim.trace, title=f"simulated {method}")
 """),
         code("""
-# 4. Train for real: one process per worker (or the reference executor); a live Gantt fills in as it runs.
-handle = pl.launch(demo.small_cnn, plan, method=method, backend=backend, steps=steps,
-                   data=demo.digits_data(batch_size=batch_size), microbatches=microbatches, progress=False)
-live = pl.widgets.LiveGantt(handle)
-live
+# 4. Train for real, one process per worker; the Gantt chart fills in while it runs.
+handle = pl.launch(demo.small_cnn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer,
+                   steps=steps, microbatches=microbatches, backend=backend)
+pl.widgets.LiveGantt(handle, title=f"{method} on {workers} {backend} workers (live)")
 """),
         code("""
+# 5. The finished run: measured throughput and losses; its trace is the same type as the simulator's.
 run = handle.wait()
-print(f"measured: {run.throughput:.0f} samples/s; loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")
+print(f"measured: {run.throughput:.0f} samples/s (simulated {sim.throughput:.0f}); "
+      f"loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")
+# one schedule, three uses: the runtime and the simulator ran exactly its per-worker action lists
+assert run.trace.actions_by_worker() == sim.trace.actions_by_worker()
 pl.views.gantt(run.trace, title=f"measured {method} ({backend})")
 """),
         code("""
-# 5. Same schedule in both: the simulator and the runtime ran identical per-worker action orders.
-assert run.trace.actions_by_worker() == {w: [str(a) for a in acts] for w, acts in enumerate(run.schedule.actions)}
 import plotly.express as px
-px.line(y=run.losses, labels={"x": "step", "y": "training loss"}, title="loss per minibatch")
+px.line(x=range(1, len(run.losses) + 1), y=run.losses, labels={"x": "minibatch", "y": "training loss"},
+        title="training loss")
 """),
         md("""
 **Next.** `02_why_pipelining` (why data parallelism stalls), `03_partitioning` (the dynamic program
@@ -426,8 +436,9 @@ devices = [Device("fast", 2.0), Device("mid", 1.0), Device("mid", 1.0), Device("
 hetero = pl.Cluster.heterogeneous([devices], intra=Level("pcie", len(devices), 1e12), inter=Level("net", 1, 1e12))
 hp = pl.partition(prof, hetero, method="hetpipe", policy="NP")     # NP: the node's GPUs form one VW
 print(hp.describe())
+device_of = hp.notes.get("workers", list(range(hetero.num_workers)))   # plan rank -> physical device
 for s in hp.stages:
-    w = s.ranks[0]
+    w = device_of[s.ranks[0]]
     print(f"stage {s.index} on {hetero.devices[w].name} (speed {hetero.speed(w)}): "
           f"{prof[s.start:s.end].compute_s / hetero.speed(w) * 1e3:.2f} ms")
 """),
@@ -510,8 +521,10 @@ import pipelab as pl
 methods = {"gpipe": {}, "1f1b-flush": {}, "pipedream": {}, "interleaved-1f1b": {"chunks": chunks}, "zb-h1": {}}
 scheds = {}
 for method, opts in methods.items():
-    M = 1 if method == "pipedream" else microbatches
-    K = microbatches if method == "pipedream" else 1
+    # pipedream has no minibatch boundary: each "microbatch" is a minibatch, and the default length
+    # (three times the minibatches in flight) reaches its steady state
+    M = None if method == "pipedream" else microbatches
+    K = None if method == "pipedream" else 1
     scheds[method] = pl.schedules.build(method, stages, microbatches=M, minibatches=K, **opts)
     pl.schedules.validate(scheds[method])          # dependencies respected, no deadlock
 print(scheds["1f1b-flush"])                         # the per-worker action lists as a grid
@@ -573,16 +586,24 @@ and keeps at most `P − s` microbatches at stage `s`. PipeDream keeps `P − s`
 stage `s` and stashes a weight version for each. The simulator tracks both per worker.
 """),
         code("""
-prof = pl.Profile.synthetic([1e-3] * stages, out_bytes=[4_000_000] * stages, param_bytes=[40_000_000] * stages,
-                            batch_size=microbatches * 8)
+from dataclasses import replace
+
+# equal stages; each layer keeps 32 MB of activations per minibatch for its backward, weights are small
+base = pl.Profile.synthetic([1e-3] * stages, out_bytes=[8_000_000] * stages, param_bytes=[2_000_000] * stages,
+                            batch_size=64)
+prof = replace(base, layers=tuple(replace(layer, saved_bytes=32_000_000) for layer in base.layers))
 cluster = pl.Cluster.flat(stages, bandwidth=10e9)
 plan = pl.Plan.even(stages, stages)
-rows = []
+rows, peak = [], {}
 for method in ("gpipe", "1f1b-flush", "pipedream"):
-    M = 1 if method == "pipedream" else microbatches
-    sim = pl.simulate(plan, prof, cluster, method=method, microbatches=M, minibatches=2 * stages)
-    for w, peak in enumerate(sim.peak_memory):
-        rows.append({"method": method, "worker": w, "peak_MB": peak / 1e6})
+    M, K = (None, None) if method == "pipedream" else (microbatches, 2)
+    sim = pl.simulate(plan, prof, cluster, method=method, microbatches=M, minibatches=K)
+    peak[method] = sim.peak_memory
+    for w, b in enumerate(sim.peak_memory):
+        rows.append({"method": method, "worker": w, "peak_MB": b / 1e6})
+# GPipe holds all M microbatches at every stage; 1F1B at most P - s of them at stage s
+assert all(g >= f for g, f in zip(peak["gpipe"], peak["1f1b-flush"]))
+assert list(peak["1f1b-flush"]) == sorted(peak["1f1b-flush"], reverse=True)
 px.bar(pd.DataFrame(rows), x="worker", y="peak_MB", color="method", barmode="group",
        title="simulated peak memory per worker")
 """),
@@ -722,15 +743,15 @@ staleness bound (`D = 0` is synchronous at wave granularity).
         params("""
 model = "vgg16"                      # shipped PipeDream profile
 batch_size = 32                      # minibatch per virtual worker (the profile is rescaled to it)
+policies = ["ED", "NP", "HD"]        # HetPipe's virtual-worker policies
+minibatches = 24                     # simulated minibatches
 staleness_bounds = [0, 1, 2, 4]      # D values to compare
-minibatches = 24                     # simulated minibatches per VW
 """),
         code("""
-import pandas as pd
-import plotly.express as px
-import pipelab as pl
-
 from dataclasses import replace
+
+import pandas as pd
+import pipelab as pl
 
 def at_batch(prof, batch):
     \"\"\"First-order rescaling of a profile to another minibatch: times and activation bytes scale with
@@ -747,31 +768,31 @@ print(f"{model}: profiled at batch {full.batch_size}, rescaled to {prof.batch_si
 cluster = pl.Cluster.preset("hetpipe")
 print(cluster.describe())
 """),
-        code("""
-plan = pl.partition(prof, cluster, method="hetpipe")
-print(plan.describe())
-for vw, ranks in enumerate(plan.notes.get("virtual_workers", [])):
-    print(f"VW {vw}: devices", [cluster.devices[r].name for r in ranks])
+        md("""
+HetPipe's three ways of forming virtual workers (§6): **NP** — the GPUs of one node (one type) form a VW,
+so VWs differ in speed; **ED** — every VW gets one GPU of each type, so VWs are identical; **HD** — pairs of
+fast and slow nodes. Within each VW the layers are cut so the slowest stage on its device is as fast as
+possible. Below: each policy's plan, the partitioner's prediction, and the simulator's measurement,
+against data parallelism over the same 16 GPUs (held back by the slowest GPU at every step).
 """),
         code("""
-rows = []
-for D in staleness_bounds:
-    sim = pl.simulate(plan, prof, cluster, method="hetpipe", minibatches=minibatches, D=D)
-    rows.append({"D": D, "samples_per_s": sim.throughput, "mean utilization": sum(sim.utilization) / len(sim.utilization)})
 dp_plan = pl.partition(prof, cluster, method="dp")
 dp_sim = pl.simulate(dp_plan, prof, cluster, method="dp", minibatches=4)
-het = pd.DataFrame(rows)
-het["speed-up over dp"] = het.samples_per_s / dp_sim.throughput
-het
-"""),
-        md("""
-A larger `D` lets fast VWs run ahead instead of waiting at every wave boundary, so throughput grows with
-`D` and saturates once no VW ever waits; the cost is staler weights. Data parallelism across the same
-devices is held back by the slowest GPU at every minibatch and by all-reducing the whole model.
+plans, rows = {}, []
+for policy in policies:
+    plan = pl.partition(prof, cluster, method="hetpipe", policy=policy)
+    sim = pl.simulate(plan, prof, cluster, method="hetpipe", minibatches=minibatches)
+    plans[policy] = (plan, sim)
+    vws = plan.notes["virtual_workers"]
+    rows.append({"policy": policy, "VW 0 devices": [cluster.devices[r].name for r in vws[0]],
+                 "predicted samples/s": prof.batch_size / plan.time_per_minibatch,
+                 "simulated samples/s": sim.throughput,
+                 "simulated speed-up over dp": sim.throughput / dp_sim.throughput})
+pd.DataFrame(rows)
 """),
         code("""
-pl.views.gantt(pl.simulate(plan, prof, cluster, method="hetpipe", minibatches=minibatches,
-                           D=staleness_bounds[-1]).trace, title="hetpipe: simulated")
+plan, sim = plans[policies[0]]
+pl.views.gantt(sim.trace, title=f"hetpipe ({policies[0]}): simulated")
 """),
         md("""
 ## WSP's staleness bound, checked
@@ -780,7 +801,9 @@ pl.views.gantt(pl.simulate(plan, prof, cluster, method="hetpipe", minibatches=mi
 from a separate process). Below, four virtual workers of different speeds run waves in simulated time:
 a VW that finishes a wave pushes its update, then pulls the global weights as soon as the rule lets it
 start the next wave (`local clock − global clock ≤ D`). `check_staleness` replays the server's log,
-recomputing the global clock from the pushes alone, and fails if any pull broke the bound.
+recomputing the global clock from the pushes alone, and fails if any pull broke the bound. With VWs of
+different speeds (as under the NP policy), a larger `D` lets the fast ones keep working instead of
+waiting at every wave boundary — more waves in the same time — at the price of staler weights.
 """),
         code("""
 import heapq
@@ -814,6 +837,7 @@ for D in staleness_bounds:
     rows.append({"D": D, "waves per VW": list(server.clocks), "total waves": sum(server.clocks),
                  "largest lead at a pull": worst})
 wsp_table = pd.DataFrame(rows)
+assert list(wsp_table["total waves"]) == sorted(wsp_table["total waves"]), "more staleness, more waves"
 wsp_table
 """),
         *exercise("""
@@ -869,8 +893,10 @@ ops.summary()
 """),
         md("""
 **Partitioning carries over.** Grouping consecutive operators onto workers so the slowest group is as
-fast as possible is exactly the layer partitioning problem. Without weights, replicating an operator costs
-nothing to synchronize, so the partitioner is free to replicate (as Spark runs many map tasks).
+fast as possible is exactly the layer partitioning problem; here the cuts are priced by the bytes the
+operators hand on. Without weights, replicating an operator costs nothing to synchronize, so when
+replication is allowed the partitioner runs the whole pipeline on every worker (plain data parallelism:
+each worker streams its own share of the records), as MapReduce does for its map tasks.
 """),
         code("""
 cluster = pl.Cluster.flat(workers, bandwidth=bandwidth_gbps * 1e9 / 8)
@@ -881,46 +907,54 @@ for p in (straight, replicated):
 pl.views.partition_graph(ops, straight)
 """),
         md("""
-**Overlap and bubbles carry over.** Streaming batches through the stages overlaps them like the forward
-half of a GPipe schedule; the fill and drain leave the same bubble `(P−1)/(M+P−1)` with equal stage costs,
-and the steady-state rate is set by the slowest stage: throughput → `1 / max stage time`.
+**Overlap and bubbles carry over.** A schedule is data, so the data pipeline's schedule is simply the
+forward half of GPipe's: every worker runs its stage for batch 0, 1, 2, ... as soon as the batch arrives.
+Streaming overlaps the stages; the fill and the drain leave the same bubble `(P−1)/(M+P−1)` with equal
+stage costs, and in steady state the slowest stage (or link) sets the pace.
 """),
         code("""
-sim = pl.simulate(straight, ops, cluster, method="gpipe", microbatches=batches, minibatches=1)
-stage_times = [s.time_s for s in straight.stages]
-print(f"simulated makespan {sim.trace.makespan * 1e3:.1f} ms for {batches} batches")
-pl.views.gantt(sim.trace, title="the data pipeline under a GPipe-style (forward-only) schedule")
+from pipelab.schedules.actions import Schedule
+
+gpipe = pl.schedules.build("gpipe", straight, microbatches=batches, minibatches=1)
+stream = Schedule(method="forward-only", num_stages=gpipe.num_stages, stage_ranks=gpipe.stage_ranks,
+                  microbatches=batches, minibatches=1,
+                  actions=tuple(tuple(a for a in acts if a.kind == "F") for acts in gpipe.actions))
+print(stream)
+sim = pl.simulate(straight, ops, cluster, method="gpipe", microbatches=batches, minibatches=1, schedule=stream)
+print(f"simulated: {batches} batches in {sim.trace.makespan * 1e3:.2f} ms")
+pl.views.gantt(sim.trace, title="the data pipeline, streamed (forward-only schedule)")
 """),
         *exercise("""
-Check the steady-state claim with a closed form: with stage times `t_s` (compute plus the transfer of the
-stage's output), `M` batches take about `sum(t_s) + (M − 1) · max(t_s)`. Compute it from the profile, the
-cluster and the straight plan, and compare with the simulated makespan.
+Check the simulator with a closed form. The profile's costs are for the whole job; streamed as `M` batches,
+each batch costs `1/M` of every operator and of every transfer. With per-stage compute `c_s` and send
+time `x_s` (the stage's outgoing bytes over the link), a pipeline in which each stage sends while it
+computes the next batch finishes after the first batch has crossed every stage and link, plus `M − 1`
+times the slowest of all those steps: `Σ_s (c_s + x_s) + (M − 1) · max_s max(c_s, x_s)`.
+Then compare the bubble of the forward-only schedule (unit costs) with `(P−1)/(M+P−1)`.
 """, """
 bw = bandwidth_gbps * 1e9 / 8
-t = []
-for s in straight.stages:
-    compute = ops[s.start:s.end].fwd_s / batches
-    send = ops[s.start:s.end].out_bytes / batches / bw if s.index < straight.num_stages - 1 else 0.0
-    t.append((compute, send))
-closed = sum(c + x for c, x in t) + (batches - 1) * max(max(c, x) for c, x in t)
-print(f"closed form {closed * 1e3:.2f} ms, simulated {sim.trace.makespan * 1e3:.2f} ms")
-assert abs(closed - sim.trace.makespan) / closed < 0.15
+c = [ops[s.start:s.end].fwd_s / batches for s in straight.stages]
+x = [ops[s.start:s.end].out_bytes / batches / bw if s.index < straight.num_stages - 1 else 0.0
+     for s in straight.stages]
+closed = sum(ci + xi for ci, xi in zip(c, x)) + (batches - 1) * max(max(ci, xi) for ci, xi in zip(c, x))
+print(f"closed form {closed * 1e3:.3f} ms, simulated {sim.trace.makespan * 1e3:.3f} ms")
+assert abs(closed - sim.trace.makespan) <= 1e-9 + 1e-6 * closed
+
+P = straight.num_stages
+bubble = pl.views.bubble_fraction(pl.views.schedule_trace(stream))
+print(f"unit-cost bubble {bubble:.4f}, closed form {(P - 1) / (batches + P - 1):.4f}")
+assert abs(bubble - (P - 1) / (batches + P - 1)) < 1e-9
 """),
         md("""
-**Weight versions do not carry over.** With no parameters there is nothing to stash: every weight policy
-runs the same computation, PipeDream's asynchronous schedule is simply a stream with no flush, and the
-memory a stashing policy adds is zero. What takes the place of a "version" in a data pipeline is *state*
-(a reduce's running aggregate, a join's hash table): a stateful operator cannot be replicated freely, and
-the shuffle is an all-to-all barrier no contiguous cut can avoid — the analogue of the all-reduce.
-"""),
-        code("""
-rows = []
-for method in ("gpipe", "1f1b-flush", "pipedream"):
-    M, K = (1, batches) if method == "pipedream" else (batches, 1)
-    r = pl.simulate(straight, ops, cluster, method=method, microbatches=M, minibatches=K)
-    rows.append({"method": method, "makespan_ms": r.trace.makespan * 1e3,
-                 "peak memory per worker (MB)": [round(m / 1e6, 1) for m in r.peak_memory]})
-pd.DataFrame(rows)
+**What does not carry over.** There is no backward pass, so 1F1B's reason to exist — starting backwards
+early to free stashed activations — is gone; its data-pipeline cousin is *backpressure*: bounded queues
+between operators so a fast producer cannot flood a slow consumer's memory. There are no weights, so
+weight versions, stashing, 2BW and PipeMare have nothing to act on; every policy computes the same thing.
+What takes the place of weights is *state* (a reduce's running aggregate, a join's hash table): a stateful
+operator cannot be replicated freely, and the shuffle is an all-to-all exchange that no contiguous cut
+avoids — the data pipeline's analogue of the all-reduce, which the simple chain model above leaves out.
+The training-shaped costs also do not carry over: `pl.partition` and the built-in methods price a
+backward pass and a gradient sent back across every cut, which is why we used the forward-only schedule.
 """),
         *exercise("""
 Make the reduce stateful: give the `reduce` operator 200 MB of "parameters" (its aggregate) and

@@ -13,6 +13,8 @@ simulates never pays for what it does not use.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -58,6 +60,37 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
+
+
+# ``pl.partition`` and ``pl.profile`` are functions that share their names with subpackages. Importing
+# a submodule (``import pipelab.partition.plan``, which any schedule or model import does) makes Python
+# set the package attribute to the subpackage, shadowing the function: ``pl.partition(...)`` would
+# then fail with "'module' object is not callable" depending on import order. So those two
+# subpackages are made callable: calling one calls its function.
+_CALLABLE_SUBPACKAGES: dict[str, tuple[str, str]] = {
+    "pipelab.partition": ("pipelab.partition", "partition"),
+    "pipelab.profile": ("pipelab.profile.measure", "profile"),
+}
+
+
+class _CallablePackage(types.ModuleType):
+    """A subpackage that can also be called as its main function (``pl.partition(...)``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module, attr = _CALLABLE_SUBPACKAGES[self.__name__]
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+
+class _Package(types.ModuleType):
+    """pipelab's own module type: keeps ``pl.partition``/``pl.profile`` callable whatever was imported."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ in _CALLABLE_SUBPACKAGES:
+            value.__class__ = _CallablePackage
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

@@ -255,6 +255,11 @@ class Cluster:
         tag = f"{key}:{s}x{g}" if inner is not None else f"{key}:{s}"
         return cls(tag, tuple(levels), (dev,) * (s * g))
 
+    @staticmethod
+    def presets() -> tuple[str, ...]:
+        """Names accepted by :meth:`preset` and :meth:`parse`."""
+        return (*_PRESETS, "hetpipe")
+
     @classmethod
     def parse(cls, spec: str) -> Cluster:
         """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, or a name."""

@@ -124,8 +124,9 @@ class LiveGantt(_Displayable):
     """A Gantt chart that fills in while a job runs.
 
     ``handle`` is what :func:`pipelab.launch` returns (anything with an ``events`` iterable of
-    :class:`~pipelab.trace.Event` that ends when the job ends; optional ``losses`` / ``batch_size`` /
-    ``plan`` for the status line). A background thread consumes the events and redraws at most ``hz``
+    :class:`~pipelab.trace.Event` that ends when the job ends; optional ``job.batch_size`` /
+    ``batch_size`` and ``losses`` for the status line, and ``wait()``, whose result's ``losses`` give the
+    final loss; a failed job's error is shown in the status line, not raised in the thread). A background thread consumes the events and redraws at most ``hz``
     times per second, so a fast job costs a few updates, not one per event. Without a live front end
     the display waits for the job to end and shows the finished chart.
     """
@@ -144,10 +145,12 @@ class LiveGantt(_Displayable):
         self.events: list[Event] = []
         self.redraws = 0
         self.error: BaseException | None = None
+        self.result: Any = None
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._t0 = time.monotonic()
         self._thread: threading.Thread | None = None
+        self._started = False
         self.figure: go.Figure = go.FigureWidget() if self.live else go.Figure()
         if self.live:
             w = _widgets()
@@ -160,9 +163,12 @@ class LiveGantt(_Displayable):
     # -------------------------------------------------------------- consuming
     def start(self) -> None:
         """Start the background thread that consumes ``handle.events`` (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._consume, name="pipelab-live-gantt", daemon=True)
-            self._thread.start()
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        self._thread = threading.Thread(target=self._consume, name="pipelab-live-gantt", daemon=True)
+        self._thread.start()
 
     def _consume(self) -> None:
         period = 1.0 / self.hz
@@ -175,6 +181,9 @@ class LiveGantt(_Displayable):
                 if self.live and now - last >= period:
                     self.refresh()
                     last = now
+            wait = getattr(self.handle, "wait", None)
+            if callable(wait):          # the finished run's result carries the losses
+                self.result = wait()
         except BaseException as exc:  # shown in the status line; the kernel must not die with the job
             self.error = exc
         finally:
@@ -183,8 +192,14 @@ class LiveGantt(_Displayable):
             self._done.set()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait until the job's event stream ends (and the last redraw is done); True if it did."""
-        if self._thread is None:
+        """Wait until the job's event stream ends (and the last redraw is done); True if it did.
+
+        If nothing consumes the stream yet (static mode), consume it here, in the caller's thread.
+        """
+        with self._lock:
+            mine = not self._started
+            self._started = True
+        if mine:
             self._consume()
         return self._done.wait(timeout)
 
@@ -206,12 +221,12 @@ class LiveGantt(_Displayable):
             evs = list(self.events)
         steps = len({e.microbatch for e in evs if e.kind == "U" and e.stage == 0})
         elapsed = max((e.end_s for e in evs), default=0.0) - min((e.start_s for e in evs), default=0.0)
-        batch = getattr(self.handle, "batch_size", None) or getattr(getattr(self.handle, "plan", None),
-                                                                    "batch_size", None)
+        batch = next((b for b in (getattr(self.handle, "batch_size", None),
+                                  getattr(getattr(self.handle, "job", None), "batch_size", None)) if b), None)
         parts = [f"step {steps}"]
         if steps and elapsed > 0:
             parts.append(f"{steps * batch / elapsed:.1f} samples/s" if batch else f"{steps / elapsed:.2f} steps/s")
-        loss = _last_loss(self.handle)
+        loss = _last_loss(self.result) if self.result is not None else _last_loss(self.handle)
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
         parts.append(f"{len(evs)} events")
@@ -401,7 +416,7 @@ class PlanExplorer(_Displayable):
         self.profile = profile
         self._partition = partitioner
         self.presets = list(presets) if presets is not None else _cluster_presets()
-        self.methods = list(methods) if methods is not None else ["pipedream", "prefix-sum", "gpipe", "dp"]
+        self.methods = list(methods) if methods is not None else _partition_methods()
         self.live = live_frontend() if live is None else bool(live)
         self.values: dict[str, Any] = {"preset": preset, "servers": servers, "gpus_per_server": gpus_per_server,
                                        "method": method, "memory_limit_gb": memory_limit_gb}
@@ -492,11 +507,15 @@ class PlanExplorer(_Displayable):
 
 
 def _cluster_presets() -> list[str]:
-    try:
-        from pipelab.cluster import _PRESETS
-    except ImportError:
-        return ["pipedream-a"]
-    return list(_PRESETS)
+    from pipelab.cluster import Cluster
+
+    return list(Cluster.presets())
+
+
+def _partition_methods() -> list[str]:
+    from pipelab.partition import METHODS
+
+    return list(METHODS)
 
 
 __all__ = ["LiveGantt", "PlanExplorer", "ScheduleExplorer", "live_frontend", "show", "static_html", "sync_figure"]

@@ -89,8 +89,8 @@ profile_source = "pipedream" # "pipedream": PipeDream's shipped profiles; "measu
 mode = "simulate"            # "simulate" | "measure" (real runtime at reduced scale on this machine)
 minibatches = 64             # simulated minibatches (steady state is measured after warm-up)
 gantt_minibatches = 6        # minibatches drawn in the Gantt chart (keeps the report small)
-device = "cpu"               # for profile_source="measured"
-measured_batch = 8           # batch and input size for profile_source="measured"
+device = "cpu"               # device to profile on, with the measured profile source
+measured_batch = 8           # batch and input size of the measured profile source
 measured_image_size = 64
 measured_seq_len = 16
 # mode="measure": the reduced model and the local run
@@ -161,10 +161,25 @@ sim_speedup = sim.throughput / sim_dp.throughput
 print(f"simulated: plan {sim.throughput:.1f} samples/s, dp {sim_dp.throughput:.1f} samples/s "
       f"-> {sim_speedup:.2f}x (partitioner predicted {plan.speedup_over_dp:.2f}x)")
 '''),
+    md('''
+## Why this plan: the cost-model terms
+
+Per stage, milliseconds per minibatch of one replica: compute (forward + backward), the all-reduce
+of the stage's weights over its replicas, the replica's time with that all-reduce overlapped with
+backward (what is left over is *exposed* communication), the activation transfer into the stage, and
+the stage's share of the steady-state time (replica time / replicas). Data parallelism is one stage
+on every worker: its exposed all-reduce is what a pipeline can save.
+'''),
+    code('''
+terms = rp.cost_terms(prof, cl, plan)
+dp_terms = rp.cost_terms(prof, cl, dp_plan)
+display(terms)
+display(dp_terms)
+'''),
     code('''
 row = rp.table1_row(model=model, cluster=cluster, servers=servers, gpus_per_server=gpus_per_server,
                     plan=plan, predicted_speedup=plan.speedup_over_dp, simulated_speedup=sim_speedup,
-                    profile_source=profile_source)
+                    profile_source=profile_source, dp_terms=dp_terms)
 pd.DataFrame([row]).T.rename(columns={0: ""})
 '''),
     md('''
@@ -213,20 +228,35 @@ forward pass used, and training does not reach data-parallel accuracy; with stas
 Narayanan et al. SOSP'19 §3.3, evaluated in §5) it does. PipeMare (Yang et al., MLSys'21) keeps no
 stash and closes the gap with learning-rate rescheduling and discrepancy correction instead.
 
-**Set-up.** Real training with pipelab's runtime, 4 stages, on scikit-learn's bundled 8×8 digits
-with a small CNN. Every method runs the same schedule the simulator draws. Accuracy is measured on a
-fixed held-out split after every epoch.
+**Set-up.** Real training with pipelab's runtime (`pl.train`), 4 stages, on scikit-learn's bundled
+8×8 digits with a small CNN (`pl.models.small_cnn`), the same learning rate for every method (one
+that data parallelism trains well with). Each method executes the schedule `pl.schedules.build`
+returns (the one the simulator times and the Gantt chart draws); `backend="local"` is the
+single-process reference executor, which gives the same weights as real processes
+(`backend="gloo"`), only faster here. Test accuracy on a fixed held-out split after every epoch.
+
+| method | weights a backward pass uses |
+|---|---|
+| `dp`, `gpipe` | the weights its forward used (synchronous: the same as plain minibatch SGD) |
+| `pipedream` | a stashed copy of the version its forward used (PipeDream §3.3) |
+| `pipedream+vertical_sync` | every stage uses the version the input stage used for that minibatch |
+| `naive-async` | whatever is newest when it runs (no stash): the ablation of PipeDream §3 |
+| `2bw` | two versions, `W(t+1) = W(t) - lr * grad f(W(t-1))` (PipeDream-2BW, ICML'21 §3) |
+| `pipemare` | no stash; learning-rate rescheduling and discrepancy correction (PipeMare §3) |
 '''),
     code('''
 methods = ["dp", "gpipe", "pipedream", "pipedream+vertical_sync", "naive-async", "2bw", "pipemare"]
 stages = 4
 epochs = 8
 batch_size = 32
-lr = 0.1
+lr = 0.2                     # plain SGD (momentum 0: optimizer state would restart every epoch)
 momentum = 0.0
 channels = 16
+sweep_lrs = [0.05, 0.2, 0.4] # a learning-rate sweep of the three methods the main claim is about
+sweep_methods = ["dp", "pipedream", "naive-async"]
+sweep_epochs = 6
 train_limit = 0              # 0: the whole training split; >0: only that many samples (tests)
-backend = "local"            # "local": the single-process reference executor; "gloo": real processes
+backend = "local"            # local: the single-process reference executor; gloo: real processes
 seed = 0
 out_dir = "."
 report = False
@@ -243,22 +273,46 @@ from pipelab import reproduce as rp
 curves = rp.stash_experiment(methods, stages=stages, epochs=epochs, batch_size=batch_size, lr=lr,
                              momentum=momentum, channels=channels, train_limit=train_limit,
                              backend=backend, seed=seed, progress=not report)
-curves
+curves.pivot(index="epoch", columns="method", values="test_accuracy")
+'''),
+    md('''
+## Summary
+
+`late_accuracy` is the mean test accuracy over the last three epochs (one epoch's accuracy on 360
+test images moves by a few points from epoch to epoch); the gap is to data parallelism, in points.
 '''),
     code('''
 final = rp.stash_summary(curves)
+print(rp.stash_verdict(final))
 final
 '''),
     code('''
 show(rp.curves_figure(curves, x="epoch", y="test_accuracy", color="method",
-                      title=f"digits, small CNN, {stages} stages: test accuracy per epoch"))
+                      title=f"digits, small CNN, {stages} stages, lr {lr}, momentum {momentum}: test accuracy"))
+'''),
+    md('''
+## How it depends on the learning rate
+
+Staleness hurts more as steps get larger. The same three methods at a few learning rates (late accuracy,
+mean of the last three epochs):
 '''),
     code('''
-paths = rp.write_table(curves, Path(out_dir) / "accuracy.csv")
-Path(out_dir, "accuracy.svg").write_text(rp.svg_curves(curves, x="epoch", y="test_accuracy", color="method",
-                                                       title="test accuracy per epoch"))
-rp.write_table(final, Path(out_dir) / "summary.csv")
-print(rp.stash_verdict(final))
+sweep = rp.stash_lr_sweep(sweep_methods, sweep_lrs, stages=stages, epochs=sweep_epochs, batch_size=batch_size,
+                          momentum=momentum, channels=channels, train_limit=train_limit, backend=backend,
+                          seed=seed, progress=not report)
+sweep
+'''),
+    code('''
+out = Path(out_dir)
+rp.write_table(sweep, out / "lr_sweep.csv")
+rp.write_table(curves, out / "accuracy.csv")
+rp.write_table(final, out / "summary.csv")
+rp.write_text(out / "accuracy.svg", rp.svg_curves(curves, x="epoch", y="test_accuracy", color="method",
+                                                  title=f"digits CNN, {stages} stages: test accuracy per epoch"))
+verdict = rp.stash_verdict(final)
+rp.write_text(out / "results.md", f"# Weight stashing: results\\n\\nlr {lr}, momentum {momentum}, {epochs} epochs, "
+              f"{stages} stages\\n\\n{rp.markdown_table(final)}\\n\\n```\\n{verdict}\\n```\\n\\n"
+              f"## Learning-rate sweep (late accuracy)\\n\\n{rp.markdown_table(sweep)}\\n")
 '''),
 ]
 
@@ -355,6 +409,12 @@ elif emulate:
                               train_limit=emu_train_limit, backend=backend, seed=seed)
     rp.write_table(emu, Path(out_dir) / "emulated.csv")
 emu
+'''),
+    code('''
+text = f"# HetPipe: results\\n\\n## Simulated\\n\\n{rp.markdown_table(sim_table)}\\n"
+if emu is not None:
+    text += f"\\n## Emulated (real processes, one slowed worker)\\n\\n{rp.markdown_table(emu)}\\n"
+rp.write_text(Path(out_dir) / "results.md", text)
 '''),
 ]
 

@@ -45,6 +45,7 @@ def test_presets_carry_paper_numbers():
     assert het.num_workers == 16 and not het.homogeneous
     assert {d.name for d in het.devices} == {"TITAN-V", "TITAN-RTX", "RTX-2060", "Quadro-P4000"}
     assert "GB/s" in b.describe()
+    assert "pipedream-a" in Cluster.presets() and "hetpipe" in Cluster.presets()
 
 
 def test_bad_input_errors_say_what_to_do():

@@ -13,6 +13,7 @@ from pipelab.partition import partition
 from pipelab.partition._evaluate import build_plan
 from pipelab.partition.balance import balance_by_size, balance_by_time
 from pipelab.partition.hetero import partition_virtual_worker, virtual_workers
+from pipelab.partition.pipedream import solve
 from pipelab.profile.records import Profile
 from pipelab.sim.costs import CostModel
 
@@ -34,7 +35,7 @@ def free_cluster(workers, speeds=None):
 times = st.lists(st.floats(0.01, 10.0), min_size=1, max_size=7)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(ts=times, workers=st.integers(1, 5), data=st.data())
 def test_pipedream_matches_brute_force_with_free_communication(ts, workers, data):
     bw = data.draw(st.lists(st.floats(0.0, 10.0), min_size=len(ts), max_size=len(ts)))
@@ -66,7 +67,7 @@ def test_pipedream_matches_brute_force_with_free_communication(ts, workers, data
         assert ps.time_per_minibatch == pytest.approx(straight_best, rel=1e-9)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10**6), n=st.integers(1, 5))
 def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, n):
     """With links, all-reduce and cuts priced, the DP equals exhaustive evaluation of every plan."""
@@ -83,12 +84,34 @@ def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, 
             for reps in compositions(4, S):
                 plan = build_plan(cm, [int(b) for b in bounds], reps, method="x", dp_time=1.0)
                 best = min(best, plan.time_per_minibatch)
+    flat = partition(p, c, "pipedream", hierarchical=False)
+    assert flat.time_per_minibatch == pytest.approx(best, rel=1e-9)
+    assert flat.notes["dp_objective_s"] == pytest.approx(flat.time_per_minibatch, rel=1e-9)
+    # hierarchical layouts: a pipeline over the 2 GPUs of a server, replicated in both servers
+    flat_best, best = best, math.inf
+    for S in range(1, min(n, 2) + 1):
+        for sizes in compositions(n, S):
+            bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
+            for reps in compositions(2, S):
+                ranks, links, w = [], [], 0
+                for m in reps:
+                    ranks += [srv * 2 + x for srv in range(2) for x in range(w, w + m)]
+                    w += m
+                    links.append((w - 1, w))
+                plan = build_plan(cm, bounds, [2 * m for m in reps], method="x", dp_time=1.0, ranks_of=ranks,
+                                  cut_links=links[:-1], cut_share=2)
+                best = min(best, plan.time_per_minibatch)
+    hier_t, hier_bounds, hier_reps = solve(cm, block=2)
+    assert hier_t == pytest.approx(best, rel=1e-9)
     got = partition(p, c, "pipedream")
-    assert got.time_per_minibatch == pytest.approx(best, rel=1e-9)
+    assert got.time_per_minibatch == pytest.approx(min(best, flat_best), rel=1e-9)
     assert got.notes["dp_objective_s"] == pytest.approx(got.time_per_minibatch, rel=1e-9)
+    if "layout" in got.notes:   # each server holds a replica of every stage; cuts stay inside servers
+        ws = got.notes["workers"]
+        assert all({ws[r] // 2 for r in st_.ranks} == {0, 1} for st_ in got.stages)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ts=times, data=st.data())
 def test_prefix_sum_heterogeneous_speeds_matches_brute_force(ts, data):
     S = data.draw(st.integers(1, len(ts)))

@@ -108,11 +108,17 @@ class Sleep(nn.Module):
 
 def test_layers_that_sleep_known_times_are_timed_within_a_few_ms() -> None:
     model = nn.Sequential(Sleep(0.02, 0.03), Sleep(0.01, 0.005))
-    prof = pl.profile(model, torch.randn(4, 3), leaf_modules=[Sleep], warmup=0, repeats=3, progress=False)
-    assert [layer.kind for layer in prof.layers] == ["Sleep", "Sleep"]
-    for layer, (f, b) in zip(prof.layers, [(0.02, 0.03), (0.01, 0.005)]):
-        assert f <= layer.fwd_s < f + 0.004, layer
-        assert b <= layer.bwd_s < b + 0.004, layer
+    expected = [(0.02, 0.03), (0.01, 0.005)]
+    for _attempt in range(2):  # a loaded machine can wake a sleeper late: one retry
+        prof = pl.profile(model, torch.randn(4, 3), leaf_modules=[Sleep], warmup=0, repeats=5, progress=False)
+        assert [layer.kind for layer in prof.layers] == ["Sleep", "Sleep"]
+        # sleeping never ends early, so the lower bounds are exact; the upper bounds allow 5 ms
+        for layer, (f, b) in zip(prof.layers, expected):
+            assert layer.fwd_s >= f and layer.bwd_s >= b, layer
+        late = [(layer.fwd_s - f, layer.bwd_s - b) for layer, (f, b) in zip(prof.layers, expected)]
+        if max(max(d) for d in late) < 0.005:
+            break
+    assert max(max(d) for d in late) < 0.005, late
 
 
 def _whole_forward(model: nn.Module, x: torch.Tensor, n: int = 9) -> float:
@@ -129,9 +135,10 @@ def test_sum_of_layer_forward_times_matches_whole_model_forward() -> None:
     model = mlp(512, 1024, 6, 10)
     x = torch.randn(256, 512)
     ratios = []
-    for _ in range(2):  # the machine is shared and noisy: one retry
-        whole = _whole_forward(model, x)
+    for _ in range(3):  # the machine is shared and noisy: retries
+        before = _whole_forward(model, x)
         prof = pl.profile(model, x, warmup=1, repeats=5, progress=False)
+        whole = statistics.median([before, _whole_forward(model, x)])
         ratios.append(prof.fwd_s / whole)
         if abs(ratios[-1] - 1) <= 0.25:
             break
@@ -184,7 +191,13 @@ def test_bad_inputs_give_one_clear_error() -> None:
 
 
 def test_saved_profile_round_trips(tmp_path: Path) -> None:
-    prof = pl.profile(mlp(8, 16, 3, 2), torch.randn(4, 8), warmup=0, repeats=1, progress=False, model_name="m")
+    import pipelab.profile  # importing the subpackage rebinds pl.profile to it; it must stay callable
+
+    assert callable(pipelab.profile)
+    with torch.no_grad():  # the profiler turns autograd on for itself
+        prof = pl.profile(mlp(8, 16, 3, 2), torch.randn(4, 8), warmup=0, repeats=1, progress=False, model_name="m")
+        assert not torch.is_grad_enabled()  # and the caller's mode is restored
+    assert prof.bwd_s > 0
     path = prof.save(tmp_path / "m.json")
     back = pl.Profile.load(path)
     assert back == prof

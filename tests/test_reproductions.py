@@ -87,7 +87,7 @@ def test_svg_chart_is_well_formed() -> None:
 
 def test_markdown_table_without_tabulate() -> None:
     df = pd.DataFrame({"a": [1.5, math.nan], "b": ["x", None]})
-    assert rp._markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| 1.5 | x |", "|  |  |"]
+    assert rp.markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| 1.5 | x |", "|  |  |"]
 
 
 def test_simulated_table1_row_is_deterministic() -> None:

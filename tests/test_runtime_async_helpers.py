@@ -82,3 +82,26 @@ def delayed_reference(model_fn: Any, data_fn: Any, opt_fn: Any, steps: int, dela
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys(), (sorted(a), sorted(b))
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+class Lin2(nn.Module):
+    """``w2 * (w1 * x)`` with w1 = w2 = 0.5: small enough to follow by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            self.l1.weight.fill_(0.5)
+            self.l2.weight.fill_(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(self.l1(x))
+
+
+def lin_data() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for x, y in ((1.0, 1.0), (2.0, 1.0), (1.0, 2.0)):
+        yield torch.tensor([[x]]), torch.tensor([[y]])
+
+
+def mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((out - y) ** 2 / 2).mean()

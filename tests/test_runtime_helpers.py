@@ -84,32 +84,15 @@ sgd = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
 adam = functools.partial(torch.optim.Adam, lr=0.01)
 
 
-class Boom(nn.Module):
-    """Raises in forward after a few calls (fault tests)."""
-
-    calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        Boom.calls += 1
-        if Boom.calls > 3:
-            raise RuntimeError("boom: deliberate failure")
-        return x
+_LOSS_CALLS = [0]
 
 
-def exploding_mlp() -> nn.Module:
-    """The MLP with a layer that fails on its 4th forward (a leaf of its own kind)."""
-    m = MLP()
-    return nn.Sequential(m.fc1, nn.ReLU(), m.fc2, BoomWrap(), m.fc3)
-
-
-class BoomWrap(nn.ReLU):
-    """A ReLU (traced as a leaf) that raises on its 4th call in a process."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        Boom.calls += 1
-        if Boom.calls > 3:
-            raise RuntimeError("boom: deliberate failure")
-        return torch.relu(x)
+def exploding_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss, raising on its 5th call in a process (the 4th microbatch of a worker; fault tests)."""
+    _LOSS_CALLS[0] += 1
+    if _LOSS_CALLS[0] == 5:
+        raise RuntimeError("boom: deliberate failure")
+    return F.cross_entropy(out, y)
 
 
 class Slow(nn.ReLU):

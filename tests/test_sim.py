@@ -85,18 +85,15 @@ def test_pipedream_steady_state_zero_bubble() -> None:
     assert res.bubble_fraction == pytest.approx([0.0] * 6, abs=1e-12)
 
 
-def test_replicated_stage_allreduce_staggers() -> None:
-    """'2-1' with stage 0 twice as slow (F=2, B=4 vs 1, 2): the partitioner's T_s / r_s says 3 s per
-    minibatch, but replica 1 gets its gradients 3 s (one stage-1 period) after replica 0, and their
-    k-th updates all-reduce together, so each replica's cycle is B 4 + wait 3 + F 2 = 9 s for two
-    minibatches: 4.5 s per minibatch. With the all-reduce pairing removed (hetpipe-like) it is 3 s."""
+def test_replicated_stage_balanced_pipedream() -> None:
+    """'2-1' with stage 0 twice as slow (F=2, B=4 vs 1, 2), each input replica admitting NOAM =
+    ceil(3/2) = 2 minibatches: one minibatch every 3 s (PipeDream's T_s / r_s), every worker busy,
+    with the replicas' k-th updates all-reduced together."""
     plan = Plan.from_boundaries(2, [1], [2, 1])
-    costs = StageCosts((2.0, 1.0), (4.0, 2.0))
-    res = simulate_schedule(build("pipedream", plan, minibatches=40), costs)
-    assert res.time_per_minibatch == pytest.approx(4.5)
-    no_ar = build("pipedream", plan, minibatches=40)
-    no_ar = type(no_ar)(**{**no_ar.__dict__, "options": {**no_ar.options, "allreduce": False}})
-    assert simulate_schedule(no_ar, costs).time_per_minibatch == pytest.approx(3.0)
+    res = simulate_schedule(build("pipedream", plan, minibatches=40), StageCosts((2.0, 1.0), (4.0, 2.0)))
+    assert res.time_per_minibatch == pytest.approx(3.0)
+    assert res.bubble_fraction == pytest.approx([0.0] * 3, abs=1e-12)
+    assert res.schedule.in_flight(0) == 2
 
 
 def test_serialized_link_closed_form() -> None:
@@ -159,8 +156,8 @@ def test_compute_bound_pipeline_matches_stage_time() -> None:
     cl = Cluster.flat(4, bandwidth=1e15)
     plan = Plan.even(8, 4, batch_size=32)
     res = simulate(plan, prof, cl, method="pipedream", minibatches=24)
-    assert res.time_per_minibatch == pytest.approx(6e-3, rel=1e-6)
-    assert res.throughput == pytest.approx(32 / 6e-3, rel=1e-6)
+    assert res.time_per_minibatch == pytest.approx(6e-3, rel=1e-5)   # + the tiny optimizer step
+    assert res.throughput == pytest.approx(32 / 6e-3, rel=1e-5)
     fl = simulate(plan, prof, cl, method="1f1b-flush", microbatches=8)
     assert fl.time_per_minibatch == pytest.approx((8 + 3) * 6e-3 / 8, rel=1e-3)
     zb = simulate(plan, prof, cl, method="zb-h1", microbatches=8)
@@ -179,15 +176,17 @@ def test_dp_matches_replica_formula() -> None:
 
 
 # (model, cluster, partitioner, method): cases where the partitioner's steady-state formula and the
-# simulator model the same thing (communication hidden or negligible). See the module README for
-# the comm-bound cases where they differ (NOAM round-trip latency, per-link concurrency).
+# simulator model the same thing (communication hidden or negligible). Where transfers are long the
+# simulator is slower: NOAM in flight does not cover the transfers' round trip, and round-robin
+# sends across servers share the server's NIC while the partitioner prices one intra-server link.
 AGREE = [
-    ("gnmt", "pipedream-b:2x8", "pipedream", "pipedream"),
+    ("gnmt", "pipedream-c:4", "pipedream", "pipedream"),
     ("resnet50", "pipedream-c:4", "pipedream", "pipedream"),
     ("alexnet", "pipedream-c:4", "pipedream", "pipedream"),
+    ("alexnet", "pipedream-b:2x8", "pipedream", "pipedream"),
     ("vgg16", "pipedream-a:4x4", "dp", "dp"),
-    ("gnmt", "pipedream-c:4", "prefix-sum", "pipedream"),
-    ("resnet50", "pipedream-c:4", "prefix-sum", "pipedream"),
+    ("gnmt", "pipedream-b:2x8", "prefix-sum", "pipedream"),
+    ("gnmt", "pipedream-a:4x4", "prefix-sum", "pipedream"),
 ]
 
 

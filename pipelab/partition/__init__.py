@@ -29,7 +29,7 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
               compression_ratio: float = 1.0, optimizer: str = "sgd-momentum", **options: Any) -> Plan:
     """Partition ``profile`` for ``cluster`` (a Cluster or a spec like ``"pipedream-a:4x4"``) by ``method``.
 
-    Options per method: pipedream ``straight``, ``memory_limit``, ``workers``; prefix-sum ``stages``,
+    Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``; prefix-sum ``stages``,
     ``memory_limit``, ``buffers``, ``workers``; gpipe ``stages``, ``microbatches``, ``by``,
     ``memory_limit``; hetpipe ``policy``, ``memory_limit``; dp ``workers``, ``memory_limit``.
     ``memory_limit`` (bytes per worker) defaults to each device's memory.
@@ -53,7 +53,7 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     if m == "pipedream":
         from pipelab.partition.pipedream import partition_pipedream
 
-        allowed(("straight", "memory_limit", "workers"))
+        allowed(("straight", "memory_limit", "workers", "hierarchical"))
         return partition_pipedream(cm, **options)
     if m == "prefix-sum":
         from pipelab.partition.prefix_sum import partition_prefix_sum

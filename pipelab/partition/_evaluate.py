@@ -45,11 +45,15 @@ def cut_time_s(cm: CostModel, boundary: int, src: int, dst: int, microbatches: i
 def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *, method: str,
                schedule: str = "async", microbatches: int = 1, versions: str = "in_flight",
                ranks_of: Sequence[int] | None = None, notes: dict[str, Any] | None = None,
-               dp_time: float | None = None, in_flight: Sequence[int] | None = None) -> Plan:
+               dp_time: float | None = None, in_flight: Sequence[int] | None = None,
+               cut_links: Sequence[tuple[int, int]] | None = None, cut_share: int = 1) -> Plan:
     """A Plan for stages cut at ``bounds`` (layer indices) with ``replicas``, with every prediction.
 
     ``ranks_of`` maps plan rank -> cluster worker (default identity); ``dp_time`` is the data-parallel
-    baseline's time per minibatch for ``speedup_over_dp`` (computed when omitted).
+    baseline's time per minibatch for ``speedup_over_dp`` (computed when omitted). A cut is priced on
+    the link from the last worker of one stage to the first of the next, or on ``cut_links[s]``
+    (cluster workers) divided by ``cut_share`` when that many disjoint copies of the link carry the
+    minibatches in turn (a pipeline replicated over ``cut_share`` servers).
     """
     prof, n = cm.profile, cm.num_layers
     cuts = [0, *bounds, n]
@@ -85,8 +89,9 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
     cut_terms, first = [], 0
     for s in range(P - 1):
         first += replicas[s]
-        cut_terms.append(cut_time_s(cm, cuts[s + 1] - 1, phys[first - 1], phys[first],
-                                    microbatches if schedule == "flush" else 1))
+        src, dst = cut_links[s] if cut_links is not None else (phys[first - 1], phys[first])
+        cut_terms.append(cut_time_s(cm, cuts[s + 1] - 1, src, dst,
+                                    microbatches if schedule == "flush" else 1) / cut_share)
     if schedule == "async":
         time = max([*terms, *cut_terms])
     else:

@@ -41,10 +41,31 @@ from pipelab.partition.plan import Plan
 from pipelab.sim.costs import CostModel
 
 
+def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:
+    """Cluster workers of inner workers ``[w, w+m)`` in every copy of a ``block``-worker block."""
+    return [c * block + x for c in range(cm.cluster.num_workers // block) for x in range(w, w + m)]
+
+
 def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None = None,
-          max_stages: int | None = None) -> tuple[float, list[int], list[int]]:
-    """The DP itself: ``(time per minibatch, stage boundaries, replicas per stage)`` over all workers."""
-    n, W = cm.num_layers, cm.cluster.num_workers
+          max_stages: int | None = None, block: int | None = None) -> tuple[float, list[int], list[int]]:
+    """The DP itself: ``(time per minibatch, stage boundaries, replicas per stage)``.
+
+    With ``block`` (the worker count of one block of some level, e.g. a server), the DP lays a
+    pipeline over the ``block`` workers of one block and replicates it in every block
+    (PipeDream's hierarchical plans): a stage on inner workers ``[w, w+m)`` runs on those workers of
+    all ``copies`` blocks, so it has ``m * copies`` replicas and its all-reduce spans the blocks,
+    while its cuts stay inside a block, each copy of a link carrying ``1 / copies`` of the
+    minibatches. Replica counts returned are per block (multiply by ``copies``).
+    """
+    n = cm.num_layers
+    Wall = cm.cluster.num_workers
+    W = Wall if block is None else block
+    if block is not None and (block < 1 or Wall % block):
+        raise ValueError(f"block={block} must divide the {Wall} workers")
+    copies = Wall // W
+
+    def phys(w: int, m: int) -> list[int]:
+        return list(range(w, w + m)) if block is None else block_workers(cm, W, w, m)
     if straight and W > n:
         raise ValueError(f"a straight pipeline on {W} workers needs at least {W} layers, the model has {n}; "
                          f"use fewer workers or straight=False")
@@ -53,15 +74,15 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
     A[0, 0] = 0.0
     par_i = np.full((n + 1, W + 1), -1, dtype=np.int64)
     par_w = np.full((n + 1, W + 1), -1, dtype=np.int64)
-    speeds = [cm.cluster.speed(w) for w in range(W)]
-    mems = [cm.cluster.memory(w) for w in range(W)]
+    speeds = [min(cm.cluster.speed(x) for x in phys(w, 1)) for w in range(W)]
+    mems = [min(cm.cluster.memory(x) for x in phys(w, 1)) for w in range(W)]
     # cut cost of boundary i (between layer i-1 and i) from worker w-1 to w
     link_sb = np.zeros(W + 1)
     link_lat = np.zeros(W + 1)
     for w in range(1, W):
         lv = cm.cluster.link(w - 1, w)
-        link_sb[w] = 1.0 / (cm.compression_ratio * lv.bandwidth)
-        link_lat[w] = lv.latency
+        link_sb[w] = 1.0 / (cm.compression_ratio * lv.bandwidth) / copies
+        link_lat[w] = lv.latency / copies
     cut_bytes = np.concatenate([[0.0], cm.cuts, [0.0]])  # index i: activation entering layer i
     # memory of [i, j) with k in flight = g_k[j] - h_k[i]; feasible j form a prefix for each i
     inp = np.concatenate([[float(cm.profile.input_bytes)], cm.cuts, [0.0]])
@@ -73,6 +94,34 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
     step = max(32, (n + 1) // 8)
     chunks = [(a, min(a + step, n + 1)) for a in range(1, n + 1, step)]
     buf = np.empty((n + 1, n + 1))
+    # Pruning (exact): the one-stage plan bounds the optimum by U; a state (i, w) can lead to a
+    # plan within U only if layers [0, i) fit on w workers and [i, n) on the rest at the fastest
+    # speed with perfect balance (max_s C_s / r_s >= sum C_s / sum r_s), which bands i per w.
+    U = math.inf
+    if not straight or W == 1:
+        allw = phys(0, W)
+        mem1 = (2 + cm.state_factor) * (cm.pp[n] - cm.pp[0]) + cm.pa[n] - cm.pa[0] + inp[0]
+        lim1 = memory_limit if memory_limit is not None else min(mems)
+        if mem1 <= lim1:
+            U = cm.replica_time_s(0, n, allw) / (W * copies) * (1 + 1e-9)
+    if block is None and 1 < W <= n:
+        # the best straight pipeline (Lv et al.'s exact prefix-sum search, same cost terms) is
+        # also a plan of this DP's space; usually a much tighter bound when pipelining wins
+        from pipelab.partition.prefix_sum import solve as straight_solve
+
+        try:
+            U = min(U, straight_solve(cm, memory_limit=memory_limit, buffers=None)[0] * (1 + 1e-9))
+        except ValueError:
+            pass
+    pc = cm.pf + cm.pb
+    smax = max(speeds)
+    ilo = np.zeros(W + 1, dtype=np.int64)
+    ihi = np.full(W + 1, n, dtype=np.int64)
+    if math.isfinite(U):
+        for w in range(W + 1):
+            cap_rest = U * (W - w) * copies * smax
+            ilo[w] = int(np.flatnonzero(pc[n] - pc <= cap_rest * (1 + 1e-12))[0])
+            ihi[w] = int(np.flatnonzero(pc <= U * w * copies * smax * (1 + 1e-12))[-1])
     for w in range(W):
         col = A[:, w]
         if w > 0:
@@ -87,7 +136,7 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
         for m in range(1, W - w + 1):
             if straight and m > 1:
                 break
-            key = (min(speeds[w:w + m]), *cm.allreduce_coeffs(range(w, w + m)))
+            key = (min(speeds[w:w + m]), *cm.allreduce_coeffs(phys(w, m)))
             TT = cache.get(key)
             if TT is None:
                 if len(cache) >= cap:
@@ -106,23 +155,30 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
                 else:
                     penalties[pkey] = np.where(idx[:, None] > jmax[None, :], np.inf, 0.0)  # [j, i]
             pen = penalties[pkey]
-            bm = base * m
+            bm = base * (m * copies)
+            c0, c1 = max(lo, int(ilo[w])), int(ihi[w]) + 1        # columns i in [c0, c1)
+            r0, r1 = max(int(ilo[w + m]), c0 + 1), int(ihi[w + m]) + 1  # rows j in [r0, r1)
+            if c0 >= c1 or r0 >= r1:
+                continue
             for a, b in chunks:
-                if b <= lo + 1:
+                a2, b2 = max(a, r0), min(b, r1)
+                if a2 >= b2:
                     continue
-                a2 = max(a, lo + 1)
-                blk = buf[a2:b, lo:b - 1]
-                np.maximum(TT[a2:b, lo:b - 1], bm[None, lo:b - 1], out=blk)
+                e = min(b2 - 1, c1)
+                if e <= c0:
+                    continue
+                blk = buf[a2:b2, c0:e]
+                np.maximum(TT[a2:b2, c0:e], bm[None, c0:e], out=blk)
                 if pen is not None:
-                    blk += pen[a2:b, lo:b - 1]
+                    blk += pen[a2:b2, c0:e]
                 arg = blk.argmin(axis=1)
-                best = blk[np.arange(b - a2), arg] / m
-                tgt = A[a2:b, w + m]
+                best = blk[np.arange(b2 - a2), arg] / (m * copies)
+                tgt = A[a2:b2, w + m]
                 better = best < tgt
                 if better.any():
                     js = np.flatnonzero(better)
                     A[a2 + js, w + m] = best[js]
-                    par_i[a2 + js, w + m] = lo + arg[js]
+                    par_i[a2 + js, w + m] = c0 + arg[js]
                     par_w[a2 + js, w + m] = w
     total = float(A[n, W])
     if not math.isfinite(total):
@@ -146,19 +202,51 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
 
 
 def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: float | None = None,
-                        workers: Sequence[int] | None = None) -> Plan:
+                        workers: Sequence[int] | None = None, hierarchical: bool = True) -> Plan:
     """PipeDream's plan: the DP's stages and replica counts, with every prediction filled in.
 
-    ``workers`` restricts the plan to a regular subset of the cluster (whole servers, or GPUs of
-    one server); ``straight=True`` forbids replication (one worker per stage).
+    Searches plans on contiguous ranks and, with ``hierarchical`` (default), also pipelines laid
+    over one block of each inner level (one server, ...) and replicated in every block, as
+    PipeDream's level-by-level solution does; returns the fastest. ``workers`` restricts the plan
+    to a regular subset of the cluster (whole servers, or GPUs of one server); ``straight=True``
+    forbids replication (one worker per stage).
     """
     from dataclasses import replace
 
-    sub = cm.cluster.subset(workers) if workers is not None else cm.cluster
-    cm2 = replace(cm, cluster=sub) if workers is not None else cm
-    total, bounds, reps = solve(cm2, straight=straight, memory_limit=memory_limit)
-    plan = build_plan(cm2, bounds, reps, method="pipedream", schedule="async",
-                      notes={"dp_objective_s": total, "straight": straight})
+    cm2 = replace(cm, cluster=cm.cluster.subset(workers)) if workers is not None else cm
+    cl = cm2.cluster
+    Wall = cl.num_workers
+    blocks: list[int | None] = [None]
+    if hierarchical and not straight:
+        blocks += sorted({cl.block_size(k) for k in range(len(cl.levels) - 1)} - {1, Wall})
+    best: tuple[float, int | None, list[int], list[int]] | None = None
+    errors = []
+    for block in blocks:
+        try:
+            total, bounds, reps = solve(cm2, straight=straight, memory_limit=memory_limit, block=block)
+        except ValueError as exc:
+            errors.append(exc)
+            continue
+        if best is None or total < best[0] * (1 - 1e-12):
+            best = (total, block, bounds, reps)
+    if best is None:
+        raise errors[0]
+    total, block, bounds, reps = best
+    notes: dict[str, object] = {"dp_objective_s": total, "straight": straight}
+    if block is None:
+        plan = build_plan(cm2, bounds, reps, method="pipedream", schedule="async", notes=notes)
+    else:
+        copies = Wall // block
+        ranks_of, links, w = [], [], 0
+        for m in reps:
+            ranks_of += block_workers(cm2, block, w, m)
+            w += m
+            links.append((w - 1, w))
+        notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
+        plan = build_plan(cm2, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
+                          ranks_of=ranks_of, cut_links=links[:-1], cut_share=copies, notes=notes)
     if workers is not None:
-        plan = plan.with_predictions(notes={**plan.notes, "workers": sorted(set(workers))})
+        ws = sorted(set(workers))
+        mapped = [ws[r] for r in plan.notes.get("workers", range(Wall))]
+        plan = plan.with_predictions(notes={**plan.notes, "workers": mapped})
     return plan

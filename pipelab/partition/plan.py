@@ -231,7 +231,10 @@ class Plan:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         """Read a plan written by :meth:`save`."""
-        return cls.from_dict(read_record(path, "plan", SCHEMA_VERSION))
+        d = read_record(path, "plan", SCHEMA_VERSION)
+        d.pop("pipelab", None)   # the envelope written by write_record is not a Plan field
+        d.pop("schema", None)
+        return cls.from_dict(d)
 
     def describe(self) -> str:
         """A few lines for humans: config, stages with layer ranges and ranks, predictions."""

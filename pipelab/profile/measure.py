@@ -18,6 +18,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -167,9 +168,19 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
         raise ValueError(f"the sample input ({_describe(args)}) does not fit {name}: {type(exc).__name__}: "
                          f"{exc}. Pass one minibatch shaped as the model's forward() expects (a tensor, or a "
                          "tuple of its positional inputs, batch dimension first)") from None
+    grad_was = torch.is_grad_enabled()
     try:
-        layers, value_bytes, edges = _measure(gm, args, dev, warmup, repeats, loss_fn, progress, name)
+        torch.set_grad_enabled(True)  # backward timing needs autograd even if called under no_grad()
+        layers, value_bytes, edges = _measure(gm, args, dev, warmup, repeats, progress, name)
+        timer = _Timer(dev)
+        fwd, output = _forward_in_context(gm, args, timer, warmup, repeats)
+        layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
+        if loss_fn is not None:
+            f_s, b_s = _time_loss(loss_fn, output, timer, warmup, repeats)
+            last = layers[-1]
+            layers[-1] = replace(last, fwd_s=last.fwd_s + f_s, bwd_s=last.bwd_s + b_s)
     finally:
+        torch.set_grad_enabled(grad_was)
         with torch.no_grad():
             state = gm.state_dict(keep_vars=True)
             for k, v in buffers.items():
@@ -186,8 +197,7 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
 
 
 def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmup: int, repeats: int,
-             loss_fn: Callable[[Any], torch.Tensor] | None, progress: bool,
-             name: str) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
+             progress: bool, name: str) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
     from tqdm.auto import tqdm
 
     nodes = layer_nodes(gm)
@@ -241,13 +251,6 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                 value_bytes[node.name] = out_bytes
                 edges.extend((pos[a.name], pos[node.name]) for a in node.all_input_nodes if a.name in pos)
                 bar.update(1)
-            elif node.op == "output" and loss_fn is not None and layers:
-                out = fx.node.map_arg(node.args[0], lambda a: env[a.name])
-                f_s, b_s = _time_loss(loss_fn, out, timer, warmup, repeats)
-                last = layers[-1]
-                layers[-1] = Layer(name=last.name, kind=last.kind, fwd_s=last.fwd_s + f_s, bwd_s=last.bwd_s + b_s,
-                                   out_bytes=last.out_bytes, param_bytes=last.param_bytes, flops=last.flops,
-                                   saved_bytes=last.saved_bytes)
             # free values nobody needs any more (as fx.Interpreter does), keeping memory at one pass
             for inp in node.all_input_nodes:
                 if last_use.get(inp.name) == idx and node.op != "output":
@@ -255,6 +258,56 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
     finally:
         bar.close()
     return layers, value_bytes, edges
+
+
+def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer, warmup: int,
+                        repeats: int) -> tuple[list[float], Any]:
+    """Median forward seconds of every layer, timed inside whole forward passes (grad enabled).
+
+    Timing each layer where it really runs (its inputs just produced by the layer before, the
+    autograd graph growing as in training) makes the layer times add up to the model's forward
+    time; timing a layer alone on a warm copy of its input can miss allocator and cache effects.
+    Also returns the model output of the last pass (detached), for timing a loss.
+    """
+    nodes = list(gm.graph.nodes)
+    runners = {n.name: _LayerRunner(gm, n) for n in nodes if n.op in LAYER_OPS}
+    last_use: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for inp in n.all_input_nodes:
+            last_use[inp.name] = i
+    samples: list[list[float]] = [[] for _ in runners]
+    output: Any = None
+    env: dict[str, Any] = {}
+
+    def value(n: fx.Node) -> Any:
+        return env[n.name]
+
+    for r in range(warmup + repeats):
+        placeholders = iter(args)
+        times: list[float] = []
+        for idx, node in enumerate(nodes):
+            if node.op == "placeholder":
+                env[node.name] = next(placeholders, None)
+            elif node.op == "get_attr":
+                attr: Any = gm
+                for part in str(node.target).split("."):
+                    attr = getattr(attr, part)
+                env[node.name] = attr
+            elif node.op in LAYER_OPS:
+                a, k = fx.node.map_arg(node.args, value), fx.node.map_arg(node.kwargs, value)
+                t0 = timer.start()
+                env[node.name] = runners[node.name](a, k)
+                times.append(timer.stop(t0))
+            elif node.op == "output":
+                output = _detach(fx.node.map_arg(node.args[0], value))
+            for inp in node.all_input_nodes:
+                if last_use.get(inp.name) == idx:
+                    env.pop(inp.name, None)
+        env.clear()  # frees this pass's activations and autograd graph, outside any timer
+        if r >= warmup:
+            for i, t in enumerate(times):
+                samples[i].append(t)
+    return [statistics.median(s) for s in samples], output
 
 
 def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool]

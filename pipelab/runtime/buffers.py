@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from pipelab.runtime.pipemare import PipeMareConfig, PipeMareState, schedule_delays
+from pipelab.runtime.pipemare import PipeMareConfig, PipeMareState, steady_state_delays
 from pipelab.runtime.weights import WeightPolicy, register
 
 
@@ -110,11 +110,12 @@ class VersionStore(WeightPolicy):
             if e != self.epoch:
                 raise RuntimeError(f"stage {self.stage}: weights of epoch {e} (version {self.epoch_version.get(e)}) "
                                    f"are no longer held (held: {sorted(self.stash)}, current {self.epoch})")
-            self.stash[e] = {n: _alias(p.detach()) for n, p in self.params.items()}
+            self.stash[e] = {n: _alias(p) for n, p in self.params.items()}
         return self.stash[e]
 
     def about_to_update(self) -> None:
         """Before an in-place change of the master: give it fresh storage if a stash aliases it."""
+        self._release()
         if self._aliases_master(self.epoch):
             with torch.no_grad():
                 for p in self.params.values():
@@ -217,18 +218,29 @@ class DelayedVersions(VersionStore):
         self.next_minibatch = max(self.next_minibatch, k)
         return v
 
+    def _next_forward_minibatch(self) -> int:
+        # a lower bound on the minibatch of this stage's next F: F's come in minibatch order, and the
+        # update closing minibatch k follows all of k's backward (so all of k's forwards) on this stage
+        return max(self.next_minibatch, self.latest + (1 if self._updating else 0))
+
+    _updating = False
+
     def _needed_epochs(self) -> set[int]:
-        lo = delayed_version(self.next_minibatch, self.delay)
+        lo = delayed_version(self._next_forward_minibatch(), self.delay)
         keep = super()._needed_epochs()
         keep |= {e for e, v in self.epoch_version.items() if v >= lo}
         return keep
 
     def about_to_update(self) -> None:
-        """Keep the newest version if a future forward will read it (alias now, copy-on-write)."""
-        lo = delayed_version(self.next_minibatch, self.delay)
-        if self.latest >= lo:
-            self._tensors(self.epoch)
-        super().about_to_update()
+        """Drop versions no forward will read again, keep the newest if one will (alias, copy-on-write)."""
+        self._updating = True
+        try:
+            self._release()
+            if self.latest >= delayed_version(self._next_forward_minibatch(), self.delay):
+                self._tensors(self.epoch)
+            super().about_to_update()
+        finally:
+            self._updating = False
 
 
 class PipeMarePolicy(WeightPolicy):
@@ -319,19 +331,20 @@ class LocalWSP:
         self.clock += 1
         return int(self.server.push(self.vw, update))
 
+    #: the reference executor completes the pull later, when the staleness bound allows it
+    deferred = True
+
     def pull(self) -> tuple[dict[str, torch.Tensor], int]:
-        """Pull (raises if it would block: the reference executor checks :meth:`would_wait` first)."""
+        """Pull (raises if it would block: the reference executor checks :meth:`pull_would_wait` first)."""
         got = self.server.try_pull(self.vw)
         if got is None:
             raise RuntimeError(f"virtual worker {self.vw} would wait for the global clock; the reference "
-                               "executor must check would_wait() before running this update")
+                               "executor must check pull_would_wait() before completing the pull")
         return got  # type: ignore[no-any-return]
 
-    def would_wait(self) -> bool:
-        """Whether pushing one more wave now would make the following pull wait."""
-        clocks = list(self.server.clocks)
-        clocks[self.vw] += 1
-        return clocks[self.vw] - min(clocks) > self.server.staleness
+    def pull_would_wait(self) -> bool:
+        """Whether a pull now would have to wait (local clock - global clock > D)."""
+        return not self.server.may_start(self.vw)
 
 
 class HetPipePolicy(VersionStore):
@@ -361,29 +374,45 @@ class HetPipePolicy(VersionStore):
     def _needed_epochs(self) -> set[int]:
         return super()._needed_epochs() | {self.epoch}
 
-    def ends_wave(self) -> bool:
-        """Whether the next update closes a wave (and so pushes and pulls)."""
-        return (self.latest + 1) % self.wave == 0
+    pull_pending = False
 
     def updated(self) -> None:
-        """New local version; at a wave's end push the wave's update and pull the global weights."""
+        """New local version; at a wave's end push the wave's update, then pull the global weights.
+
+        A blocking endpoint (a worker process) pulls at once; a deferred one (the reference
+        executor) leaves the pull pending until :meth:`pull_blocked` is false, and the executor runs
+        no other action of this worker meanwhile - so both see the same weights.
+        """
         super().updated()
         if self.latest % self.wave or self.endpoint is None:
             return
         with torch.no_grad():
-            update = {n: p.detach() - self.anchor[n] for n, p in self.params.items()}
-            self.endpoint.push(update)
-            pulled, g = self.endpoint.pull()
+            self.endpoint.push({n: p.detach() - self.anchor[n] for n, p in self.params.items()})
+        self.pull_pending = True
+        if not getattr(self.endpoint, "deferred", False):
+            self.complete_pull()
+
+    def pull_blocked(self) -> bool:
+        """Whether a pending pull must still wait for the staleness bound."""
+        return self.pull_pending and bool(self.endpoint.pull_would_wait())  # type: ignore[union-attr]
+
+    def complete_pull(self) -> None:
+        """Pull the global weights into the master weights (a new epoch of the same version)."""
+        assert self.endpoint is not None
+        pulled, g = self.endpoint.pull()
+        with torch.no_grad():
             self.about_to_update()
             for n, p in self.params.items():
                 p.copy_(pulled[n])
                 self.anchor[n] = pulled[n].clone()
         self.pulls.append((self.latest // self.wave, g))
+        self.pull_pending = False
         self._new_epoch(self.latest)
 
     def weight_bytes(self) -> int:
         """Stashed versions and master, plus the anchor (the weights of the last pull)."""
-        return super().weight_bytes() + sum(t.numel() * t.element_size() for t in self.anchor.values())
+        anchor = getattr(self, "anchor", {})
+        return super().weight_bytes() + sum(t.numel() * t.element_size() for t in anchor.values())
 
 
 # ---------------------------------------------------------------------- registration
@@ -404,7 +433,9 @@ def _pipemare_factory(opts: dict[str, Any]) -> Callable[..., WeightPolicy]:
                          decay=float(opts.get("decay", 0.5)),
                          decay_from_delay=bool(opts.get("decay_from_delay", False)))
     sched = opts.get("schedule")
-    taus: Mapping[int, tuple[int, int]] = opts.get("taus") or (schedule_delays(sched) if sched is not None else {})
+    # delays in optimizer steps, per stage, of this topology's steady state (a short run has none)
+    taus: Mapping[int, tuple[int, int]] = opts.get("taus") or (
+        steady_state_delays([len(r) for r in sched.stage_ranks]) if sched is not None else {})
 
     def build(params: dict[str, nn.Parameter], stage: int, upcoming: Sequence[int] = ()) -> WeightPolicy:
         tf, tb = taus.get(stage, (0, 0))
@@ -415,6 +446,12 @@ def _pipemare_factory(opts: dict[str, Any]) -> Callable[..., WeightPolicy]:
 def _hetpipe_factory(opts: dict[str, Any]) -> Callable[..., WeightPolicy]:
     sched = opts.get("schedule")
     wave = int(opts.get("wave") or (sched.options.get("wave", 1) if sched is not None else 1))
+    if sched is not None:
+        V = len(sched.stage_ranks[0])
+        if sched.minibatches % (V * wave):
+            raise ValueError(f"hetpipe with {V} virtual workers and waves of {wave} minibatches needs steps a "
+                             f"multiple of {V * wave} (every virtual worker ends on a full wave); got "
+                             f"{sched.minibatches}")
     return lambda params, stage, upcoming=(): HetPipePolicy(params, stage, upcoming, wave=wave)
 
 

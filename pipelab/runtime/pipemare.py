@@ -195,3 +195,22 @@ class PipeMareState:
         self.tau_fwd = int(sd["tau_fwd"])  # type: ignore[call-overload]
         self.tau_bwd = int(sd["tau_bwd"])  # type: ignore[call-overload]
         self.gamma = float(sd["gamma"])  # type: ignore[arg-type]
+
+
+def steady_state_delays(stage_replicas: Sequence[int], method: str = "pipemare") -> dict[int, tuple[int, int]]:
+    """Per stage ``(tau_fwd, tau_bwd)`` of ``method``'s schedule in steady state.
+
+    A short run's schedule never reaches steady state (one minibatch has no delay at all), so the
+    delays are measured on the same topology (``stage_replicas``, one layer per stage) over enough
+    minibatches: ``2 * workers + 2`` rounds of the replicas' least common multiple.
+    """
+    import math
+
+    from pipelab import schedules
+    from pipelab.partition.plan import Plan
+
+    reps = [int(r) for r in stage_replicas]
+    P = len(reps)
+    plan = Plan.from_boundaries(P, list(range(1, P)), replicas=reps)
+    K = math.lcm(*reps) * (2 * sum(reps) + 2)
+    return schedule_delays(schedules.build(method, plan, minibatches=K))

@@ -290,3 +290,28 @@ class WSPClient:
             self.conn.send(("stop",))
         except (BrokenPipeError, OSError):
             pass
+
+
+def events_from_trace(trace: Any) -> list[WSPEvent]:
+    """The ``push``/``pull`` events of a HetPipe run's trace as :class:`WSPEvent` (VW = replica index)."""
+    ranks = trace.meta.get("stage_ranks")
+    if not ranks:
+        raise ValueError("the trace has no meta['stage_ranks']; pass a trace from pl.train(method='hetpipe')")
+    out = []
+    for e in trace.events:
+        if e.kind in ("push", "pull"):
+            out.append(WSPEvent(e.start_s, e.kind, e.stage, list(ranks[e.stage]).index(e.worker), e.microbatch,
+                                e.weight_version))
+    return sorted(out, key=lambda e: e.t)
+
+
+def check_trace(trace: Any, staleness: int) -> int:
+    """Assert from a run's trace that no virtual worker ever ran more than ``staleness`` clocks ahead.
+
+    Replays the pushes and pulls (see :func:`check_staleness`) and returns the largest gap seen.
+    """
+    evs = events_from_trace(trace)
+    if not evs:
+        raise ValueError("the trace has no push/pull events; is it a hetpipe run with at least one full wave?")
+    V = len(trace.meta["stage_ranks"][0])
+    return check_staleness(evs, V, staleness)

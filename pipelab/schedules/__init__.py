@@ -24,7 +24,8 @@ import math
 from typing import Any
 
 from pipelab.partition.plan import Plan
-from pipelab.schedules import async_, hetpipe as _hetpipe, sync
+from pipelab.schedules import async_, sync
+from pipelab.schedules import hetpipe as _hetpipe
 from pipelab.schedules._common import ScheduleError, in_flight, resolve_plan
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.validate import validate
@@ -55,7 +56,7 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
 
     ``microbatches`` M per minibatch (default: 1 for pipedream-like methods, the stage count for
     pipelined ones, the worker count for ``dp``); ``minibatches`` K (default 1 for sync methods, three
-    times the input stage's in-flight count for async ones). Options: ``chunks`` (interleaved-1f1b,
+    times the input stage's in-flight minibatches for async ones, at least three replica rounds more than twice that, a multiple of the replica counts). Options: ``chunks`` (interleaved-1f1b,
     required; with an int P the plan gets ``chunks * P`` virtual stages), ``vertical_sync`` (pipedream),
     ``versions`` (buffered, K >= 2), ``D`` (hetpipe staleness bound).
     """
@@ -94,7 +95,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     # needs the same number of microbatches: K a multiple of every replica count
     step = math.lcm(*p.replicas) if method in _PER_MINIBATCH and method != "hetpipe" else 1
     if K is None:
-        K = 1 if sync_method else 3 * max(1, -(-in_flight(p.replicas, 0) // M))
+        g = max(1, -(-in_flight(p.replicas, 0) // M))
+        K = 1 if sync_method else max(3 * g, 2 * g + 3 * step)
         K = -(-K // step) * step
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise ScheduleError(f"minibatches={K!r} must be an int >= 1")

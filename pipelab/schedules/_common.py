@@ -127,7 +127,6 @@ def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks:
 
     ``U`` always produces the number of ``U``'s of that stage so far on the worker.
     """
-    out: list[tuple[int, ...]] = []
     input_version: dict[int, int] = {}
     # workers of the input stage first: vertical sync needs the input stage's versions
     order = sorted(range(len(actions)), key=lambda w: 0 if w in stage_ranks[0] else 1)

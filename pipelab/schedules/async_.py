@@ -47,7 +47,7 @@ def _orders(plan: Plan, total: int) -> tuple[list[list[Action]], list[dict[int, 
     for st in plan.stages:
         for j, w in enumerate(st.ranks):
             mbs = [m for m in range(total) if m % st.replicas == j]
-            warm = sum(1 for m in mbs if m < in_flight(reps, st.index))
+            warm = -(-in_flight(reps, st.index) // st.replicas)   # NOAM per replica
             lists[w] = one_f_one_b(mbs, warm, st.index)
             local[w] = {st.index: mbs}
     return lists, local

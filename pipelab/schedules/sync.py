@@ -60,8 +60,7 @@ def one_f_one_b_flush(plan: Plan, M: int, K: int) -> Schedule:
     def order(local: list[int], s: int, w: int) -> list[Action]:
         if not local:
             return []
-        k0 = local[0] // M * M
-        warm = sum(1 for m in local if m - k0 < in_flight(reps, s))
+        warm = -(-in_flight(reps, s) // reps[s])   # per replica: ceil(workers downstream / replicas)
         return one_f_one_b(local, warm, s)
     return _per_minibatch(plan, "1f1b-flush", M, K, order, {})
 
@@ -146,8 +145,7 @@ def zb_h1(plan: Plan, M: int, K: int) -> Schedule:
     def order(local: list[int], s: int, w: int) -> list[Action]:
         if not local:
             return []
-        k0 = local[0] // M * M
-        warm = sum(1 for m in local if m - k0 < in_flight(reps, s))
+        warm = -(-in_flight(reps, s) // reps[s])   # per replica: ceil(workers downstream / replicas)
         out: list[Action] = []
         pending: list[int] = []
         for a in one_f_one_b(local, warm, s):

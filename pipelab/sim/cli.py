@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 _PARTITIONER = {"dp": "dp", "gpipe": "gpipe", "hetpipe": "hetpipe", "buffered": "prefix-sum"}
 
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pipelab.partition import partition
 
             plan = partition(prof, cluster, method=args.partition or _PARTITIONER.get(args.method, "pipedream"))
-        opts: dict[str, object] = {}
+        opts: dict[str, Any] = {}
         if args.chunks is not None:
             opts["chunks"] = args.chunks
         if args.versions is not None:

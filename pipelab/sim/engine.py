@@ -4,9 +4,10 @@ Semantics (the same the runtime has): each worker runs its list in order; an act
 the worker is free and its inputs are there (``F`` of stage ``s`` needs the activation of ``F`` of
 stage ``s-1`` for that microbatch; ``B`` needs its own ``F`` and the gradient of ``B`` of stage
 ``s+1``; ``W`` needs its ``B``). Sends are asynchronous: when an ``F``/``B`` ends, its output is
-queued on the directed link to the consumer's worker; transfers on one link run one at a time in
-issue order (a link's transfers are issued in its sender's program order, so program order is time
-order and no global event queue is needed: every action's times follow from its dependencies').
+sent to the consumer's worker over the *channels* the costs name (by default the directed link;
+:class:`pipelab.sim.simulate.ProfileCosts` adds each side's network port per level, which models
+NIC contention); transfers sharing a channel run one at a time in the order they are issued.
+Completions are processed in time order (a heap), so channels are claimed in time order.
 
 A ``U`` of a replicated stage (``schedule.options["allreduce"]``) waits for the matching ``U`` of
 every replica (their ``k``-th ``U``'s pair up). The gradient all-reduce overlaps the backward:
@@ -19,6 +20,8 @@ it waits for.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from pipelab.schedules.actions import Action, Schedule
@@ -35,6 +38,15 @@ class Costs:
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         """(seconds, bytes) to ship the output of ``action`` (F: activation, B: gradient) from ``src`` to ``dst``."""
         raise NotImplementedError
+
+    def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
+        """Resources a transfer ``src -> dst`` occupies for its whole duration (default: the directed
+        link alone). Transfers sharing a channel run one at a time, in the order they are issued."""
+        return ((src, dst),)
+
+    def channel_slots(self, channel: Hashable) -> int:
+        """How many transfers ``channel`` carries at once (e.g. a server's several uplinks)."""
+        return 1
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """(tail, comm seconds, bytes) of stage ``stage``'s gradient all-reduce over ``workers``.
@@ -96,107 +108,146 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
     free = [0.0] * nw
     avail: dict[tuple[str, int, int], float] = {}     # data/done keys -> time
     waiting: dict[tuple[str, int, int], list[int]] = {}
-    link_free: dict[tuple[int, int], float] = {}
+    chan_free: dict[Hashable, list[float]] = {}        # channel -> free time of each of its slots
     u_count: dict[tuple[int, int], int] = {}           # (worker, stage) -> U's done
     last_grad: dict[tuple[int, int], tuple[float, float]] = {}  # (worker, stage) -> (start, dur) of last B/W
     groups: dict[tuple[int, int], list[tuple[int, float, float, float]]] = {}
     ar_free = [0.0] * S
     events: list[Event] = []
     versions = schedule.versions
-    stack = list(range(nw - 1, -1, -1))
+    # completion events in time order, so that transfers claim channels in the order they are issued
+    heap: list[tuple[float, int, int]] = []           # (end time, seq, worker)
+    seq = 0
 
     def publish(key: tuple[str, int, int], t: float) -> None:
         avail[key] = t
         if key in waiting:
-            stack.extend(waiting.pop(key))
+            for w2 in waiting.pop(key):
+                start(w2)
 
-    while stack:
-        w = stack.pop()
+    def ship(a: Action, src: int, dst: int, end: float) -> float:
+        secs, nbytes = costs.send(src, dst, a)
+        if secs == 0.0 and nbytes == 0:
+            return end
+        slots = []
+        t0 = end
+        for ch in costs.channels(src, dst):
+            fr = chan_free.get(ch)
+            if fr is None:
+                fr = chan_free[ch] = [0.0] * costs.channel_slots(ch)
+            j = 0 if len(fr) == 1 else min(range(len(fr)), key=fr.__getitem__)
+            slots.append((fr, j))
+            if fr[j] > t0:
+                t0 = fr[j]
+        arrive = t0 + secs
+        for fr, j in slots:
+            fr[j] = arrive
+        events.append(Event(src, a.stage, "send", a.microbatch, t0, arrive, nbytes, -1, -1, dst))
+        return arrive
+
+    def start(w: int) -> None:
+        """Start worker ``w``'s next action if its inputs are known; else wait for the missing one."""
+        nonlocal seq
         lst = acts[w]
-        while ptr[w] < len(lst):
-            i = ptr[w]
-            a = lst[i]
-            s, kind, m = a.stage, a.kind, a.microbatch
-            ready = free[w]
-            need: tuple[str, int, int] | None = None
-            if kind == "F":
-                if s > 0:
-                    t = avail.get(("a", s - 1, m))
-                    if t is None:
-                        need = ("a", s - 1, m)
-                    elif t > ready:
-                        ready = t
-            elif kind == "B":
-                t = avail.get(("f", s, m))
+        i = ptr[w]
+        if i >= len(lst):
+            return
+        a = lst[i]
+        s, kind, m = a.stage, a.kind, a.microbatch
+        ready = free[w]
+        need: tuple[str, int, int] | None = None
+        if kind == "F":
+            if s > 0:
+                t = avail.get(("a", s - 1, m))
                 if t is None:
-                    need = ("f", s, m)
-                else:
-                    if t > ready:
-                        ready = t
-                    if s < S - 1:
-                        t = avail.get(("g", s + 1, m))
-                        if t is None:
-                            need = ("g", s + 1, m)
-                        elif t > ready:
-                            ready = t
-            elif kind == "W":
-                t = avail.get(("b", s, m))
-                if t is None:
-                    need = ("b", s, m)
+                    need = ("a", s - 1, m)
                 elif t > ready:
                     ready = t
-            elif allreduce and rep[s] > 1:
-                k = u_count.get((w, s), 0)
-                key = ("r", s, k)
-                t = avail.get(key)
-                if t is None:
-                    grp = groups.setdefault((s, k), [])
-                    if all(g[0] != w for g in grp):
-                        gs, gd = last_grad.get((w, s), (ready, 0.0))
-                        grp.append((w, ready, gs, gd))
-                    if len(grp) < rep[s]:
-                        need = key
-                    else:
-                        tails = [costs.allreduce(s, ranks[s], gd) for _, _, _, gd in grp]
-                        done = max(max(g[1] for g in grp),
-                                   max(g[2] + tl[0] for g, tl in zip(grp, tails)), ar_free[s])
-                        comm, nbytes = tails[0][1], tails[0][2]
-                        ar_free[s] = done
-                        for g in grp:
-                            events.append(Event(worker=g[0], stage=s, kind="allreduce", microbatch=m,
-                                                start_s=done - comm, end_s=done, bytes=nbytes))
-                        del groups[(s, k)]
-                        publish(key, done)
-                        t = done
-                if t is not None and t > ready:
-                    ready = t
-            if need is not None:
-                waiting.setdefault(need, []).append(w)
-                break
-            dur = costs.compute(w, a, s in split)
-            end = ready + dur
-            events.append(Event(w, s, kind, m, ready, end, 0, versions[w][i] if versions is not None else 0, i))
-            free[w] = end
-            ptr[w] = i + 1
-            if kind == "F":
-                publish(("f", s, m), end)
-                if s < S - 1:
-                    rs = ranks[s + 1]
-                    dst = rs[m % len(rs)]
-                    arrive = end if dst == w else _ship(costs, a, w, dst, end, link_free, events)
-                    publish(("a", s, m), arrive)
-            elif kind == "B":
-                publish(("b", s, m), end)
-                last_grad[(w, s)] = (ready, dur)
-                if s > 0:
-                    rs = ranks[s - 1]
-                    dst = rs[m % len(rs)]
-                    arrive = end if dst == w else _ship(costs, a, w, dst, end, link_free, events)
-                    publish(("g", s, m), arrive)
-            elif kind == "W":
-                last_grad[(w, s)] = (ready, dur)
+        elif kind == "B":
+            t = avail.get(("f", s, m))
+            if t is None:
+                need = ("f", s, m)
             else:
-                u_count[(w, s)] = u_count.get((w, s), 0) + 1
+                if t > ready:
+                    ready = t
+                if s < S - 1:
+                    t = avail.get(("g", s + 1, m))
+                    if t is None:
+                        need = ("g", s + 1, m)
+                    elif t > ready:
+                        ready = t
+        elif kind == "W":
+            t = avail.get(("b", s, m))
+            if t is None:
+                need = ("b", s, m)
+            elif t > ready:
+                ready = t
+        elif allreduce and rep[s] > 1:
+            k = u_count.get((w, s), 0)
+            key = ("r", s, k)
+            t = avail.get(key)
+            if t is None:
+                grp = groups.setdefault((s, k), [])
+                if all(g[0] != w for g in grp):
+                    gs, gd = last_grad.get((w, s), (ready, 0.0))
+                    grp.append((w, ready, gs, gd))
+                if len(grp) < rep[s]:
+                    need = key
+                else:
+                    tails = [costs.allreduce(s, ranks[s], gd) for _, _, _, gd in grp]
+                    done = max(max(g[1] for g in grp),
+                               max(g[2] + tl[0] for g, tl in zip(grp, tails)), ar_free[s])
+                    comm, nbytes = tails[0][1], tails[0][2]
+                    ar_free[s] = done
+                    for g in grp:
+                        events.append(Event(g[0], s, "allreduce", m, done - comm, done, nbytes))
+                    del groups[(s, k)]
+                    avail[key] = done
+                    for w2 in waiting.pop(key, []):
+                        if w2 != w:
+                            start(w2)
+                    t = done
+            if t is not None and t > ready:
+                ready = t
+        if need is not None:
+            waiting.setdefault(need, []).append(w)
+            return
+        dur = costs.compute(w, a, s in split)
+        end = ready + dur
+        events.append(Event(w, s, kind, m, ready, end, 0, versions[w][i] if versions is not None else 0, i))
+        free[w] = end
+        ptr[w] = i + 1
+        if kind in ("B", "W"):
+            last_grad[(w, s)] = (ready, dur)
+        elif kind == "U":
+            u_count[(w, s)] = u_count.get((w, s), 0) + 1
+        seq += 1
+        heapq.heappush(heap, (end, seq, w))
+
+    def complete(w: int) -> None:
+        """Worker ``w``'s last started action has ended: send its output, then start its next one."""
+        a = acts[w][ptr[w] - 1]
+        s, kind, m = a.stage, a.kind, a.microbatch
+        end = free[w]
+        if kind == "F":
+            if s < S - 1:
+                rs = ranks[s + 1]
+                dst = rs[m % len(rs)]
+                publish(("a", s, m), end if dst == w else ship(a, w, dst, end))
+            publish(("f", s, m), end)
+        elif kind == "B":
+            if s > 0:
+                rs = ranks[s - 1]
+                dst = rs[m % len(rs)]
+                publish(("g", s, m), end if dst == w else ship(a, w, dst, end))
+            publish(("b", s, m), end)
+        start(w)
+
+    for w in range(nw):
+        start(w)
+    while heap:
+        _, _, w = heapq.heappop(heap)
+        complete(w)
 
     stuck = [(w, ptr[w], acts[w][ptr[w]]) for w in range(nw) if ptr[w] < len(acts[w])]
     if stuck:
@@ -213,16 +264,3 @@ def _explain(key: tuple[str, int, int] | None) -> str:
     kind, s, m = key
     return {"a": f"the activation of {s}F{m}", "g": f"the gradient of {s}B{m}", "f": f"its own {s}F{m}",
             "b": f"its own {s}B{m}", "r": f"the all-reduce partners of stage {s}'s U number {m + 1}"}[kind]
-
-
-def _ship(costs: Costs, a: Action, src: int, dst: int, end: float,
-          link_free: dict[tuple[int, int], float], events: list[Event]) -> float:
-    """Queue ``a``'s output on link ``src -> dst`` (FIFO); return its arrival time."""
-    secs, nbytes = costs.send(src, dst, a)
-    if secs == 0.0 and nbytes == 0:
-        return end
-    start = max(end, link_free.get((src, dst), 0.0))
-    arrive = start + secs
-    link_free[(src, dst)] = arrive
-    events.append(Event(src, a.stage, "send", a.microbatch, start, arrive, nbytes, -1, -1, dst))
-    return arrive

@@ -9,8 +9,9 @@ The simulator executes the very :class:`~pipelab.schedules.Schedule` that the ru
   ``B`` (input gradient) and ``W`` (weight gradient), since profiles do not separate them;
 - ``U``: the optimizer step streams weights, gradients and optimizer state once through device
   memory: ``param_bytes * (3 + state) / memory_bandwidth`` (default 900 GB/s, a V100's HBM2);
-- transfers: ``CostModel.transfer_s`` of the cut's bytes per microbatch, one at a time per directed
-  link (no NIC sharing between links);
+- transfers: ``CostModel.transfer_s`` of the cut's bytes per microbatch; a transfer occupies the
+  sender's egress and the receiver's ingress port at the level it crosses (a GPU's port inside a
+  server, the server's NIC across servers, ``Level.uplinks`` links each), one transfer per link;
 - all-reduce of replicated stages: DDP-style overlap with the last backward (same formula as
   ``CostModel.replica_time_s``), one at a time per stage.
 
@@ -22,7 +23,8 @@ microbatch between its ``F`` and its last gradient action.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +64,11 @@ class SimResult:
         return self.trace.makespan
 
     @property
+    def memory(self) -> tuple[int, ...]:
+        """Peak bytes per worker (alias of ``peak_memory``; the timeline is ``memory_timeline``)."""
+        return self.peak_memory
+
+    @property
     def bubble_time(self) -> tuple[float, ...]:
         """Per worker: idle seconds inside the measured window."""
         span = self.window[1] - self.window[0]
@@ -89,6 +96,8 @@ class ProfileCosts(Costs):
         self.memory_bandwidth = memory_bandwidth
         self.phys = workers
         self._cache: dict[tuple[int, int], tuple[float, float]] = {}
+        self._sends: dict[tuple[int, int, int, str], tuple[float, int]] = {}
+        self._channels: dict[tuple[int, int], tuple[Hashable, ...]] = {}
 
     def _w(self, rank: int) -> int:
         return rank if self.phys is None else self.phys[rank]
@@ -113,10 +122,33 @@ class ProfileCosts(Costs):
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         """See :meth:`Costs.send`."""
-        a, e = self.ranges[action.stage]
-        boundary = e - 1 if action.kind == "F" else a - 1
-        nbytes = self.model.cut_bytes(boundary, self.M)
-        return self.model.transfer_s(nbytes, self._w(src), self._w(dst)), nbytes
+        key = (src, dst, action.stage, action.kind)
+        hit = self._sends.get(key)
+        if hit is None:
+            a, e = self.ranges[action.stage]
+            boundary = e - 1 if action.kind == "F" else a - 1
+            nbytes = self.model.cut_bytes(boundary, self.M)
+            hit = self._sends[key] = (self.model.transfer_s(nbytes, self._w(src), self._w(dst)), nbytes)
+        return hit
+
+    def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
+        """The sender's egress and the receiver's ingress port at the level the transfer crosses.
+
+        At level ``k`` the port belongs to the sender's (receiver's) level-``k-1`` block: a GPU inside
+        a server, the whole server across servers, so that two GPUs of one server sending to another
+        server share its NIC (``Level.uplinks`` of them). Full duplex: egress and ingress differ."""
+        hit = self._channels.get((src, dst))
+        if hit is None:
+            a, b = self._w(src), self._w(dst)
+            cl = self.model.cluster
+            k = cl.level_between(a, b)
+            inner = cl.block_size(k - 1)
+            hit = self._channels[(src, dst)] = (("out", k, a // inner), ("in", k, b // inner))
+        return hit
+
+    def channel_slots(self, channel: Hashable) -> int:
+        """A port has ``Level.uplinks`` independent links."""
+        return self.model.cluster.levels[channel[1]].uplinks if isinstance(channel, tuple) else 1  # type: ignore[index]
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """See :meth:`Costs.allreduce`: tail = max_l [B(l..end) + kappa * P(start..l)] + fixed."""
@@ -141,7 +173,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     ``minibatch_scale`` (``simulate`` passes ``M`` for ``dp``, whose every microbatch is a whole
     profile minibatch on one replica, as in PipeDream's data-parallel baseline); ``throughput`` is
     ``batch_size`` samples per ``time_per_minibatch``. Sync methods are measured over the whole run
-    (makespan / K); async methods between the completion of minibatch ``w - 1`` and ``K - 1 - w``,
+    (makespan / K); async methods between the ``w``-th and the ``(K - w)``-th minibatch completion,
     ``w`` = minibatches in flight at the input stage (warm-up and drain excluded).
 
     ``memory`` maps stage -> (static bytes: weights, gradient buffer and optimizer state; activation
@@ -165,10 +197,18 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
         for e in comp:
             k = e.microbatch if e.kind == "U" and M > 1 else e.microbatch // M
             done[k] = max(done[k], e.end_s)
+        # Replicas finish minibatches out of order, and a replicated stage's all-reduce releases its
+        # group of minibatches at once: measure between sorted completions whose counts are multiples
+        # of L = lcm(replica counts), skipping w minibatches of warm-up and of drain.
+        done.sort()
         w = max(1, -(-in_flight([len(r) for r in schedule.stage_ranks], 0) // M))
-        if K > 2 * w:
-            window = (done[w - 1], done[K - 1 - w])
-            tpm = (window[1] - window[0]) / (K - 2 * w)
+        L = math.lcm(*(len(r) for r in schedule.stage_ranks)) if M == 1 else 1
+        a, b = -(-w // L) * L, (K - w) // L * L
+        if b <= a:
+            a, b = w, K - w
+        if b > a:
+            window = (done[a - 1], done[b - 1])
+            tpm = (window[1] - window[0]) / (b - a)
     tpm /= minibatch_scale
     span = window[1] - window[0]
     busy = [0.0] * schedule.num_workers
@@ -185,7 +225,11 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
 
 def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[int, int, int]]
             ) -> dict[int, list[tuple[float, int]]]:
-    """Per worker, (time, bytes) after every change: static state, extra versions, live activations."""
+    """Per worker, (time, bytes) after every change: static state, extra versions, live activations.
+
+    Activations of a microbatch count from its ``F``'s start to the end of its last gradient action;
+    a weight version counts while it is the latest or a live microbatch of the stage read it.
+    """
     split = {e.stage for e in comp if e.kind == "W"}
     by_worker: dict[int, list[Event]] = {}
     for e in comp:
@@ -196,24 +240,30 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
         hosted = schedule.stages_of(w)
         # the static part counts weights, one gradient buffer and optimizer state (CostModel.memory_bytes)
         static = sum(memory[s][0] for s in hosted)
-        latest: dict[int, int] = {s: 0 for s in hosted}
-        live: dict[tuple[int, int], int] = {}   # (stage, microbatch) -> version
-        acts = 0
+        latest = {s: 0 for s in hosted}
+        readers: dict[int, Counter[int]] = {s: Counter() for s in hosted}   # version -> live microbatches
+        live: dict[tuple[int, int], int] = {}   # (stage, microbatch) -> version it read
+        extra_of = {s: 0 for s in hosted}
+        acts = extra = 0
         line = [(0.0, static)]
         for e in evs:
             s = e.stage
             if e.kind == "F":
                 live[(s, e.microbatch)] = e.weight_version
+                readers[s][e.weight_version] += 1
                 acts += memory[s][1]
             elif e.kind == "U":
                 latest[s] = e.weight_version
             elif e.kind == "W" or (e.kind == "B" and s not in split):
-                live.pop((s, e.microbatch), None)
+                v = live.pop((s, e.microbatch), None)
+                if v is not None:
+                    readers[s][v] -= 1
+                    if not readers[s][v]:
+                        del readers[s][v]
                 acts -= memory[s][1]
-            extra = 0
-            for st in hosted:
-                vs = {v for (s2, _), v in live.items() if s2 == st} | {latest[st]}
-                extra += (len(vs) - 1) * memory[st][2]
+            n_versions = len(readers[s]) + (latest[s] not in readers[s])
+            extra += (n_versions - 1) * memory[s][2] - extra_of[s]
+            extra_of[s] = (n_versions - 1) * memory[s][2]
             t = e.start_s if e.kind == "F" else e.end_s
             line.append((t, static + extra + acts))
         out[w] = line
@@ -249,7 +299,9 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     from pipelab.schedules._common import ScheduleError
     from pipelab.sim.costs import CostModel
 
-    if isinstance(plan, int) and not isinstance(plan, bool):
+    if not isinstance(plan, Plan):
+        if isinstance(plan, bool) or not isinstance(plan, int):
+            raise ScheduleError(f"plan must be a pipelab Plan or an int (stages); got {plan!r}")
         plan = Plan.even(len(profile), plan, batch_size=profile.batch_size)
     plan.validate(profile)
     if method == "interleaved-1f1b" and plan.num_stages == plan.num_workers and "chunks" in options:
