@@ -42,6 +42,9 @@ _EXPORTS: dict[str, str] = {
     "widgets": "pipelab.widgets",
 }
 
+# public names that are modules rather than objects inside a module
+_MODULES = frozenset({"models", "schedules", "views", "widgets"})
+
 __all__ = sorted(_EXPORTS)
 
 

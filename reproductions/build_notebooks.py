@@ -179,7 +179,8 @@ display(dp_terms)
     code('''
 row = rp.table1_row(model=model, cluster=cluster, servers=servers, gpus_per_server=gpus_per_server,
                     plan=plan, predicted_speedup=plan.speedup_over_dp, simulated_speedup=sim_speedup,
-                    profile_source=profile_source, dp_terms=dp_terms)
+                    profile_source=profile_source, dp_terms=dp_terms,
+                    sim_ms=(sim.time_per_minibatch, sim_dp.time_per_minibatch))
 pd.DataFrame([row]).T.rename(columns={0: ""})
 '''),
     md('''

@@ -20,11 +20,16 @@ def test_all_seventeen_upstream_files_load() -> None:
     if not SHARED_PROFILES.exists():
         pytest.skip("shared PipeDream profiles not present on this machine")
     assert len(ALL_FILES) == 17
+    # the upstream MANIFEST's implied batch (Input activation / one 3x224x224 float32 image)
+    implied = {row[0]: row[5] for row in (line.split("\t") for line in
+               (SHARED_PROFILES / "MANIFEST.tsv").read_text().splitlines()) if len(row) > 5}
     for f in ALL_FILES:
         prof = pl.Profile.from_pipedream(f)
         n_nodes = sum(1 for line in f.read_text().splitlines() if line.startswith("node"))
         assert len(prof) == n_nodes, f.name
         assert all(a < b for a, b in prof.edges)
+        if implied[f.name].isdigit():
+            assert prof.batch_size == int(implied[f.name]), f.name
 
 
 def test_vgg16_totals_equal_sums_of_the_file_fields() -> None:

@@ -204,3 +204,13 @@ def test_hetpipe_options() -> None:
     # worker 0 (VW 0, stage 0) holds the VW's 3 minibatches in flight
     assert sch.in_flight(0) == 3
     assert S.METHODS["hetpipe"][0] is False
+
+
+def test_extra_in_flight() -> None:
+    """extra_in_flight admits more minibatches than NOAM (and so stashes more versions); still valid."""
+    for e in (1, 3):
+        sch = build("pipedream", 4, minibatches=24, extra_in_flight=e)
+        validate(sch)
+        assert sch.in_flight(0) == 4 + e and sch.versions_held(3) == 1 + e
+    with pytest.raises(ScheduleError, match="extra_in_flight"):
+        build("pipedream", 4, extra_in_flight=-1)

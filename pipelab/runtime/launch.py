@@ -225,7 +225,14 @@ class Run:
 
         from pipelab.runtime.worker import process_main
 
-        ctx = mp.get_context("spawn")
+        # A fork server imports torch (and torch._dynamo, which the first optimizer pulls in: seconds)
+        # once per parent process; every later job forks its workers from it at once. Spawn where
+        # there is no fork server (not POSIX).
+        if "forkserver" in mp.get_all_start_methods():
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["pipelab.runtime.worker", "torch._dynamo"])
+        else:
+            ctx = mp.get_context("spawn")
         self._queue = ctx.Queue()
         try:
             for rank in range(self.job.world_size):

@@ -45,7 +45,8 @@ METHODS: dict[str, tuple[bool, str]] = {
     "hetpipe": (False, "HetPipe: PipeDream inside virtual workers, WSP across them; option D"),
 }
 
-_OPTIONS: dict[str, set[str]] = {"interleaved-1f1b": {"chunks"}, "pipedream": {"vertical_sync"},
+_OPTIONS: dict[str, set[str]] = {"interleaved-1f1b": {"chunks"}, "pipedream": {"vertical_sync", "extra_in_flight"},
+                                 "naive-async": {"extra_in_flight"}, "pipemare": {"extra_in_flight"},
                                  "buffered": {"versions"}, "hetpipe": {"D"}}
 _PER_MINIBATCH = ("pipedream", "naive-async", "pipemare", "hetpipe")
 
@@ -58,6 +59,7 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     pipelined ones, the worker count for ``dp``); ``minibatches`` K (default 1 for sync methods, three
     times the input stage's in-flight minibatches for async ones, at least three replica rounds more than twice that, a multiple of the replica counts). Options: ``chunks`` (interleaved-1f1b,
     required; with an int P the plan gets ``chunks * P`` virtual stages), ``vertical_sync`` (pipedream),
+    ``extra_in_flight`` (pipedream, naive-async, pipemare: rounds of minibatches admitted beyond NOAM),
     ``versions`` (buffered, K >= 2), ``D`` (hetpipe staleness bound).
     """
     if method not in METHODS:
@@ -95,7 +97,7 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     # needs the same number of microbatches: K a multiple of every replica count
     step = math.lcm(*p.replicas) if method in _PER_MINIBATCH and method != "hetpipe" else 1
     if K is None:
-        g = max(1, -(-in_flight(p.replicas, 0) // M))
+        g = max(1, -(-(in_flight(p.replicas, 0) + int(options.get("extra_in_flight", 0)) * step) // M))
         K = 1 if sync_method else max(3 * g, 2 * g + 3 * step)
         K = -(-K // step) * step
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
@@ -115,7 +117,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     if method == "zb-h1":
         return sync.zb_h1(p, M, K)
     if method in ("pipedream", "naive-async", "pipemare"):
-        return async_.per_minibatch_async(p, method, K, vertical_sync=bool(options.get("vertical_sync", False)))
+        return async_.per_minibatch_async(p, method, K, vertical_sync=bool(options.get("vertical_sync", False)),
+                                          extra_in_flight=int(options.get("extra_in_flight", 0)))
     if method == "2bw":
         return async_.coalesced(p, "2bw", M, K, delay=1)
     if method == "buffered":

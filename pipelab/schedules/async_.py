@@ -40,23 +40,33 @@ from pipelab.schedules._common import (
 from pipelab.schedules.actions import Action, Schedule
 
 
-def _orders(plan: Plan, total: int) -> tuple[list[list[Action]], list[dict[int, list[int]]]]:
+def _orders(plan: Plan, total: int, extra: int = 0) -> tuple[list[list[Action]], list[dict[int, list[int]]]]:
     reps = plan.replicas
+    L = math.lcm(*reps)   # extra admission in whole rounds keeps every stage's admitted set nested
     lists: list[list[Action]] = [[] for _ in range(plan.num_workers)]
     local: list[dict[int, list[int]]] = [{} for _ in range(plan.num_workers)]
     for st in plan.stages:
         for j, w in enumerate(st.ranks):
             mbs = [m for m in range(total) if m % st.replicas == j]
-            warm = -(-in_flight(reps, st.index) // st.replicas)   # NOAM per replica
+            warm = -(-in_flight(reps, st.index) // st.replicas) + extra * L // st.replicas   # NOAM per replica
             lists[w] = one_f_one_b(mbs, warm, st.index)
             local[w] = {st.index: mbs}
     return lists, local
 
 
 def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool = False,
-                        allreduce: bool = True, extra: dict[str, object] | None = None) -> Schedule:
-    """PipeDream-style 1F1B without flush, ``M = 1``, a ``U`` after every ``B``."""
-    lists, _ = _orders(plan, K)
+                        allreduce: bool = True, extra: dict[str, object] | None = None,
+                        extra_in_flight: int = 0) -> Schedule:
+    """PipeDream-style 1F1B without flush, ``M = 1``, a ``U`` after every ``B``.
+
+    ``extra_in_flight = e`` admits ``e * lcm(replicas)`` more minibatches at every stage than NOAM
+    (``e`` more per stage of a straight pipeline): PipeDream's NOAM keeps the pipeline full only
+    when transfers are short next to compute; with long transfers a minibatch's round trip outlasts
+    NOAM minibatches of work. The price is more stashed versions and activations.
+    """
+    if extra_in_flight < 0:
+        raise ScheduleError(f"extra_in_flight={extra_in_flight} must be >= 0")
+    lists, _ = _orders(plan, K, extra_in_flight)
     acts = [insert_updates(a) for a in lists]
     if method in ("naive-async", "pipemare"):
         rule = "latest"
@@ -70,7 +80,8 @@ def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool 
     ranks = tuple(s.ranks for s in plan.stages)
     versions = assign_versions(rule, acts, ranks, 1)
     options: dict[str, object] = {"allreduce": allreduce and any(r > 1 for r in plan.replicas), "weights": rule,
-                                  "vertical_sync": vertical_sync, "noam": plan.noam}
+                                  "vertical_sync": vertical_sync, "noam": plan.noam,
+                                  "extra_in_flight": extra_in_flight}
     options.update(extra or {})
     return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=ranks, microbatches=1, minibatches=K,
                     actions=tuple(tuple(a) for a in acts), versions=versions, options=options)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelab.partition.plan import Plan
 from pipelab.schedules import METHODS
-from pipelab.schedules._common import ScheduleError, in_flight
+from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.sim.engine import Costs, Deadlock, UnitCosts, run
 from pipelab.trace import COMPUTE_KINDS, Event, Trace
@@ -201,7 +201,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
         # group of minibatches at once: measure between sorted completions whose counts are multiples
         # of L = lcm(replica counts), skipping w minibatches of warm-up and of drain.
         done.sort()
-        w = max(1, -(-in_flight([len(r) for r in schedule.stage_ranks], 0) // M))
+        w = max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // M))
         L = math.lcm(*(len(r) for r in schedule.stage_ranks)) if M == 1 else 1
         a, b = -(-w // L) * L, (K - w) // L * L
         if b <= a:

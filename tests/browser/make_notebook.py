@@ -48,7 +48,9 @@ live = widgets.LiveGantt(run, title="live job")
 display(live)
 live.join()
 result = run.wait()
-print("LIVE_BOXES", len(result.trace.compute_events()), "redraws", live.redraws, "loss", round(result.losses[-1], 4))''',
+drawn = len(result.trace.compute_events()), len(result.trace) - len(result.trace.compute_events())
+print("LIVE_BOXES", sum(drawn), "actions", drawn[0], "transfers", drawn[1], "redraws", live.redraws,
+      "loss", round(result.losses[-1], 4))''',
      []),
     ('''# [big] 64 workers x 512 microbatches
 t0 = time.perf_counter()

@@ -126,7 +126,7 @@ def test_widgets_in_jupyterlab(chromium: str, tmp_path: Path):
         pe = L.cell(s, "plans")
         assert len(pe["plots"]) == 1 and "config" in pe["text"] and "speed-up" in pe["text"]
 
-        # the live Gantt grew while the job ran, and ends with one box per executed action
+        # the live Gantt grew while the job ran, and ends with one box per action and transfer
         live = L.cell(s, "live")
         final = int(number(live["text"], "LIVE_BOXES"))
         assert live["plots"] and live["plots"][0]["bars"] == final
