@@ -64,11 +64,14 @@ def static_html(fig: go.Figure) -> str:
 
 
 def show(fig: go.Figure, *, live: bool | None = None) -> None:
-    """Display ``fig``: as a FigureWidget with a live front end, else as offline HTML (see module doc)."""
+    """Display a figure that will not change: with a live front end as plotly's own MIME bundle (drawn
+    by JupyterLab's plotly extension; no widget comm, so a 65k-action Gantt arrives quickly), else as
+    offline HTML (see the module doc)."""
+    import plotly.io as pio
     from IPython.display import HTML, display
 
     if live if live is not None else live_frontend():
-        display(go.FigureWidget(fig))
+        pio.show(fig, renderer="plotly_mimetype")
     else:
         display(HTML(static_html(fig)))
 
@@ -151,6 +154,7 @@ class LiveGantt(_Displayable):
         self._t0 = time.monotonic()
         self._thread: threading.Thread | None = None
         self._started = False
+        self._ended = False
         self.figure: go.Figure = go.FigureWidget() if self.live else go.Figure()
         if self.live:
             w = _widgets()
@@ -187,6 +191,7 @@ class LiveGantt(_Displayable):
         except BaseException as exc:  # shown in the status line; the kernel must not die with the job
             self.error = exc
         finally:
+            self._ended = True          # before the last redraw, so its status line says so
             if self.live:
                 self.refresh()
             self._done.set()
@@ -230,7 +235,7 @@ class LiveGantt(_Displayable):
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
         parts.append(f"{len(evs)} events")
-        if self.done:
+        if self._ended:
             parts.append("finished" if self.error is None else f"stopped: {type(self.error).__name__}: {self.error}")
         return " · ".join(parts)
 
@@ -470,7 +475,9 @@ class PlanExplorer(_Displayable):
         cluster = Cluster.preset(v["preset"], servers=int(v["servers"]), gpus_per_server=int(v["gpus_per_server"]))
         part = self._partition
         if part is None:
-            from pipelab.partition import partition as part
+            from pipelab.partition import partition
+
+            part = partition
         kw: dict[str, Any] = {"method": v["method"]}
         if v["memory_limit_gb"]:
             kw["memory_limit"] = float(v["memory_limit_gb"]) * 1e9

@@ -27,8 +27,8 @@ SMALL: dict[str, dict[str, Any]] = {
     "02_why_pipelining": {"worker_counts": [1, 4, 16], "bandwidths_gbps": [10, 100], "minibatches": 2},
     "03_partitioning": {"explorer_models": ["vgg16"]},
     "04_schedules": {"microbatches": 4, "microbatch_sweep": [1, 4, 8]},
-    "05_weight_versions": {"backend": "gloo", "steps": 8, "compare_steps": 16},
-    "06_heterogeneous": {"staleness_bounds": [0, 2], "minibatches": 8},
+    "05_weight_versions": {"backend": "local", "steps": 8, "compare_steps": 30, "learning_rates": [0.1]},
+    "06_heterogeneous": {"policies": ["ED", "NP"], "staleness_bounds": [0, 2], "minibatches": 8},
     "07_beyond_dnns": {"batches": 8},
 }
 NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))

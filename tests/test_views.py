@@ -255,7 +255,7 @@ def test_memory_breakdown_and_limit():
     fig = memory(plan, prof, limit=15_000, optimizer_slots=2)
     assert [t.name for t in fig.data] == ["weights", "stashed versions", "activations", "optimizer state"]
     assert fig.layout.barmode == "stack"
-    assert list(fig.layout.meta["totals_bytes"]) == [12600, 21700]
+    assert list(fig.layout.meta["totals"]) == [12600, 21700]
     assert list(fig.layout.meta["over_limit"]) == ["w1"]
     assert any(abs(s.y0 - 15_000 / 1e9) < 1e-15 for s in fig.layout.shapes)
     # a result with per-worker peaks only; a plan without profile or predictions is an error
@@ -308,3 +308,48 @@ def test_simulator_engine_and_fallback_layouts_agree():
         ca = sorted(a.compute_events(), key=key)
         cb = sorted(b.compute_events(), key=key)
         assert [(e.action, e.start_s, e.end_s) for e in ca] == [(e.action, e.start_s, e.end_s) for e in cb], sched.method
+
+
+def test_raster_mode_paints_every_action_at_its_place():
+    from pipelab.views.gantt import BARS_MAX, COMPUTE_KINDS, raster_colorscale
+
+    sched = one_f_one_b(4, 6)
+    trace = schedule_trace(sched)
+    fig = gantt(sched, render="raster")
+    hm = fig.data[0]
+    assert fig.layout.meta["render"] == "raster" and hm.type == "heatmap"
+    z, text, xs = np.asarray(hm.z, float), np.asarray(hm.text, object), np.asarray(hm.x, float)
+    width = fig.layout.meta["bin_width"]
+    assert width == 1.0                                   # as fine as the shortest action (F = 1)
+    n_pal = len(PALETTE)
+    for e in trace.compute_events():
+        if e.duration_s == 0:
+            continue
+        cols = np.nonzero((xs >= e.start_s) & (xs < e.end_s))[0]
+        assert len(cols) == round(e.duration_s / width)   # covered exactly, nothing lost
+        assert set(text[e.worker, cols]) == {f"{e.action} v{e.weight_version}"}
+        assert set(z[e.worker, cols]) == {COMPUTE_KINDS.index(e.kind) * n_pal + e.microbatch % n_pal}
+    busy = sum(e.duration_s for e in trace.compute_events())
+    assert np.count_nonzero(~np.isnan(z)) * width == pytest.approx(busy)   # idle cells stay empty
+    scale, n = raster_colorscale()
+    assert n == len(COMPUTE_KINDS) * n_pal and scale[0][1] == PALETTE[0]
+    # "auto" switches to raster above BARS_MAX actions
+    big = gpipe(8, BARS_MAX // 16 + 1)
+    assert len(big) > BARS_MAX and gantt(big).layout.meta["render"] == "raster"
+    assert gantt(gpipe(8, 8)).layout.meta["render"] == "bars"
+    with pytest.raises(ValueError, match="render"):
+        gantt(big, render="svg")
+
+
+def test_schedule_memory_closed_forms():
+    from pipelab.views import schedule_memory
+
+    P, M = 4, 8
+    g = schedule_memory(gpipe(P, M))
+    assert all(g[w]["activations"] == M for w in range(P))                 # GPipe keeps all M
+    f = schedule_memory(one_f_one_b(P, M))
+    assert [f[w]["activations"] for w in range(P)] == [P - s for s in range(P)]   # 1F1B: P - s
+    assert all(f[w]["weights"] == 1 and f[w]["stashed versions"] == 0 for w in range(P))
+    fig = memory(one_f_one_b(P, M))
+    assert fig.layout.yaxis.title.text == "units"
+    assert list(fig.layout.meta["totals"]) == [1 + P - s for s in range(P)]

@@ -1,15 +1,21 @@
 """The profiler: measure a model layer by layer and return a :class:`~pipelab.profile.records.Profile`.
 
 Layers are exactly the ones the runtime builds stages from (:func:`pipelab.profile.fxgraph.trace`).
-The traced graph runs node by node; each layer runs in isolation on copies of its real inputs, so
-that its forward and its backward (``torch.autograd.grad`` of its outputs with respect to its
-inputs and weights) can be timed alone, as PipeDream's profiler does (Narayanan et al., SOSP'19,
-section 3.1: forward time, backward time, output size and weight size per layer). Per layer and
-repeat the timer is ``time.perf_counter`` on CPU and CUDA events on a GPU; a layer's time is the
-median over ``repeats``. Besides times the profiler records output bytes (real dtypes), the bytes
-alive across every cut (from the fx graph: skip connections and attention inputs included),
-parameter bytes (each shared weight once), forward FLOPs (``torch.utils.flop_counter``), and the
-bytes autograd saves for backward (unique storages seen by ``saved_tensors_hooks``).
+PipeDream's profiler records forward time, backward time, output size and weight size per layer
+(Narayanan et al., SOSP'19, section 3.1); so does this one, measured two ways:
+
+* forward: the traced graph runs node by node in whole forward passes (autograd on, as in
+  training) with a timer around each layer, so layer times add up to the model's forward time;
+* backward: each layer runs alone on fresh copies of its real inputs and ``torch.autograd.grad``
+  of its outputs with respect to its inputs and weights is timed, which isolates one layer's
+  backward without hooks into the autograd engine.
+
+The timer is ``time.perf_counter`` on CPU and CUDA events on a GPU; a layer's time is the median
+over ``repeats``. Besides times the profiler records output bytes (real dtypes), the bytes alive
+across every cut (from the fx graph: skip connections and attention inputs included), parameter
+bytes (each shared weight once), forward FLOPs (``torch.utils.flop_counter``; recurrent layers by
+closed form), and the bytes autograd saves for backward (unique storages seen by
+``saved_tensors_hooks``, weights excluded).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Start a job: one OS process per worker (torch.multiprocessing, spawn), or the reference executor.
+"""Start a job: one OS process per worker (torch.multiprocessing: fork server, else spawn), or the reference executor.
 
 :func:`launch` checks the arguments (:func:`pipelab.runtime.job.prepare`), starts the workers and
 returns a :class:`Run` handle at once; :func:`train` launches and waits with a progress bar.

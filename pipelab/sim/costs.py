@@ -22,12 +22,20 @@ Assumptions (stated once, used everywhere):
   time of one replica's minibatch is then ``F + max_l [B(l..end) + kappa * P(start..l)]``: all of the
   all-reduce hides behind backward except what cannot start before the last (earliest) layers'
   gradients exist (:meth:`CostModel.replica_time_s`).
+* Ports (:meth:`CostModel.ports`): a transfer crossing level ``k`` occupies the sender's egress and
+  the receiver's ingress port at that level, owned by their level-``k-1`` blocks (a GPU's PCIe/NVLink
+  port inside a server, the server's NIC across servers; ``Level.uplinks`` links per port). Transfers
+  sharing a port take turns, so in steady state a port's busy seconds per minibatch bound the time
+  per minibatch (:meth:`CostModel.steady_state`): a middle stage's port carries its forward cut's
+  activations *and* its backward cut's gradients, and a server's NIC carries every cross-server
+  transfer of every stage on it, under round-robin between replica sets.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +47,31 @@ if TYPE_CHECKING:
 
 # optimizer state bytes per parameter byte (momentum buffer; Adam's two moments)
 OPTIMIZER_STATE: dict[str, int] = {"sgd": 0, "sgd-momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """Terms of :meth:`CostModel.steady_state` (seconds per minibatch unless said otherwise)."""
+
+    time_s: float                              # the prediction: the largest term below
+    compute_s: tuple[float, ...]               # per stage: one replica's minibatch / replicas
+    ports_s: dict[Hashable, float]             # per port: busy seconds per minibatch
+    round_trip_s: tuple[float, ...]            # per stage: round trip / minibatches in flight
+    transfer_wait_s: tuple[float, ...]         # per cut: mean seconds of one transfer incl. burst wait
+
+    @property
+    def bottleneck(self) -> str:
+        """Which term sets the time: ``"compute s"``, ``"port (out, k, block)"`` or ``"round trip s"``."""
+        for s, t in enumerate(self.compute_s):
+            if t == self.time_s:
+                return f"compute {s}"
+        for p, t in self.ports_s.items():
+            if t == self.time_s:
+                return f"port {p}"
+        for s, t in enumerate(self.round_trip_s):
+            if t == self.time_s:
+                return f"round trip {s}"
+        return "none"
 
 
 @dataclass(frozen=True)
@@ -121,6 +154,87 @@ class CostModel:
             return 0.0
         lv = self.cluster.link(src, dst)
         return lv.latency + nbytes / self.compression_ratio / lv.bandwidth
+
+    # ------------------------------------------------------------------ ports (shared by the simulator)
+    def ports(self, src: int, dst: int) -> tuple[Hashable, Hashable]:
+        """The sender's egress and the receiver's ingress port of a transfer ``src -> dst``.
+
+        At level ``k`` a port belongs to the level-``k-1`` block: a GPU inside a server, the whole
+        server across servers, so that two GPUs of one server sending to another server share its
+        NIC. Full duplex: egress and ingress are separate ports.
+        """
+        k = self.cluster.level_between(src, dst)
+        if k < 0:
+            raise ValueError(f"ports({src}, {dst}): a worker does not send to itself over a link")
+        inner = self.cluster.block_size(k - 1)
+        return ("out", k, src // inner), ("in", k, dst // inner)
+
+    def port_slots(self, port: Hashable) -> int:
+        """Transfers a port (from :meth:`ports`) carries at once: its level's ``uplinks``."""
+        return self.cluster.levels[port[1]].uplinks  # type: ignore[index]
+
+    def steady_state(self, ranges: Sequence[tuple[int, int]], workers: Sequence[Sequence[int]], *,
+                     in_flight: Sequence[int] | None = None) -> SteadyState:
+        """Seconds per minibatch of an asynchronous (PipeDream-style, no flush) pipeline, with the terms.
+
+        Stage ``s`` runs layers ``ranges[s]`` on cluster workers ``workers[s]``; minibatch ``m`` goes
+        to replica ``m % r_s`` of every stage (round-robin, PipeDream SOSP'19 §3.2). The time per
+        minibatch is the largest of three lower bounds, each tight in its regime:
+
+        * compute: ``T_s / r_s`` (one replica's minibatch with the overlapped all-reduce tail);
+        * ports: each port's busy seconds per minibatch (:meth:`ports`), summing activations forward
+          and gradients back of every cut, over the round-robin pairs of replicas, divided by the
+          port's ``uplinks``;
+        * round trip (Little's law): stage ``s`` keeps ``N_s = in_flight[s] * r_s`` minibatches
+          between its forward and its backward, and one minibatch needs ``R_s`` seconds for that
+          (compute of every later stage plus every transfer both ways), so time >= ``R_s / N_s``.
+          Replicas of a stage pair their all-reduces and so run in lock-step; their ``k`` sends
+          through one port leave in a burst, and a FIFO port serves a burst of ``k`` equal
+          transfers with a mean wait of ``(k + 1) / 2`` transfers, which ``R_s`` uses.
+        """
+        P = len(ranges)
+        if P == 0 or len(workers) != P:
+            raise ValueError(f"steady_state needs one worker list per stage; got {P} ranges and "
+                             f"{len(workers)} worker lists")
+        compute, rep_time = [], []
+        for (a, b), ws in zip(ranges, workers):
+            if not ws:
+                raise ValueError(f"stage [{a}, {b}) has no workers")
+            t = self.replica_time_s(a, b, ws)
+            speed = min(self.cluster.speed(w) for w in ws)
+            compute.append(t / len(ws))
+            rep_time.append(float(self.pf[b] - self.pf[a] + self.pb[b] - self.pb[a]) / speed)
+        loads: dict[Hashable, float] = {}
+        waits = []
+        for s in range(P - 1):
+            src_ws, dst_ws = list(workers[s]), list(workers[s + 1])
+            nbytes = self.cut_bytes(ranges[s][1] - 1)
+            L = math.lcm(len(src_ws), len(dst_ws))
+            wait = 0.0
+            burst: dict[tuple[int, Hashable], set[int]] = {}
+            for m in range(L):
+                a, b = src_ws[m % len(src_ws)], dst_ws[m % len(dst_ws)]
+                if a == b:
+                    continue
+                x = self.transfer_s(nbytes, a, b)
+                wait = max(wait, x)
+                for d, (u, v) in enumerate(((a, b), (b, a))):   # activation forward, gradient back
+                    for port in self.ports(u, v):
+                        loads[port] = loads.get(port, 0.0) + x / L / self.port_slots(port)
+                        burst.setdefault((d, port), set()).add(u)
+            # lock-step replicas: a burst of k senders per port (one sender: no burst)
+            k = max((len(v) for v in burst.values()), default=1)
+            waits.append(wait * (k + 1) / 2 if wait > 0 else 0.0)
+            if os.environ.get("NOBURST"): waits[-1] = wait
+        rt = []
+        flights = list(in_flight) if in_flight is not None else [
+            math.ceil(sum(len(w) for w in workers[s:]) / len(workers[s])) for s in range(P)]
+        for s in range(P):
+            r = sum(rep_time[s:]) + 2 * sum(waits[s:])
+            rt.append(r / (flights[s] * len(workers[s])))
+        time = max([*compute, *loads.values(), *rt])
+        return SteadyState(time_s=time, compute_s=tuple(compute), ports_s=dict(loads),
+                           round_trip_s=tuple(rt), transfer_wait_s=tuple(waits))
 
     # ------------------------------------------------------------------ all-reduce
     def allreduce_coeffs(self, workers: Sequence[int]) -> tuple[float, float]:

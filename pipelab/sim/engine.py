@@ -6,7 +6,8 @@ stage ``s-1`` for that microbatch; ``B`` needs its own ``F`` and the gradient of
 ``s+1``; ``W`` needs its ``B``). Sends are asynchronous: when an ``F``/``B`` ends, its output is
 sent to the consumer's worker over the *channels* the costs name (by default the directed link;
 :class:`pipelab.sim.simulate.ProfileCosts` adds each side's network port per level, which models
-NIC contention); transfers sharing a channel run one at a time in the order they are issued.
+NIC contention); transfers sharing a channel run one at a time in the order they are issued, and a
+transfer passes its channels in order, cut-through (the switch between them buffers).
 Completions are processed in time order (a heap), so channels are claimed in time order.
 
 A ``U`` of a replicated stage (``schedule.options["allreduce"]``) waits for the matching ``U`` of
@@ -129,19 +130,21 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
         secs, nbytes = costs.send(src, dst, a)
         if secs == 0.0 and nbytes == 0:
             return end
-        slots = []
-        t0 = end
-        for ch in costs.channels(src, dst):
+        # the channels form a path (egress port, then ingress port); each serialises its transfers,
+        # and a transfer streams through them cut-through: it enters a channel once that channel is
+        # free and it has entered the previous one, so a busy receiver does not idle the sender's port
+        # (the switch buffers), and an uncontended transfer takes exactly ``secs``
+        t = t0 = end
+        for i, ch in enumerate(costs.channels(src, dst)):
             fr = chan_free.get(ch)
             if fr is None:
                 fr = chan_free[ch] = [0.0] * costs.channel_slots(ch)
             j = 0 if len(fr) == 1 else min(range(len(fr)), key=fr.__getitem__)
-            slots.append((fr, j))
-            if fr[j] > t0:
-                t0 = fr[j]
-        arrive = t0 + secs
-        for fr, j in slots:
-            fr[j] = arrive
+            t = max(t, fr[j])
+            fr[j] = t + secs
+            if i == 0:
+                t0 = t
+        arrive = t + secs
         events.append(Event(src, a.stage, "send", a.microbatch, t0, arrive, nbytes, -1, -1, dst))
         return arrive
 

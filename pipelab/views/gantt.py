@@ -179,12 +179,12 @@ def worker_labels(trace: Trace, stage_ranks: Sequence[Sequence[int]] | None = No
         stage_ranks = [sorted(seen.get(s, ())) for s in range(max(seen, default=-1) + 1)]
     labels = {}
     for w in sorted({e.worker for e in trace.events}):
-        ss = sorted(stages_of.get(w, ()))
-        if len(ss) == 1:
-            ranks = list(stage_ranks[ss[0]]) if ss[0] < len(stage_ranks) else []
-            labels[w] = f"w{w} · stage {ss[0]} (replica {ranks.index(w) if w in ranks else 0})"
-        elif ss:
-            labels[w] = f"w{w} · stages {','.join(map(str, ss))}"
+        hosted = sorted(stages_of.get(w, ()))
+        if len(hosted) == 1:
+            ranks = list(stage_ranks[hosted[0]]) if hosted[0] < len(stage_ranks) else []
+            labels[w] = f"w{w} · stage {hosted[0]} (replica {ranks.index(w) if w in ranks else 0})"
+        elif hosted:
+            labels[w] = f"w{w} · stages {','.join(map(str, hosted))}"
         else:
             labels[w] = f"w{w}"
     return labels
@@ -249,7 +249,7 @@ def gantt(
     if not compute:
         raise ValueError(f"nothing to draw: the trace has {len(trace)} events and none is an action "
                          f"(F/B/W/U); run or simulate at least one step before drawing")
-    labels = worker_labels(trace, trace_or_schedule.stage_ranks if is_schedule else None)
+    labels = worker_labels(trace, trace_or_schedule.stage_ranks if isinstance(trace_or_schedule, Schedule) else None)
     rows = [labels[w] for w in sorted(labels)]
     bubble = source_bubble if source_bubble is not None else bubble_fraction(trace, num_workers=len(rows))
     unit = time_unit or ("unit" if is_schedule or trace.meta.get("layout") == "unit-cost" else "s")
@@ -351,23 +351,31 @@ def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, colo
     width = max(shortest, span / RASTER_MAX_BINS) if span > 0 else 1.0
     bins = max(1, math.ceil(span / width))
     ncol = len(PALETTE)
+    kind_index = {k: i for i, k in enumerate(COMPUTE_KINDS)}
     z = np.full((len(row_of), bins), np.nan)
     text = np.full((len(row_of), bins), "", dtype=object)
-    kind_index = {k: i for i, k in enumerate(COMPUTE_KINDS)}
-    # bins whose centres (i + 0.5) * width fall in [start, end): an action at least one bin long
-    # always covers one, so nothing at least `width` long disappears
+    centres = (np.arange(bins) + 0.5) * width
+    by_row: dict[int, list[Event]] = {}
     for e in compute:
-        i0 = math.ceil((e.start_s - t0) / width - 0.5)
-        i1 = min(math.ceil((e.end_s - t0) / width - 0.5), bins)
-        if i1 <= i0:
-            continue
-        r = row_of[e.worker]
-        z[r, i0:i1] = kind_index[e.kind] * ncol + color_key(e, color_by) % ncol
-        text[r, i0:i1] = f"{e.action} v{e.weight_version} · {e.duration_s:.4g} {unit}"
+        if e.duration_s > 0:
+            by_row.setdefault(row_of[e.worker], []).append(e)
+    # a worker runs one action at a time, so a bin centre lies in at most one action of its row:
+    # the last one starting at or before it, if that one has not ended yet
+    for r, evs in by_row.items():
+        evs.sort(key=lambda e: e.start_s)
+        starts = np.array([e.start_s - t0 for e in evs])
+        ends = np.array([e.end_s - t0 for e in evs])
+        idx = np.searchsorted(starts, centres, side="right") - 1
+        hit = (idx >= 0) & (centres < ends[np.maximum(idx, 0)])
+        values = np.array([kind_index[e.kind] * ncol + color_key(e, color_by) % ncol for e in evs], dtype=float)
+        labels = np.array([f"{e.action} v{e.weight_version}" for e in evs], dtype=object)
+        z[r, hit] = values[idx[hit]]
+        text[r, hit] = labels[idx[hit]]
     scale, n = raster_colorscale()
     fig = go.Figure(go.Heatmap(
-        z=z, x=t0 * 0 + (np.arange(bins) + 0.5) * width, y=np.arange(len(row_of)), text=text,
+        z=z, x=centres, y=np.arange(len(row_of)), text=text,
         colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False, ygap=3, hoverongaps=False,
-        hovertemplate="%{text}<br>t = %{x:.4g} " + unit + "<extra></extra>", name="actions"))
+        hovertemplate="%{text} (stage, kind, microbatch; weight version)<br>t = %{x:.4g} " + unit
+                      + "<extra></extra>", name="actions"))
     fig.update_layout(meta={"render": "raster", "bin_width": width, "bins": bins})
     return fig

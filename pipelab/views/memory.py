@@ -159,5 +159,5 @@ def memory(
     fig.update_layout(barmode="stack", title={"text": head}, yaxis={"title": {"text": unit}},
                       xaxis={"title": {"text": "worker"}}, height=420,
                       margin={"l": 10, "r": 10, "t": 60, "b": 40},
-                      meta={"totals_bytes": totals, "over_limit": over})
+                      meta={"totals": totals, "over_limit": over})
     return fig

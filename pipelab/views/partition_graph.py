@@ -10,7 +10,6 @@ is annotated with its replica count and ranks.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import networkx as nx
 import plotly.graph_objects as go
@@ -102,9 +101,9 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
         ))
     top = max((y for _, y in pos.values()), default=0.0) + 0.8
     for st in plan.stages:
-        xs = [pos[n][0] for n in range(st.start, st.end)]
+        stage_x = [pos[n][0] for n in range(st.start, st.end)]
         ranks = ",".join(map(str, st.ranks)) if len(st.ranks) <= 6 else f"{st.ranks[0]}–{st.ranks[-1]}"
-        fig.add_annotation(x=sum(xs) / len(xs), y=top, showarrow=False, yanchor="bottom",
+        fig.add_annotation(x=sum(stage_x) / len(stage_x), y=top, showarrow=False, yanchor="bottom",
                            text=f"<b>S{st.index}</b> ×{st.replicas}<br>ranks {ranks}",
                            font={"color": PALETTE[st.index % len(PALETTE)], "size": 11})
     head = title or f"{profile.model or 'model'}: plan {plan.config!r} ({plan.method}), {plan.num_stages} stages"

@@ -1,0 +1,171 @@
+"""Runtime speed: pipelab's multi-process 1F1B-flush against torch.distributed.pipelining, and PipeDream.
+
+Setup (one invocation, CPU, gloo, one thread per process): 8 x (Linear(1024, 1024) + ReLU), split
+into two stages of 4 blocks, minibatch 64, 8 microbatches, SGD with momentum, MSE loss.
+
+* pipelab ``1f1b-flush`` vs ``torch.distributed.pipelining.Schedule1F1B`` on the same model, split
+  and data; runs alternate (pipelab, torch, pipelab, ...) and the medians are compared.
+* pipelab ``pipedream`` (no flush; one minibatch of 64 per pipeline step) vs twice the throughput of
+  one process training the whole model with the same minibatch split into 8 microbatches
+  (a perfect 2-stage pipeline doubles throughput).
+
+Throughput = samples / seconds from the first step's start to the last step's end (process start-up
+excluded on both sides). Prints medians and ratios; targets: pipelab/torch >= 1.2, pipedream/2x >= 0.9.
+
+    python reproductions/benchmarks/runtime_speed.py [--steps 12] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import pipelab as pl  # noqa: E402
+
+WIDTH, BLOCKS, BATCH, MICRO = 1024, 8, 64, 8
+optimizer = functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9)
+
+
+def model_fn() -> nn.Module:
+    """8 x (Linear(1024, 1024) + ReLU)."""
+    layers: list[nn.Module] = []
+    for _ in range(BLOCKS):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+
+
+def data() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The same fixed minibatch, over and over (deterministic, as pipelab requires)."""
+    x, y = _batch()
+    while True:
+        yield x, y
+
+
+def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean squared error."""
+    return nn.functional.mse_loss(out, y)
+
+
+def _pipelab(method: str, steps: int) -> float:
+    plan = pl.Plan.from_boundaries(2 * BLOCKS, [BLOCKS])
+    res = pl.train(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
+                   microbatches=MICRO if method != "pipedream" else 1, progress=False, timeout=600)
+    return res.throughput
+
+
+def _torch_worker(rank: int, port: int, steps: int, out: object) -> None:
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=600))
+    torch.manual_seed(0)
+    full = model_fn()
+    part = full[: 2 * BLOCKS // 2] if rank == 0 else full[2 * BLOCKS // 2:]
+    mb = torch.zeros(BATCH // MICRO, WIDTH)
+    stage = PipelineStage(part, rank, 2, torch.device("cpu"), input_args=(mb,), output_args=(mb,))
+    sched = Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=loss_fn)
+    opt = optimizer(part.parameters())
+    x, y = _batch()
+
+    def step() -> None:
+        opt.zero_grad()
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y, losses=[])
+        opt.step()
+
+    step()   # warm-up (shape checks, buffers), as pipelab's processes are warm when their clock starts
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    if rank == 0:
+        out.put(steps * BATCH / (time.perf_counter() - t))  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def _torch(steps: int) -> float:
+    import torch.multiprocessing as mp
+
+    from pipelab.runtime.job import free_port
+
+    ctx = mp.get_context("forkserver")
+    q = ctx.Queue()
+    port = free_port()
+    ps = [ctx.Process(target=_torch_worker, args=(r, port, steps, q)) for r in range(2)]
+    for p in ps:
+        p.start()
+    thr = q.get(timeout=600)
+    for p in ps:
+        p.join(60)
+    return float(thr)
+
+
+def _single(steps: int) -> float:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = model_fn()
+    opt = optimizer(model.parameters())
+    x, y = _batch()
+    xs, ys = x.split(BATCH // MICRO), y.split(BATCH // MICRO)
+
+    def step() -> None:
+        opt.zero_grad()
+        for a, b in zip(xs, ys):
+            (loss_fn(model(a), b) / MICRO).backward()
+        opt.step()
+
+    step()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * BATCH / (time.perf_counter() - t)
+
+
+def main() -> None:
+    """Run the comparison and print the figures."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=12, help="minibatches per run")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    _pipelab("1f1b-flush", 2)   # start the fork server once, outside the timings
+    ours, theirs, pd, single = [], [], [], []
+    for r in range(a.rounds):
+        ours.append(_pipelab("1f1b-flush", a.steps))
+        theirs.append(_torch(a.steps))
+        pd.append(_pipelab("pipedream", a.steps))
+        single.append(_single(a.steps))
+        print(f"round {r}: pipelab 1f1b-flush {ours[-1]:.1f}  torch Schedule1F1B {theirs[-1]:.1f}  "
+              f"pipelab pipedream {pd[-1]:.1f}  single process {single[-1]:.1f} samples/s", flush=True)
+    m_ours, m_theirs = statistics.median(ours), statistics.median(theirs)
+    m_pd, m_single = statistics.median(pd), statistics.median(single)
+    print(f"median samples/s: pipelab 1f1b-flush {m_ours:.1f}, torch.distributed.pipelining Schedule1F1B "
+          f"{m_theirs:.1f}, pipelab pipedream {m_pd:.1f}, single process (8 microbatches) {m_single:.1f}")
+    print(f"pipelab / torch (1F1B-flush, 2 stages): {m_ours / m_theirs:.2f}  (target >= 1.2)")
+    print(f"pipedream / (2 x single process):        {m_pd / (2 * m_single):.2f}  (target >= 0.9)")
+    print(f"(machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; one thread per process)")
+
+
+if __name__ == "__main__":
+    main()

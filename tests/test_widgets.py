@@ -1,0 +1,178 @@
+"""Widgets without a browser: their figures follow the controls and the event stream; static fallback.
+
+The real-browser check (JupyterLab + Chromium, a real 2-process job) is tests/browser/test_browser.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import plotly.graph_objects as go
+import pytest
+
+from pipelab import widgets
+from pipelab.trace import Event
+from pipelab.views import gantt, schedule_trace
+from pipelab.widgets import LiveGantt, PlanExplorer, ScheduleExplorer, live_frontend, static_html, sync_figure
+
+
+def nbars(fig: go.Figure) -> int:
+    return sum(len(t.x) for t in fig.data if t.type == "bar")
+
+
+class FakeRun:
+    """A job handle like pl.launch's: .events streams, .wait() returns the result, .job.batch_size."""
+
+    def __init__(self, events, *, delay: float = 0.0, fail_after: int | None = None) -> None:
+        self._events, self.delay, self.fail_after = list(events), delay, fail_after
+        self.job = SimpleNamespace(batch_size=16)
+
+    @property
+    def events(self):
+        for i, e in enumerate(self._events):
+            if self.fail_after is not None and i == self.fail_after:
+                raise RuntimeError("worker 1 died")
+            time.sleep(self.delay)
+            yield e
+
+    def wait(self):
+        return SimpleNamespace(losses=[2.5, 1.25])
+
+
+def one_f_one_b_events(P=2, M=4):
+    from pipelab import schedules
+
+    tr = schedule_trace(schedules.build("1f1b-flush", P, microbatches=M))
+    return sorted(tr.events, key=lambda e: e.end_s)
+
+
+def test_live_frontend_detection(monkeypatch):
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    assert live_frontend() is False
+    monkeypatch.setenv("JPY_SESSION_NAME", "x.ipynb")
+    assert live_frontend() is True          # anywidget is installed in this environment
+
+
+def test_static_html_inlines_plotlyjs_once_per_kernel(monkeypatch):
+    shell = SimpleNamespace()
+    monkeypatch.setattr(widgets, "_shell", lambda: shell)
+    fig = go.Figure(go.Bar(x=[1], y=[1]))
+    first, second = static_html(fig), static_html(fig)
+    assert "window.PlotlyConfig" in first and len(first) > 1_000_000
+    assert "window.PlotlyConfig" not in second and len(second) < 50_000
+    monkeypatch.setattr(widgets, "_shell", lambda: None)          # outside IPython: always self-contained
+    assert "window.PlotlyConfig" in static_html(fig)
+
+
+def test_live_gantt_fills_in_batches_and_reports_status():
+    evs = one_f_one_b_events(2, 4)
+    run = FakeRun(evs, delay=0.02)
+    g = LiveGantt(run, hz=10, live=True)
+    seen = []
+    while not g.done:                               # the figure grows while the stream runs
+        seen.append(nbars(g.figure))
+        time.sleep(0.03)
+    assert g.join(5)
+    assert nbars(g.figure) == len(evs) and len(g.events) == len(evs)
+    assert len({c for c in seen if 0 < c < len(evs)}) >= 2
+    assert g.redraws >= 2
+    status = g.status_text()
+    assert status.startswith("step 1 · ") and "samples/s" in status and "loss 1.25" in status
+    assert "finished" in g.status.value
+    assert g.figure.layout.title.text.startswith("pipeline — bubble")
+
+
+def test_live_gantt_redraws_in_batches():
+    evs = one_f_one_b_events(2, 4)
+    g = LiveGantt(FakeRun(evs), hz=1, live=True)    # a burst of events: a redraw per second, not per event
+    assert g.join(10)
+    assert nbars(g.figure) == len(evs)
+    assert 1 <= g.redraws <= len(evs) // 3
+
+
+def test_live_gantt_shows_a_failed_job_in_its_status():
+    g = LiveGantt(FakeRun(one_f_one_b_events(), fail_after=5), live=True)
+    assert g.join(5)
+    assert "stopped: RuntimeError: worker 1 died" in g.status_text()
+    assert nbars(g.figure) == 5
+    with pytest.raises(TypeError, match="events"):
+        LiveGantt(object())
+
+
+def test_live_gantt_static_mode_consumes_the_stream_once(monkeypatch):
+    evs = one_f_one_b_events(2, 3)
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
+    g = LiveGantt(FakeRun(evs), live=False)
+    g._ipython_display_()
+    assert len(g.events) == len(evs)
+    figs = g.static_figures()
+    assert nbars(figs[0]) == len(evs)
+    assert any("finished" in o.data for o in shown) and any("js-plotly-plot" in o.data or "Plotly" in o.data
+                                                             for o in shown)
+
+
+def test_schedule_explorer_redraws_on_control_changes():
+    ex = ScheduleExplorer(method="gpipe", stages=4, microbatches=8, live=True)
+    assert isinstance(ex.gantt_figure, go.FigureWidget) and nbars(ex.gantt_figure) == 2 * 4 * 8 + 4
+    assert "bubble 27.3%" in ex.message
+    ex.controls["microbatches"].value = 9           # as the slider would
+    assert nbars(ex.gantt_figure) == 2 * 4 * 9 + 4
+    assert ex.gantt_figure.layout.title.text.startswith("gpipe: P=4 M=9")
+    ex.set(method="interleaved-1f1b", microbatches=8, v=2)
+    assert not ex.controls["v"].disabled and ex.controls["K"].disabled
+    assert ex.schedule.method == "interleaved-1f1b" and "stages 0,4" in ex.gantt_figure.layout.yaxis.ticktext[0]
+    before = nbars(ex.gantt_figure)
+    ex.set(microbatches=7)                          # interleaved needs M a multiple of P: error, old figure kept
+    assert ex.message.startswith("cannot draw") and nbars(ex.gantt_figure) == before
+    assert "cannot draw" in ex.info.value
+    ex.set(method="buffered", microbatches=8, K=3)
+    assert ex.controls["K"].disabled is False and ex.schedule.options.get("versions", 3) == 3
+    assert [t.name for t in ex.memory_figure.data][:2] == ["weights", "stashed versions"]
+    with pytest.raises(ValueError, match="unknown control"):
+        ex.set(colour="red")
+
+
+def test_schedule_explorer_static_mode():
+    ex = ScheduleExplorer(method="1f1b-flush", stages=3, microbatches=4, live=False)
+    g, m = ex.static_figures()
+    assert nbars(g) == 2 * 3 * 4 + 3 and len(m.data) >= 2
+    ex.set(stages=2)
+    assert nbars(ex.static_figures()[0]) == 2 * 2 * 4 + 2
+
+
+def test_plan_explorer_partitions_on_change():
+    import pipelab as pl
+
+    prof = pl.Profile.from_pipedream("vgg16")
+    ex = PlanExplorer(prof, preset="pipedream-a", servers=2, gpus_per_server=2, method="gpipe", live=True)
+    assert ex.plan is not None and "config" in ex.message and "speed-up" in ex.message
+    assert ex.plan.num_workers == 4
+    ex.controls["servers"].value = 4
+    assert ex.plan.num_workers == 8
+    stages = [t.name for t in ex.figure.data if t.mode == "markers"]
+    assert len(stages) == ex.plan.num_stages
+    ex.set(memory_limit_gb=0.001)                   # nothing fits: error shown, plan kept
+    assert ex.message.startswith("cannot partition") and ex.plan.num_workers == 8
+    with pytest.raises(TypeError, match="Profile"):
+        PlanExplorer("vgg16")
+
+
+def test_sync_figure_updates_in_place_or_rebuilds():
+    evs = one_f_one_b_events(2, 2)
+    target = go.FigureWidget()
+    sync_figure(target, gantt(evs[:3]))
+    assert [t.name for t in target.data] == ["forward"]
+    sync_figure(target, gantt(evs))
+    assert nbars(target) == len(evs) and target.layout.title.text == gantt(evs).layout.title.text
+    first = target.data[0]
+    sync_figure(target, gantt(evs[:-1]))
+    assert target.data[0] is first                   # same traces: updated in place, not re-created
+    assert nbars(target) == len(evs) - 1
+
+
+def test_events_are_events():
+    assert isinstance(one_f_one_b_events()[0], Event)
+    assert threading.active_count() >= 1
