@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.pipelab-installed
 
-.PHONY: install test reproduce lab lint clean
+.PHONY: install test reproduce lab lint clean browser-deps
 
 install: $(STAMP)
 
@@ -20,7 +20,12 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy pipelab
 
-test: $(STAMP)
+# Debian's headless Chromium for tests/browser (installed if missing; those tests skip, saying why,
+# when it cannot be installed, so a failure here does not stop `make test`).
+browser-deps:
+	-sh tests/browser/ensure_chromium.sh
+
+test: $(STAMP) browser-deps
 	$(PY) -m ruff check .
 	$(PY) -m mypy pipelab
 	OMP_NUM_THREADS=1 $(PY) -m pytest

@@ -119,6 +119,8 @@ pl.widgets.LiveGantt(handle, title=f"{method} on {workers} {backend} workers (li
 """),
         code("""
 # 5. The finished run: measured throughput and losses; its trace is the same type as the simulator's.
+# (Expect the measured rate below the simulated one: a tiny model's compute is small next to the cost of
+# passing messages between processes on a shared CPU, which the cluster model here leaves out.)
 run = handle.wait()
 print(f"measured: {run.throughput:.0f} samples/s (simulated {sim.throughput:.0f}); "
       f"loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")
@@ -194,9 +196,12 @@ px.line(dp, x="workers", y="comm_fraction", color="model", facet_col="Gbps", mar
 """),
         md("""
 **Why the curves look like this.** A ring all-reduce moves `2(n−1)/n · P` bytes per worker for `P`
-gradient bytes (Patarasuk & Yuan 2009), so its time tends to `2P/B` as `n` grows while the compute per
-worker stays fixed. VGG-16 (≈553 MB of weights, most in the fully connected layers) stalls most;
-ResNet-50 (≈102 MB, far more compute per byte) least. GNMT's LSTMs sit in between.
+gradient bytes (Patarasuk & Yuan, JPDC 2009), so its time tends to `2P/B` as `n` grows while the compute
+per worker stays fixed; and it can hide only behind the backward pass, as each layer's gradient becomes
+ready. What matters is bytes per second of compute: GNMT-8 (≈775 MB of weights against ≈89 ms of
+compute per minibatch at its profiled batch of 32) stalls most, VGG-16 (≈553 MB, most of it in the fully
+connected layers, against ≈690 ms) stalls at 10 Gbps, and ResNet-50 (≈102 MB against ≈462 ms) hides its
+all-reduce behind its backward pass.
 """),
         *exercise("""
 Check the simulator against closed forms. For VGG-16 at 16 workers and 10 Gbps, compute the ring
@@ -248,7 +253,8 @@ compare
         md("""
 PipeDream's Table 1 reports, on this cluster, 15-1 with 5.28× over data parallel for VGG-16 and plain
 data parallelism (1×) for ResNet-50 (Narayanan et al., SOSP'19, §5.2). The simulator runs the plan's
-real schedule; `reproductions/pipedream_table1/` compares all rows of that table in detail.
+real schedule under pipelab's cost model, whose figures differ from the paper's;
+`reproductions/pipedream_table1/` compares every row of that table and says which terms differ.
 """),
         *exercise("""
 The pipeline wins where data parallelism stalls. Plot, for each model, the simulated speed-up of the
@@ -536,8 +542,9 @@ for method, sched in scheds.items():
 """),
         md("""
 The white space is the **bubble**: time a worker idles. For GPipe and 1F1B with flushes, with equal
-per-stage costs, each worker idles `P−1` slots of `M+P−1`, so the bubble fraction is `(P−1)/(M+P−1)`
-(Huang et al., NeurIPS'19, §2.2; Narayanan et al., SC'21, §2.2). Interleaving divides it by `v`; ZB-H1
+per-stage costs, each worker idles `P−1` slots of `M+P−1`, so the bubble fraction is `(P−1)/(M+P−1)` of
+the total time (Huang et al., NeurIPS'19, §2.2; Narayanan et al., SC'21, §2.2, state the same bubble as
+`(P−1)/M` of the ideal time). Interleaving divides it by `v`; ZB-H1
 cuts it to about a third by filling it with `W`s (Qi et al., ICLR'24, §3).
 """),
         code("""
@@ -608,8 +615,9 @@ px.bar(pd.DataFrame(rows), x="worker", y="peak_MB", color="method", barmode="gro
        title="simulated peak memory per worker")
 """),
         *exercise("""
-How many weight versions does each PipeDream stage hold? Count the distinct versions read by the
-actions of each stage in the schedule (`sched.versions`), and compare with `P − s`.
+How many weight versions does each PipeDream stage hold at once? The schedule records, for every action,
+the version it reads (`sched.versions`); `sched.versions_held(s)` counts the most that stage `s` must keep
+alive at any time. Compare with PipeDream's `P − s` (SOSP'19, §3.3).
 """, """
 pd_sched = scheds["pipedream"]
 for s in range(stages):
@@ -711,8 +719,10 @@ def accuracy(state):
     with torch.no_grad():
         return float((m(test_x).argmax(1) == test_y).float().mean())
 
-setups = {"1f1b-flush": ("1f1b-flush", {}), "naive-async": ("naive-async", {}), "pipedream": ("pipedream", {}),
-          "vertical-sync": ("pipedream", {"vertical_sync": True}), "2bw": ("2bw", {}), "pipemare": ("pipemare", {})}
+# (method, options); 2BW and the flush split each minibatch into microbatches (2BW coalesces their gradients)
+setups = {"1f1b-flush": ("1f1b-flush", {"microbatches": workers}), "naive-async": ("naive-async", {}),
+          "pipedream": ("pipedream", {}), "vertical-sync": ("pipedream", {"vertical_sync": True}),
+          "2bw": ("2bw", {"microbatches": workers}), "pipemare": ("pipemare", {})}
 stage_params = [prof[s.start:s.end].param_bytes for s in plan.stages]
 curves, table = [], []
 for label in policies:
@@ -823,7 +833,9 @@ HetPipe's three ways of forming virtual workers (§6): **NP** — the GPUs of on
 so VWs differ in speed; **ED** — every VW gets one GPU of each type, so VWs are identical; **HD** — pairs of
 fast and slow nodes. Within each VW the layers are cut so the slowest stage on its device is as fast as
 possible. Below: each policy's plan, the partitioner's prediction, and the simulator's measurement,
-against data parallelism over the same 16 GPUs (held back by the slowest GPU at every step).
+against data parallelism over the same 16 GPUs (held back by the slowest GPU at every step). The
+simulator hands minibatches to the VWs in turn, so in it the VWs advance in step whatever `D` is; the
+staleness bound is the subject of the next section.
 """),
         code("""
 dp_plan = pl.partition(prof, cluster, method="dp")

@@ -103,6 +103,8 @@ measure_batch = 32
 measure_width = 0.125        # channel / hidden width multiplier of the reduced model
 measure_image_size = 32      # image side (images) of the reduced model
 measure_seq_len = 8          # sequence length (GNMT) of the reduced model
+measure_rounds = 2           # runs per plan, alternating; the median is kept
+measure_bandwidth = 0.0      # bytes/s of the machine model; 0: measure the gloo loopback
 backend = "gloo"
 seed = 0
 out_dir = "."                # row.json (and the measure-mode numbers) are written here
@@ -227,7 +229,8 @@ measure = None
 if mode == "measure":
     measure = rp.measure_row(model, workers=measure_workers, steps=measure_steps, warmup=measure_warmup,
                              batch=measure_batch, width=measure_width, image_size=measure_image_size,
-                             seq_len=measure_seq_len, backend=backend, seed=seed)
+                             seq_len=measure_seq_len, backend=backend, rounds=measure_rounds,
+                             bandwidth=measure_bandwidth or None, seed=seed)
     row.update({f"measure_{k}": v for k, v in measure.items() if not isinstance(v, (list, dict))})
     display(pd.DataFrame([measure]).T.rename(columns={0: ""}))
 elif mode != "simulate":

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pipelab.cluster import Cluster, Device, Level
 from pipelab.partition import partition
-from pipelab.partition._evaluate import build_plan
+from pipelab.partition._evaluate import build_plan, search_objective
 from pipelab.partition.balance import balance_by_size, balance_by_time
 from pipelab.partition.hetero import partition_virtual_worker, virtual_workers
 from pipelab.partition.pipedream import solve
@@ -70,7 +70,9 @@ def test_pipedream_matches_brute_force_with_free_communication(ts, workers, data
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10**6), n=st.integers(1, 5))
 def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, n):
-    """With links, all-reduce and cuts priced, the DP equals exhaustive evaluation of every plan."""
+    """With links, all-reduce and ports priced, the DP equals exhaustive evaluation of every plan
+    under the same objective (search_objective: compute and each stage's port load, both cuts,
+    both directions), and the plan's prediction is the full steady state of the one cost model."""
     rng = np.random.default_rng(seed)
     p = Profile.synthetic(list(rng.uniform(1e-3, 2e-2, n)), list(rng.uniform(1e-3, 4e-2, n)),
                           out_bytes=[int(x) for x in rng.integers(1, 5 * 10**7, n)],
@@ -80,35 +82,58 @@ def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, 
     best = math.inf
     for S in range(1, min(n, 4) + 1):
         for sizes in compositions(n, S):
-            bounds = list(np.cumsum(sizes)[:-1])
+            bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
             for reps in compositions(4, S):
-                plan = build_plan(cm, [int(b) for b in bounds], reps, method="x", dp_time=1.0)
-                best = min(best, plan.time_per_minibatch)
+                comp, port = search_objective(cm, bounds, reps)
+                # the oracle's own arithmetic: stage-by-stage transfers on the stage's own ports
+                cuts, w, mine = [0, *bounds, n], 0, []
+                for s_, m in enumerate(reps):
+                    x = [0.0, 0.0]
+                    lv = [None, None]
+                    for d, (a, b, bd) in enumerate(((w - 1, w, cuts[s_] - 1), (w + m - 1, w + m, cuts[s_ + 1] - 1))):
+                        if 0 <= a and b < 4 and a // 2 != b // 2:   # crosses servers: server NIC
+                            lv[d] = 1
+                            srv = max(sum(1 for r in range(w, w + m) if r // 2 == k) for k in (0, 1))
+                            x[d] = (25e-6 + p.cut_bytes[bd] / c.levels[1].bandwidth) * srv / m
+                        elif 0 <= a and b < 4:                       # inside a server: each GPU's port
+                            lv[d] = 0
+                            x[d] = (5e-6 + p.cut_bytes[bd] / c.levels[0].bandwidth) / m
+                    mine.append(x[0] + x[1] if lv[0] == lv[1] else max(x))
+                    w += m
+                assert port == pytest.approx(mine, rel=1e-9, abs=1e-15)
+                best = min(best, max(*comp, *port))
     flat = partition(p, c, "pipedream", hierarchical=False)
-    assert flat.time_per_minibatch == pytest.approx(best, rel=1e-9)
-    assert flat.notes["dp_objective_s"] == pytest.approx(flat.time_per_minibatch, rel=1e-9)
+    assert flat.notes["dp_objective_s"] == pytest.approx(best, rel=1e-9)
+    assert flat.notes["search_objective_s"] == pytest.approx(best, rel=1e-9)
+    ws = [list(st_.ranks) for st_ in flat.stages]
+    ss = cm.steady_state([(st_.start, st_.end) for st_ in flat.stages], ws, in_flight=[st_.in_flight for st_ in flat.stages])
+    assert flat.time_per_minibatch == pytest.approx(ss.time_s, rel=1e-12)
+    assert flat.time_per_minibatch >= max(ss.compute_s) * (1 - 1e-12)
     # hierarchical layouts: a pipeline over the 2 GPUs of a server, replicated in both servers
-    flat_best, best = best, math.inf
+    best_h, plan_h = math.inf, None
     for S in range(1, min(n, 2) + 1):
         for sizes in compositions(n, S):
             bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
             for reps in compositions(2, S):
-                ranks, links, w = [], [], 0
-                for m in reps:
-                    ranks += [srv * 2 + x for srv in range(2) for x in range(w, w + m)]
-                    w += m
-                    links.append((w - 1, w))
-                plan = build_plan(cm, bounds, [2 * m for m in reps], method="x", dp_time=1.0, ranks_of=ranks,
-                                  cut_links=links[:-1], cut_share=2)
-                best = min(best, plan.time_per_minibatch)
+                comp, port = search_objective(cm, bounds, reps, block=2)
+                if max(*comp, *port) < best_h:
+                    best_h = max(*comp, *port)
+                    ranks, w = [], 0
+                    for m in reps:
+                        ranks += [x + srv * 2 for x in range(w, w + m) for srv in range(2)]
+                        w += m
+                    plan_h = build_plan(cm, bounds, [2 * m for m in reps], method="x", dp_time=1.0,
+                                        ranks_of=ranks, block=2)
     hier_t, hier_bounds, hier_reps = solve(cm, block=2)
-    assert hier_t == pytest.approx(best, rel=1e-9)
+    assert hier_t == pytest.approx(best_h, rel=1e-9)
     got = partition(p, c, "pipedream")
-    assert got.time_per_minibatch == pytest.approx(min(best, flat_best), rel=1e-9)
-    assert got.notes["dp_objective_s"] == pytest.approx(got.time_per_minibatch, rel=1e-9)
+    assert got.time_per_minibatch == pytest.approx(min(plan_h.time_per_minibatch, flat.time_per_minibatch),
+                                                   rel=1e-9)
     if "layout" in got.notes:   # each server holds a replica of every stage; cuts stay inside servers
         ws = got.notes["workers"]
         assert all({ws[r] // 2 for r in st_.ranks} == {0, 1} for st_ in got.stages)
+        # round-robin keeps minibatch t inside server t % 2 on every stage
+        assert all(ws[st_.ranks[t % st_.replicas]] // 2 == t % 2 for st_ in got.stages for t in range(8))
 
 
 @settings(max_examples=100, deadline=None)

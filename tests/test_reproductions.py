@@ -118,6 +118,20 @@ def test_table1_notebook_simulate(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_table1_notebook_measure_mode(tmp_path: Path) -> None:
+    # the code path of measure mode (profile the reduced model here, partition for this machine, run
+    # the plans, simulate them); the reference executor and a given bandwidth keep it to seconds
+    _papermill(REPRO / "pipedream_table1" / "table1.ipynb", tmp_path, model="vgg16", minibatches=4,
+               gantt_minibatches=1, mode="measure", backend="local", measure_steps=2, measure_warmup=1,
+               measure_batch=4, measure_width=0.0625, measure_rounds=1, measure_bandwidth=2e9)
+    row = json.loads((tmp_path / "row.json").read_text())
+    assert row["measure_workers"] == 2 and row["measure_gloo_GBps"] == 2.0
+    for name in ("chosen", "straight"):
+        assert row[f"measure_{name}_measured_speedup"] > 0 and row[f"measure_{name}_simulated_speedup"] > 0
+    assert row["measure_straight_config"] == "straight"
+
+
+@pytest.mark.slow
 def test_weight_stashing_notebook(tmp_path: Path) -> None:
     _papermill(REPRO / "weight_stashing" / "weight_stashing.ipynb", tmp_path, methods=["dp", "pipedream"],
                epochs=1, train_limit=64, batch_size=16, sweep_lrs=[0.1], sweep_methods=["dp"], sweep_epochs=1)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import test_runtime_async_helpers as H
+import torch
 
 from pipelab.partition.plan import Plan
 from pipelab.runtime import buffers, train, wsp
@@ -80,23 +80,31 @@ def test_delayed_policies_match_oracle_and_memory_model(method: str, kw: dict, d
     K = delay + 1
     assert all(n <= K for n in r.versions_held.values())
     assert max(r.versions_held.values()) == K          # the bound is reached, not just respected
-    # peak weight memory per stage vs the cost model's (weights + stashed versions)
+    assert_weight_memory_matches_model(r, PLAN3)
+
+
+def assert_weight_memory_matches_model(r: Any, plan: Plan) -> None:
+    """Peak weight bytes measured per stage within 10% of the cost model's weights + stashed versions."""
     from pipelab.cluster import Cluster
     from pipelab.profile.measure import profile
     from pipelab.sim.costs import CostModel
 
     torch.manual_seed(0)
     prof = profile(H.mlp(), next(iter(H.data()))[0], progress=False)
-    cm = CostModel(prof, Cluster.flat(3))
-    for st in PLAN3.stages:
+    cm = CostModel(prof, Cluster.flat(plan.num_workers))
+    for st in plan.stages:
         mem = cm.memory_bytes(st.start, st.end, versions=r.versions_held[st.index], in_flight=1)
         model = mem["weights"] + mem["stashed_weights"]
         assert abs(r.weight_bytes[st.index] - model) <= 0.1 * model, (st.index, r.weight_bytes, model)
 
 
-def test_pipedream_versions_p_minus_s() -> None:
-    r = run("pipedream", Plan.from_boundaries(5, [1, 2, 3]), microbatches=1, steps=8)
+def test_pipedream_versions_p_minus_s_and_memory() -> None:
+    plan = Plan.from_boundaries(5, [1, 2, 3])
+    r = run("pipedream", plan, microbatches=1, steps=8)
     assert r.versions_held == {0: 4, 1: 3, 2: 2, 3: 1}
+    assert_weight_memory_matches_model(r, plan)
+    ref = run("pipedream", plan, microbatches=1, steps=8, recompute=True)   # stashed values are intact
+    assert H.max_diff(ref.state_dict(), r.state_dict()) < 1e-6
 
 
 # ---------------------------------------------------------------------- PipeMare
@@ -255,3 +263,20 @@ def test_checkpoint_in_processes_resumes_in_reference(tmp_path: Path) -> None:
     full = run("1f1b-flush", PLAN2, backend="gloo", steps=4, checkpoint_every=2, checkpoint_dir=tmp_path)
     resumed = run("1f1b-flush", PLAN2, backend="local", steps=4, resume=tmp_path / "step-00000002")
     assert H.max_diff(resumed.state_dict(), full.state_dict()) == 0.0
+
+
+def test_runtime_options_split_and_checked() -> None:
+    from pipelab.runtime.options import split_options
+
+    sched, rt = split_options("buffered", {"versions": 3, "compression": "int8", "recompute": True})
+    assert sched == {"versions": 3} and rt == {"compression": "int8", "recompute": True}
+    with pytest.raises(ValueError, match="needs checkpoint_dir"):
+        split_options("gpipe", {"checkpoint_every": 2})
+    with pytest.raises(ValueError, match="int >= 1"):
+        split_options("gpipe", {"checkpoint_every": 0, "checkpoint_dir": "x"})
+    with pytest.raises(ValueError, match="needs checkpoint_every"):
+        split_options("gpipe", {"checkpoint_dir": "x"})
+    with pytest.raises(ValueError, match="must be in"):
+        split_options("pipemare", {"decay": 1.5})
+    with pytest.raises(ValueError, match="multiple of 4"):
+        run("hetpipe", HET2, microbatches=1, steps=6, D=0)

@@ -4,14 +4,21 @@ Every partitioner ends here, so every plan's ``time_per_minibatch``, per-stage `
 ``in_flight``, ``versions`` and memory come from the same cost model
 (:class:`pipelab.sim.costs.CostModel`) and the same steady-state formula:
 
-* ``"async"`` (PipeDream, Lv et al.'s buffered pipelines; no flush): stages and cuts work
-  concurrently (compute and communication overlap, PipeDream §3.1), so one minibatch leaves the
-  pipeline every ``max(max_s T_s / r_s, max_cut c)`` seconds, where ``T_s`` is a replica's time for
-  one minibatch (compute with the DDP-style overlapped all-reduce tail) and ``c`` a cut's transfer
-  time (latency + bytes / bandwidth, activations forward and gradients back on a full-duplex link).
-* ``"flush"`` (GPipe): ``M`` microbatches fill and drain the pipeline each minibatch, so a minibatch
-  takes ``(M + P - 1)`` times the slowest per-microbatch step (GPipe §2.2's bubble), plus the
-  all-reduce tail of replicated stages.
+* ``"async"`` (PipeDream, Lv et al.'s buffered pipelines; no flush): stages and transfers work
+  concurrently (PipeDream §3.1), so one minibatch leaves the pipeline every
+  :meth:`CostModel.steady_state` seconds: the largest of the slowest stage ``T_s / r_s`` (a
+  replica's minibatch with the DDP-style overlapped all-reduce tail), the busiest network port
+  (activations forward and gradients back of every cut, round-robin between replica sets) and the
+  round trip over the minibatches in flight (Little's law).
+* ``"flush"`` (GPipe): ``M`` microbatches fill and drain the pipeline each minibatch, all forwards
+  then all backwards (GPipe §2.2). Each phase is a flow shop of ``M`` identical jobs over the
+  stages and the cuts' links, which takes the sum of the per-microbatch times plus ``M - 1`` times
+  the slowest; with equal stages and free transfers that is GPipe's ``(M + P - 1)`` steps.
+  Plus the all-reduce tail of replicated stages.
+
+The partitioners' searches minimise a stage-additive form of the same terms
+(:func:`search_objective`): compute and each stage's own port load, which equals the steady state
+when no port carries two stages' transfers and no round trip outlasts the minibatches in flight.
 """
 
 from __future__ import annotations
@@ -42,18 +49,49 @@ def cut_time_s(cm: CostModel, boundary: int, src: int, dst: int, microbatches: i
     return cm.transfer_s(cm.cut_bytes(boundary, microbatches), src, dst)
 
 
+def search_objective(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int],
+                     block: int | None = None) -> tuple[list[float], list[float]]:
+    """The DP's per-stage terms of a plan on contiguous ranks: ``(T_s / r_s, port term_s)``.
+
+    ``T_s`` is one replica's minibatch (:meth:`CostModel.replica_time_s`), the port term is
+    :meth:`CostModel.stage_port_s` with the neighbours' adjacent ranks. With ``block``, ``replicas``
+    are per block: the pipeline lies on the first ``block`` workers and is replicated in every block
+    (:func:`pipelab.partition.pipedream.block_workers`). The DP minimises the max of both lists.
+    """
+    from pipelab.partition.pipedream import block_workers
+
+    n, Wall = cm.num_layers, cm.cluster.num_workers
+    W = sum(replicas)
+    copies = 1 if block is None else Wall // block
+    cuts = [0, *bounds, n]
+    comp, port, w = [], [], 0
+    for s, m in enumerate(replicas):
+        a, b = cuts[s], cuts[s + 1]
+        phys = list(range(w, w + m)) if block is None else block_workers(cm, block, w, m)
+        comp.append(cm.replica_time_s(a, b, phys) / (m * copies))
+        port.append(cm.stage_port_s(a, b, range(w, w + m), w - 1 if s > 0 else None,
+                                    w + m if w + m < W else None, copies=copies))
+        w += m
+    return comp, port
+
+
 def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *, method: str,
                schedule: str = "async", microbatches: int = 1, versions: str = "in_flight",
                ranks_of: Sequence[int] | None = None, notes: dict[str, Any] | None = None,
                dp_time: float | None = None, in_flight: Sequence[int] | None = None,
-               cut_links: Sequence[tuple[int, int]] | None = None, cut_share: int = 1) -> Plan:
+               block: int | None = None) -> Plan:
     """A Plan for stages cut at ``bounds`` (layer indices) with ``replicas``, with every prediction.
 
     ``ranks_of`` maps plan rank -> cluster worker (default identity); ``dp_time`` is the data-parallel
-    baseline's time per minibatch for ``speedup_over_dp`` (computed when omitted). A cut is priced on
-    the link from the last worker of one stage to the first of the next, or on ``cut_links[s]``
-    (cluster workers) divided by ``cut_share`` when that many disjoint copies of the link carry the
-    minibatches in turn (a pipeline replicated over ``cut_share`` servers).
+    baseline's time per minibatch for ``speedup_over_dp`` (computed when omitted). ``block``: the plan
+    is a pipeline over one ``block`` of workers replicated in every block (``replicas`` are totals,
+    ``ranks_of`` from :func:`pipelab.partition.pipedream.block_workers`); only the search objective
+    noted in ``notes["search_objective_s"]`` depends on it.
+
+    ``"async"``: ``time_per_minibatch`` is :meth:`CostModel.steady_state` (compute, ports under
+    round-robin, round trip). ``"flush"``: all forwards then all backwards of ``M`` microbatches,
+    each a flow shop over stages and cuts: ``sum + (M - 1) * max`` of the per-microbatch times,
+    plus the all-reduce tail.
     """
     prof, n = cm.profile, cm.num_layers
     cuts = [0, *bounds, n]
@@ -65,11 +103,12 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
     if in_flight is None:
         in_flight = (in_flight_pipedream(W, cuts[:-1], replicas) if schedule == "async"
                      else [microbatches] * P)
-    stages, terms, mem_per_worker = [], [], [0] * W
+    stages, terms, mem_per_worker, stage_ws = [], [], [0] * W, []
     rank = 0
     for s in range(P):
         a, b, r = cuts[s], cuts[s + 1], replicas[s]
         ws = phys[rank:rank + r]
+        stage_ws.append(ws)
         t_rep = cm.replica_time_s(a, b, ws, microbatches=1)
         nver = in_flight[s] if versions == "in_flight" else 1
         mem = cm.memory_bytes(a, b, versions=nver, in_flight=in_flight[s], microbatches=microbatches)
@@ -85,19 +124,41 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
         for k in range(rank, rank + r):
             mem_per_worker[k] = mem["total"]
         rank += r
-    # cut terms: last worker of stage s sends to first worker of stage s+1 (contiguous ranks)
-    cut_terms, first = [], 0
-    for s in range(P - 1):
-        first += replicas[s]
-        src, dst = cut_links[s] if cut_links is not None else (phys[first - 1], phys[first])
-        cut_terms.append(cut_time_s(cm, cuts[s + 1] - 1, src, dst,
-                                    microbatches if schedule == "flush" else 1) / cut_share)
+    # one transfer of each cut between the stages' first workers (uncontended), for reports
+    cut_terms = [cut_time_s(cm, cuts[s + 1] - 1, stage_ws[s][0], stage_ws[s + 1][0],
+                            microbatches if schedule == "flush" else 1) for s in range(P - 1)]
+    extra: dict[str, Any] = {}
     if schedule == "async":
-        time = max([*terms, *cut_terms])
+        ss = cm.steady_state(list(zip(cuts[:-1], cuts[1:])), stage_ws, in_flight=in_flight)
+        time = ss.time_s
+        extra = {"bottleneck": ss.bottleneck, "port_max_s": max(ss.ports_s.values(), default=0.0),
+                 "round_trip_s": list(ss.round_trip_s)}
+        if ranks_of is None or block is not None:
+            comp, port = search_objective(cm, bounds, replicas if block is None
+                                          else [r * block // W for r in replicas], block)
+            extra["search_objective_s"] = max([*comp, *port])
+            extra["stage_port_terms_s"] = port
     else:
-        step = max([*terms, *cut_terms])
+        # GPipe's fill-drain is two flow shops of M identical jobs: all forwards (stages and the
+        # cuts' links in turn), then all backwards; a flow shop of identical jobs finishes after
+        # the sum of its machines' times plus (M - 1) times the slowest machine
+        fwd, bwd = [], []
+        for s in range(P):
+            a, b = cuts[s], cuts[s + 1]
+            f, bb = cm.compute_s(a, b, min(stage_ws[s], key=cm.cluster.speed), microbatches)
+            fwd.append(f / replicas[s])
+            bwd.append(bb / replicas[s])
+        fwd_span = sum(fwd) + sum(cut_terms) + (microbatches - 1) * max([*fwd, *cut_terms])
+        bwd_span = sum(bwd) + sum(cut_terms) + (microbatches - 1) * max([*bwd, *cut_terms])
         tails = [st.time_s / st.replicas - terms[i] * microbatches for i, st in enumerate(stages)]
-        time = (microbatches + P - 1) * step + max(0.0, max(tails))
+        # each stage's optimizer step follows its last backward, which is earlier the later the
+        # stage (the last microbatch's backward still has to cross the stages before it)
+        lag, upd = 0.0, 0.0
+        for s in range(P):
+            upd = max(upd, cm.update_s(cuts[s], cuts[s + 1], stage_ws[s][0]) - lag)
+            lag += bwd[s] + (cut_terms[s] if s < P - 1 else 0.0)
+        time = fwd_span + bwd_span + max(0.0, max(tails), upd)
+        extra = {"forward_span_s": fwd_span, "backward_span_s": bwd_span}
     if dp_time is None:
         from pipelab.partition.dp import dp_time_s
 
@@ -107,7 +168,7 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
                 time_per_minibatch=time, speedup_over_dp=dp_time / time if time > 0 else float("inf"),
                 memory_per_worker=tuple(mem_per_worker),
                 notes={"schedule": schedule, "microbatches": microbatches,
-                       "stage_terms_s": terms, "cut_terms_s": cut_terms,
+                       "stage_terms_s": terms, "cut_terms_s": cut_terms, **extra,
                        "compression_ratio": cm.compression_ratio, "optimizer": cm.optimizer,
                        **({"workers": phys} if ranks_of is not None else {}), **(notes or {})})
 

@@ -8,24 +8,31 @@ whole lower-level pipelines.
 
 pipelab's plans place each stage on a contiguous run of ranks (``Plan``'s convention), so we solve
 one DP over ``(layers done, workers used)`` in which each stage's costs are taken from the ranks it
-actually gets: the hierarchical all-reduce over exactly those workers, and each cut priced on the
-link between the last worker of one stage and the first of the next. That is exact over its plan
-space, which contains every plan made of whole blocks (PipeDream's level-by-level plans in rank
-order), and also plans such as "15-1" on 4 x 4 that straddle a server.
+actually gets: the hierarchical all-reduce over exactly those workers, and the load its two cuts
+put on its own network ports. That is exact for its objective over its plan space, which contains
+every plan made of whole blocks (PipeDream's level-by-level plans in rank order), and also plans
+such as "15-1" on 4 x 4 that straddle a server.
 
-Recurrence (``A[j, w]`` = best time per minibatch for layers ``[0, j)`` on workers ``[0, w)``)::
+Recurrence (``A[j, w]`` = best objective for layers ``[0, j)`` on workers ``[0, w)``)::
 
-    A[j, w + m] = min_i max( A[i, w], cut(i, w), T_{w,m}[i, j] / m )
+    A[j, w + m] = min_i max( A[i, w], T_{w,m}[i, j] / m, port_{w,m}(i, j) )
 
 with ``T_{w,m}[i, j]`` one replica's minibatch time (compute + DDP-overlapped all-reduce over workers
-``[w, w+m)``, :meth:`CostModel.replica_time_matrix`), ``cut(i, w)`` the transfer of the activation
-crossing boundary ``i`` from worker ``w-1`` to ``w`` (0 for ``i = 0``), and stages over memory
-(``(versions + 1 + optimizer) * params + in_flight * activations`` above the limit) excluded.
+``[w, w+m)``, :meth:`CostModel.replica_time_matrix`) and ``port_{w,m}(i, j)`` the busy seconds per
+minibatch of the stage's busiest port from the activation entering at ``i`` (from worker ``w-1``)
+and leaving at ``j`` (to worker ``w+m``), gradients the other way
+(:meth:`CostModel.stage_port_s`: the two cuts add when they cross the same level, as on a middle
+stage's NIC; round-robin spreads them over the stage's ports). Stages over memory
+(``(versions + 1 + optimizer) * params + in_flight * activations`` above the limit) are excluded.
+The plan's prediction is then the full :meth:`CostModel.steady_state`, which also sums ports that
+several stages share and bounds the round trip over the minibatches in flight; among the layouts
+searched (flat and per block) the one with the best prediction wins.
+
 Differences from PipeDream's own optimizer, on purpose: compute and communication overlap (``max``
 rather than sum, as the paper's formula says but not every term of its code does); activation and
-gradient transfers are charged at every cut, at every level; the all-reduce hides behind backward
-except for the tail of the earliest layers' gradients; and everything is vectorised with numpy:
-each ``(w, m)`` step is one ``(N+1) x (N+1)`` min-max, so a run is ``O(N^2 W^2)`` numbers in
+gradient transfers are charged on the ports they load, at every level; the all-reduce hides behind
+backward except for the tail of the earliest layers' gradients; and everything is vectorised with
+numpy: each ``(w, m)`` step is one ``(N+1) x (N+1)`` min-max, so a run is ``O(N^2 W^2)`` numbers in
 ``O(W^2 + N W)`` numpy calls.
 """
 
@@ -36,7 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipelab.partition._evaluate import build_plan
+from pipelab.partition._evaluate import build_plan, search_objective
 from pipelab.partition.plan import Plan
 from pipelab.sim.costs import CostModel
 
@@ -60,8 +67,9 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
     pipeline over the ``block`` workers of one block and replicates it in every block
     (PipeDream's hierarchical plans): a stage on inner workers ``[w, w+m)`` runs on those workers of
     all ``copies`` blocks, so it has ``m * copies`` replicas and its all-reduce spans the blocks,
-    while its cuts stay inside a block, each copy of a link carrying ``1 / copies`` of the
-    minibatches. Replica counts returned are per block (multiply by ``copies``).
+    while its cuts stay inside a block (:func:`block_workers`' order makes round-robin keep each
+    minibatch in one block), each copy of a port carrying ``1 / copies`` of the minibatches.
+    Replica counts returned are per block (multiply by ``copies``).
     """
     n = cm.num_layers
     Wall = cm.cluster.num_workers
@@ -82,14 +90,16 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
     par_w = np.full((n + 1, W + 1), -1, dtype=np.int64)
     speeds = [min(cm.cluster.speed(x) for x in phys(w, 1)) for w in range(W)]
     mems = [min(cm.cluster.memory(x) for x in phys(w, 1)) for w in range(W)]
-    # cut cost of boundary i (between layer i-1 and i) from worker w-1 to w
-    link_sb = np.zeros(W + 1)
-    link_lat = np.zeros(W + 1)
-    for w in range(1, W):
-        lv = cm.cluster.link(w - 1, w)
-        link_sb[w] = 1.0 / (cm.compression_ratio * lv.bandwidth) / copies
-        link_lat[w] = lv.latency / copies
-    cut_bytes = np.concatenate([[0.0], cm.cuts, [0.0]])  # index i: activation entering layer i
+    # transfer seconds of the activation entering layer i over the link (w-1, w), per level
+    cut_bytes = np.concatenate([[0.0], np.floor(cm.cuts), [0.0]])  # index i: activation entering layer i
+
+    def cut_x(k: int) -> np.ndarray:
+        lv = cm.cluster.levels[k]
+        x = lv.latency + cut_bytes / cm.compression_ratio / lv.bandwidth
+        x[0] = x[n] = 0.0
+        return x
+    xs = [cut_x(k) for k in range(len(cm.cluster.levels))]
+    lvl = [cm.cluster.level_between(w - 1, w) if 0 < w < W else -1 for w in range(W + 1)]
     # memory of [i, j) with k in flight = g_k[j] - h_k[i]; feasible j form a prefix for each i
     inp = np.concatenate([[float(cm.profile.input_bytes)], cm.cuts, [0.0]])
     idx = np.arange(n + 1)
@@ -116,9 +126,12 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
         from pipelab.partition.prefix_sum import solve as straight_solve
 
         try:
-            U = min(U, straight_solve(cm, memory_limit=memory_limit, buffers=None)[0] * (1 + 1e-9))
+            sbounds = straight_solve(cm, memory_limit=memory_limit, buffers=None)[1]
         except ValueError:
             pass
+        else:
+            comp, port = search_objective(cm, sbounds, [1] * W)
+            U = min(U, max(*comp, *port) * (1 + 1e-9))
     pc = cm.pf + cm.pb
     smax = max(speeds)
     ilo = np.zeros(W + 1, dtype=np.int64)
@@ -129,12 +142,7 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
             ilo[w] = int(np.flatnonzero(pc[n] - pc <= cap_rest * (1 + 1e-12))[0])
             ihi[w] = int(np.flatnonzero(pc <= U * w * copies * smax * (1 + 1e-12))[-1])
     for w in range(W):
-        col = A[:, w]
-        if w > 0:
-            cutc = np.where(idx > 0, link_lat[w] + cut_bytes * link_sb[w], 0.0)
-            base = np.maximum(col, cutc)
-        else:
-            base = col.copy()
+        base = A[:, w].copy()
         rows = np.flatnonzero(np.isfinite(base))
         if rows.size == 0:
             continue
@@ -162,6 +170,11 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
                     penalties[pkey] = np.where(idx[:, None] > jmax[None, :], np.inf, 0.0)  # [j, i]
             pen = penalties[pkey]
             bm = base * (m * copies)
+            # the stage's port term (CostModel.stage_port_s), times m * copies like the T matrix
+            kin, kout = lvl[w], lvl[w + m]
+            ws_in = range(w, w + m)
+            tin = xs[kin] * (cm.port_share(ws_in, kin) * m) if kin >= 0 else None
+            tout = xs[kout] * (cm.port_share(ws_in, kout) * m) if kout >= 0 else None
             c0, c1 = max(lo, int(ilo[w])), int(ihi[w]) + 1        # columns i in [c0, c1)
             r0, r1 = max(int(ilo[w + m]), c0 + 1), int(ihi[w + m]) + 1  # rows j in [r0, r1)
             if c0 >= c1 or r0 >= r1:
@@ -175,6 +188,15 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
                     continue
                 blk = buf[a2:b2, c0:e]
                 np.maximum(TT[a2:b2, c0:e], bm[None, c0:e], out=blk)
+                if tin is not None and tout is not None:
+                    if kin == kout:
+                        np.maximum(blk, tout[a2:b2, None] + tin[None, c0:e], out=blk)
+                    else:
+                        np.maximum(blk, np.maximum(tout[a2:b2, None], tin[None, c0:e]), out=blk)
+                elif tin is not None:
+                    np.maximum(blk, tin[None, c0:e], out=blk)
+                elif tout is not None:
+                    np.maximum(blk, tout[a2:b2, None], out=blk)
                 if pen is not None:
                     blk += pen[a2:b2, c0:e]
                 arg = blk.argmin(axis=1)
@@ -225,7 +247,7 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
     blocks: list[int | None] = [None]
     if hierarchical and not straight:
         blocks += sorted({cl.block_size(k) for k in range(len(cl.levels) - 1)} - {1, Wall})
-    best: tuple[float, int | None, list[int], list[int]] | None = None
+    best: Plan | None = None
     errors = []
     for block in blocks:
         try:
@@ -233,24 +255,24 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
         except ValueError as exc:
             errors.append(exc)
             continue
-        if best is None or total < best[0] * (1 - 1e-12):
-            best = (total, block, bounds, reps)
+        notes: dict[str, object] = {"dp_objective_s": total, "straight": straight}
+        if block is None:
+            plan = build_plan(cm2, bounds, reps, method="pipedream", schedule="async", notes=notes)
+        else:
+            copies = Wall // block
+            ranks_of, w = [], 0
+            for m in reps:
+                ranks_of += block_workers(cm2, block, w, m)
+                w += m
+            notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
+            plan = build_plan(cm2, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
+                              ranks_of=ranks_of, block=block, notes=notes)
+        # the DP's objective is stage-additive; pick the layout whose full steady state is fastest
+        if best is None or plan.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
+            best = plan
     if best is None:
         raise errors[0]
-    total, block, bounds, reps = best
-    notes: dict[str, object] = {"dp_objective_s": total, "straight": straight}
-    if block is None:
-        plan = build_plan(cm2, bounds, reps, method="pipedream", schedule="async", notes=notes)
-    else:
-        copies = Wall // block
-        ranks_of, links, w = [], [], 0
-        for m in reps:
-            ranks_of += block_workers(cm2, block, w, m)
-            w += m
-            links.append((w - 1, w))
-        notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
-        plan = build_plan(cm2, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
-                          ranks_of=ranks_of, cut_links=links[:-1], cut_share=copies, notes=notes)
+    plan = best
     if workers is not None:
         ws = sorted(set(workers))
         mapped = [ws[r] for r in plan.notes.get("workers", range(Wall))]

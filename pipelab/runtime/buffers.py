@@ -142,7 +142,8 @@ class VersionStore(WeightPolicy):
     def weight_bytes(self) -> int:
         """Bytes of distinct storages among the master weights and every stashed version."""
         seen: dict[int, int] = {}
-        for src in [dict(self.params), *self.stash.values()]:
+        srcs: list[Mapping[str, torch.Tensor]] = [self.params, *self.stash.values()]
+        for src in srcs:
             for t in src.values():
                 s = t.untyped_storage()
                 seen[s.data_ptr()] = s.nbytes()
@@ -305,6 +306,16 @@ class PipeMarePolicy(WeightPolicy):
                 d.add_(p.detach(), alpha=1.0 - g)
         self.steps += 1
         super().updated()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Delta EMA, step count and base learning rates (the optimizer's saved lr is a scaled one)."""
+        return {"pipemare": self.state.state_dict(), "steps": self.steps, "base_lrs": self._base_lrs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.state.load_state_dict(state["pipemare"])
+        self.steps = int(state["steps"])
+        self._base_lrs = state["base_lrs"]
 
     def weight_bytes(self) -> int:
         """Master weights plus the delta buffer (PipeMare's one extra weight-sized buffer)."""

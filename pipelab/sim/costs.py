@@ -34,7 +34,6 @@ Assumptions (stated once, used everywhere):
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -44,6 +43,8 @@ import numpy as np
 if TYPE_CHECKING:
     from pipelab.cluster import Cluster
     from pipelab.profile.records import Profile
+
+HBM_BYTES_PER_S = 900e9   # NVIDIA V100 data sheet: 900 GB/s HBM2
 
 # optimizer state bytes per parameter byte (momentum buffer; Adam's two moments)
 OPTIMIZER_STATE: dict[str, int] = {"sgd": 0, "sgd-momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}
@@ -138,6 +139,15 @@ class CostModel:
         self._range(start, end)
         return int(self.pp[end] - self.pp[start])
 
+    def update_s(self, start: int, end: int, worker: int, memory_bandwidth: float = HBM_BYTES_PER_S) -> float:
+        """Seconds of the optimizer step of ``[start, end)``: it streams weights, gradients and optimizer
+        state once through device memory, ``param_bytes * (3 + state) / memory_bandwidth``, scaled by
+        the worker's speed (default bandwidth: a V100's HBM2)."""
+        if not memory_bandwidth > 0:
+            raise ValueError(f"memory_bandwidth={memory_bandwidth!r} must be > 0 bytes/s")
+        return self.param_bytes(start, end) * (3 + self.state_factor) / (
+            memory_bandwidth * self.cluster.speed(worker))
+
     def cut_bytes(self, boundary: int, microbatches: int = 1) -> int:
         """Bytes crossing the cut after layer ``boundary`` for one microbatch (gradient back: same size)."""
         if not (0 <= boundary < len(self.cuts)):
@@ -172,6 +182,55 @@ class CostModel:
     def port_slots(self, port: Hashable) -> int:
         """Transfers a port (from :meth:`ports`) carries at once: its level's ``uplinks``."""
         return self.cluster.levels[port[1]].uplinks  # type: ignore[index]
+
+    def port_share(self, workers: Sequence[int], level: int) -> float:
+        """Largest fraction of a stage's round-robin traffic at ``level`` that one port carries.
+
+        A port at level ``k`` belongs to a level-``k-1`` block and has ``uplinks`` links; round-robin
+        gives each of the stage's replicas ``1 / len(workers)`` of the minibatches.
+        """
+        ws = list(workers)
+        if not ws:
+            raise ValueError("port_share needs at least one worker")
+        inner = self.cluster.block_size(level - 1)
+        per: dict[int, int] = {}
+        for w in ws:
+            per[w // inner] = per.get(w // inner, 0) + 1
+        return max(per.values()) / len(ws) / self.cluster.levels[level].uplinks
+
+    def stage_port_s(self, start: int, end: int, workers: Sequence[int], prev: int | None = None,
+                     nxt: int | None = None, copies: int = 1) -> float:
+        """The partitioners' port term of one stage: busy seconds per minibatch of its busiest port
+        from its own two cuts (activation in and gradient out at the input cut, activation out and
+        gradient in at the output cut).
+
+        ``workers`` are the stage's (contiguous) workers, ``prev`` the last worker of the previous
+        stage and ``nxt`` the first of the next (None at the pipeline's ends); each cut is priced at
+        the level of that link. When both cuts cross the same level they load the same ports, so
+        their times add (a middle stage's port carries both directions of both cuts); otherwise
+        they use different ports. ``copies`` pipelines replicated in disjoint blocks share the
+        minibatches. It is additive over stages (what the DP needs) and equals the
+        :meth:`steady_state` port term when no port carries traffic of two stages' cuts.
+        """
+        self._range(start, end)
+        ws = list(workers)
+        terms: list[tuple[int, float]] = []
+        for other, boundary, first in ((prev, start - 1, ws[0]), (nxt, end - 1, ws[-1])):
+            if other is None:
+                continue
+            if not 0 <= boundary < len(self.cuts):
+                raise ValueError(f"stage [{start}, {end}) has a neighbour across boundary {boundary}, "
+                                 f"which is not a cut of the model")
+            k = self.cluster.level_between(other, first)
+            if k < 0:
+                continue
+            x = self.transfer_s(int(self.cuts[boundary]), other, first)
+            terms.append((k, x * self.port_share(ws, k) / copies))
+        if not terms:
+            return 0.0
+        if len(terms) == 2 and terms[0][0] == terms[1][0]:
+            return terms[0][1] + terms[1][1]
+        return max(t for _, t in terms)
 
     def steady_state(self, ranges: Sequence[tuple[int, int]], workers: Sequence[Sequence[int]], *,
                      in_flight: Sequence[int] | None = None) -> SteadyState:
@@ -225,7 +284,6 @@ class CostModel:
             # lock-step replicas: a burst of k senders per port (one sender: no burst)
             k = max((len(v) for v in burst.values()), default=1)
             waits.append(wait * (k + 1) / 2 if wait > 0 else 0.0)
-            if os.environ.get("NOBURST"): waits[-1] = wait
         rt = []
         flights = list(in_flight) if in_flight is not None else [
             math.ceil(sum(len(w) for w in workers[s:]) / len(workers[s])) for s in range(P)]

@@ -9,9 +9,10 @@ The simulator executes the very :class:`~pipelab.schedules.Schedule` that the ru
   ``B`` (input gradient) and ``W`` (weight gradient), since profiles do not separate them;
 - ``U``: the optimizer step streams weights, gradients and optimizer state once through device
   memory: ``param_bytes * (3 + state) / memory_bandwidth`` (default 900 GB/s, a V100's HBM2);
-- transfers: ``CostModel.transfer_s`` of the cut's bytes per microbatch; a transfer occupies the
-  sender's egress and the receiver's ingress port at the level it crosses (a GPU's port inside a
-  server, the server's NIC across servers, ``Level.uplinks`` links each), one transfer per link;
+- transfers: ``CostModel.transfer_s`` of the cut's bytes per microbatch; a transfer passes the
+  sender's egress and the receiver's ingress port at the level it crosses (``CostModel.ports``: a
+  GPU's port inside a server, the server's NIC across servers, ``Level.uplinks`` links each), one
+  transfer per link at a time, cut-through (the switch buffers between the two ports);
 - all-reduce of replicated stages: DDP-style overlap with the last backward (same formula as
   ``CostModel.replica_time_s``), one at a time per stage.
 
@@ -32,6 +33,7 @@ from pipelab.partition.plan import Plan
 from pipelab.schedules import METHODS
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.sim.costs import HBM_BYTES_PER_S
 from pipelab.sim.engine import Costs, Deadlock, UnitCosts, run
 from pipelab.trace import COMPUTE_KINDS, Event, Trace
 
@@ -40,7 +42,6 @@ if TYPE_CHECKING:
     from pipelab.profile.records import Profile
     from pipelab.sim.costs import CostModel
 
-HBM_BYTES_PER_S = 900e9   # NVIDIA V100 data sheet: 900 GB/s HBM2
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,7 @@ class ProfileCosts(Costs):
         if action.kind in ("B", "W"):
             return b / 2 if split else b
         a, e = self.ranges[action.stage]
-        p = self.model.param_bytes(a, e)
-        return p * (3 + self.model.state_factor) / (self.memory_bandwidth * self.model.cluster.speed(self._w(worker)))
+        return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         """See :meth:`Costs.send`."""
@@ -132,23 +132,17 @@ class ProfileCosts(Costs):
         return hit
 
     def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
-        """The sender's egress and the receiver's ingress port at the level the transfer crosses.
-
-        At level ``k`` the port belongs to the sender's (receiver's) level-``k-1`` block: a GPU inside
-        a server, the whole server across servers, so that two GPUs of one server sending to another
-        server share its NIC (``Level.uplinks`` of them). Full duplex: egress and ingress differ."""
+        """The sender's egress and the receiver's ingress port at the level the transfer crosses
+        (:meth:`CostModel.ports`, the ports the partitioners' steady state loads): a GPU's port
+        inside a server, the whole server's NIC across servers, ``Level.uplinks`` links each."""
         hit = self._channels.get((src, dst))
         if hit is None:
-            a, b = self._w(src), self._w(dst)
-            cl = self.model.cluster
-            k = cl.level_between(a, b)
-            inner = cl.block_size(k - 1)
-            hit = self._channels[(src, dst)] = (("out", k, a // inner), ("in", k, b // inner))
+            hit = self._channels[(src, dst)] = self.model.ports(self._w(src), self._w(dst))
         return hit
 
     def channel_slots(self, channel: Hashable) -> int:
-        """A port has ``Level.uplinks`` independent links."""
-        return self.model.cluster.levels[channel[1]].uplinks if isinstance(channel, tuple) else 1  # type: ignore[index]
+        """A port has ``Level.uplinks`` independent links (:meth:`CostModel.port_slots`)."""
+        return self.model.port_slots(channel) if isinstance(channel, tuple) else 1
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """See :meth:`Costs.allreduce`: tail = max_l [B(l..end) + kappa * P(start..l)] + fixed."""

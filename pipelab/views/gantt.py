@@ -40,8 +40,10 @@ KIND_STYLE: dict[str, dict[str, Any]] = {
 }
 TRANSFER_COLOR = "#7f7f7f"
 COLOR_BY = ("microbatch", "version")
-#: above this many actions ``render="auto"`` paints a raster instead of one SVG box per action
-BARS_MAX = 4000
+#: above this many actions ``render="auto"`` paints a raster instead of one SVG box per action: plotly
+#: draws SVG bars at roughly 1 ms each on a 2-core machine, a raster in about a second regardless
+#: (reproductions/benchmarks/gantt_render.py)
+BARS_MAX = 2000
 #: most time bins (heatmap columns) of a raster Gantt
 RASTER_MAX_BINS = 4000
 

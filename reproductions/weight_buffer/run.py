@@ -11,8 +11,8 @@ weights - see tests/test_runtime_async.py), and prints one row per configuration
 * ``gpipe`` with ``compression="fp16" | "bf16" | "int8"``: test accuracy and the bytes that crossed
   stage boundaries (from the trace).
 
-Usage: ``OMP_NUM_THREADS=1 .venv/bin/python reproductions/weight_buffer/run.py [--epochs 4] [--lr 0.1]
-[--quick] [--out DIR]``. Writes ``results.csv`` and ``results.md`` beside this file (or in ``--out``).
+Usage: ``OMP_NUM_THREADS=1 .venv/bin/python reproductions/weight_buffer/run.py [--epochs 6] [--lr 0.04]
+[--warmup STEPS] [--decay 0.5] [--quick] [--out DIR]``. Writes ``results.csv`` and ``results.md`` beside this file (or in ``--out``).
 """
 
 from __future__ import annotations
@@ -96,26 +96,28 @@ CONFIGS: list[tuple[str, str, dict]] = [
 def main(argv: list[str] | None = None) -> int:
     """Run every configuration and print/write the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=None, help="PipeMare warm-up steps (default: one epoch)")
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=0.04)
+    ap.add_argument("--warmup", type=int, default=None, help="PipeMare warm-up steps K (default: the whole run)")
+    ap.add_argument("--decay", type=float, default=0.5, help="PipeMare's delta decay gamma")
     ap.add_argument("--quick", action="store_true", help="one epoch, three configurations (seconds)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     epochs = 1 if args.quick else args.epochs
     steps = epochs * (len(_train_set()[1]) // BATCH)
-    warmup = args.warmup if args.warmup is not None else steps // epochs
+    warmup = args.warmup if args.warmup is not None else steps
     plan = Plan.even(9, STAGES)
     opt = functools.partial(torch.optim.SGD, lr=args.lr, momentum=0.9)
     rows = []
     configs = CONFIGS[:3] if args.quick else CONFIGS
     print(f"digits CNN, {STAGES} stages {plan.config}, batch {BATCH}, {epochs} epochs = {steps} steps, "
-          f"SGD lr {args.lr} momentum 0.9, PipeMare warm-up {warmup} steps")
+          f"SGD lr {args.lr} momentum 0.9, PipeMare warm-up {warmup} steps, decay {args.decay}")
     for name, method, kw in configs:
         kw = dict(kw)
         if method == "pipemare":
             kw.setdefault("warmup_steps", warmup)
+            kw.setdefault("decay", args.decay)
         t = time.time()
         r = train(model_fn, plan, method=method, data=make_data(epochs), loss_fn=loss_fn, optimizer=opt,
                   steps=steps, backend="local", progress=False, **kw)

@@ -46,6 +46,32 @@ PROBE = r"""() => {
              || []).length};
 }"""
 
+# Started in the page with a list of cells (a "# [tag]" name or a code-cell index): every 100 ms it
+# records, per cell, the prompt, drawn bar boxes, plot divs and heatmap images, with the page's clock,
+# into window.__samples. Sampling inside the page does not depend on round trips from the test
+# process, which a loaded machine can stall for seconds. Read it back with
+# page.evaluate("window.__samples") -> [{t, cells: {key: {prompt, bars, plots, images}}}].
+SAMPLER = r"""(keys) => {
+  window.__samples = [];
+  const find = k => { const cs = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
+    return typeof k === 'number' ? cs[k] : cs.find(
+      c => ((c.querySelector('.jp-InputArea-editor') || {}).textContent || '').includes('# [' + k + ']')); };
+  if (window.__sampler) clearInterval(window.__sampler);
+  window.__sampler = setInterval(() => {
+    const cells = {};
+    for (const k of keys) {
+      const c = find(k);
+      cells[k] = c ? {prompt: ((c.querySelector('.jp-InputArea-prompt') || {}).textContent || '').trim(),
+                      bars: c.querySelectorAll('.js-plotly-plot .barlayer .point').length,
+                      plots: c.querySelectorAll('.js-plotly-plot').length,
+                      images: c.querySelectorAll('.js-plotly-plot .heatmaplayer image').length}
+                   : {prompt: '', bars: 0, plots: 0, images: 0};
+    }
+    window.__samples.push({t: performance.now(), cells});
+  }, 100);
+}"""
+
+
 # The same for a static HTML report (nbconvert): plots in document order.
 REPORT_PROBE = r"""() => ({
   plots: [...document.querySelectorAll('.js-plotly-plot')].map(p => ({

@@ -17,7 +17,7 @@ from pipelab.models.demo import mlp
 
 NUM_LAYERS = 7          # 4 Linear + 3 ReLU: the layers torch.fx sees in mlp(depth=4)
 BATCH = 16
-PAUSE_S = 0.04          # per minibatch, in every worker's data loader
+PAUSE_S = 0.15          # per minibatch, in every worker's data loader: the job streams for seconds
 
 
 def model() -> nn.Module:
