@@ -107,7 +107,7 @@ measure_rounds = 2           # runs per plan, alternating; the median is kept
 measure_bandwidth = 0.0      # bytes/s of the machine model; 0: measure the gloo loopback
 backend = "gloo"
 seed = 0
-out_dir = "."                # row.json (and the measure-mode numbers) are written here
+out_dir = ""                 # if set, row.json (this row's numbers, for the driver) is written there
 report = False               # True under the driver: figures as HTML, plotly.js added once by the report
 ''', "parameters"),
     code(SHOW),
@@ -237,8 +237,8 @@ elif mode != "simulate":
     raise ValueError(f"mode={mode!r} must be 'simulate' or 'measure'")
 '''),
     code('''
-out = rp.write_row(Path(out_dir) / "row.json", row)
-print("wrote", out)
+if out_dir:
+    print("wrote", rp.write_row(Path(out_dir) / "row.json", row))
 '''),
 ]
 
@@ -281,7 +281,7 @@ sweep_methods = ["dp", "pipedream", "naive-async"]
 sweep_epochs = 6
 train_limit = 0              # 0: the whole training split; >0: only that many samples (tests)
 backend = "local"            # local: the single-process reference executor; gloo: real processes
-seed = 0
+seeds = [0, 1]               # each seed: its own initial weights, train/test split and data order
 out_dir = "."
 report = False
 ''', "parameters"),
@@ -294,16 +294,19 @@ import pandas as pd
 import pipelab as pl
 from pipelab import reproduce as rp
 
-curves = rp.stash_experiment(methods, stages=stages, epochs=epochs, batch_size=batch_size, lr=lr,
-                             momentum=momentum, channels=channels, train_limit=train_limit,
-                             backend=backend, seed=seed, progress=not report)
+runs = [rp.stash_experiment(methods, stages=stages, epochs=epochs, batch_size=batch_size, lr=lr,
+                            momentum=momentum, channels=channels, train_limit=train_limit,
+                            backend=backend, seed=s, progress=not report).assign(seed=s) for s in seeds]
+per_seed = pd.concat(runs, ignore_index=True)
+curves = rp.mean_over_seeds(per_seed)
 curves.pivot(index="epoch", columns="method", values="test_accuracy")
 '''),
     md('''
 ## Summary
 
-`late_accuracy` is the mean test accuracy over the last three epochs (one epoch's accuracy on 360
-test images moves by a few points from epoch to epoch); the gap is to data parallelism, in points.
+Accuracies are means over the seeds. `late_accuracy` is the mean test accuracy over the last three
+epochs (one epoch's accuracy on 360 test images moves by a few points from epoch to epoch); the gap
+is to data parallelism, in points.
 '''),
     code('''
 final = rp.stash_summary(curves)
@@ -323,19 +326,20 @@ mean of the last three epochs):
     code('''
 sweep = rp.stash_lr_sweep(sweep_methods, sweep_lrs, stages=stages, epochs=sweep_epochs, batch_size=batch_size,
                           momentum=momentum, channels=channels, train_limit=train_limit, backend=backend,
-                          seed=seed, progress=not report)
+                          seed=seeds[0], progress=not report)
 sweep
 '''),
     code('''
 out = Path(out_dir)
 rp.write_table(sweep, out / "lr_sweep.csv")
+rp.write_table(per_seed, out / "accuracy_per_seed.csv")
 rp.write_table(curves, out / "accuracy.csv")
 rp.write_table(final, out / "summary.csv")
 rp.write_text(out / "accuracy.svg", rp.svg_curves(curves, x="epoch", y="test_accuracy", color="method",
                                                   title=f"digits CNN, {stages} stages: test accuracy per epoch"))
 verdict = rp.stash_verdict(final)
 rp.write_text(out / "results.md", f"# Weight stashing: results\\n\\nlr {lr}, momentum {momentum}, {epochs} epochs, "
-              f"{stages} stages\\n\\n{rp.markdown_table(final)}\\n\\n```\\n{verdict}\\n```\\n\\n"
+              f"{stages} stages, mean of seeds {seeds}\\n\\n{rp.markdown_table(final)}\\n\\n```\\n{verdict}\\n```\\n\\n"
               f"## Learning-rate sweep (late accuracy)\\n\\n{rp.markdown_table(sweep)}\\n")
 '''),
 ]
@@ -442,6 +446,50 @@ rp.write_text(Path(out_dir) / "results.md", text)
 '''),
 ]
 
+
+# --------------------------------------------------------------------------- weight buffer (run.py by the runtime's authors)
+BUFFER = [
+    md('''
+# Bounded weight buffers, 2BW, PipeMare's two techniques, and activation compression
+
+**Claims.** Lv et al. (CCGrid'23) bound the weight versions a stage keeps to `K` (`buffered`);
+PipeDream-2BW (Narayanan et al., ICML'21 §3) keeps two and trains like data parallelism; PipeMare
+(Yang et al., MLSys'21 §3) keeps none and corrects with learning-rate rescheduling (T1) and
+discrepancy correction (T2); compressing the activations and gradients sent between stages (fp16,
+bf16, int8) cuts the bytes on the wire by 2× or 4× with little effect on accuracy.
+
+**Set-up.** `run.py` in this folder (written with the runtime's weight policies): the digits CNN over
+4 stages, SGD with momentum 0.9, the runtime's reference executor, several seeds per configuration;
+test accuracy against GPipe's (synchronous), and the bytes that crossed stage boundaries (from the
+trace). This notebook runs it and shows its table.
+'''),
+    code('''
+epochs = 6
+lr = 0.04
+seeds = 3
+quick = False                # one epoch, one seed, three configurations (tests)
+out_dir = "."
+report = False
+''', "parameters"),
+    code('''
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+args = [sys.executable, "run.py", "--out", str(Path(out_dir).resolve())]
+args += ["--quick"] if quick else ["--epochs", str(epochs), "--lr", str(lr), "--seeds", str(seeds)]
+done = subprocess.run(args, capture_output=True, text=True)
+print(done.stdout[-4000:])
+if done.returncode != 0:
+    raise RuntimeError(f"run.py failed ({done.returncode}):\\n{done.stderr[-4000:]}")
+'''),
+    code('''
+table = pd.read_csv(Path(out_dir) / f"results_lr{lr:g}.csv")
+table
+'''),
+]
 
 NOTEBOOKS = {
     HERE / "pipedream_table1" / "table1.ipynb": (TABLE1, "PipeDream Table 1"),

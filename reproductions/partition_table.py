@@ -123,8 +123,17 @@ READING = """\
   speed 4 (a device four times faster than the profiler, communication unchanged) communication
   weighs four times more and the pipelined configurations win by the paper's margins.
 * GNMT's DP all-reduces 775 MB (GNMT-8) or 1.1 GB (GNMT-16) of weights per minibatch over 10 Gbps
-  Ethernet on cluster A, so pipelab prefers deep pipelines with little replication there; its
-  choice is at least as fast as the paper's straight pipeline in the same model (column 6).
+  Ethernet on cluster A, so pipelab prefers deep pipelines with little replication there.
+* Every prediction is the cost model's steady state (`CostModel.steady_state`): the slowest
+  stage, the busiest network port (a middle stage's port carries its activations forward *and*
+  its gradients back; a server's NIC carries every cross-server transfer of every stage on it,
+  round-robin between replica sets) and the round trip over the minibatches in flight. The
+  discrete-event simulator agrees within 10% on the plans of the shipped profiles except where
+  replicated stages run in lock-step (tests/test_sim_vs_partition.py lists them with the ratio).
+* The partitioner's DP minimises a stage-additive form of those terms, then moves boundaries on
+  the full steady state and also weighs the best straight pipeline and data parallelism; it can
+  still miss a replica configuration whose cost only shows with ports shared across stages (e.g.
+  VGG-16 on B at speed 4: "11-5" chosen, the paper's "15-1" predicted faster in column 6).
 """
 
 

@@ -79,6 +79,38 @@ def test_table1_row_error_and_shape() -> None:
     assert straight["shape_matches"] is False and straight["within_25pct"] is False
 
 
+def test_wsp_timeline_by_hand() -> None:
+    # two VWs, 1 s and 2 s per wave, push and pull 0.5 s each.
+    # D = 0: wave k starts when every VW has pushed wave k-1, then a pull: 2 + 0.5 + 0.5 = 3.0, ...
+    assert rp.wsp_makespan([1.0, 2.0], waves=3, staleness=0, push_s=0.5, pull_s=0.5) == [
+        [1.0, 4.0, 7.0], [2.0, 5.0, 8.0]]
+    # D = 1: the fast VW starts wave 1 at once (1.0 -> 2.0); wave 2 needs every push of wave 0 (2.5),
+    # which it waits for and pulls (3.0 -> 4.0); the slow VW never waits (its own wave 0 push is
+    # done before its wave 1 ends).
+    assert rp.wsp_makespan([1.0, 2.0], waves=3, staleness=1, push_s=0.5, pull_s=0.5) == [
+        [1.0, 2.0, 4.0], [2.0, 4.0, 6.0]]
+    with pytest.raises(ValueError, match="D=-1"):
+        rp.wsp_makespan([1.0], waves=2, staleness=-1)
+
+
+def test_rebatch_scales_activations_not_weights() -> None:
+    from pipelab.profile.records import Profile
+
+    prof = Profile.synthetic([1.0, 2.0], [2.0, 4.0], out_bytes=[100, 40], param_bytes=[8, 16], batch_size=8,
+                             input_bytes=64)
+    half = rp.rebatch(prof, 4)
+    assert half.batch_size == 4 and half.input_bytes == 32
+    assert [layer.fwd_s for layer in half.layers] == [0.5, 1.0]
+    assert [layer.out_bytes for layer in half.layers] == [50, 20] and half.cut_bytes == (prof.cut_bytes[0] // 2,)
+    assert half.param_bytes == prof.param_bytes
+
+
+def test_parse_method() -> None:
+    assert rp.parse_method("pipedream+vertical_sync") == ("pipedream", {"vertical_sync": True})
+    assert rp.parse_method("buffered:3") == ("buffered", {"versions": 3})
+    assert rp.parse_method("dp") == ("dp", {})
+
+
 def test_svg_chart_is_well_formed() -> None:
     df = pd.DataFrame({"epoch": [1, 2, 1, 2], "acc": [0.5, 0.9, 0.4, 0.6], "method": ["dp", "dp", "x", "x"]})
     svg = rp.svg_curves(df, x="epoch", y="acc", color="method", title="t & <u>")

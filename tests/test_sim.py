@@ -175,10 +175,8 @@ def test_dp_matches_replica_formula() -> None:
     assert res.time_per_minibatch == pytest.approx(want, rel=0.02)
 
 
-# (model, cluster, partitioner, method): cases where the partitioner's steady-state formula and the
-# simulator model the same thing (communication hidden or negligible). Where transfers are long the
-# simulator is slower: NOAM in flight does not cover the transfers' round trip, and round-robin
-# sends across servers share the server's NIC while the partitioner prices one intra-server link.
+# (model, cluster, partitioner, method): a few of the cases of tests/test_sim_vs_partition.py, which
+# checks every shipped profile x cluster x partitioner and documents the remaining exceptions.
 AGREE = [
     ("gnmt", "pipedream-c:4", "pipedream", "pipedream"),
     ("resnet50", "pipedream-c:4", "pipedream", "pipedream"),

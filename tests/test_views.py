@@ -246,18 +246,24 @@ def test_partition_graph_refuses_a_plan_for_another_profile():
 
 # ------------------------------------------------------------------ memory
 def test_memory_breakdown_and_limit():
-    prof = Profile.synthetic([1.0] * 4, out_bytes=[100, 200, 300, 400], param_bytes=[1000, 2000, 3000, 4000])
+    # saved_bytes are not recorded, so a stage keeps its layers' outputs plus its input (the cut before it)
+    prof = Profile.synthetic([1.0] * 4, out_bytes=[100, 200, 300, 400], param_bytes=[1000, 2000, 3000, 4000],
+                             input_bytes=50)
     stages = (Stage(0, 0, 2, 1, (0,), in_flight=2, versions=2), Stage(1, 2, 4, 1, (1,), in_flight=1, versions=1))
     plan = Plan(stages=stages, num_layers=4)
-    mb = memory_breakdown(plan, prof, optimizer_slots=2)
-    assert mb[0] == {"weights": 3000, "stashed versions": 3000, "activations": 2 * 300, "optimizer state": 6000}
-    assert mb[1] == {"weights": 7000, "stashed versions": 0, "activations": 700, "optimizer state": 14000}
-    fig = memory(plan, prof, limit=15_000, optimizer_slots=2)
-    assert [t.name for t in fig.data] == ["weights", "stashed versions", "activations", "optimizer state"]
+    mb = memory_breakdown(plan, prof, optimizer="adam")
+    assert mb[0] == {"weights": 3000, "stashed versions": 3000, "gradients": 3000, "optimizer state": 6000,
+                     "activations": 2 * (50 + 100 + 200)}
+    assert mb[1] == {"weights": 7000, "stashed versions": 0, "gradients": 7000, "optimizer state": 14000,
+                     "activations": 200 + 300 + 400}
+    assert memory_breakdown(plan, prof, microbatches=2)[1]["activations"] == 450     # half a minibatch
+    fig = memory(plan, prof, limit=16_000, optimizer="adam")
+    assert [t.name for t in fig.data] == ["weights", "stashed versions", "gradients", "optimizer state",
+                                          "activations"]
     assert fig.layout.barmode == "stack"
-    assert list(fig.layout.meta["totals"]) == [12600, 21700]
+    assert list(fig.layout.meta["totals"]) == [15700, 28900]
     assert list(fig.layout.meta["over_limit"]) == ["w1"]
-    assert any(abs(s.y0 - 15_000 / 1e9) < 1e-15 for s in fig.layout.shapes)
+    assert any(abs(s.y0 - 16_000 / 1e9) < 1e-15 for s in fig.layout.shapes)
     # a result with per-worker peaks only; a plan without profile or predictions is an error
     peaks = memory(SimpleNamespace(peak_memory=[5e9, 7e9]))
     assert [t.name for t in peaks.data] == ["total"] and list(peaks.data[0].y) == [5.0, 7.0]
@@ -353,3 +359,22 @@ def test_schedule_memory_closed_forms():
     fig = memory(one_f_one_b(P, M))
     assert fig.layout.yaxis.title.text == "units"
     assert list(fig.layout.meta["totals"]) == [1 + P - s for s in range(P)]
+
+
+def test_views_of_a_real_simulation():
+    """gantt/memory/compare over pl.simulate's SimResult (the simulator's own bubble and peaks)."""
+    import pipelab as pl
+
+    prof = Profile.synthetic([1e-3] * 8, out_bytes=[4096] * 8, param_bytes=[10_000] * 8)
+    cluster = pl.Cluster.flat(4)
+    plan = Plan.even(8, 4, profile_fingerprint=prof.fingerprint())
+    sim = pl.simulate(plan, prof, cluster, method="1f1b-flush", microbatches=8, minibatches=2)
+    fig = gantt(sim)
+    mean_bubble = sum(sim.bubble_fraction) / len(sim.bubble_fraction)
+    assert fig.layout.meta["bubble_fraction"] == pytest.approx(mean_bubble)
+    assert fig.layout.meta["boxes"] == len(sim.trace.compute_events()) == len(sim.schedule)
+    assert sum(len(t.x) for t in fig.data if t.name != "transfer") == len(sim.schedule)
+    mem = memory(sim, limit=1e9)
+    assert list(mem.layout.meta["totals"]) == list(sim.peak_memory)
+    df = compare_table({"sim": sim, "plan": Plan.even(8, 4).with_predictions(time_per_minibatch=1.0)})
+    assert df.loc["sim", "throughput"] == pytest.approx(sim.throughput)

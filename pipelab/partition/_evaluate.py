@@ -75,6 +75,47 @@ def search_objective(cm: CostModel, bounds: Sequence[int], replicas: Sequence[in
     return comp, port
 
 
+def refine_bounds(cm: CostModel, bounds: Sequence[int], stage_workers: Sequence[Sequence[int]], *,
+                  memory_limit: float | None = None, max_evals: int = 400, window: int = 16) -> list[int]:
+    """Move stage boundaries, one at a time, to where :meth:`CostModel.steady_state` is smallest.
+
+    The DP's objective is stage-additive and cannot see that a replicated stage's round-robin sends
+    cross servers from ranks its neighbour does not touch, or that stages share a port; this
+    coordinate descent on the full steady state (replicas and ranks fixed, memory respected) fixes
+    the boundaries it placed by that objective. Each boundary tries every position between its
+    neighbours (within ``window`` layers of where it is); at most ``max_evals`` evaluations.
+    """
+    n, P = cm.num_layers, len(stage_workers)
+    cur = [0, *bounds, n]
+    reps = [len(w) for w in stage_workers]
+    flights = in_flight_pipedream(sum(reps), cur[:-1], reps)
+
+    def fits(s: int, a: int, b: int) -> bool:
+        lim = memory_limit if memory_limit is not None else min(cm.cluster.memory(w) for w in stage_workers[s])
+        return cm.memory_bytes(a, b, versions=flights[s], in_flight=flights[s])["total"] <= lim
+
+    def cost(c: list[int]) -> float:
+        return cm.steady_state(list(zip(c[:-1], c[1:])), stage_workers, in_flight=flights).time_s
+
+    best = cost(cur)
+    evals, improved = 1, True
+    while improved and evals < max_evals:
+        improved = False
+        for s in range(1, P):
+            lo, hi = max(cur[s - 1] + 1, cur[s] - window), min(cur[s + 1] - 1, cur[s] + window)
+            for b in range(lo, hi + 1):
+                if b == cur[s] or evals >= max_evals:
+                    continue
+                if not (fits(s - 1, cur[s - 1], b) and fits(s, b, cur[s + 1])):
+                    continue
+                trial = [*cur[:s], b, *cur[s + 1:]]
+                t = cost(trial)
+                evals += 1
+                if t < best * (1 - 1e-9):
+                    best, cur, improved = t, trial, True
+    return cur[1:-1]
+
+
 def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *, method: str,
                schedule: str = "async", microbatches: int = 1, versions: str = "in_flight",
                ranks_of: Sequence[int] | None = None, notes: dict[str, Any] | None = None,
@@ -134,10 +175,10 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
         extra = {"bottleneck": ss.bottleneck, "port_max_s": max(ss.ports_s.values(), default=0.0),
                  "round_trip_s": list(ss.round_trip_s)}
         if ranks_of is None or block is not None:
-            comp, port = search_objective(cm, bounds, replicas if block is None
-                                          else [r * block // W for r in replicas], block)
-            extra["search_objective_s"] = max([*comp, *port])
-            extra["stage_port_terms_s"] = port
+            so_comp, so_port = search_objective(cm, bounds, replicas if block is None
+                                                else [r * block // W for r in replicas], block)
+            extra["search_objective_s"] = max([*so_comp, *so_port])
+            extra["stage_port_terms_s"] = so_port
     else:
         # GPipe's fill-drain is two flow shops of M identical jobs: all forwards (stages and the
         # cuts' links in turn), then all backwards; a flow shop of identical jobs finishes after

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipelab.partition._evaluate import build_plan, search_objective
+from pipelab.partition._evaluate import build_plan, refine_bounds, search_objective
 from pipelab.partition.plan import Plan
 from pipelab.sim.costs import CostModel
 
@@ -235,7 +235,8 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
 
     Searches plans on contiguous ranks and, with ``hierarchical`` (default), also pipelines laid
     over one block of each inner level (one server, ...) and replicated in every block, as
-    PipeDream's level-by-level solution does; returns the fastest. ``workers`` restricts the plan
+    PipeDream's level-by-level solution does, plus the best straight pipeline and data
+    parallelism; returns the one whose :meth:`CostModel.steady_state` is fastest. ``workers`` restricts the plan
     to a regular subset of the cluster (whole servers, or GPUs of one server); ``straight=True``
     forbids replication (one worker per stage).
     """
@@ -247,29 +248,53 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
     blocks: list[int | None] = [None]
     if hierarchical and not straight:
         blocks += sorted({cl.block_size(k) for k in range(len(cl.levels) - 1)} - {1, Wall})
+    # (block, straight) searches; the straight pipeline and the one-stage plan are in the flat
+    # search's space, but its stage-additive objective cannot see ports that several stages share,
+    # so their own optima are candidates too, judged like the rest by the full steady state
+    searches: list[tuple[int | None, bool]] = [(b, straight) for b in blocks]
+    if not straight and 1 < Wall <= cm2.num_layers:
+        searches.append((None, True))
     best: Plan | None = None
     errors = []
-    for block in blocks:
+    for block, strt in searches:
         try:
-            total, bounds, reps = solve(cm2, straight=straight, memory_limit=memory_limit, block=block)
+            total, bounds, reps = solve(cm2, straight=strt, memory_limit=memory_limit, block=block)
         except ValueError as exc:
             errors.append(exc)
             continue
-        notes: dict[str, object] = {"dp_objective_s": total, "straight": straight}
+        notes: dict[str, object] = {"dp_objective_s": total, "straight": straight, "dp_bounds": bounds}
         if block is None:
+            stage_ws, w = [], 0
+            for m in reps:
+                stage_ws.append(list(range(w, w + m)))
+                w += m
+            bounds = refine_bounds(cm2, bounds, stage_ws, memory_limit=memory_limit)
             plan = build_plan(cm2, bounds, reps, method="pipedream", schedule="async", notes=notes)
         else:
             copies = Wall // block
-            ranks_of, w = [], 0
+            ranks_of, w, stage_ws = [], 0, []
             for m in reps:
-                ranks_of += block_workers(cm2, block, w, m)
+                stage_ws.append(block_workers(cm2, block, w, m))
+                ranks_of += stage_ws[-1]
                 w += m
+            bounds = refine_bounds(cm2, bounds, stage_ws, memory_limit=memory_limit)
             notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
             plan = build_plan(cm2, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
                               ranks_of=ranks_of, block=block, notes=notes)
-        # the DP's objective is stage-additive; pick the layout whose full steady state is fastest
+        # the DP's objective is stage-additive; pick the plan whose full steady state is fastest
         if best is None or plan.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
             best = plan
+    if not straight and best is not None and len(best.stages) > 1:
+        try:
+            from pipelab.partition.dp import partition_dp
+
+            dp = partition_dp(cm2, memory_limit=memory_limit)
+        except ValueError:
+            pass
+        else:
+            if dp.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
+                best = build_plan(cm2, [], [Wall], method="pipedream", schedule="async",
+                                  notes={"dp_objective_s": dp.time_per_minibatch, "straight": False})
     if best is None:
         raise errors[0]
     plan = best

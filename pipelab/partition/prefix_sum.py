@@ -9,11 +9,15 @@ cut costs, so a binary search over their sorted values finds it exactly. Feasibi
 sweep over stages in which each start ``i`` reaches an interval of ends (binary searches in the
 prefix sums), so a probe costs ``O(S N log N)`` and the whole search ``O(N^2 log N)`` for the sort
 of candidates plus ``O(S N log^2 N)``.
+
+The plan's predicted time per minibatch is the cost model's full steady state
+(:meth:`pipelab.sim.costs.CostModel.steady_state`), which can exceed the balanced bottleneck ``X``
+(kept in ``notes["bottleneck_s"]``): a middle stage's port carries both of its cuts, both ways, and
+a server's NIC the cross-server transfers of every stage on it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np

@@ -109,7 +109,7 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
         if _STEP_RE.match(p.name) and (p / "manifest.json").exists():
             try:
                 read_record(p / "manifest.json", "checkpoint", SCHEMA_VERSION)
-            except ValueError:
+            except (ValueError, OSError):   # corrupt, or pruned by another worker meanwhile
                 continue
             out.append(p)
     return out

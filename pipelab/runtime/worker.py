@@ -338,24 +338,20 @@ class Worker:
         split = self.split[st.index]
         names, weights = self._weights_used(st, v)
         targets = leaves + ([] if split else weights)
-        gs: list[torch.Tensor | None] = [None] * len(targets)
         if outs and targets:
-            gs = list(torch.autograd.grad(outs, targets, gouts, allow_unused=True, retain_graph=split))
+            # backward() accumulates into .grad in place (no fresh gradient tensors per microbatch):
+            # about twice as fast as autograd.grad plus a sum on CPU
+            torch.autograd.backward(outs, gouts, inputs=targets, retain_graph=split)
         sends: list[Send] = []
         if not st.is_first:
-            g_in = iter(gs[:len(leaves)])
-            msg = []
-            for x in pend.inputs:
-                if x.is_floating_point():
-                    gx = next(g_in) if x.requires_grad else None
-                    msg.append(torch.zeros_like(x) if gx is None else gx)
+            msg = [(torch.zeros_like(x) if x.grad is None else x.grad) for x in pend.inputs if x.is_floating_point()]
             if msg:
                 s = st.index
                 sends.append(Send(self.job.schedule.worker_of(s - 1, m), tag(GRAD, s - 1, m, self.nb), msg))
         if split:
             pend.grad_outputs, pend.grad_targets = gouts, outs
         else:
-            self._accumulate(st, names, gs[len(leaves):])
+            self._to_master(st, names, weights)
             del st.pending[m]
             st.policy.backward_done(m)
         return sends, v
@@ -366,21 +362,23 @@ class Worker:
         names, weights = self._weights_used(st, v)
         outs = pend.grad_targets or []
         if outs and weights:
-            gs = torch.autograd.grad(outs, weights, pend.grad_outputs, allow_unused=True)
-            self._accumulate(st, names, list(gs))
+            torch.autograd.backward(outs, pend.grad_outputs, inputs=weights)
+            self._to_master(st, names, weights)
         st.policy.backward_done(m)
         return [], v
 
     @staticmethod
-    def _accumulate(st: StageState, names: list[str], grads: list[Any]) -> None:
-        for n, g in zip(names, grads):
-            if g is None:
-                continue
+    def _to_master(st: StageState, names: list[str], weights: list[torch.Tensor]) -> None:
+        """Move gradients computed against a stashed version onto the master weights."""
+        for n, t in zip(names, weights):
             p = st.params[n]
+            if t is p or t.grad is None:
+                continue
             if p.grad is None:
-                p.grad = g.detach()
+                p.grad = t.grad
             else:
-                p.grad.add_(g)
+                p.grad.add_(t.grad)
+            t.grad = None
 
     # ------------------------------------------------------------------ U
     def begin_update(self, i: int) -> torch.Tensor | None:

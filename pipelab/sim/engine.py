@@ -41,8 +41,10 @@ class Costs:
         raise NotImplementedError
 
     def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
-        """Resources a transfer ``src -> dst`` occupies for its whole duration (default: the directed
-        link alone). Transfers sharing a channel run one at a time, in the order they are issued."""
+        """Resources a transfer ``src -> dst`` passes, in order (default: the directed link alone).
+        Each carries one transfer at a time per slot, in the order they are issued; a transfer holds
+        each channel for its duration and enters the next one cut-through (not before it entered
+        this one, and once that one is free)."""
         return ((src, dst),)
 
     def channel_slots(self, channel: Hashable) -> int:

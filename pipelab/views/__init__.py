@@ -1,8 +1,10 @@
 """Views: pure functions from pipelab records to ``plotly.graph_objects.Figure``.
 
-- :func:`gantt` — one row per worker, one box per action (Trace, Schedule or a result with ``.trace``)
+- :func:`gantt` — one row per worker, one box per action (Trace, Schedule or a result with ``.trace``);
+  :func:`schedule_trace` lays a bare schedule out with unit costs, :func:`bubble_fraction` measures idle time
 - :func:`partition_graph` — the layer graph coloured by stage (Profile + Plan)
 - :func:`memory` — per-worker memory, stacked by component, against the device limit
+  (:func:`memory_breakdown` for a plan, :func:`schedule_memory` in units for a bare schedule)
 - :func:`compare` — throughput and speed-up across methods or plans
 
 Nothing here imports ipywidgets; live, interactive versions live in :mod:`pipelab.widgets`.

@@ -5,10 +5,14 @@ with a ``.trace`` (``SimResult``, ``RunResult``) and a bare :class:`~pipelab.sch
 which is first laid out with unit costs (:func:`schedule_trace`) so that it can be drawn before any
 profile or cluster exists.
 
-Drawing: one ``go.Bar`` trace per action kind (``base`` = start, ``x`` = duration, horizontal) so that
-tens of thousands of boxes are one SVG layer each rather than one shape each. Kinds differ by fill
-pattern and outline (F solid, B hatched ``/``, W dotted, U dark outline); colour is the microbatch or
-the weight version. Transfers (``send``/``recv``/``allreduce``) are drawn as thin bars under each row.
+Drawing: up to :data:`BARS_MAX` actions, one ``go.Bar`` trace per action kind (``base`` = start,
+``x`` = duration, horizontal; numeric colour arrays, so building 65k boxes takes a fraction of a
+second). Kinds differ by fill pattern and outline (F solid, B hatched ``/``, W dotted, U thick dark
+outline); colour is the microbatch or the weight version; hover gives stage, microbatch, version,
+times and bytes. Transfers (``send``/``recv``/``allreduce``) are thin grey bars under each row.
+Browsers draw SVG boxes at about a millisecond each, so larger charts are painted as one heatmap
+image on a time grid instead (``render="raster"``: F as is, B darker, W lighter, U black); see
+``reproductions/benchmarks/gantt_render.py`` for bars vs shapes vs raster timings.
 """
 
 from __future__ import annotations
@@ -201,6 +205,8 @@ def _as_trace(source: Any, costs: Mapping[str, float] | None) -> tuple[Trace, fl
     trace = getattr(source, "trace", None)
     if isinstance(trace, Trace):
         bub = getattr(source, "bubble_fraction", None)
+        if isinstance(bub, (tuple, list)) and bub and all(isinstance(b, (int, float)) for b in bub):
+            bub = sum(bub) / len(bub)    # the simulator's is per worker, over its measured window
         return trace, float(bub) if isinstance(bub, (int, float)) else None
     if isinstance(source, (list, tuple)) and all(isinstance(e, Event) for e in source):
         return Trace.from_events(source), None

@@ -3,8 +3,9 @@
 Components: ``weights`` (the stage's parameters), ``stashed versions`` (extra weight copies a method
 keeps: PipeDream stashes one per in-flight minibatch, Narayanan et al. SOSP'19 §3.3; 2BW keeps two,
 Narayanan et al. ICML'21 §3.1; Lv et al.'s buffered method at most K), ``activations`` (what the
-in-flight microbatches saved for backward) and ``optimizer state`` (momentum: one slot per
-parameter; Adam: two).
+in-flight microbatches saved for backward), ``gradients`` (one buffer) and ``optimizer state``
+(momentum: one slot per parameter; Adam: two). Plans are costed by the simulator's cost model, so the
+chart, the partitioner's memory check and the simulator agree.
 """
 
 from __future__ import annotations
@@ -18,28 +19,37 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.schedules.actions import Schedule
 
-COMPONENTS = ("weights", "stashed versions", "activations", "optimizer state")
-COMPONENT_COLORS = {"weights": "#1f77b4", "stashed versions": "#9467bd", "activations": "#ff7f0e",
-                    "optimizer state": "#2ca02c", "total": "#7f7f7f"}
+COMPONENTS = ("weights", "stashed versions", "gradients", "optimizer state", "activations")
+COMPONENT_COLORS = {"weights": "#1f77b4", "stashed versions": "#9467bd", "gradients": "#8c564b",
+                    "optimizer state": "#2ca02c", "activations": "#ff7f0e", "total": "#7f7f7f"}
 
 
-def memory_breakdown(plan: Plan, profile: Profile, *, optimizer_slots: int = 1) -> dict[int, dict[str, int]]:
+#: display names of the simulator's memory components (pipelab.sim.costs.CostModel.memory_bytes)
+_COMPONENT_NAMES = {"weights": "weights", "stashed_weights": "stashed versions", "gradients": "gradients",
+                    "optimizer": "optimizer state", "activations": "activations"}
+
+
+def memory_breakdown(plan: Plan, profile: Profile, *, optimizer: str = "sgd-momentum",
+                     microbatches: int = 1) -> dict[int, dict[str, int]]:
     """Predicted peak bytes per worker and component for ``plan`` on ``profile``.
 
-    Per replica of stage ``s`` with parameters ``P_s`` and saved activations ``A_s`` per minibatch:
-    weights ``P_s``; stashed versions ``(versions_s - 1) * P_s``; activations ``in_flight_s * A_s``;
-    optimizer state ``optimizer_slots * P_s``. ``A_s`` is the profile's ``saved_bytes`` (or, when the
-    profile did not record it, the layers' outputs, which is what a plain chain keeps for backward).
+    The numbers come from the one cost model that partitioners and the simulator use
+    (:meth:`pipelab.sim.costs.CostModel.memory_bytes`), per replica of stage ``s`` with parameters
+    ``P_s``: weights ``P_s``; stashed versions ``(versions_s - 1) * P_s``; gradients ``P_s``; optimizer
+    state (momentum ``P_s``, Adam ``2 P_s``); activations of ``in_flight_s`` microbatches of
+    ``minibatch / microbatches`` samples.
     """
+    from pipelab.cluster import Cluster
+    from pipelab.sim.costs import CostModel
+
     plan.validate(profile)
-    if optimizer_slots < 0:
-        raise ValueError(f"optimizer_slots={optimizer_slots} must be >= 0 (0 plain SGD, 1 momentum, 2 Adam)")
+    # memory does not depend on the interconnect: any cluster with enough workers will do
+    cm = CostModel(profile, Cluster.flat(plan.num_workers), optimizer=optimizer)
     out: dict[int, dict[str, int]] = {}
     for st in plan.stages:
-        tot = profile.totals(st.start, st.end)
-        saved = tot.saved_bytes or sum(layer.out_bytes for layer in profile.layers[st.start:st.end])
-        comp = {"weights": tot.param_bytes, "stashed versions": max(st.versions - 1, 0) * tot.param_bytes,
-                "activations": st.in_flight * saved, "optimizer state": optimizer_slots * tot.param_bytes}
+        parts = cm.memory_bytes(st.start, st.end, versions=st.versions, in_flight=st.in_flight,
+                                microbatches=microbatches)
+        comp = {_COMPONENT_NAMES.get(k, k): int(v) for k, v in parts.items() if k != "total"}
         for r in st.ranks:
             out[r] = dict(comp)
     return dict(sorted(out.items()))
@@ -89,10 +99,11 @@ def _normalize(obj: Any) -> dict[int, dict[str, float]]:
     raise TypeError(f"cannot read a memory breakdown from {type(obj).__name__}")
 
 
-def _from_source(source: Any, profile: Profile | None, optimizer_slots: int) -> tuple[dict[int, dict[str, float]], str]:
+def _from_source(source: Any, profile: Profile | None, optimizer: str,
+                 microbatches: int) -> tuple[dict[int, dict[str, float]], str]:
     if isinstance(source, Plan):
         if profile is not None:
-            return _normalize(memory_breakdown(source, profile, optimizer_slots=optimizer_slots)), \
+            return _normalize(memory_breakdown(source, profile, optimizer=optimizer, microbatches=microbatches)), \
                 f"plan {source.config!r} ({source.method})"
         if source.memory_per_worker:
             return _normalize(list(source.memory_per_worker)), f"plan {source.config!r} ({source.method}), predicted"
@@ -120,7 +131,8 @@ def memory(
     profile: Profile | None = None,
     *,
     limit: float | None = None,
-    optimizer_slots: int = 1,
+    optimizer: str = "sgd-momentum",
+    microbatches: int = 1,
     title: str | None = None,
     unit: str = "GB",
 ) -> go.Figure:
@@ -136,7 +148,7 @@ def memory(
         data, unit = _normalize(schedule_memory(sim_or_plan)), "units"
         what = f"{sim_or_plan.method} (1 unit = a stage's weights or a microbatch's activations)"
     else:
-        data, what = _from_source(sim_or_plan, profile, optimizer_slots)
+        data, what = _from_source(sim_or_plan, profile, optimizer, microbatches)
     scale = {"GB": 1e9, "MB": 1e6}.get(unit, 1.0)
     if not data:
         raise ValueError("no workers to draw: the memory breakdown is empty")

@@ -103,14 +103,16 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
     for st in plan.stages:
         stage_x = [pos[n][0] for n in range(st.start, st.end)]
         ranks = ",".join(map(str, st.ranks)) if len(st.ranks) <= 6 else f"{st.ranks[0]}–{st.ranks[-1]}"
-        fig.add_annotation(x=sum(stage_x) / len(stage_x), y=top, showarrow=False, yanchor="bottom",
+        # alternate heights so labels of neighbouring narrow stages do not overlap
+        fig.add_annotation(x=sum(stage_x) / len(stage_x), y=top + 0.6 * (st.index % 2), showarrow=False,
+                           yanchor="bottom",
                            text=f"<b>S{st.index}</b> ×{st.replicas}<br>ranks {ranks}",
                            font={"color": PALETTE[st.index % len(PALETTE)], "size": 11})
     head = title or f"{profile.model or 'model'}: plan {plan.config!r} ({plan.method}), {plan.num_stages} stages"
     fig.update_layout(
         title={"text": head}, hovermode="closest", plot_bgcolor="white",
         xaxis={"title": {"text": "depth (topological layer)"}, "showgrid": False, "zeroline": False},
-        yaxis={"visible": False, "range": [min(y for _, y in pos.values()) - 1.0, top + 1.2]},
+        yaxis={"visible": False, "range": [min(y for _, y in pos.values()) - 1.0, top + 1.8]},
         height=360 + 20 * max(1, int(top)), margin={"l": 10, "r": 10, "t": 60, "b": 40},
         meta={"stage_of_layer": [stage_of[i] for i in range(len(profile))]},
     )

@@ -9,8 +9,8 @@ into two stages of 4 blocks, minibatch 64, 8 microbatches, SGD with momentum, MS
   one process training the whole model with the same minibatch split into 8 microbatches
   (a perfect 2-stage pipeline doubles throughput).
 
-Throughput = samples / seconds from the first step's start to the last step's end (process start-up
-excluded on both sides). Prints medians and ratios; targets: pipelab/torch >= 1.2, pipedream/2x >= 0.9.
+Throughput = samples / seconds over ``--steps`` minibatches after one warm-up minibatch, on every side
+(process start-up and the first step's allocations excluded alike). Prints medians and ratios; targets: pipelab/torch >= 1.2, pipedream/2x >= 0.9.
 
     python reproductions/benchmarks/runtime_speed.py [--steps 12] [--rounds 3]
 """
@@ -62,11 +62,22 @@ def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(out, y)
 
 
+def steady_throughput(trace: pl.Trace, microbatches: int, steps: int) -> float:
+    """Samples/s over minibatches 1.. (the first is warm-up on every side of the comparison)."""
+    def minibatch(e: pl.Event) -> int:
+        return e.microbatch if e.kind == "U" else e.microbatch // microbatches
+
+    evs = [e for e in trace.compute_events() if minibatch(e) >= 1]
+    span = max(e.end_s for e in evs) - min(e.start_s for e in evs)
+    return (steps - 1) * BATCH / span
+
+
 def _pipelab(method: str, steps: int) -> float:
     plan = pl.Plan.from_boundaries(2 * BLOCKS, [BLOCKS])
-    res = pl.train(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
-                   microbatches=MICRO if method != "pipedream" else 1, progress=False, timeout=600)
-    return res.throughput
+    M = MICRO if method != "pipedream" else 1
+    res = pl.train(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps + 1,
+                   microbatches=M, progress=False, timeout=600)
+    return steady_throughput(res.trace, M, steps + 1)
 
 
 def _torch_worker(rank: int, port: int, steps: int, out: object) -> None:
@@ -79,8 +90,7 @@ def _torch_worker(rank: int, port: int, steps: int, out: object) -> None:
     torch.manual_seed(0)
     full = model_fn()
     part = full[: 2 * BLOCKS // 2] if rank == 0 else full[2 * BLOCKS // 2:]
-    mb = torch.zeros(BATCH // MICRO, WIDTH)
-    stage = PipelineStage(part, rank, 2, torch.device("cpu"), input_args=(mb,), output_args=(mb,))
+    stage = PipelineStage(part, rank, 2, torch.device("cpu"))   # shapes inferred at the first step
     sched = Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=loss_fn)
     opt = optimizer(part.parameters())
     x, y = _batch()
@@ -145,7 +155,7 @@ def _single(steps: int) -> float:
 def main() -> None:
     """Run the comparison and print the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12, help="minibatches per run")
+    ap.add_argument("--steps", type=int, default=12, help="timed minibatches per run (after one warm-up)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     a = ap.parse_args()
     torch.set_num_threads(1)

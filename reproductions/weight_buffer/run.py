@@ -12,7 +12,8 @@ weights - see tests/test_runtime_async.py), and prints one row per configuration
   stage boundaries (from the trace).
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python reproductions/weight_buffer/run.py [--epochs 6] [--lr 0.04]
-[--warmup STEPS] [--decay 0.5] [--quick] [--out DIR]``. Writes ``results.csv`` and ``results.md`` beside this file (or in ``--out``).
+[--warmup STEPS] [--decay 0.5] [--quick] [--out DIR]``. Writes ``results_lr<lr>.csv`` and ``.md`` beside
+this file (or in ``--out``).
 """
 
 from __future__ import annotations
@@ -49,15 +50,15 @@ def _train_set() -> tuple[torch.Tensor, torch.Tensor]:
     return digits_data("train")
 
 
-def make_data(epochs: int) -> functools.partial:
+def make_data(epochs: int, seed: int = 0) -> functools.partial:
     """``data()`` for ``epochs`` passes over the training split, reshuffled per epoch, full batches only."""
-    return functools.partial(_data, epochs)
+    return functools.partial(_data, epochs, seed)
 
 
-def _data(epochs: int):  # type: ignore[no-untyped-def]
+def _data(epochs: int, seed: int = 0):  # type: ignore[no-untyped-def]
     x, y = _train_set()
     for e in range(epochs):
-        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(e))
+        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1000 * seed + e))
         for i in range(0, len(y) - BATCH + 1, BATCH):
             idx = perm[i:i + BATCH]
             yield x[idx], y[idx]
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=0.04)
     ap.add_argument("--warmup", type=int, default=None, help="PipeMare warm-up steps K (default: the whole run)")
     ap.add_argument("--decay", type=float, default=0.5, help="PipeMare's delta decay gamma")
-    ap.add_argument("--quick", action="store_true", help="one epoch, three configurations (seconds)")
+    ap.add_argument("--seeds", type=int, default=3, help="runs per configuration (init and shuffling seeds)")
+    ap.add_argument("--quick", action="store_true", help="one epoch, one seed, three configurations (seconds)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -112,39 +114,48 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     configs = CONFIGS[:3] if args.quick else CONFIGS
     print(f"digits CNN, {STAGES} stages {plan.config}, batch {BATCH}, {epochs} epochs = {steps} steps, "
+          f"{1 if args.quick else args.seeds} seed(s), "
           f"SGD lr {args.lr} momentum 0.9, PipeMare warm-up {warmup} steps, decay {args.decay}")
+    seeds = 1 if args.quick else args.seeds
     for name, method, kw in configs:
         kw = dict(kw)
         if method == "pipemare":
             kw.setdefault("warmup_steps", warmup)
             kw.setdefault("decay", args.decay)
         t = time.time()
-        r = train(model_fn, plan, method=method, data=make_data(epochs), loss_fn=loss_fn, optimizer=opt,
-                  steps=steps, backend="local", progress=False, **kw)
-        acc = accuracy(r.state_dict())
+        accs, losses = [], []
+        for seed in range(seeds):
+            r = train(model_fn, plan, method=method, data=make_data(epochs, seed), loss_fn=loss_fn, optimizer=opt,
+                      steps=steps, backend="local", progress=False, seed=seed, **kw)
+            accs.append(accuracy(r.state_dict()))
+            tail = [x for x in r.losses[-10:]]
+            losses.append(sum(tail) / len(tail))
+        acc = torch.tensor(accs)
         sent = sum(e.bytes for e in r.trace.compute_events() if e.kind in ("F", "B"))
-        tail = r.losses[-10:]
-        row = {"config": name, "method": method, "test_accuracy": round(acc, 4),
-               "final_loss": round(sum(tail) / len(tail), 4), "p2p_bytes": sent,
+        row = {"config": name, "method": method, "test_accuracy_mean": round(float(acc.mean()), 4),
+               "test_accuracy_min": round(float(acc.min()), 4), "test_accuracy_max": round(float(acc.max()), 4),
+               "final_loss_mean": round(sum(losses) / len(losses), 4), "p2p_bytes": sent,
                "versions_held": max(r.versions_held.values()), "seconds": round(time.time() - t, 1)}
         rows.append(row)
-        print(f"  {name:20s} acc {acc:.4f}  loss {row['final_loss']:.4f}  bytes {sent:>10d}  "
-              f"versions {row['versions_held']}  ({row['seconds']} s)", flush=True)
+        print(f"  {name:20s} acc {float(acc.mean()):.4f} [{float(acc.min()):.4f}, {float(acc.max()):.4f}]  "
+              f"loss {row['final_loss_mean']:.4f}  bytes {sent:>10d}  versions {row['versions_held']}  "
+              f"({row['seconds']} s)", flush=True)
     base = rows[0]
     for r_ in rows:
-        r_["acc_minus_gpipe"] = round(r_["test_accuracy"] - base["test_accuracy"], 4)
+        r_["acc_minus_gpipe"] = round(r_["test_accuracy_mean"] - base["test_accuracy_mean"], 4)
         r_["bytes_vs_gpipe"] = round(r_["p2p_bytes"] / base["p2p_bytes"], 4) if r_["method"] == "gpipe" else ""
     args.out.mkdir(parents=True, exist_ok=True)
     fields = list(rows[0])
     lines = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
     lines += ["| " + " | ".join(str(r_[f]) for f in fields) + " |" for r_ in rows]
-    atomic_write_text(args.out / "results.md", "\n".join(lines) + "\n")
+    stem = f"results_lr{args.lr:g}"
+    atomic_write_text(args.out / f"{stem}.md", "\n".join(lines) + "\n")
     import io
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     w.writerows(rows)
-    atomic_write_text(args.out / "results.csv", buf.getvalue())
+    atomic_write_text(args.out / f"{stem}.csv", buf.getvalue())
     print("\n".join(lines))
     return 0
 

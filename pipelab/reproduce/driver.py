@@ -1,0 +1,221 @@
+"""``pipelab reproduce``: run every reproduction notebook under papermill and write its results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipelab._io import atomic_write_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+from pipelab.reproduce.report import build_report, markdown_table, run_notebook, write_table
+from pipelab.reproduce.table1 import TABLE1, PaperRow, table1_markdown
+
+#: the repository's reproductions/ folder (a clone or an editable install has it beside the package)
+REPRODUCTIONS = Path(__file__).resolve().parents[2] / "reproductions"
+
+
+def quickstart(*, image_size: int = 64, batch: int = 4, repeats: int = 3, device: str = "cpu",
+               progress: bool = True) -> int:
+    """Profile VGG-16 (no weights needed) and print its table and PipeDream's; returns 0."""
+    from pipelab.models import example, pipedream_profile
+    from pipelab.profile.cli import show
+    from pipelab.profile.measure import profile
+
+    model, sample = example("vgg16", batch, image_size=image_size)
+    prof = profile(model, sample, device=device, repeats=repeats, progress=progress, model_name="vgg16")
+    print(f"== VGG-16 measured here: batch {batch}, {image_size}x{image_size} images, {device} ==")
+    show(prof)
+    ref = pipedream_profile("vgg16")
+    print(f"\n== PipeDream's VGG-16 profile (shipped; batch {ref.batch_size}, 224x224, V100) ==")
+    print(repr(ref))
+    here = prof.totals(0, len(prof))
+    print(f"\nbackward/forward time ratio: here {here.bwd_s / here.fwd_s:.2f}, "
+          f"PipeDream {ref.bwd_s / ref.fwd_s:.2f}; parameters {prof.param_bytes / 4:,.0f} (expected 138,357,544)")
+    return 0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One papermill run: a notebook, its parameters, and where its results go."""
+
+    name: str
+    notebook: Path
+    parameters: dict[str, Any]
+    out_dir: Path
+
+
+def table1_jobs(out_dir: Path, *, rows: Sequence[PaperRow] = TABLE1, minibatches: int = 64,
+                extra: Mapping[str, Any] | None = None) -> list[Job]:
+    """One simulate-mode job per Table 1 row."""
+    nb = REPRODUCTIONS / "pipedream_table1" / "table1.ipynb"
+    jobs = []
+    for r in rows:
+        params = {"model": r.model, "cluster": r.cluster, "servers": r.servers, "gpus_per_server": r.gpus_per_server,
+                  "mode": "simulate", "minibatches": minibatches, "report": True, **(extra or {})}
+        jobs.append(Job(r.key, nb, params, out_dir / "_runs" / r.key.replace("/", "_")))
+    return jobs
+
+
+def table1_results_md(folder: Path) -> str:
+    """``results.md`` of the Table 1 folder from its ``results.csv`` and ``measure.csv`` (either may be missing)."""
+    import pandas as pd
+
+    md = ""
+    if (folder / "results.csv").exists():
+        table = pd.read_csv(folder / "results.csv")
+        md += ("# PipeDream Table 1: paper vs pipelab (simulated)\n\n"
+               "Speed-up over data parallelism on the same cluster; *predicted* by the partitioner, *simulated* "
+               "by `pl.simulate` (the number compared with the paper). See README.md for why they differ.\n\n"
+               + table1_markdown(table) + "\n")
+    if (folder / "measure.csv").exists():
+        m = pd.read_csv(folder / "measure.csv").iloc[0]
+        md += ("\n## Measure mode: real processes on this machine (reduced model)\n\n"
+               + markdown_table(pd.DataFrame({"": list(m.index), "value": list(m.values)})) + "\n")
+    return md
+
+
+def run_jobs(jobs: Sequence[Job], *, bar: Any, tmp: Path) -> list[tuple[Job, Path]]:
+    """Run jobs in order, advancing ``bar``; returns each job with its executed notebook."""
+    done = []
+    for job in jobs:
+        bar.set_postfix_str(job.name)
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        executed = tmp / (job.name.replace("/", "_") + ".ipynb")
+        run_notebook(job.notebook, executed, {**job.parameters, "out_dir": str(job.out_dir)},
+                     cwd=job.notebook.parent)
+        done.append((job, executed))
+        bar.update()
+    return done
+
+
+def collect_table1(done: Sequence[tuple[Job, Path]]) -> pd.DataFrame:
+    """The rows the Table 1 jobs wrote, in job order."""
+    import pandas as pd
+
+    return pd.DataFrame([json.loads((job.out_dir / "row.json").read_text()) for job, _ in done])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``pipelab reproduce``: run every reproduction notebook and print the Table 1 comparison."""
+    import shutil
+
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    p = argparse.ArgumentParser(prog="pipelab reproduce", description=(
+        "Run the reproductions under reproductions/ (PipeDream Table 1, weight stashing, HetPipe, weight "
+        "buffer) with papermill, write their tables and reports, and print the Table 1 comparison."))
+    p.add_argument("--only", default="table1,measure,weight_stashing,hetpipe,weight_buffer",
+                   help="comma-separated parts to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (seconds, for tests); results go to --out")
+    p.add_argument("--out", default=None, help="write results here instead of into reproductions/<part>/")
+    p.add_argument("--minibatches", type=int, default=64, help="simulated minibatches per Table 1 row")
+    p.add_argument("--quickstart", action="store_true",
+                   help="only profile VGG-16 on this CPU and print its table beside PipeDream's")
+    args = p.parse_args(list(argv) if argv is not None else None)
+    if args.quickstart:
+        try:
+            return quickstart()
+        except (ValueError, TypeError) as exc:
+            print(f"pipelab reproduce: error: {exc}", file=sys.stderr)
+            return 2
+    if args.quick and not args.out:
+        p.error("--quick writes tiny results: give --out DIR so that the committed results stay as they are")
+    parts = [s.strip() for s in args.only.split(",") if s.strip()]
+    known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer"}
+    if unknown := set(parts) - known:
+        p.error(f"unknown part(s) {sorted(unknown)}; choose from {sorted(known)}")
+    if not REPRODUCTIONS.is_dir():
+        print(f"pipelab reproduce needs the repository's reproductions/ folder next to the package "
+              f"({REPRODUCTIONS} does not exist); run it from a clone with `make reproduce`", file=sys.stderr)
+        return 2
+    out_root = Path(args.out).resolve() if args.out else None
+
+    def out_of(part: str) -> Path:
+        return (out_root / part) if out_root else REPRODUCTIONS / part
+
+    quick = args.quick
+    jobs: dict[str, list[Job]] = {}
+    t1 = out_of("pipedream_table1")
+    if "table1" in parts:
+        rows = TABLE1[:2] if quick else TABLE1
+        jobs["table1"] = table1_jobs(t1, rows=rows, minibatches=12 if quick else args.minibatches,
+                                     extra={"gantt_minibatches": 3} if quick else None)
+    if "measure" in parts:
+        mparams = {"model": "vgg16", "cluster": "pipedream-a", "servers": 4, "gpus_per_server": 4, "mode": "measure",
+                   "measure_workers": 2, "measure_steps": 16, "measure_rounds": 3, "report": True, "minibatches": 16}
+        if quick:
+            mparams.update(measure_steps=3, measure_warmup=1, measure_batch=8, measure_width=0.0625, minibatches=8,
+                           gantt_minibatches=2, measure_rounds=1)
+        jobs["measure"] = [Job("table1 measure mode", REPRODUCTIONS / "pipedream_table1" / "table1.ipynb", mparams,
+                               t1 / "_runs" / "measure")]
+    if "weight_stashing" in parts:
+        sparams: dict[str, Any] = {"report": True}
+        if quick:
+            sparams.update(methods=["dp", "pipedream"], epochs=1, train_limit=128)
+        jobs["weight_stashing"] = [Job("weight stashing", REPRODUCTIONS / "weight_stashing" / "weight_stashing.ipynb",
+                                       sparams, out_of("weight_stashing"))]
+    if "hetpipe" in parts:
+        hparams: dict[str, Any] = {"report": True}
+        if quick:
+            hparams.update(staleness=[0, 1], minibatches=12, emu_epochs=1, emu_train_limit=128)
+        jobs["hetpipe"] = [Job("hetpipe", REPRODUCTIONS / "hetpipe" / "hetpipe.ipynb", hparams, out_of("hetpipe"))]
+    buffer_nb = REPRODUCTIONS / "weight_buffer" / "weight_buffer.ipynb"
+    if "weight_buffer" in parts and buffer_nb.exists():
+        bparams: dict[str, Any] = {"report": True}
+        if quick:
+            bparams.update(quick=True)
+        jobs["weight_buffer"] = [Job("weight buffer", buffer_nb, bparams, out_of("weight_buffer"))]
+
+    total = sum(len(v) for v in jobs.values())
+    failures: list[str] = []
+    done: dict[str, list[tuple[Job, Path]]] = {}
+    with tempfile.TemporaryDirectory() as tmpdir, tqdm(total=total, desc="reproduce", unit="notebook") as bar:
+        tmp = Path(tmpdir)
+        for part, js in jobs.items():
+            try:
+                done[part] = run_jobs(js, bar=bar, tmp=tmp)
+            except RuntimeError as exc:
+                failures.append(f"{part}: {exc}")
+                bar.update(len(js) - len(done.get(part, [])))
+        table = collect_table1(done["table1"]) if "table1" in done else None
+        measure = None
+        if "measure" in done:
+            mrow = json.loads((done["measure"][0][0].out_dir / "row.json").read_text())
+            measure = pd.DataFrame([{k[len("measure_"):]: v for k, v in mrow.items() if k.startswith("measure_")}])
+        if table is not None:
+            write_table(table, t1 / "results.csv")
+        if measure is not None:
+            write_table(measure, t1 / "measure.csv")
+        md = table1_results_md(t1)   # from the files, so that a partial run keeps the other part
+        if md:
+            atomic_write_text(t1 / "results.md", md)
+        if table is not None:
+            sections = [(job.name, ex) for job, ex in done["table1"]] + [(job.name, ex) for job, ex in done.get("measure", [])]
+            build_report(sections, md, t1 / "report.html", title="PipeDream Table 1 with pipelab")
+        for part in ("table1", "measure"):
+            for job, _ in done.get(part, []):
+                shutil.rmtree(job.out_dir, ignore_errors=True)
+        if (t1 / "_runs").is_dir() and not any((t1 / "_runs").iterdir()):
+            (t1 / "_runs").rmdir()
+    if (t1 / "results.md").exists() and ("table1" in done or "measure" in done):
+        print("\nPipeDream Table 1 (Narayanan et al., SOSP'19) vs pipelab:\n")
+        print((t1 / "results.md").read_text())
+        print(f"written under {t1}: results.csv, measure.csv, results.md, report.html")
+    for f in failures:
+        print("FAILED", f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Table 1's measure mode: reduced paper models, random data, this machine's gloo bandwidth, real runs.
+
+Everything a worker process must import (model and data builders, the loss) lives here, at module
+level, because ``pl.train`` pickles them by reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from pipelab.partition.plan import Plan
+
+from pipelab.reproduce.table1 import simulate_plan
+
+
+def paper_model(name: str, *, batch: int, image_size: int = 64, seq_len: int = 16,
+                width: float = 1.0, vocab: int = 1000) -> tuple[nn.Module, Any]:
+    """A paper model (``vgg16``, ``resnet50``, ``gnmt8``, ``gnmt16``) and a sample input batch.
+
+    ``width < 1`` narrows it (channels / hidden sizes) keeping the layer structure, so that the same
+    question runs on a laptop CPU; see :func:`reduced_model`.
+    """
+    net = reduced_model(name, width=width, image_size=image_size, vocab=vocab)
+    return net, sample_input(name, batch=batch, image_size=image_size, seq_len=seq_len, vocab=vocab)
+
+
+def reduced_model(name: str, *, width: float = 1.0, image_size: int = 224, vocab: int = 1000,
+                  num_classes: int = 1000) -> nn.Module:
+    """``name`` with every channel / hidden size multiplied by ``width``; the layer structure is the paper's.
+
+    VGG-16 keeps torchvision's 13 conv + 3 fully connected layers (feature widths 64..512 times
+    ``width``, classifier hidden 4096 times ``width``); ResNet-50 keeps its 16 bottleneck blocks
+    ([3, 4, 6, 3]); GNMT keeps its 8 or 16 LSTM layers with ``hidden = 1024 * width``.
+    At ``width=1`` these are the paper's models.
+    """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if not 0 < width <= 1:
+        raise ValueError(f"width={width} must be in (0, 1]")
+    if name == "vgg16":
+        if width == 1.0:
+            from pipelab.models import vgg16
+
+            return vgg16(num_classes=num_classes)
+        # torchvision's VGG-16 configuration "D": conv widths, 0 = max-pool
+        cfg = [64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0]
+        layers: list[nn.Module] = []
+        c_in = 3
+        for v in cfg:
+            if v == 0:
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                c = max(4, int(v * width))
+                layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.ReLU(inplace=False)]
+                c_in = c
+        side = max(1, image_size // 32)
+        hidden = max(16, int(4096 * width))
+        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d((side, side)), nn.Flatten(),
+                             nn.Linear(c_in * side * side, hidden), nn.ReLU(), nn.Dropout(0.5),
+                             nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(0.5), nn.Linear(hidden, num_classes))
+    if name == "resnet50":
+        from torchvision.models.resnet import Bottleneck, ResNet
+
+        net = ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes, width_per_group=max(4, int(64 * width)))
+        return net
+    if name in ("gnmt8", "gnmt16"):
+        from pipelab.models import gnmt
+
+        hidden = max(16, int(1024 * width)) // 2 * 2
+        return gnmt(num_layers=8 if name == "gnmt8" else 16, vocab=vocab, hidden=hidden)
+    raise ValueError(f"unknown paper model {name!r}; choose vgg16, resnet50, gnmt8 or gnmt16")
+
+
+def sample_input(name: str, *, batch: int, image_size: int = 224, seq_len: int = 16, vocab: int = 1000,
+                 seed: int = 0) -> Any:
+    """A deterministic input batch for ``name``: images ``[B,3,S,S]`` or GNMT's ``(src, tgt)`` tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    if name in ("gnmt8", "gnmt16"):
+        src = torch.randint(2, vocab, (batch, seq_len), generator=g)
+        tgt = torch.randint(2, vocab, (batch, seq_len), generator=g)
+        return (src, tgt)
+    return torch.randn(batch, 3, image_size, image_size, generator=g)
+
+
+def random_batches(name: str, *, steps: int, batch: int, image_size: int = 224, seq_len: int = 16,
+                   vocab: int = 1000, num_classes: int = 1000, seed: int = 0) -> list[tuple[Any, Any]]:
+    """``steps`` minibatches of random inputs and labels for ``name`` (a ``data`` callable for ``pl.train``)."""
+    import torch
+
+    out = []
+    g = torch.Generator().manual_seed(seed + 1)
+    for k in range(steps):
+        x = sample_input(name, batch=batch, image_size=image_size, seq_len=seq_len, vocab=vocab, seed=seed + k)
+        if name in ("gnmt8", "gnmt16"):
+            y = torch.randint(2, vocab, (batch, seq_len), generator=g)
+        else:
+            y = torch.randint(0, num_classes, (batch,), generator=g)
+        out.append((x, y))
+    return out
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross entropy for classifier logits ``[B,C]`` and sequence logits ``[B,T,V]`` alike."""
+    import torch.nn.functional as F
+
+    if output.dim() == 3:
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+    return F.cross_entropy(output, target)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pingpong(rank: int, port: int, nbytes: int, repeats: int, out: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    buf = torch.zeros(nbytes // 4)
+    times = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        else:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        out.put(statistics.median(times[1:]))
+    dist.destroy_process_group()
+
+
+def gloo_loopback_bandwidth(nbytes: int = 16 << 20, repeats: int = 5) -> float:
+    """Bytes per second of a gloo point-to-point transfer between two processes on this machine.
+
+    Median of ``repeats`` ping-pongs of ``nbytes`` each way (``2 * nbytes / time``). This is the
+    bandwidth of the flat cluster model that measure mode simulates against.
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    mp.start_processes(_pingpong, args=(_free_port(), nbytes, repeats, q), nprocs=2, start_method="spawn")
+    return 2 * nbytes / float(q.get())
+
+
+def _steady_throughput(run: Any, batch: int, warmup: int) -> float:
+    """Samples/s of a run after its first ``warmup`` minibatches, from its trace (updates on stage 0)."""
+    evs = [e for e in run.trace.compute_events() if e.kind == "U"]
+    if not evs:
+        return float(run.throughput)
+    by_mb: dict[int, float] = {}
+    for e in evs:
+        by_mb[e.microbatch] = max(by_mb.get(e.microbatch, 0.0), e.end_s)
+    ends = sorted(by_mb.values())
+    if len(ends) <= warmup + 1:
+        return float(run.throughput)
+    span = ends[-1] - ends[warmup]
+    return (len(ends) - 1 - warmup) * batch / span
+
+
+def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 3, batch: int = 32,
+                width: float = 0.125, image_size: int = 32, seq_len: int = 8, backend: str = "gloo",
+                rounds: int = 2, bandwidth: float | None = None, seed: int = 0) -> dict[str, Any]:
+    """Table 1's question for real on this machine, at reduced scale.
+
+    Profiles the reduced model on this CPU, models the machine as ``Cluster.flat(workers, bandwidth=
+    <measured gloo loopback>)``, partitions (PipeDream's DP, and a straight pipeline for contrast), then
+    runs each plan and data parallelism with ``pl.train`` (``rounds`` times, alternating; medians)
+    and compares measured with simulated speed-ups. ``bandwidth`` (bytes/s) skips the loopback
+    measurement (tests).
+    """
+    import torch
+
+    import pipelab as pl
+
+    vocab = 256
+    model_fn = functools.partial(reduced_model, model, width=width, image_size=image_size, vocab=vocab, num_classes=10)
+    sample = sample_input(model, batch=batch, image_size=image_size, seq_len=seq_len, vocab=vocab)
+    prof = pl.profile(model_fn(), sample, device="cpu", progress=False, model_name=f"{model}-w{width:g}")
+    bw = gloo_loopback_bandwidth() if bandwidth is None else float(bandwidth)
+    cl = pl.Cluster.flat(workers, bandwidth=bw)
+    plans = {"chosen": pl.partition(prof, cl, method="pipedream"),
+             "straight": pl.partition(prof, cl, method="pipedream", straight=True),
+             "dp": pl.partition(prof, cl, method="dp")}
+    opt = functools.partial(torch.optim.SGD, lr=0.01)
+    # one run per distinct plan and round, rounds alternating so that load on a shared machine
+    # affects every plan alike; the median over rounds is kept
+    distinct: dict[str, Plan] = {}
+    for plan in plans.values():
+        distinct.setdefault(plan.config, plan)
+    samples: dict[str, list[float]] = {c: [] for c in distinct}
+    for _ in range(rounds):
+        for config, plan in distinct.items():
+            # As in PipeDream's baseline (and the simulator's dp) every data-parallel replica processes
+            # a whole profile minibatch per step: the runtime's dp minibatch is `workers` of them, split.
+            method, reps = ("dp", plan.num_workers) if plan.num_stages == 1 else ("pipedream", 1)
+            data = functools.partial(random_batches, model, steps=steps + warmup, batch=batch * reps,
+                                     image_size=image_size, seq_len=seq_len, vocab=vocab, num_classes=10, seed=seed)
+            run = pl.train(model_fn, plan, method=method, data=data, loss_fn=cross_entropy, optimizer=opt,
+                           steps=steps + warmup, microbatches=reps, backend=backend, seed=seed, progress=False)
+            samples[config].append(_steady_throughput(run, batch * reps, warmup))
+    measured = {name: statistics.median(samples[plan.config]) for name, plan in plans.items()}
+    simulated = {name: simulate_plan(plan, prof, cl, minibatches=max(24, 4 * workers)).throughput
+                 for name, plan in plans.items()}
+    out: dict[str, Any] = {"model": f"{model} (width {width:g}, {image_size if model[:4] != 'gnmt' else seq_len})",
+                           "workers": workers, "gloo_GBps": round(bw / 1e9, 3)}
+    for name in ("chosen", "straight"):
+        m = measured[name] / measured["dp"]
+        s = simulated[name] / simulated["dp"]
+        out.update({f"{name}_config": plans[name].config, f"{name}_measured_speedup": round(m, 3),
+                    f"{name}_simulated_speedup": round(s, 3), f"{name}_error": round(s / m - 1, 3)})
+    out.update({f"{k}_samples_per_s": round(v, 1) for k, v in measured.items()})
+    return out

@@ -1,0 +1,175 @@
+"""Result files and figures of the reproductions: CSV, Markdown, SVG, plotly, and the merged HTML report."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipelab._io import atomic_write_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+
+
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
+    """Write a DataFrame as CSV (atomically)."""
+    return atomic_write_text(path, df.to_csv(index=False))
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write a text file (atomically): a result table, an SVG chart."""
+    return atomic_write_text(path, text)
+
+
+def curves_figure(df: pd.DataFrame, *, x: str, y: str, color: str, title: str = "") -> go.Figure:
+    """One line per ``color`` value of ``y`` against ``x`` (plotly)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for key, part in df.groupby(color, sort=False):
+        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=str(key)))
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white", height=420)
+    return fig
+
+
+def bar_figure(df: pd.DataFrame, *, x: str, y: str, title: str = "") -> go.Figure:
+    """Bars of ``y`` per ``x`` (plotly)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Bar(x=df[x].astype(str), y=df[y], text=df[y], textposition="outside"))
+    fig.update_layout(title=title, yaxis_title=y, template="plotly_white", height=380)
+    return fig
+
+
+_SVG_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf")
+
+
+def svg_curves(df: pd.DataFrame, *, x: str, y: str, color: str, title: str = "",
+               width: int = 640, height: int = 400) -> str:
+    """A self-contained SVG line chart (no plotting library, renders anywhere offline)."""
+    from html import escape
+
+    left, right, top, bottom = 60, 190, 36, 44
+    xs = [float(v) for v in df[x]]
+    ys = [float(v) for v in df[y]]
+    if not xs:
+        raise ValueError("svg_curves needs at least one row")
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if x1 == x0:
+        x1 = x0 + 1
+    pad = (y1 - y0) * 0.05 or 0.05
+    y0, y1 = y0 - pad, y1 + pad
+    pw, ph = width - left - right, height - top - bottom
+
+    def px(v: float) -> float:
+        return left + (v - x0) / (x1 - x0) * pw
+
+    def py(v: float) -> float:
+        return top + (y1 - v) / (y1 - y0) * ph
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{left}" y="20" font-size="14">{escape(title)}</text>',
+           f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>']
+    for i in range(5):
+        v = y0 + (y1 - y0) * i / 4
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#eee"/>'
+                   f'<text x="{left - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{v:.3g}</text>')
+    for v in sorted(set(xs)):
+        out.append(f'<text x="{px(v):.1f}" y="{top + ph + 16}" text-anchor="middle">{v:g}</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">{escape(x)}</text>')
+    out.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
+               f'text-anchor="middle">{escape(y)}</text>')
+    for i, (key, part) in enumerate(df.groupby(color, sort=False)):
+        c = _SVG_COLORS[i % len(_SVG_COLORS)]
+        pts = " ".join(f"{px(float(a)):.1f},{py(float(b)):.1f}" for a, b in zip(part[x], part[y]))
+        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{pts}"/>')
+        ly = top + 14 + 18 * i
+        out.append(f'<line x1="{left + pw + 12}" x2="{left + pw + 32}" y1="{ly - 4}" y2="{ly - 4}" '
+                   f'stroke="{c}" stroke-width="3"/><text x="{left + pw + 38}" y="{ly}">{escape(str(key))}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A pipe table without the optional ``tabulate`` dependency."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "" if math.isnan(v) else f"{v:g}"
+        return "" if v is None else str(v)
+
+    head = "| " + " | ".join(str(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def build_report(sections: Sequence[tuple[str, Path]], intro_md: str, path: Path, *, title: str) -> Path:
+    """Merge executed notebooks into one offline HTML report, with plotly.js included once.
+
+    The notebooks ran with ``report=True``, so their figures are HTML that expects a global ``Plotly``;
+    the first cell of the merged notebook defines it. Code is hidden; outputs are kept.
+    """
+    import nbformat
+    from nbconvert import HTMLExporter
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+    from plotly.offline import get_plotlyjs
+
+    # plotly.js registers itself as an AMD module when require.js is present, and then ``window.Plotly``
+    # stays undefined: hide ``define`` while it loads.
+    js = ("<script>var __pl_define = window.define; window.define = undefined;</script>\n"
+          f"<script type=\"text/javascript\">{get_plotlyjs()}</script>\n"
+          "<script>window.define = __pl_define;</script>")
+    lib = new_code_cell("")
+    lib.outputs = [new_output("display_data", data={"text/html": js})]
+    cells = [new_markdown_cell(intro_md), lib]
+    for heading, executed in sections:
+        cells.append(new_markdown_cell(f"## {heading}"))
+        run = nbformat.read(str(executed), as_version=4)
+        for c in run.cells:
+            tags = c.get("metadata", {}).get("tags", [])
+            if c.cell_type == "code" and "parameters" not in tags and "injected-parameters" not in tags and c.outputs:
+                cells.append(c)
+    for i, c in enumerate(cells):  # cells come from several notebooks: make their ids unique again
+        c.id = f"report-{i}"
+    nb = new_notebook(cells=cells)
+    nb.metadata["title"] = title
+    exporter = HTMLExporter(template_name="lab", exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True)
+    exporter.require_js_url = "data:application/javascript,"  # nothing to fetch: the report works offline
+    body, _ = exporter.from_notebook_node(nb)
+    return atomic_write_text(path, body)
+
+
+def run_notebook(notebook: Path, executed: Path, parameters: Mapping[str, Any], *, cwd: Path,
+                 timeout: int = 900) -> Path:
+    """Execute ``notebook`` with papermill (``parameters`` injected after its ``parameters`` cell).
+
+    Raises ``RuntimeError`` naming the notebook, the failing cell's error and the executed copy to open.
+    """
+    import papermill as pm
+
+    executed.parent.mkdir(parents=True, exist_ok=True)
+    env_before = os.environ.get("OMP_NUM_THREADS")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        pm.execute_notebook(str(notebook), str(executed), parameters=dict(parameters), cwd=str(cwd),
+                            kernel_name="python3", progress_bar=False, log_output=False,
+                            execution_timeout=timeout)
+    except pm.PapermillExecutionError as exc:
+        raise RuntimeError(f"{notebook.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
+                           f"open {executed} to see the traceback") from None
+    finally:
+        if env_before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+    return executed
