@@ -111,6 +111,18 @@ def test_parse_method() -> None:
     assert rp.parse_method("dp") == ("dp", {})
 
 
+def test_mean_over_seeds() -> None:
+    per_seed = pd.DataFrame({"method": ["pd", "pd", "dp", "dp"] * 2, "epoch": [1, 2, 1, 2] * 2,
+                             "test_accuracy": [0.4, 0.8, 0.5, 0.9, 0.2, 0.6, 0.7, 0.9],
+                             "train_loss": [1.0, 0.6, 1.0, 0.5, 1.0, 0.7, 1.0, 0.4], "seed": [0] * 4 + [1] * 4})
+    mean = rp.mean_over_seeds(per_seed)
+    assert list(mean["method"]) == ["pd", "pd", "dp", "dp"]      # first-seen order kept
+    assert list(mean["test_accuracy"]) == pytest.approx([0.3, 0.7, 0.6, 0.9])
+    assert list(mean["accuracy_spread"]) == pytest.approx([0.2, 0.2, 0.2, 0.0])
+    summary = rp.stash_summary(mean, last=2).set_index("method")
+    assert summary.loc["pd", "late_gap_to_dp_pts"] == pytest.approx(-25.0)
+
+
 def test_svg_chart_is_well_formed() -> None:
     df = pd.DataFrame({"epoch": [1, 2, 1, 2], "acc": [0.5, 0.9, 0.4, 0.6], "method": ["dp", "dp", "x", "x"]})
     svg = rp.svg_curves(df, x="epoch", y="acc", color="method", title="t & <u>")
@@ -166,9 +178,12 @@ def test_table1_notebook_measure_mode(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_weight_stashing_notebook(tmp_path: Path) -> None:
     _papermill(REPRO / "weight_stashing" / "weight_stashing.ipynb", tmp_path, methods=["dp", "pipedream"],
-               epochs=1, train_limit=64, batch_size=16, sweep_lrs=[0.1], sweep_methods=["dp"], sweep_epochs=1)
+               epochs=1, train_limit=64, batch_size=16, sweep_lrs=[0.1], sweep_methods=["dp"], sweep_epochs=1,
+               seeds=[0, 1])
     df = pd.read_csv(tmp_path / "accuracy.csv")
     assert set(df["method"]) == {"dp", "pipedream"}
+    per_seed = pd.read_csv(tmp_path / "accuracy_per_seed.csv")
+    assert len(per_seed) == 2 * len(df) and set(per_seed["seed"]) == {0, 1}
     assert df["test_accuracy"].between(0, 1).all()
     ET.parse(tmp_path / "accuracy.svg")
 

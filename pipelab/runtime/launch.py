@@ -228,6 +228,7 @@ class Run:
         # A fork server imports torch (and torch._dynamo, which the first optimizer pulls in: seconds)
         # once per parent process; every later job forks its workers from it at once. Spawn where
         # there is no fork server (not POSIX).
+        ctx: Any
         if "forkserver" in mp.get_all_start_methods():
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(["pipelab.runtime.worker", "torch._dynamo"])
