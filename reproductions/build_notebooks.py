@@ -203,6 +203,12 @@ row = rp.table1_row(model=model, cluster=cluster, servers=servers, gpus_per_serv
 row.update(fits_memory=fits, config_no_memory_limit=free.config,
            simulated_speedup_no_memory_limit=round(sim_free.throughput / sim_dp.throughput, 3),
            device_speed=device_speed)
+# the paper's own configuration in this simulator (where pipelab can build it), to separate "chose
+# another plan" from "the same plan is faster or slower here"
+paper_plan = rp.paper_config_plan(prof, cl, paper.config, candidates=(plan, free)) if paper else None
+if paper_plan is not None:
+    sim_paper = rp.simulate_plan(paper_plan, prof, cl, minibatches=minibatches)
+    row["paper_config_simulated_speedup"] = round(sim_paper.throughput / sim_dp.throughput, 3)
 pd.DataFrame([row]).T.rename(columns={0: ""})
 '''),
     md('''

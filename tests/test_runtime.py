@@ -38,6 +38,7 @@ SYNC_CASES = [
     ("zb-h1", H.mlp, H.mlp_data, MLP_L, [2, 3], [1, 1, 1], 4, {}),
     ("zb-h1", H.cnn, H.cnn_data, CNN_L, [4], [1, 2], 4, {}),
     ("dp", H.cnn, H.cnn_data, CNN_L, [], [4], 4, {}),
+    ("dp", H.mlp, H.mlp_data, MLP_L, [2], [1, 1], 2, {}),       # dp ignores a pipeline plan's cuts
     ("1f1b-flush", H.pair, H.pair_data, PAIR_L, [4, 9], [1, 2, 1], 4, {}),
 ]
 
@@ -103,6 +104,11 @@ def test_pipedream_equals_stale_weight_sgd_and_stashes_versions(cuts, reps):
     if all(r == 1 for r in reps):   # closed form: P - s versions at stage s (SOSP'19 §3.3)
         P = plan.num_stages
         assert res.versions_held == {s: P - s for s in range(P)}
+    # n versions cost exactly n copies of the stage's weights (copy-on-write stash, measured storages)
+    sd = H.mlp().state_dict()
+    for s, names in enumerate(H.stage_param_names(H.mlp, plan)):
+        nbytes = sum(sd[n].numel() * sd[n].element_size() for n in names)
+        assert res.weight_bytes[s] == res.versions_held[s] * nbytes, (s, res.weight_bytes)
 
 
 def test_vertical_sync_uses_the_input_stages_version_everywhere():

@@ -222,3 +222,14 @@ def f_versions(schedule: Any) -> list[dict[int, int]]:
             if a.kind == "F":
                 out[a.stage][a.microbatch] = schedule.version_of(w, i)
     return out
+
+
+class DropoutMLP(MLP):
+    """The MLP with dropout: each worker's random stream must be the same in a process and locally."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.dropout(F.relu(self.fc2(F.relu(self.fc1(x)))), 0.3, self.training))
+
+
+def dropout_mlp() -> nn.Module:
+    return DropoutMLP()

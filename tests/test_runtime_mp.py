@@ -179,3 +179,15 @@ def test_ctrl_c_in_train_kills_every_worker(tmp_path):
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     time.sleep(0.5)
     assert not any(_alive(p) for p in pids)
+
+
+def test_dropout_streams_are_the_same_in_processes_and_in_the_reference_executor():
+    plan = pl.Plan.from_boundaries(6, [2, 4])            # the dropout is a stage of its own
+    kw = dict(method="1f1b-flush", data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=3, microbatches=2,
+              progress=False, timeout=120)
+    a = pl.train(H.dropout_mlp, plan, backend="gloo", **kw)
+    b = pl.train(H.dropout_mlp, plan, backend="local", **kw)
+    c = pl.train(H.dropout_mlp, plan, backend="local", recompute=True, **kw)   # recompute replays the masks
+    assert H.max_diff(a.state_dict(), b.state_dict()) < 1e-6
+    assert H.max_diff(b.state_dict(), c.state_dict()) < 1e-6
+    assert a.losses == pytest.approx(b.losses, abs=1e-6)

@@ -190,12 +190,28 @@ def simulate_plan(plan: Plan, profile: Profile, cluster: Cluster, *, minibatches
     return pl.simulate(plan, profile, cluster, method=method, minibatches=minibatches)
 
 
+def paper_config_plan(profile: Profile, cluster: Cluster, config: str, *,
+                      candidates: tuple[Plan, ...] = ()) -> Plan | None:
+    """A plan of the paper's configuration on this profile and cluster, to simulate it: ``"straight"``
+    is the best straight pipeline, ``"16"`` data parallelism, any other config one of ``candidates``
+    that has it (e.g. the plan without a memory limit); ``None`` when none does. No memory limit."""
+    import pipelab as pl
+
+    shape = config_shape(config)
+    if shape == "straight":
+        return pl.partition(profile, cluster, method="pipedream", straight=True, memory_limit=math.inf)
+    if shape == "dp":
+        return pl.partition(profile, cluster, method="dp", memory_limit=math.inf)
+    return next((c for c in candidates if c.config == config), None)
+
+
 def table1_markdown(df: pd.DataFrame) -> str:
     """The paper-vs-ours table as markdown."""
     cols = {"model": "model", "cluster": "cluster", "servers_x_gpus": "servers×GPUs",
             "paper_config": "paper config", "config": "ours", "config_no_memory_limit": "ours, no mem. limit",
             "paper_speedup": "paper ×", "predicted_speedup": "predicted ×", "simulated_speedup": "simulated ×",
-            "simulated_speedup_no_memory_limit": "sim. × no mem. limit", "error": "error",
+            "simulated_speedup_no_memory_limit": "sim. × no mem. limit",
+            "paper_config_simulated_speedup": "paper config, sim. ×", "error": "error",
             "dp_exposed_comm_share": "DP exposed comm (ours)", "paper_implied_dp_comm_share": "DP comm implied by paper",
             "shape_matches": "shape ok", "within_25pct": "within 25%"}
     show = df[[c for c in cols if c in df.columns]].rename(columns=cols).copy()

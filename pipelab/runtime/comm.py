@@ -152,6 +152,7 @@ class Recv:
     src: int
     tag: int
     specs: list[TensorSpec]
+    members: list[TensorSpec] | None = None   # the message's tensors when it travels compressed
 
 
 @dataclass

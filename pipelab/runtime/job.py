@@ -58,11 +58,24 @@ class Job:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
+    state_keys: tuple[str, ...] = ()             # model_fn().state_dict() keys, in order
+
+    #: runtime options (see :mod:`pipelab.runtime.options`) the workers execute
+    RUNTIME_SUPPORTED = ("compression", "recompute", "slowdown")
 
     @property
     def method(self) -> str:
         """The schedule's method name."""
         return self.schedule.method
+
+    @property
+    def policy_options(self) -> dict[str, Any]:
+        """What a weight-policy factory receives: the method's options, the schedule, M."""
+        return {**self.options, "schedule": self.schedule, "microbatches": self.microbatches}
+
+    def syncs(self, stage: int) -> bool:
+        """Whether the replicas of ``stage`` all-reduce at ``U`` (not for HetPipe's virtual workers)."""
+        return len(self.schedule.stage_ranks[stage]) > 1 and bool(self.schedule.options.get("allreduce", True))
 
     @property
     def world_size(self) -> int:
@@ -108,9 +121,11 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
 def stage_ranges(plan: Plan, schedule: Schedule) -> tuple[tuple[int, int], ...]:
     """Layer range of every schedule stage: the plan's stages are the schedule's stages.
 
-    (For ``interleaved-1f1b`` the plan's stages are the ``v * P`` virtual stages, stage
+    A one-stage schedule (``dp``) runs the whole model. (For ``interleaved-1f1b`` the plan's stages are the ``v * P`` virtual stages, stage
     ``c * P + w`` running on worker ``w``; see :func:`pipelab.schedules.sync.interleaved`.)
     """
+    if schedule.num_stages == 1:     # dp: the whole model on every worker, whatever the plan's cuts
+        return ((0, plan.num_layers),)
     if schedule.num_stages != plan.num_stages:
         raise ValueError(f"the schedule has {schedule.num_stages} stages but the plan has {plan.num_stages}; "
                          "build the schedule from this plan")
@@ -176,6 +191,25 @@ def _check_picklable(name: str, fn: Any) -> None:
                          "a .py module), or functools.partial of one") from None
 
 
+def _split_options(method: str | None, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(schedule options, runtime options), using :mod:`pipelab.runtime.options` when present.
+
+    Runtime options this runtime does not execute yet raise instead of being silently ignored.
+    """
+    try:
+        from pipelab.runtime.options import RUNTIME_OPTIONS, split_options
+    except ImportError:
+        return dict(options), {}
+    sched, rt = split_options(method, options)
+    supported = set(getattr(Job, "RUNTIME_SUPPORTED", ()))
+    unsupported = sorted(k for k, v in rt.items() if k in RUNTIME_OPTIONS and k not in supported
+                         and v not in (None, False))
+    if unsupported:
+        raise ValueError(f"runtime option(s) {unsupported} are not executed by this version of the runtime's "
+                         "workers; leave them out")
+    return sched, rt
+
+
 def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None,
             data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
             optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
@@ -206,6 +240,10 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
                              f"has {n_gpu}; use backend='gloo' on CPU")
     trace_kwargs = dict(trace_kwargs or {})
 
+    # options that change how the runtime executes, never the schedule, stay out of the builder
+    method_options, runtime_options = _split_options(method or (schedule.method if schedule else None),
+                                                     method_options)
+
     # the schedule: exactly what pl.schedules.build returns (or the caller's own)
     if schedule is None:
         if method is None:
@@ -217,12 +255,15 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     if schedule.minibatches != steps:
         raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}")
     microbatches = schedule.microbatches
-    options = {**schedule.options, **method_options}
-    policy_for(schedule.method, options)   # fails early for a method the runtime cannot run
+    options = {**schedule.options, **method_options, **runtime_options}
+    policy_for(schedule.method, {**options, "schedule": schedule, "microbatches": microbatches})  # fails early
 
-    # the model: same seed as the workers, layer count as the plan's
-    torch.manual_seed(seed)
-    model = model_fn()
+    # the model: same seed as the workers (without disturbing the caller's random state), layer
+    # count as the plan's
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_fn()
+    state_keys = tuple(model.state_dict())
     gm = trace(model, **trace_kwargs)
     n_layers = len(layer_nodes(gm))
     if plan.num_layers != n_layers:
@@ -274,7 +315,7 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     return Job(model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer, plan=plan, schedule=schedule,
                ranges=ranges, specs=specs, steps=steps, microbatches=microbatches, batch_size=batch, seed=seed,
                backend=backend, timeout=float(timeout), options=options, master_addr=master_addr,
-               master_port=int(port or 0), trace_kwargs=trace_kwargs)
+               master_port=int(port or 0), trace_kwargs=trace_kwargs, state_keys=state_keys)
 
 
 def load_job_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:

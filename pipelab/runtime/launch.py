@@ -50,6 +50,7 @@ class RunResult:
     versions_held: dict[int, int]         # per stage: most weight versions it held at once (measured)
     schedule: Schedule
     wall_s: float = 0.0
+    weight_bytes: dict[int, int] = field(default_factory=dict)   # per stage: peak bytes of weights held (measured)
     _state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -74,14 +75,16 @@ def assemble(job: Job, events: Iterable[Event], results: list[dict[str, Any]], w
     state: dict[str, torch.Tensor] = {}
     losses = [0.0] * job.steps
     held: dict[int, int] = {}
+    wbytes: dict[int, int] = {}
     for r in sorted(results, key=lambda r: r["rank"]):
+        for s, n in r.get("weight_bytes", {}).items():
+            wbytes[int(s)] = max(wbytes.get(int(s), 0), int(n))
         state.update(r["state"])
         for k, v in r["losses"].items():
             losses[int(k)] += v
         for s, n in r["versions_held"].items():
             held[int(s)] = max(held.get(int(s), 0), int(n))
-    torch.manual_seed(job.seed)
-    expected = job.model_fn().state_dict()
+    expected = job.state_keys or tuple(state)
     missing = [k for k in expected if k not in state]
     if missing:
         raise RuntimeError(f"weights {missing[:5]} were not returned by any stage; is a parameter shared "
@@ -93,7 +96,7 @@ def assemble(job: Job, events: Iterable[Event], results: list[dict[str, Any]], w
     if trace_path is not None:
         tr.save_jsonl(trace_path)
     return RunResult(trace=tr, losses=losses, throughput=thr, versions_held=held, schedule=sched,
-                     wall_s=wall_s, _state=state)
+                     wall_s=wall_s, weight_bytes=wbytes, _state=state)
 
 
 class Run:

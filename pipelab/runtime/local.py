@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from pipelab.runtime.comm import Mailbox
 from pipelab.runtime.job import Job
 from pipelab.runtime.worker import EventTuple, Worker
@@ -24,8 +26,15 @@ def run_local(job: Job, emit: Callable[[EventTuple], None] | None = None,
     """Execute ``job`` in this process; returns each rank's :meth:`Worker.result`.
 
     ``emit`` receives one event tuple per action (times in seconds since the start);
-    ``should_stop`` is polled between actions (cancellation).
+    ``should_stop`` is polled between actions (cancellation). The caller's random state is left
+    as it was.
     """
+    with torch.random.fork_rng(devices=[]):
+        return _run_local(job, emit, should_stop)
+
+
+def _run_local(job: Job, emit: Callable[[EventTuple], None] | None,
+               should_stop: Callable[[], bool] | None) -> list[dict[str, Any]]:
     sched = job.schedule
     workers = [Worker(job, r) for r in range(sched.num_workers)]
     box = Mailbox()
@@ -45,7 +54,7 @@ def run_local(job: Job, emit: Callable[[EventTuple], None] | None = None,
         a = w.actions[i]
         if not all(box.ready(w.rank, r) for r in w.recvs(i)):
             return False
-        if a.kind == "U" and len(sched.stage_ranks[a.stage]) > 1:
+        if a.kind == "U" and job.syncs(a.stage):
             for x in sched.stage_ranks[a.stage]:
                 wx = workers[x]
                 j = pos[x]
@@ -57,9 +66,16 @@ def run_local(job: Job, emit: Callable[[EventTuple], None] | None = None,
         return True
 
     def step(w: Worker) -> None:
+        torch.set_rng_state(w.rng_state)     # each worker's own random stream, as in its own process
+        try:
+            _step(w)
+        finally:
+            w.rng_state = torch.get_rng_state()
+
+    def _step(w: Worker) -> None:
         i = pos[w.rank]
         a = w.actions[i]
-        if a.kind == "U" and len(sched.stage_ranks[a.stage]) > 1:
+        if a.kind == "U" and job.syncs(a.stage):
             group = [workers[x] for x in sched.stage_ranks[a.stage]]
             start = now()
             flats = [g.begin_update(pos[g.rank]) for g in group]
@@ -71,6 +87,7 @@ def run_local(job: Job, emit: Callable[[EventTuple], None] | None = None,
                     total += f   # for two replicas exactly the a + b the all-reduce computes
             for g in group:
                 j = pos[g.rank]
+                torch.set_rng_state(g.rng_state)
                 v = g.finish_update(j, None if total is None else total.clone())
                 ev(g, j, start, 0 if total is None else total.numel() * total.element_size(), v)
                 pos[g.rank] += 1
@@ -83,6 +100,7 @@ def run_local(job: Job, emit: Callable[[EventTuple], None] | None = None,
         else:
             sends, v = w.run(i, received)
             nbytes = sum(box.put(w.rank, s) for s in sends)
+            w.slow_down(now() - start)
             ev(w, i, start, nbytes, v)
         pos[w.rank] += 1
 

@@ -26,7 +26,7 @@ The next issue adds 2BW, buffered-K, PipeMare and HetPipe policies through :func
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -49,6 +49,7 @@ class WeightPolicy:
         self.latest = 0
         self.in_flight: dict[int, int] = {}      # microbatch -> version its F read
         self.max_held = 1
+        self.max_weight_bytes = 0     # measured at every change (subclasses may not be set up yet here)
 
     # -- what the runtime asks
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
@@ -75,6 +76,13 @@ class WeightPolicy:
         self._release()
         self._measure()
 
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called at ``U`` with the final gradients in place, before the optimizer steps (e.g. to set
+        this step's learning rate)."""
+
+    def about_to_update(self) -> None:
+        """Called right before the optimizer changes the master weights in place."""
+
     def updated(self) -> None:
         """The optimizer just updated the master weights: a new version exists."""
         self.latest += 1
@@ -86,12 +94,33 @@ class WeightPolicy:
         """Distinct weight versions held right now."""
         return 1
 
+    def weight_bytes(self) -> int:
+        """Bytes of the distinct storages holding this stage's weights (master and any stashed)."""
+        return _distinct_bytes([self.params])
+
     # -- internals
     def _release(self) -> None:
         pass
 
     def _measure(self) -> None:
         self.max_held = max(self.max_held, self.held)
+        self.max_weight_bytes = max(getattr(self, "max_weight_bytes", 0), self.weight_bytes())
+
+
+def _distinct_bytes(sources: Iterable[Mapping[str, torch.Tensor]]) -> int:
+    seen: dict[int, int] = {}
+    for src in sources:
+        for t in src.values():
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def alias(p: torch.Tensor) -> torch.Tensor:
+    """A new leaf tensor on ``p``'s storage with its own autograd version counter (no copy)."""
+    t = torch.empty(0, dtype=p.dtype, device=p.device).set_(p.untyped_storage(), p.storage_offset(),
+                                                            p.size(), p.stride())
+    return t.requires_grad_(p.requires_grad)
 
 
 class SingleVersion(WeightPolicy):
@@ -109,22 +138,25 @@ class SingleVersion(WeightPolicy):
 
 
 class Stashing(WeightPolicy):
-    """PipeDream weight stashing, optionally with vertical sync (SOSP'19 §3.3)."""
+    """PipeDream weight stashing, optionally with vertical sync (SOSP'19 §3.3).
+
+    The newest version is stashed as an *alias* of the master weights (no copy); right before an
+    update, if an in-flight or upcoming microbatch still needs it, the master moves to fresh
+    storage and the stash keeps the old one (copy-on-write). So ``n`` versions held cost exactly
+    ``n`` copies of the stage's weights (measured by :meth:`weight_bytes`).
+    """
 
     name = "stashing"
 
     def __init__(self, params: dict[str, nn.Parameter], stage: int,
                  upcoming_input_versions: Iterable[int] = (), *, vertical_sync: bool = False) -> None:
+        self.stash: dict[int, dict[str, torch.Tensor]] = {0: {n: alias(p) for n, p in params.items()}}
         super().__init__(params, stage)
         self.vertical_sync = vertical_sync
         self.sends_version = vertical_sync
         # versions the input stage used for the microbatches this stage will still forward, in
         # order: a vertically synced stage must keep them until their forward arrives
         self.upcoming: deque[int] = deque(upcoming_input_versions) if vertical_sync else deque()
-        self.stash: dict[int, dict[str, torch.Tensor]] = {0: self._snapshot()}
-
-    def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in self.params.items()}
 
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
         """Newest version, or with vertical sync the input stage's version for the microbatch."""
@@ -144,15 +176,28 @@ class Stashing(WeightPolicy):
         """The stashed tensors of ``version``."""
         return self.stash[version]
 
+    def _needed(self) -> set[int]:
+        return {*self.in_flight.values(), *self.upcoming}
+
+    def about_to_update(self) -> None:
+        """Split the newest version off the master if someone still needs it (copy-on-write)."""
+        if self.latest in self.stash:
+            if self.latest in self._needed():
+                with torch.no_grad():
+                    for p in self.params.values():
+                        p.data = p.data.clone()
+            else:
+                del self.stash[self.latest]
+
     def updated(self) -> None:
-        """Stash the new version (a copy of the master weights) and drop versions nobody needs."""
+        """Stash the new version (an alias of the master) and drop versions nobody needs."""
         self.latest += 1
-        self.stash[self.latest] = self._snapshot()
+        self.stash[self.latest] = {n: alias(p) for n, p in self.params.items()}
         self._release()
         self._measure()
 
     def _release(self) -> None:
-        keep = {self.latest, *self.in_flight.values(), *self.upcoming}
+        keep = {self.latest, *self._needed()}
         for v in [v for v in self.stash if v not in keep]:
             del self.stash[v]
 
@@ -160,6 +205,10 @@ class Stashing(WeightPolicy):
     def held(self) -> int:
         """Versions in the stash."""
         return len(self.stash)
+
+    def weight_bytes(self) -> int:
+        """Distinct storages of the master and the stash."""
+        return _distinct_bytes([self.params, *self.stash.values()])
 
 
 class NoStash(WeightPolicy):
@@ -194,13 +243,30 @@ register("naive-async", lambda opts: NoStash)
 
 
 def policy_for(method: str, options: dict[str, Any] | None = None) -> PolicyFactory:
-    """The policy factory for ``method`` (raises ``ValueError`` naming the supported methods)."""
+    """The policy factory for ``method`` (raises ``ValueError`` naming the supported methods).
+
+    ``options`` are the method's options; the runtime adds ``"schedule"`` (the Schedule being
+    executed) and ``"microbatches"``.
+    """
+    if method not in _POLICIES:
+        _load_extensions()
     if method not in _POLICIES:
         raise ValueError(f"the runtime has no weight policy for method {method!r}; supported: "
                          f"{', '.join(sorted(_POLICIES))}")
     return _POLICIES[method](dict(options or {}))
 
 
+def _load_extensions() -> None:
+    """Import the modules that register more policies (issue 6: 2BW, buffered, PipeMare, HetPipe)."""
+    import importlib
+
+    try:
+        importlib.import_module("pipelab.runtime.buffers")
+    except ImportError:
+        pass
+
+
 def supported_methods() -> tuple[str, ...]:
     """Methods the runtime can execute."""
+    _load_extensions()
     return tuple(sorted(_POLICIES))

@@ -47,6 +47,7 @@ from pipelab.runtime.comm import (
     DistComm,
     Recv,
     Send,
+    TensorSpec,
     grad_specs,
     tag,
 )
@@ -155,7 +156,7 @@ class StageState:
         self.policy: WeightPolicy = policy_factory(self.params, stage, upcoming)
         self.is_first = stage == 0
         self.is_last = stage == job.schedule.num_stages - 1
-        self.replicas = len(job.schedule.stage_ranks[stage])
+        self.syncs = job.syncs(stage)     # replicas all-reduce gradients at U
         self.pending: dict[int, Pending] = {}
         self.losses: dict[int, torch.Tensor] = {}
 
@@ -169,16 +170,24 @@ class Worker:
         sched = job.schedule
         self.actions: tuple[Action, ...] = sched.actions[rank]
         self.nb = max(sched.num_stages - 1, 1)
-        torch.manual_seed(job.seed)
-        model = job.model_fn()
+        with torch.random.fork_rng(devices=[]):   # the same initial weights as the plain model
+            torch.manual_seed(job.seed)
+            model = job.model_fn()
         gm = trace(model, **job.trace_kwargs)
-        factory = policy_for(sched.method, job.options)
+        factory = policy_for(sched.method, job.policy_options)
         self.stages: dict[int, StageState] = {}
         for s in sched.stages_of(rank):
             self.stages[s] = StageState(job, gm, s, self.device, factory, self._input_versions(s))
         del model, gm
         self.split = {s: any(a.kind == "W" and a.stage == s for a in self.actions) for s in self.stages}
         self.feed = Feed(job, self.device) if (0 in self.stages or sched.num_stages - 1 in self.stages) else None
+        # this worker's own random stream (dropout, ...): the same in a process and in the
+        # reference executor, which swaps it in around each of this worker's actions
+        self.rng_state = torch.Generator().manual_seed(job.seed * 1_000_003 + rank + 1).get_state()
+        self.codec = job.options.get("compression")
+        if self.codec in (None, "none"):
+            self.codec = None
+        self.recompute = bool(job.options.get("recompute", False))
         self._recvs = [self._needs(a) for a in self.actions]
         self.u_pair, self.u_divisor = self._update_facts()
         self.current: Action | None = None
@@ -208,7 +217,7 @@ class Worker:
         sched = self.job.schedule
         counts: dict[tuple[int, int], list[int]] = {}   # (worker, stage) -> contributions per U
         for s in self.stages:
-            for w in sched.stage_ranks[s]:
+            for w in (sched.stage_ranks[s] if self.job.syncs(s) else (self.rank,)):
                 has_w = any(a.kind == "W" and a.stage == s for a in sched.actions[w])
                 grad_kind = "W" if has_w else "B"
                 n, per_u = 0, []
@@ -231,7 +240,7 @@ class Worker:
             seen[a.stage] = k + 1
             pair[i] = k
             total = 0
-            for w in sched.stage_ranks[a.stage]:
+            for w in (sched.stage_ranks[a.stage] if self.job.syncs(a.stage) else (self.rank,)):
                 per_u = counts[(w, a.stage)]
                 if k >= len(per_u):
                     raise ValueError(f"worker {self.rank}'s update {a} is its stage's update #{k} but replica worker "
@@ -240,16 +249,41 @@ class Worker:
             divisor[i] = max(total / self.job.microbatches, 1e-12) if total else 1.0
         return pair, divisor
 
+    def _wire(self, members: list[TensorSpec]) -> list[TensorSpec]:
+        """The tensors that travel for a message of ``members`` (compressed payloads, if any)."""
+        if self.codec is None:
+            return list(members)
+        from pipelab.runtime.compress import message_specs
+
+        return [TensorSpec(tuple(int(d) for d in shape), str(dt).removeprefix("torch."))
+                for shape, dt in message_specs([(sp.shape, sp.torch_dtype) for sp in members], self.codec)]
+
+    def _decode(self, tensors: list[torch.Tensor], members: list[TensorSpec]) -> list[torch.Tensor]:
+        if self.codec is None:
+            return tensors
+        from pipelab.runtime.compress import decode_message
+
+        return decode_message(tensors, [(sp.shape, sp.torch_dtype) for sp in members], self.codec)
+
+    def _encode(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.codec is None:
+            return tensors
+        from pipelab.runtime.compress import encode_message
+
+        return encode_message(tensors, self.codec)
+
     def _needs(self, a: Action) -> list[Recv]:
         sched, specs = self.job.schedule, self.job.specs
         s, m = a.stage, a.microbatch
         if a.kind == "F" and s > 0:
             extra = [VERSION_SPEC] if self.stages[s].policy.sends_version else []
-            return [Recv(sched.worker_of(s - 1, m), tag(ACT, s - 1, m, self.nb), list(specs[s - 1]) + extra)]
+            members = list(specs[s - 1])
+            return [Recv(sched.worker_of(s - 1, m), tag(ACT, s - 1, m, self.nb), self._wire(members) + extra,
+                         members)]
         if a.kind == "B" and s < sched.num_stages - 1:
             g = grad_specs(specs[s])
             if g:
-                return [Recv(sched.worker_of(s + 1, m), tag(GRAD, s, m, self.nb), g)]
+                return [Recv(sched.worker_of(s + 1, m), tag(GRAD, s, m, self.nb), self._wire(g), g)]
         return []
 
     def recvs(self, i: int) -> list[Recv]:
@@ -276,11 +310,16 @@ class Worker:
     def _compute(self, st: StageState, m: int, inputs: list[torch.Tensor], version: int,
                  grad: bool) -> tuple[Any, ...]:
         w = st.policy.weights(version)
+        def fn(*xs: Any) -> Any:
+            return st.module(*xs) if w is None else torch.func.functional_call(st.module, w, xs)
+
         with torch.set_grad_enabled(grad):
-            if w is None:
-                out = st.module(*inputs)
+            if self.recompute:    # keep only the stage's inputs; recompute activations in backward
+                from pipelab.runtime.options import run_maybe_checkpointed
+
+                out = run_maybe_checkpointed(fn, tuple(inputs), True)
             else:
-                out = torch.func.functional_call(st.module, w, tuple(inputs))
+                out = fn(*inputs)
             if st.is_last:
                 assert self.feed is not None
                 loss = self.job.loss_fn(out, self.feed.targets(m)) / self.job.microbatches
@@ -296,6 +335,7 @@ class Worker:
             tensors = list(received[0])
             if st.policy.sends_version:
                 upstream = int(tensors.pop().item())
+            tensors = self._decode(tensors, list(self.job.specs[st.index - 1]))
             inputs = [t.detach().requires_grad_(t.is_floating_point()) for t in tensors]
         v = st.policy.forward_version(m, upstream)
         outputs = self._compute(st, m, inputs, v, st.policy.forward_builds_graph)
@@ -305,7 +345,7 @@ class Worker:
             k = m // self.job.microbatches
             st.losses[k] = st.losses.get(k, 0) + outputs[0].detach()  # type: ignore[assignment]
             return [], v
-        out = [o.detach() for o in outputs]
+        out = self._encode([o.detach() for o in outputs])
         if st.policy.sends_version:
             out.append(torch.tensor([v], dtype=torch.int64, device=self.device))
         s = st.index
@@ -327,7 +367,8 @@ class Worker:
         if st.is_last:
             outs, gouts = [pend.outputs[0]], [None]
         else:
-            grads = iter(received[0]) if received else iter(())
+            grads = iter(self._decode(list(received[0]), grad_specs(self.job.specs[st.index]))) if received \
+                else iter(())
             for o, spec in zip(pend.outputs, self.job.specs[st.index]):
                 if spec.is_float:
                     g = next(grads)
@@ -347,7 +388,8 @@ class Worker:
             msg = [(torch.zeros_like(x) if x.grad is None else x.grad) for x in pend.inputs if x.is_floating_point()]
             if msg:
                 s = st.index
-                sends.append(Send(self.job.schedule.worker_of(s - 1, m), tag(GRAD, s - 1, m, self.nb), msg))
+                sends.append(Send(self.job.schedule.worker_of(s - 1, m), tag(GRAD, s - 1, m, self.nb),
+                                  self._encode(msg)))
         if split:
             pend.grad_outputs, pend.grad_targets = gouts, outs
         else:
@@ -390,7 +432,7 @@ class Worker:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if st.replicas == 1 or not params:
+        if not st.syncs or not params:
             return None
         return torch._utils._flatten_dense_tensors([p.grad for p in params])
 
@@ -407,10 +449,21 @@ class Worker:
             for p in params:
                 p.grad.div_(div)  # type: ignore[union-attr]
         if st.optimizer is not None:
+            st.policy.before_step(st.optimizer)
+        st.policy.about_to_update()
+        if st.optimizer is not None:
             st.optimizer.step()
             st.optimizer.zero_grad(set_to_none=True)
         st.policy.updated()
         return st.policy.latest
+
+    def slow_down(self, elapsed_s: float) -> None:
+        """Emulate a slower device (option ``slowdown={rank: factor}``): sleep (factor - 1) x elapsed."""
+        sd = self.job.options.get("slowdown")
+        if sd:
+            from pipelab.runtime.options import slow_down
+
+            slow_down(self.rank, sd, elapsed_s)
 
     # ------------------------------------------------------------------ results
     def result(self) -> dict[str, Any]:
@@ -425,7 +478,8 @@ class Worker:
             for k, v in st.losses.items():
                 losses[k] = losses.get(k, 0.0) + float(v)
         return {"rank": self.rank, "state": state, "losses": losses,
-                "versions_held": {s: st.policy.max_held for s, st in self.stages.items()}}
+                "versions_held": {s: st.policy.max_held for s, st in self.stages.items()},
+                "weight_bytes": {s: int(getattr(st.policy, "max_weight_bytes", 0)) for s, st in self.stages.items()}}
 
 
 class Clock:
@@ -511,6 +565,7 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[EventT
                 nbytes += comm.send(s)
         if worker.device.type == "cuda":
             torch.cuda.synchronize(worker.device)
+        worker.slow_down(clock.now() - start)
         emit((worker.rank, a.stage, a.kind, a.microbatch, start, clock.now(), nbytes, version, i, -1))
     comm.flush()
 
@@ -540,9 +595,12 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
     dist.init_process_group(job.backend, init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout))
     try:
-        groups = {s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if len(rs) > 1}
+        groups = {s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)}
         worker = Worker(job, rank, device)
         comm = DistComm(rank, device, groups)
+        torch.set_rng_state(worker.rng_state)
+        if device.type == "cuda":
+            torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
         dist.barrier()
         t0 = torch.tensor([time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu")
         dist.broadcast(t0, src=0)
