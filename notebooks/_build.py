@@ -151,11 +151,12 @@ def why_pipelining() -> list[Cell]:
 In data-parallel training every worker holds the whole model and, after each minibatch, the workers
 all-reduce *every* weight gradient. The compute per worker stays fixed while the bytes to exchange
 do not shrink, so as workers are added (or as bandwidth lags compute) a growing fraction of time is
-spent waiting for communication. PipeDream (Narayanan et al., SOSP'19, §2.1 and Figure 1) measured this
-fraction for VGG-16, ResNet-50 and GNMT and found it large for models with many parameters.
+spent waiting for communication. PipeDream (Narayanan et al., SOSP'19, §2.1) motivates pipelining with
+this overhead: it grows with the number of workers and is largest for models with many weights relative
+to their compute.
 
-We reproduce the shape of that figure with the simulator on PipeDream's own layer profiles (shipped
-with pipelab: V100 times, minibatch sizes from the files) and then compare with a pipeline plan.
+We measure it with the simulator on PipeDream's own layer profiles of VGG-16, ResNet-50 and GNMT-8
+(shipped with pipelab: V100 times, minibatch sizes from the files) and then compare with a pipeline plan.
 """),
         params("""
 models = ["vgg16", "resnet50", "gnmt8"]     # shipped PipeDream profiles
@@ -567,7 +568,7 @@ px.line(bubbles, x="M", y="bubble", color="method", markers=True, log_x=True,
         *exercise("""
 Check the interleaved schedule against its closed form `(P−1)/(v·M + P−1)` for every `M` of the sweep
 (it needs `M` a multiple of `P`), and ZB-H1's bubble *time* against a third of 1F1B's with equal F, B, W
-costs, for `M ≥ P` (Qi et al., ICLR'24, §3: ZB-H1 fills `2/3` of 1F1B's `(P−1)(F+B+W)` idle time).
+costs, for `M ≥ P` (Qi et al., ICLR'24, §3: 1F1B idles `(P−1)(F+B+W)`, ZB-H1 `(P−1)(F+B−2W)`).
 """, """
 inter = bubbles[bubbles.method == "interleaved-1f1b"].set_index("M").bubble
 for M, b in inter.items():
@@ -937,14 +938,15 @@ pipelines, Unix pipes, stream processing, MapReduce-style data pipelines). Which
 still apply to a pipeline that has **no backward pass and no weights**?
 
 We describe a data pipeline — read → parse → map → shuffle → reduce → write — as a `Profile.synthetic`:
-each operator is a "layer" with a forward cost per batch of records, zero backward cost, the bytes it
-hands to the next operator, and no parameters. Then we reuse the partitioner, the schedules and the
+each operator is a "layer" with a forward cost for the job's whole input, zero backward cost, the bytes
+it hands to the next operator, and no parameters; streaming the input as `M` batches splits every cost
+into `M` parts. Then we reuse the partitioner, the schedules and the
 simulator unchanged.
 """),
         params("""
 op_names = ["read", "parse", "map", "shuffle", "reduce", "write"]
-op_ms = [3.0, 6.0, 9.0, 4.0, 5.0, 2.0]          # per batch of records
-op_out_mb = [64.0, 48.0, 48.0, 48.0, 8.0, 0.0]  # bytes each operator hands on (MB per batch)
+op_ms = [3.0, 6.0, 9.0, 4.0, 5.0, 2.0]          # compute for the whole input
+op_out_mb = [64.0, 48.0, 48.0, 48.0, 8.0, 0.0]  # MB each operator hands on, for the whole input
 workers = 3
 batches = 16                                     # batches of records streamed through
 bandwidth_gbps = 10.0
@@ -1037,6 +1039,9 @@ p = pl.partition(stateful, cluster, method="pipedream")
 print(p.describe())
 reduce_stage = p.stage_of_layer(op_names.index("reduce"))
 print("replicas of the stage with reduce:", reduce_stage.replicas)
+# Replicas of a stateful operator must keep their states consistent, which the cost model prices like
+# a weight all-reduce of 200 MB: far dearer than computing `reduce` on one worker, so it is not replicated.
+assert reduce_stage.replicas == 1
 """),
     ]
 

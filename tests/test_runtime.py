@@ -209,3 +209,16 @@ def test_later_minibatch_with_wrong_shape_names_it():
     plan = pl.Plan.from_boundaries(MLP_L, [2])
     with pytest.raises(ValueError, match=r"minibatch 1 of data\(\) has shapes"):
         _train(H.mlp, H.later_bad_data, plan, "1f1b-flush", steps=2, microbatches=2)
+
+
+def test_reference_executor_reports_a_deadlocking_schedule():
+    from pipelab.schedules.actions import Action, Schedule
+
+    plan = pl.Plan.from_boundaries(MLP_L, [2])
+    acts = ((Action(0, "B", 0), Action(0, "F", 0), Action(0, "U", 0)),     # B before its own F: waits forever
+            (Action(1, "F", 0), Action(1, "B", 0), Action(1, "U", 0)))
+    bad = Schedule(method="1f1b-flush", num_stages=2, stage_ranks=((0,), (1,)), microbatches=1, minibatches=1,
+                   actions=acts)
+    with pytest.raises(RuntimeError, match=r"deadlocks.*worker 0 at step 0 \(0B0\).*worker 1 at step 0 \(1F0\)"):
+        pl.train(H.mlp, plan, schedule=bad, data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=1,
+                 backend="local", progress=False)

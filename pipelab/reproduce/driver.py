@@ -168,11 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "hetpipe" in parts:
         hparams: dict[str, Any] = {"report": True}
         if quick:
-            hparams.update(staleness=[0, 1], minibatches=12, emu_epochs=1, emu_train_limit=128)
+            hparams.update(staleness=[0, 1], minibatches=12, emu_epochs=1, emu_train_limit=128, emu_staleness=[0])
         jobs["hetpipe"] = [Job("hetpipe", REPRODUCTIONS / "hetpipe" / "hetpipe.ipynb", hparams, out_of("hetpipe"))]
     buffer_nb = REPRODUCTIONS / "weight_buffer" / "weight_buffer.ipynb"
     if "weight_buffer" in parts and buffer_nb.exists():
-        bparams: dict[str, Any] = {"report": True}
+        bparams: dict[str, Any] = {"report": True, "seeds": 2}
         if quick:
             bparams.update(quick=True)
         jobs["weight_buffer"] = [Job("weight buffer", buffer_nb, bparams, out_of("weight_buffer"))]

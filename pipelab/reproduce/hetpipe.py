@@ -143,7 +143,8 @@ def hetpipe_emulated(*, stages: int = 2, virtual_workers: int = 2, slowdown: flo
                      train_limit: int = 0, backend: str = "gloo", seed: int = 0) -> pd.DataFrame:
     """Real processes: DP over ``stages * virtual_workers`` workers vs HetPipe VWs, one worker slowed.
 
-    Rows: config, D, samples_per_s (whole run), test_accuracy after ``epochs`` epochs.
+    Rows: config, D, samples_per_s (whole run), final_train_loss (mean of the last tenth of the
+    steps), test_accuracy after ``epochs`` epochs, and for HetPipe the largest staleness a pull saw.
     """
     import pandas as pd
     import torch
@@ -173,6 +174,22 @@ def hetpipe_emulated(*, stages: int = 2, virtual_workers: int = 2, slowdown: flo
             path = str(Path(tmp) / "w.pt")
             torch.save(run.state_dict(), path)
             acc = digits_accuracy(digits_model(16, path), seed=seed)
-        rows.append({"config": name, "D": d, "samples_per_s": round(float(run.throughput), 1),
-                     "test_accuracy": round(acc, 4)})
-    return pd.DataFrame(rows)
+        losses = [float(v) for v in run.losses]
+        tail = losses[-max(1, len(losses) // 10):]
+        row: dict[str, Any] = {"config": name, "D": d, "samples_per_s": round(float(run.throughput), 1),
+                               "final_train_loss": round(sum(tail) / len(tail), 4), "test_accuracy": round(acc, 4)}
+        if d is not None:
+            # the largest lead of a VW over the global clock at any pull, replayed from the trace (the
+            # bound must hold: check_trace raises if a pull broke it)
+            from pipelab.runtime.wsp import check_trace
+
+            try:
+                row["max_staleness_seen"] = check_trace(run.trace, d)
+            except ValueError:   # this runtime does not record push/pull events in the trace
+                row["max_staleness_seen"] = None
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    df["D"] = df["D"].astype("Int64")
+    if "max_staleness_seen" in df:
+        df["max_staleness_seen"] = df["max_staleness_seen"].astype("Int64")
+    return df

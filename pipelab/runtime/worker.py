@@ -21,6 +21,11 @@ Semantics (the same in both executors):
   that each closed a different minibatch), then step the optimizer.
 * ``B`` computes input and weight gradients, unless the stage has ``W`` actions (zero-bubble): then
   ``B`` computes input gradients only and ``W`` the weight gradients.
+* Randomness (dropout): each worker has its own stream seeded from (seed, rank), so a run is
+  reproducible and the reference executor (which swaps the streams in) matches the processes.
+* Runtime options (:mod:`pipelab.runtime.options`): ``compression`` encodes every message that
+  crosses a cut, ``recompute`` keeps only stage inputs and recomputes in backward, ``slowdown``
+  sleeps after each action to emulate a slower device.
 """
 
 from __future__ import annotations

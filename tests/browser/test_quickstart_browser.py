@@ -5,6 +5,8 @@ a private JupyterLab (H5's :mod:`labdriver`) and run with Run > Run All Cells. W
 every cell finished without an error or a widget error, that the partition graph and the simulated
 Gantt are drawn, that the live Gantt of the real 2-process run holds at least one box per action of the
 schedule, and that the measured Gantt drawn after the run shows exactly the same boxes as the live one.
+(That the live chart fills in gradually is checked by ``test_browser.py`` with a job paced to last; the
+quickstart's job can end between two samples, so here the partial counts seen are only printed.)
 A screenshot goes to ``tests/browser/out/quickstart.png``.
 """
 
@@ -109,8 +111,6 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
         assert live["plots"], "the live Gantt was not drawn"
         live_bars = live["plots"][0]["bars"]
         assert live_bars >= actions, f"live Gantt shows {live_bars} boxes for {actions} actions"
-        assert any(0 < c < live_bars for c in live_counts), \
-            f"the live Gantt did not fill in while the job ran (counts seen {sorted(live_counts)}, final {live_bars})"
         assert measured["plots"] and measured["plots"][0]["bars"] == live_bars, \
             "the measured Gantt (from run.trace) and the live one (from the event stream) differ"
         assert "measured:" in measured["text"] and "loss" in measured["text"]
