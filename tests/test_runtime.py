@@ -125,7 +125,9 @@ def test_vertical_sync_uses_the_input_stages_version_everywhere():
     oracle = H.stale_weight_oracle(H.mlp, H.mlp_data, H.sgd, plan, [[v0[k] for k in range(K)]] * 4, K)
     assert H.max_diff(res.state_dict(), oracle) < 1e-5
     # a vertically synced stage keeps the versions its upcoming forwards will ask for: NOAM = P of them
+    # at every stage (closed form), and the schedule counts the same
     assert res.versions_held == {s: 4 for s in range(4)}
+    assert res.versions_held == {s: res.schedule.versions_held(s) for s in range(4)}
 
 
 def test_naive_async_reads_the_newest_weights_and_keeps_one_version():
@@ -137,7 +139,8 @@ def test_naive_async_reads_the_newest_weights_and_keeps_one_version():
     stale = [e for e in res.trace.compute_events() if e.kind == "B" and e.stage == 0 and e.microbatch > 0]
     f_of = {(e.stage, e.microbatch): e.weight_version for e in res.trace.compute_events() if e.kind == "F"}
     assert any(e.weight_version != f_of[(0, e.microbatch)] for e in stale)   # B really reads newer weights
-    assert res.versions_held == {0: 1, 1: 1, 2: 1}
+    assert res.versions_held == {0: 1, 1: 1, 2: 1}     # closed form: no stash, one version
+    assert res.versions_held == {s: res.schedule.versions_held(s) for s in range(3)}
     stash = _train(H.mlp, H.mlp_data, plan, "pipedream", steps=6, microbatches=1)
     assert H.max_diff(res.state_dict(), stash.state_dict()) > 1e-6    # the ablation differs from stashing
 

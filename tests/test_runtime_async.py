@@ -80,6 +80,7 @@ def test_delayed_policies_match_oracle_and_memory_model(method: str, kw: dict, d
     K = delay + 1
     assert all(n <= K for n in r.versions_held.values())
     assert max(r.versions_held.values()) == K          # the bound is reached, not just respected
+    assert r.versions_held == {s: r.schedule.versions_held(s) for s in r.versions_held}
     assert_weight_memory_matches_model(r, PLAN3)
 
 

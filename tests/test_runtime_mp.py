@@ -95,8 +95,7 @@ def test_async_methods_across_processes_equal_the_reference_executor(method, cut
         if opts.get("vertical_sync") and e.kind in "FB":
             assert e.weight_version == f_of[(0, e.microbatch)]
     assert res.versions_held == local.versions_held
-    if method == "pipedream" and not opts:
-        assert res.versions_held == {s: sched.versions_held(s) for s in range(sched.num_stages)}
+    assert res.versions_held == {s: sched.versions_held(s) for s in range(sched.num_stages)}
 
 
 def test_events_stream_live_and_the_trace_is_saved(tmp_path):

@@ -84,10 +84,19 @@ def test_replicated_plans_valid(reps: list[int], M: int, method: str) -> None:
 
 
 def test_closed_form_versions() -> None:
-    """PipeDream holds P - s versions at stage s; 2BW 2; sync methods 1."""
+    """PipeDream holds P - s versions at stage s, P everywhere with vertical sync; naive async and
+    PipeMare 1; 2BW 2; buffered K; sync methods 1 (SOSP'19 §3.3; ICML'21 §3)."""
     for P in range(1, 9):
         pd = build("pipedream", P, minibatches=3 * P)
         assert [pd.versions_held(s) for s in range(P)] == [P - s for s in range(P)]
+        vs = build("pipedream", P, minibatches=3 * P, vertical_sync=True)
+        assert [vs.versions_held(s) for s in range(P)] == [P] * P
+        for m in ("naive-async", "pipemare"):
+            na = build(m, P, minibatches=3 * P)
+            assert [na.versions_held(s) for s in range(P)] == [1] * P
+        for K in (2, 3, 4):
+            bu = build("buffered", P, microbatches=max(P, 2), minibatches=3 * K, versions=K)
+            assert [bu.versions_held(s) for s in range(P)] == [K] * P
         tb = build("2bw", P, microbatches=max(P, 1), minibatches=5)
         assert [tb.versions_held(s) for s in range(P)] == [2] * P
         fl = build("1f1b-flush", P, microbatches=4, minibatches=2)
@@ -214,3 +223,38 @@ def test_extra_in_flight() -> None:
         assert sch.in_flight(0) == 4 + e and sch.versions_held(3) == 1 + e
     with pytest.raises(ScheduleError, match="extra_in_flight"):
         build("pipedream", 4, extra_in_flight=-1)
+
+
+def _held_brute_force(sch, stage: int) -> int:
+    """Oracle for ``versions_held``: after every action, the latest version plus every version
+    already produced that any later action of the stage on that worker reads (quadratic, obvious)."""
+    best = 1
+    for w in sch.stage_ranks[stage]:
+        acts = sch.actions[w]
+        latest = 0
+        for i, a in enumerate(acts):
+            if a.stage != stage:
+                continue
+            if a.kind == "U":
+                latest = sch.version_of(w, i)
+            later = {sch.version_of(w, j) for j in range(i + 1, len(acts))
+                     if acts[j].stage == stage and acts[j].kind != "U" and sch.version_of(w, j) <= latest}
+            best = max(best, len(later | {latest}))
+    return best
+
+
+@pytest.mark.parametrize("method,reps,kw", [
+    ("pipedream", [1, 1, 1], {}), ("pipedream", [2, 1], {}), ("pipedream", [1, 2, 1], {"vertical_sync": False}),
+    ("pipedream", [2, 2], {"vertical_sync": True}), ("pipedream", [1, 1, 1, 1], {"vertical_sync": True}),
+    ("pipedream", [1, 1, 1], {"extra_in_flight": 2}), ("naive-async", [2, 1, 1], {}), ("pipemare", [1, 1], {}),
+    ("2bw", [1, 1, 1], {"microbatches": 3}), ("buffered", [2, 1], {"microbatches": 2, "versions": 3}),
+    ("hetpipe", [2, 2], {}), ("1f1b-flush", [1, 1, 1], {"microbatches": 4}),
+])
+def test_versions_held_equals_brute_force(method: str, reps: list[int], kw: dict) -> None:
+    """The linear sweep of ``versions_alive`` equals the quadratic definition, for every method."""
+    plan = Plan.from_boundaries(len(reps), list(range(1, len(reps))), reps)
+    sch = build(method, plan, minibatches=12, **kw)
+    for s in range(sch.num_stages):
+        assert sch.versions_held(s) == _held_brute_force(sch, s), (method, reps, kw, s)
+    for w in range(sch.num_workers):
+        assert len(sch.versions_alive(w)) == len(sch.actions[w])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,6 +148,29 @@ def test_memory_matches_cost_model() -> None:
         assert flush.peak_memory[s] == cm.memory_bytes(st.start, st.end, versions=1, in_flight=4,
                                                        microbatches=4)["total"]
     assert all(t1 >= t0 for line in res.memory_timeline.values() for (t0, _), (t1, _) in zip(line, line[1:]))
+
+
+@pytest.mark.parametrize("method,kw,versions", [
+    ("pipedream", {}, lambda P, s: P - s),
+    ("pipedream", {"vertical_sync": True}, lambda P, s: P),     # also the versions of forwards still to come
+    ("naive-async", {}, lambda P, s: 1),
+    ("pipemare", {}, lambda P, s: 1),
+    ("2bw", {"microbatches": 4}, lambda P, s: 2),
+    ("buffered", {"microbatches": 4, "versions": 3}, lambda P, s: 3),
+])
+def test_memory_versions_follow_the_closed_forms(method: str, kw: dict, versions: Any) -> None:
+    """The simulator charges the versions the schedule (and the runtime) hold: closed forms per method,
+    with PipeDream's in-flight activations ``P - s``."""
+    prof = _uniform()
+    cl = Cluster.flat(4, bandwidth=1e12)
+    cm = CostModel(prof, cl)
+    plan = Plan.even(8, 4, batch_size=32)
+    res = simulate(plan, prof, cl, method=method, minibatches=16, **kw)
+    M = res.schedule.microbatches
+    for s, st in enumerate(plan.stages):
+        assert res.schedule.versions_held(s) == versions(4, s)
+        want = cm.memory_bytes(st.start, st.end, versions=versions(4, s), in_flight=4 - s, microbatches=M)
+        assert res.peak_memory[s] == want["total"], (method, s)
 
 
 def test_compute_bound_pipeline_matches_stage_time() -> None:

@@ -69,6 +69,18 @@ class GraphNode:
         return re.split(r"[(\s]", self.desc.strip(), maxsplit=1)[0] or "node"
 
 
+def _aliases_input(node: GraphNode) -> bool:
+    """Whether a node's output shares its input's storage (``ReLU(inplace)``, views, ``Size``).
+
+    PipeDream's profiles record every node's output size, but an in-place ReLU or a ``View`` holds
+    no memory of its own. The activation memory a stage stashes is therefore estimated as the sum of
+    the outputs of the other nodes (``saved_bytes``); counting the aliases too would roughly double
+    VGG-16's activation memory (half its nodes are in-place ReLUs).
+    """
+    d = node.desc
+    return "inplace" in d or node.kind in ("View", "Size", "Flatten", "Identity", "__getitem__")
+
+
 @dataclass(frozen=True)
 class PipeDreamGraph:
     """A parsed ``graph.txt``: nodes in file order and directed edges ``(a, b)`` by node id."""
@@ -222,7 +234,8 @@ def to_profile(graph: PipeDreamGraph, *, batch_size: int | None = None, model: s
         running += diff[i]
         cut_bytes.append(running)
     layers = tuple(Layer(name=node.node_id, kind=node.kind, fwd_s=node.fwd_ms / 1e3, bwd_s=node.bwd_ms / 1e3,
-                         out_bytes=out_bytes[i], param_bytes=int(round(node.param_bytes)))
+                         out_bytes=out_bytes[i], param_bytes=int(round(node.param_bytes)),
+                         saved_bytes=0 if _aliases_input(node) else out_bytes[i])
                    for i, node in enumerate(order))
     inferred = infer_batch_size(graph)
     if batch_size is None:

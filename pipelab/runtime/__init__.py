@@ -6,7 +6,11 @@ reference executor; both execute exactly the Schedule that ``pl.schedules.build`
 
 Modules: ``launch`` (processes, the Run handle, RunResult), ``worker`` (one worker's actions),
 ``comm`` (messages between stages), ``weights`` (weight-version policies), ``local`` (the
-reference executor), ``job`` (arguments checked in the parent), ``cli`` (``pipelab train job.json``).
+reference executor), ``job`` (arguments checked in the parent), ``cli`` (``pipelab train job.json``);
+``buffers`` (2BW, bounded buffer, PipeMare and HetPipe policies), ``pipemare`` (its two techniques),
+``wsp`` (HetPipe's parameter server), ``compress`` (fp16/bf16/int8 codecs), ``checkpoint``
+(atomic per-worker checkpoints), ``options`` (runtime options: compression, recompute, slowdown,
+checkpoints).
 """
 
 from pipelab.runtime.launch import Run, RunResult, WorkerError, launch, train

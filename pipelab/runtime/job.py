@@ -61,7 +61,8 @@ class Job:
     state_keys: tuple[str, ...] = ()             # model_fn().state_dict() keys, in order
 
     #: runtime options (see :mod:`pipelab.runtime.options`) the workers execute
-    RUNTIME_SUPPORTED = ("compression", "recompute", "slowdown")
+    RUNTIME_SUPPORTED = ("compression", "recompute", "slowdown", "checkpoint_every", "checkpoint_dir",
+                         "checkpoint_keep", "resume")
 
     @property
     def method(self) -> str:
@@ -243,6 +244,20 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     # options that change how the runtime executes, never the schedule, stay out of the builder
     method_options, runtime_options = _split_options(method or (schedule.method if schedule else None),
                                                      method_options)
+    # resume=: continue from the checkpoint's step; the schedule covers the remaining minibatches
+    start = 0
+    the_method = method or (schedule.method if schedule is not None else "")
+    if the_method == "hetpipe" and (runtime_options.get("resume") or runtime_options.get("checkpoint_every")):
+        raise ValueError("checkpoints of hetpipe runs are not supported (the parameter server's clocks and "
+                         "pending updates are not saved); drop checkpoint_every=/resume=")
+    if runtime_options.get("resume"):
+        from pipelab.runtime.checkpoint import check_compatible
+
+        start = int(check_compatible(runtime_options["resume"], plan=plan, method=the_method)["step"])
+        if start >= steps:
+            raise ValueError(f"the checkpoint at {runtime_options['resume']} is at step {start}, not before "
+                             f"steps={steps}; pass a larger steps= to train further")
+        steps -= start
 
     # the schedule: exactly what pl.schedules.build returns (or the caller's own)
     if schedule is None:
@@ -253,9 +268,12 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     elif method is not None and method != schedule.method:
         raise ValueError(f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them")
     if schedule.minibatches != steps:
-        raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}")
+        raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}"
+                         + (f" (the steps left after resuming at step {start})" if start else ""))
     microbatches = schedule.microbatches
     options = {**schedule.options, **method_options, **runtime_options}
+    if start:
+        options["resume_step"] = start
     policy_for(schedule.method, {**options, "schedule": schedule, "microbatches": microbatches})  # fails early
 
     # the model: same seed as the workers (without disturbing the caller's random state), layer

@@ -51,6 +51,7 @@ class RunResult:
     schedule: Schedule
     wall_s: float = 0.0
     weight_bytes: dict[int, int] = field(default_factory=dict)   # per stage: peak bytes of weights held (measured)
+    wsp_log: list[Any] = field(default_factory=list)   # hetpipe: the parameter server's pushes and pulls
     _state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -90,13 +91,19 @@ def assemble(job: Job, events: Iterable[Event], results: list[dict[str, Any]], w
         raise RuntimeError(f"weights {missing[:5]} were not returned by any stage; is a parameter shared "
                            "between stages? (tied weights across stages are not supported)")
     state = {k: state[k] for k in expected}
+    wsp_log = [e for r in results for e in r.get("wsp_log", [])]
+    if wsp_log:   # HetPipe: the parameter server's pushes and pulls join the trace (clock, global clock)
+        ranks = sched.stage_ranks
+        extra = [Event(worker=ranks[e.stage][e.vw], stage=e.stage, kind=e.kind, microbatch=e.clock, start_s=e.t,
+                       end_s=e.t, weight_version=e.global_clock) for e in wsp_log]
+        tr = Trace(tuple(tr.events) + tuple(extra), dict(tr.meta))
     comp = tr.compute_events()
     span = (max(e.end_s for e in comp) - min(e.start_s for e in comp)) if comp else 0.0
     thr = job.steps * job.batch_size / span if span > 0 else math.nan
     if trace_path is not None:
         tr.save_jsonl(trace_path)
     return RunResult(trace=tr, losses=losses, throughput=thr, versions_held=held, schedule=sched,
-                     wall_s=wall_s, weight_bytes=wbytes, _state=state)
+                     wall_s=wall_s, weight_bytes=wbytes, wsp_log=wsp_log, _state=state)
 
 
 class Run:
@@ -238,9 +245,12 @@ class Run:
         else:
             ctx = mp.get_context("spawn")
         self._queue = ctx.Queue()
+        conns: list[Any] = [None] * self.job.world_size
         try:
+            if self.job.method == "hetpipe":
+                conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
-                p = ctx.Process(target=process_main, args=(self.job, rank, self._queue), daemon=True,
+                p = ctx.Process(target=process_main, args=(self.job, rank, self._queue, conns[rank]), daemon=True,
                                 name=f"pipelab-worker-{rank}")
                 p.start()
                 self._procs.append(p)
@@ -248,7 +258,31 @@ class Run:
             self._kill()
             raise
 
+    def _start_wsp_server(self, ctx: Any) -> list[Any]:
+        """HetPipe: start the WSP parameter-server process; returns each worker's end of its pipe."""
+        from pipelab.profile.fxgraph import StageModule, trace
+        from pipelab.runtime.wsp import serve_process_main
+
+        job = self.job
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(job.seed)
+            gm = trace(job.model_fn(), **job.trace_kwargs)
+        shards = {s: {n: p.detach().numpy() for n, p in StageModule(gm, *job.ranges[s]).named_parameters()}
+                  for s in range(job.schedule.num_stages)}
+        pairs = [ctx.Pipe() for _ in range(job.world_size)]
+        self._wsp_result, res_w = ctx.Pipe(duplex=False)
+        srv = ctx.Process(target=serve_process_main, daemon=True, name="pipelab-wsp-server",
+                          args=([b for _, b in pairs], shards, len(job.schedule.stage_ranks[0]),
+                                int(job.options.get("D", 0)), res_w))
+        srv.start()
+        self._wsp_proc = srv
+        return [a for a, _ in pairs]
+
     def _kill(self) -> None:
+        wsp_proc = getattr(self, "_wsp_proc", None)
+        if wsp_proc is not None and wsp_proc.is_alive():
+            wsp_proc.terminate()
+            wsp_proc.join(3)
         for p in self._procs:
             if p.is_alive():
                 p.terminate()
@@ -293,13 +327,17 @@ class Run:
                         if now - dead_since.setdefault(rank, now) > 2.0:
                             self._kill()
                             self._fail(WorkerError(f"worker {rank} exited with code {p.exitcode} without reporting "
-                                                   "an error (killed, or out of memory?)", rank=rank))
+                                                   "an error: killed, out of memory, or it could not start. Run from a script? Worker "
+                                                   "processes re-import it, so put the call under "
+                                                   "`if __name__ == \"__main__\":`", rank=rank))
                             return
                 if now > deadline:
                     self._kill()
                     self._fail(WorkerError(f"the job did not finish within timeout={self.job.timeout} s; every "
                                            "worker was stopped (raise timeout= for longer runs)"))
                     return
+            if getattr(self, "_wsp_proc", None) is not None and self._wsp_result.poll(30):
+                results[0]["wsp_log"] = self._wsp_result.recv()
             for p in self._procs:
                 p.join(10)
             self._kill()

@@ -38,6 +38,27 @@ def _run_local(job: Job, emit: Callable[[EventTuple], None] | None,
     sched = job.schedule
     workers = [Worker(job, r) for r in range(sched.num_workers)]
     box = Mailbox()
+    wsp_servers: dict[int, Any] = {}
+    if sched.method == "hetpipe":   # HetPipe: one in-process WSP server shard per stage
+        from pipelab.runtime.buffers import LocalWSP
+        from pipelab.runtime.wsp import WSPServer
+
+        V = len(sched.stage_ranks[0])
+        D = int(job.options.get("D", 0))
+        for w in workers:
+            for s, st in w.stages.items():
+                if s not in wsp_servers:
+                    wsp_servers[s] = WSPServer(dict(st.params), V, D, stage=s)
+            w.attach_wsp(lambda s, vw: LocalWSP(wsp_servers[s], vw))
+
+    def finish_pulls(w: Worker) -> None:
+        # a deferred HetPipe pull completes before the worker's next action, as in its process
+        for st in w.stages.values():
+            if getattr(st.policy, "pull_pending", False):
+                if st.policy.pull_blocked():  # type: ignore[attr-defined]
+                    raise RuntimeError(f"worker {w.rank}: the HetPipe pull of stage {st.index} can never be "
+                                       "served (a virtual worker ran out of minibatches before the others)")
+                st.policy.complete_pull()  # type: ignore[attr-defined]
     pos = [0] * len(workers)
     t0 = time.perf_counter()
 
@@ -54,6 +75,9 @@ def _run_local(job: Job, emit: Callable[[EventTuple], None] | None,
         a = w.actions[i]
         if not all(box.ready(w.rank, r) for r in w.recvs(i)):
             return False
+        if any(getattr(st.policy, "pull_pending", False) and st.policy.pull_blocked()  # type: ignore[attr-defined]
+               for st in w.stages.values()):
+            return False   # HetPipe: this virtual worker waits for the global clock
         if a.kind == "U" and job.syncs(a.stage):
             for x in sched.stage_ranks[a.stage]:
                 wx = workers[x]
@@ -92,6 +116,7 @@ def _run_local(job: Job, emit: Callable[[EventTuple], None] | None,
                 ev(g, j, start, 0 if total is None else total.numel() * total.element_size(), v)
                 pos[g.rank] += 1
             return
+        finish_pulls(w)
         received = [box.take(w.rank, r) for r in w.recvs(i)]
         start = now()
         if a.kind == "U":
@@ -117,4 +142,9 @@ def _run_local(job: Job, emit: Callable[[EventTuple], None] | None,
                               for w in workers if pos[w.rank] < len(w.actions))
             raise RuntimeError(f"the schedule deadlocks: no worker can run its next action: {stuck}; "
                                "check it with pipelab.schedules.validate")
-    return [w.result() for w in workers]
+    for w in workers:
+        finish_pulls(w)
+    results = [w.result() for w in workers]
+    if wsp_servers:
+        results[0]["wsp_log"] = sorted((e for srv in wsp_servers.values() for e in srv.log), key=lambda e: e.t)
+    return results

@@ -15,8 +15,13 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
   machine).
 * ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
   stages (weights, optimizer, weight versions, RNG) and the last writer seals the manifest
-  (:mod:`pipelab.runtime.checkpoint`); ``resume=path`` continues a run from the newest complete
-  checkpoint under ``path`` (or a given ``step-*`` folder) up to ``steps`` minibatches in all.
+  (:mod:`pipelab.runtime.checkpoint`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
+  continues a run from the newest complete checkpoint under ``path`` (or a given ``step-*`` folder)
+  up to ``steps`` minibatches in all (``RunResult.losses`` then covers the resumed steps only).
+  Flushed methods resume to exactly the weights of an uninterrupted run; asynchronous ones refill
+  their pipeline from the saved weights (every minibatch still updates every stage once), so they
+  continue correctly but not bit-identically. HetPipe runs cannot be checkpointed (the parameter
+  server's state is not saved).
 """
 
 from __future__ import annotations

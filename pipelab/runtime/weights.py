@@ -83,6 +83,13 @@ class WeightPolicy:
     def about_to_update(self) -> None:
         """Called right before the optimizer changes the master weights in place."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """Method-specific state a checkpoint keeps (weights and optimizer are saved separately)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+
     def updated(self) -> None:
         """The optimizer just updated the master weights: a new version exists."""
         self.latest += 1

@@ -25,7 +25,11 @@ Semantics (the same in both executors):
   reproducible and the reference executor (which swaps the streams in) matches the processes.
 * Runtime options (:mod:`pipelab.runtime.options`): ``compression`` encodes every message that
   crosses a cut, ``recompute`` keeps only stage inputs and recomputes in backward, ``slowdown``
-  sleeps after each action to emulate a slower device.
+  sleeps after each action to emulate a slower device; ``checkpoint_every``/``checkpoint_dir``
+  save every worker's state after each N-th minibatch's last ``U`` (:meth:`Worker.maybe_checkpoint`)
+  and ``resume`` restores it (:meth:`Worker.restore`); the data restart at the checkpoint's step.
+* HetPipe: each stage's policy pushes/pulls through a WSP parameter server (:mod:`pipelab.runtime.wsp`),
+  a separate process here, in-process shards in the reference executor.
 """
 
 from __future__ import annotations
@@ -89,7 +93,11 @@ class Feed:
         raise ValueError("data() yielded no minibatch")
 
     def minibatch(self, k: int) -> tuple[list[Any], list[Any]]:
-        """Inputs and targets of minibatch ``k``, each split into M microbatches."""
+        """Inputs and targets of minibatch ``k``, each split into M microbatches.
+
+        After ``resume=``, minibatch ``k`` of the run is item ``resume_step + k`` of ``data()``.
+        """
+        k += int(self.job.options.get("resume_step", 0))
         while self._next <= k:
             x, y = self._fetch()
             xs = as_inputs(x)
@@ -196,6 +204,70 @@ class Worker:
         self._recvs = [self._needs(a) for a in self.actions]
         self.u_pair, self.u_divisor = self._update_facts()
         self.current: Action | None = None
+        # checkpoints: the last U of each minibatch on this worker is where one may be taken
+        self.start_step = int(job.options.get("resume_step", 0))
+        self._last_u: dict[int, int] = {a.microbatch: i for i, a in enumerate(self.actions) if a.kind == "U"}
+        if job.options.get("resume"):
+            self.restore(job.options["resume"])
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> dict[str, Any]:
+        """This worker's state: per stage weights, optimizer, policy state and versions held; its RNG."""
+        stages: dict[int, Any] = {}
+        for s, st in self.stages.items():
+            stash = getattr(st.policy, "stash", {})
+            stages[s] = {"module": {k: v.detach().cpu().clone() for k, v in st.module.state_dict().items()},
+                         "optimizer": st.optimizer.state_dict() if st.optimizer is not None else None,
+                         "policy": st.policy.state_dict(), "version": st.policy.latest,
+                         # the versions held now, for the record; a resumed asynchronous pipeline
+                         # refills from the saved master weights (only flushed methods resume exactly)
+                         "stash": {int(k): {n: t.detach().cpu().clone() for n, t in v.items()}
+                                   for k, v in stash.items()}}
+        return {"stages": stages, "rng": torch.get_rng_state()}
+
+    def restore(self, path: Any) -> None:
+        """Load this worker's state from the checkpoint at ``path`` (plan and method are checked)."""
+        from pipelab.runtime.checkpoint import load_worker
+
+        state = load_worker(path, self.rank, plan=self.job.plan, method=self.job.schedule.method)
+        for s, st in self.stages.items():
+            saved = state["stages"].get(s)
+            if saved is None:
+                raise ValueError(f"the checkpoint at {path} has no stage {s} for worker {self.rank}")
+            st.module.load_state_dict(saved["module"])
+            if st.optimizer is not None and saved["optimizer"] is not None:
+                st.optimizer.load_state_dict(saved["optimizer"])
+            st.policy.load_state_dict(saved["policy"])
+        self.rng_state = state["rng"]
+
+    def maybe_checkpoint(self, i: int) -> None:
+        """After update ``i``: save when it closes minibatch ``k`` with ``(k + 1) % checkpoint_every == 0``."""
+        every = self.job.options.get("checkpoint_every")
+        a = self.actions[i]
+        if not every or self._last_u.get(a.microbatch) != i:
+            return
+        step = self.start_step + a.microbatch + 1
+        if step % int(every):
+            return
+        from pipelab.runtime import checkpoint as ckpt
+
+        root = self.job.options["checkpoint_dir"]
+        plan, method = self.job.plan, self.job.schedule.method
+        state = self.checkpoint_state()
+        state["step"] = state["data_position"] = step     # minibatches consumed; data() resumes there
+        ckpt.save_worker(root, step, self.rank, state, plan=plan, method=method)
+        # the last worker to write its file seals the checkpoint (two doing it write the same manifest)
+        d = ckpt.step_dir(root, step)
+        if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
+            ckpt.write_manifest(root, step, plan=plan, method=method, num_workers=self.job.world_size,
+                                keep=self.job.options.get("checkpoint_keep", 2))
+
+    def attach_wsp(self, make_endpoint: Callable[[int, int], Any]) -> None:
+        """HetPipe: connect each hosted stage's policy to the parameter server (``make_endpoint(stage, vw)``)."""
+        for s, st in self.stages.items():
+            if hasattr(st.policy, "attach"):
+                vw = self.job.schedule.stage_ranks[s].index(self.rank)
+                st.policy.attach(make_endpoint(s, vw))
 
     # ------------------------------------------------------------------ precomputed facts
     def _input_versions(self, stage: int) -> list[int]:
@@ -460,6 +532,7 @@ class Worker:
             st.optimizer.step()
             st.optimizer.zero_grad(set_to_none=True)
         st.policy.updated()
+        self.maybe_checkpoint(i)
         return st.policy.latest
 
     def slow_down(self, elapsed_s: float) -> None:
@@ -585,7 +658,7 @@ def _die_with_parent() -> None:
 
 
 def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
-                    local_rank: int | None = None, gather: bool = False) -> dict[str, Any]:
+                    local_rank: int | None = None, gather: bool = False, wsp_conn: Any = None) -> dict[str, Any]:
     """Join the process group, execute this rank's actions, return its result (see :meth:`Worker.result`)."""
     import torch.distributed as dist
 
@@ -602,6 +675,14 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
     try:
         groups = {s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)}
         worker = Worker(job, rank, device)
+        clients: list[Any] = []
+        if wsp_conn is not None:    # HetPipe: this worker's end of the parameter server
+            from pipelab.runtime.wsp import WSPClient
+
+            def endpoint(stage: int, vw: int) -> Any:
+                clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout))
+                return clients[-1]
+            worker.attach_wsp(endpoint)
         comm = DistComm(rank, device, groups)
         torch.set_rng_state(worker.rng_state)
         if device.type == "cuda":
@@ -616,6 +697,8 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             a = worker.current
             sink.error(a.stage if a else -1, str(a) if a else "start-up", traceback.format_exc())
             raise
+        for c in clients[:1]:    # one pipe per worker
+            c.stop()
         dist.barrier()
         result = worker.result()
         if gather:   # torchrun: rank 0 collects every rank's result and events
@@ -630,7 +713,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             pass
 
 
-def process_main(job: Job, rank: int, queue: Any) -> None:
+def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None) -> None:
     """Entry point of a spawned worker process (torch.multiprocessing)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
@@ -638,7 +721,7 @@ def process_main(job: Job, rank: int, queue: Any) -> None:
     torch.set_num_threads(1)
     sink = QueueSink(queue, rank)
     try:
-        result = run_distributed(job, rank, sink)
+        result = run_distributed(job, rank, sink, wsp_conn=wsp_conn)
     except BaseException:
         sink.error(-1, "start-up", traceback.format_exc())
         sink.flush()

@@ -159,32 +159,58 @@ class Schedule:
                 out.setdefault(a, []).append((w, i))
         return out
 
-    def versions_held(self, stage: int) -> int:
-        """Most distinct weight versions of ``stage`` alive at once on any of its workers.
+    def versions_alive(self, worker: int) -> tuple[int, ...]:
+        """For each action of ``worker``: distinct weight versions of that action's stage held right after it.
 
-        Walks each hosting worker's list in order: the latest version (produced by the last ``U``)
-        is always alive; a version read by a microbatch's ``F`` stays alive until that
-        microbatch's last ``B``/``W`` on the stage. Closed forms: PipeDream ``P - s`` for stage
-        ``s`` of a straight ``P``-stage pipeline, 2BW 2, ``buffered`` at most K, 1 for flushes.
+        A version is held from its creation (version 0 at the start, version ``k`` at the stage's
+        ``k``-th ``U``) while it is the latest or some *later* action of the stage on this worker
+        still reads it: a stashed microbatch's ``B``/``W`` (PipeDream weight stashing, SOSP'19
+        §3.3), but also a vertically synced ``F`` that has not arrived yet and will ask for the
+        input stage's (older) version (§3.3, "vertical sync"), or a delayed minibatch's ``F`` (2BW,
+        buffered). A method whose backward reads the newest weights (naive async, PipeMare) keeps
+        one. This is what the runtime's weight policies keep (``RunResult.versions_held``) and
+        what the simulator's memory timeline charges, so all three count the same versions.
+        """
+        acts = self.actions[worker]
+        if self.versions is None:
+            return tuple(1 for _ in acts)
+        vers = self.versions[worker]
+        last_read: dict[tuple[int, int], int] = {}   # (stage, version) -> index of its last reader
+        for i, a in enumerate(acts):
+            if a.kind != "U":
+                last_read[(a.stage, vers[i])] = i
+        latest: dict[int, int] = {}
+        alive: dict[int, set[int]] = {}
+        out: list[int] = []
+        for i, a in enumerate(acts):
+            s = a.stage
+            held = alive.setdefault(s, {0})
+            if a.kind == "U":
+                latest[s] = vers[i]
+                held.add(vers[i])
+            cur = latest.get(s, 0)
+            for v in [v for v in held if v != cur and last_read.get((s, v), -1) <= i]:
+                held.discard(v)
+            out.append(len(held))
+        return tuple(out)
+
+    def versions_held(self, stage: int) -> int:
+        """Most distinct weight versions of ``stage`` alive at once on any of its workers
+        (the maximum of :meth:`versions_alive` over the stage's actions).
+
+        Closed forms, stage ``s`` of a straight ``P``-stage pipeline with enough minibatches:
+        PipeDream (stashing) ``P - s`` (SOSP'19 §3.3: one per in-flight minibatch, NOAM = P at the
+        input stage); PipeDream with ``vertical_sync`` ``P`` at *every* stage (a stage also keeps
+        the input stage's versions of the ``s`` minibatches still on their way to it); naive
+        async and PipeMare 1 (no stash: ``B`` reads the newest weights); 2BW 2; ``buffered`` K;
+        flushed methods 1.
         """
         if not 0 <= stage < self.num_stages:
             raise ValueError(f"stage {stage} is outside 0..{self.num_stages - 1}")
-        has_w = any(a.kind == "W" and a.stage == stage for acts in self.actions for a in acts)
         best = 1
         for w in self.stage_ranks[stage]:
-            latest = 0
-            live: dict[int, int] = {}   # microbatch -> version it read
-            for i, a in enumerate(self.actions[w]):
-                if a.stage != stage:
-                    continue
-                v = self.version_of(w, i)
-                if a.kind == "U":
-                    latest = v
-                elif a.kind == "F":
-                    live[a.microbatch] = v
-                elif (a.kind == "W") or (a.kind == "B" and not has_w):
-                    live.pop(a.microbatch, None)
-                best = max(best, len(set(live.values()) | {latest}))
+            alive = self.versions_alive(w)
+            best = max([best, *(n for a, n in zip(self.actions[w], alive) if a.stage == stage)])
         return best
 
     def in_flight(self, stage: int) -> int:

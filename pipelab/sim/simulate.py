@@ -24,7 +24,6 @@ microbatch between its ``F`` and its last gradient action.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -222,7 +221,8 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
     """Per worker, (time, bytes) after every change: static state, extra versions, live activations.
 
     Activations of a microbatch count from its ``F``'s start to the end of its last gradient action;
-    a weight version counts while it is the latest or a live microbatch of the stage read it.
+    a weight version counts while the schedule says it is held (:meth:`Schedule.versions_alive`:
+    the latest, or one a later action of the stage will read), the count the runtime keeps.
     """
     split = {e.stage for e in comp if e.kind == "W"}
     by_worker: dict[int, list[Event]] = {}
@@ -234,28 +234,20 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
         hosted = schedule.stages_of(w)
         # the static part counts weights, one gradient buffer and optimizer state (CostModel.memory_bytes)
         static = sum(memory[s][0] for s in hosted)
-        latest = {s: 0 for s in hosted}
-        readers: dict[int, Counter[int]] = {s: Counter() for s in hosted}   # version -> live microbatches
-        live: dict[tuple[int, int], int] = {}   # (stage, microbatch) -> version it read
+        alive = schedule.versions_alive(w)
+        live: set[tuple[int, int]] = set()   # (stage, microbatch) holding activations
         extra_of = {s: 0 for s in hosted}
         acts = extra = 0
         line = [(0.0, static)]
         for e in evs:
             s = e.stage
             if e.kind == "F":
-                live[(s, e.microbatch)] = e.weight_version
-                readers[s][e.weight_version] += 1
+                live.add((s, e.microbatch))
                 acts += memory[s][1]
-            elif e.kind == "U":
-                latest[s] = e.weight_version
-            elif e.kind == "W" or (e.kind == "B" and s not in split):
-                v = live.pop((s, e.microbatch), None)
-                if v is not None:
-                    readers[s][v] -= 1
-                    if not readers[s][v]:
-                        del readers[s][v]
+            elif (e.kind == "W" or (e.kind == "B" and s not in split)) and (s, e.microbatch) in live:
+                live.discard((s, e.microbatch))
                 acts -= memory[s][1]
-            n_versions = len(readers[s]) + (latest[s] not in readers[s])
+            n_versions = alive[e.step]
             extra += (n_versions - 1) * memory[s][2] - extra_of[s]
             extra_of[s] = (n_versions - 1) * memory[s][2]
             t = e.start_s if e.kind == "F" else e.end_s
