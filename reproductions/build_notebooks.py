@@ -279,7 +279,7 @@ methods = ["dp", "gpipe", "pipedream", "pipedream+vertical_sync", "naive-async",
 stages = 4
 epochs = 8
 batch_size = 32
-lr = 0.2                     # plain SGD (momentum 0: optimizer state would restart every epoch)
+lr = 0.2                     # plain SGD
 momentum = 0.0
 channels = 16
 sweep_lrs = [0.1, 0.2, 0.4]  # a learning-rate sweep of the three methods the main claim is about
@@ -506,6 +506,7 @@ NOTEBOOKS = {
     HERE / "pipedream_table1" / "table1.ipynb": (TABLE1, "PipeDream Table 1"),
     HERE / "weight_stashing" / "weight_stashing.ipynb": (STASH, "Weight stashing and statistical efficiency"),
     HERE / "hetpipe" / "hetpipe.ipynb": (HETPIPE, "HetPipe: virtual workers and WSP"),
+    HERE / "weight_buffer" / "weight_buffer.ipynb": (BUFFER, "Weight buffers, 2BW, PipeMare, compression"),
 }
 
 

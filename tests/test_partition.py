@@ -12,7 +12,7 @@ from pipelab.cluster import Cluster, Device, Level
 from pipelab.partition import partition
 from pipelab.partition._evaluate import build_plan, search_objective
 from pipelab.partition.balance import balance_by_size, balance_by_time
-from pipelab.partition.hetero import partition_virtual_worker, virtual_workers
+from pipelab.partition.hetero import hetpipe_time_s, partition_virtual_worker, virtual_workers
 from pipelab.partition.pipedream import solve
 from pipelab.profile.records import Profile
 from pipelab.sim.costs import CostModel
@@ -188,6 +188,49 @@ def test_hetpipe_virtual_worker_matches_brute_force():
                for o in itertools.permutations(range(3))
                for sizes in compositions(6, 3) for b in [np.cumsum([0, *sizes])])
     assert t == pytest.approx(best, rel=1e-9)
+
+
+def _hetpipe_brute_force(cm, vws, memory_limit=None):
+    """min over every shared split and every device order of every VW (independently) of hetpipe_time_s."""
+    n, k = cm.num_layers, len(vws[0])
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        c = [0, *cuts, n]
+        need = [cm.memory_bytes(c[s], c[s + 1], versions=k - s, in_flight=k - s)["total"] for s in range(k)]
+        for orders in itertools.product(*[list(itertools.permutations(v)) for v in vws]):
+            lims = [[memory_limit or cm.cluster.memory(o[s]) for s in range(k)] for o in orders]
+            if all(need[s] <= lim[s] for lim in lims for s in range(k)):
+                best = min(best, hetpipe_time_s(cm, list(cuts), orders).time_s)
+    return best
+
+
+@pytest.mark.parametrize("seed,policy,servers,types,tight", [
+    (0, "ED", 3, "VRG", False), (1, "HD", 4, "VRGQ", False), (2, "ED", 3, "VRG", True),
+    (3, "HD", 4, "VRGQ", True), (4, "HD", 4, "VRGQ", False)])
+def test_hetpipe_shared_split_matches_brute_force(seed, policy, servers, types, tight):
+    """VWs of different GPUs share one split: the plan is the best split and orders, and its prediction
+    is the objective it minimised (HD: two kinds of VW, so the best split for the slowest VW alone
+    can be far from the best shared one)."""
+    rng = np.random.default_rng(seed)
+    n = 7
+    c = Cluster.hetpipe(servers=servers, gpus_per_server=2, types=types)
+    p = Profile.synthetic(list(rng.uniform(1e-3, 2e-2, n)), list(rng.uniform(1e-3, 4e-2, n)),
+                          out_bytes=[int(x) for x in rng.uniform(1e6, 1e8, n)], param_bytes=[10**8] * n)
+    cm = CostModel(p, c)
+    vws = virtual_workers(c, policy)
+    limit = None
+    if tight:   # just too little memory for the unconstrained plan
+        free = partition(p, c, "hetpipe", policy=policy, memory_limit=2**50)
+        limit = max(free.memory_per_worker) - 1
+    plan = partition(p, c, "hetpipe", policy=policy, memory_limit=limit)
+    best = _hetpipe_brute_force(cm, vws, limit)
+    assert math.isfinite(best)
+    assert plan.time_per_minibatch == pytest.approx(best, rel=1e-9)
+    bounds = [st.start for st in plan.stages[1:]]
+    assert hetpipe_time_s(cm, bounds, plan.notes["vw_orders"]).time_s == pytest.approx(plan.time_per_minibatch)
+    if limit is not None:
+        assert max(plan.memory_per_worker) <= limit
+        assert plan.time_per_minibatch >= free.time_per_minibatch * (1 - 1e-12)
 
 
 def test_hetpipe_policies_and_plan():

@@ -32,7 +32,7 @@ def _papermill(nb: Path, out: Path, **params: object) -> nbformat.NotebookNode:
 
 
 def test_notebooks_are_stored_clean_and_built_from_source() -> None:
-    assert {p.parent.name for p in NOTEBOOKS} >= {"pipedream_table1", "weight_stashing", "hetpipe"}
+    assert {p.parent.name for p in NOTEBOOKS} >= {"pipedream_table1", "weight_stashing", "hetpipe", "weight_buffer"}
     for path in NOTEBOOKS:
         nb = nbformat.read(str(path), as_version=4)
         tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
@@ -199,6 +199,13 @@ def test_hetpipe_notebook(tmp_path: Path) -> None:
     assert het[1] >= het[0]
     emu = pd.read_csv(tmp_path / "emulated.csv")
     assert list(emu["config"]) == ["dp", "hetpipe D=1"] and (emu["samples_per_s"] > 0).all()
+
+
+@pytest.mark.slow
+def test_weight_buffer_notebook(tmp_path: Path) -> None:
+    _papermill(REPRO / "weight_buffer" / "weight_buffer.ipynb", tmp_path, quick=True)
+    table = pd.read_csv(tmp_path / "results_lr0.02.csv")
+    assert list(table["config"])[0] == "gpipe" and table["test_accuracy_mean"].between(0, 1).all()
 
 
 @pytest.mark.slow

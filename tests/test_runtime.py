@@ -225,3 +225,56 @@ def test_reference_executor_reports_a_deadlocking_schedule():
     with pytest.raises(RuntimeError, match=r"deadlocks.*worker 0 at step 0 \(0B0\).*worker 1 at step 0 \(1F0\)"):
         pl.train(H.mlp, plan, schedule=bad, data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=1,
                  backend="local", progress=False)
+
+
+@pytest.mark.parametrize("method,L,cuts,reps,M,opts", [
+    ("1f1b-flush", MLP_L, [1, 2, 3], [1, 1, 1, 1], 4, {}),
+    ("gpipe", MLP_L, [2], [1, 2], 4, {}),
+    ("pipedream", MLP_L, [2, 3], [2, 1, 1], 1, {}),
+    ("interleaved-1f1b", CNN_L, [2, 4, 6], [1, 1, 1, 1], 4, {"chunks": 2}),
+    ("zb-h1", MLP_L, [2, 3], [1, 1, 1], 4, {}),
+])
+def test_sends_are_retired_only_once_causally_received(method, L, cuts, reps, M, opts):
+    """A worker waits on a gloo send (which blocks until the peer posts the receive) only after it
+    received a message the peer produced at or after the action consuming that send; and a send
+    is left to the final flush only when its peer never answers after consuming it."""
+    from pipelab.runtime.comm import ACT, GRAD, tag
+    from pipelab.runtime.job import prepare
+    from pipelab.runtime.worker import Worker
+    from pipelab.schedules.actions import Action
+
+    model_fn, data = (H.cnn, H.cnn_data) if L == CNN_L else (H.mlp, H.mlp_data)
+    job = prepare(model_fn, pl.Plan.from_boundaries(L, cuts, reps), method=method, data=data, loss_fn=H.loss_fn,
+                  optimizer=H.sgd, steps=4, microbatches=M, **opts)
+    sched = job.schedule
+    workers = [Worker(job, r) for r in range(sched.num_workers)]
+    nb = workers[0].nb
+    where = {(w, a): i for w, acts in enumerate(sched.actions) for i, a in enumerate(acts)}
+
+    def consumer(dst: int, key: int) -> int:     # index in dst's list of the action that receives key
+        return next(j for j in range(len(sched.actions[dst])) if any(r.tag == key for r in workers[dst].recvs(j)))
+
+    def producers(w: int, i: int, src: int) -> list[int]:   # src's indices of the messages w gets at action i
+        a = sched.actions[w][i]
+        made_by = Action(a.stage - 1, "F", a.microbatch) if a.kind == "F" else Action(a.stage + 1, "B", a.microbatch)
+        return [where[(src, made_by)] for r in workers[w].recvs(i) if r.src == src]
+
+    for w, wk in enumerate(workers):
+        sent_at = {}
+        for i, a in enumerate(sched.actions[w]):
+            s, m = a.stage, a.microbatch
+            if a.kind == "F" and s < sched.num_stages - 1 and sched.worker_of(s + 1, m) != w:
+                sent_at[(sched.worker_of(s + 1, m), tag(ACT, s, m, nb))] = i
+            if a.kind == "B" and s > 0 and sched.worker_of(s - 1, m) != w:
+                sent_at[(sched.worker_of(s - 1, m), tag(GRAD, s - 1, m, nb))] = i
+        retired: set[tuple[int, int]] = set()
+        for i in range(len(sched.actions[w])):
+            for dst, key in wk.retire_after(i):
+                assert sent_at[(dst, key)] < i and (dst, key) not in retired, (w, i, dst, key)
+                retired.add((dst, key))
+                assert consumer(dst, key) <= max(producers(w, i, dst)), (w, i, dst, key)
+        assert retired, "nothing is ever retired"
+        for (dst, key), i in sent_at.items():
+            if (dst, key) not in retired:
+                j = consumer(dst, key)
+                assert all(k < j for i2 in range(i + 1, len(sched.actions[w])) for k in producers(w, i2, dst))

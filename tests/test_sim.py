@@ -223,16 +223,34 @@ def test_simulator_agrees_with_partitioner(model: str, cluster: str, partitioner
     assert res.time_per_minibatch == pytest.approx(plan.time_per_minibatch, rel=0.10)
 
 
-def test_hetpipe_plan_simulates() -> None:
+@pytest.mark.parametrize("policy", ["HD", "ED"])
+def test_hetpipe_plan_simulates(policy: str) -> None:
     """A HetPipe plan (ranks mapped to cluster workers via notes['workers']) simulates near its prediction."""
     from pipelab.partition import partition
 
     prof = Profile.from_pipedream(DATA / "resnet50_graph.txt")
     cl = Cluster.preset("hetpipe")
-    plan = partition(prof, cl, method="hetpipe", policy="HD")
+    plan = partition(prof, cl, method="hetpipe", policy=policy)
     res = simulate(plan, prof, cl, method="hetpipe")
     assert res.schedule.options["allreduce"] is False
     assert res.time_per_minibatch == pytest.approx(plan.time_per_minibatch, rel=0.10)
+
+
+def test_hetpipe_time_counts_1f1b_pair_cycle() -> None:
+    """Closed form: stages of 0.09, 0.09, 0.003 s with a 0.03 s cut between the first two. In 1F1B
+    stage 0 runs B(m), F(m+3), and stage 1 answers F(m+3) with B(m+2), so the pair finishes two
+    minibatches per (0.09 + 0.09 + 2 * 0.03) s = 0.12 s each, above the compute bound (0.09) and the
+    round trip (0.081) -- the simulator agrees, and so must the HetPipe prediction of one VW."""
+    from pipelab.partition.hetero import hetpipe_time_s
+    from pipelab.sim.costs import CostModel
+
+    prof = Profile.synthetic([0.03, 0.03, 0.001], [0.06, 0.06, 0.002], out_bytes=[3 * 10**8, 10**3, 10**3],
+                             param_bytes=[10**6] * 3)
+    cl = Cluster.flat(3, bandwidth=1e10)
+    plan = Plan.from_boundaries(3, [1, 2], [1, 1, 1])
+    res = simulate(plan, prof, cl, method="hetpipe", minibatches=60)
+    assert res.time_per_minibatch == pytest.approx(0.12, rel=1e-3)
+    assert hetpipe_time_s(CostModel(prof, cl), [1, 2], [[0, 1, 2]]).time_s == pytest.approx(0.12, rel=1e-9)
 
 
 def test_simulate_bad_input() -> None:

@@ -9,12 +9,21 @@ Wave Synchronous Parallel (bounded staleness). Its resource-allocation policies 
 * ``"HD"`` (hybrid distribution): each VW pairs fast with slow types, half of each node's GPUs
   from two nodes (here: node ``i`` with node ``n-1-i`` of the nodes sorted by speed).
 
-Within a VW, layers are cut into contiguous stages, one per GPU, minimising the slowest stage
-where stage time is compute / the GPU's speed (and each cut's transfer time), under each GPU's
-memory; the order of GPUs along the pipeline is searched too (all orders for up to 6 GPUs).
-Under bounded staleness the VWs progress in the long run at the slowest VW's pace, so the cluster
-finishes ``V`` minibatches every ``max_v T_v`` seconds; parameter-server traffic is assumed hidden by
-the staleness bound (HetPipe §4), which is the optimistic side of its model.
+A pipelab Plan replicates stage ``s`` over the VWs, so every VW uses the same layer boundaries;
+each VW puts its own GPUs along the pipeline in its own order. Under bounded staleness the VWs
+progress in the long run at the slowest VW's pace, so the cluster finishes ``V`` minibatches every
+``max_v T_v`` seconds, and no faster than the busiest network port (VWs that share a server share
+its NIC) allows: :func:`hetpipe_time_s`. Parameter-server traffic is assumed hidden by the
+staleness bound (HetPipe §4), which is the optimistic side of its model.
+
+The search minimises that same quantity. For every choice of device orders (one per class of
+equivalent VWs: all orders for up to 6 GPUs per VW) an exact DP over the shared boundaries
+minimises the slowest stage of the slowest VW, a stage costing the larger of its compute on its
+GPU and its own port term (both cuts' transfers, :meth:`CostModel.stage_port_s` for one worker)
+-- and once more with compute plus both transfers -- under every VW's memory. The candidates are
+scored by :func:`hetpipe_time_s`, and the best few have their boundaries moved by coordinate
+descent on that score (the DP cannot see a port shared by two stages or two VWs, nor a 1F1B cycle
+through several stages).
 """
 
 from __future__ import annotations
@@ -22,16 +31,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipelab.cluster import Cluster
+from pipelab.cluster import Cluster, Device
 from pipelab.partition._evaluate import build_plan
 from pipelab.partition.plan import Plan
 from pipelab.sim.costs import CostModel
 
 POLICIES = ("ED", "NP", "HD")
+MAX_ORDER_SEARCH = 6      # GPUs per VW up to which every order along the pipeline is tried
+MAX_ORDER_COMBOS = 4096   # joint order choices (one per class of equivalent VWs) tried exhaustively
+REFINE_CANDIDATES = 4     # best DP candidates whose boundaries are refined on the exact score
+
+# what makes two device orders equivalent: the device at each position and the link level of each cut
+Signature = tuple[tuple[Device, ...], tuple[int, ...]]
 
 
 def virtual_workers(cluster: Cluster, policy: str = "ED") -> list[list[int]]:
@@ -64,105 +79,293 @@ def virtual_workers(cluster: Cluster, policy: str = "ED") -> list[list[int]]:
     return vws
 
 
+@dataclass(frozen=True)
+class HetPipeTime:
+    """Predicted pace of HetPipe VWs sharing one set of stage boundaries (:func:`hetpipe_time_s`)."""
+
+    time_s: float                      # seconds per minibatch of the whole cluster
+    vw_times_s: tuple[float, ...]      # per VW: seconds per minibatch of that VW alone
+    port_max_s: float                  # busiest port's seconds per cluster minibatch, all VWs together
+    bottleneck: str                    # "virtual worker v" or "port"
+
+
+def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequence[int]]) -> HetPipeTime:
+    """Seconds per minibatch of VWs that cut the model at ``bounds``, VW ``v`` running stage ``s`` on
+    ``orders[v][s]``.
+
+    Each VW alone is a straight PipeDream pipeline with ``k - s`` minibatches in flight at stage ``s``:
+    its ``T_v`` is the larger of :meth:`CostModel.steady_state` (compute, its ports, its round trip)
+    and the slowest 1F1B cycle through a window of adjacent stages (:func:`_one_f_one_b_cycles`). Under WSP's
+    bounded staleness a VW can run ahead of the slowest by at most the bound, so in the long run all
+    progress at ``max_v T_v`` per VW minibatch (HetPipe §4-5), ``V`` minibatches per ``max_v T_v``.
+    VWs on the same servers share their NICs: with minibatch ``m`` on VW ``m % V`` every port carries
+    the transfers of all VWs, so the time is at least the busiest port's load per cluster minibatch.
+    """
+    V = len(orders)
+    if V == 0:
+        raise ValueError("hetpipe_time_s needs at least one virtual worker's device order")
+    k = len(orders[0])
+    if any(len(o) != k for o in orders) or len(bounds) != k - 1:
+        raise ValueError(f"every VW order needs one device per stage ({len(bounds) + 1} stages); got orders of "
+                         f"lengths {[len(o) for o in orders]}")
+    cuts = [0, *bounds, cm.num_layers]
+    ranges = list(zip(cuts[:-1], cuts[1:]))
+    flights = [k - s for s in range(k)]
+    vw = tuple(max(cm.steady_state(ranges, [[w] for w in o], in_flight=flights).time_s,
+                   _one_f_one_b_cycles(cm, ranges, o)) for o in orders)
+    # the shared ports: stage s's replica v is VW v's device, minibatch m goes to replica m % V of
+    # every stage, which pairs VW v's devices across each cut (only the port loads are used)
+    ports = cm.steady_state(ranges, [[o[s] for o in orders] for s in range(k)], in_flight=flights).ports_s
+    port = max(ports.values(), default=0.0)
+    slow = max(range(V), key=lambda v: vw[v])
+    time = max(vw[slow] / V, port)
+    return HetPipeTime(time_s=time, vw_times_s=vw, port_max_s=port,
+                       bottleneck="port" if port > vw[slow] / V else f"virtual worker {slow}")
+
+
+def _one_f_one_b_cycles(cm: CostModel, ranges: Sequence[tuple[int, int]], order: Sequence[int]) -> float:
+    """Slowest cycle of a straight 1F1B pipeline with ``k - s`` minibatches in flight at stage ``s``.
+
+    In 1F1B order stage ``s`` runs ``B(m)`` then ``F(m + k - s)``; that forward travels down to stage
+    ``e``, whose next backward is ``B(m + e - s + 1)``, which travels back up. So stages ``s..e``
+    finish ``e - s + 1`` minibatches per (their compute + both ways of their cuts): the period is at
+    least that ratio for every window ``s..e``. ``e = s`` is the compute bound and ``e = k - 1`` the
+    round trip (Little's law) of :meth:`CostModel.steady_state`; the windows in between bind when
+    transfers are long next to the stages' compute (two slow adjacent stages over a slow link).
+    """
+    comp = [sum(cm.compute_s(a, b, w)) for (a, b), w in zip(ranges, order)]
+    xfer = [cm.transfer_s(cm.cut_bytes(b - 1), order[s], order[s + 1]) for s, (_, b) in enumerate(ranges[:-1])]
+    k, worst = len(order), 0.0
+    for s in range(k):
+        total = 0.0
+        for e in range(s, k):
+            total += comp[e] + (2 * xfer[e - 1] if e > s else 0.0)
+            worst = max(worst, total / (e - s + 1))
+    return worst
+
+
+def _signature(cm: CostModel, order: Sequence[int]) -> Signature:
+    return (tuple(cm.cluster.devices[w] for w in order),
+            tuple(cm.cluster.level_between(a, b) for a, b in zip(order, order[1:])))
+
+
+def _order_candidates(cm: CostModel, devices: Sequence[int], search_order: bool) -> dict[Signature, list[int]]:
+    """Device orders of one VW to try, one per :data:`Signature` (same devices and links: same times)."""
+    if search_order and len(devices) <= MAX_ORDER_SEARCH:
+        orders = sorted(itertools.permutations(devices))
+    else:
+        orders = [tuple(devices), tuple(sorted(devices, key=lambda w: -cm.cluster.speed(w)))]
+    out: dict[Signature, list[int]] = {}
+    for o in orders:
+        out.setdefault(_signature(cm, o), list(o))
+    return out
+
+
+class _StageTerms:
+    """The DP's per-stage cost matrices over ranges ``[i, j)``, cached per (device, neighbours, in flight)."""
+
+    def __init__(self, cm: CostModel, memory_limit: float | None) -> None:
+        n = cm.num_layers
+        self.cm, self.n, self.memory_limit = cm, n, memory_limit
+        comp = (cm.pf + cm.pb)[None, :] - (cm.pf + cm.pb)[:, None]
+        self.comp = np.where(np.triu(np.ones((n + 1, n + 1), dtype=bool), 1), comp, np.inf)
+        self.P, self.A = cm.memory_arrays()
+        self._cache: dict[tuple[int, int | None, int | None, int, bool], np.ndarray] = {}
+
+    def _port_vector(self, src: int, dst: int) -> np.ndarray:
+        """Port seconds per minibatch of the cut at position ``i`` (after layer ``i - 1``) sent src -> dst."""
+        cm, n = self.cm, self.n
+        level = cm.cluster.level_between(src, dst)
+        lv = cm.cluster.levels[level]
+        x = np.zeros(n + 1)
+        # the same arithmetic as CostModel.transfer_s / port_slots, vectorised over the cuts
+        x[1:n] = (lv.latency + cm.cuts / cm.compression_ratio / lv.bandwidth) / lv.uplinks
+        return x
+
+    def stage(self, order: Sequence[int], s: int, serial: bool = False) -> np.ndarray:
+        """Cost of ranges as stage ``s`` of a VW with device ``order``; inf if it does not fit in the
+        device's memory with ``k - s`` minibatches in flight (and as many versions).
+
+        The cost is max(compute, own port term), a lower bound of the stage's share of
+        :func:`hetpipe_time_s`; with ``serial`` it is compute plus both cuts' transfers, an upper bound
+        of every 1F1B cycle through the stage (:func:`_one_f_one_b_cycles`)."""
+        k, w = len(order), order[s]
+        prev = order[s - 1] if s > 0 else None
+        nxt = order[s + 1] if s < k - 1 else None
+        key = (w, prev, nxt, k - s, serial)
+        if key in self._cache:
+            return self._cache[key]
+        cm, kf = self.cm, k - s
+        cost = self.comp / cm.cluster.speed(w)
+        xin = self._port_vector(prev, w) if prev is not None else None
+        xout = self._port_vector(w, nxt) if nxt is not None else None
+        if serial:
+            if xin is not None:
+                cost = cost + xin[:, None]
+            if xout is not None:
+                cost = cost + xout[None, :]
+        elif xin is not None and xout is not None:
+            same = cm.cluster.level_between(prev, w) == cm.cluster.level_between(w, nxt)   # type: ignore[arg-type]
+            # a middle stage's egress carries activations out and gradients back on one port
+            # when both cuts cross the same level (CostModel.stage_port_s)
+            port = xin[:, None] + xout[None, :] if same else np.maximum(xin[:, None], xout[None, :])
+            cost = np.maximum(cost, port)
+        elif xin is not None:
+            cost = np.maximum(cost, xin[:, None])
+        elif xout is not None:
+            cost = np.maximum(cost, xout[None, :])
+        lim = self.memory_limit if self.memory_limit is not None else cm.cluster.memory(w)
+        cost = np.where((kf + 1 + cm.state_factor) * self.P + kf * self.A <= lim, cost, np.inf)
+        self._cache[key] = cost
+        return cost
+
+    def solve(self, orders: Sequence[Sequence[int]], serial: bool = False) -> tuple[float, list[int]] | None:
+        """Exact DP: shared boundaries minimising the costliest stage (:meth:`stage`) over all ``orders``;
+        None if nothing fits in memory."""
+        n, k = self.n, len(orders[0])
+        best = np.full(n + 1, np.inf)
+        best[0] = 0.0
+        parents = []
+        for s in range(k):
+            cost = self.stage(orders[0], s, serial)
+            for o in orders[1:]:
+                cost = np.maximum(cost, self.stage(o, s, serial))
+            cand = np.maximum(best[:, None], cost)
+            arg = cand.argmin(axis=0)
+            best = cand[arg, np.arange(n + 1)]
+            parents.append(arg)
+        if not math.isfinite(best[n]):
+            return None
+        bounds, j = [], n
+        for s in range(k - 1, 0, -1):
+            j = int(parents[s][j])
+            bounds.append(j)
+        return float(best[n]), bounds[::-1]
+
+
+def _fits(cm: CostModel, cuts: Sequence[int], orders: Sequence[Sequence[int]], memory_limit: float | None) -> bool:
+    k = len(cuts) - 1
+    for s in range(k):
+        need = cm.memory_bytes(cuts[s], cuts[s + 1], versions=k - s, in_flight=k - s)["total"]
+        for o in orders:
+            lim = memory_limit if memory_limit is not None else cm.cluster.memory(o[s])
+            if need > lim:
+                return False
+    return True
+
+
+def _refine(cm: CostModel, bounds: list[int], orders: Sequence[Sequence[int]], memory_limit: float | None,
+            max_evals: int = 400, window: int = 16) -> tuple[float, list[int]]:
+    """Coordinate descent of the boundaries on :func:`hetpipe_time_s` (orders fixed, memory respected)."""
+    n = cm.num_layers
+    cur = [0, *bounds, n]
+    best = hetpipe_time_s(cm, bounds, orders).time_s
+    evals, improved = 1, True
+    while improved and evals < max_evals:
+        improved = False
+        for s in range(1, len(cur) - 1):
+            for b in range(max(cur[s - 1] + 1, cur[s] - window), min(cur[s + 1] - 1, cur[s] + window) + 1):
+                if b == cur[s] or evals >= max_evals:
+                    continue
+                trial = [*cur[:s], b, *cur[s + 1:]]
+                if not _fits(cm, trial, orders, memory_limit):
+                    continue
+                t = hetpipe_time_s(cm, trial[1:-1], orders).time_s
+                evals += 1
+                if t < best * (1 - 1e-9):
+                    best, cur, improved = t, trial, True
+    return best, cur[1:-1]
+
+
+def shared_partition(cm: CostModel, vws: Sequence[Sequence[int]], *, memory_limit: float | None = None,
+                     search_order: bool = True) -> tuple[HetPipeTime, list[int], list[list[int]]]:
+    """Best shared boundaries and per-VW device orders for ``vws``: ``(time, boundaries, orders)``.
+
+    VWs whose candidate orders have the same signatures (devices and link levels along the
+    pipeline) form a class and use the same one. Every joint choice of one order per class (up to
+    :data:`MAX_ORDER_COMBOS`; beyond that each class's best order alone and its fastest-first order)
+    gets the exact DP over shared boundaries twice, with the optimistic and the serial stage costs of
+    :meth:`_StageTerms.stage`; the candidates are scored by :func:`hetpipe_time_s` and the
+    :data:`REFINE_CANDIDATES` best have their boundaries refined on it. Exact (brute force agrees)
+    when the DP's stage terms decide the optimum, i.e. unless transfers rival the stages' compute.
+    """
+    if not vws:
+        raise ValueError("no virtual workers to partition over")
+    n, k = cm.num_layers, len(vws[0])
+    if k == 0:
+        raise ValueError("a virtual worker needs at least one device")
+    if any(len(v) != k for v in vws):
+        raise ValueError(f"virtual workers of different sizes {[len(v) for v in vws]} cannot share one plan")
+    if k > n:
+        raise ValueError(f"{k} devices but the model has {n} layers; use at most {n} devices per virtual worker")
+    cands = [_order_candidates(cm, v, search_order) for v in vws]
+    classes: dict[frozenset[Signature], list[int]] = {}
+    for v, c in enumerate(cands):
+        classes.setdefault(frozenset(c), []).append(v)
+    members = list(classes.values())
+    sigs = [list(cands[m[0]]) for m in members]
+    terms = _StageTerms(cm, memory_limit)
+    if math.prod(len(s) for s in sigs) > MAX_ORDER_COMBOS:
+        reduced = []
+        for m, ss in zip(members, sigs):
+            alone = [(r[0], sg) for sg in ss if (r := terms.solve([cands[m[0]][sg]])) is not None]
+            fastest = _signature(cm, sorted(vws[m[0]], key=lambda w: -cm.cluster.speed(w)))
+            keep = [min(alone, key=lambda x: x[0])[1]] if alone else []
+            reduced.append(list(dict.fromkeys([*keep, fastest])))
+        sigs = reduced if math.prod(len(s) for s in reduced) <= MAX_ORDER_COMBOS else [r[:1] for r in reduced]
+    cls_of = {v: i for i, m in enumerate(members) for v in m}
+    found: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], float] = {}
+    for combo in itertools.product(*sigs):
+        reps = [cands[m[0]][sg] for m, sg in zip(members, combo)]
+        orders = tuple(tuple(cands[v][combo[cls_of[v]]]) for v in range(len(vws)))
+        for serial in (False, True):
+            r = terms.solve(reps, serial)
+            if r is not None and (tuple(r[1]), orders) not in found:
+                found[(tuple(r[1]), orders)] = hetpipe_time_s(cm, r[1], orders).time_s
+    if not found:
+        raise ValueError(f"no partition of {cm.profile.model or 'this model'} over virtual workers "
+                         f"{[list(v) for v in vws]} fits in their memory; use a smaller batch or more devices "
+                         f"per virtual worker")
+    # the DP's stage costs bracket the exact ones; refine the few best candidates on the exact score
+    best: tuple[float, list[int], list[list[int]]] | None = None
+    for (bnd, ords), _ in sorted(found.items(), key=lambda kv: kv[1])[:REFINE_CANDIDATES]:
+        orders_l = [list(o) for o in ords]
+        t, bounds = _refine(cm, list(bnd), orders_l, memory_limit)
+        if best is None or t < best[0] * (1 - 1e-12):
+            best = (t, bounds, orders_l)
+    assert best is not None
+    return hetpipe_time_s(cm, best[1], best[2]), best[1], best[2]
+
+
 def partition_virtual_worker(cm: CostModel, devices: Sequence[int], *, memory_limit: float | None = None,
                              search_order: bool = True) -> tuple[float, list[int], list[int]]:
     """Best straight pipeline of the whole model over ``devices``: ``(time, boundaries, device order)``.
 
-    Exact DP over (layers, stages) for each device order (all orders when ``len(devices) <= 6`` and
-    ``search_order``; otherwise the given order and fastest-first).
+    One VW alone (:func:`shared_partition` with one VW): its seconds per minibatch are
+    :meth:`CostModel.steady_state` of the pipeline; all orders are tried for up to 6 devices when
+    ``search_order``, otherwise the given order and fastest-first.
     """
-    n, k = cm.num_layers, len(devices)
-    if k == 0:
-        raise ValueError("a virtual worker needs at least one device")
-    if k > n:
-        raise ValueError(f"{k} devices but the model has {n} layers; use at most {n} devices per virtual worker")
-    comp = (cm.pf + cm.pb)[None, :] - (cm.pf + cm.pb)[:, None]
-    comp = np.where(np.triu(np.ones((n + 1, n + 1), dtype=bool), 1), comp, np.inf)
-    P_mat, A_mat = cm.memory_arrays()
-    cut_bytes = np.concatenate([[0.0], cm.cuts, [0.0]])
-    if search_order and k <= 6:
-        orders = set(itertools.permutations(devices))
-        # identical devices make many orders equivalent: keep one per sequence of device types
-        seen, uniq = set(), []
-        for o in sorted(orders):
-            key = tuple(cm.cluster.devices[w] for w in o)
-            if key not in seen:
-                seen.add(key)
-                uniq.append(list(o))
-        candidates = uniq
-    else:
-        candidates = [list(devices), sorted(devices, key=lambda w: -cm.cluster.speed(w))]
-    best: tuple[float, list[int], list[int]] | None = None
-    for order in candidates:
-        A = np.full(n + 1, np.inf)
-        A[0] = 0.0
-        parents = []
-        for s, w in enumerate(order):
-            kf = k - s
-            lim = memory_limit if memory_limit is not None else cm.cluster.memory(w)
-            cost = comp / cm.cluster.speed(w)
-            cost = np.where((kf + 1 + cm.state_factor) * P_mat + kf * A_mat <= lim, cost, np.inf)
-            if s > 0:
-                lv = cm.cluster.link(order[s - 1], w) if order[s - 1] != w else None
-                cutc = (np.zeros(n + 1) if lv is None else
-                        lv.latency + cut_bytes / (cm.compression_ratio * lv.bandwidth))
-                cutc[0] = 0.0
-                base = np.maximum(A, cutc)
-            else:
-                base = A
-            cand = np.maximum(base[:, None], cost)
-            arg = cand.argmin(axis=0)
-            A = cand[arg, np.arange(n + 1)]
-            parents.append(arg)
-        if math.isfinite(A[n]) and (best is None or A[n] < best[0] - 1e-15):
-            bounds, j = [], n
-            for s in range(k - 1, -1, -1):
-                i = int(parents[s][j])
-                if s > 0:
-                    bounds.append(i)
-                j = i
-            best = (float(A[n]), bounds[::-1], order)
-    if best is None:
-        raise ValueError(f"no partition of {cm.profile.model or 'this model'} over devices {list(devices)} fits "
-                         f"in their memory; use a smaller batch or more devices per virtual worker")
-    return best
+    t, bounds, orders = shared_partition(cm, [list(devices)], memory_limit=memory_limit, search_order=search_order)
+    return t.time_s, bounds, orders[0]
 
 
 def partition_hetpipe(cm: CostModel, *, policy: str = "ED", memory_limit: float | None = None) -> Plan:
-    """HetPipe plan: VWs by ``policy``; each VW a straight pipeline; stage ``s`` replicated over VWs.
+    """HetPipe plan: VWs by ``policy``; stage ``s`` replicated over the VWs, each VW its own device order.
 
-    All VWs use the partition of the slowest VW (with ``ED`` they are identical); predicted time per
-    minibatch is ``max_v T_v / V`` (bounded staleness: the slowest VW sets the pace).
+    The boundaries (shared by every VW) and the orders minimise :func:`hetpipe_time_s`, which is
+    also the plan's ``time_per_minibatch`` (``max_v T_v / V`` or the busiest shared port).
     """
     vws = virtual_workers(cm.cluster, policy)
-    sizes = {len(v) for v in vws}
-    if len(sizes) != 1:
-        raise ValueError("virtual workers of different sizes cannot share one plan")
-    results = [partition_virtual_worker(cm, v, memory_limit=memory_limit) for v in vws]
-    slow = max(range(len(vws)), key=lambda i: results[i][0])
-    t_slow, bounds, _ = results[slow]
-    k, V = sizes.pop(), len(vws)
-    # stage s runs on the s-th device (in its best order) of every VW
-    stage_workers = [[results[v][2][s] for v in range(V)] for s in range(k)]
-    ranks_of = [w for ws in stage_workers for w in ws]
-    # time of every VW with the shared boundaries (each VW keeps its own device order)
+    pace, bounds, orders = shared_partition(cm, vws, memory_limit=memory_limit)
+    k, V = len(orders[0]), len(vws)
+    # stage s runs on the s-th device (in its VW's order) of every VW: replica v is VW v
+    ranks_of = [orders[v][s] for s in range(k) for v in range(V)]
     plan = build_plan(cm, bounds, [V] * k, method="hetpipe", schedule="async", in_flight=[k - s for s in range(k)],
-                      ranks_of=ranks_of, notes={"policy": policy.upper(), "virtual_workers": vws,
-                                                "vw_times_s": [r[0] for r in results]})
-    terms = []
-    for v in range(V):
-        order = results[v][2]
-        cuts = [0, *bounds, cm.num_layers]
-        t = 0.0
-        for s, w in enumerate(order):
-            f, b = cm.compute_s(cuts[s], cuts[s + 1], w)
-            t = max(t, f + b)
-            if s > 0:
-                t = max(t, cm.transfer_s(cm.cut_bytes(cuts[s] - 1), order[s - 1], w))
-        terms.append(t)
-    time = max(terms) / V
+                      ranks_of=ranks_of, notes={"policy": policy.upper(), "virtual_workers": vws})
+    time = pace.time_s
     stages = tuple(replace(st, versions=st.in_flight) for st in plan.stages)
     return plan.with_predictions(stages=stages, time_per_minibatch=time,
                                  speedup_over_dp=plan.time_per_minibatch * plan.speedup_over_dp / time,
-                                 notes={**plan.notes, "vw_times_shared_bounds_s": terms,
+                                 notes={**plan.notes, "vw_orders": orders, "vw_times_s": list(pace.vw_times_s),
+                                        "port_max_s": pace.port_max_s, "bottleneck": pace.bottleneck,
                                         "sync": "parameter server under WSP, assumed hidden by staleness"})

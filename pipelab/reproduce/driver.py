@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs["hetpipe"] = [Job("hetpipe", REPRODUCTIONS / "hetpipe" / "hetpipe.ipynb", hparams, out_of("hetpipe"))]
     buffer_nb = REPRODUCTIONS / "weight_buffer" / "weight_buffer.ipynb"
     if "weight_buffer" in parts and buffer_nb.exists():
-        bparams: dict[str, Any] = {"report": True, "seeds": 2}
+        bparams: dict[str, Any] = {"report": True}
         if quick:
             bparams.update(quick=True)
         jobs["weight_buffer"] = [Job("weight buffer", buffer_nb, bparams, out_of("weight_buffer"))]

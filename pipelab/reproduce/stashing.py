@@ -88,9 +88,11 @@ def stash_experiment(methods: Sequence[str], *, stages: int = 4, epochs: int = 8
                      backend: str = "local", seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """Train the digits CNN with each method for ``epochs`` epochs; test accuracy after every epoch.
 
-    Each epoch is one ``pl.train`` call that starts from the previous epoch's final weights (so the
-    pipeline fills and drains once per epoch, and optimizer state restarts: use ``momentum=0`` to
-    make that irrelevant). Rows: method, epoch, test_accuracy, train_loss (mean over the epoch).
+    Epoch ``e`` is one ``pl.train`` call for ``e`` epochs' worth of steps that resumes from the
+    checkpoint the previous call wrote at its end (``resume=``, ``checkpoint_every=``): weights,
+    optimizer state, weight versions and the data position carry over, so the only difference from
+    one uninterrupted run is that the pipeline drains at each epoch's end (as a real run does for
+    an evaluation). Rows: method, epoch, test_accuracy, train_loss (mean over the epoch's steps).
     Methods the runtime cannot run (``pipelab.runtime.supported_methods()``) are left out, and said so.
     """
     import pandas as pd
@@ -106,29 +108,32 @@ def stash_experiment(methods: Sequence[str], *, stages: int = 4, epochs: int = 8
         print(f"not run: {', '.join(missing)} (the runtime supports {', '.join(supported_methods())})")
         methods = [m for m in methods if m not in missing]
     num_layers = len(layer_nodes(trace(digits_model(channels))))
+    per_epoch = len(digits_epoch(0, batch_size=batch_size, seed=seed, limit=train_limit))
+    data = functools.partial(digits_epochs, epochs, batch_size=batch_size, seed=seed, limit=train_limit)
     rows = []
     bar = tqdm(total=len(methods) * epochs, desc="weight stashing", disable=not progress)
     with tempfile.TemporaryDirectory() as tmp:
         for spec in methods:
             name, opts = parse_method(spec)
             plan = stash_plan(name, stages, num_layers)
-            state: str | None = None
             micro = stages if name in ("dp", "gpipe", "1f1b-flush", "2bw", "buffered") else 1
+            if name == "pipemare":
+                # PipeMare's learning-rate warm-up (T1, §3) over the whole run, as in ../weight_buffer/run.py
+                opts.setdefault("warmup_steps", per_epoch * epochs)
+            ckpt = str(Path(tmp) / spec.replace("+", "_").replace(":", "_"))
             for epoch in range(epochs):
-                data = functools.partial(digits_epoch, epoch, batch_size=batch_size, seed=seed, limit=train_limit)
-                steps = len(data())
-                if name == "pipemare":
-                    # PipeMare's learning-rate warm-up (its T1, §3) over the call's steps, i.e. one epoch
-                    opts.setdefault("warmup_steps", steps)
-                run = pl.train(functools.partial(digits_model, channels, state), plan, method=name, data=data,
+                resume: dict[str, Any] = {"resume": ckpt} if epoch else {}
+                run = pl.train(functools.partial(digits_model, channels), plan, method=name, data=data,
                                loss_fn=cross_entropy,
                                optimizer=functools.partial(torch.optim.SGD, lr=lr, momentum=momentum),
-                               steps=steps, microbatches=micro, backend=backend, seed=seed, progress=False, **opts)
-                state = str(Path(tmp) / f"{spec}-{epoch}.pt")
+                               steps=per_epoch * (epoch + 1), microbatches=micro, backend=backend, seed=seed,
+                               progress=False, checkpoint_every=per_epoch, checkpoint_dir=ckpt,
+                               **resume, **opts)
+                state = str(Path(tmp) / "weights.pt")
                 torch.save(run.state_dict(), state)
-                net = digits_model(channels, state)
                 losses = [float(v) for v in run.losses]
-                rows.append({"method": spec, "epoch": epoch + 1, "test_accuracy": round(digits_accuracy(net, seed=seed), 4),
+                rows.append({"method": spec, "epoch": epoch + 1,
+                             "test_accuracy": round(digits_accuracy(digits_model(channels, state), seed=seed), 4),
                              "train_loss": round(sum(losses) / max(len(losses), 1), 4)})
                 bar.update()
     bar.close()

@@ -168,7 +168,8 @@ class DistComm:
     """Point-to-point messages and group all-reduces over ``torch.distributed`` (gloo or NCCL).
 
     Receives are posted with :meth:`post` (idempotent) and completed with :meth:`wait`; sends are
-    asynchronous and their handles kept until they complete (the buffer must stay alive).
+    asynchronous and their handles (and buffers, which must stay alive) are kept until
+    :meth:`retire` or :meth:`flush` waits on them.
     """
 
     def __init__(self, rank: int, device: torch.device, groups: dict[int, Any]) -> None:
@@ -176,7 +177,7 @@ class DistComm:
         self.device = device
         self.groups = groups
         self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, list[TensorSpec]]] = {}
-        self._sends: list[tuple[Any, torch.Tensor]] = []
+        self._sends: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}   # (dst, tag) -> (work, buffer)
         self._local: dict[tuple[int, int], list[torch.Tensor]] = {}
 
     def post(self, r: Recv) -> None:
@@ -207,10 +208,21 @@ class DistComm:
             self._local[(self.rank, s.tag)] = [t.detach() for t in s.tensors]
             return nbytes
         buf = pack(s.tensors)
-        self._sends.append((dist.isend(buf, dst=s.dst, tag=s.tag), buf))
-        if len(self._sends) > 16:
-            self._sends = [(w, b) for w, b in self._sends if not w.is_completed()]
+        self._sends[(s.dst, s.tag)] = (dist.isend(buf, dst=s.dst, tag=s.tag), buf)
         return nbytes
+
+    def retire(self, keys: Sequence[tuple[int, int]]) -> None:
+        """Wait for the sends ``(dst, tag)`` in ``keys`` that are outstanding, and drop their buffers.
+
+        Call it only for sends the receiver has certainly taken (see ``Worker.retire_after``): a
+        gloo send completes only once the matching receive is posted, and it reports completion
+        only when waited on (``is_completed()`` stays False), so waiting early could block and
+        polling never frees anything.
+        """
+        for k in keys:
+            ws = self._sends.pop(k, None)
+            if ws is not None:
+                ws[0].wait()
 
     def allreduce(self, stage: int, flat: torch.Tensor) -> torch.Tensor:
         """Sum ``flat`` over the replicas of ``stage`` (in place); returns it."""
@@ -219,7 +231,7 @@ class DistComm:
 
     def flush(self) -> None:
         """Wait for every outstanding send."""
-        for w, _ in self._sends:
+        for w, _ in self._sends.values():
             w.wait()
         self._sends.clear()
 

@@ -143,6 +143,11 @@ class SingleVersion(WeightPolicy):
                 "a single-version method needs a flush before U (the schedule is not flushed)")
         super().updated()
 
+    def _measure(self) -> None:
+        # one version in storages that never move: measure once, not at every action (hot path)
+        if not self.max_weight_bytes:
+            super()._measure()
+
 
 class Stashing(WeightPolicy):
     """PipeDream weight stashing, optionally with vertical sync (SOSP'19 §3.3).

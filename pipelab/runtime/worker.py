@@ -202,6 +202,7 @@ class Worker:
             self.codec = None
         self.recompute = bool(job.options.get("recompute", False))
         self._recvs = [self._needs(a) for a in self.actions]
+        self._retire = self._retire_plan()
         self.u_pair, self.u_divisor = self._update_facts()
         self.current: Action | None = None
         # checkpoints: the last U of each minibatch on this worker is where one may be taken
@@ -366,6 +367,58 @@ class Worker:
     def recvs(self, i: int) -> list[Recv]:
         """Messages action ``i`` needs before it can run."""
         return self._recvs[i]
+
+    def retire_after(self, i: int) -> list[tuple[int, int]]:
+        """Sends ``(dst, tag)`` of this worker that are certainly received once action ``i``'s
+        messages have arrived (:meth:`DistComm.retire` may then wait on them without blocking)."""
+        return self._retire[i]
+
+    def _retire_plan(self) -> list[list[tuple[int, int]]]:
+        """Per action, the sends it proves delivered, by causality over the schedule.
+
+        Our send to peer ``r`` is consumed by ``r``'s action ``j``; when we receive a message that
+        ``r`` produced at its action ``k >= j``, ``r`` had already received ours. So after each
+        receive from ``r`` we may wait on every earlier send to ``r`` whose consumer precedes the
+        receive's producer. (Sends are otherwise held until the end of the run.)
+        """
+        sched, P, me = self.job.schedule, self.job.schedule.num_stages, self.rank
+        index: dict[int, dict[Action, int]] = {}
+
+        def position(w: int, a: Action) -> int:
+            if w not in index:
+                index[w] = {b: j for j, b in enumerate(sched.actions[w])}
+            return index[w].get(a, -1)
+
+        sends: dict[int, list[tuple[int, tuple[int, int]]]] = {}   # peer -> [(consumer index, key)]
+        for a in self.actions:
+            s, m = a.stage, a.microbatch
+            if a.kind == "F" and s < P - 1:
+                dst, key, consumer = sched.worker_of(s + 1, m), tag(ACT, s, m, self.nb), Action(s + 1, "F", m)
+            elif a.kind == "B" and s > 0:
+                dst, key, consumer = sched.worker_of(s - 1, m), tag(GRAD, s - 1, m, self.nb), Action(s - 1, "B", m)
+            else:
+                continue
+            if dst != me:
+                sends.setdefault(dst, []).append((position(dst, consumer), (dst, key)))
+        for lst in sends.values():
+            lst.sort()
+        done = {peer: 0 for peer in sends}
+        out: list[list[tuple[int, int]]] = []
+        for i, a in enumerate(self.actions):
+            keys: list[tuple[int, int]] = []
+            for r in self._recvs[i]:
+                if r.src not in sends:
+                    continue
+                producer = Action(a.stage - 1, "F", a.microbatch) if a.kind == "F" else Action(a.stage + 1, "B",
+                                                                                              a.microbatch)
+                k = position(r.src, producer)
+                lst, n = sends[r.src], done[r.src]
+                while n < len(lst) and 0 <= lst[n][0] <= k:
+                    keys.append(lst[n][1])
+                    n += 1
+                done[r.src] = n
+            out.append(keys)
+        return out
 
     # ------------------------------------------------------------------ F / B / W
     def run(self, i: int, received: list[list[torch.Tensor]]) -> tuple[list[Send], int]:
@@ -629,6 +682,7 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[EventT
             if t2 - t > 1e-4:
                 emit((worker.rank, a.stage, "recv", a.microbatch, t, t2,
                       sum(s.nbytes for s in r.specs), -1, -1, r.src))
+        comm.retire(worker.retire_after(i))
         start = clock.now()
         nbytes = 0
         if a.kind == "U":
