@@ -108,11 +108,10 @@ READING = """\
 ## Reading the table
 
 * *pipelab config* enforces each device's memory with pipelab's memory model (weights, one stashed
-  copy per in-flight minibatch, gradients, momentum, and every layer's output kept for each
-  in-flight minibatch). PipeDream's profiles record each layer's output only, so in-place ReLUs and
-  views count as new tensors: an over-estimate. Where the paper's configuration needs more than 16 GiB
-  in that model (the number in brackets), the partitioner must choose something else, which is why
-  the memory-limited and unlimited columns differ for VGG-16 and ResNet-50.
+  copy per in-flight minibatch, gradients, momentum, and every layer's saved activation kept for
+  each in-flight minibatch). PipeDream's profiles record each node's output size; in-place ReLUs and
+  views share their input's storage and count as nothing. Every paper configuration then fits in
+  16 GiB (the number in brackets), and the memory-limited and unlimited columns agree everywhere.
 * *DP: compute + all-reduce (exposed)*: one replica's forward+backward, the hierarchical ring
   all-reduce of all weights (2(p-1)/p * bytes / bandwidth per level), and the part of it that
   backward cannot hide (DDP-style overlap, layer by layer in backward order). The paper's baseline
@@ -127,7 +126,9 @@ READING = """\
 * Every prediction is the cost model's steady state (`CostModel.steady_state`): the slowest
   stage, the busiest network port (a middle stage's port carries its activations forward *and*
   its gradients back; a server's NIC carries every cross-server transfer of every stage on it,
-  round-robin between replica sets) and the round trip over the minibatches in flight. The
+  round-robin between replica sets), the round trip over the minibatches in flight, and the 1F1B
+  cycles through adjacent unreplicated stages (two slow stages over a slow link finish
+  ``N_s - N_e + 1`` minibatches per their compute plus both ways of the cuts between them). The
   discrete-event simulator agrees within 10% on the plans of the shipped profiles except where
   replicated stages run in lock-step (tests/test_sim_vs_partition.py lists them with the ratio).
 * The partitioner's DP minimises a stage-additive form of those terms, then moves boundaries on

@@ -8,8 +8,9 @@ Every partitioner ends here, so every plan's ``time_per_minibatch``, per-stage `
   concurrently (PipeDream §3.1), so one minibatch leaves the pipeline every
   :meth:`CostModel.steady_state` seconds: the largest of the slowest stage ``T_s / r_s`` (a
   replica's minibatch with the DDP-style overlapped all-reduce tail), the busiest network port
-  (activations forward and gradients back of every cut, round-robin between replica sets) and the
-  round trip over the minibatches in flight (Little's law).
+  (activations forward and gradients back of every cut, round-robin between replica sets), the
+  round trip over the minibatches in flight (Little's law) and the 1F1B cycles through adjacent
+  unreplicated stages.
 * ``"flush"`` (GPipe): ``M`` microbatches fill and drain the pipeline each minibatch, all forwards
   then all backwards (GPipe §2.2). Each phase is a flow shop of ``M`` identical jobs over the
   stages and the cuts' links, which takes the sum of the per-microbatch times plus ``M - 1`` times

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from pipelab.partition import METHODS
 
@@ -17,10 +16,7 @@ from pipelab.partition import METHODS
 def _load_profile(arg: str):  # type: ignore[no-untyped-def]
     from pipelab.profile.records import Profile
 
-    p = Path(arg)
-    if p.suffix == ".json" and p.exists():
-        return Profile.load(p)
-    return Profile.from_pipedream(arg)
+    return Profile.open(arg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -94,8 +94,8 @@ def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequen
     ``orders[v][s]``.
 
     Each VW alone is a straight PipeDream pipeline with ``k - s`` minibatches in flight at stage ``s``:
-    its ``T_v`` is the larger of :meth:`CostModel.steady_state` (compute, its ports, its round trip)
-    and the slowest 1F1B cycle through a window of adjacent stages (:func:`_one_f_one_b_cycles`). Under WSP's
+    its ``T_v`` is :meth:`CostModel.steady_state` (compute, its ports, its round trip and the slowest
+    1F1B cycle through a window of adjacent stages). Under WSP's
     bounded staleness a VW can run ahead of the slowest by at most the bound, so in the long run all
     progress at ``max_v T_v`` per VW minibatch (HetPipe §4-5), ``V`` minibatches per ``max_v T_v``.
     VWs on the same servers share their NICs: with minibatch ``m`` on VW ``m % V`` every port carries
@@ -111,8 +111,7 @@ def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequen
     cuts = [0, *bounds, cm.num_layers]
     ranges = list(zip(cuts[:-1], cuts[1:]))
     flights = [k - s for s in range(k)]
-    vw = tuple(max(cm.steady_state(ranges, [[w] for w in o], in_flight=flights).time_s,
-                   _one_f_one_b_cycles(cm, ranges, o)) for o in orders)
+    vw = tuple(cm.steady_state(ranges, [[w] for w in o], in_flight=flights).time_s for o in orders)
     # the shared ports: stage s's replica v is VW v's device, minibatch m goes to replica m % V of
     # every stage, which pairs VW v's devices across each cut (only the port loads are used)
     ports = cm.steady_state(ranges, [[o[s] for o in orders] for s in range(k)], in_flight=flights).ports_s
@@ -121,27 +120,6 @@ def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequen
     time = max(vw[slow] / V, port)
     return HetPipeTime(time_s=time, vw_times_s=vw, port_max_s=port,
                        bottleneck="port" if port > vw[slow] / V else f"virtual worker {slow}")
-
-
-def _one_f_one_b_cycles(cm: CostModel, ranges: Sequence[tuple[int, int]], order: Sequence[int]) -> float:
-    """Slowest cycle of a straight 1F1B pipeline with ``k - s`` minibatches in flight at stage ``s``.
-
-    In 1F1B order stage ``s`` runs ``B(m)`` then ``F(m + k - s)``; that forward travels down to stage
-    ``e``, whose next backward is ``B(m + e - s + 1)``, which travels back up. So stages ``s..e``
-    finish ``e - s + 1`` minibatches per (their compute + both ways of their cuts): the period is at
-    least that ratio for every window ``s..e``. ``e = s`` is the compute bound and ``e = k - 1`` the
-    round trip (Little's law) of :meth:`CostModel.steady_state`; the windows in between bind when
-    transfers are long next to the stages' compute (two slow adjacent stages over a slow link).
-    """
-    comp = [sum(cm.compute_s(a, b, w)) for (a, b), w in zip(ranges, order)]
-    xfer = [cm.transfer_s(cm.cut_bytes(b - 1), order[s], order[s + 1]) for s, (_, b) in enumerate(ranges[:-1])]
-    k, worst = len(order), 0.0
-    for s in range(k):
-        total = 0.0
-        for e in range(s, k):
-            total += comp[e] + (2 * xfer[e - 1] if e > s else 0.0)
-            worst = max(worst, total / (e - s + 1))
-    return worst
 
 
 def _signature(cm: CostModel, order: Sequence[int]) -> Signature:
@@ -188,7 +166,7 @@ class _StageTerms:
 
         The cost is max(compute, own port term), a lower bound of the stage's share of
         :func:`hetpipe_time_s`; with ``serial`` it is compute plus both cuts' transfers, an upper bound
-        of every 1F1B cycle through the stage (:func:`_one_f_one_b_cycles`)."""
+        of every 1F1B cycle through the stage (:meth:`CostModel.steady_state`)."""
         k, w = len(order), order[s]
         prev = order[s - 1] if s > 0 else None
         nxt = order[s + 1] if s < k - 1 else None

@@ -25,8 +25,9 @@ and leaving at ``j`` (to worker ``w+m``), gradients the other way
 stage's NIC; round-robin spreads them over the stage's ports). Stages over memory
 (``(versions + 1 + optimizer) * params + in_flight * activations`` above the limit) are excluded.
 The plan's prediction is then the full :meth:`CostModel.steady_state`, which also sums ports that
-several stages share and bounds the round trip over the minibatches in flight; among the layouts
-searched (flat and per block) the one with the best prediction wins.
+several stages share and bounds the round trip over the minibatches in flight and the 1F1B cycles of
+adjacent unreplicated stages; among the layouts searched (flat and per block) the one with the best
+prediction wins.
 
 Differences from PipeDream's own optimizer, on purpose: compute and communication overlap (``max``
 rather than sum, as the paper's formula says but not every term of its code does); activation and

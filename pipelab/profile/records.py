@@ -285,6 +285,17 @@ class Profile:
         """Read a profile written by :meth:`save`."""
         return cls.from_dict(read_record(path, "profile", SCHEMA_VERSION))
 
+    @classmethod
+    def open(cls, spec: str | os.PathLike[str]) -> Profile:
+        """A profile from a pipelab JSON file, a PipeDream ``graph.txt``, or a shipped name (``"vgg16"``).
+
+        The command-line tools accept all three forms through this one function.
+        """
+        p = Path(spec)
+        if p.suffix == ".json":
+            return cls.load(p)
+        return cls.from_pipedream(spec)
+
     def __repr__(self) -> str:
         return (f"Profile(model={self.model!r}, layers={len(self)}, batch={self.batch_size}, "
                 f"fwd={self.fwd_s * 1e3:.2f} ms, bwd={self.bwd_s * 1e3:.2f} ms, "

@@ -46,8 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipelab.sim.simulate import simulate
 
     try:
-        prof = (Profile.from_pipedream(args.profile) if args.profile.endswith(".txt")
-                else Profile.load(args.profile))
+        prof = Profile.open(args.profile)
         cluster = Cluster.parse(args.cluster)
         if args.plan:
             plan = Plan.load(args.plan)

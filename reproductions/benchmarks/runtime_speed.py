@@ -8,7 +8,7 @@ into two stages of 4 blocks, minibatch 64, 8 microbatches, SGD with momentum, MS
 * pipelab ``pipedream`` (no flush; one minibatch of 64 per pipeline step) vs twice the throughput of
   one process training the whole model on the same minibatch of 64 *unsplit* (a perfect 2-stage
   pipeline doubles throughput). The baseline must use pipedream's per-action batch: with 8-row
-  microbatches a Linear(1024, 1024) step is bound by reading its weights, about 3x slower per
+  microbatches a Linear(1024, 1024) step is bound by reading its weights, 2.5-3x slower per
   sample than with 64 rows on this CPU, which made the old ratio (against the 8-microbatch
   baseline, still printed) read 1.6, more than a 2-stage pipeline can give.
 
