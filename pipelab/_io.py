@@ -25,6 +25,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp creates 0600; give the file the mode an ordinary open() would (or keep the old one's)
+        try:
+            mode = os.stat(target).st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -33,6 +39,20 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             pass
         raise
     return target
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux), else set-and-restore."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
