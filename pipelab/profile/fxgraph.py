@@ -5,9 +5,15 @@ One place decides what a "layer" is, so that the profiler (which measures layers
 
 * :func:`trace` traces a model with :class:`LayerTracer`: standard ``torch.nn`` layers are leaves,
   and so are the classes in ``leaf_modules`` and every module deeper than ``depth``.
-* The *layers* are the graph's ``call_module`` / ``call_function`` / ``call_method`` nodes, in the
-  graph's (topological) order. ``get_attr`` nodes (parameters used directly) are not layers; they
-  are copied into whichever stage uses them.
+* A *layer* is one ``call_module`` / ``call_function`` / ``call_method`` node (its *head*) together
+  with the chain of ``operator.getitem`` nodes with integer indices that unpack its (nested) tuple
+  output — ``out, (h, c) = lstm(x)`` is one layer, not three. The getitems cost nothing (no compute,
+  no storage of their own), and grouping them means no cut can fall between a module and the
+  unpacking of its result, so what crosses a cut is a tensor (a tuple consumed whole by a later
+  layer is the rare exception, which the runtime reports). Layers are ordered as their heads in the
+  graph's (topological) order; :func:`layer_nodes` returns the heads, :func:`layer_members` the
+  nodes of each layer. ``get_attr`` nodes (parameters used directly) are not layers; they are
+  copied into whichever stage uses them.
 * :func:`live_across_cuts` gives, for every boundary between consecutive layers, the values that
   are produced before it and used after it (model inputs included): exactly what a pipeline cut
   there must send. Skip connections and attention inputs are counted by construction.
@@ -17,6 +23,7 @@ One place decides what a "layer" is, so that the profiler (which measures layers
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,9 +73,45 @@ def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
     return fx.GraphModule(tracer.root, graph, name)
 
 
+def _unpacks(node: fx.Node, layer_of: dict[str, int]) -> bool:
+    """Whether ``node`` is ``operator.getitem(v, int)`` of a value ``v`` that a layer produced."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return False
+    src, index = node.args
+    return isinstance(src, fx.Node) and src.name in layer_of and isinstance(index, int)
+
+
+def layer_members(gm: fx.GraphModule) -> list[list[fx.Node]]:
+    """The nodes of every layer: its head first, then the getitems unpacking its output (graph order).
+
+    A getitem with an integer index of a value produced by layer ``i`` (its head or one of its
+    getitems) joins layer ``i``. Such a getitem may sit later in the graph than other layers' heads
+    (``r = rnn(x); f(r[0]); g(r[1])``); it depends on nothing but layer ``i``, so running it with
+    its head is always valid.
+    """
+    groups: list[list[fx.Node]] = []
+    layer_of: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op not in LAYER_OPS:
+            continue
+        if _unpacks(n, layer_of):
+            i = layer_of[n.args[0].name]  # type: ignore[union-attr]
+            groups[i].append(n)
+        else:
+            i = len(groups)
+            groups.append([n])
+        layer_of[n.name] = i
+    return groups
+
+
 def layer_nodes(gm: fx.GraphModule) -> list[fx.Node]:
-    """The layer nodes of a traced model, in topological order."""
-    return [n for n in gm.graph.nodes if n.op in LAYER_OPS]
+    """The layers of a traced model (their head nodes), in topological order."""
+    return [members[0] for members in layer_members(gm)]
+
+
+def layer_index(gm: fx.GraphModule) -> dict[str, int]:
+    """The layer each layer node belongs to: node name -> layer index (heads and getitems alike)."""
+    return {n.name: i for i, members in enumerate(layer_members(gm)) for n in members}
 
 
 def _is_value(n: fx.Node) -> bool:
@@ -76,16 +119,17 @@ def _is_value(n: fx.Node) -> bool:
 
 
 def live_across_cuts(gm: fx.GraphModule) -> list[list[str]]:
-    """For each boundary ``i`` (after layer ``i``), names of the values alive across it.
+    """For each boundary ``i`` (after layer ``i``), names of the values alive across it, in graph order.
 
-    A value is alive across boundary ``i`` when it is produced by a placeholder or by a layer at
-    position ``<= i`` and used by a layer at position ``> i`` or by the model's output.
+    A value is alive across boundary ``i`` when it is produced by a placeholder or by a node of a
+    layer at position ``<= i`` and used by a node of a layer at position ``> i`` or by the model's
+    output. A tuple that only its own layer's getitems unpack never crosses a cut; its unpacked
+    elements do, where they are used.
     """
-    layers = layer_nodes(gm)
-    pos = {n.name: i for i, n in enumerate(layers)}
+    pos = layer_index(gm)
+    n_layers = len(set(pos.values()))
     last_use: dict[str, int] = {}
     produced_at: dict[str, int] = {}
-    n_layers = len(layers)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             produced_at[n.name] = -1
@@ -126,15 +170,17 @@ class StageModule(nn.Module):
 
     def __init__(self, gm: fx.GraphModule, start: int, end: int) -> None:
         super().__init__()
-        layers = layer_nodes(gm)
-        n = len(layers)
+        members = layer_members(gm)
+        n = len(members)
         if not (0 <= start < end <= n):
             raise ValueError(f"stage layer range [{start}, {end}) is outside the model's 0..{n} layers")
         cuts = live_across_cuts(gm)
         self.start, self.end, self.is_last = start, end, end == n
         self.input_names = inputs_of_range(gm, start, end)
         self.output_names = [] if self.is_last else cuts[end - 1]
-        selected = {n.name for n in layers[start:end]}
+        # a layer's getitems come with its head (they may sit later in the graph: copying in graph
+        # order keeps every node after its inputs)
+        selected = {n.name for group in members[start:end] for n in group}
         graph = fx.Graph()
         env: dict[str, fx.Node] = {}
         for name in self.input_names:

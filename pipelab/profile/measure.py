@@ -1,6 +1,8 @@
 """The profiler: measure a model layer by layer and return a :class:`~pipelab.profile.records.Profile`.
 
-Layers are exactly the ones the runtime builds stages from (:func:`pipelab.profile.fxgraph.trace`).
+Layers are exactly the ones the runtime builds stages from (:func:`pipelab.profile.fxgraph.trace`,
+:func:`~pipelab.profile.fxgraph.layer_members`): a module together with the getitems that unpack its
+tuple output is one layer, timed as the module alone (unpacking a tuple computes nothing).
 PipeDream's profiler records forward time, backward time, output size and weight size per layer
 (Narayanan et al., SOSP'19, section 3.1); so does this one, measured two ways:
 
@@ -21,6 +23,7 @@ closed form), and the bytes autograd saves for backward (unique storages seen by
 from __future__ import annotations
 
 import copy
+import operator
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +34,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from pipelab.profile.fxgraph import LAYER_OPS, layer_nodes, live_across_cuts, tensor_bytes, trace
+from pipelab.profile.fxgraph import LAYER_OPS, layer_members, live_across_cuts, tensor_bytes, trace
 from pipelab.profile.records import Layer, Profile
 
 
@@ -141,6 +144,32 @@ class _LayerRunner:
         return self.fn(*args, **kwargs)
 
 
+class _Group:
+    """One layer's nodes: the head, the getitems unpacking its output, and which values leave it."""
+
+    def __init__(self, members: Sequence[fx.Node]) -> None:
+        self.head, self.rest = members[0], list(members[1:])
+        names = {n.name for n in members}
+        # values handed on: used by a node of another layer or by the model's output
+        self.leaving = [n.name for n in members if any(u.name not in names for u in n.users)]
+
+    def unpack(self, head_value: Any) -> dict[str, Any]:
+        """The values of all the layer's nodes, given the head's output (the getitems run here)."""
+        vals = {self.head.name: head_value}
+        for n in self.rest:  # each is operator.getitem(earlier member, int) (see layer_members)
+            src, index = n.args
+            assert isinstance(src, fx.Node) and isinstance(index, int)
+            vals[n.name] = vals[src.name][index]
+        return vals
+
+    def handed_on(self, head_value: Any) -> list[Any]:
+        """What leaves the layer (the head's output when nothing does: a layer used for its effect)."""
+        if not self.leaving:
+            return [head_value]
+        vals = self.unpack(head_value)
+        return [vals[name] for name in self.leaving]
+
+
 def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device = "cpu", warmup: int = 1,
             repeats: int = 3, leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, progress: bool = True,
@@ -206,8 +235,8 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
              progress: bool, name: str) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
     from tqdm.auto import tqdm
 
-    nodes = layer_nodes(gm)
-    pos = {n.name: i for i, n in enumerate(nodes)}
+    groups = {members[0].name: _Group(members) for members in layer_members(gm)}
+    pos = {n.name: i for i, g in enumerate(groups.values()) for n in [g.head, *g.rest]}
     timer = _Timer(dev)
     param_ids = {p.untyped_storage().data_ptr() for p in gm.parameters()}
     counted_params: set[int] = set()
@@ -222,7 +251,7 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
     layers: list[Layer] = []
     edges: list[tuple[int, int]] = []
     used_names: set[str] = set()
-    bar = tqdm(total=len(nodes), desc=f"profiling {name}", disable=not progress, leave=False)
+    bar = tqdm(total=len(groups), desc=f"profiling {name}", disable=not progress, leave=False)
     try:
         for idx, node in enumerate(gm.graph.nodes):
             if node.op == "placeholder":
@@ -236,9 +265,11 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                     attr = getattr(attr, part)
                 env[node.name] = attr
                 requires[node.name] = isinstance(attr, torch.Tensor) and attr.requires_grad
-            elif node.op in LAYER_OPS:
+            elif node.name in groups:  # a layer's head (its getitems' values are computed with it)
+                group = groups[node.name]
                 runner = _LayerRunner(gm, node)
-                lay, out = _measure_layer(runner, node, env, requires, param_ids, timer, warmup, repeats)
+                lay, out = _measure_layer(runner, node, env, requires, param_ids, timer, warmup, repeats,
+                                          group.handed_on)
                 param_bytes = 0
                 for p in runner.params + [env[a.name] for a in node.all_input_nodes
                                           if a.op == "get_attr" and isinstance(env[a.name], nn.Parameter)]:
@@ -249,18 +280,24 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                 if lname in used_names:
                     lname = node.name
                 used_names.add(lname)
-                out_bytes = tensor_bytes(out)
-                layers.append(Layer(name=lname, kind=runner.kind, fwd_s=lay[0], bwd_s=lay[1], out_bytes=out_bytes,
-                                    param_bytes=param_bytes, flops=lay[2], saved_bytes=lay[3]))
-                env[node.name] = _detach(out)
-                requires[node.name] = any(t.requires_grad for t in _tensors(out))
-                value_bytes[node.name] = out_bytes
-                edges.extend((pos[a.name], pos[node.name]) for a in node.all_input_nodes if a.name in pos)
+                out_bytes = sum(tensor_bytes(v) for v in group.handed_on(out))
+                layers.append(Layer(name=lname, kind=runner.kind, fwd_s=lay[0], bwd_s=lay[1],
+                                    out_bytes=out_bytes, param_bytes=param_bytes, flops=lay[2],
+                                    saved_bytes=lay[3]))
+                for member in [group.head, *group.rest]:
+                    edges.extend((pos[a.name], pos[member.name]) for a in member.all_input_nodes
+                                 if a.name in pos and pos[a.name] != pos[member.name])
+                for vname, v in group.unpack(out).items():
+                    env[vname] = _detach(v)
+                    requires[vname] = any(t.requires_grad for t in _tensors(v))
+                    value_bytes[vname] = tensor_bytes(v)
                 bar.update(1)
             # free values nobody needs any more (as fx.Interpreter does), keeping memory at one pass
             for inp in node.all_input_nodes:
                 if last_use.get(inp.name) == idx and node.op != "output":
                     env.pop(inp.name, None)
+            if node.op in LAYER_OPS and not node.users:
+                env.pop(node.name, None)
     finally:
         bar.close()
     return layers, value_bytes, edges
@@ -276,7 +313,8 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
     Also returns the model output of the last pass (detached), for timing a loss.
     """
     nodes = list(gm.graph.nodes)
-    runners = {n.name: _LayerRunner(gm, n) for n in nodes if n.op in LAYER_OPS}
+    # only layer heads are timed; the getitems unpacking their outputs run untimed (they copy nothing)
+    runners = {members[0].name: _LayerRunner(gm, members[0]) for members in layer_members(gm)}
     last_use: dict[str, int] = {}
     for i, n in enumerate(nodes):
         for inp in n.all_input_nodes:
@@ -299,11 +337,13 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
                 for part in str(node.target).split("."):
                     attr = getattr(attr, part)
                 env[node.name] = attr
-            elif node.op in LAYER_OPS:
+            elif node.name in runners:
                 a, k = fx.node.map_arg(node.args, value), fx.node.map_arg(node.kwargs, value)
                 t0 = timer.start()
                 env[node.name] = runners[node.name](a, k)
                 times.append(timer.stop(t0))
+            elif node.op in LAYER_OPS:  # a getitem unpacking a layer's output
+                env[node.name] = operator.getitem(*fx.node.map_arg(node.args, value))
             elif node.op == "output":
                 output = _detach(fx.node.map_arg(node.args[0], value))
             for inp in node.all_input_nodes:
@@ -344,9 +384,14 @@ def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool]
 
 
 def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
-                   param_ids: set[int], timer: _Timer, warmup: int, repeats: int
+                   param_ids: set[int], timer: _Timer, warmup: int, repeats: int,
+                   handed_on: Callable[[Any], list[Any]] = lambda out: [out],
                    ) -> tuple[tuple[float, float, int, int], Any]:
-    """(fwd_s, bwd_s, flops, saved_bytes) of one layer, and its output (from the first run)."""
+    """(fwd_s, bwd_s, flops, saved_bytes) of one layer, and its head's output (from the first run).
+
+    ``handed_on(out)`` picks, from the head's output, what leaves the layer; backward starts from
+    gradients of those values only, as in training (an LSTM whose final states nobody uses gets
+    no gradient for them)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     attr_params = [env[a.name] for a in node.all_input_nodes
@@ -370,7 +415,7 @@ def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], req
             t0 = timer.start()
             out = runner(args, kwargs)
             f = timer.stop(t0)
-        outs = [t for t in _tensors(out) if t.requires_grad]
+        outs = [t for t in _tensors(handed_on(out)) if t.requires_grad]
         b = 0.0
         if outs and wrt:
             grads = [torch.ones_like(t) for t in outs]
