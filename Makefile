@@ -33,8 +33,9 @@ test: $(STAMP) browser-deps
 reproduce: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pipelab.cli reproduce
 
+# --allow-root only where we are root (containers); a person's browser opens on the printed URL
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
