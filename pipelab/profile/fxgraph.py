@@ -85,7 +85,10 @@ def layer_members(gm: fx.GraphModule) -> list[list[fx.Node]]:
     """The nodes of every layer: its head first, then the getitems unpacking its output (graph order).
 
     A getitem with an integer index of a value produced by layer ``i`` (its head or one of its
-    getitems) joins layer ``i``. Such a getitem may sit later in the graph than other layers' heads
+    getitems) joins layer ``i``: ``lstm(x)[0]``, ``a, b = x.chunk(2)``, and also ``t[0]`` of a tensor
+    ``t`` (fx cannot tell tuples from tensors; a tensor's integer index is a view, just as free).
+    A getitem with a slice or tensor index stays a layer of its own (it can compute or copy).
+    Such a getitem may sit later in the graph than other layers' heads
     (``r = rnn(x); f(r[0]); g(r[1])``); it depends on nothing but layer ``i``, so running it with
     its head is always valid.
     """

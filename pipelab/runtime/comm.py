@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch.fx.passes.shape_prop import ShapeProp
 
-from pipelab.profile.fxgraph import layer_nodes, live_across_cuts
+from pipelab.profile.fxgraph import layer_members, live_across_cuts
 
 ACT, GRAD = 0, 1   # message directions
 
@@ -77,12 +77,14 @@ def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
 
     Runs the traced model once on ``inputs`` (one microbatch) with fx's shape propagation, so the
     layouts are those of the real model on the real data. Raises ``TypeError`` when a value that
-    crosses a cut is not a tensor (say, a Python int from ``x.size(0)``), which cannot be sent.
+    crosses a cut is not a tensor (say, a Python int from ``x.size(0)``, or a tuple that a later
+    layer takes whole), which cannot be sent; the message names the layers that produce and use it.
     """
     ShapeProp(gm).propagate(*inputs)
     nodes = {n.name: n for n in gm.graph.nodes}
     cuts = live_across_cuts(gm)
-    n_layers = len(layer_nodes(gm))
+    members = layer_members(gm)
+    n_layers = len(members)
     out: list[list[TensorSpec]] = []
     for _, end in ranges[:-1]:
         if not 0 < end < n_layers:
@@ -91,11 +93,34 @@ def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
         for name in cuts[end - 1]:
             meta = nodes[name].meta.get("tensor_meta")
             if meta is None or not hasattr(meta, "shape"):
-                raise TypeError(f"value {name!r} crosses the cut after layer {end - 1} but is not a tensor; "
-                                "move the cut, or make the model pass tensors between layers")
+                raise TypeError(_not_a_tensor(name, end, meta, members))
             specs.append(TensorSpec(tuple(int(d) for d in meta.shape), str(meta.dtype).removeprefix("torch.")))
         out.append(specs)
     return out
+
+
+def _describe_layer(members: Sequence[Sequence[fx.Node]], i: int) -> str:
+    head = members[i][0]
+    what = f"module {head.target!r}" if head.op == "call_module" else f"{head.op} {head.name!r}"
+    return f"layer {i} ({what})"
+
+
+def _not_a_tensor(name: str, end: int, meta: Any, members: Sequence[Sequence[fx.Node]]) -> str:
+    """Why value ``name`` cannot cross the cut before layer ``end``, and which layers to change."""
+    layer_of = {n.name: i for i, group in enumerate(members) for n in group}
+    node = next((n for group in members for n in group if n.name == name), None)
+    kind = "a tuple" if isinstance(meta, (tuple, list)) else ("not a tensor" if meta is None else type(meta).__name__)
+    if node is None:  # a model input that is not a tensor
+        return (f"model input {name!r} crosses the cut after layer {end - 1} but is not a tensor; "
+                "pass the model tensors only, or move the cut")
+    producer = layer_of[name]
+    users = sorted({layer_of[u.name] for u in node.users if u.name in layer_of and layer_of[u.name] >= end})
+    used_by = ", ".join(_describe_layer(members, j) for j in users) or "the model's output"
+    return (f"value {name!r} ({kind}) crosses the cut after layer {end - 1} but is not a tensor: it is produced by "
+            f"{_describe_layer(members, producer)} and used whole by {used_by}. Move the cut outside layers "
+            f"{producer}..{users[-1] if users else len(members) - 1}, or make the module that produces and the "
+            "one that uses it a single leaf (trace(..., leaf_modules=[TheirParentClass]) or a smaller depth=N), or "
+            "change the model to pass tensors between layers (index the tuple where it is produced)")
 
 
 def grad_specs(specs: Sequence[TensorSpec]) -> list[TensorSpec]:
