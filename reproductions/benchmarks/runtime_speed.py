@@ -12,6 +12,12 @@ into two stages of 4 blocks, minibatch 64, 8 microbatches, SGD with momentum, MS
   sample than with 64 rows on this CPU, which made the old ratio (against the 8-microbatch
   baseline, still printed) read 1.6, more than a 2-stage pipeline can give.
 
+* Context for that ratio, printed alongside: pipedream's steady state (update-to-update, fill and drain
+  excluded; with 12 timed minibatches the fill/drain of a 2-stage pipeline is ~1.5 of them) and the
+  machine's ceiling: two independent single-process loops run at the same time, whose summed
+  throughput over 2 x one alone is the most any 2-process method can reach here (cores shared with
+  other work, memory bandwidth and cache shared between the two).
+
 Throughput = samples / seconds over ``--steps`` minibatches after one warm-up minibatch, on every side
 (process start-up and the first step's allocations excluded alike). Each round runs every
 contender once, in an order that alternates between rounds (pipelab first, then torch first), so
@@ -43,7 +49,7 @@ WIDTH, BLOCKS, BATCH, MICRO = 1024, 8, 64, 8
 optimizer = functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9)
 
 
-def model_fn() -> nn.Module:
+def model_fn() -> nn.Sequential:
     """8 x (Linear(1024, 1024) + ReLU)."""
     layers: list[nn.Module] = []
     for _ in range(BLOCKS):
@@ -78,11 +84,24 @@ def steady_throughput(trace: pl.Trace, microbatches: int, steps: int) -> float:
     return (steps - 1) * BATCH / span
 
 
-def _pipelab(method: str, steps: int) -> float:
+def update_rate(trace: pl.Trace) -> float:
+    """Samples/s between the ends of the updates of minibatch 1 and of the last one (the time a minibatch
+    adds once the pipeline is full: PipeDream's steady state, SOSP'19 §3.1; fill and drain excluded)."""
+    done: dict[int, float] = {}
+    for e in trace.compute_events():
+        if e.kind == "U":   # a minibatch is done when its last stage-update ends
+            done[e.microbatch] = max(done.get(e.microbatch, 0.0), e.end_s)
+    last = max(done)
+    return (last - 1) * BATCH / (done[last] - done[1])
+
+
+def _pipelab(method: str, steps: int, steady: list[float] | None = None) -> float:
     plan = pl.Plan.from_boundaries(2 * BLOCKS, [BLOCKS])
     M = MICRO if method != "pipedream" else 1
     res = pl.train(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps + 1,
                    microbatches=M, progress=False, timeout=600)
+    if steady is not None:
+        steady.append(update_rate(res.trace))
     return steady_throughput(res.trace, M, steps + 1)
 
 
@@ -158,6 +177,26 @@ def _single(steps: int, micro: int = MICRO) -> float:
     return steps * BATCH / (time.perf_counter() - t)
 
 
+def _single_to_queue(steps: int, out: object) -> None:
+    torch.set_num_threads(1)
+    out.put(_single(steps, 1))  # type: ignore[attr-defined]
+
+
+def _pair(steps: int) -> float:
+    """Summed throughput of two independent single-process loops running at once (the ceiling)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_single_to_queue, args=(steps, q)) for _ in range(2)]
+    for p in ps:
+        p.start()
+    total = q.get(timeout=600) + q.get(timeout=600)
+    for p in ps:
+        p.join(60)
+    return float(total)
+
+
 def main() -> None:
     """Run the comparison and print the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -168,16 +207,22 @@ def main() -> None:
         ap.error(f"--rounds {a.rounds}: use at least 5 rounds (medians of fewer are noise on a shared machine)")
     torch.set_num_threads(1)
     _pipelab("1f1b-flush", 2)   # start the fork server once, outside the timings
-    ours, theirs, pd, single, single8 = [], [], [], [], []
+    ours: list[float] = []
+    theirs: list[float] = []
+    pd: list[float] = []
+    single: list[float] = []
+    single8: list[float] = []
+    pd_steady: list[float] = []
+    pair: list[float] = []
     for r in range(a.rounds):
         runs = [lambda: ours.append(_pipelab("1f1b-flush", a.steps)), lambda: theirs.append(_torch(a.steps)),
-                lambda: pd.append(_pipelab("pipedream", a.steps)), lambda: single.append(_single(a.steps, 1)),
-                lambda: single8.append(_single(a.steps))]
+                lambda: pd.append(_pipelab("pipedream", a.steps, pd_steady)), lambda: single.append(_single(a.steps, 1)),
+                lambda: single8.append(_single(a.steps)), lambda: pair.append(_pair(a.steps))]
         for run in (runs if r % 2 == 0 else [runs[1], runs[0], *runs[:1:-1]]):
             run()
         print(f"round {r}: pipelab 1f1b-flush {ours[-1]:.1f}  torch Schedule1F1B {theirs[-1]:.1f}  "
-              f"pipelab pipedream {pd[-1]:.1f}  single process {single[-1]:.1f} (8 microbatches: "
-              f"{single8[-1]:.1f}) samples/s", flush=True)
+              f"pipelab pipedream {pd[-1]:.1f} (steady state {pd_steady[-1]:.1f})  single process {single[-1]:.1f} (8 microbatches: "
+              f"{single8[-1]:.1f}; two at once {pair[-1]:.1f}) samples/s", flush=True)
     m_ours, m_theirs = statistics.median(ours), statistics.median(theirs)
     m_pd, m_single = statistics.median(pd), statistics.median(single)
     print(f"median samples/s: pipelab 1f1b-flush {m_ours:.1f}, torch.distributed.pipelining Schedule1F1B "
@@ -190,6 +235,12 @@ def main() -> None:
           f"{r1:.2f} (median of paired rounds)  (target >= 1.2)")
     print(f"pipedream / (2 x single process):        {m_pd / (2 * m_single):.2f} (ratio of medians), "
           f"{r2:.2f} (median of paired rounds)  (target >= 0.9)")
+    r3 = statistics.median(a / (2 * b) for a, b in zip(pd_steady, single))
+    print(f"pipedream steady state / (2 x single):  {statistics.median(pd_steady) / (2 * m_single):.2f} (ratio of "
+          f"medians), {r3:.2f} (median of paired rounds)  (update-to-update, pipeline fill and drain excluded)")
+    r4 = statistics.median(a / (2 * b) for a, b in zip(pair, single))
+    print(f"ceiling: two single processes at once / (2 x one alone): {statistics.median(pair) / (2 * m_single):.2f} "
+          f"(ratio of medians), {r4:.2f} (median of paired rounds)")
     print(f"(machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; one thread per process)")
 
 
