@@ -286,7 +286,35 @@ def _last_loss(handle: Any) -> float | None:
 
 
 # ---------------------------------------------------------------------------- ScheduleExplorer
-class ScheduleExplorer(_Displayable):
+class _Explorer(_Displayable):
+    """Shared control handling of the explorers: ``values`` mirror ``controls``; ``redraw`` on change."""
+
+    live: bool
+    values: dict[str, Any]
+    controls: dict[str, Any]
+
+    def redraw(self) -> None:  # pragma: no cover - every explorer defines its own
+        raise NotImplementedError
+
+    def _on_change(self, change: dict[str, Any]) -> None:
+        for k, c in self.controls.items():
+            self.values[k] = c.value
+        self.redraw()
+
+    def set(self, **values: Any) -> None:
+        """Change controls programmatically (as a user would) and redraw."""
+        unknown = set(values) - set(self.values)
+        if unknown:
+            raise ValueError(f"unknown control(s) {sorted(unknown)}; controls are {sorted(self.values)}")
+        if self.live:
+            for k, v in values.items():   # each assignment fires the observer (and a redraw)
+                self.controls[k].value = v
+        else:
+            self.values.update(values)
+            self.redraw()
+
+
+class ScheduleExplorer(_Explorer):
     """Pick a method and a pipeline shape; see its schedule laid out with unit costs, bubble and memory.
 
     Controls: method, stages P, microbatches M (minibatches for the methods that treat every
@@ -330,23 +358,6 @@ class ScheduleExplorer(_Displayable):
                                   w.HBox([self.controls["v"], self.controls["K"], self.info]),
                                   self.gantt_figure, self.memory_figure])
         self.redraw()
-
-    def _on_change(self, change: dict[str, Any]) -> None:
-        for k, c in self.controls.items():
-            self.values[k] = c.value
-        self.redraw()
-
-    def set(self, **values: Any) -> None:
-        """Change controls programmatically (as a user would) and redraw."""
-        unknown = set(values) - set(self.values)
-        if unknown:
-            raise ValueError(f"unknown control(s) {sorted(unknown)}; controls are {sorted(self.values)}")
-        if self.live:
-            for k, v in values.items():   # each assignment fires the observer (and a redraw)
-                self.controls[k].value = v
-        else:
-            self.values.update(values)
-            self.redraw()
 
     def build(self) -> Any:
         """The schedule for the current control values."""
@@ -402,7 +413,7 @@ class ScheduleExplorer(_Displayable):
 
 
 # ---------------------------------------------------------------------------- PlanExplorer
-class PlanExplorer(_Displayable):
+class PlanExplorer(_Explorer):
     """Partition ``profile`` for a cluster and method of your choice and see the plan.
 
     Controls: cluster preset, servers, GPUs per server, partitioning method, memory limit per device
@@ -449,23 +460,6 @@ class PlanExplorer(_Displayable):
                                   w.HBox([self.controls["method"], self.controls["memory_limit_gb"]]),
                                   self.info, self.figure])
         self.redraw()
-
-    def _on_change(self, change: dict[str, Any]) -> None:
-        for k, c in self.controls.items():
-            self.values[k] = c.value
-        self.redraw()
-
-    def set(self, **values: Any) -> None:
-        """Change controls programmatically and redraw."""
-        unknown = set(values) - set(self.values)
-        if unknown:
-            raise ValueError(f"unknown control(s) {sorted(unknown)}; controls are {sorted(self.values)}")
-        if self.live:
-            for k, v in values.items():
-                self.controls[k].value = v
-        else:
-            self.values.update(values)
-            self.redraw()
 
     def make_plan(self) -> Any:
         """Partition the profile for the current control values."""
