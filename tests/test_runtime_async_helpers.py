@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+from test_runtime_helpers import max_diff  # noqa: F401  (re-exported for the async tests)
 from torch import nn
 
 BATCH = 8
@@ -77,11 +78,6 @@ def delayed_reference(model_fn: Any, data_fn: Any, opt_fn: Any, steps: int, dela
         opt.step()
         hist.append(copy.deepcopy(model.state_dict()))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys(), (sorted(a), sorted(b))
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 class Lin2(nn.Module):

@@ -36,19 +36,6 @@ P, M = 4, 8                                 # the notebook's default stages and 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Debian's Chromium, installed if missing (skip with the installer's reason if that fails)."""
-    path = L.find_chromium()
-    if path is None:
-        r = subprocess.run(["sh", str(HERE / "ensure_chromium.sh")], capture_output=True, text=True, timeout=600)
-        path = L.find_chromium()
-        if path is None:
-            pytest.skip(f"headless Chromium is not installed and could not be installed: "
-                        f"{(r.stderr or r.stdout).strip()[-500:]}")
-    return path
-
-
 def boxes(stages: int, microbatches: int) -> int:
     """Actions of a one-minibatch sync schedule: F and B per stage and microbatch, one U per stage."""
     return 2 * stages * microbatches + stages

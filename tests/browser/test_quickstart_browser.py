@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -37,19 +36,6 @@ def defaults() -> dict[str, Any]:
     values: dict[str, Any] = {}
     exec("".join(cell["source"]), {}, values)  # the cell is plain assignments of literals
     return values
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Debian's Chromium, installed if missing (skip with the installer's reason if that fails)."""
-    path = L.find_chromium()
-    if path is None:
-        r = subprocess.run(["sh", str(HERE / "ensure_chromium.sh")], capture_output=True, text=True, timeout=600)
-        path = L.find_chromium()
-        if path is None:
-            pytest.skip(f"headless Chromium is not installed and could not be installed: "
-                        f"{(r.stderr or r.stdout).strip()[-500:]}")
-    return path
 
 
 def code_cells(sample: dict[str, Any]) -> list[dict[str, Any]]:
