@@ -10,7 +10,6 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_PROFILES = REPO.parent / "shared" / "data" / "pipedream-profiles"
 
 
 @pytest.fixture(scope="session")
