@@ -102,3 +102,72 @@ def test_nan_or_negative_costs_rejected():
         Profile.synthetic([1.0, float("nan")])
     with pytest.raises(ValueError):
         Profile.synthetic([1.0, -2.0])
+
+
+def _overlap_prof():
+    # F = (1, 2, 3) ms, B = (2, 4, 6) ms, weights (0, 4, 2) MB: layer 0 has none
+    return Profile.synthetic([1e-3, 2e-3, 3e-3], [2e-3, 4e-3, 6e-3], param_bytes=[0, 4 * 10**6, 2 * 10**6])
+
+
+def test_allreduce_overlap_closed_forms():
+    """2 workers at 1 GB/s, 0.1 ms latency: kappa = 2 (p-1)/p / bw = 1 ns/byte, fixed = 2 (p-1) lat = 0.2 ms.
+    ddp: F + max_l [B(l..end) + kappa P(start..l]] + fixed = 6 + max(12 + 0, 10 + 4, 6 + 6) + 0.2 = 20.2 ms;
+    none: F + B + kappa P + fixed = 6 + 12 + 6 + 0.2 = 24.2 ms (all-reduce after backward)."""
+    p = _overlap_prof()
+    cl = Cluster.flat(2, bandwidth=1e9, latency=1e-4)
+    ddp, none = CostModel(p, cl), CostModel(p, cl, allreduce_overlap="none")
+    assert ddp.allreduce_overlap == "ddp"
+    assert ddp.allreduce_coeffs([0, 1]) == pytest.approx((1e-9, 2e-4))
+    assert ddp.replica_time_s(0, 3, [0, 1]) == pytest.approx(20.2e-3)
+    assert none.replica_time_s(0, 3, [0, 1]) == pytest.approx(24.2e-3)
+    # [1, 3): ddp 3+2+... = F 5 + max(10 + 4, 6 + 6) + 0.2; none 5 + 10 + 6 + 0.2
+    assert ddp.replica_time_s(1, 3, [0, 1]) == pytest.approx(19.2e-3)
+    assert none.replica_time_s(1, 3, [0, 1]) == pytest.approx(21.2e-3)
+    # no weights in [0, 1): nothing to reduce, no latency either; one worker: no all-reduce at all
+    assert none.replica_time_s(0, 1, [0, 1]) == pytest.approx(3e-3)
+    assert none.replica_time_s(0, 3, [1]) == pytest.approx(18e-3)
+    # the partitioner's matrix form agrees on every range
+    kappa, fixed = none.allreduce_coeffs([0, 1])
+    for cm in (ddp, none):
+        M = cm.replica_time_matrix(1.0, kappa, fixed)
+        for a in range(3):
+            for b in range(a + 1, 4):
+                assert M[a, b] == pytest.approx(cm.replica_time_s(a, b, [0, 1]), rel=1e-12)
+    with pytest.raises(ValueError, match="allreduce_overlap"):
+        CostModel(p, cl, allreduce_overlap="async")
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 7), bw=st.floats(1e8, 1e11))
+def test_no_overlap_is_never_faster(seed, n, bw):
+    """With the all-reduce after backward a replica is never faster than with DDP's overlap, and
+    the difference is at most the whole all-reduce (what DDP can hide)."""
+    p = _prof(n, seed)
+    cl = Cluster("t", (Level("l", 4, bw, 1e-5),), (Device("g", 1.0),) * 4)
+    ddp, none = CostModel(p, cl), CostModel(p, cl, allreduce_overlap="none")
+    for a in range(n):
+        for b in range(a + 1, n + 1):
+            t_ddp, t_none = ddp.replica_time_s(a, b, range(4)), none.replica_time_s(a, b, range(4))
+            ar = ddp.allreduce_s(ddp.param_bytes(a, b), range(4))
+            compute = sum(ddp.compute_s(a, b, 0))
+            assert t_none == pytest.approx(compute + ar, rel=1e-12)
+            assert t_ddp <= t_none * (1 + 1e-12) and t_none - t_ddp <= ar * (1 + 1e-9)
+
+
+def test_partition_allreduce_overlap():
+    """Two layers, F = 1 ms, B = 2 ms each, weights only in the last layer, whose 2 ms all-reduce DDP
+    hides behind layer 0's backward: DP takes 6/2 = 3 ms per minibatch with overlap and 8/2 = 4 ms
+    without; the straight pipeline takes 3 ms either way, so its speed-up over DP is 1 and 4/3."""
+    from pipelab.partition import partition
+
+    p = Profile.synthetic([1e-3, 1e-3], [2e-3, 2e-3], param_bytes=[0, 2 * 10**6], batch_size=8)
+    cl = Cluster.flat(2, bandwidth=1e9)   # kappa = 1 ns/byte: 2 MB take 2 ms
+    for overlap, dp_ms in (("ddp", 3e-3), ("none", 4e-3)):
+        dp = partition(p, cl, method="dp", allreduce_overlap=overlap)
+        assert dp.time_per_minibatch == pytest.approx(dp_ms)
+        assert dp.notes["allreduce_overlap"] == overlap
+        straight = partition(p, cl, method="pipedream", straight=True, allreduce_overlap=overlap)
+        assert straight.time_per_minibatch == pytest.approx(3e-3)
+        assert straight.speedup_over_dp == pytest.approx(dp_ms / 3e-3)
+    with pytest.raises(ValueError, match="allreduce_overlap"):
+        partition(p, cl, method="dp", allreduce_overlap="DDP!")

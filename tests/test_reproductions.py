@@ -77,6 +77,18 @@ def test_table1_row_error_and_shape() -> None:
     straight = rp.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4,
                              plan=Plan.even(10, 4), predicted_speedup=2.0, simulated_speedup=2.0)
     assert straight["shape_matches"] is False and straight["within_25pct"] is False
+    # the second baseline: DP with its all-reduce after backward, 3 s per minibatch against the plan's 1 s
+    row = rp.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4, plan=plan,
+                        predicted_speedup=2.0, simulated_speedup=2.0, sim_ms=(1.0, 2.0), sim_dp_no_overlap_s=3.0)
+    assert row["simulated_speedup_dp_no_overlap"] == 3.0 and row["sim_dp_no_overlap_ms"] == 3000.0
+    assert row["error_dp_no_overlap"] == pytest.approx(3.0 / 5.28 - 1, abs=1e-3)
+    md = rp.table1_markdown(pd.DataFrame([row]))
+    assert "sim. × over DP, no overlap" in md and "-43%" in md
+
+
+def test_gloo_loopback_needs_two_workers() -> None:
+    with pytest.raises(ValueError, match="workers=1"):
+        rp.gloo_loopback(1)
 
 
 def test_wsp_timeline_by_hand() -> None:
@@ -156,6 +168,8 @@ def test_table1_notebook_simulate(tmp_path: Path) -> None:
     row = json.loads((tmp_path / "row.json").read_text())
     assert row["paper_config"] == "straight" and row["paper_speedup"] == 1.5
     assert row["simulated_speedup"] > 0 and row["config"]
+    # DP with its all-reduce after backward is never faster than with DDP's overlap
+    assert row["simulated_speedup_dp_no_overlap"] >= row["simulated_speedup"] * (1 - 1e-9)
     html = "".join(o.get("data", {}).get("text/html", "") for c in nb.cells if c.cell_type == "code"
                    for o in c.outputs)
     assert "Plotly.newPlot" in html and "plotly.js v" not in html  # the figure, without its own plotly.js
@@ -173,6 +187,8 @@ def test_table1_notebook_measure_mode(tmp_path: Path) -> None:
     for name in ("chosen", "straight"):
         assert row[f"measure_{name}_measured_speedup"] > 0 and row[f"measure_{name}_simulated_speedup"] > 0
     assert row["measure_straight_config"] == "straight"
+    assert row["measure_allreduce_overlap"] == "none" and row["measure_allreduce_GBps"] == 2.0
+    assert row["measure_optimizer_GBps"] > 0 and len(str(row["measure_straight_measured_rounds"]).split()) == 1
 
 
 @pytest.mark.slow

@@ -283,3 +283,43 @@ def test_interleaved_resplits_plan_and_cli(tmp_path: Path) -> None:
     assert chrome.exists() and (tmp_path / "s.csv").exists()
     assert main([str(tmp_path / "missing.json"), "--cluster", "flat:4"]) == 2
     assert not math.isnan(res.time_per_minibatch)
+
+
+def test_allreduce_overlap_in_simulator() -> None:
+    """The simulator prices a replicated stage's all-reduce as CostModel.allreduce_overlap says.
+
+    Two layers, F = 1 ms, B = 2 ms each, 2 MB of weights in the last layer, 2 workers at 1 GB/s
+    (kappa = 1 ns/byte: a 2 ms all-reduce). dp: a replica's minibatch takes 6 ms with DDP's overlap
+    (layer 1's all-reduce hides behind layer 0's backward) and 8 ms without, so 3 and 4 ms per
+    minibatch (+ the optimizer step, negligible here). Without overlap the all-reduce starts when
+    the backward ends; with it, it ends with the backward."""
+    prof = Profile.synthetic([1e-3, 1e-3], [2e-3, 2e-3], param_bytes=[0, 2 * 10**6], batch_size=8)
+    cl = Cluster.flat(2, bandwidth=1e9)
+    dp = Plan.from_boundaries(2, [], [2], batch_size=8)
+    for overlap, want in (("ddp", 3e-3), ("none", 4e-3)):
+        res = simulate(dp, prof, cl, method="dp", minibatches=4, allreduce_overlap=overlap,
+                       memory_bandwidth=1e15)
+        assert res.time_per_minibatch == pytest.approx(want, rel=1e-5)
+        cm = CostModel(prof, cl, allreduce_overlap=overlap)
+        assert res.time_per_minibatch == pytest.approx(cm.replica_time_s(0, 2, [0, 1]) / 2, rel=1e-5)
+        ev = [e for e in res.trace if e.worker == 0]
+        ar = [e for e in ev if e.kind == "allreduce"]
+        last_b = [e for e in ev if e.kind == "B"]
+        assert len(ar) == len(last_b) > 0
+        for a, b in zip(ar, last_b):
+            assert a.end_s - a.start_s == pytest.approx(2e-3)
+            assert a.start_s == pytest.approx(b.end_s if overlap == "none" else b.end_s - 2e-3)
+    # a replicated stage inside a pipeline: '2-1', stage 0 = layers [0, 2) with the weights in layer 1,
+    # stage 1 = layer 2 (3 ms). Stage 0's replica: F 2 + B 4 ms, its 2 ms all-reduce hidden behind
+    # layer 0's backward (ddp: 6 ms per 2 minibatches = 3) or after it (none: 8 ms per 2 = 4)
+    p2 = Profile.synthetic([1e-3] * 3, [2e-3] * 3, param_bytes=[0, 2 * 10**6, 0], batch_size=8)
+    cl3 = Cluster.flat(3, bandwidth=1e9)
+    plan = Plan.from_boundaries(3, [2], [2, 1], batch_size=8)
+    for overlap, want in (("ddp", 3e-3), ("none", 4e-3)):
+        res = simulate(plan, p2, cl3, method="pipedream", minibatches=40, allreduce_overlap=overlap,
+                       memory_bandwidth=1e15)
+        assert res.time_per_minibatch == pytest.approx(want, rel=1e-5)
+        ss = CostModel(p2, cl3, allreduce_overlap=overlap).steady_state([(0, 2), (2, 3)], [[0, 1], [2]])
+        assert ss.time_s == pytest.approx(want) and ss.bottleneck == "compute 0"
+    with pytest.raises(ValueError, match="allreduce_overlap"):
+        simulate(dp, prof, cl, method="dp", allreduce_overlap="both")

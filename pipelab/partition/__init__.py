@@ -26,13 +26,18 @@ __all__ = ["METHODS", "CostModel", "Plan", "Stage", "partition"]
 
 
 def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
-              compression_ratio: float = 1.0, optimizer: str = "sgd-momentum", **options: Any) -> Plan:
+              compression_ratio: float = 1.0, optimizer: str = "sgd-momentum", allreduce_overlap: str = "ddp",
+              allreduce_bandwidth: float | None = None, **options: Any) -> Plan:
     """Partition ``profile`` for ``cluster`` (a Cluster or a spec like ``"pipedream-a:4x4"``) by ``method``.
 
     Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``; prefix-sum ``stages``,
     ``memory_limit``, ``buffers``, ``workers``; gpipe ``stages``, ``microbatches``, ``by``,
     ``memory_limit``; hetpipe ``policy``, ``memory_limit``; dp ``workers``, ``memory_limit``.
-    ``memory_limit`` (bytes per worker) defaults to each device's memory.
+    ``memory_limit`` (bytes per worker) defaults to each device's memory. ``allreduce_overlap``:
+    how a replicated stage's gradient all-reduce meets backward (``"ddp"``, the default: layer by
+    layer behind it; ``"none"``: after it, as pipelab's runtime does; see
+    :class:`~pipelab.sim.costs.CostModel`); ``allreduce_bandwidth`` (bytes/s): the links' bandwidth
+    inside an all-reduce where measured to differ from point-to-point (None: the cluster's).
     """
     if not isinstance(profile, Profile):
         raise TypeError(f"partition() needs a pipelab Profile, got {type(profile).__name__}; "
@@ -40,7 +45,8 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     cl = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cl, Cluster):
         raise TypeError(f"cluster must be a Cluster or a preset spec string, got {type(cluster).__name__}")
-    cm = CostModel(profile, cl, compression_ratio=compression_ratio, optimizer=optimizer)
+    cm = CostModel(profile, cl, compression_ratio=compression_ratio, optimizer=optimizer,
+                   allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
     m = method.lower()
     if m not in METHODS:
         raise ValueError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")

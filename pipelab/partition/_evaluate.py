@@ -212,6 +212,8 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
                 notes={"schedule": schedule, "microbatches": microbatches,
                        "stage_terms_s": terms, "cut_terms_s": cut_terms, **extra,
                        "compression_ratio": cm.compression_ratio, "optimizer": cm.optimizer,
+                       "allreduce_overlap": cm.allreduce_overlap,
+                       **({"allreduce_bandwidth": cm.allreduce_bandwidth} if cm.allreduce_bandwidth else {}),
                        **({"workers": phys} if ranks_of is not None else {}), **(notes or {})})
 
 

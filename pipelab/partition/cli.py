@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from pipelab.partition import METHODS
 
@@ -29,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--memory-limit-gb", type=float, default=None, help="per-worker memory limit in GiB")
     ap.add_argument("--compression-ratio", type=float, default=1.0, help="activation compression (2 = fp16)")
     ap.add_argument("--optimizer", default="sgd-momentum", help="sgd, sgd-momentum or adam")
+    ap.add_argument("--allreduce-overlap", default="ddp", choices=("ddp", "none"),
+                    help="replicated stages' all-reduce: overlapped with backward (ddp) or after it "
+                         "(none, as pipelab's runtime does)")
     ap.add_argument("--microbatches", type=int, default=None, help="gpipe: microbatches per minibatch")
     ap.add_argument("--batch-size", type=int, default=None, help="override the profile's minibatch size")
     ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
@@ -41,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.batch_size is not None:
             prof = prof.scaled(batch_size=args.batch_size)
         cluster = Cluster.parse(args.cluster)
-        opts: dict[str, object] = {}
+        opts: dict[str, Any] = {}
         if args.memory_limit_gb is not None:
             opts["memory_limit"] = args.memory_limit_gb * 2**30
         if args.straight:
@@ -53,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ap.error("--microbatches applies to --method gpipe")
             opts["microbatches"] = args.microbatches
         plan = partition(prof, cluster, args.method, compression_ratio=args.compression_ratio,
-                         optimizer=args.optimizer, **opts)
+                         optimizer=args.optimizer, allreduce_overlap=args.allreduce_overlap, **opts)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pipelab plan: error: {exc}", file=sys.stderr)
         return 2

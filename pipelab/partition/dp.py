@@ -1,7 +1,8 @@
 """The data-parallel baseline: one stage, every worker a replica of the whole model.
 
 Its predicted time per minibatch is one replica's minibatch time (forward, then backward with the
-gradient all-reduce overlapped DDP-style, :meth:`CostModel.replica_time_s`) divided by the number of
+gradient all-reduce overlapped DDP-style, or after backward with ``allreduce_overlap="none"``,
+:meth:`CostModel.replica_time_s`) divided by the number of
 replicas, since the ``W`` replicas process ``W`` minibatches at once. The pipelined plans use the
 same replica formula for their replicated stages, so ``speedup_over_dp`` compares like with like.
 """

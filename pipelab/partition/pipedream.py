@@ -17,8 +17,9 @@ Recurrence (``A[j, w]`` = best objective for layers ``[0, j)`` on workers ``[0, 
 
     A[j, w + m] = min_i max( A[i, w], T_{w,m}[i, j] / m, port_{w,m}(i, j) )
 
-with ``T_{w,m}[i, j]`` one replica's minibatch time (compute + DDP-overlapped all-reduce over workers
-``[w, w+m)``, :meth:`CostModel.replica_time_matrix`) and ``port_{w,m}(i, j)`` the busy seconds per
+with ``T_{w,m}[i, j]`` one replica's minibatch time (compute + all-reduce over workers ``[w, w+m)``,
+DDP-overlapped or after backward as ``CostModel.allreduce_overlap`` says,
+:meth:`CostModel.replica_time_matrix`) and ``port_{w,m}(i, j)`` the busy seconds per
 minibatch of the stage's busiest port from the activation entering at ``i`` (from worker ``w-1``)
 and leaving at ``j`` (to worker ``w+m``), gradients the other way
 (:meth:`CostModel.stage_port_s`: the two cuts add when they cross the same level, as on a middle

@@ -31,8 +31,10 @@ from pipelab.reproduce.driver import (
 from pipelab.reproduce.hetpipe import hetpipe_emulated, hetpipe_simulated, rebatch, wsp_makespan
 from pipelab.reproduce.measure import (
                                        cross_entropy,
+                                       gloo_loopback,
                                        gloo_loopback_bandwidth,
                                        measure_row,
+                                       optimizer_bandwidth,
                                        paper_model,
                                        random_batches,
                                        reduced_model,
@@ -77,8 +79,8 @@ from pipelab.reproduce.table1 import (
 __all__ = [
     "REPRODUCTIONS", "TABLE1", "Job", "PaperRow", "bar_figure", "build_report", "collect_table1", "config_shape",
     "cost_terms", "cross_entropy", "curves_figure", "digits_accuracy", "digits_epoch", "digits_epochs",
-    "digits_model", "gloo_loopback_bandwidth", "hetpipe_emulated", "hetpipe_simulated", "main", "markdown_table",
-    "mean_over_seeds", "measure_row", "paper_config_plan", "paper_model", "paper_row", "parse_method", "quickstart", "random_batches", "rebatch",
+    "digits_model", "gloo_loopback", "gloo_loopback_bandwidth", "hetpipe_emulated", "hetpipe_simulated", "main", "markdown_table",
+    "mean_over_seeds", "measure_row", "optimizer_bandwidth", "paper_config_plan", "paper_model", "paper_row", "parse_method", "quickstart", "random_batches", "rebatch",
     "reduced_model", "run_jobs", "run_notebook", "sample_input", "simulate_plan", "stash_experiment",
     "stash_lr_sweep", "stash_plan", "stash_summary", "stash_verdict", "svg_curves", "table1_jobs",
     "table1_markdown", "table1_results_md", "table1_row", "wsp_makespan", "write_row", "write_table", "write_text",

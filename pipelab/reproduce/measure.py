@@ -127,42 +127,98 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _pingpong(rank: int, port: int, nbytes: int, repeats: int, out: Any) -> None:
+def _loopback(rank: int, world: int, port: int, nbytes: int, allreduce_bytes: int, repeats: int, out: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     buf = torch.zeros(nbytes // 4)
     times = []
-    for _ in range(repeats + 1):
+    for _ in range(repeats + 1):    # ping-pong between ranks 0 and 1, the others wait
         dist.barrier()
         t0 = time.perf_counter()
         if rank == 0:
             dist.send(buf, 1)
             dist.recv(buf, 1)
-        else:
+        elif rank == 1:
             dist.recv(buf, 0)
             dist.send(buf, 0)
         times.append(time.perf_counter() - t0)
+    ar_times = []
+    if allreduce_bytes > 0:
+        flat = torch.zeros(max(1, allreduce_bytes // 4))
+        # a few MB take milliseconds, noisy on a loaded machine: many repeats, the median
+        for _ in range(5 * repeats + 1):    # every rank, started together (barrier): no skew in the time
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(flat)
+            ar_times.append(time.perf_counter() - t0)
     if rank == 0:
-        out.put(statistics.median(times[1:]))
+        out.put((statistics.median(times[1:]), statistics.median(ar_times[1:]) if ar_times else 0.0))
     dist.destroy_process_group()
+
+
+def gloo_loopback(workers: int = 2, *, nbytes: int = 16 << 20, allreduce_bytes: int = 0,
+                  repeats: int = 5) -> tuple[float, float | None]:
+    """This machine's gloo links between ``workers`` processes: ``(point-to-point, all-reduce)`` bytes/s.
+
+    Point-to-point: median of ``repeats`` ping-pongs of ``nbytes`` each way between two processes
+    (``2 * nbytes / time``), the bandwidth of the flat cluster model measure mode simulates against.
+    All-reduce (``None`` unless ``allreduce_bytes > 0``): the median time ``t`` of ``5 * repeats``
+    all-reduces of ``allreduce_bytes`` over all ``workers`` (started together) turned into the per-link bandwidth of
+    the cost model's ring formula, ``2 (p - 1) / p * allreduce_bytes / t``
+    (``CostModel(allreduce_bandwidth=...)``). On one CPU it comes out well below the ping-pong's
+    (2-5x slower here): every process sends, receives and sums at once on the cores that also copy.
+    """
+    import torch.multiprocessing as mp
+
+    if workers < 2:
+        raise ValueError(f"workers={workers} must be >= 2 to measure a link")
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    mp.start_processes(_loopback, args=(workers, _free_port(), nbytes, allreduce_bytes, repeats, q),
+                       nprocs=workers, start_method="spawn")
+    t_pp, t_ar = q.get()
+    p2p = 2 * nbytes / float(t_pp)
+    ar = 2 * (workers - 1) / workers * allreduce_bytes / float(t_ar) if allreduce_bytes > 0 and t_ar > 0 else None
+    return p2p, ar
 
 
 def gloo_loopback_bandwidth(nbytes: int = 16 << 20, repeats: int = 5) -> float:
     """Bytes per second of a gloo point-to-point transfer between two processes on this machine.
 
     Median of ``repeats`` ping-pongs of ``nbytes`` each way (``2 * nbytes / time``). This is the
-    bandwidth of the flat cluster model that measure mode simulates against.
+    bandwidth of the flat cluster model that measure mode simulates against (see :func:`gloo_loopback`).
     """
-    import torch.multiprocessing as mp
+    return gloo_loopback(2, nbytes=nbytes, repeats=repeats)[0]
 
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.start_processes(_pingpong, args=(_free_port(), nbytes, repeats, q), nprocs=2, start_method="spawn")
-    return 2 * nbytes / float(q.get())
+
+def optimizer_bandwidth(model: nn.Module, optimizer: Any, state_factor: int, repeats: int = 5) -> float:
+    """The memory bandwidth (bytes/s) the simulator's optimizer step should use on this machine.
+
+    Times ``optimizer(params).step()`` on ``model``'s parameters with gradients set (median of
+    ``repeats``, one thread like the workers) and returns ``param_bytes * (3 + state_factor) / time``,
+    the rate :meth:`pipelab.sim.costs.CostModel.update_s` assumes (weights, gradients and optimizer
+    state streamed once). The default (a V100's HBM) would make a CPU's step free.
+    """
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters to time an optimizer step on")
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = optimizer(params)
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    return nbytes * (3 + state_factor) / statistics.median(times[1:])
 
 
 def _steady_throughput(run: Any, batch: int, warmup: int) -> float:
@@ -185,28 +241,47 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
                 rounds: int = 2, bandwidth: float | None = None, seed: int = 0) -> dict[str, Any]:
     """Table 1's question for real on this machine, at reduced scale.
 
-    Profiles the reduced model on this CPU, models the machine as ``Cluster.flat(workers, bandwidth=
-    <measured gloo loopback>)``, partitions (PipeDream's DP, and a straight pipeline for contrast), then
-    runs each plan and data parallelism with ``pl.train`` (``rounds`` times, alternating; medians)
-    and compares measured with simulated speed-ups. ``bandwidth`` (bytes/s) skips the loopback
-    measurement (tests).
+    Profiles the reduced model on this CPU with one thread (as each worker runs), models the machine
+    as ``Cluster.flat(workers, bandwidth=<measured gloo ping-pong>)``, partitions (PipeDream's DP,
+    and a straight pipeline for contrast), then runs each plan and data parallelism with
+    ``pl.train`` (``rounds`` times, alternating) and compares measured with simulated speed-ups.
+
+    The simulation models pipelab's runtime, not PyTorch DDP: a replicated stage all-reduces its
+    gradients in one call after the minibatch's backward (``allreduce_overlap="none"``), at the
+    all-reduce bandwidth measured here (:func:`gloo_loopback`), and the optimizer step (plain SGD)
+    streams memory at the rate measured here (:func:`optimizer_bandwidth`). A measured speed-up is
+    the median over rounds of the plan's throughput over data parallelism's in the same round
+    (paired, so that load drifting between rounds cancels). ``bandwidth`` (bytes/s) skips the
+    loopback measurements (tests; the all-reduce then runs at that bandwidth too).
     """
     import torch
 
     import pipelab as pl
+    from pipelab.sim.costs import OPTIMIZER_STATE
 
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     vocab = 256
     model_fn = functools.partial(reduced_model, model, width=width, image_size=image_size, vocab=vocab, num_classes=10)
     sample = sample_input(model, batch=batch, image_size=image_size, seq_len=seq_len, vocab=vocab)
-    prof = pl.profile(model_fn(), sample, device="cpu", progress=False, model_name=f"{model}-w{width:g}")
-    bw = gloo_loopback_bandwidth() if bandwidth is None else float(bandwidth)
-    cl = pl.Cluster.flat(workers, bandwidth=bw)
-    plans = {"chosen": pl.partition(prof, cl, method="pipedream"),
-             "straight": pl.partition(prof, cl, method="pipedream", straight=True),
-             "dp": pl.partition(prof, cl, method="dp")}
     opt = functools.partial(torch.optim.SGD, lr=0.01)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # the workers run one thread each (pipelab.runtime.worker.run_distributed)
+    try:
+        prof = pl.profile(model_fn(), sample, device="cpu", progress=False, model_name=f"{model}-w{width:g}")
+        mem_bw = optimizer_bandwidth(model_fn(), opt, OPTIMIZER_STATE["sgd"])
+    finally:
+        torch.set_num_threads(threads)
+    if bandwidth is None:
+        bw, ar_bw = gloo_loopback(workers, allreduce_bytes=prof.param_bytes)
+    else:
+        bw, ar_bw = float(bandwidth), None
+    cl = pl.Cluster.flat(workers, bandwidth=bw)
+    model_opts: dict[str, Any] = {"allreduce_overlap": "none", "allreduce_bandwidth": ar_bw, "optimizer": "sgd"}
+    plans = {"chosen": pl.partition(prof, cl, method="pipedream", **model_opts),
+             "straight": pl.partition(prof, cl, method="pipedream", straight=True, **model_opts),
+             "dp": pl.partition(prof, cl, method="dp", **model_opts)}
     # one run per distinct plan and round, rounds alternating so that load on a shared machine
-    # affects every plan alike; the median over rounds is kept
+    # affects every plan alike; speed-ups are paired per round, then the median over rounds is kept
     distinct: dict[str, Plan] = {}
     for plan in plans.values():
         distinct.setdefault(plan.config, plan)
@@ -222,14 +297,27 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
                            steps=steps + warmup, microbatches=reps, backend=backend, seed=seed, progress=False)
             samples[config].append(_steady_throughput(run, batch * reps, warmup))
     measured = {name: statistics.median(samples[plan.config]) for name, plan in plans.items()}
-    simulated = {name: simulate_plan(plan, prof, cl, minibatches=max(24, 4 * workers)).throughput
-                 for name, plan in plans.items()}
+    sims = {name: simulate_plan(plan, prof, cl, minibatches=max(24, 4 * workers), memory_bandwidth=mem_bw,
+                                **model_opts) for name, plan in plans.items()}
+    simulated = {name: r.throughput for name, r in sims.items()}
     out: dict[str, Any] = {"model": f"{model} (width {width:g}, {image_size if model[:4] != 'gnmt' else seq_len})",
-                           "workers": workers, "gloo_GBps": round(bw / 1e9, 3)}
+                           "workers": workers, "gloo_GBps": round(bw / 1e9, 3),
+                           "allreduce_GBps": round(ar_bw / 1e9, 3) if ar_bw else round(bw / 1e9, 3),
+                           "optimizer_GBps": round(mem_bw / 1e9, 2), "rounds": rounds,
+                           "allreduce_overlap": "none",
+                           # the 1-minute load average before and after: a shared machine's other work
+                           # shows in every measured number
+                           "load_before": round(load0, 2),
+                           "load_after": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")}
+    dp_cfg = plans["dp"].config
     for name in ("chosen", "straight"):
-        m = measured[name] / measured["dp"]
-        s = simulated[name] / simulated["dp"]
-        out.update({f"{name}_config": plans[name].config, f"{name}_measured_speedup": round(m, 3),
-                    f"{name}_simulated_speedup": round(s, 3), f"{name}_error": round(s / m - 1, 3)})
+        cfg = plans[name].config
+        ratios = [a / b for a, b in zip(samples[cfg], samples[dp_cfg])]
+        m = statistics.median(ratios)
+        sim = simulated[name] / simulated["dp"]
+        out.update({f"{name}_config": cfg, f"{name}_measured_speedup": round(m, 3),
+                    f"{name}_simulated_speedup": round(sim, 3), f"{name}_error": round(sim / m - 1, 3),
+                    f"{name}_measured_rounds": " ".join(f"{r:.3f}" for r in ratios)})
     out.update({f"{k}_samples_per_s": round(v, 1) for k, v in measured.items()})
+    out.update({f"{k}_simulated_samples_per_s": round(v, 1) for k, v in simulated.items()})
     return out

@@ -100,12 +100,17 @@ def config_shape(config: str) -> str:
 
 def table1_row(*, model: str, cluster: str, servers: int, gpus_per_server: int, plan: Plan,
                predicted_speedup: float, simulated_speedup: float, profile_source: str = "pipedream",
-               dp_terms: pd.DataFrame | None = None, sim_ms: tuple[float, float] | None = None) -> dict[str, Any]:
+               dp_terms: pd.DataFrame | None = None, sim_ms: tuple[float, float] | None = None,
+               sim_dp_no_overlap_s: float | None = None) -> dict[str, Any]:
     """One result row: our config and speed-ups beside the paper's, the error and whether the shape matches.
 
     With ``dp_terms`` (:func:`cost_terms` of the data-parallel plan) the row also carries the share of
     a data-parallel step spent in all-reduce that backward cannot hide, the term that decides most rows;
     ``sim_ms`` are the simulated seconds per minibatch of the plan and of data parallelism.
+    ``sim_dp_no_overlap_s`` (with ``sim_ms``) is data parallelism's simulated seconds per minibatch
+    when its all-reduce follows backward instead of overlapping it (``allreduce_overlap="none"``):
+    the row then also has the plan's speed-up over that baseline and its error against the paper,
+    which shows how much of the gap DDP-style overlap in our baseline accounts for.
     """
     paper = paper_row(model, cluster, servers, gpus_per_server)
     row: dict[str, Any] = {
@@ -116,6 +121,11 @@ def table1_row(*, model: str, cluster: str, servers: int, gpus_per_server: int, 
     }
     if sim_ms is not None:
         row["sim_plan_ms"], row["sim_dp_ms"] = round(sim_ms[0] * 1e3, 2), round(sim_ms[1] * 1e3, 2)
+        if sim_dp_no_overlap_s is not None:
+            row["sim_dp_no_overlap_ms"] = round(sim_dp_no_overlap_s * 1e3, 2)
+            row["simulated_speedup_dp_no_overlap"] = round(sim_dp_no_overlap_s / sim_ms[0], 3)
+            if paper is not None and paper.speedup:
+                row["error_dp_no_overlap"] = round(sim_dp_no_overlap_s / sim_ms[0] / paper.speedup - 1.0, 3)
     if dp_terms is not None:
         t = dp_terms.iloc[0]
         row["dp_exposed_comm_share"] = round(float(t["exposed_comm_ms"] / t["replica_ms"]), 3)
@@ -177,8 +187,13 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def simulate_plan(plan: Plan, profile: Profile, cluster: Cluster, *, minibatches: int) -> Any:
-    """Simulate a plan with the method its shape implies: ``dp`` for one stage, else ``pipedream``."""
+def simulate_plan(plan: Plan, profile: Profile, cluster: Cluster, *, minibatches: int,
+                  allreduce_overlap: str = "ddp", **options: Any) -> Any:
+    """Simulate a plan with the method its shape implies: ``dp`` for one stage, else ``pipedream``.
+
+    ``allreduce_overlap`` (``"ddp"``: behind backward, layer by layer; ``"none"``: after it, as
+    pipelab's runtime does) and ``options`` go to :func:`pipelab.simulate`.
+    """
     import pipelab as pl
 
     method = "dp" if plan.num_stages == 1 else "pipedream"
@@ -187,7 +202,8 @@ def simulate_plan(plan: Plan, profile: Profile, cluster: Cluster, *, minibatches
     if method == "pipedream":
         step = math.lcm(*plan.replicas)
         minibatches = -(-minibatches // step) * step
-    return pl.simulate(plan, profile, cluster, method=method, minibatches=minibatches)
+    return pl.simulate(plan, profile, cluster, method=method, minibatches=minibatches,
+                       allreduce_overlap=allreduce_overlap, **options)
 
 
 def paper_config_plan(profile: Profile, cluster: Cluster, config: str, *,
@@ -212,9 +228,12 @@ def table1_markdown(df: pd.DataFrame) -> str:
             "paper_speedup": "paper ×", "predicted_speedup": "predicted ×", "simulated_speedup": "simulated ×",
             "simulated_speedup_no_memory_limit": "sim. × no mem. limit",
             "paper_config_simulated_speedup": "paper config, sim. ×", "error": "error",
+            "simulated_speedup_dp_no_overlap": "sim. × over DP, no overlap",
+            "error_dp_no_overlap": "error, DP no overlap",
             "dp_exposed_comm_share": "DP exposed comm (ours)", "paper_implied_dp_comm_share": "DP comm implied by paper",
             "shape_matches": "shape ok", "within_25pct": "within 25%"}
     show = df[[c for c in cols if c in df.columns]].rename(columns=cols).copy()
-    if "error" in show:
-        show["error"] = [f"{v:+.0%}" if isinstance(v, (int, float)) and not math.isnan(v) else "" for v in show["error"]]
+    for col in ("error", "error, DP no overlap"):
+        if col in show:
+            show[col] = [f"{v:+.0%}" if isinstance(v, (int, float)) and not math.isnan(v) else "" for v in show[col]]
     return markdown_table(show)

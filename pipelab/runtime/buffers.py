@@ -37,6 +37,7 @@ from torch import nn
 
 from pipelab.runtime.pipemare import PipeMareConfig, PipeMareState, steady_state_delays
 from pipelab.runtime.weights import WeightPolicy, register
+from pipelab.schedules._common import delayed_rule
 
 
 # ---------------------------------------------------------------------- pure rules
@@ -192,12 +193,14 @@ class DelayedVersions(VersionStore):
     name = "delayed"
 
     def __init__(self, params: dict[str, nn.Parameter], stage: int, upcoming_input_versions: Iterable[int] = (), *,
-                 delay: int, microbatches: int) -> None:
+                 delay: int, microbatches: int, segments: Sequence[int] | None = None) -> None:
         super().__init__(params, stage)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
         self.delay = int(delay)
         self.M = int(microbatches)
+        # drained segments restart the rule from the version the drain left (schedules.segments)
+        self.segments = [int(n) for n in segments] if segments else None
         self.next_minibatch = 0        # lower bound of the minibatch of this stage's next forward
 
     def _epoch_of_version(self, v: int) -> int:
@@ -208,10 +211,14 @@ class DelayedVersions(VersionStore):
                            f"(held {sorted(self.epoch_version.values())}, newest {self.latest}); the schedule "
                            f"does not follow the {self.delay}-step rule")
 
+    def _rule(self, k: int) -> int:
+        return delayed_rule(k, self.delay, self.segments)
+
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """``max(0, k - d)`` for minibatch ``k = microbatch // M``."""
+        """``max(0, k - d)`` for minibatch ``k = microbatch // M`` (``max(k0, k - d)`` in a drained
+        segment starting at minibatch ``k0``)."""
         k = microbatch // self.M
-        v = delayed_version(k, self.delay)
+        v = self._rule(k)
         if v > self.latest:
             raise RuntimeError(f"stage {self.stage}: minibatch {k} needs version {v} but only {self.latest} "
                                "updates happened; the schedule runs its forward too early")
@@ -227,7 +234,7 @@ class DelayedVersions(VersionStore):
     _updating = False
 
     def _needed_epochs(self) -> set[int]:
-        lo = delayed_version(self._next_forward_minibatch(), self.delay)
+        lo = self._rule(self._next_forward_minibatch())
         keep = super()._needed_epochs()
         keep |= {e for e, v in self.epoch_version.items() if v >= lo}
         return keep
@@ -237,7 +244,7 @@ class DelayedVersions(VersionStore):
         self._updating = True
         try:
             self._release()
-            if self.latest >= delayed_version(self._next_forward_minibatch(), self.delay):
+            if self.latest >= self._rule(self._next_forward_minibatch()):
                 self._tensors(self.epoch)
             super().about_to_update()
         finally:
@@ -386,6 +393,21 @@ class HetPipePolicy(VersionStore):
         return super()._needed_epochs() | {self.epoch}
 
     pull_pending = False
+    #: called once after the next pull completes (the runtime checkpoints a drained wave's end there)
+    after_pull: Callable[[], None] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The local clock (waves pushed) and pulls so far; the weights are the module's.
+
+        A checkpoint is taken only right after a wave's pull at a drained point, where the anchor
+        equals the master weights (the runtime checks), so it is not saved separately.
+        """
+        return {"clock": self.latest // self.wave, "pulls": len(self.pulls)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume after a drained wave: the restored master weights are the last pull's (the anchor)."""
+        with torch.no_grad():
+            self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
 
     def updated(self) -> None:
         """New local version; at a wave's end push the wave's update, then pull the global weights.
@@ -419,6 +441,9 @@ class HetPipePolicy(VersionStore):
         self.pulls.append((self.latest // self.wave, g))
         self.pull_pending = False
         self._new_epoch(self.latest)
+        hook, self.after_pull = self.after_pull, None
+        if hook is not None:
+            hook()
 
     def weight_bytes(self) -> int:
         """Stashed versions and master, plus the anchor (the weights of the last pull)."""
@@ -433,7 +458,9 @@ def _delayed_factory(method: str) -> Callable[[dict[str, Any]], Callable[..., We
         d = int(sched.options["delay"]) if sched is not None and "delay" in sched.options \
             else delay_for(method, opts.get("versions"))
         M = int(opts.get("microbatches") or (sched.microbatches if sched is not None else 1))
-        return lambda params, stage, upcoming=(): DelayedVersions(params, stage, upcoming, delay=d, microbatches=M)
+        segs = sched.options.get("segments") if sched is not None else None
+        return lambda params, stage, upcoming=(): DelayedVersions(params, stage, upcoming, delay=d, microbatches=M,
+                                                                  segments=segs)
     return make
 
 

@@ -16,8 +16,17 @@ checkpoint as :func:`latest`, intact. :func:`load_worker` refuses a checkpoint w
 plan or method, and one whose file does not match the manifest's hash.
 
 What a worker saves is up to the runtime; by convention a dict with ``"stages"`` (stage index ->
-module state_dict), ``"optimizer"``, ``"versions"`` (the weight versions it holds), ``"step"``,
-``"data_position"``, ``"rng"`` and method-specific state (2BW buffers, PipeMare's delta).
+module state_dict, optimizer state, the weight policy's own state), ``"step"``, ``"data_position"``
+and ``"rng"``. The runtime saves only at drained points (:meth:`pipelab.runtime.worker.Worker.checkpoint_state`
+refuses otherwise): flushed methods after a minibatch, asynchronous ones at the end of a drained
+segment (:mod:`pipelab.schedules.segments`; the manifest's ``extra["drain_every"]`` records the
+segment length so that a resumed run keeps it). There every stage holds a single weight version
+(PipeDream's stash, 2BW's two buffers and buffered's K versions have collapsed to the master
+weights), so the policy state is only what outlives a drain: PipeMare's delta EMA and step count,
+HetPipe's wave clock. A HetPipe checkpoint (``D = 0``) is taken right after a wave's pull, where
+the parameter server's state is fully determined - global weights equal to every virtual worker's,
+all local clocks equal, nothing pending - so a resumed run rebuilds the server from the saved
+weights (:func:`global_weights`).
 """
 
 from __future__ import annotations
@@ -169,3 +178,27 @@ def load_worker(path: str | os.PathLike[str], rank: int, *, plan: Any, method: s
         raise ValueError(f"{f} holds rank {doc.get('rank')} step {doc.get('step')}, expected rank {rank} "
                          f"step {man['step']}")
     return dict(doc["state"])
+
+
+def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
+                   stage_ranks: Any) -> dict[int, dict[str, torch.Tensor]]:
+    """Per stage, the module weights every replica saved at the checkpoint at ``path``.
+
+    HetPipe's parameter server restarts from these: a HetPipe checkpoint is taken right after a
+    wave's pull at a drained point with ``D = 0``, where every virtual worker holds the server's
+    global weights and all local clocks are equal with nothing pending. Raises ``ValueError`` if
+    the replicas of a stage disagree (then the checkpoint is not such a cut).
+    """
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for s, ranks in enumerate(stage_ranks):
+        ref: dict[str, torch.Tensor] | None = None
+        for r in ranks:
+            st = load_worker(path, r, plan=plan, method=method)["stages"][s]["module"]
+            if ref is None:
+                ref = st
+            elif set(st) != set(ref) or not all(torch.equal(st[k], ref[k]) for k in ref):
+                raise ValueError(f"checkpoint {resolve(path)}: the replicas of stage {s} (workers {list(ranks)}) "
+                                 "saved different weights, so it is not a synchronized cut of the parameter server")
+        assert ref is not None
+        out[s] = ref
+    return out

@@ -34,6 +34,8 @@ from pipelab.runtime.weights import policy_for
 from pipelab.schedules.actions import Schedule
 
 BACKENDS = ("gloo", "nccl", "local")
+#: methods that never flush: checkpoints need drained segments (pipelab.schedules.segments)
+_ASYNC_METHODS = ("pipedream", "naive-async", "pipemare", "2bw", "buffered", "hetpipe")
 
 
 @dataclass
@@ -62,7 +64,7 @@ class Job:
 
     #: runtime options (see :mod:`pipelab.runtime.options`) the workers execute
     RUNTIME_SUPPORTED = ("compression", "recompute", "slowdown", "checkpoint_every", "checkpoint_dir",
-                         "checkpoint_keep", "resume")
+                         "checkpoint_keep", "resume", "coalesce_wgrad")
 
     @property
     def method(self) -> str:
@@ -247,30 +249,61 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     # resume=: continue from the checkpoint's step; the schedule covers the remaining minibatches
     start = 0
     the_method = method or (schedule.method if schedule is not None else "")
-    if the_method == "hetpipe" and (runtime_options.get("resume") or runtime_options.get("checkpoint_every")):
-        raise ValueError("checkpoints of hetpipe runs are not supported (the parameter server's clocks and "
-                         "pending updates are not saved); drop checkpoint_every=/resume=")
+    D = int(method_options.get("D", schedule.options.get("D", 0) if schedule is not None else 0))
+    if the_method == "hetpipe" and D and (runtime_options.get("resume") or runtime_options.get("checkpoint_every")):
+        # with D > 0 a virtual worker may pull and start the next segment before the others push
+        # their last wave, so no moment has every worker and the parameter server at one cut
+        raise ValueError(f"checkpoints of hetpipe runs need the staleness bound D=0 (got D={D}): with D > 0 "
+                         "the virtual workers are not synchronized at a segment's end, so there is no "
+                         "consistent state of the parameter server to save; use D=0 or drop "
+                         "checkpoint_every=/resume=")
+    # asynchronous methods drain every N minibatches so that checkpoints are consistent cuts (see
+    # pipelab.schedules.segments); a resumed run keeps the N it was checkpointed with
+    is_async = the_method in _ASYNC_METHODS
+    drain_every = runtime_options.get("checkpoint_every")
     if runtime_options.get("resume"):
         from pipelab.runtime.checkpoint import check_compatible
 
-        start = int(check_compatible(runtime_options["resume"], plan=plan, method=the_method)["step"])
+        manifest = check_compatible(runtime_options["resume"], plan=plan, method=the_method)
+        start = int(manifest["step"])
         if start >= steps:
             raise ValueError(f"the checkpoint at {runtime_options['resume']} is at step {start}, not before "
                              f"steps={steps}; pass a larger steps= to train further")
         steps -= start
+        if drain_every is None:
+            drain_every = manifest.get("extra", {}).get("drain_every")
 
     # the schedule: exactly what pl.schedules.build returns (or the caller's own)
     if schedule is None:
         if method is None:
             raise ValueError("pass method=... (e.g. '1f1b-flush') or a prebuilt schedule=")
         from pipelab import schedules as _schedules
+        if is_async and drain_every and "drain_every" not in method_options and "segments" not in method_options:
+            from pipelab.schedules.segments import aligned_sizes
+
+            method_options = {**method_options, "segments": aligned_sizes(start, steps, int(drain_every))}
         schedule = _schedules.build(method, plan, microbatches=microbatches, minibatches=steps, **method_options)
     elif method is not None and method != schedule.method:
         raise ValueError(f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them")
     if schedule.minibatches != steps:
         raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}"
                          + (f" (the steps left after resuming at step {start})" if start else ""))
+    every = runtime_options.get("checkpoint_every")
+    if is_async and every:
+        from pipelab.schedules.segments import boundaries
+
+        ends = set(boundaries(schedule)) if schedule.options.get("segments") else set()
+        missing = [k for k in range(1, steps + 1) if (start + k) % int(every) == 0 and k not in ends]
+        if missing:
+            raise ValueError(f"checkpoint_every={every}: the {schedule.method} schedule is not drained after "
+                             f"minibatch(es) {[start + k for k in missing[:5]]}, so a checkpoint there would not "
+                             f"be a consistent cut; build it with pl.schedules.build(..., drain_every={every}) "
+                             "or leave schedule= out")
     microbatches = schedule.microbatches
+    if runtime_options.get("coalesce_wgrad"):
+        from pipelab.runtime.coalesce import check_method
+
+        check_method(schedule.method, any(a.kind == "W" for acts in schedule.actions for a in acts))
     options = {**schedule.options, **method_options, **runtime_options}
     if start:
         options["resume_step"] = start

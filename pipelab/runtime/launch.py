@@ -269,6 +269,12 @@ class Run:
             gm = trace(job.model_fn(), **job.trace_kwargs)
         shards = {s: {n: p.detach().numpy() for n, p in StageModule(gm, *job.ranges[s]).named_parameters()}
                   for s in range(job.schedule.num_stages)}
+        if job.options.get("resume"):    # the server restarts from the checkpoint's global weights
+            from pipelab.runtime.checkpoint import global_weights
+
+            saved = global_weights(job.options["resume"], plan=job.plan, method=job.method,
+                                   stage_ranks=job.schedule.stage_ranks)
+            shards = {s: {n: saved[s][n].numpy() for n in shard} for s, shard in shards.items()}
         pairs = [ctx.Pipe() for _ in range(job.world_size)]
         self._wsp_result, res_w = ctx.Pipe(duplex=False)
         srv = ctx.Process(target=serve_process_main, daemon=True, name="pipelab-wsp-server",

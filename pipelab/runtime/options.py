@@ -1,4 +1,4 @@
-"""Runtime options of every pipelined method: compression, recomputation, slowdowns, checkpoints.
+"""Runtime options of every pipelined method: compression, recomputation, slowdowns, checkpoints, ...
 
 ``pl.train(..., compression="int8", recompute=True, slowdown={1: 2.0}, checkpoint_every=5,
 checkpoint_dir="ckpt", resume="ckpt")`` - these knobs change how the runtime executes a schedule,
@@ -13,15 +13,21 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
 * ``slowdown={worker: factor}``: after each compute action the worker sleeps ``(factor - 1)`` times
   the action's duration, emulating a device ``factor`` times slower (heterogeneous clusters on one
   machine).
+* ``coalesce_wgrad=True``: every ``nn.Linear`` defers its weight and bias gradients to the update,
+  where one GEMM over the minibatch's stacked microbatches (``G^T X``) replaces one per microbatch
+  (:mod:`pipelab.runtime.coalesce`; faster at small microbatches). Off by default: each Linear's
+  input and output gradient of every microbatch is held until the flush. Flushed methods only
+  (``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``, ``dp``); others are refused.
 * ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
   stages (weights, optimizer, weight versions, RNG) and the last writer seals the manifest
   (:mod:`pipelab.runtime.checkpoint`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
   continues a run from the newest complete checkpoint under ``path`` (or a given ``step-*`` folder)
   up to ``steps`` minibatches in all (``RunResult.losses`` then covers the resumed steps only).
-  Flushed methods resume to exactly the weights of an uninterrupted run; asynchronous ones refill
-  their pipeline from the saved weights (every minibatch still updates every stage once), so they
-  continue correctly but not bit-identically. HetPipe runs cannot be checkpointed (the parameter
-  server's state is not saved).
+  Every method resumes to exactly the weights of an uninterrupted run: asynchronous methods are
+  then scheduled as drained segments of ``N`` minibatches (:mod:`pipelab.schedules.segments`;
+  one pipeline fill and drain per ``N`` minibatches), so each checkpoint is a cut with nothing in
+  flight, and a resumed run keeps the manifest's ``N``. HetPipe checkpoints need ``D=0``: the cut
+  is right after a wave's pull, where every virtual worker holds the parameter server's weights.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from pipelab.runtime.compress import check_codec
 
 #: options the runtime consumes (never passed to the schedule builders)
 RUNTIME_OPTIONS = frozenset({"compression", "recompute", "slowdown", "checkpoint_every", "checkpoint_dir",
-                             "resume", "checkpoint_keep"})
+                             "resume", "checkpoint_keep", "coalesce_wgrad"})
 #: PipeMare's switches and hyperparameters (runtime-side too)
 PIPEMARE_OPTIONS = frozenset({"lr_reschedule", "discrepancy_correction", "warmup_steps", "decay",
                               "decay_from_delay"})
@@ -74,6 +80,9 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
             if not isinstance(w, int) or w < 0 or not isinstance(f, (int, float)) or not f >= 1.0:
                 raise ValueError(f"slowdown entry {w!r}: {f!r} must map a worker rank to a factor >= 1 "
                                  "(2.0 = twice as slow)")
+    cw = rt.get("coalesce_wgrad")
+    if cw is not None and not isinstance(cw, bool):
+        raise ValueError(f"coalesce_wgrad={cw!r} must be True or False")
     n = rt.get("checkpoint_every")
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:

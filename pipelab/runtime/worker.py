@@ -25,9 +25,13 @@ Semantics (the same in both executors):
   reproducible and the reference executor (which swaps the streams in) matches the processes.
 * Runtime options (:mod:`pipelab.runtime.options`): ``compression`` encodes every message that
   crosses a cut, ``recompute`` keeps only stage inputs and recomputes in backward, ``slowdown``
-  sleeps after each action to emulate a slower device; ``checkpoint_every``/``checkpoint_dir``
-  save every worker's state after each N-th minibatch's last ``U`` (:meth:`Worker.maybe_checkpoint`)
-  and ``resume`` restores it (:meth:`Worker.restore`); the data restart at the checkpoint's step.
+  sleeps after each action to emulate a slower device, ``coalesce_wgrad`` defers every Linear's
+  weight gradient to one GEMM over the minibatch's microbatches at ``U`` (flushed methods only,
+  :mod:`pipelab.runtime.coalesce`); ``checkpoint_every``/``checkpoint_dir``
+  save every worker's state after each N-th minibatch's last ``U``, at a drained point (asynchronous
+  schedules are built as drained segments, :mod:`pipelab.schedules.segments`;
+  :meth:`Worker.maybe_checkpoint`), and ``resume`` restores it (:meth:`Worker.restore`); the data
+  restart at the checkpoint's step.
 * HetPipe: each stage's policy pushes/pulls through a WSP parameter server (:mod:`pipelab.runtime.wsp`),
   a separate process here, in-process shards in the reference executor.
 """
@@ -201,6 +205,13 @@ class Worker:
         if self.codec in (None, "none"):
             self.codec = None
         self.recompute = bool(job.options.get("recompute", False))
+        # coalesce_wgrad: Linears defer their weight gradients to one GEMM at U (pipelab.runtime.coalesce)
+        self.coalescers: dict[int, Any] = {}
+        if job.options.get("coalesce_wgrad"):
+            from pipelab.runtime.coalesce import check_method, install
+
+            check_method(sched.method, any(a.kind == "W" for a in self.actions))
+            self.coalescers = {s: install(st.module) for s, st in self.stages.items()}
         self._recvs = [self._needs(a) for a in self.actions]
         self._retire = self._retire_plan()
         self.u_pair, self.u_divisor = self._update_facts()
@@ -213,21 +224,37 @@ class Worker:
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
-        """This worker's state: per stage weights, optimizer, policy state and versions held; its RNG."""
+        """This worker's state at a drained point: per stage weights, optimizer, policy state; its RNG.
+
+        Checkpoints are taken only where nothing is in flight on this worker (after a flushed
+        method's minibatch, or an asynchronous schedule's drained segment, see
+        :mod:`pipelab.schedules.segments`): every policy then holds one weight version, the master
+        weights saved here, so restoring them and the policy's own state (PipeMare's delta and step
+        count, HetPipe's anchor) resumes every method exactly. Raises ``RuntimeError`` otherwise.
+        """
         stages: dict[int, Any] = {}
         for s, st in self.stages.items():
-            stash = getattr(st.policy, "stash", {})
+            busy = sorted(set(st.policy.in_flight) | set(st.pending))
+            if busy or st.policy.held != 1:
+                raise RuntimeError(f"worker {self.rank} stage {s}: checkpoint requested while microbatches {busy} "
+                                   f"are in flight ({st.policy.held} weight versions held); checkpoints need a "
+                                   "drained pipeline (asynchronous schedules: build with drain_every=N)")
+            anchor = getattr(st.policy, "anchor", None)     # HetPipe: the weights of the last pull
+            if anchor is not None and (getattr(st.policy, "pull_pending", False) or not all(
+                    torch.equal(anchor[n], p.detach()) for n, p in st.params.items())):
+                raise RuntimeError(f"worker {self.rank} stage {s}: HetPipe checkpoint requested between a wave's "
+                                   "push and its pull; the saved weights must be the parameter server's")
             stages[s] = {"module": {k: v.detach().cpu().clone() for k, v in st.module.state_dict().items()},
                          "optimizer": st.optimizer.state_dict() if st.optimizer is not None else None,
-                         "policy": st.policy.state_dict(), "version": st.policy.latest,
-                         # the versions held now, for the record; a resumed asynchronous pipeline
-                         # refills from the saved master weights (only flushed methods resume exactly)
-                         "stash": {int(k): {n: t.detach().cpu().clone() for n, t in v.items()}
-                                   for k, v in stash.items()}}
+                         "policy": st.policy.state_dict(), "version": st.policy.latest}
         return {"stages": stages, "rng": torch.get_rng_state()}
 
     def restore(self, path: Any) -> None:
-        """Load this worker's state from the checkpoint at ``path`` (plan and method are checked)."""
+        """Load this worker's state from the checkpoint at ``path`` (plan and method are checked).
+
+        The schedule of a resumed run numbers its minibatches and weight versions from 0 again;
+        the data restart at the checkpoint's step (``Feed`` adds ``resume_step``).
+        """
         from pipelab.runtime.checkpoint import load_worker
 
         state = load_worker(path, self.rank, plan=self.job.plan, method=self.job.schedule.method)
@@ -235,33 +262,89 @@ class Worker:
             saved = state["stages"].get(s)
             if saved is None:
                 raise ValueError(f"the checkpoint at {path} has no stage {s} for worker {self.rank}")
-            st.module.load_state_dict(saved["module"])
+            st.module.load_state_dict(saved["module"])    # in place: stashed aliases see the weights
             if st.optimizer is not None and saved["optimizer"] is not None:
                 st.optimizer.load_state_dict(saved["optimizer"])
             st.policy.load_state_dict(saved["policy"])
         self.rng_state = state["rng"]
 
+    def _checkpoint_points(self) -> dict[int, int]:
+        """Action index -> run step (minibatches done) of every checkpoint this worker takes.
+
+        Flushed methods: the last ``U`` of minibatch ``k`` on this worker, step ``start + k + 1``.
+        Drained asynchronous schedules: this worker's last action (an update) of every segment,
+        step ``start +`` the segment's end. Only steps that are multiples of ``checkpoint_every``.
+        """
+        cached: dict[int, int] | None = getattr(self, "_ckpt_points", None)
+        if cached is not None:
+            return cached
+        every = int(self.job.options.get("checkpoint_every") or 0)
+        sched = self.job.schedule
+        start = int(self.job.options.get("resume_step", 0))
+        ends: list[int] = []
+        if every and sched.options.get("segments"):
+            from pipelab.schedules.segments import boundaries
+
+            ends = boundaries(sched)
+        last: dict[int, int] = {}    # step -> index of this worker's last action before it
+        M = sched.microbatches
+        for i, a in enumerate(self.actions):
+            k = a.microbatch if a.kind == "U" else a.microbatch // M
+            if ends:
+                step = next(e for e in ends if k < e)     # the end of k's segment
+            else:
+                step = k + 1 if a.kind == "U" else -1
+            if every and step > 0 and (start + step) % every == 0:
+                last[start + step] = i
+        points = {i: step for step, i in last.items()}
+        self._ckpt_points = points
+        return points
+
     def maybe_checkpoint(self, i: int) -> None:
-        """After update ``i``: save when it closes minibatch ``k`` with ``(k + 1) % checkpoint_every == 0``."""
-        every = self.job.options.get("checkpoint_every")
-        a = self.actions[i]
-        if not every or self._last_u.get(a.microbatch) != i:
+        """After update ``i``: save if it is this worker's last action before a checkpoint step.
+
+        HetPipe: the save waits for the wave's pull (immediate in a worker process; in the
+        reference executor the pull completes once every virtual worker has pushed), so that the
+        saved weights are the parameter server's global weights at the cut.
+        """
+        if not self.job.options.get("checkpoint_every"):
             return
-        step = self.start_step + a.microbatch + 1
-        if step % int(every):
+        step = self._checkpoint_points().get(i)
+        if step is None:
             return
+        rng = torch.get_rng_state()     # this worker's stream (the reference executor swaps it in)
+        waiting = [st.policy for st in self.stages.values() if getattr(st.policy, "pull_pending", False)]
+        if not waiting:
+            self._save_checkpoint(step, rng)
+            return
+
+        def pulled() -> None:
+            if not any(getattr(p, "pull_pending", False) for p in waiting):
+                self._save_checkpoint(step, rng)
+        for p in waiting:
+            p.after_pull = pulled  # type: ignore[attr-defined]
+
+    def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
+        """Write this worker's file of checkpoint ``step``; the last worker to write seals it.
+
+        The manifest records ``drain_every`` so that a resumed asynchronous run keeps the same
+        drained segments (and so the same trajectory).
+        """
         from pipelab.runtime import checkpoint as ckpt
 
         root = self.job.options["checkpoint_dir"]
         plan, method = self.job.plan, self.job.schedule.method
         state = self.checkpoint_state()
+        state["rng"] = rng
         state["step"] = state["data_position"] = step     # minibatches consumed; data() resumes there
         ckpt.save_worker(root, step, self.rank, state, plan=plan, method=method)
         # the last worker to write its file seals the checkpoint (two doing it write the same manifest)
         d = ckpt.step_dir(root, step)
         if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
+            every = int(self.job.options["checkpoint_every"])
+            extra = {"drain_every": every} if self.job.schedule.options.get("segments") else {}
             ckpt.write_manifest(root, step, plan=plan, method=method, num_workers=self.job.world_size,
-                                keep=self.job.options.get("checkpoint_keep", 2))
+                                extra=extra, keep=self.job.options.get("checkpoint_keep", 2))
 
     def attach_wsp(self, make_endpoint: Callable[[int, int], Any]) -> None:
         """HetPipe: connect each hosted stage's policy to the parameter server (``make_endpoint(stage, vw)``)."""
@@ -558,6 +641,8 @@ class Worker:
         a = self.actions[i]
         self.current = a
         st = self.stages[a.stage]
+        if a.stage in self.coalescers:    # the minibatch's deferred weight gradients, before any all-reduce
+            self.coalescers[a.stage].flush()
         params = [p for p in st.params.values() if p.requires_grad]
         for p in params:
             if p.grad is None:

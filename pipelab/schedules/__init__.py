@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from pipelab.partition.plan import Plan
-from pipelab.schedules import async_, sync
+from pipelab.schedules import async_, segments, sync
 from pipelab.schedules import hetpipe as _hetpipe
 from pipelab.schedules._common import ScheduleError, in_flight, resolve_plan
 from pipelab.schedules.actions import Action, Schedule
@@ -61,12 +61,24 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     required; with an int P the plan gets ``chunks * P`` virtual stages), ``vertical_sync`` (pipedream),
     ``extra_in_flight`` (pipedream, naive-async, pipemare: rounds of minibatches admitted beyond NOAM),
     ``versions`` (buffered, K >= 2), ``D`` (hetpipe staleness bound).
+
+    ``drain_every=N`` (every method): asynchronous methods are built as consecutive complete
+    schedules of ``N`` minibatches (fill, steady state, drain; :mod:`pipelab.schedules.segments`),
+    so that the pipeline is empty after every ``N``-th minibatch and a checkpoint there resumes
+    exactly. The price is one fill and one drain per ``N`` minibatches. ``segments=[n0, n1, ...]``
+    gives the segment lengths instead (summing to ``minibatches``). Synchronous methods already
+    drain after every minibatch, so for them both change nothing.
     """
     if method not in METHODS:
         raise ScheduleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    options = dict(options)
+    drain_every = options.pop("drain_every", None)
+    seg_sizes = options.pop("segments", None)
+    if drain_every is not None and seg_sizes is not None:
+        raise ScheduleError("pass drain_every=N or segments=[n0, n1, ...], not both")
     bad = set(options) - _OPTIONS.get(method, set())
     if bad:
-        allowed = sorted(_OPTIONS.get(method, set())) or "none"
+        allowed = sorted(_OPTIONS.get(method, set())) + ["drain_every", "segments"]
         raise ScheduleError(f"method {method!r} takes no option(s) {sorted(bad)}; its options: {allowed}")
     if method == "interleaved-1f1b":
         if "chunks" not in options:
@@ -106,6 +118,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
         raise ScheduleError(f"{method} on plan {p.config!r} all-reduces replicas' k-th updates, so every replica "
                             f"needs as many minibatches: use minibatches a multiple of {step} (got {K})")
 
+    if (drain_every is not None or seg_sizes is not None) and not sync_method:
+        return _drained(method, p, M, K, drain_every, seg_sizes, step, options)
     if method == "dp":
         return sync.dp(p, M, K)
     if method == "gpipe":
@@ -127,6 +141,28 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
             raise ScheduleError(f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}")
         return async_.coalesced(p, "buffered", M, K, delay=kv - 1)
     return _hetpipe.hetpipe(p, K, D=int(options.get("D", 0)))
+
+
+def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step: int,
+             options: dict[str, Any]) -> Schedule:
+    """``method``'s schedule as drained segments of ``every`` minibatches, or of the lengths ``sizes``."""
+    if sizes is None:
+        sizes = segments.split_sizes(K, every)
+    elif not (isinstance(sizes, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                         for n in sizes) and sum(sizes) == K):
+        raise ScheduleError(f"segments={sizes!r} must be a list of ints >= 1 summing to minibatches={K}")
+    unit = step
+    what = "all-reduces replicas' k-th updates"
+    if method == "hetpipe":
+        # every virtual worker must end each segment on a full wave (push and pull done)
+        unit = p.replicas[0] * p.num_stages
+        what = f"synchronizes its {p.replicas[0]} virtual workers every wave of {p.num_stages} minibatches"
+    if any(n % unit for n in sizes):
+        raise ScheduleError(f"{method} on plan {p.config!r} {what}, so every drained segment needs a multiple of "
+                            f"{unit} minibatches: use drain_every and minibatches multiples of {unit} (got "
+                            f"drain_every={every}, minibatches={K})")
+    mb = None if method in _PER_MINIBATCH else M
+    return segments.concat_built(lambda n: build(method, p, microbatches=mb, minibatches=n, **options), sizes)
 
 
 __all__ = ["Action", "METHODS", "Schedule", "ScheduleError", "build", "validate"]

@@ -110,8 +110,23 @@ def insert_minibatch_updates(acts: Sequence[Action], local: dict[int, list[int]]
     return out
 
 
+def delayed_rule(minibatch: int, delay: int, segments: Sequence[int] | None = None) -> int:
+    """Version minibatch ``k`` reads under the delayed rule: ``max(k0, k - delay)``.
+
+    ``k0`` is the first minibatch of ``k``'s drained segment (0 without ``segments``, see
+    :mod:`pipelab.schedules.segments`): after a drain the pipeline restarts like a fresh one, from
+    the version the drain left (one update per minibatch, so version ``k0``).
+    """
+    start = 0
+    for s in segments or ():
+        if minibatch < start + int(s):
+            break
+        start += int(s)
+    return max(start, minibatch - delay)
+
+
 def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks: Sequence[Sequence[int]],
-                    M: int, delay: int = 0) -> tuple[tuple[int, ...], ...]:
+                    M: int, delay: int = 0, segments: Sequence[int] | None = None) -> tuple[tuple[int, ...], ...]:
     """The weight version each action reads (F, B, W) or produces (U), by rule.
 
     - ``"stash"`` (PipeDream, SOSP'19 §3.3 weight stashing): ``F`` reads the latest version on
@@ -122,7 +137,9 @@ def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks:
       they run.
     - ``"delay"`` (2BW with ``delay=1``, ``buffered`` K with ``delay=K-1``): all actions of minibatch
       ``k`` read version ``max(0, k - delay)``, the same on every stage. 2BW's update
-      W(t+1) = W(t) - nu * grad f(W(t-1)) (Narayanan et al., ICML'21, §3) is ``delay=1``.
+      W(t+1) = W(t) - nu * grad f(W(t-1)) (Narayanan et al., ICML'21, §3) is ``delay=1``. With
+      drained ``segments`` (minibatch counts) a segment restarts from the version its start left:
+      ``max(k0, k - delay)`` (:func:`delayed_rule`).
     - ``"single"``: everything reads version 0 except that ``U`` still counts (sync methods).
 
     ``U`` always produces the number of ``U``'s of that stage so far on the worker.
@@ -146,7 +163,7 @@ def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks:
             elif rule == "latest":
                 v = cur
             elif rule == "delay":
-                v = max(0, a.microbatch // M - delay)
+                v = delayed_rule(a.microbatch // M, delay, segments)
             elif a.kind == "F":
                 if rule == "vertical" and a.stage != 0:
                     v = input_version.get(a.microbatch, cur)

@@ -12,7 +12,9 @@ rule broken and prints the schedule grid with the failing step in brackets. Chec
 3. versions: single-version (sync) methods read weights only after the previous minibatch's ``U``
    (a flush); multi-version schedules never read a version not yet produced on that worker, and
    match the method's rule (:func:`pipelab.schedules._common.assign_versions`);
-4. deadlock freedom: the schedule runs to the end in the simulator with unit costs (blocking
+4. drained segments (``options["segments"]``, :mod:`pipelab.schedules.segments`): no worker
+   overlaps two segments and each ends a segment with an update (a consistent cut);
+5. deadlock freedom: the schedule runs to the end in the simulator with unit costs (blocking
    actions, asynchronous sends); otherwise the stuck steps are reported.
 """
 
@@ -37,7 +39,19 @@ def validate(schedule: Schedule) -> None:
     _structure(schedule)
     _order(schedule)
     _versions(schedule)
+    _segments(schedule)
     _deadlock(schedule)
+
+
+def _segments(sch: Schedule) -> None:
+    if not sch.options.get("segments"):
+        return
+    from pipelab.schedules.segments import check_drained
+
+    try:
+        check_drained(sch)
+    except ScheduleError as exc:
+        raise _fail(sch, f"drained segments: {exc}", None) from None
 
 
 def _structure(sch: Schedule) -> None:
@@ -154,7 +168,8 @@ def _versions(sch: Schedule) -> None:
                                  f"{a.stage} exist on this worker at that point", (w, i))
     rule = str(sch.options.get("weights", ""))
     if rule in ("stash", "vertical", "latest", "delay"):
-        expect = assign_versions(rule, sch.actions, sch.stage_ranks, M, int(sch.options.get("delay", 0)))
+        expect = assign_versions(rule, sch.actions, sch.stage_ranks, M, int(sch.options.get("delay", 0)),
+                                 sch.options.get("segments"))
         for w, (got, exp) in enumerate(zip(sch.versions, expect)):
             for i, (g, e) in enumerate(zip(got, exp)):
                 if g != e:

@@ -17,11 +17,25 @@ Assumptions (stated once, used everywhere):
   (Patarasuk & Yuan's bandwidth-optimal ring), summed over levels. Where a sub-block has several
   uplinks (``Level.uplinks``) the participating GPUs of that sub-block drive them in parallel.
   Gradients are not compressed (compression applies to activations/gradients across cuts only).
-* Gradient all-reduce overlaps the backward pass the way DDP does: layer ``l``'s gradient can be
-  reduced as soon as its backward finishes, one reduction at a time, in backward order. The finish
-  time of one replica's minibatch is then ``F + max_l [B(l..end) + kappa * P(start..l)]``: all of the
-  all-reduce hides behind backward except what cannot start before the last (earliest) layers'
-  gradients exist (:meth:`CostModel.replica_time_s`).
+* Gradient all-reduce of a replicated stage, ``allreduce_overlap`` (:data:`ALLREDUCE_OVERLAP`):
+
+  - ``"ddp"`` (default): it overlaps the backward pass the way PyTorch DDP does: layer ``l``'s
+    gradient can be reduced as soon as its backward finishes, one reduction at a time, in backward
+    order. The finish time of one replica's minibatch is then
+    ``F + max_l [B(l..end) + kappa * P(start..l)]``: all of the all-reduce hides behind backward
+    except what cannot start before the last (earliest) layers' gradients exist;
+  - ``"none"``: one all-reduce of all the stage's gradients after the minibatch's backward is
+    complete, ``F + B + kappa * P(start..end) + fixed``. This is what pipelab's own runtime does
+    (its ``U`` action flattens every gradient and all-reduces them in one call), so a model of a
+    pipelab run uses it (:func:`pipelab.reproduce.measure.measure_row`).
+
+  Both in :meth:`CostModel.replica_time_s` (and its matrix form) and in the simulator.
+* ``allreduce_bandwidth`` (bytes/s, default None: each level's ``bandwidth``) is what one link
+  carries inside the ring all-reduce when that differs from a point-to-point transfer: on one
+  CPU, gloo's loopback "links" are memory copies by the same cores, and an all-reduce, where every
+  process sends and receives at once and also sums, moves data slower than a ping-pong (measure
+  mode measures both, :func:`pipelab.reproduce.measure.gloo_loopback`). It replaces the bandwidth
+  of every level in the ring formula above (meant for flat clusters).
 * Ports (:meth:`CostModel.ports`): a transfer crossing level ``k`` occupies the sender's egress and
   the receiver's ingress port at that level, owned by their level-``k-1`` blocks (a GPU's PCIe/NVLink
   port inside a server, the server's NIC across servers; ``Level.uplinks`` links per port). Transfers
@@ -45,6 +59,10 @@ if TYPE_CHECKING:
     from pipelab.profile.records import Profile
 
 HBM_BYTES_PER_S = 900e9   # NVIDIA V100 data sheet: 900 GB/s HBM2
+
+#: how a replicated stage's gradient all-reduce meets its backward pass (see the module docstring):
+#: ``"ddp"`` layer by layer behind backward, ``"none"`` all of it after backward
+ALLREDUCE_OVERLAP = ("ddp", "none")
 
 # optimizer state bytes per parameter byte (momentum buffer; Adam's two moments)
 OPTIMIZER_STATE: dict[str, int] = {"sgd": 0, "sgd-momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}
@@ -90,6 +108,8 @@ class CostModel:
     cluster: Cluster
     compression_ratio: float = 1.0
     optimizer: str = "sgd-momentum"
+    allreduce_overlap: str = "ddp"
+    allreduce_bandwidth: float | None = None
     # prefix sums over layers (index i = total of layers [0, i)), filled in __post_init__
     pf: np.ndarray = field(init=False, repr=False, compare=False)
     pb: np.ndarray = field(init=False, repr=False, compare=False)
@@ -104,6 +124,15 @@ class CostModel:
                              f"(2.0 for fp16 activations, 4.0 for int8)")
         if self.optimizer not in OPTIMIZER_STATE:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZER_STATE)}")
+        if self.allreduce_overlap not in ALLREDUCE_OVERLAP:
+            raise ValueError(f"allreduce_overlap={self.allreduce_overlap!r} is not one of {ALLREDUCE_OVERLAP}: "
+                             f"'ddp' overlaps the all-reduce with backward layer by layer (PyTorch DDP), "
+                             f"'none' all-reduces after backward (pipelab's runtime)")
+        if self.allreduce_bandwidth is not None and not (
+                isinstance(self.allreduce_bandwidth, (int, float)) and math.isfinite(self.allreduce_bandwidth)
+                and self.allreduce_bandwidth > 0):
+            raise ValueError(f"allreduce_bandwidth={self.allreduce_bandwidth!r} must be None (the links' "
+                             f"bandwidth) or a finite number of bytes/s > 0")
         layers = self.profile.layers
         f = np.array([layer.fwd_s for layer in layers], dtype=np.float64)
         b = np.array([layer.bwd_s for layer in layers], dtype=np.float64)
@@ -349,7 +378,8 @@ class CostModel:
 
     # ------------------------------------------------------------------ all-reduce
     def allreduce_coeffs(self, workers: Sequence[int]) -> tuple[float, float]:
-        """``(seconds per byte, fixed seconds)`` of a hierarchical ring all-reduce over ``workers``."""
+        """``(seconds per byte, fixed seconds)`` of a hierarchical ring all-reduce over ``workers``
+        (at ``allreduce_bandwidth`` per link where it is set)."""
         ws = sorted(set(int(w) for w in workers))
         for w in ws:
             self.cluster.speed(w)
@@ -367,7 +397,8 @@ class CostModel:
             if p <= 1:
                 continue
             links = min(lv.uplinks, max(members.values()))
-            per_byte += 2.0 * (p - 1) / p / (lv.bandwidth * links)
+            bw = lv.bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+            per_byte += 2.0 * (p - 1) / p / (bw * links)
             fixed += 2.0 * (p - 1) * lv.latency
         return per_byte, fixed
 
@@ -380,10 +411,13 @@ class CostModel:
     def replica_time_s(self, start: int, end: int, workers: Sequence[int], microbatches: int = 1) -> float:
         """Seconds one replica of ``[start, end)`` needs for a minibatch, all-reduce over ``workers``.
 
-        Backward runs from layer ``end-1`` down to ``start``; layer ``l``'s gradient is all-reduced
-        when its backward is done and the previous reduction has finished (DDP-style overlap), so
-        ``T = F + max_l [B(l..end) + kappa * P(start..l]] + fixed``. Replicas run at the slowest
-        one's speed (they wait for each other in the all-reduce).
+        Backward runs from layer ``end-1`` down to ``start``. With ``allreduce_overlap="ddp"`` layer
+        ``l``'s gradient is all-reduced when its backward is done and the previous reduction has
+        finished, so ``T = F + max_l [B(l..end) + kappa * P(start..l]] + fixed``; with ``"none"``
+        the stage's gradients are all-reduced in one call after backward,
+        ``T = F + B + kappa * P(start..end) + fixed``. Replicas run at the slowest one's speed (they
+        wait for each other in the all-reduce). ``microbatches`` is accepted for the callers that
+        price a minibatch of several microbatches; the time is the whole minibatch's either way.
         """
         self._range(start, end)
         ws = list(workers)
@@ -394,6 +428,9 @@ class CostModel:
         f = (self.pf[end] - self.pf[start]) / speed
         if kappa == 0.0:
             return float(f + (self.pb[end] - self.pb[start]) / speed)
+        if self.allreduce_overlap == "none":
+            return float(f + (self.pb[end] - self.pb[start]) / speed
+                         + self.allreduce_s(int(self.pp[end] - self.pp[start]), ws))
         ls = np.arange(start, end)
         tail = (self.pb[end] - self.pb[ls]) / speed + kappa * (self.pp[ls + 1] - self.pp[start])
         return float(f + tail.max() + (fixed if self.pp[end] > self.pp[start] else 0.0))
@@ -402,8 +439,9 @@ class CostModel:
         """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges at once (``inf`` where ``j <= i``).
 
         Vectorised: ``max_l`` over ``[i, j)`` is a running maximum along each row of a triangular
-        matrix, one ``np.maximum.accumulate`` call. ``transpose=True`` returns ``T.T`` (rows ``j``),
-        contiguous for reductions over ``i``.
+        matrix, one ``np.maximum.accumulate`` call (``allreduce_overlap="ddp"``; with ``"none"`` it
+        is ``F + B + kappa * P + fixed`` of the range). ``transpose=True`` returns ``T.T`` (rows
+        ``j``), contiguous for reductions over ``i``.
         """
         n = self.num_layers
         pf, pb, pp = self.pf / speed, self.pb / speed, self.pp
@@ -411,6 +449,9 @@ class CostModel:
         j = np.arange(n + 1)[None, :]
         if kappa == 0.0:
             out = (pf + pb)[None, :] - (pf + pb)[:, None]
+        elif self.allreduce_overlap == "none":
+            out = (pf + pb + kappa * pp)[None, :] - (pf + pb + kappa * pp)[:, None]
+            out += np.where(pp[None, :] > pp[:, None], fixed, 0.0)
         else:
             g = kappa * pp[1:] - pb[:-1]          # g[l] = kappa * P[0..l] - B[0..l)
             run = np.where(j[:, 1:] > i, g[None, :], -np.inf)   # [i, l], l < n

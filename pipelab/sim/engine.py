@@ -11,9 +11,9 @@ transfer passes its channels in order, cut-through (the switch between them buff
 Completions are processed in time order (a heap), so channels are claimed in time order.
 
 A ``U`` of a replicated stage (``schedule.options["allreduce"]``) waits for the matching ``U`` of
-every replica (their ``k``-th ``U``'s pair up). The gradient all-reduce overlaps the backward:
-the costs give a *tail*, the seconds from the start of a replica's last gradient action of the
-stage to the reduced gradient being ready (see :class:`Costs.allreduce`).
+every replica (their ``k``-th ``U``'s pair up). The gradient all-reduce may overlap the backward
+or follow it, as the costs decide: they give a *tail*, the seconds from the start of a replica's
+last gradient action of the stage to the reduced gradient being ready (see :class:`Costs.allreduce`).
 
 Deadlock: if no worker can advance, :class:`Deadlock` lists every stuck worker's next step and what
 it waits for.

@@ -13,8 +13,10 @@ The simulator executes the very :class:`~pipelab.schedules.Schedule` that the ru
   sender's egress and the receiver's ingress port at the level it crosses (``CostModel.ports``: a
   GPU's port inside a server, the server's NIC across servers, ``Level.uplinks`` links each), one
   transfer per link at a time, cut-through (the switch buffers between the two ports);
-- all-reduce of replicated stages: DDP-style overlap with the last backward (same formula as
-  ``CostModel.replica_time_s``), one at a time per stage.
+- all-reduce of replicated stages, one at a time per stage, as ``CostModel.allreduce_overlap`` says
+  (same formulas as ``CostModel.replica_time_s``): ``"ddp"`` (default) overlaps it layer by layer
+  with the last backward; ``"none"`` starts it once the last gradient action is done, as pipelab's
+  runtime does (``pl.simulate(..., allreduce_overlap="none")`` to model a pipelab run).
 
 Memory per worker over time: weights + one gradient buffer + optimizer state per hosted stage,
 plus one extra weight copy per additional version alive (stashing), plus the activations of every
@@ -144,7 +146,9 @@ class ProfileCosts(Costs):
         return self.model.port_slots(channel) if isinstance(channel, tuple) else 1
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
-        """See :meth:`Costs.allreduce`: tail = max_l [B(l..end) + kappa * P(start..l)] + fixed."""
+        """See :meth:`Costs.allreduce`: tail = max_l [B(l..end) + kappa * P(start..l)] + fixed with
+        ``allreduce_overlap="ddp"`` (``B`` of one microbatch: the last gradient action's), and
+        ``grad_s + kappa * P(start..end) + fixed`` with ``"none"`` (all-reduce after backward)."""
         a, e = self.ranges[stage]
         cm = self.model
         nbytes = cm.param_bytes(a, e)
@@ -152,6 +156,9 @@ class ProfileCosts(Costs):
         kappa, fixed = cm.allreduce_coeffs(phys)
         if kappa == 0.0 or nbytes == 0:
             return grad_s, 0.0, nbytes
+        if cm.allreduce_overlap == "none":
+            comm = cm.allreduce_s(nbytes, phys)
+            return grad_s + comm, comm, nbytes
         speed = min(cm.cluster.speed(w) for w in phys) * self.M
         tail = max((cm.pb[e] - cm.pb[ly]) / speed + kappa * (cm.pp[ly + 1] - cm.pp[a]) for ly in range(a, e))
         return max(grad_s, float(tail) + fixed), cm.allreduce_s(nbytes, phys), nbytes
@@ -273,13 +280,18 @@ def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
 def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str = "pipedream", *,
              microbatches: int | None = None, minibatches: int | None = None, compression_ratio: float = 1.0,
              optimizer: str = "sgd-momentum", memory_bandwidth: float = HBM_BYTES_PER_S,
+             allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
              schedule: Schedule | None = None, **options: Any) -> SimResult:
     """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
 
     ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan). For
     ``interleaved-1f1b`` (``chunks=v``) a plan with ``P`` stages is re-split into ``v * P`` virtual
     stages of balanced compute. ``schedule`` overrides the built schedule (a custom order from
-    ``Schedule.from_csv``). Returns a :class:`SimResult`.
+    ``Schedule.from_csv``). ``allreduce_overlap`` is how a replicated stage's gradient all-reduce
+    meets backward (:class:`~pipelab.sim.costs.CostModel`): ``"ddp"`` (default) layer by layer
+    behind it, ``"none"`` after it, as pipelab's runtime does; ``allreduce_bandwidth`` (bytes/s)
+    the links' bandwidth inside an all-reduce where it differs from point-to-point (None: the
+    cluster's). Returns a :class:`SimResult`.
     """
     from pipelab.schedules import build
     from pipelab.schedules._common import ScheduleError
@@ -309,7 +321,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     if max(phys or [0]) >= cluster.num_workers:
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
     is_dp = sch.method == "dp"
-    cm = CostModel(profile, cluster, compression_ratio=compression_ratio, optimizer=optimizer)
+    cm = CostModel(profile, cluster, compression_ratio=compression_ratio, optimizer=optimizer,
+                   allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys)
     mem: dict[int, tuple[int, int, int]] = {}
