@@ -171,3 +171,19 @@ def test_partition_allreduce_overlap():
         assert straight.speedup_over_dp == pytest.approx(dp_ms / 3e-3)
     with pytest.raises(ValueError, match="allreduce_overlap"):
         partition(p, cl, method="dp", allreduce_overlap="DDP!")
+
+
+def test_allreduce_bandwidth_replaces_the_links_in_the_ring_only():
+    """A measured all-reduce bandwidth (half the links' here) doubles the ring's per-byte term and
+    leaves point-to-point transfers and the latency term as they are."""
+    p = _overlap_prof()
+    cl = Cluster.flat(4, bandwidth=1e9, latency=1e-4)
+    base, slow = CostModel(p, cl), CostModel(p, cl, allreduce_bandwidth=0.5e9, allreduce_overlap="none")
+    nb = 6 * 10**6
+    assert base.allreduce_s(nb, range(4)) == pytest.approx(2 * 3 / 4 * nb / 1e9 + 6e-4)
+    assert slow.allreduce_s(nb, range(4)) == pytest.approx(2 * 3 / 4 * nb / 0.5e9 + 6e-4)
+    assert slow.transfer_s(10**6, 0, 1) == base.transfer_s(10**6, 0, 1)
+    assert slow.replica_time_s(0, 3, range(4)) == pytest.approx(18e-3 + 2 * 3 / 4 * nb / 0.5e9 + 6e-4)
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="allreduce_bandwidth"):
+            CostModel(p, cl, allreduce_bandwidth=bad)

@@ -86,6 +86,21 @@ def test_table1_row_error_and_shape() -> None:
     assert "sim. × over DP, no overlap" in md and "-43%" in md
 
 
+def test_steady_throughput_typical_and_mean() -> None:
+    """Completions at 0, 1, 2, 3, 10, 11, 12 s (a 6 s stall), warm-up 1: the typical interval is 1 s
+    (8 samples/s at 8 per minibatch), the mean rate 5 minibatches in 11 s."""
+    from types import SimpleNamespace
+
+    from pipelab.reproduce.measure import _steady_throughput
+
+    ends = [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0]
+    evs = [SimpleNamespace(kind="U", microbatch=k, end_s=t) for k, t in enumerate(ends)]
+    evs.append(SimpleNamespace(kind="U", microbatch=4, end_s=9.5))   # the other replica's update: max counts
+    run = SimpleNamespace(trace=SimpleNamespace(compute_events=lambda: evs), throughput=-1.0)
+    assert _steady_throughput(run, 8, 1, typical=True) == pytest.approx(8.0)
+    assert _steady_throughput(run, 8, 1) == pytest.approx(5 * 8 / 11)
+
+
 def test_gloo_loopback_needs_two_workers() -> None:
     with pytest.raises(ValueError, match="workers=1"):
         rp.gloo_loopback(1)

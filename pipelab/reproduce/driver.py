@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      extra={"gantt_minibatches": 3} if quick else None)
     if "measure" in parts:
         mparams = {"model": "vgg16", "cluster": "pipedream-a", "servers": 4, "gpus_per_server": 4, "mode": "measure",
-                   "measure_workers": 2, "measure_steps": 16, "measure_rounds": 3, "report": True, "minibatches": 16}
+                   "measure_workers": 2, "measure_steps": 32, "measure_rounds": 7, "report": True, "minibatches": 16}
         if quick:
             mparams.update(measure_steps=3, measure_warmup=1, measure_batch=8, measure_width=0.0625, minibatches=8,
                            gantt_minibatches=2, measure_rounds=1)

@@ -58,7 +58,7 @@ class CoalescedLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             # rows x features views: the flush stacks the rows of every microbatch into one GEMM
             ctx.store.append((x.detach().reshape(-1, x.shape[-1]), grad_out.reshape(-1, grad_out.shape[-1])))
-        grad_x = grad_out.matmul(weight) if ctx.needs_input_grad[0] else None
+        grad_x = grad_out.to(weight.dtype).matmul(weight).to(x.dtype) if ctx.needs_input_grad[0] else None
         return grad_x, None, None, None
 
 
@@ -97,12 +97,13 @@ class Coalescer:
             G = store[0][1] if len(store) == 1 else torch.cat([g for _, g in store])
             store.clear()
             w = m.weight
+            G, X = G.to(w.dtype), X.to(w.dtype)     # no-ops unless autocast ran the forward in another dtype
             if w.grad is None:
-                w.grad = G.t().mm(X).to(w.dtype)
+                w.grad = G.t().mm(X)
             else:
                 w.grad.addmm_(G.t(), X)
             if m.bias is not None:
-                b = G.sum(0).to(m.bias.dtype)
+                b = G.sum(0)
                 if m.bias.grad is None:
                     m.bias.grad = b
                 else:

@@ -801,7 +801,10 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
     """Join the process group, execute this rank's actions, return its result (see :meth:`Worker.result`)."""
     import torch.distributed as dist
 
+    from pipelab.runtime.options import tune_malloc
+
     torch.set_num_threads(1)
+    tune_malloc()    # no page faults for the buffers every step reallocates (see its docstring)
     world = job.world_size
     if job.backend == "nccl":
         device = torch.device("cuda", rank if local_rank is None else local_rank)

@@ -26,7 +26,16 @@ pipeline doubles the throughput of one process doing the same work):
   timed minibatches the fill/drain of a 2-stage pipeline is ~1.5 of them).
 * the machine's ceiling, for each minibatch size: two independent single-process loops run at the
   same time; their summed throughput over 2 x one alone is the most any 2-process method can reach
-  here (cores shared with other work, memory bandwidth and caches shared between the two).
+  here (cores shared with other work, memory bandwidth and caches shared between the two); and
+  pipedream over that ceiling, round by round: the share of the attainable that the pipeline gets
+  (it pays one weight copy per update on stage 0 for the stashed version, SOSP'19 §3.3, the
+  runtime's per-action work, and the coupling of its two processes: a stalled stage stalls both).
+
+Allocator: pipelab's worker processes call :func:`pipelab.runtime.options.tune_malloc` (freed
+buffers stay in the process instead of being page-faulted in again every step); every other
+contender here (torch's stage processes, the single-process loops) calls it too, so the ratios
+compare like for like. The effect alone is printed last: one single-process 8-row loop with
+glibc's defaults over the tuned one.
 
 Throughput = samples / seconds over ``--steps`` minibatches of 64 (or as many samples in 8-row
 minibatches) after one warm-up minibatch, on every side (process start-up and the first step's
@@ -55,6 +64,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import pipelab as pl  # noqa: E402
+from pipelab.runtime.options import tune_malloc  # noqa: E402
 
 WIDTH, BLOCKS, BATCH, MICRO = 1024, 8, 64, 8
 ROWS = BATCH // MICRO     # rows of a microbatch (and of pipedream's like-for-like minibatch)
@@ -134,6 +144,7 @@ def _torch_worker(rank: int, port: int, steps: int, out: object) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch.set_num_threads(1)
+    tune_malloc()    # the same allocator setting as pipelab's workers: like for like
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=600))
     torch.manual_seed(0)
@@ -203,21 +214,23 @@ def _single(steps: int, micro: int = MICRO, rows: int = BATCH) -> float:
     return n * rows / (time.perf_counter() - t)
 
 
-def _single_to_queue(steps: int, rows: int, out: object) -> None:
+def _single_to_queue(steps: int, rows: int, out: object, tuned: bool = True) -> None:
     torch.set_num_threads(1)
+    if tuned:
+        tune_malloc()
     out.put(_single(steps, 1, rows))  # type: ignore[attr-defined]
 
 
-def _pair(steps: int, rows: int = BATCH) -> float:
-    """Summed throughput of two independent single-process loops running at once (the ceiling)."""
+def _pair(steps: int, rows: int = BATCH, n: int = 2, tuned: bool = True) -> float:
+    """Summed throughput of ``n`` independent single-process loops running at once (2: the ceiling)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
     q = ctx.Queue()
-    ps = [ctx.Process(target=_single_to_queue, args=(steps, rows, q)) for _ in range(2)]
+    ps = [ctx.Process(target=_single_to_queue, args=(steps, rows, q, tuned)) for _ in range(n)]
     for p in ps:
         p.start()
-    total = q.get(timeout=600) + q.get(timeout=600)
+    total = sum(q.get(timeout=600) for _ in range(n))
     for p in ps:
         p.join(60)
     return float(total)
@@ -240,10 +253,11 @@ def main() -> None:
     if a.steps < 2:
         ap.error(f"--steps {a.steps}: time at least 2 minibatches")
     torch.set_num_threads(1)
+    tuned = tune_malloc()    # this process runs the single-process baselines: as pipelab's workers
     _pipelab("1f1b-flush", 2)   # start the fork server once, outside the timings
     r: dict[str, list[float]] = {k: [] for k in (
         "flush", "coalesced", "torch", "pd64", "pd64_steady", "pd8", "single64", "single8micro", "single8",
-        "pair64", "pair8")}
+        "pair64", "pair8", "single8_untuned")}
     runs = [
         lambda: r["coalesced"].append(_pipelab("1f1b-flush", a.steps, coalesce=True)),
         lambda: r["torch"].append(_torch(a.steps)),
@@ -252,6 +266,7 @@ def main() -> None:
         lambda: r["single8"].append(_single(a.steps, 1, ROWS)),
         lambda: r["single8micro"].append(_single(a.steps)),
         lambda: r["pair8"].append(_pair(a.steps, ROWS)),
+        lambda: r["single8_untuned"].append(_pair(a.steps, ROWS, 1, tuned=False)),
         lambda: r["pd64"].append(_pipelab("pipedream", a.steps, r["pd64_steady"])),
         lambda: r["single64"].append(_single(a.steps, 1)),
         lambda: r["pair64"].append(_pair(a.steps)),
@@ -277,9 +292,13 @@ def main() -> None:
     _ratio("pipedream 8-row / (2 x single, 8 microbatches of 8):", r["pd8"], r["single8micro"], 2,
            "  (one update per 64 rows)")
     _ratio("ceiling 8-row: two singles at once / (2 x one alone):", r["pair8"], r["single8"], 2)
+    _ratio("pipedream 8-row / ceiling (two 8-row singles at once):", r["pd8"], r["pair8"],
+           target="  (the share of what 2 processes get here)")
     _ratio("pipedream 64-row / (2 x single 64-row):", r["pd64"], r["single64"], 2)
     _ratio("pipedream 64-row steady state / (2 x single 64-row):", r["pd64_steady"], r["single64"], 2)
     _ratio("ceiling 64-row: two singles at once / (2 x one alone):", r["pair64"], r["single64"], 2)
+    _ratio("single 8-row, glibc malloc defaults / malloc tuned:", r["single8_untuned"], r["single8"],
+           target=f"  (every contender above runs tuned: {tuned})")
     print(f"(machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; one thread per process)")
 
 
