@@ -318,7 +318,7 @@ curves.pivot(index="epoch", columns="method", values="test_accuracy")
 ## Summary
 
 Accuracies are means over the seeds. `late_accuracy` is the mean test accuracy over the last three
-epochs (one epoch's accuracy on 360 test images moves by a few points from epoch to epoch); the gap
+epochs (one epoch's accuracy on 359 test images moves by a few points from epoch to epoch); the gap
 is to data parallelism, in points.
 '''),
     code('''
