@@ -95,7 +95,9 @@ print(model, "\\nminibatch:", tuple(x.shape), "labels:", tuple(y.shape))
 """),
         code("""
 # 1. Profile: forward/backward time, output/cut bytes and parameters of every layer, on this CPU.
-prof = pl.profile(model, x, progress=False)
+# small_batch: also time each layer on one microbatch, so that the simulator knows how much of a
+# layer's time a smaller batch still pays (tiny CPU kernels cost nearly as much at 16 rows as at 64).
+prof = pl.profile(model, x, progress=False, small_batch=batch_size // microbatches)
 prof.summary()
 """),
         code("""
@@ -119,10 +121,10 @@ pl.widgets.LiveGantt(handle, title=f"{method} on {workers} {backend} workers (li
 """),
         code("""
 # 5. The finished run: measured throughput and losses; its trace is the same type as the simulator's.
-# (Expect the measured rate well below the simulated one, 4x here on a quiet 2-core CPU: the cost model
-# gives a microbatch of 16 rows 1/4 of the profiled 64-row time, but tiny CPU kernels cost nearly as much
-# at 16 rows as at 64 (0.5-0.9 ms per action measured against 0.14-0.34 ms simulated), every message
-# between the processes waits ~0.7 ms, and the optimizer step is not free. The measure mode of
+# (Expect the measured rate below the simulated one, about 2x on a 2-core CPU: backward actions take what
+# the profile says, but each forward also pays the runtime's own work (~0.4 ms: slicing the input,
+# sending the activation), every message between the processes waits ~1 ms on a shared CPU, and the
+# optimizer step (~0.5 ms) is not free; without small_batch above the gap is 4x. The measure mode of
 # reproductions/pipedream_table1 runs a larger model, where simulation and measurement agree within 15%.)
 run = handle.wait()
 print(f"measured: {run.throughput:.0f} samples/s (simulated {sim.throughput:.0f}); "

@@ -187,3 +187,28 @@ def test_allreduce_bandwidth_replaces_the_links_in_the_ring_only():
     for bad in (0.0, -1.0, float("inf")):
         with pytest.raises(ValueError, match="allreduce_bandwidth"):
             CostModel(p, cl, allreduce_bandwidth=bad)
+
+
+def test_microbatch_time_is_affine_in_the_cost_model_and_the_simulator():
+    """With fixed parts, a microbatch of 1/M of the minibatch costs fixed + (t - fixed) / M in the
+    cost model and in every simulated F and B (and so the GPipe makespan); without them
+    (PipeDream's profiles) it is t / M as before."""
+    from dataclasses import replace
+
+    from pipelab import simulate
+    from pipelab.partition.plan import Plan
+
+    base = Profile.synthetic([4e-3, 4e-3], [8e-3, 8e-3], out_bytes=[0, 0], batch_size=8)
+    prof = Profile(layers=tuple(replace(layer, fwd_fixed_s=2e-3, bwd_fixed_s=4e-3) for layer in base.layers),
+                   cut_bytes=base.cut_bytes, batch_size=8)
+    cl = Cluster.flat(2, bandwidth=1e12, latency=0.0)
+    M = 4
+    f, b = CostModel(prof, cl).compute_s(0, 1, 0, microbatches=M)
+    assert (f, b) == pytest.approx((2e-3 + 2e-3 / M, 4e-3 + 4e-3 / M))
+    assert CostModel(base, cl).compute_s(0, 1, 0, microbatches=M) == pytest.approx((1e-3, 2e-3))
+    plan = Plan.from_boundaries(2, [1])
+    sim = simulate(plan, prof, cl, method="gpipe", microbatches=M, minibatches=2)
+    durations = {(e.kind, round(e.end_s - e.start_s, 9)) for e in sim.trace.compute_events() if e.kind in "FB"}
+    assert durations == {("F", round(f, 9)), ("B", round(b, 9))}
+    # GPipe, 2 equal stages, no transfers: (M + 1) forwards and (M + 1) backwards per minibatch
+    assert sim.time_per_minibatch == pytest.approx((M + 1) * (f + b), rel=0.02)

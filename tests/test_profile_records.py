@@ -114,3 +114,27 @@ def test_failed_save_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path,
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
     assert Profile.load(path) == old
+
+
+def test_fixed_parts_round_trip_scale_and_are_checked(tmp_path: Path) -> None:
+    """The batch-independent parts of a layer's times: JSON round trip, an older file without them
+    loads as linear (zero), ``scaled`` scales them, and a fixed part above the time is refused."""
+    from dataclasses import asdict, replace
+
+    base = Profile.synthetic([4e-3, 1e-3], [8e-3, 2e-3], out_bytes=[10, 20], batch_size=8)
+    prof = Profile(layers=(replace(base.layers[0], fwd_fixed_s=1e-3, bwd_fixed_s=2e-3), base.layers[1]),
+                   cut_bytes=base.cut_bytes, batch_size=8)
+    back = Profile.load(prof.save(tmp_path / "p.json"))
+    assert back.layers == prof.layers
+    assert back.layers[0].time_s(0.25) == pytest.approx((1e-3 + 3e-3 / 4, 2e-3 + 6e-3 / 4))
+    assert back.layers[1].time_s(0.25) == pytest.approx((1e-3 / 4, 2e-3 / 4))   # linear without a fixed part
+    old = prof.to_dict()
+    for layer in old["layers"]:
+        del layer["fwd_fixed_s"], layer["bwd_fixed_s"]
+    assert Profile.from_dict(old).layers[0].fwd_fixed_s == 0.0
+    half = prof.scaled(time=0.5)
+    assert (half.layers[0].fwd_fixed_s, half.layers[0].bwd_fixed_s) == pytest.approx((0.5e-3, 1e-3))
+    with pytest.raises(ValueError, match="fwd_fixed_s=0.005 exceeds fwd_s=0.004"):
+        Layer(**{**asdict(prof.layers[0]), "fwd_fixed_s": 5e-3})
+    with pytest.raises(ValueError, match="fraction"):
+        prof.layers[0].time_s(0.0)

@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per layer; the median is kept")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per layer before timing")
     p.add_argument("--depth", type=int, default=None, help="treat modules this deep as single layers")
+    p.add_argument("--small-batch", type=int, default=None, metavar="B",
+                   help="also time every layer at batch B (e.g. the microbatch size) and record the part of "
+                        "each time that does not shrink with the batch")
     p.add_argument("--pipedream-batch", type=int, default=None,
                    help="override the minibatch size inferred from a graph.txt")
     p.add_argument("-o", "--output", metavar="JSON", help="save the profile here (written atomically)")
@@ -66,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             model, sample = example(args.model, args.batch, image_size=args.image_size, seq_len=args.seq_len,
                                     vocab=args.vocab, hidden=args.hidden)
             prof = profile(model, sample, device=args.device, warmup=args.warmup, repeats=args.repeats,
-                           depth=args.depth, progress=not args.quiet, model_name=args.model)
+                           depth=args.depth, progress=not args.quiet, model_name=args.model,
+                           small_batch=args.small_batch)
         if args.output:
             prof.save(args.output)
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:

@@ -173,7 +173,7 @@ class _Group:
 def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device = "cpu", warmup: int = 1,
             repeats: int = 3, leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, progress: bool = True,
-            model_name: str | None = None) -> Profile:
+            model_name: str | None = None, small_batch: int | None = None) -> Profile:
     """Measure ``model`` on ``sample_input`` (one minibatch) layer by layer.
 
     ``sample_input`` is a tensor or a tuple of the model's positional inputs, batch dimension first;
@@ -183,6 +183,13 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     and backward to the last layer (the last stage computes it in training). The model runs in its
     current mode (call ``model.train()`` for training costs); buffers it updates (BatchNorm's running
     statistics) are restored afterwards. On ``device="cuda"`` a copy of the model is moved there.
+
+    ``small_batch=b`` (e.g. the microbatch size) times every layer a second time on the first ``b``
+    samples of the input and records the part of each time that does not shrink with the batch,
+    ``fwd_fixed_s``/``bwd_fixed_s``: the affine fit through the two batch sizes, ``t(x) = fixed +
+    (t - fixed) x / batch`` (clipped to ``[0, t]``). Small kernels on a CPU, or a GPU that a
+    microbatch does not fill, cost nearly as much for ``b`` samples as for the whole batch; without it
+    the cost model scales times linearly and overestimates what microbatching gains.
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
@@ -203,17 +210,37 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
         raise ValueError(f"the sample input ({_describe(args)}) does not fit {name}: {type(exc).__name__}: "
                          f"{exc}. Pass one minibatch shaped as the model's forward() expects (a tensor, or a "
                          "tuple of its positional inputs, batch dimension first)") from None
+    batch = next((int(a.shape[0]) for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), 1)
+    if small_batch is not None and not (isinstance(small_batch, int) and 1 <= small_batch < batch):
+        raise ValueError(f"small_batch={small_batch!r} must be an integer in 1..{batch - 1}: a smaller batch "
+                         f"than the sample's {batch} (e.g. the microbatch size)")
     grad_was = torch.is_grad_enabled()
     try:
         torch.set_grad_enabled(True)  # backward timing needs autograd even if called under no_grad()
-        layers, value_bytes, edges = _measure(gm, args, dev, warmup, repeats, progress, name)
-        timer = _Timer(dev)
-        fwd, output = _forward_in_context(gm, args, timer, warmup, repeats)
-        layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
-        if loss_fn is not None:
-            f_s, b_s = _time_loss(loss_fn, output, timer, warmup, repeats)
-            last = layers[-1]
-            layers[-1] = replace(last, fwd_s=last.fwd_s + f_s, bwd_s=last.bwd_s + b_s)
+
+        def timed(a: tuple[Any, ...], show: bool) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
+            layers, value_bytes, edges = _measure(gm, a, dev, warmup, repeats, show, name)
+            timer = _Timer(dev)
+            fwd, output = _forward_in_context(gm, a, timer, warmup, repeats)
+            layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
+            if loss_fn is not None:
+                f_s, b_s = _time_loss(loss_fn, output, timer, warmup, repeats)
+                last = layers[-1]
+                layers[-1] = replace(last, fwd_s=last.fwd_s + f_s, bwd_s=last.bwd_s + b_s)
+            return layers, value_bytes, edges
+
+        layers, value_bytes, edges = timed(args, progress)
+        if small_batch is not None:
+            small = tuple(a[:small_batch] if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch
+                          else a for a in args)
+            try:
+                small_layers = timed(small, False)[0]
+            except Exception as exc:
+                raise ValueError(f"small_batch={small_batch}: the model (or loss_fn) failed on the first "
+                                 f"{small_batch} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
+                                 "whole batch's targets cannot run on fewer samples: make it use only the "
+                                 "output, or profile without small_batch") from None
+            layers = [_fit_fixed(layer, s, batch, small_batch) for layer, s in zip(layers, small_layers)]
     finally:
         torch.set_grad_enabled(grad_was)
         with torch.no_grad():
@@ -223,12 +250,19 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     live = live_across_cuts(gm)
     cut_bytes = tuple(sum(value_bytes.get(v, 0) for v in cut) for cut in live)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    batch = next((int(a.shape[0]) for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), 1)
     floating = [p for p in gm.parameters() if p.is_floating_point()]
     dtype = str(floating[0].dtype if floating else torch.get_default_dtype()).replace("torch.", "")
     return Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
                    source="measured", edges=tuple(sorted(set(edges))))
+
+
+def _fit_fixed(layer: Layer, small: Layer, batch: int, b: int) -> Layer:
+    """``layer`` (timed at ``batch``) with the fixed parts of the affine fit through ``small`` (at ``b``)."""
+    def fixed(t_big: float, t_small: float) -> float:
+        return min(max((t_small * batch - t_big * b) / (batch - b), 0.0), t_big)
+
+    return replace(layer, fwd_fixed_s=fixed(layer.fwd_s, small.fwd_s), bwd_fixed_s=fixed(layer.bwd_s, small.bwd_s))
 
 
 def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmup: int, repeats: int,

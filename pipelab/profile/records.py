@@ -6,7 +6,11 @@ layer ``i + 1`` and ``cut_bytes[i]`` counts *every* tensor alive across it (skip
 attention inputs included), which is what a pipeline cut there must send forward (and what its
 gradient sends back).
 
-Times are seconds per minibatch of ``batch_size`` samples; sizes are bytes.
+Times are seconds per minibatch of ``batch_size`` samples; sizes are bytes. A layer's time for a
+smaller batch of ``b`` samples is affine in ``b``: ``fixed + (t - fixed) * b / batch_size``, where
+``fwd_fixed_s``/``bwd_fixed_s`` is the part that does not shrink with the batch (per-call work: kernel
+launches, Python dispatch, reading the weights of a memory-bound layer). It is zero (linear scaling,
+as PipeDream assumes) unless the profiler measured it (``pl.profile(..., small_batch=b)``).
 """
 
 from __future__ import annotations
@@ -39,13 +43,28 @@ class Layer:
     param_bytes: int
     flops: int = 0
     saved_bytes: int = 0
+    #: seconds of ``fwd_s``/``bwd_s`` that a smaller batch still pays in full (see the module docstring)
+    fwd_fixed_s: float = 0.0
+    bwd_fixed_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for attr in ("fwd_s", "bwd_s", "out_bytes", "param_bytes", "flops", "saved_bytes"):
+        for attr in ("fwd_s", "bwd_s", "out_bytes", "param_bytes", "flops", "saved_bytes", "fwd_fixed_s",
+                     "bwd_fixed_s"):
             v = getattr(self, attr)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"layer {self.name!r}: {attr}={v!r} must be a finite number >= 0; "
                                  f"fix the profile (times are seconds, sizes bytes)")
+        for part, whole in (("fwd_fixed_s", "fwd_s"), ("bwd_fixed_s", "bwd_s")):
+            if getattr(self, part) > getattr(self, whole) * (1 + 1e-9):
+                raise ValueError(f"layer {self.name!r}: {part}={getattr(self, part)!r} exceeds {whole}="
+                                 f"{getattr(self, whole)!r}; the fixed part of a time is at most the time")
+
+    def time_s(self, fraction: float = 1.0) -> tuple[float, float]:
+        """(forward, backward) seconds for ``fraction`` of the profiled batch (affine in the batch size)."""
+        if not 0 < fraction <= 1:
+            raise ValueError(f"fraction={fraction!r} must be in (0, 1]: a part of the profiled batch")
+        return (self.fwd_fixed_s + (self.fwd_s - self.fwd_fixed_s) * fraction,
+                self.bwd_fixed_s + (self.bwd_s - self.bwd_fixed_s) * fraction)
 
 
 @dataclass(frozen=True)
@@ -200,7 +219,8 @@ class Profile:
         """A copy with all times multiplied by ``time`` (e.g. another device's relative speed)."""
         if not (time > 0 and math.isfinite(time)):
             raise ValueError("time scale must be a positive finite number")
-        layers = tuple(Layer(**{**asdict(layer), "fwd_s": layer.fwd_s * time, "bwd_s": layer.bwd_s * time})
+        layers = tuple(Layer(**{**asdict(layer), "fwd_s": layer.fwd_s * time, "bwd_s": layer.bwd_s * time,
+                                "fwd_fixed_s": layer.fwd_fixed_s * time, "bwd_fixed_s": layer.bwd_fixed_s * time})
                        for layer in self.layers)
         return Profile(layers=layers, cut_bytes=self.cut_bytes, batch_size=batch_size or self.batch_size,
                        dtype=self.dtype, device=self.device, input_bytes=self.input_bytes, model=self.model,

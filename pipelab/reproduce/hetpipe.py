@@ -33,7 +33,8 @@ def rebatch(profile: Profile, batch_size: int) -> Profile:
     from pipelab.profile.records import Profile as _Profile
 
     f = batch_size / profile.batch_size
-    layers = tuple(replace(layer, fwd_s=layer.fwd_s * f, bwd_s=layer.bwd_s * f, out_bytes=int(layer.out_bytes * f),
+    layers = tuple(replace(layer, fwd_s=layer.fwd_s * f, bwd_s=layer.bwd_s * f, fwd_fixed_s=layer.fwd_fixed_s * f,
+                           bwd_fixed_s=layer.bwd_fixed_s * f, out_bytes=int(layer.out_bytes * f),
                            saved_bytes=int(layer.saved_bytes * f), flops=int(layer.flops * f))
                    for layer in profile.layers)
     return _Profile(layers=layers, cut_bytes=tuple(int(c * f) for c in profile.cut_bytes), batch_size=batch_size,

@@ -6,8 +6,11 @@ a simulated run agree by construction. All times are seconds, sizes bytes.
 Assumptions (stated once, used everywhere):
 
 * Compute of layers ``[a, b)`` on worker ``w`` is the profiled time divided by ``cluster.speed(w)``;
-  a microbatch of ``minibatch / M`` samples takes ``1/M`` of the minibatch's time (linear in batch
-  size, which holds well once a GPU is saturated; small microbatches are slower in reality).
+  a microbatch of ``minibatch / M`` samples takes ``fixed + (t - fixed) / M`` of the minibatch's
+  time ``t``, where ``fixed`` is the layers' ``fwd_fixed_s``/``bwd_fixed_s``: the per-call part
+  that a smaller batch still pays (measured by ``pl.profile(..., small_batch=...)``; zero, i.e.
+  linear in batch size, for profiles without it such as PipeDream's, which holds well once a GPU is
+  saturated).
 * A transfer of ``n`` bytes from ``a`` to ``b`` takes ``latency + n / compression_ratio / bandwidth``
   of the link it crosses (:meth:`Cluster.link`). Links are full duplex: activations going forward and
   gradients going back use opposite directions and do not slow each other.
@@ -113,6 +116,8 @@ class CostModel:
     # prefix sums over layers (index i = total of layers [0, i)), filled in __post_init__
     pf: np.ndarray = field(init=False, repr=False, compare=False)
     pb: np.ndarray = field(init=False, repr=False, compare=False)
+    qf: np.ndarray = field(init=False, repr=False, compare=False)
+    qb: np.ndarray = field(init=False, repr=False, compare=False)
     pp: np.ndarray = field(init=False, repr=False, compare=False)
     pa: np.ndarray = field(init=False, repr=False, compare=False)
     cuts: np.ndarray = field(init=False, repr=False, compare=False)
@@ -147,6 +152,9 @@ class CostModel:
         z = np.zeros(1)
         object.__setattr__(self, "pf", np.concatenate([z, np.cumsum(f)]))
         object.__setattr__(self, "pb", np.concatenate([z, np.cumsum(b)]))
+        # fixed (batch-independent) parts of the times, for microbatches (see the module docstring)
+        object.__setattr__(self, "qf", np.concatenate([z, np.cumsum([layer.fwd_fixed_s for layer in layers])]))
+        object.__setattr__(self, "qb", np.concatenate([z, np.cumsum([layer.bwd_fixed_s for layer in layers])]))
         object.__setattr__(self, "pp", np.concatenate([z, np.cumsum(p)]))
         object.__setattr__(self, "pa", np.concatenate([z, np.cumsum(act)]))
         object.__setattr__(self, "cuts", np.array(self.profile.cut_bytes, dtype=np.float64))
@@ -167,8 +175,11 @@ class CostModel:
         self._range(start, end)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
-        s = self.cluster.speed(worker) * microbatches
-        return (float(self.pf[end] - self.pf[start]) / s, float(self.pb[end] - self.pb[start]) / s)
+        speed = self.cluster.speed(worker)
+        qf, qb = self.qf[end] - self.qf[start], self.qb[end] - self.qb[start]
+        f = qf + (self.pf[end] - self.pf[start] - qf) / microbatches
+        b = qb + (self.pb[end] - self.pb[start] - qb) / microbatches
+        return float(f) / speed, float(b) / speed
 
     def param_bytes(self, start: int, end: int) -> int:
         """Parameter bytes of layers ``[start, end)``."""
