@@ -126,8 +126,6 @@ def test_fixed_parts_round_trip_scale_and_are_checked(tmp_path: Path) -> None:
                    cut_bytes=base.cut_bytes, batch_size=8)
     back = Profile.load(prof.save(tmp_path / "p.json"))
     assert back.layers == prof.layers
-    assert back.layers[0].time_s(0.25) == pytest.approx((1e-3 + 3e-3 / 4, 2e-3 + 6e-3 / 4))
-    assert back.layers[1].time_s(0.25) == pytest.approx((1e-3 / 4, 2e-3 / 4))   # linear without a fixed part
     old = prof.to_dict()
     for layer in old["layers"]:
         del layer["fwd_fixed_s"], layer["bwd_fixed_s"]
@@ -136,5 +134,3 @@ def test_fixed_parts_round_trip_scale_and_are_checked(tmp_path: Path) -> None:
     assert (half.layers[0].fwd_fixed_s, half.layers[0].bwd_fixed_s) == pytest.approx((0.5e-3, 1e-3))
     with pytest.raises(ValueError, match="fwd_fixed_s=0.005 exceeds fwd_s=0.004"):
         Layer(**{**asdict(prof.layers[0]), "fwd_fixed_s": 5e-3})
-    with pytest.raises(ValueError, match="fraction"):
-        prof.layers[0].time_s(0.0)

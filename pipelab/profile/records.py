@@ -10,7 +10,8 @@ Times are seconds per minibatch of ``batch_size`` samples; sizes are bytes. A la
 smaller batch of ``b`` samples is affine in ``b``: ``fixed + (t - fixed) * b / batch_size``, where
 ``fwd_fixed_s``/``bwd_fixed_s`` is the part that does not shrink with the batch (per-call work: kernel
 launches, Python dispatch, reading the weights of a memory-bound layer). It is zero (linear scaling,
-as PipeDream assumes) unless the profiler measured it (``pl.profile(..., small_batch=b)``).
+as PipeDream assumes) unless the profiler measured it (``pl.profile(..., small_batch=b)``); the cost
+model (:meth:`pipelab.sim.costs.CostModel.compute_s`) is where it is applied.
 """
 
 from __future__ import annotations
@@ -58,13 +59,6 @@ class Layer:
             if getattr(self, part) > getattr(self, whole) * (1 + 1e-9):
                 raise ValueError(f"layer {self.name!r}: {part}={getattr(self, part)!r} exceeds {whole}="
                                  f"{getattr(self, whole)!r}; the fixed part of a time is at most the time")
-
-    def time_s(self, fraction: float = 1.0) -> tuple[float, float]:
-        """(forward, backward) seconds for ``fraction`` of the profiled batch (affine in the batch size)."""
-        if not 0 < fraction <= 1:
-            raise ValueError(f"fraction={fraction!r} must be in (0, 1]: a part of the profiled batch")
-        return (self.fwd_fixed_s + (self.fwd_s - self.fwd_fixed_s) * fraction,
-                self.bwd_fixed_s + (self.bwd_s - self.bwd_fixed_s) * fraction)
 
 
 @dataclass(frozen=True)

@@ -159,13 +159,10 @@ class ProfileCosts(Costs):
         if cm.allreduce_overlap == "none":
             comm = cm.allreduce_s(nbytes, phys)
             return grad_s + comm, comm, nbytes
-        speed, M = min(cm.cluster.speed(w) for w in phys), self.M
-
-        def bwd(ly: int) -> float:   # one microbatch's backward of layers [ly, e) (as CostModel.compute_s)
-            q = cm.qb[e] - cm.qb[ly]
-            return float(q + (cm.pb[e] - cm.pb[ly] - q) / M) / speed
-
-        tail = max(bwd(ly) + kappa * (cm.pp[ly + 1] - cm.pp[a]) for ly in range(a, e))
+        slowest = min(phys, key=cm.cluster.speed)
+        # one microbatch's backward of layers [ly, e) on the slowest replica, then the all-reduce of [a, ly]
+        tail = max(cm.compute_s(ly, e, slowest, microbatches=self.M)[1] + kappa * (cm.pp[ly + 1] - cm.pp[a])
+                   for ly in range(a, e))
         return max(grad_s, float(tail) + fixed), cm.allreduce_s(nbytes, phys), nbytes
 
 
