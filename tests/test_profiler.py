@@ -95,16 +95,18 @@ class _SleepBackward(torch.autograd.Function):
 
 
 class Sleep(nn.Module):
-    """A layer whose forward sleeps ``fwd`` seconds and whose backward sleeps ``bwd`` seconds."""
+    """A layer whose forward sleeps ``fwd`` seconds and whose backward sleeps ``bwd`` seconds
+    (per sample of its batch with ``per_sample=True``)."""
 
-    def __init__(self, fwd: float, bwd: float) -> None:
+    def __init__(self, fwd: float, bwd: float, per_sample: bool = False) -> None:
         super().__init__()
-        self.fwd, self.bwd = fwd, bwd
+        self.fwd, self.bwd, self.per_sample = fwd, bwd, per_sample
         self.scale = nn.Parameter(torch.ones(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.fwd)
-        return _SleepBackward.apply(x * self.scale, self.bwd)
+        n = x.shape[0] if self.per_sample else 1
+        time.sleep(self.fwd * n)
+        return _SleepBackward.apply(x * self.scale, self.bwd * n)
 
 
 def test_layers_that_sleep_known_times_are_timed_within_a_few_ms() -> None:
@@ -122,25 +124,12 @@ def test_layers_that_sleep_known_times_are_timed_within_a_few_ms() -> None:
     assert max(max(d) for d in late) < 0.005, late
 
 
-class SleepPerSample(nn.Module):
-    """A layer whose forward sleeps ``fwd`` and backward ``bwd`` seconds per sample of its batch."""
-
-    def __init__(self, fwd: float, bwd: float) -> None:
-        super().__init__()
-        self.fwd, self.bwd = fwd, bwd
-        self.scale = nn.Parameter(torch.ones(1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.fwd * x.shape[0])
-        return _SleepBackward.apply(x * self.scale, self.bwd * x.shape[0])
-
-
 def test_small_batch_finds_the_fixed_part_of_each_layer() -> None:
     """A layer that sleeps the same whatever the batch is all fixed; one that sleeps per sample has
     no fixed part; the cost model then prices a microbatch of 2 of the 8 samples affinely."""
-    model = nn.Sequential(Sleep(0.02, 0.01), SleepPerSample(0.004, 0.002))
+    model = nn.Sequential(Sleep(0.02, 0.01), Sleep(0.004, 0.002, per_sample=True))
     for _attempt in range(2):  # a loaded machine can wake a sleeper late: one retry
-        prof = pl.profile(model, torch.randn(8, 3), leaf_modules=[Sleep, SleepPerSample], warmup=0, repeats=3,
+        prof = pl.profile(model, torch.randn(8, 3), leaf_modules=[Sleep], warmup=0, repeats=3,
                           progress=False, small_batch=2)
         fixed, per_sample = prof.layers
         # the fit (t_small * 8 - t_full * 2) / 6 turns a late wake-up of d into at most 4/3 d
@@ -156,7 +145,7 @@ def test_small_batch_finds_the_fixed_part_of_each_layer() -> None:
                               + per_sample.fwd_fixed_s + (per_sample.fwd_s - per_sample.fwd_fixed_s) / 4)
     assert f > 0.02 + 0.004 * 2 * 0.8     # not a quarter of the sleeper's 20 ms
     with pytest.raises(ValueError, match="small_batch=8 must be an integer in 1..7"):
-        pl.profile(model, torch.randn(8, 3), leaf_modules=[Sleep, SleepPerSample], small_batch=8, progress=False)
+        pl.profile(model, torch.randn(8, 3), leaf_modules=[Sleep], small_batch=8, progress=False)
     y = torch.zeros(8)
     with pytest.raises(ValueError, match="small_batch=2: the model .or loss_fn. failed on the first 2 samples"):
         pl.profile(nn.Sequential(nn.Linear(3, 1)), torch.randn(8, 3), small_batch=2, progress=False,
