@@ -1,0 +1,260 @@
+"""The method registry: every fact about a training method, in one frozen record per method.
+
+A *method* is a schedule order and a weight-version rule (``../ARCHITECTURE.md``, "Methods").
+Everything that differs between methods is a field of :class:`Method`; the layers above look a
+method up here and dispatch on its fields, never on its name:
+
+* ``schedules.build`` picks the builder registered for :attr:`Method.order` and checks the options
+  against :attr:`Method.options`;
+* the schedule records the weight version every action reads by :attr:`Method.versions`
+  (:func:`pipelab.schedules.versions.assign_versions`), and the runtime's weight policy for
+  :attr:`Method.weights` keeps exactly those versions;
+* the simulator, the partition CLI, ``train`` and the widgets read :attr:`Method.synchronous`,
+  :attr:`Method.update`, :attr:`Method.partitioner`, :attr:`Method.coalesce_wgrad`.
+
+This module sits at the bottom of the package (it imports nothing of pipelab), so every layer can
+use it. The builders and the policies live in their own layers and are found by the string keys
+:attr:`Method.order` and :attr:`Method.weights`; a test checks that each key has exactly one
+implementation. An unknown method or option raises :class:`MethodError` with the same message
+wherever it is met.
+
+Adding a method: one :class:`Method` entry below; a builder for a new ``order`` (or reuse one) in
+``pipelab/schedules/``; a weight policy for a new ``weights`` key (or reuse one) in
+``pipelab/runtime/policies/``. ARCHITECTURE.md walks through an example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+class MethodError(ValueError):
+    """An unknown method, or an option the method does not take; the message lists the valid ones."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One keyword option of a method (or of every method).
+
+    ``kind`` is what the value must be (``"int"``, ``"bool"``, ``"float"``, ``"mapping"``, ``"str"``,
+    ``"path"``, ``"list"``, ``"any"``); ``minimum`` bounds numbers from below; ``maximum``
+    (exclusive) from above. ``where`` says which layer consumes it: ``"schedule"`` options shape
+    the schedule (``schedules.build`` takes them), ``"runtime"`` options change how the runtime
+    executes a schedule, never the schedule itself.
+    """
+
+    name: str
+    kind: str
+    default: Any
+    doc: str
+    where: Literal["schedule", "runtime"] = "schedule"
+    minimum: float | None = None
+    maximum: float | None = None
+    required: bool = False
+
+    def check(self, value: Any, method: str | None = None) -> None:
+        """Raise :class:`MethodError` saying what to pass when ``value`` is not a valid ``self.kind``."""
+        if value is None and not self.required:
+            return
+        owner = f" of method {method!r}" if method else ""
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "mapping": isinstance(value, Mapping),
+            "str": isinstance(value, str),
+            "path": isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"),
+            "list": isinstance(value, (list, tuple)),
+            "any": True,
+        }[self.kind]
+        if ok and self.minimum is not None and value < self.minimum:
+            ok = False
+        if ok and self.maximum is not None and value >= self.maximum:
+            ok = False
+        if not ok:
+            bound = ""
+            if self.minimum is not None:
+                bound += f" >= {self.minimum:g}"
+            if self.maximum is not None:
+                bound += f" and < {self.maximum:g}"
+            raise MethodError(f"{self.name}={value!r}{owner} must be {_KIND_WORDS[self.kind]}{bound} "
+                              f"({self.doc})")
+
+
+_KIND_WORDS = {"int": "an int", "bool": "True or False", "float": "a number", "mapping": "a dict",
+               "str": "a string", "path": "a path", "list": "a list", "any": "a value"}
+
+
+@dataclass(frozen=True)
+class Method:
+    """Everything pipelab knows about one method.
+
+    - ``synchronous``: flushes every minibatch, so all actions of a minibatch read one weight
+      version and the result equals plain minibatch SGD.
+    - ``update``: ``"minibatch"`` (one ``U`` per stage per minibatch of ``M`` microbatches) or
+      ``"microbatch"`` (PipeDream-like: every microbatch is a minibatch, ``M = 1``, a ``U`` after
+      each backward).
+    - ``order``: key of the schedule builder in :mod:`pipelab.schedules`.
+    - ``versions``: the version rule of :func:`pipelab.schedules.versions.assign_versions`
+      (``"single"``, ``"stash"``, ``"latest"``, ``"delay"``); ``vertical_sync`` turns
+      ``"stash"`` into ``"vertical"``.
+    - ``weights``: key of the runtime's weight policy (:mod:`pipelab.runtime.policies`).
+    - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U`` (HetPipe's
+      virtual workers synchronize through a parameter server instead).
+    - ``coalesce_wgrad``: ``coalesce_wgrad=True`` is allowed (one weight version per minibatch, no
+      ``W`` actions of its own).
+    - ``partitioner``: the partitioner the CLI uses for it when none is named.
+    """
+
+    name: str
+    synchronous: bool
+    update: Literal["minibatch", "microbatch"]
+    order: str
+    versions: str
+    weights: str
+    description: str
+    source: str
+    options: tuple[Option, ...] = ()
+    runtime_options: tuple[Option, ...] = ()
+    replicas_allreduce: bool = True
+    coalesce_wgrad: bool = False
+    partitioner: str = "pipedream"
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """Every keyword this method takes: its own, then the ones every method takes."""
+        return tuple(o.name for o in (*self.options, *COMMON_SCHEDULE_OPTIONS, *self.runtime_options,
+                                      *COMMON_RUNTIME_OPTIONS))
+
+    def option(self, name: str) -> Option:
+        """The :class:`Option` called ``name`` (raises :class:`MethodError` listing the valid ones)."""
+        for o in (*self.options, *COMMON_SCHEDULE_OPTIONS, *self.runtime_options, *COMMON_RUNTIME_OPTIONS):
+            if o.name == name:
+                return o
+        raise MethodError(f"method {self.name!r} takes no option {name!r}; its options: "
+                          f"{', '.join(self.option_names)}")
+
+    def defaults(self) -> dict[str, Any]:
+        """The method's own schedule options with their defaults (required ones left out)."""
+        return {o.name: o.default for o in self.options if not o.required}
+
+    def split_options(self, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(schedule_options, runtime_options)`` of ``options``, each value checked.
+
+        Raises :class:`MethodError` for an option this method does not take, naming the ones it takes.
+        """
+        sched: dict[str, Any] = {}
+        rt: dict[str, Any] = {}
+        for k, v in options.items():
+            opt = self.option(k)
+            opt.check(v, self.name)
+            (sched if opt.where == "schedule" else rt)[k] = v
+        return sched, rt
+
+
+#: options of every method's schedule (asynchronous methods drain; synchronous ones ignore them)
+COMMON_SCHEDULE_OPTIONS: tuple[Option, ...] = (
+    Option("drain_every", "int", None, "drain the pipeline every N minibatches (exact checkpoints)", minimum=1),
+    Option("segments", "list", None, "lengths of the drained segments, summing to minibatches"),
+)
+
+#: options the runtime executes for every method (never seen by the schedule builders)
+COMMON_RUNTIME_OPTIONS: tuple[Option, ...] = (
+    Option("compression", "str", None, "codec for activations and gradients between stages: fp16, bf16, int8",
+           where="runtime"),
+    Option("recompute", "bool", False, "recompute activations in backward (GPipe's re-materialization)",
+           where="runtime"),
+    Option("slowdown", "mapping", None, "{worker: factor >= 1}: emulate slower devices", where="runtime"),
+    Option("coalesce_wgrad", "bool", False, "one weight-gradient GEMM per Linear at the update",
+           where="runtime"),
+    Option("checkpoint_every", "int", None, "checkpoint every N minibatches", where="runtime", minimum=1),
+    Option("checkpoint_dir", "path", None, "where checkpoints go", where="runtime"),
+    Option("checkpoint_keep", "int", 2, "how many checkpoints to keep", where="runtime", minimum=1),
+    Option("resume", "path", None, "resume from this checkpoint folder", where="runtime"),
+)
+
+_IN_FLIGHT = Option("extra_in_flight", "int", 0, "rounds of minibatches admitted beyond NOAM", minimum=0)
+
+_PIPEMARE_RUNTIME = (
+    Option("lr_reschedule", "bool", True, "PipeMare T1: learning-rate warm-up by delay", where="runtime"),
+    Option("discrepancy_correction", "bool", True, "PipeMare T2: extrapolate backward weights",
+           where="runtime"),
+    Option("warmup_steps", "int", 100, "T1's K", where="runtime", minimum=0),
+    Option("decay", "float", 0.5, "T2's gamma", where="runtime", minimum=0.0, maximum=1.0),
+    Option("decay_from_delay", "bool", False, "gamma = decay ** (1 / tau)", where="runtime"),
+)
+
+_SOURCES = {
+    "gpipe": "Huang et al., GPipe, NeurIPS'19",
+    "pipedream": "Narayanan et al., PipeDream, SOSP'19",
+    "flush": "Narayanan et al., PipeDream-2BW/Flush, ICML'21; Shoeybi et al., Megatron-LM",
+    "megatron": "Narayanan et al., Megatron-LM interleaved schedule, SC'21",
+    "zb": "Qi et al., Zero Bubble Pipeline Parallelism, ICLR'24",
+    "pipemare": "Yang et al., PipeMare, MLSys'21",
+    "lv": "Lv et al., bounded weight buffer, CCGrid'23",
+    "hetpipe": "Park et al., HetPipe, USENIX ATC'20",
+}
+
+#: every method, by name (the order is the order menus and tables list them in)
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("dp", True, "minibatch", "dp", "single", "single",
+           "data parallel: one stage on every worker, all-reduce per minibatch", "baseline",
+           coalesce_wgrad=True, partitioner="dp"),
+    Method("gpipe", True, "minibatch", "gpipe", "single", "single",
+           "GPipe: fill-drain, flush per minibatch", _SOURCES["gpipe"], coalesce_wgrad=True,
+           partitioner="gpipe"),
+    Method("1f1b-flush", True, "minibatch", "1f1b-flush", "single", "single",
+           "1F1B with a flush per minibatch (PipeDream-Flush, Megatron)", _SOURCES["flush"],
+           coalesce_wgrad=True),
+    Method("interleaved-1f1b", True, "minibatch", "interleaved", "single", "single",
+           "Megatron interleaved 1F1B, option chunks=v", _SOURCES["megatron"],
+           options=(Option("chunks", "int", None, "virtual stages per worker", minimum=1, required=True),),
+           coalesce_wgrad=True),
+    Method("zb-h1", True, "minibatch", "zb-h1", "single", "single",
+           "zero-bubble ZB-H1: backward split into B (input grad) and W (weight grad)", _SOURCES["zb"]),
+    Method("pipedream", False, "microbatch", "async-1f1b", "stash", "stash",
+           "PipeDream: 1F1B, NOAM in flight, no flush, weight stashing; option vertical_sync",
+           _SOURCES["pipedream"],
+           options=(Option("vertical_sync", "bool", False, "every stage reads the input stage's version"),
+                    _IN_FLIGHT)),
+    Method("naive-async", False, "microbatch", "async-1f1b", "latest", "latest",
+           "1F1B without flush and without stashing (PipeDream §3 ablation)", _SOURCES["pipedream"],
+           options=(_IN_FLIGHT,)),
+    Method("pipemare", False, "microbatch", "async-1f1b", "latest", "pipemare",
+           "PipeMare: no stash; LR rescheduling and discrepancy correction in the runtime",
+           _SOURCES["pipemare"], options=(_IN_FLIGHT,), runtime_options=_PIPEMARE_RUNTIME),
+    Method("2bw", False, "minibatch", "coalesced", "delay", "delay",
+           "PipeDream-2BW: two weight versions, gradient coalescing over M microbatches", _SOURCES["flush"]),
+    Method("buffered", False, "minibatch", "coalesced", "delay", "delay",
+           "bounded weight buffer of K versions (Lv et al.), option versions=K", _SOURCES["lv"],
+           options=(Option("versions", "int", 2, "weight versions kept (K >= 2; K = 2 is 2BW)", minimum=2),),
+           partitioner="prefix-sum"),
+    Method("hetpipe", False, "microbatch", "hetpipe", "stash", "wsp",
+           "HetPipe: PipeDream inside virtual workers, WSP across them; option D", _SOURCES["hetpipe"],
+           options=(Option("D", "int", 0, "WSP staleness bound in waves", minimum=0),),
+           replicas_allreduce=False, partitioner="hetpipe"),
+)}
+
+
+def get(method: str | Method) -> Method:
+    """The :class:`Method` called ``method`` (a :class:`Method` is returned as is).
+
+    Raises :class:`MethodError` listing every method when there is none of that name.
+    """
+    if isinstance(method, Method):
+        return method
+    found = METHODS.get(method) if isinstance(method, str) else None
+    if found is None:
+        raise MethodError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return found
+
+
+def names(*, synchronous: bool | None = None) -> tuple[str, ...]:
+    """Method names, all or only the (a)synchronous ones, in registry order."""
+    return tuple(n for n, m in METHODS.items() if synchronous is None or m.synchronous == synchronous)
+
+
+__all__ = ["COMMON_RUNTIME_OPTIONS", "COMMON_SCHEDULE_OPTIONS", "METHODS", "Method", "MethodError", "Option",
+           "get", "names"]
