@@ -1,0 +1,156 @@
+"""The architecture's contracts (ARCHITECTURE.md, "Layers"), checked over the package's imports.
+
+Every ``import`` of pipelab's own code is read from the source (function-level imports and those
+under ``if TYPE_CHECKING`` included), and each must point to the importer's own unit or to a lower
+layer; units must not form a cycle. The checker is tested too: a copy of the package with one
+upward import added must fail, naming the import.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "pipelab"
+
+#: layers, lowest first; a unit may import units of its own layer (no cycle) or of lower layers
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("pipelab._io", "pipelab.methods"),
+    ("pipelab.trace", "pipelab.cluster", "pipelab.graph"),
+    ("pipelab.metrics",),
+    ("pipelab.profile",),
+    ("pipelab.models", "pipelab.costs"),
+    ("pipelab.partition",),
+    ("pipelab.schedules",),
+    ("pipelab.sim", "pipelab.runtime"),
+    ("pipelab.views",),
+    ("pipelab.widgets",),
+    ("pipelab.reproduce", "pipelab.cli"),
+    ("pipelab",),
+)
+#: units of one layer that must not import each other at all
+INDEPENDENT = (("pipelab.sim", "pipelab.runtime"), ("pipelab.models", "pipelab.costs"))
+MAX_LINES = 600
+
+
+def unit_of(module: str) -> str:
+    """The unit a module belongs to: the longest name in LAYERS that is the module or its package."""
+    best = ""
+    for layer in LAYERS:
+        for u in layer:
+            if (module == u or module.startswith(u + ".")) and len(u) > len(best):
+                best = u
+    if not best:
+        raise AssertionError(f"module {module} is in no layer; add its unit to LAYERS and ARCHITECTURE.md")
+    return best
+
+
+def layer_of(unit: str) -> int:
+    """Index of ``unit``'s layer in LAYERS (0 = lowest)."""
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports(root: Path) -> list[tuple[str, str, int]]:
+    """(importer module, imported module, line) for every import of pipelab code under ``root``."""
+    out: list[tuple[str, str, int]] = []
+    for path in sorted(root.rglob("*.py")):
+        mod = _module_name(path, root)
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                out += [(mod, a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "pipelab"]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if target.split(".")[0] != "pipelab":
+                    continue
+                # ``from pipelab.x import y`` may name a submodule y: count it as importing x.y
+                for a in node.names:
+                    sub = f"{target}.{a.name}"
+                    is_module = any((root.parent / Path(*sub.split("."))).with_suffix(s).exists()
+                                    for s in (".py",)) or (root.parent / Path(*sub.split(".")) / "__init__.py").exists()
+                    out.append((mod, sub if is_module else target, node.lineno))
+    return out
+
+
+def violations(root: Path) -> list[str]:
+    """Every broken contract under ``root`` (an upward import, an import between independent units,
+    a cycle between units), each as a sentence naming the import."""
+    bad: list[str] = []
+    graph: dict[str, set[str]] = defaultdict(set)
+    for src, dst, line in imports(root):
+        us, ud = unit_of(src), unit_of(dst)
+        if us == ud:
+            continue
+        where = f"{src} (line {line}) imports {dst}"
+        if layer_of(ud) > layer_of(us):
+            bad.append(f"{where}: {ud} is in a higher layer than {us}")
+        elif any({us, ud} == set(pair) for pair in INDEPENDENT):
+            bad.append(f"{where}: {us} and {ud} must not import each other")
+        graph[us].add(ud)
+    # cycles between units of one layer (upward edges are reported above already)
+    seen: set[str] = set()
+    stack: list[str] = []
+
+    def visit(u: str) -> None:
+        if u in stack:
+            bad.append("cycle between units: " + " -> ".join(stack[stack.index(u):] + [u]))
+            return
+        if u in seen:
+            return
+        seen.add(u)
+        stack.append(u)
+        for v in sorted(graph[u]):
+            visit(v)
+        stack.pop()
+
+    for u in sorted(graph):
+        visit(u)
+    return list(dict.fromkeys(bad))
+
+
+def test_no_upward_import_and_no_cycle() -> None:
+    bad = violations(PKG)
+    assert not bad, "layer contracts broken (see ARCHITECTURE.md, 'Layers'):\n" + "\n".join(bad)
+
+
+def test_every_module_is_in_a_layer_and_small() -> None:
+    for path in PKG.rglob("*.py"):
+        unit_of(_module_name(path, PKG))
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        assert n <= MAX_LINES, f"{path.relative_to(PKG.parent)} has {n} lines; split it by concern (<= {MAX_LINES})"
+
+
+@pytest.mark.parametrize(("module", "added", "expect"), [
+    ("costs/__init__.py", "from pipelab.sim import simulate\n", "higher layer"),
+    ("schedules/__init__.py", "def _late():\n    from pipelab.runtime import launch\n", "higher layer"),
+    ("sim/__init__.py", "import pipelab.runtime\n", "must not import each other"),
+    ("trace.py", "from pipelab import methods\n", None),     # downward: allowed
+])
+def test_checker_catches_an_upward_import(tmp_path: Path, module: str, added: str, expect: str | None) -> None:
+    copy = tmp_path / "pipelab"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    target = copy / module
+    if not target.exists():   # the module's unit is a single file before its package exists
+        target = copy / (module.split("/")[0] + ".py")
+    target.write_text(target.read_text(encoding="utf-8") + "\n" + added, encoding="utf-8")
+    found = [v for v in violations(copy) if v not in violations(PKG)]
+    if expect is None:
+        assert found == []
+    else:
+        assert found and expect in found[0], found
