@@ -951,7 +951,7 @@ larger `D` the fast one runs up to `D` waves ahead.
 import functools
 import plotly.express as px
 from pipelab.models import demo
-from pipelab.profile.fxgraph import layer_nodes, trace
+from pipelab.graph import layer_nodes, trace
 
 images, labels = demo.digits_data("train")
 n = len(labels) // 32 * 32

@@ -1,7 +1,7 @@
 """Layers of models whose modules return tuples (``nn.LSTM``: ``(out, (h, c))``).
 
 A layer is a node together with the getitems unpacking its tuple output
-(:func:`pipelab.profile.fxgraph.layer_members`), so no cut falls between an LSTM and its unpacking
+(:func:`pipelab.graph.layer_members`), so no cut falls between an LSTM and its unpacking
 and only tensors cross cuts. Oracles: the eager model (chaining every single-layer stage must give
 its output bit for bit), what each stage really sends (the profiler's cut bytes), plain
 single-process training (a pipelined GNMT run cut right after an LSTM).
@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 import pipelab as pl
-from pipelab.models import gnmt, synthetic_translation
-from pipelab.profile.fxgraph import (
+from pipelab.graph import (
     build_stage,
     layer_members,
     layer_nodes,
@@ -27,6 +26,7 @@ from pipelab.profile.fxgraph import (
     tensor_bytes,
     trace,
 )
+from pipelab.models import gnmt, synthetic_translation
 from pipelab.reproduce.measure import cross_entropy, random_batches
 from pipelab.runtime.comm import boundary_specs
 

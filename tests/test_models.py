@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import pipelab as pl
+from pipelab.graph import build_stage, layer_nodes, trace
 from pipelab.models import (
     build,
     digits_data,
@@ -19,7 +20,6 @@ from pipelab.models import (
 )
 from pipelab.models.demo import batches
 from pipelab.models.gnmt import lstm_param_count
-from pipelab.profile.fxgraph import build_stage, layer_nodes, trace
 from pipelab.profile.pipedream_format import load_pipedream, shipped
 
 

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import pipelab as pl
+from pipelab.graph import build_stage, tensor_bytes, trace
 from pipelab.models import gnmt, gnmt_param_count, mlp, resnet50, synthetic_translation, vgg16
-from pipelab.profile.fxgraph import build_stage, tensor_bytes, trace
 from pipelab.sim.costs import CostModel
 
 

@@ -13,7 +13,7 @@ import test_runtime_helpers as H
 import torch
 
 import pipelab as pl
-from pipelab.profile.fxgraph import layer_nodes, trace
+from pipelab.graph import layer_nodes, trace
 
 pytestmark = pytest.mark.timeout(120)
 

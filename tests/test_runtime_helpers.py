@@ -169,7 +169,7 @@ def reference_pair(opt_fn: Any, steps: int, seed: int = 0) -> dict[str, torch.Te
 
 def stage_param_names(model_fn: Any, plan: Any) -> list[set[str]]:
     """Per plan stage, the names (as in model.state_dict()) of the parameters it holds."""
-    from pipelab.profile.fxgraph import build_stage, trace
+    from pipelab.graph import build_stage, trace
 
     torch.manual_seed(0)
     gm = trace(model_fn())

@@ -1,7 +1,7 @@
 """The profiler: measure a model layer by layer and return a :class:`~pipelab.profile.records.Profile`.
 
-Layers are exactly the ones the runtime builds stages from (:func:`pipelab.profile.fxgraph.trace`,
-:func:`~pipelab.profile.fxgraph.layer_members`): a module together with the getitems that unpack its
+Layers are exactly the ones the runtime builds stages from (:func:`pipelab.graph.trace`,
+:func:`~pipelab.graph.layer_members`): a module together with the getitems that unpack its
 tuple output is one layer, timed as the module alone (unpacking a tuple computes nothing).
 PipeDream's profiler records forward time, backward time, output size and weight size per layer
 (Narayanan et al., SOSP'19, section 3.1); so does this one, measured two ways:
@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from pipelab.profile.fxgraph import LAYER_OPS, layer_members, live_across_cuts, tensor_bytes, trace
+from pipelab.graph import LAYER_OPS, layer_members, live_across_cuts, tensor_bytes, trace
 from pipelab.profile.records import Layer, Profile
 
 
@@ -178,7 +178,7 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
 
     ``sample_input`` is a tensor or a tuple of the model's positional inputs, batch dimension first;
     its batch size becomes the profile's ``batch_size``. ``leaf_modules``/``depth`` choose the layer
-    granularity (see :func:`pipelab.profile.fxgraph.trace`). Each layer runs ``warmup`` untimed and
+    granularity (see :func:`pipelab.graph.trace`). Each layer runs ``warmup`` untimed and
     ``repeats`` timed times; times are medians. ``loss_fn(output) -> scalar`` adds the loss's forward
     and backward to the last layer (the last stage computes it in training). The model runs in its
     current mode (call ``model.train()`` for training costs); buffers it updates (BatchNorm's running

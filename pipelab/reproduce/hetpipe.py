@@ -151,8 +151,8 @@ def hetpipe_emulated(*, stages: int = 2, virtual_workers: int = 2, slowdown: flo
     import torch
 
     import pipelab as pl
+    from pipelab.graph import layer_nodes, trace
     from pipelab.partition.plan import Plan
-    from pipelab.profile.fxgraph import layer_nodes, trace
 
     n = len(layer_nodes(trace(digits_model())))
     workers = stages * virtual_workers

@@ -100,7 +100,7 @@ def stash_experiment(methods: Sequence[str], *, stages: int = 4, epochs: int = 8
     from tqdm.auto import tqdm
 
     import pipelab as pl
-    from pipelab.profile.fxgraph import layer_nodes, trace
+    from pipelab.graph import layer_nodes, trace
     from pipelab.runtime import supported_methods
 
     missing = [m for m in methods if parse_method(m)[0] not in supported_methods()]

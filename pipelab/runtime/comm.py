@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch.fx.passes.shape_prop import ShapeProp
 
-from pipelab.profile.fxgraph import layer_members, live_across_cuts
+from pipelab.graph import layer_members, live_across_cuts
 
 ACT, GRAD = 0, 1   # message directions
 

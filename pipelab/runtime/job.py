@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
-from pipelab.profile.fxgraph import layer_nodes, trace
 from pipelab.runtime.comm import TensorSpec, boundary_specs
 from pipelab.runtime.weights import policy_for
 from pipelab.schedules.actions import Schedule

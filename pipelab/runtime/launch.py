@@ -260,7 +260,7 @@ class Run:
 
     def _start_wsp_server(self, ctx: Any) -> list[Any]:
         """HetPipe: start the WSP parameter-server process; returns each worker's end of its pipe."""
-        from pipelab.profile.fxgraph import StageModule, trace
+        from pipelab.graph import StageModule, trace
         from pipelab.runtime.wsp import serve_process_main
 
         job = self.job

@@ -9,7 +9,7 @@ here) and the single-process reference executor (:mod:`pipelab.runtime.local`) m
 Semantics (the same in both executors):
 
 * Every worker seeds torch with the job's seed, calls ``model_fn()`` and cuts its stage(s) out of
-  the whole model with :func:`pipelab.profile.fxgraph.build_stage`, so every stage starts from the
+  the whole model with :func:`pipelab.graph.build_stage`, so every stage starts from the
   weights the single-process model has.
 * Data: the workers of the first and the last stage each iterate the same deterministic
   ``data()`` and slice their own microbatches (inputs on the first stage, targets on the last);
@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipelab.profile.fxgraph import StageModule, as_tuple, trace
+from pipelab.graph import StageModule, as_tuple, trace
 from pipelab.runtime.comm import (
     ACT,
     GRAD,
