@@ -30,7 +30,9 @@ steps = 30               # minibatches to train
 
 # %%
 import functools
+
 import torch
+
 import pipelab as pl
 from pipelab.models import demo
 
@@ -87,6 +89,7 @@ pl.views.gantt(run.trace, title=f"measured {method} ({backend})")
 
 # %%
 import plotly.express as px
+
 px.line(x=range(1, len(run.losses) + 1), y=run.losses, labels={"x": "minibatch", "y": "training loss"},
         title="training loss")
 

@@ -33,6 +33,7 @@ minibatches = 4                             # simulated minibatches per run
 # %%
 import pandas as pd
 import plotly.express as px
+
 import pipelab as pl
 
 profiles = {name: pl.Profile.from_pipedream(name) for name in models}
@@ -71,11 +72,12 @@ px.line(dp, x="workers", y="comm_fraction", color="model", facet_col="Gbps", mar
 # all-reduce behind its backward pass.
 
 # %% [markdown]
-# **Exercise.** Check the simulator against closed forms. For VGG-16 at 16 workers and 10 Gbps, compute the ring
-# all-reduce time `2(n−1)/n · P / B` and the compute time of one minibatch. If the all-reduce overlapped the
-# backward pass perfectly, the stall fraction would be `max(0, allreduce − bwd) / (fwd + max(bwd, allreduce))`;
-# if it did not overlap at all, `allreduce / (compute + allreduce)`. Is the simulated fraction between the
-# two (up to rounding: the simulator also charges latency and the optimizer step)?
+# **Exercise.** Check the simulator against closed forms. For VGG-16 at 16 workers and 10 Gbps, compute the
+# ring all-reduce time `2(n−1)/n · P / B` and the compute time of one minibatch. If the all-reduce overlapped
+# the backward pass perfectly, the stall fraction would be
+# `max(0, allreduce − bwd) / (fwd + max(bwd, allreduce))`; if it did not overlap at all,
+# `allreduce / (compute + allreduce)`. Is the simulated fraction between the two (up to rounding: the
+# simulator also charges latency and the optimizer step)?
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 
@@ -89,7 +91,8 @@ no_overlap = ar / (fwd + bwd + ar)
 full_overlap = max(0.0, ar - bwd) / (fwd + max(bwd, ar))
 sim_frac = dp[(dp.model == "vgg16") & (dp.workers == n) & (dp.Gbps == 10)].comm_fraction
 print(f"all-reduce {ar * 1e3:.1f} ms, compute {(fwd + bwd) * 1e3:.1f} ms")
-print(f"perfect overlap {full_overlap:.3f}, simulated {float(sim_frac.iloc[0]):.3f}, no overlap {no_overlap:.3f}")
+print(f"perfect overlap {full_overlap:.3f}, simulated {float(sim_frac.iloc[0]):.3f}, "
+      f"no overlap {no_overlap:.3f}")
 if n in worker_counts and 10 in bandwidths_gbps and "vgg16" in models:
     assert full_overlap - 0.02 <= float(sim_frac.iloc[0]) <= no_overlap + 0.02
 
@@ -128,9 +131,9 @@ compare
 # `reproductions/pipedream_table1/` compares every row of that table and says which terms differ.
 
 # %% [markdown]
-# **Exercise.** The pipeline wins where data parallelism stalls. Plot, for each model, the simulated speed-up of the
-# pipedream plan against the data-parallel communication fraction on cluster A. Which model gains least,
-# and why?
+# **Exercise.** The pipeline wins where data parallelism stalls. Plot, for each model, the simulated speed-up
+# of the pipedream plan against the data-parallel communication fraction on cluster A. Which model gains
+# least, and why?
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 

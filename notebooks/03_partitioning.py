@@ -40,7 +40,9 @@ explorer_models = ["vgg16", "gnmt8"]                # shipped PipeDream profiles
 # %%
 import itertools
 import math
+
 import pandas as pd
+
 import pipelab as pl
 from pipelab.sim.costs import CostModel
 
@@ -132,10 +134,10 @@ assert math.isclose(plan.time_per_minibatch, best, rel_tol=1e-6)
 pl.views.partition_graph(prof, plan)
 
 # %% [markdown]
-# **Exercise.** PipeDream's DP optimizes a *straight* pipeline too (one worker per stage, option `straight=True`). Change
-# the recurrence so that every stage gets exactly one worker (`m' = 1`, and `T(0, j, m)` only for `m = 1`),
-# and check your answer against `pl.partition(..., straight=True)`. How much slower than the replicated plan
-# is it, and why?
+# **Exercise.** PipeDream's DP optimizes a *straight* pipeline too (one worker per stage, option
+# `straight=True`). Change the recurrence so that every stage gets exactly one worker (`m' = 1`, and
+# `T(0, j, m)` only for `m = 1`), and check your answer against `pl.partition(..., straight=True)`. How
+# much slower than the replicated plan is it, and why?
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 
@@ -149,7 +151,8 @@ for j in range(N):
 straight = pl.partition(prof, cluster, method="pipedream", straight=True)
 print(straight.describe())
 ours_straight = min(S[N - 1][m] for m in range(1, workers + 1))
-print(f"ours {ours_straight * 1e3:.4f} ms; pl.partition's search {straight.notes['search_objective_s'] * 1e3:.4f} ms")
+print(f"ours {ours_straight * 1e3:.4f} ms; "
+      f"pl.partition's search {straight.notes['search_objective_s'] * 1e3:.4f} ms")
 assert math.isclose(straight.notes["search_objective_s"], ours_straight, rel_tol=1e-6)
 # The paper's recurrence takes the slowest stage or link. pipelab then scores the chosen plan with the
 # full steady state of the cost model, which also bounds a run of unreplicated stages by their 1F1B
@@ -188,7 +191,8 @@ pd.DataFrame(rows)
 from pipelab.cluster import Device, Level
 
 devices = [Device("fast", 2.0), Device("mid", 1.0), Device("mid", 1.0), Device("slow", 0.5)][:workers]
-hetero = pl.Cluster.heterogeneous([devices], intra=Level("pcie", len(devices), 1e12), inter=Level("net", 1, 1e12))
+hetero = pl.Cluster.heterogeneous([devices], intra=Level("pcie", len(devices), 1e12),
+                                  inter=Level("net", 1, 1e12))
 hp = pl.partition(prof, hetero, method="hetpipe", policy="NP")     # NP: the node's GPUs form one VW
 print(hp.describe())
 device_of = hp.notes.get("workers", list(range(hetero.num_workers)))   # plan rank -> physical device
@@ -198,9 +202,9 @@ for s in hp.stages:
           f"{prof[s.start:s.end].compute_s / hetero.speed(w) * 1e3:.2f} ms")
 
 # %% [markdown]
-# **Exercise.** HetPipe also chooses the *order* of the devices along the pipeline. Brute-force every contiguous cut into
-# `len(devices)` stages and every order of the devices, minimizing the slowest `compute / speed`, and check
-# that `hp.time_per_minibatch` (one VW: its bottleneck) equals your optimum.
+# **Exercise.** HetPipe also chooses the *order* of the devices along the pipeline. Brute-force every
+# contiguous cut into `len(devices)` stages and every order of the devices, minimizing the slowest
+# `compute / speed`, and check that `hp.time_per_minibatch` (one VW: its bottleneck) equals your optimum.
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 
@@ -231,8 +235,9 @@ explorers[0]
 explorers[-1] if len(explorers) > 1 else None
 
 # %% [markdown]
-# **Exercise.** VGG-16 on cluster A (4×4): compare the configs and predicted speed-ups of `pipedream`, `prefix-sum` and
-# `dp`. Why does the prefix-sum partition, a straight pipeline, lose to PipeDream's replicated front here?
+# **Exercise.** VGG-16 on cluster A (4×4): compare the configs and predicted speed-ups of `pipedream`,
+# `prefix-sum` and `dp`. Why does the prefix-sum partition, a straight pipeline, lose to PipeDream's
+# replicated front here?
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 

@@ -22,7 +22,7 @@
 # | method | idea | source |
 # |---|---|---|
 # | `gpipe` | all forwards, then all backwards, flush | Huang et al., NeurIPS'19 |
-# | `1f1b-flush` | after a warm-up, alternate one forward, one backward; flush | Narayanan et al., ICML'21 / SC'21 |
+# | `1f1b-flush` | after a warm-up, alternate forward and backward; flush | Narayanan et al., ICML'21, SC'21 |
 # | `pipedream` | 1F1B without flushes; weight stashing | Narayanan et al., SOSP'19 |
 # | `interleaved-1f1b` | `v` virtual stages per worker | Narayanan et al., SC'21 §2.2 |
 # | `zb-h1` | backward split into B (input grad) and W (weight grad) | Qi et al., ICLR'24 |
@@ -36,9 +36,11 @@ microbatch_sweep = [1, 2, 4, 8, 16, 32]
 # %%
 import pandas as pd
 import plotly.express as px
+
 import pipelab as pl
 
-methods = {"gpipe": {}, "1f1b-flush": {}, "pipedream": {}, "interleaved-1f1b": {"chunks": chunks}, "zb-h1": {}}
+methods = {"gpipe": {}, "1f1b-flush": {}, "pipedream": {}, "interleaved-1f1b": {"chunks": chunks},
+           "zb-h1": {}}
 scheds = {}
 for method, opts in methods.items():
     # pipedream has no minibatch boundary: each "microbatch" is a minibatch, and the default length
@@ -69,7 +71,8 @@ for M in microbatch_sweep:
             continue                                   # interleaving needs M a multiple of P
         opts = methods[method]
         sched = pl.schedules.build(method, stages, microbatches=M, minibatches=1, **opts)
-        rows.append({"M": M, "method": method, "bubble": pl.views.bubble_fraction(pl.views.schedule_trace(sched))})
+        bubble = pl.views.bubble_fraction(pl.views.schedule_trace(sched))
+        rows.append({"M": M, "method": method, "bubble": bubble})
     rows.append({"M": M, "method": "closed form (P-1)/(M+P-1)", "bubble": (stages - 1) / (M + stages - 1)})
 bubbles = pd.DataFrame(rows)
 gp = bubbles[bubbles.method == "gpipe"].bubble.to_numpy()
@@ -79,9 +82,9 @@ px.line(bubbles, x="M", y="bubble", color="method", markers=True, log_x=True,
         title=f"bubble fraction against microbatches, P = {stages}")
 
 # %% [markdown]
-# **Exercise.** Check the interleaved schedule against its closed form `(P−1)/(v·M + P−1)` for every `M` of the sweep
-# (it needs `M` a multiple of `P`), and ZB-H1's bubble *time* against a third of 1F1B's with equal F, B, W
-# costs, for `M ≥ P` (Qi et al., ICLR'24, §3: 1F1B idles `(P−1)(F+B+W)`, ZB-H1 `(P−1)(F+B−2W)`).
+# **Exercise.** Check the interleaved schedule against its closed form `(P−1)/(v·M + P−1)` for every `M` of
+# the sweep (it needs `M` a multiple of `P`), and ZB-H1's bubble *time* against a third of 1F1B's with equal
+# F, B, W costs, for `M ≥ P` (Qi et al., ICLR'24, §3: 1F1B idles `(P−1)(F+B+W)`, ZB-H1 `(P−1)(F+B−2W)`).
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 
@@ -133,9 +136,9 @@ px.bar(pd.DataFrame(rows), x="worker", y="peak_MB", color="method", barmode="gro
        title="simulated peak memory per worker")
 
 # %% [markdown]
-# **Exercise.** How many weight versions does each PipeDream stage hold at once? The schedule records, for every action,
-# the version it reads (`sched.versions`); `sched.versions_held(s)` counts the most that stage `s` must keep
-# alive at any time. Compare with PipeDream's `P − s` (SOSP'19, §3.3).
+# **Exercise.** How many weight versions does each PipeDream stage hold at once? The schedule records, for
+# every action, the version it reads (`sched.versions`); `sched.versions_held(s)` counts the most that stage
+# `s` must keep alive at any time. Compare with PipeDream's `P − s` (SOSP'19, §3.3).
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 

@@ -36,9 +36,11 @@ policies = ["1f1b-flush", "naive-async", "pipedream", "vertical-sync", "2bw", "p
 
 # %%
 import functools
+
 import pandas as pd
 import plotly.express as px
 import torch
+
 import pipelab as pl
 from pipelab.models import demo
 
@@ -130,9 +132,10 @@ px.line(pd.DataFrame(curves), x="step", y="loss", color="policy", facet_col="lr"
 # the longest delay.
 
 # %% [markdown]
-# **Exercise.** Predict the versions held per stage for PipeDream (`P − s` for stage `s` of a straight `P`-stage pipeline,
-# §3.3), 2BW (at most 2), naive-async and the flush (1), and check them against the measured column. Then
-# explain vertical sync's column: why must a late stage keep as many versions as the input stage?
+# **Exercise.** Predict the versions held per stage for PipeDream (`P − s` for stage `s` of a straight
+# `P`-stage pipeline, §3.3), 2BW (at most 2), naive-async and the flush (1), and check them against the
+# measured column. Then explain vertical sync's column: why must a late stage keep as many versions as the
+# input stage?
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 
@@ -156,9 +159,9 @@ if "naive-async" in held:
 print("predictions hold:", held)
 
 # %% [markdown]
-# **What each costs.** Stashing multiplies a stage's weight memory by the minibatches in flight there (`P − s`,
-# so most at the input stage); vertical sync makes every stage agree on the input stage's version, which
-# costs `P` versions at *every* stage; 2BW caps versions at two for any depth by coalescing gradients over a
-# minibatch and applying them one update late; naive-async and PipeMare hold one version, and PipeMare
-# pays instead with smaller early learning rates for delayed stages and an extrapolation of the weights
-# (discrepancy correction). The flush holds one version too, and pays in bubbles (`04_schedules`).
+# **What each costs.** Stashing multiplies a stage's weight memory by the minibatches in flight there
+# (`P − s`, so most at the input stage); vertical sync makes every stage agree on the input stage's
+# version, which costs `P` versions at *every* stage; 2BW caps versions at two for any depth by coalescing
+# gradients over a minibatch and applying them one update late; naive-async and PipeMare hold one version, and
+# PipeMare pays instead with smaller early learning rates for delayed stages and an extrapolation of the
+# weights (discrepancy correction). The flush holds one version too, and pays in bubbles (`04_schedules`).

@@ -35,14 +35,17 @@ slow_factor = 3.0                    # how much slower virtual worker 1's GPUs a
 from dataclasses import replace
 
 import pandas as pd
+
 import pipelab as pl
+
 
 def at_batch(prof, batch):
     """First-order rescaling of a profile to another minibatch: times and activation bytes scale with
     the batch, parameters do not. (Real GPUs are less efficient at small batches, so this flatters them.)"""
     f = batch / prof.batch_size
-    layers = [replace(l, fwd_s=l.fwd_s * f, bwd_s=l.bwd_s * f, out_bytes=round(l.out_bytes * f),
-                      saved_bytes=round(l.saved_bytes * f)) for l in prof.layers]
+    layers = [replace(layer, fwd_s=layer.fwd_s * f, bwd_s=layer.bwd_s * f,
+                      out_bytes=round(layer.out_bytes * f), saved_bytes=round(layer.saved_bytes * f))
+              for layer in prof.layers]
     return replace(prof, layers=tuple(layers), cut_bytes=tuple(round(c * f) for c in prof.cut_bytes),
                    input_bytes=round(prof.input_bytes * f), batch_size=batch)
 
@@ -93,8 +96,11 @@ pl.views.gantt(sim.trace, title=f"hetpipe ({policies[0]}): simulated")
 
 # %%
 import heapq
+
 import torch
+
 from pipelab.runtime import wsp
+
 
 def run_waves(D, speeds, horizon):
     """Event-driven WSP: VW v needs 1/speeds[v] s per wave; returns the server after `horizon` seconds."""
@@ -127,9 +133,9 @@ assert list(wsp_table["total waves"]) == sorted(wsp_table["total waves"]), "more
 wsp_table
 
 # %% [markdown]
-# **Exercise.** Predict the waves each VW completes in 10 s. The slow VWs (speed 1) finish 10 whatever `D` is, so the
-# global clock ends at 10. A VW whose clock is `c` may start another wave only while `c − global ≤ D`; how
-# many waves can the fastest VW (speed 4) have completed at the end? Check your formula against the table.
+# **Exercise.** Predict the waves each VW completes in 10 s. The slow VWs (speed 1) finish 10 whatever `D` is,
+# so the global clock ends at 10. A VW whose clock is `c` may start another wave only while `c − global ≤ D`;
+# how many waves can the fastest VW (speed 4) have completed at the end? Check your formula against the table.
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 
@@ -156,9 +162,11 @@ for D, waves in zip(wsp_table["D"], wsp_table["waves per VW"]):
 
 # %%
 import functools
+
 import plotly.express as px
-from pipelab.models import demo
+
 from pipelab.graph import layer_nodes, trace
+from pipelab.models import demo
 
 images, labels = demo.digits_data("train")
 n = len(labels) // 32 * 32
@@ -177,4 +185,5 @@ for D in sorted({staleness_bounds[0], staleness_bounds[-1]}):
     clock_rows += [{"D": D, "t (s)": e.t, "virtual worker": str(e.vw), "local clock": e.clock}
                    for e in r.wsp_log if e.kind == "push" and e.stage == 0]
 px.line(pd.DataFrame(clock_rows), x="t (s)", y="local clock", color="virtual worker", facet_col="D",
-        markers=True, line_shape="hv", title="virtual workers' clocks on the parameter server (stage 0 shard)")
+        markers=True, line_shape="hv",
+        title="virtual workers' clocks on the parameter server (stage 0 shard)")

@@ -33,8 +33,6 @@ batches = 16                                     # batches of records streamed t
 bandwidth_gbps = 10.0
 
 # %%
-import pandas as pd
-import plotly.express as px
 import pipelab as pl
 
 ops = pl.Profile.synthetic([ms / 1e3 for ms in op_ms], bwd_s=[0.0] * len(op_ms),
@@ -71,15 +69,16 @@ stream = Schedule(method="forward-only", num_stages=gpipe.num_stages, stage_rank
                   microbatches=batches, minibatches=1,
                   actions=tuple(tuple(a for a in acts if a.kind == "F") for acts in gpipe.actions))
 print(stream)
-sim = pl.simulate(straight, ops, cluster, method="gpipe", microbatches=batches, minibatches=1, schedule=stream)
+sim = pl.simulate(straight, ops, cluster, method="gpipe", microbatches=batches, minibatches=1,
+                  schedule=stream)
 print(f"simulated: {batches} batches in {sim.trace.makespan * 1e3:.2f} ms")
 pl.views.gantt(sim.trace, title="the data pipeline, streamed (forward-only schedule)")
 
 # %% [markdown]
-# **Exercise.** Check the simulator with a closed form. The profile's costs are for the whole job; streamed as `M` batches,
-# each batch costs `1/M` of every operator and of every transfer. With per-stage compute `c_s` and send
-# time `x_s` (the stage's outgoing bytes over the link), a pipeline in which each stage sends while it
-# computes the next batch finishes after the first batch has crossed every stage and link, plus `M − 1`
+# **Exercise.** Check the simulator with a closed form. The profile's costs are for the whole job; streamed as
+# `M` batches, each batch costs `1/M` of every operator and of every transfer. With per-stage compute `c_s`
+# and send time `x_s` (the stage's outgoing bytes over the link), a pipeline in which each stage sends while
+# it computes the next batch finishes after the first batch has crossed every stage and link, plus `M − 1`
 # times the slowest of all those steps: `Σ_s (c_s + x_s) + (M − 1) · max_s max(c_s, x_s)`.
 # Then compare the bubble of the forward-only schedule (unit costs) with `(P−1)/(M+P−1)`.
 #
@@ -112,8 +111,8 @@ assert abs(bubble - (P - 1) / (batches + P - 1)) < 1e-9
 # backward pass and a gradient sent back across every cut, which is why we used the forward-only schedule.
 
 # %% [markdown]
-# **Exercise.** Make the reduce stateful: give the `reduce` operator 200 MB of "parameters" (its aggregate) and
-# re-partition with replication allowed. What happens to the replica count of the stage holding `reduce`,
+# **Exercise.** Make the reduce stateful: give the `reduce` operator 200 MB of "parameters" (its aggregate)
+# and re-partition with replication allowed. What happens to the replica count of the stage holding `reduce`,
 # and why?
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*

@@ -71,7 +71,7 @@ def test_notebook_matches_its_percent_source(ipynb: Path) -> None:
 
 
 def test_the_comparison_reports_a_notebook_out_of_sync(tmp_path: Path) -> None:
-    """Edited sources (a changed line, a lost tag, a dropped cell) are reported against the stored notebook."""
+    """Edited sources (a changed line, a lost tag, a dropped cell) are reported against the stored one."""
     ipynb = REPO / "notebooks" / "01_quickstart.ipynb"
     text = ipynb.with_suffix(".py").read_text(encoding="utf-8")
     assert cell_differences(ipynb.with_suffix(".py"), ipynb) == []

@@ -40,19 +40,22 @@ def _load(name: str) -> dict[str, Any]:
 
 
 def test_all_seven_notebooks_exist_and_have_small_parameters() -> None:
-    assert NOTEBOOKS == sorted(SMALL), f"notebooks on disk {NOTEBOOKS} differ from those tested {sorted(SMALL)}"
+    assert NOTEBOOKS == sorted(SMALL), \
+        f"notebooks on disk {NOTEBOOKS} differ from those tested {sorted(SMALL)}"
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_notebook_is_stored_clean(name: str) -> None:
     path = NB_DIR / f"{name}.ipynb"
-    assert path.stat().st_size < 100_000, f"{path.name} is {path.stat().st_size} bytes; store it without outputs"
+    size = path.stat().st_size
+    assert size < 100_000, f"{path.name} is {size} bytes; store it without outputs"
     nb = _load(name)
     codes = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert all(c["outputs"] == [] and c["execution_count"] is None for c in codes), f"{name} has outputs"
     tagged = [c for c in codes if "parameters" in c["metadata"].get("tags", [])]
-    assert len(tagged) == 1 and codes.index(tagged[0]) == 0, f"{name}: first code cell must be the parameters cell"
-    # every small parameter the suite overrides exists in the parameters cell (papermill would add it silently)
+    assert len(tagged) == 1 and codes.index(tagged[0]) == 0, \
+        f"{name}: first code cell must be the parameters cell"
+    # every small parameter the suite overrides is in the parameters cell (papermill would add it silently)
     source = "".join(tagged[0]["source"])
     for key in SMALL[name]:
         assert f"\n{key} =" in "\n" + source, f"{name}: parameter {key!r} is not in its parameters cell"

@@ -48,7 +48,6 @@ out_dir = "."
 report = False
 
 # %%
-import plotly.io as pio
 from IPython.display import HTML, display
 
 
@@ -63,9 +62,6 @@ def show(fig):
 # %%
 from pathlib import Path
 
-import pandas as pd
-
-import pipelab as pl
 from pipelab import reproduce as rp
 
 # %% [markdown]

@@ -60,7 +60,6 @@ out_dir = ""                 # if set, row.json (this row's numbers, for the dri
 report = False               # True under the driver: figures as HTML, plotly.js added once by the report
 
 # %%
-import plotly.io as pio
 from IPython.display import HTML, display
 
 
@@ -103,7 +102,8 @@ else:
     raise ValueError(f"profile_source={profile_source!r} must be 'pipedream' or 'measured'")
 cl = pl.Cluster.preset(cluster, servers=servers, gpus_per_server=gpus_per_server, speed=device_speed)
 print(f"{model}: {len(prof)} layers, batch {prof.batch_size}, "
-      f"fwd+bwd {(prof.fwd_s + prof.bwd_s) * 1e3:.1f} ms/minibatch, {prof.param_bytes / 1e6:.1f} MB of weights")
+      f"fwd+bwd {(prof.fwd_s + prof.bwd_s) * 1e3:.1f} ms/minibatch, "
+      f"{prof.param_bytes / 1e6:.1f} MB of weights")
 print(cl.describe())
 
 # %% [markdown]

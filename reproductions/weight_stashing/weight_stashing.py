@@ -53,7 +53,6 @@ out_dir = "."
 report = False
 
 # %%
-import plotly.io as pio
 from IPython.display import HTML, display
 
 
@@ -70,7 +69,6 @@ from pathlib import Path
 
 import pandas as pd
 
-import pipelab as pl
 from pipelab import reproduce as rp
 
 runs = [rp.stash_experiment(methods, stages=stages, epochs=epochs, batch_size=batch_size, lr=lr,
@@ -93,8 +91,8 @@ print(rp.stash_verdict(final))
 final
 
 # %%
-show(rp.curves_figure(curves, x="epoch", y="test_accuracy", color="method",
-                      title=f"digits, small CNN, {stages} stages, lr {lr}, momentum {momentum}: test accuracy"))
+title = f"digits, small CNN, {stages} stages, lr {lr}, momentum {momentum}: test accuracy"
+show(rp.curves_figure(curves, x="epoch", y="test_accuracy", color="method", title=title))
 
 # %% [markdown]
 # ## How it depends on the learning rate
@@ -114,9 +112,12 @@ rp.write_table(sweep, out / "lr_sweep.csv")
 rp.write_table(per_seed, out / "accuracy_per_seed.csv")
 rp.write_table(curves, out / "accuracy.csv")
 rp.write_table(final, out / "summary.csv")
-rp.write_text(out / "accuracy.svg", rp.svg_curves(curves, x="epoch", y="test_accuracy", color="method",
-                                                  title=f"digits CNN, {stages} stages: test accuracy per epoch"))
+svg = rp.svg_curves(curves, x="epoch", y="test_accuracy", color="method",
+                    title=f"digits CNN, {stages} stages: test accuracy per epoch")
+rp.write_text(out / "accuracy.svg", svg)
 verdict = rp.stash_verdict(final)
-rp.write_text(out / "results.md", f"# Weight stashing: results\n\nlr {lr}, momentum {momentum}, {epochs} epochs, "
-              f"{stages} stages, mean of seeds {seeds}\n\n{rp.markdown_table(final)}\n\n```\n{verdict}\n```\n\n"
+rp.write_text(out / "results.md",
+              f"# Weight stashing: results\n\nlr {lr}, momentum {momentum}, {epochs} epochs, "
+              f"{stages} stages, mean of seeds {seeds}\n\n{rp.markdown_table(final)}\n\n"
+              f"```\n{verdict}\n```\n\n"
               f"## Learning-rate sweep (late accuracy)\n\n{rp.markdown_table(sweep)}\n")
