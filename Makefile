@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.pipelab-installed
 
-.PHONY: install test reproduce lab lint clean browser-deps
+.PHONY: install test reproduce lab lint clean browser-deps notebooks
 
 install: $(STAMP)
 
@@ -36,6 +36,13 @@ reproduce: $(STAMP)
 # --allow-root only where we are root (containers); a person's browser opens on the printed URL
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
+
+# The notebooks' sources are the jupytext percent-format .py files beside them (jupytext.toml pairs
+# them); this rewrites each stored .ipynb from its source, keeping cell ids and leaving outputs out.
+NOTEBOOK_SOURCES = $(shell grep -l '^\#       format_name: percent' notebooks/*.py reproductions/*/*.py)
+
+notebooks: $(STAMP)
+	$(VENV)/bin/jupytext --to ipynb --update $(NOTEBOOK_SOURCES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,160 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Schedules: who runs what, when
+#
+# A schedule is data: per worker, an ordered list of actions such as `1F0` (stage 1, forward, microbatch
+# 0), `B` (backward), `W` (weight gradient, split off by zero-bubble schedules) and `U` (optimizer step).
+# The same lists drive the runtime, the simulator and the Gantt charts. We compare five orders on a
+# `P`-stage pipeline with `M` microbatches per minibatch:
+#
+# | method | idea | source |
+# |---|---|---|
+# | `gpipe` | all forwards, then all backwards, flush | Huang et al., NeurIPS'19 |
+# | `1f1b-flush` | after a warm-up, alternate forward and backward; flush | Narayanan et al., ICML'21, SC'21 |
+# | `pipedream` | 1F1B without flushes; weight stashing | Narayanan et al., SOSP'19 |
+# | `interleaved-1f1b` | `v` virtual stages per worker | Narayanan et al., SC'21 §2.2 |
+# | `zb-h1` | backward split into B (input grad) and W (weight grad) | Qi et al., ICLR'24 |
+
+# %% tags=["parameters"]
+stages = 4                 # P
+microbatches = 8           # M per minibatch
+chunks = 2                 # v, virtual stages per worker for interleaved-1f1b
+microbatch_sweep = [1, 2, 4, 8, 16, 32]
+
+# %%
+import pandas as pd
+import plotly.express as px
+
+import pipelab as pl
+
+methods = {"gpipe": {}, "1f1b-flush": {}, "pipedream": {}, "interleaved-1f1b": {"chunks": chunks},
+           "zb-h1": {}}
+scheds = {}
+for method, opts in methods.items():
+    # pipedream has no minibatch boundary: each "microbatch" is a minibatch, and the default length
+    # (three times the minibatches in flight) reaches its steady state
+    M = None if method == "pipedream" else microbatches
+    K = None if method == "pipedream" else 1
+    scheds[method] = pl.schedules.build(method, stages, microbatches=M, minibatches=K, **opts)
+    pl.schedules.validate(scheds[method])          # dependencies respected, no deadlock
+print(scheds["1f1b-flush"])                         # the per-worker action lists as a grid
+
+# %%
+# Unit costs (F = 1, B = 2; F = B = W = 1 when W is split off) laid out in time, one figure per method.
+for method, sched in scheds.items():
+    pl.views.gantt(sched, title=method).show()
+
+# %% [markdown]
+# The white space is the **bubble**: time a worker idles. For GPipe and 1F1B with flushes, with equal
+# per-stage costs, each worker idles `P−1` slots of `M+P−1`, so the bubble fraction is `(P−1)/(M+P−1)` of
+# the total time (Huang et al., NeurIPS'19, §2.2; Narayanan et al., SC'21, §2.2, state the same bubble as
+# `(P−1)/M` of the ideal time). Interleaving divides it by `v`; ZB-H1
+# cuts it to about a third by filling it with `W`s (Qi et al., ICLR'24, §3).
+
+# %%
+rows = []
+for M in microbatch_sweep:
+    for method in ("gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1"):
+        if method == "interleaved-1f1b" and M % stages:
+            continue                                   # interleaving needs M a multiple of P
+        opts = methods[method]
+        sched = pl.schedules.build(method, stages, microbatches=M, minibatches=1, **opts)
+        bubble = pl.views.bubble_fraction(pl.views.schedule_trace(sched))
+        rows.append({"M": M, "method": method, "bubble": bubble})
+    rows.append({"M": M, "method": "closed form (P-1)/(M+P-1)", "bubble": (stages - 1) / (M + stages - 1)})
+bubbles = pd.DataFrame(rows)
+gp = bubbles[bubbles.method == "gpipe"].bubble.to_numpy()
+cf = bubbles[bubbles.method.str.startswith("closed")].bubble.to_numpy()
+assert abs(gp - cf).max() < 1e-9, "GPipe's bubble must match the closed form"
+px.line(bubbles, x="M", y="bubble", color="method", markers=True, log_x=True,
+        title=f"bubble fraction against microbatches, P = {stages}")
+
+# %% [markdown]
+# **Exercise.** Check the interleaved schedule against its closed form `(P−1)/(v·M + P−1)` for every `M` of
+# the sweep (it needs `M` a multiple of `P`), and ZB-H1's bubble *time* against a third of 1F1B's with equal
+# F, B, W costs, for `M ≥ P` (Qi et al., ICLR'24, §3: 1F1B idles `(P−1)(F+B+W)`, ZB-H1 `(P−1)(F+B−2W)`).
+#
+# *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution
+inter = bubbles[bubbles.method == "interleaved-1f1b"].set_index("M").bubble
+for M, b in inter.items():
+    expected = (stages - 1) / (chunks * M + stages - 1)
+    print(f"M={M:3d} interleaved {b:.4f}  closed form {expected:.4f}")
+    assert abs(b - expected) < 1e-9
+
+def bubble_time(method, M):
+    tr = pl.views.schedule_trace(pl.schedules.build(method, stages, microbatches=M, minibatches=1))
+    return tr.makespan * pl.views.bubble_fraction(tr)      # idle time per worker, in units of F
+
+for M in microbatch_sweep:
+    ratio = bubble_time("zb-h1", M) / bubble_time("1f1b-flush", M)
+    print(f"M={M:3d} ZB-H1 / 1F1B bubble time = {ratio:.3f}")
+    if M >= stages:
+        assert abs(ratio - 1 / 3) < 0.05, f"ZB-H1 should idle about a third of 1F1B's time at M={M}"
+
+# %% [markdown]
+# ## Memory: activations in flight
+#
+# GPipe keeps the activations of all `M` microbatches until their backward; 1F1B starts backwards early
+# and keeps at most `P − s` microbatches at stage `s`. PipeDream keeps `P − s` *minibatches* in flight at
+# stage `s` and stashes a weight version for each. The simulator tracks both per worker.
+
+# %%
+from dataclasses import replace
+
+# equal stages; each layer keeps 32 MB of activations per minibatch for its backward, weights are small
+base = pl.Profile.synthetic([1e-3] * stages, out_bytes=[8_000_000] * stages, param_bytes=[2_000_000] * stages,
+                            batch_size=64)
+prof = replace(base, layers=tuple(replace(layer, saved_bytes=32_000_000) for layer in base.layers))
+cluster = pl.Cluster.flat(stages, bandwidth=10e9)
+plan = pl.Plan.even(stages, stages)
+rows, peak = [], {}
+for method in ("gpipe", "1f1b-flush", "pipedream"):
+    M, K = (None, None) if method == "pipedream" else (microbatches, 2)
+    sim = pl.simulate(plan, prof, cluster, method=method, microbatches=M, minibatches=K)
+    peak[method] = sim.peak_memory
+    for w, b in enumerate(sim.peak_memory):
+        rows.append({"method": method, "worker": w, "peak_MB": b / 1e6})
+# GPipe holds all M microbatches at every stage; 1F1B at most P - s of them at stage s
+assert all(g >= f for g, f in zip(peak["gpipe"], peak["1f1b-flush"]))
+assert list(peak["1f1b-flush"]) == sorted(peak["1f1b-flush"], reverse=True)
+px.bar(pd.DataFrame(rows), x="worker", y="peak_MB", color="method", barmode="group",
+       title="simulated peak memory per worker")
+
+# %% [markdown]
+# **Exercise.** How many weight versions does each PipeDream stage hold at once? The schedule records, for
+# every action, the version it reads (`sched.versions`); `sched.versions_held(s)` counts the most that stage
+# `s` must keep alive at any time. Compare with PipeDream's `P − s` (SOSP'19, §3.3).
+#
+# *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution
+pd_sched = scheds["pipedream"]
+for s in range(stages):
+    held = pd_sched.versions_held(s)
+    print(f"stage {s}: versions held {held}, closed form P - s = {stages - s}")
+    assert held == stages - s
+
+# %% [markdown]
+# ## Explore
+#
+# The ScheduleExplorer redraws the simulated Gantt, bubble and memory as you change the method, stages,
+# microbatches, `v` and `K`.
+
+# %%
+pl.widgets.ScheduleExplorer()
