@@ -44,7 +44,7 @@ import math
 import pandas as pd
 
 import pipelab as pl
-from pipelab.sim.costs import CostModel
+from pipelab.costs import CostModel
 
 prof = pl.Profile.synthetic([ms / 1e3 for ms in layer_ms], out_bytes=[round(mb * 1e6) for mb in out_mb],
                             param_bytes=[round(mb * 1e6) for mb in param_mb], model="vgg-like")

@@ -21,12 +21,12 @@ from pathlib import Path
 
 from pipelab._io import atomic_write_text
 from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
 from pipelab.partition import partition
 from pipelab.partition._evaluate import build_plan
 from pipelab.partition.dp import dp_time_s
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
-from pipelab.sim.costs import CostModel
 
 # (model, preset, servers, gpus, paper config, paper speed-up) -- PipeDream SOSP'19 Table 1
 ROWS = [

@@ -22,7 +22,7 @@ from pipelab.runtime import train
 from pipelab.schedules import segments as seg
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.sim.engine import UnitCosts
+from pipelab.schedules.dataflow import UnitCosts
 
 PLAN = Plan.from_boundaries(4, [2])
 

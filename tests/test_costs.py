@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelab.cluster import Cluster, Device, Level
+from pipelab.costs import CostModel
 from pipelab.profile.records import Profile
-from pipelab.sim.costs import CostModel
 
 
 def _prof(n=6, seed=0):

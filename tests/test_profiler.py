@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 import pipelab as pl
+from pipelab.costs import CostModel
 from pipelab.graph import build_stage, tensor_bytes, trace
 from pipelab.models import gnmt, gnmt_param_count, mlp, resnet50, synthetic_translation, vgg16
-from pipelab.sim.costs import CostModel
 
 
 def test_vgg16_and_resnet50_parameter_bytes_are_exact() -> None:

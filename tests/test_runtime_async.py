@@ -87,8 +87,8 @@ def test_delayed_policies_match_oracle_and_memory_model(method: str, kw: dict, d
 def assert_weight_memory_matches_model(r: Any, plan: Plan) -> None:
     """Peak weight bytes measured per stage within 10% of the cost model's weights + stashed versions."""
     from pipelab.cluster import Cluster
+    from pipelab.costs import CostModel
     from pipelab.profile.measure import profile
-    from pipelab.sim.costs import CostModel
 
     torch.manual_seed(0)
     prof = profile(H.mlp(), next(iter(H.data()))[0], progress=False)

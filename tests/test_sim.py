@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action
+from pipelab.schedules.dataflow import Costs, UnitCosts
 from pipelab.sim import simulate, simulate_schedule
-from pipelab.sim.costs import CostModel
-from pipelab.sim.engine import Costs, UnitCosts
 
 DATA = Path(__file__).resolve().parents[1] / "pipelab" / "data" / "pipedream"
 
@@ -241,8 +241,8 @@ def test_hetpipe_time_counts_1f1b_pair_cycle() -> None:
     stage 0 runs B(m), F(m+3), and stage 1 answers F(m+3) with B(m+2), so the pair finishes two
     minibatches per (0.09 + 0.09 + 2 * 0.03) s = 0.12 s each, above the compute bound (0.09) and the
     round trip (0.081) -- the simulator agrees, and so must the HetPipe prediction of one VW."""
+    from pipelab.costs import CostModel
     from pipelab.partition.hetero import hetpipe_time_s
-    from pipelab.sim.costs import CostModel
 
     prof = Profile.synthetic([0.03, 0.03, 0.001], [0.06, 0.06, 0.002], out_bytes=[3 * 10**8, 10**3, 10**3],
                              param_bytes=[10**6] * 3)

@@ -14,13 +14,13 @@ import math
 import pytest
 
 from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
 from pipelab.partition import partition
 from pipelab.partition._evaluate import build_plan
 from pipelab.partition.pipedream import block_workers, solve
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.sim import simulate
-from pipelab.sim.costs import CostModel
 
 CLUSTERS = ("pipedream-a:4x4", "pipedream-b:2x8", "pipedream-c:4")
 MODELS = ("vgg16", "resnet50", "gnmt8", "gnmt16", "alexnet")

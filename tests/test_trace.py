@@ -11,8 +11,8 @@ from pipelab.cluster import Cluster
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.schedules import build
+from pipelab.schedules.dataflow import UnitCosts
 from pipelab.sim import simulate, simulate_schedule
-from pipelab.sim.engine import UnitCosts
 from pipelab.trace import Trace
 
 

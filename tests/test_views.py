@@ -296,7 +296,7 @@ def test_to_html_is_self_contained():
 
 def test_simulator_engine_and_fallback_layouts_agree():
     """The chart uses the simulator's engine when present; its unit-cost layout equals the list scheduler's."""
-    engine = pytest.importorskip("pipelab.sim.engine")
+    engine = pytest.importorskip("pipelab.schedules.dataflow")
     assert engine is not None
     schedules = [gpipe(3, 5, K=2), one_f_one_b(4, 7)]
     try:
@@ -309,7 +309,7 @@ def test_simulator_engine_and_fallback_layouts_agree():
     for sched in schedules:
         a = schedule_trace(sched)
         b = schedule_trace(sched, engine=False)
-        assert a.meta["layout_engine"] == "pipelab.sim.engine"
+        assert a.meta["layout_engine"] == "pipelab.schedules.dataflow"
         key = lambda e: (e.worker, e.step)  # noqa: E731
         ca = sorted(a.compute_events(), key=key)
         cb = sorted(b.compute_events(), key=key)

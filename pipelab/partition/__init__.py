@@ -8,7 +8,7 @@
 * ``"hetpipe"`` -- HetPipe's virtual workers of heterogeneous GPUs (:mod:`.hetero`);
 * ``"dp"`` -- plain data parallelism, the baseline of every ``speedup_over_dp`` (:mod:`.dp`).
 
-All of them price stages with the one cost model, :class:`pipelab.sim.costs.CostModel`.
+All of them price stages with the one cost model, :class:`pipelab.costs.CostModel`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan, Stage
 from pipelab.profile.records import Profile
-from pipelab.sim.costs import CostModel
 
 METHODS = ("pipedream", "prefix-sum", "gpipe", "hetpipe", "dp")
 
@@ -36,7 +36,7 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     ``memory_limit`` (bytes per worker) defaults to each device's memory. ``allreduce_overlap``:
     how a replicated stage's gradient all-reduce meets backward (``"ddp"``, the default: layer by
     layer behind it; ``"none"``: after it, as pipelab's runtime does; see
-    :class:`~pipelab.sim.costs.CostModel`); ``allreduce_bandwidth`` (bytes/s): the links' bandwidth
+    :class:`~pipelab.costs.CostModel`); ``allreduce_bandwidth`` (bytes/s): the links' bandwidth
     inside an all-reduce where measured to differ from point-to-point (None: the cluster's).
     """
     if not isinstance(profile, Profile):

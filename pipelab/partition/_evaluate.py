@@ -2,7 +2,7 @@
 
 Every partitioner ends here, so every plan's ``time_per_minibatch``, per-stage ``time_s``,
 ``in_flight``, ``versions`` and memory come from the same cost model
-(:class:`pipelab.sim.costs.CostModel`) and the same steady-state formula:
+(:class:`pipelab.costs.CostModel`) and the same steady-state formula:
 
 * ``"async"`` (PipeDream, Lv et al.'s buffered pipelines; no flush): stages and transfers work
   concurrently (PipeDream §3.1), so one minibatch leaves the pipeline every
@@ -28,8 +28,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan, Stage
-from pipelab.sim.costs import CostModel
 
 
 def in_flight_pipedream(num_workers: int, starts: Sequence[int], replicas: Sequence[int]) -> list[int]:

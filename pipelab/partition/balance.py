@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipelab.costs import CostModel
 from pipelab.partition._evaluate import build_plan
 from pipelab.partition.plan import Plan
-from pipelab.sim.costs import CostModel
 
 
 def _split(costs: Sequence[float], partitions: int) -> list[int]:

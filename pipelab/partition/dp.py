@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
-from pipelab.sim.costs import CostModel
 
 
 def dp_time_s(cm: CostModel, workers: Sequence[int]) -> float:

@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pipelab.cluster import Cluster, Device
+from pipelab.costs import CostModel
 from pipelab.partition._evaluate import build_plan
 from pipelab.partition.plan import Plan
-from pipelab.sim.costs import CostModel
 
 POLICIES = ("ED", "NP", "HD")
 MAX_ORDER_SEARCH = 6      # GPUs per VW up to which every order along the pipeline is tried

@@ -45,9 +45,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipelab.costs import CostModel
 from pipelab.partition._evaluate import build_plan, refine_bounds, search_objective
 from pipelab.partition.plan import Plan
-from pipelab.sim.costs import CostModel
 
 
 def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:

@@ -11,7 +11,7 @@ prefix sums), so a probe costs ``O(S N log N)`` and the whole search ``O(N^2 log
 of candidates plus ``O(S N log^2 N)``.
 
 The plan's predicted time per minibatch is the cost model's full steady state
-(:meth:`pipelab.sim.costs.CostModel.steady_state`), which can exceed the balanced bottleneck ``X``
+(:meth:`pipelab.costs.CostModel.steady_state`), which can exceed the balanced bottleneck ``X``
 (kept in ``notes["bottleneck_s"]``): a middle stage's port carries both of its cuts, both ways, and
 a server's NIC the cross-server transfers of every stage on it.
 """
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipelab.costs import CostModel
 from pipelab.partition._evaluate import build_plan
 from pipelab.partition.plan import Plan
-from pipelab.sim.costs import CostModel
 
 
 class _Problem:

@@ -11,7 +11,7 @@ smaller batch of ``b`` samples is affine in ``b``: ``fixed + (t - fixed) * b / b
 ``fwd_fixed_s``/``bwd_fixed_s`` is the part that does not shrink with the batch (per-call work: kernel
 launches, Python dispatch, reading the weights of a memory-bound layer). It is zero (linear scaling,
 as PipeDream assumes) unless the profiler measured it (``pl.profile(..., small_batch=b)``); the cost
-model (:meth:`pipelab.sim.costs.CostModel.compute_s`) is where it is applied.
+model (:meth:`pipelab.costs.CostModel.compute_s`) is where it is applied.
 """
 
 from __future__ import annotations

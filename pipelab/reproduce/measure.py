@@ -200,7 +200,7 @@ def optimizer_bandwidth(model: nn.Module, optimizer: Any, state_factor: int, rep
 
     Times ``optimizer(params).step()`` on ``model``'s parameters with gradients set (median of
     ``repeats``, one thread like the workers) and returns ``param_bytes * (3 + state_factor) / time``,
-    the rate :meth:`pipelab.sim.costs.CostModel.update_s` assumes (weights, gradients and optimizer
+    the rate :meth:`pipelab.costs.CostModel.update_s` assumes (weights, gradients and optimizer
     state streamed once). The default (a V100's HBM) would make a CPU's step free.
     """
     import torch
@@ -271,7 +271,7 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
     import torch
 
     import pipelab as pl
-    from pipelab.sim.costs import OPTIMIZER_STATE
+    from pipelab.costs import OPTIMIZER_STATE
 
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     vocab = 256

@@ -156,7 +156,7 @@ def cost_terms(profile: Profile, cluster: Cluster, plan: Plan) -> pd.DataFrame:
     """
     import pandas as pd
 
-    from pipelab.sim.costs import CostModel
+    from pipelab.costs import CostModel
 
     cm = CostModel(profile, cluster)
     phys = [int(w) for w in plan.notes.get("workers", range(plan.num_workers))]

@@ -18,7 +18,7 @@ Codecs (for a float32 source):
   wire carries ``numel + 4`` bytes: ratio ``4 * numel / (numel + 4)``, tending to 4.
 
 The partitioner's cost model divides transfer bytes by a ``compression_ratio``
-(``pipelab.sim.costs.CostModel``); :func:`compression_ratio` gives the number consistent with what
+(``pipelab.costs.CostModel``); :func:`compression_ratio` gives the number consistent with what
 this module actually sends.
 """
 

@@ -24,6 +24,7 @@ from collections import Counter
 
 from pipelab.schedules._common import ScheduleError, assign_versions
 from pipelab.schedules.actions import Schedule
+from pipelab.schedules.dataflow import Deadlock, UnitCosts, run
 
 _MAX_STEPS = 26
 
@@ -178,8 +179,6 @@ def _versions(sch: Schedule) -> None:
 
 
 def _deadlock(sch: Schedule) -> None:
-    from pipelab.sim.engine import Deadlock, UnitCosts, run
-
     try:
         run(sch, UnitCosts())
     except Deadlock as exc:

@@ -1,8 +1,8 @@
 """``simulate`` and ``SimResult``: time a schedule on a cluster with the one cost model.
 
 The simulator executes the very :class:`~pipelab.schedules.Schedule` that the runtime runs
-(:mod:`pipelab.sim.engine`), with durations from the one cost model
-(:class:`pipelab.sim.costs.CostModel`):
+(:mod:`pipelab.schedules.dataflow`), with durations from the one cost model
+(:class:`pipelab.costs.CostModel`):
 
 - ``F``/``B`` of a stage: the profile's forward/backward seconds of its layers for one microbatch
   (minibatch / ``M``), divided by the worker's speed; ``zb-h1`` splits each backward in halves,
@@ -30,18 +30,18 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pipelab.costs import HBM_BYTES_PER_S
 from pipelab.partition.plan import Plan
 from pipelab.schedules import METHODS
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.sim.costs import HBM_BYTES_PER_S
-from pipelab.sim.engine import Costs, Deadlock, UnitCosts, run
+from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
 from pipelab.trace import COMPUTE_KINDS, Event, Trace
 
 if TYPE_CHECKING:
     from pipelab.cluster import Cluster
+    from pipelab.costs import CostModel
     from pipelab.profile.records import Profile
-    from pipelab.sim.costs import CostModel
 
 
 
@@ -290,14 +290,14 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     ``interleaved-1f1b`` (``chunks=v``) a plan with ``P`` stages is re-split into ``v * P`` virtual
     stages of balanced compute. ``schedule`` overrides the built schedule (a custom order from
     ``Schedule.from_csv``). ``allreduce_overlap`` is how a replicated stage's gradient all-reduce
-    meets backward (:class:`~pipelab.sim.costs.CostModel`): ``"ddp"`` (default) layer by layer
+    meets backward (:class:`~pipelab.costs.CostModel`): ``"ddp"`` (default) layer by layer
     behind it, ``"none"`` after it, as pipelab's runtime does; ``allreduce_bandwidth`` (bytes/s)
     the links' bandwidth inside an all-reduce where it differs from point-to-point (None: the
     cluster's). Returns a :class:`SimResult`.
     """
+    from pipelab.costs import CostModel
     from pipelab.schedules import build
     from pipelab.schedules._common import ScheduleError
-    from pipelab.sim.costs import CostModel
 
     if not isinstance(plan, Plan):
         if isinstance(plan, bool) or not isinstance(plan, int):

@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, qualitative, unlabel_rgb
 
 from pipelab.schedules.actions import Schedule
+from pipelab.schedules.dataflow import Deadlock, UnitCosts, dependencies, run
 from pipelab.trace import COMPUTE_KINDS, Event, Trace
 
 #: Unit costs used to lay out a bare schedule: backward = 2 forward (the usual rule of thumb, e.g.
@@ -62,8 +63,8 @@ def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = No
     starts as soon as both hold (list scheduling), which is what a simulator does with zero-cost
     transfers; the all-reduce barrier between replicas at a ``U`` is not modelled here.
 
-    The simulator's discrete-event engine (:func:`pipelab.sim.engine.run` with ``UnitCosts``) is used
-    when it is installed, so the chart and the simulator cannot drift (it also models the all-reduce
+    The simulator's discrete-event engine (:func:`pipelab.schedules.dataflow.run` with ``UnitCosts``) is
+    used, so the chart and the simulator cannot drift (it also models the all-reduce
     barrier of replicated stages); ``engine=False`` forces the small list scheduler below, which is
     the fallback and the tests' oracle (it does not model that barrier).
 
@@ -81,39 +82,23 @@ def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = No
     present = {(a.kind, a.stage, a.microbatch) for acts in schedule.actions for a in acts}
     for w, acts in enumerate(schedule.actions):
         for a in acts:
-            for k, st, m in _deps(a.kind, a.stage, a.microbatch, schedule.num_stages - 1):
+            for k, st, m in dependencies(a.kind, a.stage, a.microbatch, schedule.num_stages - 1):
                 if (k, st, m) not in present:
                     raise ValueError(f"worker {w} action {a} needs {st}{k}{m}, which no worker runs; "
                                      f"the schedule is incomplete (check its builder)")
     meta = {"method": schedule.method, "unit_costs": cost, "layout": "unit-cost",
             "stage_ranks": [list(r) for r in schedule.stage_ranks]}
     if engine:
+        # UnitCosts charges B as b + w when a stage has no separate W action
+        uc = UnitCosts(f=cost["F"], b=cost["B"], w=cost["W"] if split else 0.0, u=cost["U"])
         try:
-            from pipelab.sim.engine import Deadlock, UnitCosts, run
-        except ImportError:
-            pass
-        else:
-            # UnitCosts charges B as b + w when a stage has no separate W action
-            uc = UnitCosts(f=cost["F"], b=cost["B"], w=cost["W"] if split else 0.0, u=cost["U"])
-            try:
-                evs = run(schedule, uc)
-            except Deadlock as exc:
-                raise ValueError(f"the {schedule.method!r} schedule deadlocks: {exc}") from None
-            # zero-cost transfers would only clutter the chart
-            evs = [e for e in evs if e.kind in COMPUTE_KINDS or e.end_s > e.start_s]
-            return Trace.from_events(evs, **meta, layout_engine="pipelab.sim.engine")
+            evs = run(schedule, uc)
+        except Deadlock as exc:
+            raise ValueError(f"the {schedule.method!r} schedule deadlocks: {exc}") from None
+        # zero-cost transfers would only clutter the chart
+        evs = [e for e in evs if e.kind in COMPUTE_KINDS or e.end_s > e.start_s]
+        return Trace.from_events(evs, **meta, layout_engine="pipelab.schedules.dataflow")
     return _list_schedule(schedule, cost, meta)
-
-
-def _deps(kind: str, stage: int, mb: int, last: int) -> list[tuple[str, int, int]]:
-    """What an action waits for (besides its worker's previous action)."""
-    if kind == "F":
-        return [("F", stage - 1, mb)] if stage > 0 else []
-    if kind == "B":
-        return [("F", stage, mb)] + ([("B", stage + 1, mb)] if stage < last else [])
-    if kind == "W":
-        return [("B", stage, mb)]
-    return []  # U: its worker's own B/W come before it in the list
 
 
 def _list_schedule(schedule: Schedule, cost: Mapping[str, float], meta: dict[str, Any]) -> Trace:
@@ -129,7 +114,7 @@ def _list_schedule(schedule: Schedule, cost: Mapping[str, float], meta: dict[str
         for w, acts in enumerate(schedule.actions):
             while ptr[w] < len(acts):
                 a = acts[ptr[w]]
-                need = _deps(a.kind, a.stage, a.microbatch, last)
+                need = dependencies(a.kind, a.stage, a.microbatch, last)
                 if any(d not in done for d in need):
                     break
                 start = max([free[w], *(done[d] for d in need)])

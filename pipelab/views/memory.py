@@ -24,7 +24,7 @@ COMPONENT_COLORS = {"weights": "#1f77b4", "stashed versions": "#9467bd", "gradie
                     "optimizer state": "#2ca02c", "activations": "#ff7f0e", "total": "#7f7f7f"}
 
 
-#: display names of the simulator's memory components (pipelab.sim.costs.CostModel.memory_bytes)
+#: display names of the simulator's memory components (pipelab.costs.CostModel.memory_bytes)
 _COMPONENT_NAMES = {"weights": "weights", "stashed_weights": "stashed versions", "gradients": "gradients",
                     "optimizer": "optimizer state", "activations": "activations"}
 
@@ -34,13 +34,13 @@ def memory_breakdown(plan: Plan, profile: Profile, *, optimizer: str = "sgd-mome
     """Predicted peak bytes per worker and component for ``plan`` on ``profile``.
 
     The numbers come from the one cost model that partitioners and the simulator use
-    (:meth:`pipelab.sim.costs.CostModel.memory_bytes`), per replica of stage ``s`` with parameters
+    (:meth:`pipelab.costs.CostModel.memory_bytes`), per replica of stage ``s`` with parameters
     ``P_s``: weights ``P_s``; stashed versions ``(versions_s - 1) * P_s``; gradients ``P_s``; optimizer
     state (momentum ``P_s``, Adam ``2 P_s``); activations of ``in_flight_s`` microbatches of
     ``minibatch / microbatches`` samples.
     """
     from pipelab.cluster import Cluster
-    from pipelab.sim.costs import CostModel
+    from pipelab.costs import CostModel
 
     plan.validate(profile)
     # memory does not depend on the interconnect: any cluster with enough workers will do

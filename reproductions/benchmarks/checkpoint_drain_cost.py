@@ -28,8 +28,8 @@ from torch import nn  # noqa: E402
 from pipelab import schedules  # noqa: E402
 from pipelab.partition.plan import Plan  # noqa: E402
 from pipelab.runtime import train  # noqa: E402
+from pipelab.schedules.dataflow import UnitCosts  # noqa: E402
 from pipelab.sim import simulate_schedule  # noqa: E402
-from pipelab.sim.engine import UnitCosts  # noqa: E402
 
 
 def model() -> nn.Module:

@@ -20,10 +20,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from pipelab.cluster import Cluster  # noqa: E402
+from pipelab.costs import CostModel  # noqa: E402
 from pipelab.partition.plan import Plan  # noqa: E402
 from pipelab.profile.measure import profile  # noqa: E402
 from pipelab.runtime import train  # noqa: E402
-from pipelab.sim.costs import CostModel  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as R  # noqa: E402

@@ -1,4 +1,8 @@
-"""Discrete-event execution of a :class:`~pipelab.schedules.Schedule`: blocking actions, async sends.
+"""The dataflow core of a schedule: what each action waits for, and its discrete-event execution.
+
+One definition of the dependency rules, shared by the validator's deadlock check, the simulator
+(:mod:`pipelab.sim`, which supplies profile-based :class:`Costs`) and the Gantt view's unit-cost
+layout (:func:`dependencies` for its list scheduler, :func:`run` with :class:`UnitCosts` otherwise).
 
 Semantics (the same the runtime has): each worker runs its list in order; an action starts when
 the worker is free and its inputs are there (``F`` of stage ``s`` needs the activation of ``F`` of
@@ -27,6 +31,23 @@ from dataclasses import dataclass
 
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.trace import Event
+
+
+def dependencies(kind: str, stage: int, mb: int, last: int) -> list[tuple[str, int, int]]:
+    """What action ``(kind, stage, mb)`` waits for besides its worker's previous action, as
+    ``(kind, stage, microbatch)`` keys, in a pipeline whose last stage is ``last``.
+
+    ``F(s, m)`` needs ``F(s-1, m)``; ``B(s, m)`` needs ``F(s, m)`` and ``B(s+1, m)``; ``W(s, m)``
+    needs ``B(s, m)``; a ``U`` needs nothing else (its worker's own ``B``/``W`` come before it in the
+    list). :func:`run` applies the same rules to the data those actions ship.
+    """
+    if kind == "F":
+        return [("F", stage - 1, mb)] if stage > 0 else []
+    if kind == "B":
+        return [("F", stage, mb)] + ([("B", stage + 1, mb)] if stage < last else [])
+    if kind == "W":
+        return [("B", stage, mb)]
+    return []
 
 
 class Costs:

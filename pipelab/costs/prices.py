@@ -1,51 +1,6 @@
-"""The one cost model: compute, point-to-point transfers, all-reduce and memory of a layer range.
+"""Primitive prices of the cost model: compute, transfers, ports, all-reduce and a replica's minibatch.
 
-Partitioners and the simulator both ask this module what things cost, so a plan's prediction and
-a simulated run agree by construction. All times are seconds, sizes bytes.
-
-Assumptions (stated once, used everywhere):
-
-* Compute of layers ``[a, b)`` on worker ``w`` is the profiled time divided by ``cluster.speed(w)``;
-  a microbatch of ``minibatch / M`` samples takes ``fixed + (t - fixed) / M`` of the minibatch's
-  time ``t``, where ``fixed`` is the layers' ``fwd_fixed_s``/``bwd_fixed_s``: the per-call part
-  that a smaller batch still pays (measured by ``pl.profile(..., small_batch=...)``; zero, i.e.
-  linear in batch size, for profiles without it such as PipeDream's, which holds well once a GPU is
-  saturated).
-* A transfer of ``n`` bytes from ``a`` to ``b`` takes ``latency + n / compression_ratio / bandwidth``
-  of the link it crosses (:meth:`Cluster.link`). Links are full duplex: activations going forward and
-  gradients going back use opposite directions and do not slow each other.
-* All-reduce of ``n`` bytes over a set of workers is a hierarchical ring (reduce-scatter inside the
-  innermost blocks, all-reduce across the next level, all-gather back): at each level with ``p``
-  participating sub-blocks it costs ``2 (p - 1) / p * n / bandwidth + 2 (p - 1) * latency``
-  (Patarasuk & Yuan's bandwidth-optimal ring), summed over levels. Where a sub-block has several
-  uplinks (``Level.uplinks``) the participating GPUs of that sub-block drive them in parallel.
-  Gradients are not compressed (compression applies to activations/gradients across cuts only).
-* Gradient all-reduce of a replicated stage, ``allreduce_overlap`` (:data:`ALLREDUCE_OVERLAP`):
-
-  - ``"ddp"`` (default): it overlaps the backward pass the way PyTorch DDP does: layer ``l``'s
-    gradient can be reduced as soon as its backward finishes, one reduction at a time, in backward
-    order. The finish time of one replica's minibatch is then
-    ``F + max_l [B(l..end) + kappa * P(start..l)]``: all of the all-reduce hides behind backward
-    except what cannot start before the last (earliest) layers' gradients exist;
-  - ``"none"``: one all-reduce of all the stage's gradients after the minibatch's backward is
-    complete, ``F + B + kappa * P(start..end) + fixed``. This is what pipelab's own runtime does
-    (its ``U`` action flattens every gradient and all-reduces them in one call), so a model of a
-    pipelab run uses it (:func:`pipelab.reproduce.measure.measure_row`).
-
-  Both in :meth:`CostModel.replica_time_s` (and its matrix form) and in the simulator.
-* ``allreduce_bandwidth`` (bytes/s, default None: each level's ``bandwidth``) is what one link
-  carries inside the ring all-reduce when that differs from a point-to-point transfer: on one
-  CPU, gloo's loopback "links" are memory copies by the same cores, and an all-reduce, where every
-  process sends and receives at once and also sums, moves data slower than a ping-pong (measure
-  mode measures both, :func:`pipelab.reproduce.measure.gloo_loopback`). It replaces the bandwidth
-  of every level in the ring formula above (meant for flat clusters).
-* Ports (:meth:`CostModel.ports`): a transfer crossing level ``k`` occupies the sender's egress and
-  the receiver's ingress port at that level, owned by their level-``k-1`` blocks (a GPU's PCIe/NVLink
-  port inside a server, the server's NIC across servers; ``Level.uplinks`` links per port). Transfers
-  sharing a port take turns, so in steady state a port's busy seconds per minibatch bound the time
-  per minibatch (:meth:`CostModel.steady_state`): a middle stage's port carries its forward cut's
-  activations *and* its backward cut's gradients, and a server's NIC carries every cross-server
-  transfer of every stage on it, under round-robin between replica sets.
+The assumptions behind every formula are stated once, in :mod:`pipelab.costs`.
 """
 
 from __future__ import annotations
@@ -72,40 +27,8 @@ OPTIMIZER_STATE: dict[str, int] = {"sgd": 0, "sgd-momentum": 1, "momentum": 1, "
 
 
 @dataclass(frozen=True)
-class SteadyState:
-    """Terms of :meth:`CostModel.steady_state` (seconds per minibatch unless said otherwise)."""
-
-    time_s: float                              # the prediction: the largest term below
-    compute_s: tuple[float, ...]               # per stage: one replica's minibatch / replicas
-    ports_s: dict[Hashable, float]             # per port: busy seconds per minibatch
-    round_trip_s: tuple[float, ...]            # per stage: round trip / minibatches in flight
-    transfer_wait_s: tuple[float, ...]         # per cut: mean seconds of one transfer incl. burst wait
-    # per window (s, e) of adjacent unreplicated stages: its 1F1B cycle / minibatches it completes
-    # (only the slowest window starting at each s, and only e > s)
-    cycles_s: dict[tuple[int, int], float] = field(default_factory=dict)
-
-    @property
-    def bottleneck(self) -> str:
-        """Which term sets the time: ``"compute s"``, ``"port (out, k, block)"``, ``"round trip s"`` or
-        ``"1F1B cycle s-e"``."""
-        for s, t in enumerate(self.compute_s):
-            if t == self.time_s:
-                return f"compute {s}"
-        for p, t in self.ports_s.items():
-            if t == self.time_s:
-                return f"port {p}"
-        for s, t in enumerate(self.round_trip_s):
-            if t == self.time_s:
-                return f"round trip {s}"
-        for (s, e), t in self.cycles_s.items():
-            if t == self.time_s:
-                return f"1F1B cycle {s}-{e}"
-        return "none"
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Costs of layer ranges of ``profile`` on ``cluster`` (see the module docstring)."""
+class Prices:
+    """The records and primitive prices of :class:`~pipelab.costs.CostModel` (see :mod:`pipelab.costs`)."""
 
     profile: Profile
     cluster: Cluster
@@ -279,114 +202,6 @@ class CostModel:
             return terms[0][1] + terms[1][1]
         return max(t for _, t in terms)
 
-    def steady_state(self, ranges: Sequence[tuple[int, int]], workers: Sequence[Sequence[int]], *,
-                     in_flight: Sequence[int] | None = None) -> SteadyState:
-        """Seconds per minibatch of an asynchronous (PipeDream-style, no flush) pipeline, with the terms.
-
-        Stage ``s`` runs layers ``ranges[s]`` on cluster workers ``workers[s]``; minibatch ``m`` goes
-        to replica ``m % r_s`` of every stage (round-robin, PipeDream SOSP'19 §3.2). The time per
-        minibatch is the largest of four lower bounds, each tight in its regime:
-
-        * compute: ``T_s / r_s`` (one replica's minibatch with the overlapped all-reduce tail);
-        * ports: each port's busy seconds per minibatch (:meth:`ports`), summing activations forward
-          and gradients back of every cut, over the round-robin pairs of replicas, divided by the
-          port's ``uplinks``;
-        * round trip (Little's law): stage ``s`` keeps ``N_s = in_flight[s] * r_s`` minibatches
-          between its forward and its backward, and one minibatch needs ``R_s`` seconds for that
-          (compute of every later stage plus every transfer both ways), so time >= ``R_s / N_s``.
-          Replicas of a stage pair their all-reduces and so run in lock-step; their ``k`` sends
-          through one port leave in a burst, and a FIFO port serves a burst of ``k`` equal
-          transfers with a mean wait of ``(k + 1) / 2`` transfers, which ``R_s`` uses;
-        * 1F1B cycles (PipeDream SOSP'19 §3.2's one-forward-one-backward order, a max-plus cycle of the
-          schedule): in a run of adjacent unreplicated stages, stage ``s`` runs ``B(m)`` then
-          ``F(m + N_s)``; that forward travels down to stage ``e``, whose next backward is
-          ``B(m + N_s - N_e + 1)``, which travels back up to ``s``. So stages ``s..e`` complete
-          ``N_s - N_e + 1`` minibatches per (their compute + both ways of their cuts), and the time is
-          at least that ratio for every window. ``e = s`` is the compute bound and ``e = P - 1`` the
-          round trip; the windows in between bind when transfers are long next to the stages'
-          compute (two slow adjacent stages over a slow link). Replicated stages are left out: their
-          round-robin order breaks the single cycle into several (the simulator's business).
-        """
-        P = len(ranges)
-        if P == 0 or len(workers) != P:
-            raise ValueError(f"steady_state needs one worker list per stage; got {P} ranges and "
-                             f"{len(workers)} worker lists")
-        compute, rep_time = [], []
-        for (a, b), ws in zip(ranges, workers):
-            if not ws:
-                raise ValueError(f"stage [{a}, {b}) has no workers")
-            t = self.replica_time_s(a, b, ws)
-            speed = min(self.cluster.speed(w) for w in ws)
-            compute.append(t / len(ws))
-            rep_time.append(float(self.pf[b] - self.pf[a] + self.pb[b] - self.pb[a]) / speed)
-        loads: dict[Hashable, float] = {}
-        waits = []
-        for s in range(P - 1):
-            src_ws, dst_ws = list(workers[s]), list(workers[s + 1])
-            nbytes = self.cut_bytes(ranges[s][1] - 1)
-            L = math.lcm(len(src_ws), len(dst_ws))
-            wait = 0.0
-            burst: dict[tuple[int, Hashable], set[int]] = {}
-            for m in range(L):
-                a, b = src_ws[m % len(src_ws)], dst_ws[m % len(dst_ws)]
-                if a == b:
-                    continue
-                x = self.transfer_s(nbytes, a, b)
-                wait = max(wait, x)
-                for d, (u, v) in enumerate(((a, b), (b, a))):   # activation forward, gradient back
-                    for port in self.ports(u, v):
-                        loads[port] = loads.get(port, 0.0) + x / L / self.port_slots(port)
-                        burst.setdefault((d, port), set()).add(u)
-            # lock-step replicas: a burst of k senders per port (one sender: no burst)
-            k = max((len(v) for v in burst.values()), default=1)
-            waits.append(wait * (k + 1) / 2 if wait > 0 else 0.0)
-        rt = []
-        flights = list(in_flight) if in_flight is not None else [
-            math.ceil(sum(len(w) for w in workers[s:]) / len(workers[s])) for s in range(P)]
-        for s in range(P):
-            r = sum(rep_time[s:]) + 2 * sum(waits[s:])
-            rt.append(r / (flights[s] * len(workers[s])))
-        cycles = self._one_f_one_b_cycles(rep_time, waits, flights, [len(w) for w in workers])
-        time = max([*compute, *loads.values(), *rt, *cycles.values()])
-        return SteadyState(time_s=time, compute_s=tuple(compute), ports_s=dict(loads),
-                           round_trip_s=tuple(rt), transfer_wait_s=tuple(waits), cycles_s=cycles)
-
-    @staticmethod
-    def _one_f_one_b_cycles(rep_time: Sequence[float], waits: Sequence[float], flights: Sequence[int],
-                            replicas: Sequence[int]) -> dict[tuple[int, int], float]:
-        """The slowest 1F1B cycle :meth:`steady_state` bounds by, per starting stage ``s`` of a window
-        ``s..e`` (``e > s``) of adjacent unreplicated stages: ``{(s, e): seconds per minibatch}``.
-
-        Window ``s..e`` takes ``sum_{s..e} compute + 2 sum_{s..e-1} transfer`` and completes
-        ``N_s - N_e + 1`` minibatches (a window completing none bounds nothing and is skipped).
-        Vectorised: ``O(P^2)`` numbers in a handful of numpy calls per run of unreplicated stages.
-        """
-        out: dict[tuple[int, int], float] = {}
-        P, s0 = len(rep_time), 0
-        while s0 < P:
-            if replicas[s0] != 1:
-                s0 += 1
-                continue
-            e0 = s0
-            while e0 + 1 < P and replicas[e0 + 1] == 1:
-                e0 += 1
-            if e0 > s0:   # a run s0..e0 of two or more unreplicated stages
-                c = np.concatenate([[0.0], np.cumsum(rep_time[s0:e0 + 1])])        # c[i]: compute of s0..s0+i-1
-                x = np.concatenate([[0.0], np.cumsum(waits[s0:e0])])               # x[i]: cuts s0..s0+i-1
-                n = np.asarray(flights[s0:e0 + 1], dtype=np.float64)
-                idx = np.arange(e0 - s0 + 1)
-                # window (i, j) relative to s0: compute c[j+1] - c[i], cuts i..j-1 both ways
-                work = (c[None, 1:] - c[:-1, None]) + 2 * (x[None, :] - x[:, None])
-                tokens = n[:, None] - n[None, :] + 1
-                ok = (idx[None, :] > idx[:, None]) & (tokens >= 1)
-                per = np.where(ok, work / np.where(ok, tokens, 1.0), -np.inf)
-                best = per.argmax(axis=1)
-                for i in range(e0 - s0):
-                    if np.isfinite(per[i, best[i]]):
-                        out[(s0 + i, s0 + int(best[i]))] = float(per[i, best[i]])
-            s0 = e0 + 1
-        return out
-
     # ------------------------------------------------------------------ all-reduce
     def allreduce_coeffs(self, workers: Sequence[int]) -> tuple[float, float]:
         """``(seconds per byte, fixed seconds)`` of a hierarchical ring all-reduce over ``workers``
@@ -473,44 +288,6 @@ class CostModel:
             out[:, 1:] += np.where(pp[None, 1:] > pp[:, None], fixed, 0.0)
         out[j <= i] = np.inf
         return np.ascontiguousarray(out.T) if transpose else out
-
-    # ------------------------------------------------------------------ memory
-    def activation_bytes(self, start: int, end: int, microbatches: int = 1) -> int:
-        """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward."""
-        self._range(start, end)
-        inp = self.profile.input_bytes if start == 0 else int(self.cuts[start - 1])
-        return -(-int(self.pa[end] - self.pa[start] + inp) // microbatches)
-
-    def memory_bytes(self, start: int, end: int, *, versions: int, in_flight: int,
-                     microbatches: int = 1) -> dict[str, int]:
-        """Peak bytes of one replica of ``[start, end)``.
-
-        ``weights`` + ``stashed_weights`` (``versions - 1`` extra copies, PipeDream's weight stashing)
-        + ``gradients`` (one buffer) + ``optimizer`` state + ``activations`` of ``in_flight``
-        microbatches of ``minibatch / microbatches`` samples each.
-        """
-        if versions < 1 or in_flight < 1:
-            raise ValueError(f"versions={versions} and in_flight={in_flight} must be >= 1")
-        p = self.param_bytes(start, end)
-        parts = {
-            "weights": p,
-            "stashed_weights": (versions - 1) * p,
-            "gradients": p,
-            "optimizer": OPTIMIZER_STATE[self.optimizer] * p,
-            "activations": in_flight * self.activation_bytes(start, end, microbatches),
-        }
-        parts["total"] = sum(parts.values())
-        return parts
-
-    def memory_arrays(self, microbatches: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """``(P, A)`` matrices over ranges ``[i, j)``: parameter bytes and one microbatch's activation bytes.
-
-        Memory of a range with ``v`` versions and ``k`` in flight is ``(v + 1 + opt) * P + k * A``.
-        """
-        inp = np.concatenate([[float(self.profile.input_bytes)], self.cuts, [0.0]])
-        p = self.pp[None, :] - self.pp[:, None]
-        a = np.ceil((self.pa[None, :] - self.pa[:, None] + inp[:, None]) / microbatches)
-        return p, a
 
     @property
     def state_factor(self) -> int:

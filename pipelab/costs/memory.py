@@ -1,0 +1,52 @@
+"""Memory of a stage replica: weights, stashed versions, gradients, optimizer state, activations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipelab.costs.prices import OPTIMIZER_STATE, Prices
+
+
+@dataclass(frozen=True)
+class Memory(Prices):
+    """Memory prices over :class:`Prices` (mixed into :class:`~pipelab.costs.CostModel`)."""
+
+    # ------------------------------------------------------------------ memory
+    def activation_bytes(self, start: int, end: int, microbatches: int = 1) -> int:
+        """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward."""
+        self._range(start, end)
+        inp = self.profile.input_bytes if start == 0 else int(self.cuts[start - 1])
+        return -(-int(self.pa[end] - self.pa[start] + inp) // microbatches)
+
+    def memory_bytes(self, start: int, end: int, *, versions: int, in_flight: int,
+                     microbatches: int = 1) -> dict[str, int]:
+        """Peak bytes of one replica of ``[start, end)``.
+
+        ``weights`` + ``stashed_weights`` (``versions - 1`` extra copies, PipeDream's weight stashing)
+        + ``gradients`` (one buffer) + ``optimizer`` state + ``activations`` of ``in_flight``
+        microbatches of ``minibatch / microbatches`` samples each.
+        """
+        if versions < 1 or in_flight < 1:
+            raise ValueError(f"versions={versions} and in_flight={in_flight} must be >= 1")
+        p = self.param_bytes(start, end)
+        parts = {
+            "weights": p,
+            "stashed_weights": (versions - 1) * p,
+            "gradients": p,
+            "optimizer": OPTIMIZER_STATE[self.optimizer] * p,
+            "activations": in_flight * self.activation_bytes(start, end, microbatches),
+        }
+        parts["total"] = sum(parts.values())
+        return parts
+
+    def memory_arrays(self, microbatches: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """``(P, A)`` matrices over ranges ``[i, j)``: parameter bytes and one microbatch's activation bytes.
+
+        Memory of a range with ``v`` versions and ``k`` in flight is ``(v + 1 + opt) * P + k * A``.
+        """
+        inp = np.concatenate([[float(self.profile.input_bytes)], self.cuts, [0.0]])
+        p = self.pp[None, :] - self.pp[:, None]
+        a = np.ceil((self.pa[None, :] - self.pa[:, None] + inp[:, None]) / microbatches)
+        return p, a
