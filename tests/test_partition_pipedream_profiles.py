@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from pipelab.cli.plan import main as plan_main
 from pipelab.cluster import Cluster
 from pipelab.partition import partition
-from pipelab.partition.cli import main as plan_main
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 

@@ -14,7 +14,7 @@ import test_runtime_helpers as H
 import torch
 
 import pipelab as pl
-from pipelab.runtime.cli import main
+from pipelab.cli.train import main
 
 TESTS = Path(__file__).resolve().parent
 pytestmark = pytest.mark.timeout(180)
@@ -60,7 +60,7 @@ def test_torchrun_env_rendezvous(tmp_path):
     job = _job(tmp_path, backend="gloo")
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.runtime.worker",
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.runtime.torchrun",
                            str(job)], env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = torch.load(tmp_path / "out" / "state_dict.pt")

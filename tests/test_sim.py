@@ -269,7 +269,7 @@ def test_simulate_bad_input() -> None:
 
 def test_interleaved_resplits_plan_and_cli(tmp_path: Path) -> None:
     """interleaved-1f1b on a P-stage plan re-splits into v*P virtual stages; the CLI runs end to end."""
-    from pipelab.sim.cli import main
+    from pipelab.cli.simulate import main
 
     prof = _uniform(16)
     res = simulate(Plan.even(16, 4, batch_size=32), prof, Cluster.flat(4, bandwidth=1e15),

@@ -27,8 +27,8 @@ REPRODUCTIONS = Path(__file__).resolve().parents[2] / "reproductions"
 def quickstart(*, image_size: int = 64, batch: int = 4, repeats: int = 3, device: str = "cpu",
                progress: bool = True) -> int:
     """Profile VGG-16 (no weights needed) and print its table and PipeDream's; returns 0."""
+    from pipelab.cli.profile import show
     from pipelab.models import example, pipedream_profile
-    from pipelab.profile.cli import show
     from pipelab.profile.measure import profile
 
     model, sample = example("vgg16", batch, image_size=image_size)

@@ -18,8 +18,13 @@ if TYPE_CHECKING:
     from pipelab.partition.plan import Plan
     from pipelab.profile.records import Profile
 
+from pipelab.cluster import Cluster
+from pipelab.models import pipedream_profile
+from pipelab.partition import partition
 from pipelab.reproduce.measure import cross_entropy
 from pipelab.reproduce.stashing import digits_accuracy, digits_epochs, digits_model
+from pipelab.runtime.launch import train
+from pipelab.sim.simulate import simulate
 
 
 def rebatch(profile: Profile, batch_size: int) -> Profile:
@@ -101,18 +106,17 @@ def hetpipe_simulated(profile_name: str, cluster: str, *, staleness: Sequence[in
     """
     import pandas as pd
 
-    import pipelab as pl
 
-    prof = rebatch(pl.models.pipedream_profile(profile_name), batch_size)
-    cl = pl.Cluster.preset(cluster)
-    dp_plan = pl.partition(prof, cl, method="dp")
-    dp = pl.simulate(dp_plan, prof, cl, method="dp", minibatches=max(4, minibatches // 4))
+    prof = rebatch(pipedream_profile(profile_name), batch_size)
+    cl = Cluster.preset(cluster)
+    dp_plan = partition(prof, cl, method="dp")
+    dp = simulate(dp_plan, prof, cl, method="dp", minibatches=max(4, minibatches // 4))
     rows: list[dict[str, Any]] = [{"config": f"dp ({dp_plan.config})", "policy": "", "D": None,
                                    "samples_per_s": dp.throughput, "speedup_over_dp": 1.0, "note": ""}]
     link = cl.levels[-1]
     for policy in policies:
         try:
-            het = pl.partition(prof, cl, method="hetpipe", policy=policy)
+            het = partition(prof, cl, method="hetpipe", policy=policy)
         except ValueError as exc:   # e.g. a VW of small GPUs cannot hold the model
             rows.append({"config": f"hetpipe {policy}", "policy": policy, "D": None, "samples_per_s": float("nan"),
                          "speedup_over_dp": float("nan"), "note": str(exc).split(";")[0]})
@@ -120,7 +124,7 @@ def hetpipe_simulated(profile_name: str, cluster: str, *, staleness: Sequence[in
         vws = het.notes["virtual_workers"]
         # at least 4 minibatches per VW, so that the second half of each VW's run has a rate
         mb = max(minibatches, 4 * len(vws))
-        sim = pl.simulate(het, prof, cl, method="hetpipe", minibatches=-(-mb // len(vws)) * len(vws))
+        sim = simulate(het, prof, cl, method="hetpipe", minibatches=-(-mb // len(vws)) * len(vws))
         wave = sim.schedule.options.get("wave", het.num_stages)
         per_mb = _vw_minibatch_s(sim, len(vws))
         stage_bytes = max(prof.totals(s.start, s.end).param_bytes for s in het.stages)
@@ -150,7 +154,6 @@ def hetpipe_emulated(*, stages: int = 2, virtual_workers: int = 2, slowdown: flo
     import pandas as pd
     import torch
 
-    import pipelab as pl
     from pipelab.graph import layer_nodes, trace
     from pipelab.partition.plan import Plan
 
@@ -169,7 +172,7 @@ def hetpipe_emulated(*, stages: int = 2, virtual_workers: int = 2, slowdown: flo
     runs += [(f"hetpipe D={d}", d, het_plan, {"D": d}) for d in staleness]
     for name, d, plan, opts in runs:
         method = "dp" if d is None else "hetpipe"
-        run = pl.train(digits_model, plan, method=method, data=data, loss_fn=cross_entropy, optimizer=opt,
+        run = train(digits_model, plan, method=method, data=data, loss_fn=cross_entropy, optimizer=opt,
                        steps=steps, backend=backend, seed=seed, progress=False, slowdown=slow, **opts)
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / "w.pt")

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 
     from pipelab.partition.plan import Plan
 
+from pipelab.cluster import Cluster
+from pipelab.partition import partition
+from pipelab.profile.measure import profile as profile_model
 from pipelab.reproduce.table1 import simulate_plan
+from pipelab.runtime.launch import train
 
 
 def paper_model(name: str, *, batch: int, image_size: int = 64, seq_len: int = 16,
@@ -270,7 +274,6 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
     """
     import torch
 
-    import pipelab as pl
     from pipelab.costs import OPTIMIZER_STATE
 
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -281,7 +284,7 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # the workers run one thread each (pipelab.runtime.worker.run_distributed)
     try:
-        prof = pl.profile(model_fn(), sample, device="cpu", progress=False, model_name=f"{model}-w{width:g}")
+        prof = profile_model(model_fn(), sample, device="cpu", progress=False, model_name=f"{model}-w{width:g}")
         mem_bw = optimizer_bandwidth(model_fn(), opt, OPTIMIZER_STATE["sgd"])
     finally:
         torch.set_num_threads(threads)
@@ -289,11 +292,11 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
         bw, ar_bw = gloo_loopback(workers, allreduce_bytes=prof.param_bytes)
     else:
         bw, ar_bw = float(bandwidth), None
-    cl = pl.Cluster.flat(workers, bandwidth=bw)
+    cl = Cluster.flat(workers, bandwidth=bw)
     model_opts: dict[str, Any] = {"allreduce_overlap": "none", "allreduce_bandwidth": ar_bw, "optimizer": "sgd"}
-    plans = {"chosen": pl.partition(prof, cl, method="pipedream", **model_opts),
-             "straight": pl.partition(prof, cl, method="pipedream", straight=True, **model_opts),
-             "dp": pl.partition(prof, cl, method="dp", **model_opts)}
+    plans = {"chosen": partition(prof, cl, method="pipedream", **model_opts),
+             "straight": partition(prof, cl, method="pipedream", straight=True, **model_opts),
+             "dp": partition(prof, cl, method="dp", **model_opts)}
     # one run per distinct plan and round, rounds alternating so that load on a shared machine
     # affects every plan alike; speed-ups are paired per round, then the median over rounds is kept
     distinct: dict[str, Plan] = {}
@@ -308,7 +311,7 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
             method, reps = ("dp", plan.num_workers) if plan.num_stages == 1 else ("pipedream", 1)
             data = functools.partial(random_batches, model, steps=steps + warmup, batch=batch * reps,
                                      image_size=image_size, seq_len=seq_len, vocab=vocab, num_classes=10, seed=seed)
-            run = pl.train(model_fn, plan, method=method, data=data, loss_fn=cross_entropy, optimizer=opt,
+            run = train(model_fn, plan, method=method, data=data, loss_fn=cross_entropy, optimizer=opt,
                            steps=steps + warmup, microbatches=reps, backend=backend, seed=seed, progress=False)
             samples[config].append(_steady_throughput(run, batch * reps, warmup, typical=True))
             mean_rates[config].append(_steady_throughput(run, batch * reps, warmup))

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pipelab.partition.plan import Plan
 
 from pipelab.reproduce.measure import cross_entropy
+from pipelab.runtime.launch import train
 
 
 def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
@@ -99,7 +100,6 @@ def stash_experiment(methods: Sequence[str], *, stages: int = 4, epochs: int = 8
     import torch
     from tqdm.auto import tqdm
 
-    import pipelab as pl
     from pipelab.graph import layer_nodes, trace
     from pipelab.runtime import supported_methods
 
@@ -123,7 +123,7 @@ def stash_experiment(methods: Sequence[str], *, stages: int = 4, epochs: int = 8
             ckpt = str(Path(tmp) / spec.replace("+", "_").replace(":", "_"))
             for epoch in range(epochs):
                 resume: dict[str, Any] = {"resume": ckpt} if epoch else {}
-                run = pl.train(functools.partial(digits_model, channels), plan, method=name, data=data,
+                run = train(functools.partial(digits_model, channels), plan, method=name, data=data,
                                loss_fn=cross_entropy,
                                optimizer=functools.partial(torch.optim.SGD, lr=lr, momentum=momentum),
                                steps=per_epoch * (epoch + 1), microbatches=micro, backend=backend, seed=seed,

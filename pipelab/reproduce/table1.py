@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from pipelab.partition.plan import Plan
     from pipelab.profile.records import Profile
 
+from pipelab.partition import partition
 from pipelab.reproduce.report import markdown_table
+from pipelab.sim.simulate import simulate
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,6 @@ def simulate_plan(plan: Plan, profile: Profile, cluster: Cluster, *, minibatches
     ``allreduce_overlap`` (``"ddp"``: behind backward, layer by layer; ``"none"``: after it, as
     pipelab's runtime does) and ``options`` go to :func:`pipelab.simulate`.
     """
-    import pipelab as pl
 
     method = "dp" if plan.num_stages == 1 else "pipedream"
     # PipeDream pairs the replicas' k-th updates in the all-reduce of a replicated stage, so every
@@ -202,7 +203,7 @@ def simulate_plan(plan: Plan, profile: Profile, cluster: Cluster, *, minibatches
     if method == "pipedream":
         step = math.lcm(*plan.replicas)
         minibatches = -(-minibatches // step) * step
-    return pl.simulate(plan, profile, cluster, method=method, minibatches=minibatches,
+    return simulate(plan, profile, cluster, method=method, minibatches=minibatches,
                        allreduce_overlap=allreduce_overlap, **options)
 
 
@@ -211,13 +212,12 @@ def paper_config_plan(profile: Profile, cluster: Cluster, config: str, *,
     """A plan of the paper's configuration on this profile and cluster, to simulate it: ``"straight"``
     is the best straight pipeline, ``"16"`` data parallelism, any other config one of ``candidates``
     that has it (e.g. the plan without a memory limit); ``None`` when none does. No memory limit."""
-    import pipelab as pl
 
     shape = config_shape(config)
     if shape == "straight":
-        return pl.partition(profile, cluster, method="pipedream", straight=True, memory_limit=math.inf)
+        return partition(profile, cluster, method="pipedream", straight=True, memory_limit=math.inf)
     if shape == "dp":
-        return pl.partition(profile, cluster, method="dp", memory_limit=math.inf)
+        return partition(profile, cluster, method="dp", memory_limit=math.inf)
     return next((c for c in candidates if c.config == config), None)
 
 

@@ -871,18 +871,3 @@ def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None) -> None:
         os._exit(1)
     sink.done(result)
     time.sleep(0.05)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelab.runtime.worker job.json`` under torchrun (reads RANK, WORLD_SIZE, ...)."""
-    from pipelab.runtime.cli import run_torchrun_worker
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m pipelab.runtime.worker job.json   (under torchrun)", file=sys.stderr)
-        return 2
-    return run_torchrun_worker(args[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

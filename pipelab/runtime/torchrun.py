@@ -1,29 +1,30 @@
-"""``pipelab train job.json``: run a job described by a JSON file, locally or under torchrun.
+"""The one torchrun entry point: ``torchrun --nproc-per-node N -m pipelab.runtime.torchrun job.json``.
 
-Without torchrun's environment (``RANK``/``WORLD_SIZE``) the job starts its own worker processes
-on this machine (``--backend local`` runs the reference executor instead). Under torchrun
-(``torchrun --nproc-per-node 4 -m pipelab.runtime.worker job.json``, or ``pipelab train job.json``
-as the torchrun program) each process is one worker, rendezvous is ``env://`` and rank 0 writes the
-outputs. Outputs go to the job's ``out`` folder: ``trace.jsonl``, ``state_dict.pt``, ``losses.json``.
+Each torchrun process is one worker of the job (rendezvous ``env://``, ``RANK``/``WORLD_SIZE`` from
+torchrun); rank 0 gathers the events and results and writes the job's outputs (:func:`save_outputs`):
+``trace.jsonl``, ``state_dict.pt``, ``losses.json``. ``pipelab train job.json`` run as torchrun's
+program lands here too.
 """
 
 from __future__ import annotations
 
-import argparse
+import io
 import json
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipelab._io import atomic_write_bytes, atomic_write_text
+from pipelab.runtime.job import load_job_file, prepare
+from pipelab.runtime.launch import assemble, to_event
+from pipelab.runtime.worker import run_distributed
 
 
-def _save_outputs(out: Path, result: Any) -> None:
-    import io
+def save_outputs(out: Path, result: Any) -> None:
+    """Write a run's ``trace.jsonl``, ``state_dict.pt`` and ``losses.json`` into ``out`` (atomically)."""
 
     out.mkdir(parents=True, exist_ok=True)
     result.trace.save_jsonl(out / "trace.jsonl")
@@ -54,10 +55,6 @@ class _ListSink:
 
 def run_torchrun_worker(job_path: str) -> int:
     """One torchrun process: execute this rank's actions; rank 0 writes the outputs."""
-    from pipelab.runtime.job import load_job_file, prepare
-    from pipelab.runtime.launch import assemble, to_event
-    from pipelab.runtime.worker import run_distributed
-
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if k not in os.environ:
             print(f"{k} is not set: run this under torchrun, or use `pipelab train job.json` without torchrun",
@@ -80,33 +77,19 @@ def run_torchrun_worker(job_path: str) -> int:
         for r in results:
             r.pop("all", None)
         res = assemble(job, events, results, 0.0)
-        _save_outputs(extra["out"], res)
+        save_outputs(extra["out"], res)
         print(f"[pipelab] wrote {extra['out']}: losses {[round(x, 4) for x in res.losses]}, "
               f"{res.throughput:.1f} samples/s")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``pipelab train JOB.json [--backend gloo|local] [--out DIR]``."""
-    p = argparse.ArgumentParser(prog="pipelab train", description=__doc__.splitlines()[0])
-    p.add_argument("job", help="job.json (callables as 'module:function', plan, method, steps, ...)")
-    p.add_argument("--backend", choices=("gloo", "nccl", "local"), help="override the job's backend")
-    p.add_argument("--out", help="output folder (default: the job's 'out', or JOB.out beside it)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    a = p.parse_args(list(argv) if argv is not None else None)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return run_torchrun_worker(a.job)
-    from pipelab.runtime.job import load_job_file
-    from pipelab.runtime.launch import train
-
-    args, extra = load_job_file(a.job)
-    if a.backend:
-        args["backend"] = a.backend
-    out = Path(a.out) if a.out else extra["out"]
-    result = train(progress=not a.no_progress, **args)
-    _save_outputs(out, result)
-    print(f"wrote {out}: final loss {result.losses[-1]:.4f}, {result.throughput:.1f} samples/s")
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelab.runtime.torchrun job.json`` under torchrun (reads RANK, WORLD_SIZE, ...)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m pipelab.runtime.torchrun job.json   (under torchrun)", file=sys.stderr)
+        return 2
+    return run_torchrun_worker(args[0])
 
 
 if __name__ == "__main__":

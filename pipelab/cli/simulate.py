@@ -14,12 +14,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pipelab.cluster import Cluster
+from pipelab.partition import partition
+from pipelab.partition.plan import Plan
+from pipelab.profile.records import Profile
+from pipelab.schedules import METHODS, ScheduleError
+from pipelab.sim.simulate import simulate
+
 _PARTITIONER = {"dp": "dp", "gpipe": "gpipe", "hetpipe": "hetpipe", "buffered": "prefix-sum"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pipelab simulate``; returns the exit code."""
-    from pipelab.schedules import METHODS
 
     p = argparse.ArgumentParser(prog="pipelab simulate", description="simulate a plan with a method")
     p.add_argument("profile", help="profile JSON (Profile.save) or PipeDream graph.txt")
@@ -39,11 +45,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--show-schedule", action="store_true", help="print the schedule grid")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
 
-    from pipelab.cluster import Cluster
-    from pipelab.partition.plan import Plan
-    from pipelab.profile.records import Profile
-    from pipelab.schedules import ScheduleError
-    from pipelab.sim.simulate import simulate
 
     try:
         prof = Profile.open(args.profile)
@@ -51,7 +52,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.plan:
             plan = Plan.load(args.plan)
         else:
-            from pipelab.partition import partition
 
             plan = partition(prof, cluster, method=args.partition or _PARTITIONER.get(args.method, "pipedream"))
         opts: dict[str, Any] = {}

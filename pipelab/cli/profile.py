@@ -12,11 +12,12 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from pipelab.profile.pipedream_format import load_pipedream
 from pipelab.profile.records import Profile
 
 
 def _parser() -> argparse.ArgumentParser:
-    from pipelab.models import REGISTRY
+    from pipelab.models import REGISTRY  # torch-heavy: only when the parser is built
 
     p = argparse.ArgumentParser(prog="pipelab profile", description="profile a model layer by layer, import a "
                                 "PipeDream graph.txt, or show a saved profile")
@@ -59,10 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.show:
             prof = Profile.load(args.show)
         elif args.pipedream:
-            from pipelab.profile.pipedream_format import load_pipedream
 
             prof = load_pipedream(args.pipedream, batch_size=args.pipedream_batch)
         else:
+            # torch-heavy: only when a model is profiled (showing a saved profile needs no torch)
             from pipelab.models import example
             from pipelab.profile.measure import profile
 

@@ -11,11 +11,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipelab.partition import METHODS
+from pipelab.cluster import Cluster
+from pipelab.partition import METHODS, partition
+from pipelab.profile.records import Profile
 
 
 def _load_profile(arg: str):  # type: ignore[no-untyped-def]
-    from pipelab.profile.records import Profile
 
     return Profile.open(arg)
 
@@ -37,8 +38,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=None, help="override the profile's minibatch size")
     ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
     args = ap.parse_args(list(argv) if argv is not None else None)
-    from pipelab.cluster import Cluster
-    from pipelab.partition import partition
 
     try:
         prof = _load_profile(args.profile)

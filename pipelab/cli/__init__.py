@@ -1,6 +1,7 @@
 """The ``pipelab`` command line: ``pipelab profile|plan|simulate|train|reproduce``.
 
-Each sub-command lives next to the code it drives; this module only dispatches, so that
+One module per sub-command in this package (``pipelab.cli.profile``, ``.plan``, ``.simulate``,
+``.train``; ``reproduce`` is :mod:`pipelab.reproduce.driver`); this module only dispatches, so that
 ``pipelab --help`` stays fast (nothing heavy is imported until a sub-command runs).
 """
 
@@ -13,10 +14,10 @@ from collections.abc import Sequence
 
 # sub-command -> "module:function" taking the remaining argv and returning an exit code
 COMMANDS: dict[str, tuple[str, str]] = {
-    "profile": ("pipelab.profile.cli", "profile a model, or show a saved profile"),
-    "plan": ("pipelab.partition.cli", "partition a profile for a cluster"),
-    "simulate": ("pipelab.sim.cli", "simulate a plan with a method"),
-    "train": ("pipelab.runtime.cli", "run a job (job.json) on this machine or under torchrun"),
+    "profile": ("pipelab.cli.profile", "profile a model, or show a saved profile"),
+    "plan": ("pipelab.cli.plan", "partition a profile for a cluster"),
+    "simulate": ("pipelab.cli.simulate", "simulate a plan with a method"),
+    "train": ("pipelab.cli.train", "run a job (job.json) on this machine or under torchrun"),
     "reproduce": ("pipelab.reproduce", "run the papers' reproductions (make reproduce)"),
 }
 
@@ -35,7 +36,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     module = importlib.import_module(COMMANDS[args[0]][0])
     return int(module.main(args[1:]))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
