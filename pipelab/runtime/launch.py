@@ -25,8 +25,14 @@ from typing import Any
 
 import torch
 
+from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
+from pipelab.runtime.checkpoint import global_weights
 from pipelab.runtime.job import Job, prepare
+from pipelab.runtime.local import run_local
+from pipelab.runtime.process import process_main
+from pipelab.runtime.worker import WorkerResult
+from pipelab.runtime.wsp import serve_process_main
 from pipelab.schedules.actions import Schedule
 from pipelab.trace import Event, Trace
 
@@ -59,14 +65,7 @@ class RunResult:
         return {k: v.clone() for k, v in self._state.items()}
 
 
-def to_event(t: tuple[Any, ...]) -> Event:
-    """An event tuple from a worker as a :class:`pipelab.trace.Event`."""
-    w, s, kind, m, a, b, nbytes, version, step, peer = t
-    return Event(worker=w, stage=s, kind=kind, microbatch=m, start_s=a, end_s=b, bytes=nbytes,
-                 weight_version=version, step=step, peer=peer)
-
-
-def assemble(job: Job, events: Iterable[Event], results: list[dict[str, Any]], wall_s: float,
+def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wall_s: float,
              trace_path: str | Path | None = None) -> RunResult:
     """Combine the workers' results and events into a :class:`RunResult` (and save the trace)."""
     sched = job.schedule
@@ -77,13 +76,13 @@ def assemble(job: Job, events: Iterable[Event], results: list[dict[str, Any]], w
     losses = [0.0] * job.steps
     held: dict[int, int] = {}
     wbytes: dict[int, int] = {}
-    for r in sorted(results, key=lambda r: r["rank"]):
-        for s, n in r.get("weight_bytes", {}).items():
+    for r in sorted(results, key=lambda r: r.rank):
+        for s, n in r.weight_bytes.items():
             wbytes[int(s)] = max(wbytes.get(int(s), 0), int(n))
-        state.update(r["state"])
-        for k, v in r["losses"].items():
+        state.update(r.state)
+        for k, v in r.losses.items():
             losses[int(k)] += v
-        for s, n in r["versions_held"].items():
+        for s, n in r.versions_held.items():
             held[int(s)] = max(held.get(int(s), 0), int(n))
     expected = job.state_keys or tuple(state)
     missing = [k for k in expected if k not in state]
@@ -91,7 +90,7 @@ def assemble(job: Job, events: Iterable[Event], results: list[dict[str, Any]], w
         raise RuntimeError(f"weights {missing[:5]} were not returned by any stage; is a parameter shared "
                            "between stages? (tied weights across stages are not supported)")
     state = {k: state[k] for k in expected}
-    wsp_log = [e for r in results for e in r.get("wsp_log", [])]
+    wsp_log = [e for r in results for e in r.wsp_log]
     if wsp_log:   # HetPipe: the parameter server's pushes and pulls join the trace (clock, global clock)
         ranks = sched.stage_ranks
         extra = [Event(worker=ranks[e.stage][e.vw], stage=e.stage, kind=e.kind, microbatch=e.clock, start_s=e.t,
@@ -211,12 +210,11 @@ class Run:
             self._cond.notify_all()
 
     def _run_local(self) -> None:
-        from pipelab.runtime.local import run_local
 
         buf: list[Event] = []
 
-        def emit(t: tuple[Any, ...]) -> None:
-            buf.append(to_event(t))
+        def emit(ev: Event) -> None:
+            buf.append(ev)
             if len(buf) >= 16:
                 self._add(buf[:])
                 buf.clear()
@@ -233,7 +231,6 @@ class Run:
     def _start_processes(self) -> None:
         import torch.multiprocessing as mp
 
-        from pipelab.runtime.worker import process_main
 
         # A fork server imports torch (and torch._dynamo, which the first optimizer pulls in: seconds)
         # once per parent process; every later job forks its workers from it at once. Spawn where
@@ -241,7 +238,7 @@ class Run:
         ctx: Any
         if "forkserver" in mp.get_all_start_methods():
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["pipelab.runtime.worker", "torch._dynamo"])
+            ctx.set_forkserver_preload(["pipelab.runtime.process", "torch._dynamo"])
         else:
             ctx = mp.get_context("spawn")
         self._queue = ctx.Queue()
@@ -260,8 +257,6 @@ class Run:
 
     def _start_wsp_server(self, ctx: Any) -> list[Any]:
         """HetPipe: start the WSP parameter-server process; returns each worker's end of its pipe."""
-        from pipelab.graph import StageModule, trace
-        from pipelab.runtime.wsp import serve_process_main
 
         job = self.job
         with torch.random.fork_rng(devices=[]):
@@ -270,8 +265,6 @@ class Run:
         shards = {s: {n: p.detach().numpy() for n, p in StageModule(gm, *job.ranges[s]).named_parameters()}
                   for s in range(job.schedule.num_stages)}
         if job.options.get("resume"):    # the server restarts from the checkpoint's global weights
-            from pipelab.runtime.checkpoint import global_weights
-
             saved = global_weights(job.options["resume"], plan=job.plan, method=job.method,
                                    stage_ranks=job.schedule.stage_ranks)
             shards = {s: {n: saved[s][n].numpy() for n in shard} for s, shard in shards.items()}
@@ -300,7 +293,7 @@ class Run:
                 p.join(5)
 
     def _monitor(self) -> None:
-        results: dict[int, dict[str, Any]] = {}
+        results: dict[int, WorkerResult] = {}
         world = self.job.world_size
         deadline = self._t0 + self.job.timeout
         dead_since: dict[int, float] = {}
@@ -315,7 +308,7 @@ class Run:
                 if msg is not None:
                     kind, rank, payload = msg
                     if kind == "events":
-                        self._add([to_event(t) for t in payload])
+                        self._add(list(payload))
                     elif kind == "done":
                         results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
                     elif kind == "error":
@@ -343,7 +336,7 @@ class Run:
                                            "worker was stopped (raise timeout= for longer runs)"))
                     return
             if getattr(self, "_wsp_proc", None) is not None and self._wsp_result.poll(30):
-                results[0]["wsp_log"] = self._wsp_result.recv()
+                results[0].wsp_log = self._wsp_result.recv()
             for p in self._procs:
                 p.join(10)
             self._kill()

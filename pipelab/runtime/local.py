@@ -18,14 +18,15 @@ import torch
 
 from pipelab.runtime.comm import Mailbox
 from pipelab.runtime.job import Job
-from pipelab.runtime.worker import EventTuple, Worker
+from pipelab.runtime.worker import Worker, WorkerResult
+from pipelab.trace import Event
 
 
-def run_local(job: Job, emit: Callable[[EventTuple], None] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
+def run_local(job: Job, emit: Callable[[Event], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> list[WorkerResult]:
     """Execute ``job`` in this process; returns each rank's :meth:`Worker.result`.
 
-    ``emit`` receives one event tuple per action (times in seconds since the start);
+    ``emit`` receives one :class:`~pipelab.trace.Event` per action (times in seconds since the start);
     ``should_stop`` is polled between actions (cancellation). The caller's random state is left
     as it was.
     """
@@ -33,8 +34,8 @@ def run_local(job: Job, emit: Callable[[EventTuple], None] | None = None,
         return _run_local(job, emit, should_stop)
 
 
-def _run_local(job: Job, emit: Callable[[EventTuple], None] | None,
-               should_stop: Callable[[], bool] | None) -> list[dict[str, Any]]:
+def _run_local(job: Job, emit: Callable[[Event], None] | None,
+               should_stop: Callable[[], bool] | None) -> list[WorkerResult]:
     sched = job.schedule
     workers = [Worker(job, r) for r in range(sched.num_workers)]
     box = Mailbox()
@@ -68,7 +69,7 @@ def _run_local(job: Job, emit: Callable[[EventTuple], None] | None,
     def ev(w: Worker, i: int, start: float, nbytes: int, version: int) -> None:
         if emit is not None:
             a = w.actions[i]
-            emit((w.rank, a.stage, a.kind, a.microbatch, start, now(), nbytes, version, i, -1))
+            emit(Event(w.rank, a.stage, a.kind, a.microbatch, start, now(), nbytes, version, i, -1))
 
     def ready(w: Worker) -> bool:
         i = pos[w.rank]
@@ -146,5 +147,5 @@ def _run_local(job: Job, emit: Callable[[EventTuple], None] | None,
         finish_pulls(w)
     results = [w.result() for w in workers]
     if wsp_servers:
-        results[0]["wsp_log"] = sorted((e for srv in wsp_servers.values() for e in srv.log), key=lambda e: e.t)
+        results[0].wsp_log = sorted((e for srv in wsp_servers.values() for e in srv.log), key=lambda e: e.t)
     return results

@@ -19,8 +19,8 @@ import torch
 
 from pipelab._io import atomic_write_bytes, atomic_write_text
 from pipelab.runtime.job import load_job_file, prepare
-from pipelab.runtime.launch import assemble, to_event
-from pipelab.runtime.worker import run_distributed
+from pipelab.runtime.launch import assemble
+from pipelab.runtime.process import run_distributed
 
 
 def save_outputs(out: Path, result: Any) -> None:
@@ -69,13 +69,11 @@ def run_torchrun_worker(job_path: str) -> int:
               f"use --nproc-per-node/--nnodes for {job.world_size}", file=sys.stderr)
         return 2
     sink = _ListSink()
-    result = run_distributed(job, rank, sink, init_method="env://",
-                             local_rank=int(os.environ.get("LOCAL_RANK", rank)), gather=True)
+    _, gathered = run_distributed(job, rank, sink, init_method="env://",
+                                  local_rank=int(os.environ.get("LOCAL_RANK", rank)), gather=True)
     if rank == 0:
-        results = [r for r, _ in result["all"]]
-        events = [to_event(e) for _, evs in result["all"] for e in evs]
-        for r in results:
-            r.pop("all", None)
+        results = [r for r, _ in gathered]
+        events = [e for _, evs in gathered for e in evs]
         res = assemble(job, events, results, 0.0)
         save_outputs(extra["out"], res)
         print(f"[pipelab] wrote {extra['out']}: losses {[round(x, 4) for x in res.losses]}, "

@@ -3,8 +3,10 @@
 :class:`Worker` is transport-free: for action ``i`` it says which messages it needs
 (:meth:`Worker.recvs`), and :meth:`Worker.run` executes an ``F``/``B``/``W`` given those messages
 and returns the messages to send; a ``U`` is split into :meth:`Worker.begin_update` (the gradients
-to all-reduce) and :meth:`Worker.finish_update`. The multi-process driver (:func:`run_distributed`,
-here) and the single-process reference executor (:mod:`pipelab.runtime.local`) move the messages.
+to all-reduce) and :meth:`Worker.finish_update`. The multi-process driver (:mod:`pipelab.runtime.process`)
+and the single-process reference executor (:mod:`pipelab.runtime.local`) move the messages. The
+facts it precomputes from the schedule are :mod:`pipelab.schedules.facts`; its stages are
+:mod:`pipelab.runtime.stage`; checkpoints are :mod:`pipelab.runtime.checkpointing`.
 
 Semantics (the same in both executors):
 
@@ -38,147 +40,48 @@ Semantics (the same in both executors):
 
 from __future__ import annotations
 
-import ctypes
-import os
-import signal
-import sys
-import time
-import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
-from pipelab.graph import StageModule, as_tuple, trace
+from pipelab.graph import as_tuple, trace
+from pipelab.runtime import coalesce
+from pipelab.runtime.checkpointing import Checkpointing
 from pipelab.runtime.comm import (
     ACT,
     GRAD,
     VERSION_SPEC,
-    DistComm,
     Recv,
     Send,
     TensorSpec,
     grad_specs,
     tag,
 )
-from pipelab.runtime.job import Job, as_inputs, split_microbatches
-from pipelab.runtime.weights import WeightPolicy, policy_for
+from pipelab.runtime.compress import decode_message, encode_message, message_specs
+from pipelab.runtime.job import Job
+from pipelab.runtime.options import run_maybe_checkpointed
+from pipelab.runtime.options import slow_down as sleep_slowdown
+from pipelab.runtime.stage import Feed, Pending, StageState
+from pipelab.runtime.weights import policy_for
 from pipelab.schedules.actions import Action
-
-EventTuple = tuple[int, int, str, int, float, float, int, int, int, int]
-LOOKAHEAD = 4   # post the receives of this many upcoming actions early
-
-
-class Feed:
-    """This worker's view of ``data()``: minibatch ``k`` split into microbatches, on demand.
-
-    The data is iterated in order (and restarted when exhausted, like epochs); a minibatch whose
-    shapes differ from the first one raises, naming it.
-    """
-
-    def __init__(self, job: Job, device: torch.device) -> None:
-        self.job, self.device = job, device
-        self._it: Iterator[Any] | None = None
-        self._next = 0
-        self._cache: dict[int, tuple[list[Any], list[Any]]] = {}
-        self._shapes: Any = None
-
-    def _fetch(self) -> tuple[Any, Any]:
-        for _ in range(2):
-            if self._it is None:
-                self._it = iter(self.job.data())
-            try:
-                return next(self._it)  # type: ignore[no-any-return]
-            except StopIteration:
-                self._it = None
-        raise ValueError("data() yielded no minibatch")
-
-    def minibatch(self, k: int) -> tuple[list[Any], list[Any]]:
-        """Inputs and targets of minibatch ``k``, each split into M microbatches.
-
-        After ``resume=``, minibatch ``k`` of the run is item ``resume_step + k`` of ``data()``.
-        """
-        k += int(self.job.options.get("resume_step", 0))
-        while self._next <= k:
-            x, y = self._fetch()
-            xs = as_inputs(x)
-            shapes = ([tuple(t.shape) for t in xs], _shape_tree(y))
-            if self._shapes is None:
-                self._shapes = shapes
-            elif shapes != self._shapes:
-                raise ValueError(f"minibatch {self._next} of data() has shapes {shapes} but the first had "
-                                 f"{self._shapes}; every minibatch must have the same shapes (drop the last "
-                                 "partial batch)")
-            M = self.job.microbatches
-            xs = tuple(t.to(self.device) for t in xs)
-            parts_x = [tuple(p) for p in zip(*[split_microbatches(t, M) for t in xs])]
-            parts_y = split_microbatches(_to(y, self.device), M)
-            self._cache[self._next] = (parts_x, parts_y)
-            self._cache.pop(self._next - 2, None)
-            self._next += 1
-        return self._cache[k]
-
-    def inputs(self, m: int) -> tuple[torch.Tensor, ...]:
-        """Model inputs of microbatch ``m``."""
-        M = self.job.microbatches
-        return self.minibatch(m // M)[0][m % M]  # type: ignore[no-any-return]
-
-    def targets(self, m: int) -> Any:
-        """Targets of microbatch ``m``."""
-        M = self.job.microbatches
-        return self.minibatch(m // M)[1][m % M]
-
-
-def _shape_tree(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return tuple(x.shape)
-    if isinstance(x, (tuple, list)):
-        return tuple(_shape_tree(v) for v in x)
-    return None
-
-
-def _to(x: Any, device: torch.device) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to(v, device) for v in x)
-    return x
+from pipelab.schedules.facts import input_versions, update_pairs
 
 
 @dataclass
-class Pending:
-    """A microbatch between its ``F`` and its last backward action on a stage."""
+class WorkerResult:
+    """What a worker hands back at the end of a run (pickled to the parent, or gathered by torchrun)."""
 
-    inputs: list[torch.Tensor]
-    outputs: tuple[Any, ...]
-    version: int
-    grad_outputs: list[Any] | None = None      # kept from B for W (split backward)
-    grad_targets: list[Any] | None = None
-
-
-class StageState:
-    """One stage hosted by this worker: module, optimizer, weight policy, in-flight microbatches."""
-
-    def __init__(self, job: Job, gm: Any, stage: int, device: torch.device, policy_factory: Any,
-                 upcoming: list[int]) -> None:
-        start, end = job.ranges[stage]
-        self.index = stage
-        self.module = StageModule(gm, start, end).to(device)
-        self.params: dict[str, nn.Parameter] = dict(self.module.named_parameters())
-        trainable = [p for p in self.params.values() if p.requires_grad]
-        self.optimizer = job.optimizer(trainable) if trainable else None
-        self.policy: WeightPolicy = policy_factory(self.params, stage, upcoming)
-        self.is_first = stage == 0
-        self.is_last = stage == job.schedule.num_stages - 1
-        self.syncs = job.syncs(stage)     # replicas all-reduce gradients at U
-        self.pending: dict[int, Pending] = {}
-        self.losses: dict[int, torch.Tensor] = {}
+    rank: int
+    state: dict[str, torch.Tensor]              # its stages' weights (replica 0 of each stage only)
+    losses: dict[int, float]                    # minibatch -> its part of the loss (last stage)
+    versions_held: dict[int, int]               # stage -> most weight versions held at once
+    weight_bytes: dict[int, int]                # stage -> most bytes of weight versions held
+    wsp_log: list[Any] = field(default_factory=list)   # HetPipe, reference executor: the server's log
 
 
-class Worker:
+class Worker(Checkpointing):
     """Executes worker ``rank``'s action list of ``job.schedule`` (transport-free; see module doc)."""
 
     def __init__(self, job: Job, rank: int, device: torch.device | str = "cpu") -> None:
@@ -194,7 +97,7 @@ class Worker:
         factory = policy_for(sched.method, job.policy_options)
         self.stages: dict[int, StageState] = {}
         for s in sched.stages_of(rank):
-            self.stages[s] = StageState(job, gm, s, self.device, factory, self._input_versions(s))
+            self.stages[s] = StageState(job, gm, s, self.device, factory, input_versions(sched, rank, s))
         del model, gm
         self.split = {s: any(a.kind == "W" and a.stage == s for a in self.actions) for s in self.stages}
         self.feed = Feed(job, self.device) if (0 in self.stages or sched.num_stages - 1 in self.stages) else None
@@ -208,143 +111,17 @@ class Worker:
         # coalesce_wgrad: Linears defer their weight gradients to one GEMM at U (pipelab.runtime.coalesce)
         self.coalescers: dict[int, Any] = {}
         if job.options.get("coalesce_wgrad"):
-            from pipelab.runtime.coalesce import check_method, install
-
-            check_method(sched.method, any(a.kind == "W" for a in self.actions))
-            self.coalescers = {s: install(st.module) for s, st in self.stages.items()}
+            coalesce.check_method(sched.method, any(a.kind == "W" for a in self.actions))
+            self.coalescers = {s: coalesce.install(st.module) for s, st in self.stages.items()}
         self._recvs = [self._needs(a) for a in self.actions]
         self._retire = self._retire_plan()
-        self.u_pair, self.u_divisor = self._update_facts()
+        self.u_pair, self.u_divisor = update_pairs(sched, rank, self.stages, job.syncs, job.microbatches)
         self.current: Action | None = None
         # checkpoints: the last U of each minibatch on this worker is where one may be taken
         self.start_step = int(job.options.get("resume_step", 0))
         self._last_u: dict[int, int] = {a.microbatch: i for i, a in enumerate(self.actions) if a.kind == "U"}
         if job.options.get("resume"):
             self.restore(job.options["resume"])
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_state(self) -> dict[str, Any]:
-        """This worker's state at a drained point: per stage weights, optimizer, policy state; its RNG.
-
-        Checkpoints are taken only where nothing is in flight on this worker (after a flushed
-        method's minibatch, or an asynchronous schedule's drained segment, see
-        :mod:`pipelab.schedules.segments`): every policy then holds one weight version, the master
-        weights saved here, so restoring them and the policy's own state (PipeMare's delta and step
-        count, HetPipe's anchor) resumes every method exactly. Raises ``RuntimeError`` otherwise.
-        """
-        stages: dict[int, Any] = {}
-        for s, st in self.stages.items():
-            busy = sorted(set(st.policy.in_flight) | set(st.pending))
-            if busy or st.policy.held != 1:
-                raise RuntimeError(f"worker {self.rank} stage {s}: checkpoint requested while microbatches {busy} "
-                                   f"are in flight ({st.policy.held} weight versions held); checkpoints need a "
-                                   "drained pipeline (asynchronous schedules: build with drain_every=N)")
-            anchor = getattr(st.policy, "anchor", None)     # HetPipe: the weights of the last pull
-            if anchor is not None and (getattr(st.policy, "pull_pending", False) or not all(
-                    torch.equal(anchor[n], p.detach()) for n, p in st.params.items())):
-                raise RuntimeError(f"worker {self.rank} stage {s}: HetPipe checkpoint requested between a wave's "
-                                   "push and its pull; the saved weights must be the parameter server's")
-            stages[s] = {"module": {k: v.detach().cpu().clone() for k, v in st.module.state_dict().items()},
-                         "optimizer": st.optimizer.state_dict() if st.optimizer is not None else None,
-                         "policy": st.policy.state_dict(), "version": st.policy.latest}
-        return {"stages": stages, "rng": torch.get_rng_state()}
-
-    def restore(self, path: Any) -> None:
-        """Load this worker's state from the checkpoint at ``path`` (plan and method are checked).
-
-        The schedule of a resumed run numbers its minibatches and weight versions from 0 again;
-        the data restart at the checkpoint's step (``Feed`` adds ``resume_step``).
-        """
-        from pipelab.runtime.checkpoint import load_worker
-
-        state = load_worker(path, self.rank, plan=self.job.plan, method=self.job.schedule.method)
-        for s, st in self.stages.items():
-            saved = state["stages"].get(s)
-            if saved is None:
-                raise ValueError(f"the checkpoint at {path} has no stage {s} for worker {self.rank}")
-            st.module.load_state_dict(saved["module"])    # in place: stashed aliases see the weights
-            if st.optimizer is not None and saved["optimizer"] is not None:
-                st.optimizer.load_state_dict(saved["optimizer"])
-            st.policy.load_state_dict(saved["policy"])
-        self.rng_state = state["rng"]
-
-    def _checkpoint_points(self) -> dict[int, int]:
-        """Action index -> run step (minibatches done) of every checkpoint this worker takes.
-
-        Flushed methods: the last ``U`` of minibatch ``k`` on this worker, step ``start + k + 1``.
-        Drained asynchronous schedules: this worker's last action (an update) of every segment,
-        step ``start +`` the segment's end. Only steps that are multiples of ``checkpoint_every``.
-        """
-        cached: dict[int, int] | None = getattr(self, "_ckpt_points", None)
-        if cached is not None:
-            return cached
-        every = int(self.job.options.get("checkpoint_every") or 0)
-        sched = self.job.schedule
-        start = int(self.job.options.get("resume_step", 0))
-        ends: list[int] = []
-        if every and sched.options.get("segments"):
-            from pipelab.schedules.segments import boundaries
-
-            ends = boundaries(sched)
-        last: dict[int, int] = {}    # step -> index of this worker's last action before it
-        M = sched.microbatches
-        for i, a in enumerate(self.actions):
-            k = a.microbatch if a.kind == "U" else a.microbatch // M
-            if ends:
-                step = next(e for e in ends if k < e)     # the end of k's segment
-            else:
-                step = k + 1 if a.kind == "U" else -1
-            if every and step > 0 and (start + step) % every == 0:
-                last[start + step] = i
-        points = {i: step for step, i in last.items()}
-        self._ckpt_points = points
-        return points
-
-    def maybe_checkpoint(self, i: int) -> None:
-        """After update ``i``: save if it is this worker's last action before a checkpoint step.
-
-        HetPipe: the save waits for the wave's pull (immediate in a worker process; in the
-        reference executor the pull completes once every virtual worker has pushed), so that the
-        saved weights are the parameter server's global weights at the cut.
-        """
-        if not self.job.options.get("checkpoint_every"):
-            return
-        step = self._checkpoint_points().get(i)
-        if step is None:
-            return
-        rng = torch.get_rng_state()     # this worker's stream (the reference executor swaps it in)
-        waiting = [st.policy for st in self.stages.values() if getattr(st.policy, "pull_pending", False)]
-        if not waiting:
-            self._save_checkpoint(step, rng)
-            return
-
-        def pulled() -> None:
-            if not any(getattr(p, "pull_pending", False) for p in waiting):
-                self._save_checkpoint(step, rng)
-        for p in waiting:
-            p.after_pull = pulled  # type: ignore[attr-defined]
-
-    def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
-        """Write this worker's file of checkpoint ``step``; the last worker to write seals it.
-
-        The manifest records ``drain_every`` so that a resumed asynchronous run keeps the same
-        drained segments (and so the same trajectory).
-        """
-        from pipelab.runtime import checkpoint as ckpt
-
-        root = self.job.options["checkpoint_dir"]
-        plan, method = self.job.plan, self.job.schedule.method
-        state = self.checkpoint_state()
-        state["rng"] = rng
-        state["step"] = state["data_position"] = step     # minibatches consumed; data() resumes there
-        ckpt.save_worker(root, step, self.rank, state, plan=plan, method=method)
-        # the last worker to write its file seals the checkpoint (two doing it write the same manifest)
-        d = ckpt.step_dir(root, step)
-        if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
-            every = int(self.job.options["checkpoint_every"])
-            extra = {"drain_every": every} if self.job.schedule.options.get("segments") else {}
-            ckpt.write_manifest(root, step, plan=plan, method=method, num_workers=self.job.world_size,
-                                extra=extra, keep=self.job.options.get("checkpoint_keep", 2))
 
     def attach_wsp(self, make_endpoint: Callable[[int, int], Any]) -> None:
         """HetPipe: connect each hosted stage's policy to the parameter server (``make_endpoint(stage, vw)``)."""
@@ -353,84 +130,22 @@ class Worker:
                 vw = self.job.schedule.stage_ranks[s].index(self.rank)
                 st.policy.attach(make_endpoint(s, vw))
 
-    # ------------------------------------------------------------------ precomputed facts
-    def _input_versions(self, stage: int) -> list[int]:
-        """Per microbatch this worker forwards on ``stage`` (in order), the input stage's version.
-
-        The input stage's version for microbatch m is the number of input-stage updates that
-        precede ``0Fm`` in the action list of the worker that runs it (vertical sync keeps them).
-        """
-        sched = self.job.schedule
-        if stage == 0:
-            return []
-        v_of: dict[int, int] = {}
-        for w in sched.stage_ranks[0]:
-            n_updates = 0
-            for a in sched.actions[w]:
-                if a.stage == 0 and a.kind == "U":
-                    n_updates += 1
-                elif a.stage == 0 and a.kind == "F":
-                    v_of[a.microbatch] = n_updates
-        return [v_of.get(a.microbatch, 0) for a in self.actions if a.stage == stage and a.kind == "F"]
-
-    def _update_facts(self) -> tuple[dict[int, int], dict[int, float]]:
-        """For each U: its index among this stage's U's, and the divisor of the summed gradient."""
-        sched = self.job.schedule
-        counts: dict[tuple[int, int], list[int]] = {}   # (worker, stage) -> contributions per U
-        for s in self.stages:
-            for w in (sched.stage_ranks[s] if self.job.syncs(s) else (self.rank,)):
-                has_w = any(a.kind == "W" and a.stage == s for a in sched.actions[w])
-                grad_kind = "W" if has_w else "B"
-                n, per_u = 0, []
-                for a in sched.actions[w]:
-                    if a.stage != s:
-                        continue
-                    if a.kind == grad_kind:
-                        n += 1
-                    elif a.kind == "U":
-                        per_u.append(n)
-                        n = 0
-                counts[(w, s)] = per_u
-        pair: dict[int, int] = {}
-        divisor: dict[int, float] = {}
-        seen: dict[int, int] = {}
-        for i, a in enumerate(self.actions):
-            if a.kind != "U":
-                continue
-            k = seen.get(a.stage, 0)
-            seen[a.stage] = k + 1
-            pair[i] = k
-            total = 0
-            for w in (sched.stage_ranks[a.stage] if self.job.syncs(a.stage) else (self.rank,)):
-                per_u = counts[(w, a.stage)]
-                if k >= len(per_u):
-                    raise ValueError(f"worker {self.rank}'s update {a} is its stage's update #{k} but replica worker "
-                                     f"{w} has only {len(per_u)} updates; replicas must update in lockstep")
-                total += per_u[k]
-            divisor[i] = max(total / self.job.microbatches, 1e-12) if total else 1.0
-        return pair, divisor
-
+    # ------------------------------------------------------------------ messages
     def _wire(self, members: list[TensorSpec]) -> list[TensorSpec]:
         """The tensors that travel for a message of ``members`` (compressed payloads, if any)."""
         if self.codec is None:
             return list(members)
-        from pipelab.runtime.compress import message_specs
-
         return [TensorSpec(tuple(int(d) for d in shape), str(dt).removeprefix("torch."))
                 for shape, dt in message_specs([(sp.shape, sp.torch_dtype) for sp in members], self.codec)]
 
     def _decode(self, tensors: list[torch.Tensor], members: list[TensorSpec]) -> list[torch.Tensor]:
         if self.codec is None:
             return tensors
-        from pipelab.runtime.compress import decode_message
-
         return decode_message(tensors, [(sp.shape, sp.torch_dtype) for sp in members], self.codec)
 
     def _encode(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.codec is None:
             return tensors
-        from pipelab.runtime.compress import encode_message
-
         return encode_message(tensors, self.codec)
 
     def _needs(self, a: Action) -> list[Recv]:
@@ -528,8 +243,6 @@ class Worker:
 
         with torch.set_grad_enabled(grad):
             if self.recompute:    # keep only the stage's inputs; recompute activations in backward
-                from pipelab.runtime.options import run_maybe_checkpointed
-
                 out = run_maybe_checkpointed(fn, tuple(inputs), True)
             else:
                 out = fn(*inputs)
@@ -677,12 +390,10 @@ class Worker:
         """Emulate a slower device (option ``slowdown={rank: factor}``): sleep (factor - 1) x elapsed."""
         sd = self.job.options.get("slowdown")
         if sd:
-            from pipelab.runtime.options import slow_down
-
-            slow_down(self.rank, sd, elapsed_s)
+            sleep_slowdown(self.rank, sd, elapsed_s)
 
     # ------------------------------------------------------------------ results
-    def result(self) -> dict[str, Any]:
+    def result(self) -> WorkerResult:
         """What the parent needs at the end: weights (replica 0 only), loss parts, versions held."""
         sched = self.job.schedule
         state: dict[str, torch.Tensor] = {}
@@ -693,181 +404,13 @@ class Worker:
         for st in self.stages.values():
             for k, v in st.losses.items():
                 losses[k] = losses.get(k, 0.0) + float(v)
-        return {"rank": self.rank, "state": state, "losses": losses,
-                "versions_held": {s: st.policy.max_held for s, st in self.stages.items()},
-                "weight_bytes": {s: int(getattr(st.policy, "max_weight_bytes", 0)) for s, st in self.stages.items()}}
+        return WorkerResult(self.rank, state, losses,
+                            versions_held={s: st.policy.max_held for s, st in self.stages.items()},
+                            weight_bytes={s: int(getattr(st.policy, "max_weight_bytes", 0))
+                                          for s, st in self.stages.items()})
 
 
-class Clock:
-    """Seconds since the job's common start (rank 0's wall clock after the start barrier)."""
+if __name__ == "__main__":   # deprecated spelling of ``python -m pipelab.runtime.torchrun job.json``
+    from pipelab.runtime.torchrun import main
 
-    def __init__(self, t0_wall: float) -> None:
-        self.offset = time.time() - t0_wall
-        self.base = time.perf_counter()
-
-    def now(self) -> float:
-        """Seconds since the common start."""
-        return time.perf_counter() - self.base + self.offset
-
-
-class QueueSink:
-    """Streams event tuples to the parent in batches (a put per ~32 events or 0.1 s)."""
-
-    def __init__(self, queue: Any, rank: int, batch: int = 32, every_s: float = 0.1) -> None:
-        self.queue, self.rank, self.batch, self.every_s = queue, rank, batch, every_s
-        self.buf: list[EventTuple] = []
-        self.last = time.perf_counter()
-        self.reported = False
-
-    def emit(self, ev: EventTuple) -> None:
-        """Queue one event; send the batch when it is big or old enough."""
-        self.buf.append(ev)
-        if len(self.buf) >= self.batch or time.perf_counter() - self.last > self.every_s:
-            self.flush()
-
-    def flush(self) -> None:
-        """Send what is buffered."""
-        if self.buf:
-            self.queue.put(("events", self.rank, self.buf))
-            self.buf = []
-        self.last = time.perf_counter()
-
-    def done(self, result: dict[str, Any]) -> None:
-        """Send the final result (as bytes: tensors in a queue would go through shared memory that
-        vanishes when this process exits before the parent reads them)."""
-        import io
-
-        self.flush()
-        buf = io.BytesIO()
-        torch.save(result, buf)
-        self.queue.put(("done", self.rank, buf.getvalue()))
-
-    def error(self, stage: int, action: str, tb: str) -> None:
-        """Report a failure (once)."""
-        if self.reported:
-            return
-        self.reported = True
-        self.flush()
-        self.queue.put(("error", self.rank, (stage, action, tb)))
-
-
-def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[EventTuple], None]) -> None:
-    """Run every action of ``worker`` in order over ``comm``, emitting one event per action."""
-    n = len(worker.actions)
-    for i, a in enumerate(worker.actions):
-        for j in range(i, min(i + LOOKAHEAD, n)):
-            for r in worker.recvs(j):
-                comm.post(r)
-        worker.current = a
-        received = []
-        for r in worker.recvs(i):
-            t = clock.now()
-            received.append(comm.wait(r))
-            t2 = clock.now()
-            if t2 - t > 1e-4:
-                emit((worker.rank, a.stage, "recv", a.microbatch, t, t2,
-                      sum(s.nbytes for s in r.specs), -1, -1, r.src))
-        comm.retire(worker.retire_after(i))
-        start = clock.now()
-        nbytes = 0
-        if a.kind == "U":
-            flat = worker.begin_update(i)
-            if flat is not None:
-                comm.allreduce(a.stage, flat)
-                nbytes = flat.numel() * flat.element_size()
-            version = worker.finish_update(i, flat)
-        else:
-            sends, version = worker.run(i, received)
-            for s in sends:
-                nbytes += comm.send(s)
-        if worker.device.type == "cuda":
-            torch.cuda.synchronize(worker.device)
-        worker.slow_down(clock.now() - start)
-        emit((worker.rank, a.stage, a.kind, a.microbatch, start, clock.now(), nbytes, version, i, -1))
-    comm.flush()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (no orphaned workers)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
-def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
-                    local_rank: int | None = None, gather: bool = False, wsp_conn: Any = None) -> dict[str, Any]:
-    """Join the process group, execute this rank's actions, return its result (see :meth:`Worker.result`)."""
-    import torch.distributed as dist
-
-    from pipelab.runtime.options import tune_malloc
-
-    torch.set_num_threads(1)
-    tune_malloc()    # no page faults for the buffers every step reallocates (see its docstring)
-    world = job.world_size
-    if job.backend == "nccl":
-        device = torch.device("cuda", rank if local_rank is None else local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    init = init_method or f"tcp://{job.master_addr}:{job.master_port}"
-    dist.init_process_group(job.backend, init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=job.timeout))
-    try:
-        groups = {s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)}
-        worker = Worker(job, rank, device)
-        clients: list[Any] = []
-        if wsp_conn is not None:    # HetPipe: this worker's end of the parameter server
-            from pipelab.runtime.wsp import WSPClient
-
-            def endpoint(stage: int, vw: int) -> Any:
-                clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout))
-                return clients[-1]
-            worker.attach_wsp(endpoint)
-        comm = DistComm(rank, device, groups)
-        torch.set_rng_state(worker.rng_state)
-        if device.type == "cuda":
-            torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
-        dist.barrier()
-        t0 = torch.tensor([time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu")
-        dist.broadcast(t0, src=0)
-        clock = Clock(float(t0.item()))
-        try:
-            execute(worker, comm, clock, sink.emit)
-        except BaseException:
-            a = worker.current
-            sink.error(a.stage if a else -1, str(a) if a else "start-up", traceback.format_exc())
-            raise
-        for c in clients[:1]:    # one pipe per worker
-            c.stop()
-        dist.barrier()
-        result = worker.result()
-        if gather:   # torchrun: rank 0 collects every rank's result and events
-            everything: list[Any] = [None] * world if rank == 0 else []
-            dist.gather_object((result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0)
-            result["all"] = everything
-        return result
-    finally:
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
-
-
-def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None) -> None:
-    """Entry point of a spawned worker process (torch.multiprocessing)."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    sink = QueueSink(queue, rank)
-    try:
-        result = run_distributed(job, rank, sink, wsp_conn=wsp_conn)
-    except BaseException:
-        sink.error(-1, "start-up", traceback.format_exc())
-        sink.flush()
-        time.sleep(0.2)   # let the queue's feeder thread deliver the error
-        os._exit(1)
-    sink.done(result)
-    time.sleep(0.05)
+    raise SystemExit(main())

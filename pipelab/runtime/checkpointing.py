@@ -1,0 +1,123 @@
+"""Checkpoints of a worker: its state at a drained point, saving it at the scheduled steps, restoring it.
+
+:class:`Checkpointing` is mixed into :class:`pipelab.runtime.worker.Worker`; the file format (one
+file per rank and a manifest written last, atomically) is :mod:`pipelab.runtime.checkpoint`, and
+which actions are checkpoint points is :func:`pipelab.schedules.facts.checkpoint_points`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipelab.runtime import checkpoint as ckpt
+from pipelab.runtime.checkpoint import load_worker
+from pipelab.runtime.job import Job
+from pipelab.runtime.stage import StageState
+from pipelab.schedules.facts import checkpoint_points
+
+
+class Checkpointing:
+    """The checkpoint half of a worker (see the module docstring)."""
+
+    job: Job
+    rank: int
+    stages: dict[int, StageState]
+    rng_state: torch.Tensor
+    _ckpt_points: dict[int, int] | None = None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """This worker's state at a drained point: per stage weights, optimizer, policy state; its RNG.
+
+        Checkpoints are taken only where nothing is in flight on this worker (after a flushed
+        method's minibatch, or an asynchronous schedule's drained segment, see
+        :mod:`pipelab.schedules.segments`): every policy then holds one weight version, the master
+        weights saved here, so restoring them and the policy's own state (PipeMare's delta and step
+        count, HetPipe's anchor) resumes every method exactly. Raises ``RuntimeError`` otherwise.
+        """
+        stages: dict[int, Any] = {}
+        for s, st in self.stages.items():
+            busy = sorted(set(st.policy.in_flight) | set(st.pending))
+            if busy or st.policy.held != 1:
+                raise RuntimeError(f"worker {self.rank} stage {s}: checkpoint requested while microbatches {busy} "
+                                   f"are in flight ({st.policy.held} weight versions held); checkpoints need a "
+                                   "drained pipeline (asynchronous schedules: build with drain_every=N)")
+            anchor = getattr(st.policy, "anchor", None)     # HetPipe: the weights of the last pull
+            if anchor is not None and (getattr(st.policy, "pull_pending", False) or not all(
+                    torch.equal(anchor[n], p.detach()) for n, p in st.params.items())):
+                raise RuntimeError(f"worker {self.rank} stage {s}: HetPipe checkpoint requested between a wave's "
+                                   "push and its pull; the saved weights must be the parameter server's")
+            stages[s] = {"module": {k: v.detach().cpu().clone() for k, v in st.module.state_dict().items()},
+                         "optimizer": st.optimizer.state_dict() if st.optimizer is not None else None,
+                         "policy": st.policy.state_dict(), "version": st.policy.latest}
+        return {"stages": stages, "rng": torch.get_rng_state()}
+
+    def restore(self, path: Any) -> None:
+        """Load this worker's state from the checkpoint at ``path`` (plan and method are checked).
+
+        The schedule of a resumed run numbers its minibatches and weight versions from 0 again;
+        the data restart at the checkpoint's step (``Feed`` adds ``resume_step``).
+        """
+        state = load_worker(path, self.rank, plan=self.job.plan, method=self.job.schedule.method)
+        for s, st in self.stages.items():
+            saved = state["stages"].get(s)
+            if saved is None:
+                raise ValueError(f"the checkpoint at {path} has no stage {s} for worker {self.rank}")
+            st.module.load_state_dict(saved["module"])    # in place: stashed aliases see the weights
+            if st.optimizer is not None and saved["optimizer"] is not None:
+                st.optimizer.load_state_dict(saved["optimizer"])
+            st.policy.load_state_dict(saved["policy"])
+        self.rng_state = state["rng"]
+
+    def _checkpoint_points(self) -> dict[int, int]:
+        """Action index -> run step of every checkpoint this worker takes (computed once)."""
+        if self._ckpt_points is None:
+            self._ckpt_points = checkpoint_points(self.job.schedule, self.rank,
+                                                  int(self.job.options.get("checkpoint_every") or 0),
+                                                  int(self.job.options.get("resume_step", 0)))
+        return self._ckpt_points
+
+    def maybe_checkpoint(self, i: int) -> None:
+        """After update ``i``: save if it is this worker's last action before a checkpoint step.
+
+        HetPipe: the save waits for the wave's pull (immediate in a worker process; in the
+        reference executor the pull completes once every virtual worker has pushed), so that the
+        saved weights are the parameter server's global weights at the cut.
+        """
+        if not self.job.options.get("checkpoint_every"):
+            return
+        step = self._checkpoint_points().get(i)
+        if step is None:
+            return
+        rng = torch.get_rng_state()     # this worker's stream (the reference executor swaps it in)
+        waiting = [st.policy for st in self.stages.values() if getattr(st.policy, "pull_pending", False)]
+        if not waiting:
+            self._save_checkpoint(step, rng)
+            return
+
+        def pulled() -> None:
+            if not any(getattr(p, "pull_pending", False) for p in waiting):
+                self._save_checkpoint(step, rng)
+        for p in waiting:
+            p.after_pull = pulled  # type: ignore[attr-defined]
+
+    def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
+        """Write this worker's file of checkpoint ``step``; the last worker to write seals it.
+
+        The manifest records ``drain_every`` so that a resumed asynchronous run keeps the same
+        drained segments (and so the same trajectory).
+        """
+        root = self.job.options["checkpoint_dir"]
+        plan, method = self.job.plan, self.job.schedule.method
+        state = self.checkpoint_state()
+        state["rng"] = rng
+        state["step"] = state["data_position"] = step     # minibatches consumed; data() resumes there
+        ckpt.save_worker(root, step, self.rank, state, plan=plan, method=method)
+        # the last worker to write its file seals the checkpoint (two doing it write the same manifest)
+        d = ckpt.step_dir(root, step)
+        if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
+            every = int(self.job.options["checkpoint_every"])
+            extra = {"drain_every": every} if self.job.schedule.options.get("segments") else {}
+            ckpt.write_manifest(root, step, plan=plan, method=method, num_workers=self.job.world_size,
+                                extra=extra, keep=self.job.options.get("checkpoint_keep", 2))

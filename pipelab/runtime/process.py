@@ -1,0 +1,202 @@
+"""A worker process: start-up, the distributed execute loop, streaming events to the parent.
+
+:func:`process_main` is what ``pl.train`` spawns (torch.multiprocessing); :func:`run_distributed`
+joins the process group and runs :func:`execute`, which moves a :class:`~pipelab.runtime.worker.Worker`'s
+messages over :class:`~pipelab.runtime.comm.DistComm` and emits one :class:`~pipelab.trace.Event`
+per action (and per noticeable wait on a receive); :class:`QueueSink` batches them to the parent.
+Under torchrun, :mod:`pipelab.runtime.torchrun` calls :func:`run_distributed` instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipelab.runtime.comm import DistComm
+from pipelab.runtime.job import Job
+from pipelab.runtime.options import tune_malloc
+from pipelab.runtime.worker import Worker, WorkerResult
+from pipelab.runtime.wsp import WSPClient
+from pipelab.trace import Event
+
+LOOKAHEAD = 4   # post the receives of this many upcoming actions early
+
+
+class Clock:
+    """Seconds since the job's common start (rank 0's wall clock after the start barrier)."""
+
+    def __init__(self, t0_wall: float) -> None:
+        self.offset = time.time() - t0_wall
+        self.base = time.perf_counter()
+
+    def now(self) -> float:
+        """Seconds since the common start."""
+        return time.perf_counter() - self.base + self.offset
+
+
+class QueueSink:
+    """Streams events to the parent in batches (a put per ~32 events or 0.1 s)."""
+
+    def __init__(self, queue: Any, rank: int, batch: int = 32, every_s: float = 0.1) -> None:
+        self.queue, self.rank, self.batch, self.every_s = queue, rank, batch, every_s
+        self.buf: list[Event] = []
+        self.last = time.perf_counter()
+        self.reported = False
+
+    def emit(self, ev: Event) -> None:
+        """Queue one event; send the batch when it is big or old enough."""
+        self.buf.append(ev)
+        if len(self.buf) >= self.batch or time.perf_counter() - self.last > self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what is buffered."""
+        if self.buf:
+            self.queue.put(("events", self.rank, self.buf))
+            self.buf = []
+        self.last = time.perf_counter()
+
+    def done(self, result: WorkerResult) -> None:
+        """Send the final result (as bytes: tensors in a queue would go through shared memory that
+        vanishes when this process exits before the parent reads them)."""
+        self.flush()
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        self.queue.put(("done", self.rank, buf.getvalue()))
+
+    def error(self, stage: int, action: str, tb: str) -> None:
+        """Report a failure (once)."""
+        if self.reported:
+            return
+        self.reported = True
+        self.flush()
+        self.queue.put(("error", self.rank, (stage, action, tb)))
+
+
+def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event], None]) -> None:
+    """Run every action of ``worker`` in order over ``comm``, emitting one event per action."""
+    n = len(worker.actions)
+    for i, a in enumerate(worker.actions):
+        for j in range(i, min(i + LOOKAHEAD, n)):
+            for r in worker.recvs(j):
+                comm.post(r)
+        worker.current = a
+        received = []
+        for r in worker.recvs(i):
+            t = clock.now()
+            received.append(comm.wait(r))
+            t2 = clock.now()
+            if t2 - t > 1e-4:
+                emit(Event(worker.rank, a.stage, "recv", a.microbatch, t, t2,
+                           sum(s.nbytes for s in r.specs), -1, -1, r.src))
+        comm.retire(worker.retire_after(i))
+        start = clock.now()
+        nbytes = 0
+        if a.kind == "U":
+            flat = worker.begin_update(i)
+            if flat is not None:
+                comm.allreduce(a.stage, flat)
+                nbytes = flat.numel() * flat.element_size()
+            version = worker.finish_update(i, flat)
+        else:
+            sends, version = worker.run(i, received)
+            for s in sends:
+                nbytes += comm.send(s)
+        if worker.device.type == "cuda":
+            torch.cuda.synchronize(worker.device)
+        worker.slow_down(clock.now() - start)
+        emit(Event(worker.rank, a.stage, a.kind, a.microbatch, start, clock.now(), nbytes, version, i, -1))
+    comm.flush()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (no orphaned workers)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
+                    local_rank: int | None = None, gather: bool = False,
+                    wsp_conn: Any = None) -> tuple[WorkerResult, list[Any]]:
+    """Join the process group, execute this rank's actions; return its result (:meth:`Worker.result`)
+    and, with ``gather`` (torchrun), on rank 0 every rank's ``(result, events)`` (else ``[]``)."""
+    torch.set_num_threads(1)
+    tune_malloc()    # no page faults for the buffers every step reallocates (see its docstring)
+    world = job.world_size
+    if job.backend == "nccl":
+        device = torch.device("cuda", rank if local_rank is None else local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    init = init_method or f"tcp://{job.master_addr}:{job.master_port}"
+    dist.init_process_group(job.backend, init_method=init, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=job.timeout))
+    try:
+        groups = {s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)}
+        worker = Worker(job, rank, device)
+        clients: list[Any] = []
+        if wsp_conn is not None:    # HetPipe: this worker's end of the parameter server
+            def endpoint(stage: int, vw: int) -> Any:
+                clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout))
+                return clients[-1]
+            worker.attach_wsp(endpoint)
+        comm = DistComm(rank, device, groups)
+        torch.set_rng_state(worker.rng_state)
+        if device.type == "cuda":
+            torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
+        dist.barrier()
+        t0 = torch.tensor([time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu")
+        dist.broadcast(t0, src=0)
+        clock = Clock(float(t0.item()))
+        try:
+            execute(worker, comm, clock, sink.emit)
+        except BaseException:
+            a = worker.current
+            sink.error(a.stage if a else -1, str(a) if a else "start-up", traceback.format_exc())
+            raise
+        for c in clients[:1]:    # one pipe per worker
+            c.stop()
+        dist.barrier()
+        result = worker.result()
+        everything: list[Any] = []
+        if gather:   # torchrun: rank 0 collects every rank's result and events
+            everything = [None] * world if rank == 0 else []
+            dist.gather_object((result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0)
+        return result, everything
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None) -> None:
+    """Entry point of a spawned worker process (torch.multiprocessing)."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    sink = QueueSink(queue, rank)
+    try:
+        result, _ = run_distributed(job, rank, sink, wsp_conn=wsp_conn)
+    except BaseException:
+        sink.error(-1, "start-up", traceback.format_exc())
+        sink.flush()
+        time.sleep(0.2)   # let the queue's feeder thread deliver the error
+        os._exit(1)
+    sink.done(result)
+    time.sleep(0.05)
