@@ -105,5 +105,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from pipelab.profile.records import Layer, Profile  # noqa: F401
     from pipelab.runtime.launch import launch, train  # noqa: F401
     from pipelab.schedules.actions import Action, Schedule  # noqa: F401
-    from pipelab.sim import SimResult, simulate  # noqa: F401
+    from pipelab.sim.simulate import SimResult, simulate  # noqa: F401
     from pipelab.trace import Event, Trace  # noqa: F401

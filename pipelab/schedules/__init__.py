@@ -21,8 +21,12 @@ Contract (stable; see also :mod:`pipelab.schedules.actions`):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
+import pipelab.methods as _methods
+from pipelab.methods import MethodError
 from pipelab.partition.plan import Plan
 from pipelab.schedules import async_, segments, sync
 from pipelab.schedules import hetpipe as _hetpipe
@@ -30,25 +34,63 @@ from pipelab.schedules._common import ScheduleError, in_flight, resolve_plan
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.validate import validate
 
-#: method name -> (synchronous?, one-line description)
-METHODS: dict[str, tuple[bool, str]] = {
-    "dp": (True, "data parallel: one stage on every worker, all-reduce per minibatch"),
-    "gpipe": (True, "GPipe: fill-drain, flush per minibatch"),
-    "1f1b-flush": (True, "1F1B with a flush per minibatch (PipeDream-Flush, Megatron)"),
-    "interleaved-1f1b": (True, "Megatron interleaved 1F1B, option chunks=v"),
-    "zb-h1": (True, "zero-bubble ZB-H1: backward split into B (input grad) and W (weight grad)"),
-    "pipedream": (False, "PipeDream: 1F1B, NOAM in flight, no flush, weight stashing; option vertical_sync"),
-    "naive-async": (False, "1F1B without flush and without stashing (PipeDream §3 ablation)"),
-    "pipemare": (False, "PipeMare: no stash; LR rescheduling and discrepancy correction in the runtime"),
-    "2bw": (False, "PipeDream-2BW: two weight versions, gradient coalescing over M microbatches"),
-    "buffered": (False, "bounded weight buffer of K versions (Lv et al.), option versions=K"),
-    "hetpipe": (False, "HetPipe: PipeDream inside virtual workers, WSP across them; option D"),
-}
+#: method name -> (synchronous?, one-line description); a read-only view of :mod:`pipelab.methods`
+#: (deprecated: use ``pipelab.methods.get(name)``, whose records say everything about a method)
+METHODS: Mapping[str, tuple[bool, str]] = MappingProxyType(
+    {m.name: (m.synchronous, m.description) for m in _methods.METHODS.values()})
 
-_OPTIONS: dict[str, set[str]] = {"interleaved-1f1b": {"chunks"}, "pipedream": {"vertical_sync", "extra_in_flight"},
-                                 "naive-async": {"extra_in_flight"}, "pipemare": {"extra_in_flight"},
-                                 "buffered": {"versions"}, "hetpipe": {"D"}}
-_PER_MINIBATCH = ("pipedream", "naive-async", "pipemare", "hetpipe")
+
+class MethodScheduleError(ScheduleError, MethodError):
+    """An unknown method or option met by :func:`build` (the registry's message; both error types)."""
+
+
+def _dp(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+    return sync.dp(p, M, K)
+
+
+def _gpipe(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+    return sync.gpipe(p, M, K)
+
+
+def _flush(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+    return sync.one_f_one_b_flush(p, M, K)
+
+
+def _interleaved(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+    return sync.interleaved(p, M, K, int(options["chunks"]))
+
+
+def _zb_h1(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+    return sync.zb_h1(p, M, K)
+
+
+def _async_1f1b(method: str) -> Callable[[Plan, int, int, dict[str, Any]], Schedule]:
+    def build_it(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+        return async_.per_minibatch_async(p, method, K, vertical_sync=bool(options.get("vertical_sync", False)),
+                                          extra_in_flight=int(options.get("extra_in_flight", 0)))
+    return build_it
+
+
+def _coalesced(method: str) -> Callable[[Plan, int, int, dict[str, Any]], Schedule]:
+    def build_it(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+        kv = options.get("versions", 2)
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 2:
+            raise ScheduleError(f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}")
+        return async_.coalesced(p, method, M, K, delay=kv - 1)
+    return build_it
+
+
+def _hetpipe_order(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+    return _hetpipe.hetpipe(p, K, D=int(options.get("D", 0)))
+
+
+#: the schedule builder of each :attr:`pipelab.methods.Method.order`; the ``async-1f1b`` and
+#: ``coalesced`` builders take the method's name (it names the schedule and its version rule)
+BUILDERS: dict[str, Callable[[str], Callable[[Plan, int, int, dict[str, Any]], Schedule]]] = {
+    "dp": lambda _: _dp, "gpipe": lambda _: _gpipe, "1f1b-flush": lambda _: _flush,
+    "interleaved": lambda _: _interleaved, "zb-h1": lambda _: _zb_h1, "async-1f1b": _async_1f1b,
+    "coalesced": _coalesced, "hetpipe": lambda _: _hetpipe_order,
+}
 
 
 def build(method: str, plan: Plan | int, microbatches: int | None = None, minibatches: int | None = None,
@@ -69,18 +111,23 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     gives the segment lengths instead (summing to ``minibatches``). Synchronous methods already
     drain after every minibatch, so for them both change nothing.
     """
-    if method not in METHODS:
-        raise ScheduleError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    try:
+        spec = _methods.get(method)
+        for k, v in options.items():
+            opt = spec.option(k)
+            if opt.where != "schedule":
+                raise MethodError(f"{k} is a runtime option of {method!r}: pass it to pl.train, not to "
+                                  "schedules.build")
+            if k not in ("chunks", "versions"):   # those two get the builders' own, more specific words
+                opt.check(v, method)
+    except MethodError as exc:
+        raise MethodScheduleError(str(exc)) from None
     options = dict(options)
     drain_every = options.pop("drain_every", None)
     seg_sizes = options.pop("segments", None)
     if drain_every is not None and seg_sizes is not None:
         raise ScheduleError("pass drain_every=N or segments=[n0, n1, ...], not both")
-    bad = set(options) - _OPTIONS.get(method, set())
-    if bad:
-        allowed = sorted(_OPTIONS.get(method, set())) + ["drain_every", "segments"]
-        raise ScheduleError(f"method {method!r} takes no option(s) {sorted(bad)}; its options: {allowed}")
-    if method == "interleaved-1f1b":
+    if any(o.name == "chunks" for o in spec.options):
         if "chunks" not in options:
             raise ScheduleError("interleaved-1f1b needs chunks=v (virtual stages per worker), e.g. chunks=2")
         v = options["chunks"]
@@ -90,15 +137,16 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
             plan = resolve_plan(plan * v if isinstance(plan, int) and not isinstance(plan, bool) and plan >= 1
                                 else plan)
     p = resolve_plan(plan)
-    sync_method = METHODS[method][0]
-    if method in _PER_MINIBATCH:
+    sync_method = spec.synchronous
+    per_microbatch = spec.update == "microbatch"
+    if per_microbatch:
         if microbatches not in (None, 1):
             raise ScheduleError(f"{method} treats every microbatch as a minibatch (M = 1); pass "
                                 f"minibatches=K instead of microbatches={microbatches}")
         M = 1
     elif microbatches is None:
-        M = p.num_workers if method == "dp" else p.num_stages // int(options.get("chunks", 1))
-        if method in ("2bw", "buffered"):
+        M = p.num_workers if spec.order == "dp" else p.num_stages // int(options.get("chunks", 1))
+        if spec.order == "coalesced":
             M = max(M, in_flight(p.replicas, 0))
     else:
         M = microbatches
@@ -107,7 +155,7 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     K = minibatches
     # replicas of a stage pair their k-th updates, so with an update per microbatch every replica
     # needs the same number of microbatches: K a multiple of every replica count
-    step = math.lcm(*p.replicas) if method in _PER_MINIBATCH and method != "hetpipe" else 1
+    step = math.lcm(*p.replicas) if per_microbatch and spec.replicas_allreduce else 1
     if K is None:
         g = max(1, -(-(in_flight(p.replicas, 0) + int(options.get("extra_in_flight", 0)) * step) // M))
         K = 1 if sync_method else max(3 * g, 2 * g + 3 * step)
@@ -120,27 +168,7 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
 
     if (drain_every is not None or seg_sizes is not None) and not sync_method:
         return _drained(method, p, M, K, drain_every, seg_sizes, step, options)
-    if method == "dp":
-        return sync.dp(p, M, K)
-    if method == "gpipe":
-        return sync.gpipe(p, M, K)
-    if method == "1f1b-flush":
-        return sync.one_f_one_b_flush(p, M, K)
-    if method == "interleaved-1f1b":
-        return sync.interleaved(p, M, K, int(options["chunks"]))
-    if method == "zb-h1":
-        return sync.zb_h1(p, M, K)
-    if method in ("pipedream", "naive-async", "pipemare"):
-        return async_.per_minibatch_async(p, method, K, vertical_sync=bool(options.get("vertical_sync", False)),
-                                          extra_in_flight=int(options.get("extra_in_flight", 0)))
-    if method == "2bw":
-        return async_.coalesced(p, "2bw", M, K, delay=1)
-    if method == "buffered":
-        kv = options.get("versions", 2)
-        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 2:
-            raise ScheduleError(f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}")
-        return async_.coalesced(p, "buffered", M, K, delay=kv - 1)
-    return _hetpipe.hetpipe(p, K, D=int(options.get("D", 0)))
+    return BUILDERS[spec.order](spec.name)(p, M, K, options)
 
 
 def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step: int,
@@ -153,16 +181,16 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
         raise ScheduleError(f"segments={sizes!r} must be a list of ints >= 1 summing to minibatches={K}")
     unit = step
     what = "all-reduces replicas' k-th updates"
-    if method == "hetpipe":
-        # every virtual worker must end each segment on a full wave (push and pull done)
+    if not _methods.get(method).replicas_allreduce:
+        # HetPipe: every virtual worker must end each segment on a full wave (push and pull done)
         unit = p.replicas[0] * p.num_stages
         what = f"synchronizes its {p.replicas[0]} virtual workers every wave of {p.num_stages} minibatches"
     if any(n % unit for n in sizes):
         raise ScheduleError(f"{method} on plan {p.config!r} {what}, so every drained segment needs a multiple of "
                             f"{unit} minibatches: use drain_every and minibatches multiples of {unit} (got "
                             f"drain_every={every}, minibatches={K})")
-    mb = None if method in _PER_MINIBATCH else M
+    mb = None if _methods.get(method).update == "microbatch" else M
     return segments.concat_built(lambda n: build(method, p, microbatches=mb, minibatches=n, **options), sizes)
 
 
-__all__ = ["Action", "METHODS", "Schedule", "ScheduleError", "build", "validate"]
+__all__ = ["BUILDERS", "Action", "METHODS", "MethodScheduleError", "Schedule", "ScheduleError", "build", "validate"]

@@ -30,17 +30,31 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipelab.costs import HBM_BYTES_PER_S
+import pipelab.methods as methods
+from pipelab.costs import HBM_BYTES_PER_S, CostModel
+from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
-from pipelab.schedules import METHODS
+from pipelab.schedules import build
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
 from pipelab.trace import COMPUTE_KINDS, Event, Trace
 
+
+def _synchronous(method: str) -> bool:
+    """Whether ``method`` flushes every minibatch (a schedule of an unregistered name counts as one)."""
+    spec = methods.METHODS.get(method)
+    return spec is None or spec.synchronous
+
+
+def _order(method: str) -> str | None:
+    """The builder key of ``method`` (None for a schedule of an unregistered name)."""
+    spec = methods.METHODS.get(method)
+    return spec.order if spec is not None else None
+
+
 if TYPE_CHECKING:
     from pipelab.cluster import Cluster
-    from pipelab.costs import CostModel
     from pipelab.profile.records import Profile
 
 
@@ -194,7 +208,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     end = max((e.end_s for e in events), default=0.0)
     window = (0.0, end)
     tpm = end / K
-    if not METHODS.get(schedule.method, (True, ""))[0]:
+    if not _synchronous(schedule.method):
         done = [0.0] * K
         for e in comp:
             k = e.microbatch if e.kind == "U" and M > 1 else e.microbatch // M
@@ -268,8 +282,6 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
 def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
     """Split ``profile``'s layers into ``chunks * P`` stages of balanced compute for interleaved 1F1B
     (exact min-max split, :func:`pipelab.partition.balance.balance_by_time`)."""
-    from pipelab.partition.balance import balance_by_time
-
     n_st = chunks * plan.num_stages
     if n_st > len(profile):
         raise ScheduleError(f"interleaved-1f1b with chunks={chunks} on {plan.num_stages} workers needs "
@@ -295,20 +307,18 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     the links' bandwidth inside an all-reduce where it differs from point-to-point (None: the
     cluster's). Returns a :class:`SimResult`.
     """
-    from pipelab.costs import CostModel
-    from pipelab.schedules import build
-    from pipelab.schedules._common import ScheduleError
-
     if not isinstance(plan, Plan):
         if isinstance(plan, bool) or not isinstance(plan, int):
             raise ScheduleError(f"plan must be a pipelab Plan or an int (stages); got {plan!r}")
         plan = Plan.even(len(profile), plan, batch_size=profile.batch_size)
     plan.validate(profile)
-    if method == "interleaved-1f1b" and plan.num_stages == plan.num_workers and "chunks" in options:
+    takes_chunks = any(o.name == "chunks" for o in methods.get(method).options)
+    if takes_chunks and plan.num_stages == plan.num_workers and "chunks" in options:
         plan = virtual_plan(plan, profile, int(options["chunks"]))
     sch = schedule if schedule is not None else build(method, plan, microbatches=microbatches,
                                                       minibatches=minibatches, **options)
-    if method == "dp" or sch.method == "dp":
+    is_dp = _order(method) == "dp" or _order(sch.method) == "dp"
+    if is_dp:
         ranges = [(0, len(profile))]
     else:
         if sch.num_stages != plan.num_stages:
@@ -318,11 +328,10 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     if max(max(r) for r in sch.stage_ranks) >= cluster.num_workers:
         raise ScheduleError(f"the schedule uses {sch.num_workers} workers but cluster {cluster.name!r} has "
                             f"{cluster.num_workers}; use a bigger cluster or a plan for this one")
-    phys = plan.notes.get("workers") if sch.method != "dp" else None
+    phys = plan.notes.get("workers") if not is_dp else None
     phys = [int(w) for w in phys] if phys else None
     if max(phys or [0]) >= cluster.num_workers:
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
-    is_dp = sch.method == "dp"
     cm = CostModel(profile, cluster, compression_ratio=compression_ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
     micro = 1 if is_dp else sch.microbatches
