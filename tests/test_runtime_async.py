@@ -13,7 +13,7 @@ import test_runtime_async_helpers as H
 import torch
 
 from pipelab.partition.plan import Plan
-from pipelab.runtime import buffers, train, wsp
+from pipelab.runtime import policies, train, wsp
 from pipelab.runtime.pipemare import schedule_delays
 
 PLAN2 = Plan.from_boundaries(5, [2])          # fc1 | relu fc2 relu fc3
@@ -39,14 +39,14 @@ def test_2bw_rule_by_hand() -> None:
     # f_t(w) = a_t * w**2 / 2, grad a_t * w; lr 0.5, a = (1, 2, 1), W(0) = 1.
     # W1 = 1 - .5*1*W0 = .5 ; W2 = W1 - .5*2*W0 = -.5 ; W3 = W2 - .5*1*W1 = -.75 (grad at W(t-1))
     a = [1.0, 2.0, 1.0]
-    ws = buffers.delayed_sgd(torch.tensor(1.0), lambda t, w: a[t] * w, 0.5, 3, delay=1)
+    ws = policies.delayed_sgd(torch.tensor(1.0), lambda t, w: a[t] * w, 0.5, 3, delay=1)
     assert [float(w) for w in ws] == [1.0, 0.5, -0.5, -0.75]
-    plain = buffers.delayed_sgd(torch.tensor(1.0), lambda t, w: a[t] * w, 0.5, 3, delay=0)
+    plain = policies.delayed_sgd(torch.tensor(1.0), lambda t, w: a[t] * w, 0.5, 3, delay=0)
     assert [float(w) for w in plain] == [1.0, 0.5, 0.0, 0.0]
-    assert [buffers.delayed_version(k, 1) for k in range(4)] == [0, 0, 1, 2]
-    assert buffers.delay_for("buffered", 3) == 2 and buffers.delay_for("2bw") == 1
+    assert [policies.delayed_version(k, 1) for k in range(4)] == [0, 0, 1, 2]
+    assert policies.delay_for("buffered", 3) == 2 and policies.delay_for("2bw") == 1
     with pytest.raises(ValueError, match="K >= 2"):
-        buffers.delay_for("buffered", 1)
+        policies.delay_for("buffered", 1)
 
 
 def test_2bw_tiny_linear_model_by_hand() -> None:

@@ -14,6 +14,6 @@ checkpoints).
 """
 
 from pipelab.runtime.launch import Run, RunResult, WorkerError, launch, train
-from pipelab.runtime.weights import supported_methods
+from pipelab.runtime.policies import supported_methods
 
 __all__ = ["Run", "RunResult", "WorkerError", "launch", "supported_methods", "train"]

@@ -34,8 +34,12 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-#: flushed methods whose every action reads the master weights and which have no W actions
-COALESCE_METHODS = ("gpipe", "1f1b-flush", "interleaved-1f1b", "dp")
+import pipelab.methods as methods
+
+#: flushed methods whose every action reads the master weights and which have no W actions (the
+#: pipelines first, then data parallelism)
+COALESCE_METHODS = tuple(sorted((n for n in methods.names() if methods.get(n).coalesce_wgrad),
+                                key=lambda n: methods.get(n).order == "dp"))
 
 Store = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -134,8 +138,9 @@ def install(module: nn.Module) -> Coalescer:
 
 def check_method(method: str, has_w_actions: bool) -> None:
     """Raise ``ValueError`` unless ``method`` keeps one weight version across a minibatch and has no W."""
-    if method not in COALESCE_METHODS or has_w_actions:
-        why = ("it has its own W (weight-gradient) actions" if has_w_actions or method == "zb-h1" else
+    spec = methods.METHODS.get(method)
+    if spec is None or not spec.coalesce_wgrad or has_w_actions:
+        why = ("it has its own W (weight-gradient) actions" if has_w_actions else
                "its weights change between the microbatches of a minibatch or its backward reads stashed "
                "versions")
         raise ValueError(f"coalesce_wgrad=True is not supported for method {method!r}: {why}, so the weight "

@@ -27,15 +27,20 @@ from typing import Any
 
 import torch
 
+import pipelab.methods as methods
 from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
+from pipelab.runtime.checkpoint import check_compatible
+from pipelab.runtime.coalesce import check_method
 from pipelab.runtime.comm import TensorSpec, boundary_specs
-from pipelab.runtime.weights import policy_for
+from pipelab.runtime.options import split_options
+from pipelab.runtime.policies import policy_for
+from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
+from pipelab.schedules.segments import aligned_sizes, boundaries
 
 BACKENDS = ("gloo", "nccl", "local")
 #: methods that never flush: checkpoints need drained segments (pipelab.schedules.segments)
-_ASYNC_METHODS = ("pipedream", "naive-async", "pipemare", "2bw", "buffered", "hetpipe")
 
 
 @dataclass
@@ -61,10 +66,6 @@ class Job:
     master_port: int = 0
     trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
     state_keys: tuple[str, ...] = ()             # model_fn().state_dict() keys, in order
-
-    #: runtime options (see :mod:`pipelab.runtime.options`) the workers execute
-    RUNTIME_SUPPORTED = ("compression", "recompute", "slowdown", "checkpoint_every", "checkpoint_dir",
-                         "checkpoint_keep", "resume", "coalesce_wgrad")
 
     @property
     def method(self) -> str:
@@ -194,25 +195,6 @@ def _check_picklable(name: str, fn: Any) -> None:
                          "a .py module), or functools.partial of one") from None
 
 
-def _split_options(method: str | None, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(schedule options, runtime options), using :mod:`pipelab.runtime.options` when present.
-
-    Runtime options this runtime does not execute yet raise instead of being silently ignored.
-    """
-    try:
-        from pipelab.runtime.options import RUNTIME_OPTIONS, split_options
-    except ImportError:
-        return dict(options), {}
-    sched, rt = split_options(method, options)
-    supported = set(getattr(Job, "RUNTIME_SUPPORTED", ()))
-    unsupported = sorted(k for k, v in rt.items() if k in RUNTIME_OPTIONS and k not in supported
-                         and v not in (None, False))
-    if unsupported:
-        raise ValueError(f"runtime option(s) {unsupported} are not executed by this version of the runtime's "
-                         "workers; leave them out")
-    return sched, rt
-
-
 def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None,
             data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
             optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
@@ -244,13 +226,14 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     trace_kwargs = dict(trace_kwargs or {})
 
     # options that change how the runtime executes, never the schedule, stay out of the builder
-    method_options, runtime_options = _split_options(method or (schedule.method if schedule else None),
-                                                     method_options)
+    method_options, runtime_options = split_options(method or (schedule.method if schedule else None),
+                                                    method_options)
     # resume=: continue from the checkpoint's step; the schedule covers the remaining minibatches
     start = 0
     the_method = method or (schedule.method if schedule is not None else "")
     D = int(method_options.get("D", schedule.options.get("D", 0) if schedule is not None else 0))
-    if the_method == "hetpipe" and D and (runtime_options.get("resume") or runtime_options.get("checkpoint_every")):
+    spec = methods.METHODS.get(the_method)
+    if spec is not None and spec.weights == "wsp" and D and (runtime_options.get("resume") or runtime_options.get("checkpoint_every")):
         # with D > 0 a virtual worker may pull and start the next segment before the others push
         # their last wave, so no moment has every worker and the parameter server at one cut
         raise ValueError(f"checkpoints of hetpipe runs need the staleness bound D=0 (got D={D}): with D > 0 "
@@ -259,10 +242,9 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
                          "checkpoint_every=/resume=")
     # asynchronous methods drain every N minibatches so that checkpoints are consistent cuts (see
     # pipelab.schedules.segments); a resumed run keeps the N it was checkpointed with
-    is_async = the_method in _ASYNC_METHODS
+    is_async = spec is not None and not spec.synchronous
     drain_every = runtime_options.get("checkpoint_every")
     if runtime_options.get("resume"):
-        from pipelab.runtime.checkpoint import check_compatible
 
         manifest = check_compatible(runtime_options["resume"], plan=plan, method=the_method)
         start = int(manifest["step"])
@@ -277,12 +259,10 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     if schedule is None:
         if method is None:
             raise ValueError("pass method=... (e.g. '1f1b-flush') or a prebuilt schedule=")
-        from pipelab import schedules as _schedules
         if is_async and drain_every and "drain_every" not in method_options and "segments" not in method_options:
-            from pipelab.schedules.segments import aligned_sizes
 
             method_options = {**method_options, "segments": aligned_sizes(start, steps, int(drain_every))}
-        schedule = _schedules.build(method, plan, microbatches=microbatches, minibatches=steps, **method_options)
+        schedule = build(method, plan, microbatches=microbatches, minibatches=steps, **method_options)
     elif method is not None and method != schedule.method:
         raise ValueError(f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them")
     if schedule.minibatches != steps:
@@ -290,7 +270,6 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
                          + (f" (the steps left after resuming at step {start})" if start else ""))
     every = runtime_options.get("checkpoint_every")
     if is_async and every:
-        from pipelab.schedules.segments import boundaries
 
         ends = set(boundaries(schedule)) if schedule.options.get("segments") else set()
         missing = [k for k in range(1, steps + 1) if (start + k) % int(every) == 0 and k not in ends]
@@ -301,7 +280,6 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
                              "or leave schedule= out")
     microbatches = schedule.microbatches
     if runtime_options.get("coalesce_wgrad"):
-        from pipelab.runtime.coalesce import check_method
 
         check_method(schedule.method, any(a.kind == "W" for acts in schedule.actions for a in acts))
     options = {**schedule.options, **method_options, **runtime_options}

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+import pipelab.methods as methods
 from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint import global_weights
@@ -244,7 +245,7 @@ class Run:
         self._queue = ctx.Queue()
         conns: list[Any] = [None] * self.job.world_size
         try:
-            if self.job.method == "hetpipe":
+            if methods.get(self.job.method).weights == "wsp":   # HetPipe: start the parameter server
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
                 p = ctx.Process(target=process_main, args=(self.job, rank, self._queue, conns[rank]), daemon=True,

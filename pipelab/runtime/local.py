@@ -16,9 +16,12 @@ from typing import Any
 
 import torch
 
+import pipelab.methods as methods
 from pipelab.runtime.comm import Mailbox
 from pipelab.runtime.job import Job
+from pipelab.runtime.policies import LocalWSP
 from pipelab.runtime.worker import Worker, WorkerResult
+from pipelab.runtime.wsp import WSPServer
 from pipelab.trace import Event
 
 
@@ -40,10 +43,7 @@ def _run_local(job: Job, emit: Callable[[Event], None] | None,
     workers = [Worker(job, r) for r in range(sched.num_workers)]
     box = Mailbox()
     wsp_servers: dict[int, Any] = {}
-    if sched.method == "hetpipe":   # HetPipe: one in-process WSP server shard per stage
-        from pipelab.runtime.buffers import LocalWSP
-        from pipelab.runtime.wsp import WSPServer
-
+    if methods.get(sched.method).weights == "wsp":   # HetPipe: one in-process WSP server shard per stage
         V = len(sched.stage_ranks[0])
         D = int(job.options.get("D", 0))
         for w in workers:

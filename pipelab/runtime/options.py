@@ -38,32 +38,37 @@ from typing import Any
 
 import torch
 
+import pipelab.methods as methods
 from pipelab.runtime.compress import check_codec
 
-#: options the runtime consumes (never passed to the schedule builders)
-RUNTIME_OPTIONS = frozenset({"compression", "recompute", "slowdown", "checkpoint_every", "checkpoint_dir",
-                             "resume", "checkpoint_keep", "coalesce_wgrad"})
-#: PipeMare's switches and hyperparameters (runtime-side too)
-PIPEMARE_OPTIONS = frozenset({"lr_reschedule", "discrepancy_correction", "warmup_steps", "decay",
-                              "decay_from_delay"})
+
+def runtime_option_names(method: str | None) -> frozenset[str]:
+    """Options the runtime consumes for ``method`` (never passed to the schedule builders): every
+    method's (:data:`pipelab.methods.COMMON_RUNTIME_OPTIONS`) and the method's own."""
+    spec = methods.METHODS.get(method) if method else None
+    own = spec.runtime_options if spec is not None else ()
+    return frozenset(o.name for o in (*methods.COMMON_RUNTIME_OPTIONS, *own))
 
 
 def split_options(method: str | None, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(schedule_options, runtime_options)``: what goes to ``pl.schedules.build`` and what stays here.
 
-    Checks the runtime options' values and raises ``ValueError`` saying what to pass instead.
+    Checks the runtime options' values and raises ``ValueError`` saying what to pass instead; a
+    runtime option of another method raises naming that method. Anything else is a schedule option
+    (``schedules.build`` checks it against the registry).
     """
+    mine = runtime_option_names(method)
     sched: dict[str, Any] = {}
     rt: dict[str, Any] = {}
     for k, v in options.items():
-        if k in RUNTIME_OPTIONS:
+        if k in mine:
             rt[k] = v
-        elif k in PIPEMARE_OPTIONS:
-            if method != "pipemare":
-                raise ValueError(f"option {k}= belongs to method 'pipemare' (got method={method!r})")
-            rt[k] = v
-        else:
-            sched[k] = v
+            continue
+        owners = [m.name for m in methods.METHODS.values() if any(o.name == k for o in m.runtime_options)]
+        if owners:
+            raise ValueError(f"option {k}= belongs to method {' or '.join(repr(o) for o in owners)} "
+                             f"(got method={method!r})")
+        sched[k] = v
     check_runtime_options(rt)
     return sched, rt
 

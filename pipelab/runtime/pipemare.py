@@ -25,10 +25,14 @@ Delays here are counted in optimizer steps of the stage and measured from the sc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from pipelab.partition.plan import Plan
+from pipelab.schedules import build
 
 
 # ---------------------------------------------------------------------- T1: learning-rate rescheduling
@@ -204,13 +208,8 @@ def steady_state_delays(stage_replicas: Sequence[int], method: str = "pipemare")
     delays are measured on the same topology (``stage_replicas``, one layer per stage) over enough
     minibatches: ``2 * workers + 2`` rounds of the replicas' least common multiple.
     """
-    import math
-
-    from pipelab import schedules
-    from pipelab.partition.plan import Plan
-
     reps = [int(r) for r in stage_replicas]
     P = len(reps)
     plan = Plan.from_boundaries(P, list(range(1, P)), replicas=reps)
     K = math.lcm(*reps) * (2 * sum(reps) + 2)
-    return schedule_delays(schedules.build(method, plan, minibatches=K))
+    return schedule_delays(build(method, plan, minibatches=K))

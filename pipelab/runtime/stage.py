@@ -12,7 +12,7 @@ from torch import nn
 
 from pipelab.graph import StageModule
 from pipelab.runtime.job import Job, as_inputs, split_microbatches
-from pipelab.runtime.weights import WeightPolicy
+from pipelab.runtime.policies import WeightPolicy
 
 
 class Feed:

@@ -63,8 +63,8 @@ from pipelab.runtime.compress import decode_message, encode_message, message_spe
 from pipelab.runtime.job import Job
 from pipelab.runtime.options import run_maybe_checkpointed
 from pipelab.runtime.options import slow_down as sleep_slowdown
+from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
-from pipelab.runtime.weights import policy_for
 from pipelab.schedules.actions import Action
 from pipelab.schedules.facts import input_versions, update_pairs
 

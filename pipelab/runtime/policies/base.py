@@ -20,7 +20,8 @@ in-flight or future microbatch still needs (the number it holds is measured, see
 Stashed versions are separate tensors (clones taken when an update creates a version), never the
 master parameters, so an in-place optimizer step cannot corrupt a saved autograd graph.
 
-The next issue adds 2BW, buffered-K, PipeMare and HetPipe policies through :func:`register`.
+The other policies live beside this module in :mod:`pipelab.runtime.policies`, whose table maps
+each :attr:`pipelab.methods.Method.weights` key to one.
 """
 
 from __future__ import annotations
@@ -235,50 +236,3 @@ class NoStash(WeightPolicy):
 
 
 PolicyFactory = Callable[..., WeightPolicy]
-
-_POLICIES: dict[str, Callable[[dict[str, Any]], PolicyFactory]] = {}
-
-
-def register(method: str, make: Callable[[dict[str, Any]], PolicyFactory]) -> None:
-    """Register ``make(options) -> factory`` as the weight policy of ``method``.
-
-    ``factory(params, stage, upcoming_input_versions)`` builds one stage's policy.
-    """
-    _POLICIES[method] = make
-
-
-for _m in ("dp", "gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1"):
-    register(_m, lambda opts: SingleVersion)
-register("pipedream", lambda opts: (lambda params, stage, upcoming=(): Stashing(
-    params, stage, upcoming, vertical_sync=bool(opts.get("vertical_sync", False)))))
-register("naive-async", lambda opts: NoStash)
-
-
-def policy_for(method: str, options: dict[str, Any] | None = None) -> PolicyFactory:
-    """The policy factory for ``method`` (raises ``ValueError`` naming the supported methods).
-
-    ``options`` are the method's options; the runtime adds ``"schedule"`` (the Schedule being
-    executed) and ``"microbatches"``.
-    """
-    if method not in _POLICIES:
-        _load_extensions()
-    if method not in _POLICIES:
-        raise ValueError(f"the runtime has no weight policy for method {method!r}; supported: "
-                         f"{', '.join(sorted(_POLICIES))}")
-    return _POLICIES[method](dict(options or {}))
-
-
-def _load_extensions() -> None:
-    """Import the modules that register more policies (issue 6: 2BW, buffered, PipeMare, HetPipe)."""
-    import importlib
-
-    try:
-        importlib.import_module("pipelab.runtime.buffers")
-    except ImportError:
-        pass
-
-
-def supported_methods() -> tuple[str, ...]:
-    """Methods the runtime can execute."""
-    _load_extensions()
-    return tuple(sorted(_POLICIES))

@@ -1,0 +1,239 @@
+"""Delayed weight versions: PipeDream-2BW and Lv et al.'s bounded buffer of K versions, and their math.
+
+* :func:`delayed_version` — which version minibatch ``k`` reads when weights are double- or
+  K-buffered: ``max(0, k - d)`` with ``d = 1`` for PipeDream-2BW (Narayanan et al., "Memory-Efficient
+  Pipeline-Parallel DNN Training", ICML'21, §3: ``W(t+1) = W(t) - nu * grad f(W(t-1))``) and
+  ``d = K - 1`` for the bounded buffer of Lv et al. (CCGrid'23), so K = 2 is 2BW and K = NOAM + 1
+  keeps as many versions as PipeDream's stash.
+* :func:`delayed_sgd` — the whole-model recurrence ``W(t+1) = W(t) - nu * grad f_t(W(t-d))``.
+* :class:`VersionStore` and :class:`DelayedVersions` (``2bw``, ``buffered``): every microbatch of
+  minibatch ``k`` reads version ``max(0, k - d)`` in ``F`` and ``B``; gradients of the ``M``
+  microbatches coalesce into one update per minibatch.
+
+Memory: a stashed version that equals the master weights *aliases* their storage (a separate
+tensor object, so autograd's in-place checks stay per-version) and is split off copy-on-write
+right before the optimizer's in-place step (:meth:`VersionStore.about_to_update`). So a stage
+holding ``n`` versions holds exactly ``n`` weight copies, which :meth:`VersionStore.weight_bytes`
+measures by counting distinct storages - the quantity the simulator's memory model predicts as
+``weights + stashed_weights``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+import pipelab.methods as methods
+from pipelab.runtime.policies.base import WeightPolicy, alias
+from pipelab.schedules._common import delayed_rule
+
+
+# ---------------------------------------------------------------------- pure rules
+def delayed_version(minibatch: int, delay: int) -> int:
+    """Version read by every action of ``minibatch`` under a ``delay``-step rule: ``max(0, k - d)``."""
+    if delay < 0:
+        raise ValueError(f"delay={delay} must be >= 0")
+    return max(0, minibatch - delay)
+
+
+def delay_for(method: str, versions: int | None = None) -> int:
+    """The delay ``d`` of a method with the ``delay`` version rule: ``K - 1`` for ``versions=K``
+    (``buffered``, K >= 2), 1 for a method that keeps two versions without the option (``2bw``)."""
+    spec = methods.get(method)
+    if spec.versions != "delay":
+        raise ValueError(f"no delay rule for method {method!r}; use one of "
+                         f"{', '.join(n for n in methods.names() if methods.get(n).versions == 'delay')}")
+    if not any(o.name == "versions" for o in spec.options):
+        return 1
+    if versions is None or int(versions) < 2:
+        raise ValueError(f"method {method!r} needs versions=K with K >= 2 (got {versions!r}); "
+                         "K = 2 behaves as 2bw")
+    return int(versions) - 1
+
+
+def delayed_sgd(w0: torch.Tensor, grad: Callable[[int, torch.Tensor], torch.Tensor], lr: float, steps: int,
+                delay: int) -> list[torch.Tensor]:
+    """``W(t+1) = W(t) - lr * grad(t, W(max(0, t - delay)))``; returns ``[W(0), ..., W(steps)]``.
+
+    ``delay = 1`` is PipeDream-2BW's rule (ICML'21 §3), ``delay = 0`` plain SGD.
+    """
+    ws = [w0.clone()]
+    for t in range(steps):
+        ws.append(ws[t] - lr * grad(t, ws[delayed_version(t, delay)]))
+    return ws
+
+
+# ---------------------------------------------------------------------- version store
+
+
+class VersionStore(WeightPolicy):
+    """Shared machinery: stashed versions keyed by an *epoch* (every change of the master weights),
+    copy-on-write aliases of the master, distinct-storage byte accounting.
+
+    ``version`` (what the trace shows) is the number of local updates; ``epoch`` also counts other
+    changes of the master (a HetPipe pull), so two contents never share a key.
+    """
+
+    name = "store"
+
+    def __init__(self, params: dict[str, nn.Parameter], stage: int, upcoming_input_versions: Iterable[int] = ()) -> None:
+        super().__init__(params, stage)
+        self.epoch = 0
+        self.epoch_version: dict[int, int] = {0: 0}
+        self.stash: dict[int, dict[str, torch.Tensor]] = {}
+        self.in_flight_epoch: dict[int, int] = {}
+        self.max_weight_bytes = self.weight_bytes()
+
+    # -- stash
+    def _aliases_master(self, e: int) -> bool:
+        st = self.stash.get(e)
+        if not st:
+            return False
+        n, t = next(iter(st.items()))
+        return t.untyped_storage().data_ptr() == self.params[n].untyped_storage().data_ptr()
+
+    def _tensors(self, e: int) -> dict[str, torch.Tensor]:
+        if e not in self.stash:
+            if e != self.epoch:
+                raise RuntimeError(f"stage {self.stage}: weights of epoch {e} (version {self.epoch_version.get(e)}) "
+                                   f"are no longer held (held: {sorted(self.stash)}, current {self.epoch})")
+            self.stash[e] = {n: alias(p) for n, p in self.params.items()}
+        return self.stash[e]
+
+    def about_to_update(self) -> None:
+        """Before an in-place change of the master: give it fresh storage if a stash aliases it."""
+        self._release()
+        if self._aliases_master(self.epoch):
+            with torch.no_grad():
+                for p in self.params.values():
+                    p.data = p.data.clone()
+        self._measure()
+
+    def _new_epoch(self, version: int) -> None:
+        self.epoch += 1
+        self.epoch_version[self.epoch] = version
+        self._release()
+        self._measure()
+
+    def _needed_epochs(self) -> set[int]:
+        return set(self.in_flight_epoch.values())
+
+    def _release(self) -> None:
+        keep = self._needed_epochs()
+        for e in [e for e in self.stash if e not in keep]:
+            del self.stash[e]
+        for e in [e for e in self.epoch_version if e not in keep and e != self.epoch]:
+            del self.epoch_version[e]
+
+    # -- accounting
+    def weight_bytes(self) -> int:
+        """Bytes of distinct storages among the master weights and every stashed version."""
+        seen: dict[int, int] = {}
+        srcs: list[Mapping[str, torch.Tensor]] = [self.params, *self.stash.values()]
+        for src in srcs:
+            for t in src.values():
+                s = t.untyped_storage()
+                seen[s.data_ptr()] = s.nbytes()
+        return sum(seen.values())
+
+    @property
+    def held(self) -> int:
+        """Distinct weight versions held (stashed ones plus the master's)."""
+        return len(set(self.stash) | {self.epoch})
+
+    def _measure(self) -> None:
+        super()._measure()
+        self.max_weight_bytes = max(getattr(self, "max_weight_bytes", 0), self.weight_bytes())
+
+    # -- interface
+    def weights(self, version: int) -> dict[str, torch.Tensor] | None:
+        """Tensors of the epoch the asking action uses (set by forward_version / backward_version)."""
+        return self._tensors(self._current)
+
+    def forward_done(self, microbatch: int, version: int) -> None:
+        """Remember the epoch ``microbatch``'s forward read."""
+        self.in_flight_epoch[microbatch] = self._current
+        super().forward_done(microbatch, version)
+
+    def backward_version(self, microbatch: int) -> int:
+        """The version the microbatch's forward read (its tensors are kept until backward_done)."""
+        self._current = self.in_flight_epoch[microbatch]
+        return self.epoch_version[self._current]
+
+    def backward_done(self, microbatch: int) -> None:
+        """Release what only ``microbatch`` needed."""
+        self.in_flight_epoch.pop(microbatch, None)
+        super().backward_done(microbatch)
+
+    def updated(self) -> None:
+        """The optimizer stepped: a new version (and epoch)."""
+        self.latest += 1
+        self._new_epoch(self.latest)
+
+    _current = 0
+
+
+class DelayedVersions(VersionStore):
+    """2BW / bounded buffer: minibatch ``k`` reads version ``max(0, k - d)`` in F and B."""
+
+    name = "delayed"
+
+    def __init__(self, params: dict[str, nn.Parameter], stage: int, upcoming_input_versions: Iterable[int] = (), *,
+                 delay: int, microbatches: int, segments: Sequence[int] | None = None) -> None:
+        super().__init__(params, stage)
+        if microbatches < 1:
+            raise ValueError(f"microbatches={microbatches} must be >= 1")
+        self.delay = int(delay)
+        self.M = int(microbatches)
+        # drained segments restart the rule from the version the drain left (schedules.segments)
+        self.segments = [int(n) for n in segments] if segments else None
+        self.next_minibatch = 0        # lower bound of the minibatch of this stage's next forward
+
+    def _epoch_of_version(self, v: int) -> int:
+        for e, ver in self.epoch_version.items():
+            if ver == v:
+                return e
+        raise RuntimeError(f"stage {self.stage}: version {v} is needed but no longer held "
+                           f"(held {sorted(self.epoch_version.values())}, newest {self.latest}); the schedule "
+                           f"does not follow the {self.delay}-step rule")
+
+    def _rule(self, k: int) -> int:
+        return delayed_rule(k, self.delay, self.segments)
+
+    def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
+        """``max(0, k - d)`` for minibatch ``k = microbatch // M`` (``max(k0, k - d)`` in a drained
+        segment starting at minibatch ``k0``)."""
+        k = microbatch // self.M
+        v = self._rule(k)
+        if v > self.latest:
+            raise RuntimeError(f"stage {self.stage}: minibatch {k} needs version {v} but only {self.latest} "
+                               "updates happened; the schedule runs its forward too early")
+        self._current = self._epoch_of_version(v)
+        self.next_minibatch = max(self.next_minibatch, k)
+        return v
+
+    def _next_forward_minibatch(self) -> int:
+        # a lower bound on the minibatch of this stage's next F: F's come in minibatch order, and the
+        # update closing minibatch k follows all of k's backward (so all of k's forwards) on this stage
+        return max(self.next_minibatch, self.latest + (1 if self._updating else 0))
+
+    _updating = False
+
+    def _needed_epochs(self) -> set[int]:
+        lo = self._rule(self._next_forward_minibatch())
+        keep = super()._needed_epochs()
+        keep |= {e for e, v in self.epoch_version.items() if v >= lo}
+        return keep
+
+    def about_to_update(self) -> None:
+        """Drop versions no forward will read again, keep the newest if one will (alias, copy-on-write)."""
+        self._updating = True
+        try:
+            self._release()
+            if self.latest >= self._rule(self._next_forward_minibatch()):
+                self._tensors(self.epoch)
+            super().about_to_update()
+        finally:
+            self._updating = False
