@@ -98,7 +98,7 @@ def layer_members(gm: fx.GraphModule) -> list[list[fx.Node]]:
         if n.op not in LAYER_OPS:
             continue
         if _unpacks(n, layer_of):
-            i = layer_of[n.args[0].name]  # type: ignore[union-attr]
+            i = layer_of[n.args[0].name]
             groups[i].append(n)
         else:
             i = len(groups)

@@ -16,8 +16,8 @@ from pipelab.partition import METHODS, partition
 from pipelab.profile.records import Profile
 
 
-def _load_profile(arg: str):  # type: ignore[no-untyped-def]
-
+def _load_profile(arg: str) -> Profile:
+    """The profile at ``arg`` (a saved profile, or a PipeDream graph.txt)."""
     return Profile.open(arg)
 
 

@@ -48,7 +48,7 @@ class CoalescedLinearFn(torch.autograd.Function):
     """``F.linear`` whose backward defers the weight and bias gradients to a store."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 store: Store) -> torch.Tensor:
         """``x @ weight^T + bias``; saves ``x`` and ``weight`` for backward."""
         ctx.save_for_backward(x, weight)
@@ -56,7 +56,7 @@ class CoalescedLinearFn(torch.autograd.Function):
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         """Input gradient now; ``(x, grad_out)`` kept for the weight gradient at the flush."""
         x, weight = ctx.saved_tensors
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
@@ -73,7 +73,7 @@ def _coalesced_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if self.bias is not None and not self.bias.requires_grad:
         raise ValueError("coalesce_wgrad=True needs a Linear's bias to be trainable when its weight is; "
                          "freeze both or neither, or leave coalesce_wgrad off")
-    return CoalescedLinearFn.apply(x, self.weight, self.bias, store)  # type: ignore[no-any-return]
+    return CoalescedLinearFn.apply(x, self.weight, self.bias, store)
 
 
 class Coalescer:

@@ -42,7 +42,7 @@ class TensorSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         """The ``torch.dtype``."""
-        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+        return getattr(torch, self.dtype)
 
     @property
     def nbytes(self) -> int:

@@ -90,7 +90,7 @@ class Job:
 def resolve(spec: Any) -> Callable[..., Any]:
     """A callable from ``"module:function"`` or ``{"fn": "module:function", "kwargs": {...}}``."""
     if callable(spec):
-        return spec  # type: ignore[no-any-return]
+        return spec
     kwargs: dict[str, Any] = {}
     if isinstance(spec, dict):
         kwargs = dict(spec.get("kwargs", {}))
@@ -102,7 +102,7 @@ def resolve(spec: Any) -> Callable[..., Any]:
         fn = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot import {spec!r} ({exc}); check the module is on PYTHONPATH") from None
-    return functools.partial(fn, **kwargs) if kwargs else fn  # type: ignore[no-any-return]
+    return functools.partial(fn, **kwargs) if kwargs else fn
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -34,7 +34,7 @@ class Feed:
             if self._it is None:
                 self._it = iter(self.job.data())
             try:
-                return next(self._it)  # type: ignore[no-any-return]
+                return next(self._it)
             except StopIteration:
                 self._it = None
         raise ValueError("data() yielded no minibatch")
@@ -67,7 +67,7 @@ class Feed:
     def inputs(self, m: int) -> tuple[torch.Tensor, ...]:
         """Model inputs of microbatch ``m``."""
         M = self.job.microbatches
-        return self.minibatch(m // M)[0][m % M]  # type: ignore[no-any-return]
+        return self.minibatch(m // M)[0][m % M]
 
     def targets(self, m: int) -> Any:
         """Targets of microbatch ``m``."""

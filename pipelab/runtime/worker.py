@@ -269,7 +269,7 @@ class Worker(Checkpointing):
         st.policy.forward_done(m, v)
         if st.is_last:
             k = m // self.job.microbatches
-            st.losses[k] = st.losses.get(k, 0) + outputs[0].detach()  # type: ignore[assignment]
+            st.losses[k] = st.losses.get(k, 0) + outputs[0].detach()
             return [], v
         out = self._encode([o.detach() for o in outputs])
         if st.policy.sends_version:

@@ -42,7 +42,7 @@ class LocalWSP:
         if got is None:
             raise RuntimeError(f"virtual worker {self.vw} would wait for the global clock; the reference "
                                "executor must check pull_would_wait() before completing the pull")
-        return got  # type: ignore[no-any-return]
+        return got
 
     def pull_would_wait(self) -> bool:
         """Whether a pull now would have to wait (local clock - global clock > D)."""
