@@ -9,19 +9,19 @@ weight version the action read.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pipelab.metrics as metrics
 from pipelab._io import atomic_write_text
+from pipelab.metrics import COMPUTE_KINDS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-COMPUTE_KINDS = ("F", "B", "W", "U")
 
 
 @dataclass(frozen=True)
@@ -141,19 +141,11 @@ class Trace:
     # ------------------------------------------------------------------ measures
     def busy_time(self, start: float | None = None, end: float | None = None) -> dict[int, float]:
         """Per worker, seconds spent in compute actions (F/B/W/U), clipped to ``[start, end]`` if given."""
-        lo = -math.inf if start is None else start
-        hi = math.inf if end is None else end
-        out: dict[int, float] = {w: 0.0 for w in self.workers}
-        for e in self.compute_events():
-            out[e.worker] += max(0.0, min(e.end_s, hi) - max(e.start_s, lo))
-        return out
+        return metrics.busy_time(self.events, self.workers, start, end)
 
     def bubble_fraction(self) -> dict[int, float]:
         """Per worker, the idle fraction of the trace's span (1 - busy / makespan)."""
-        span = self.makespan
-        if span <= 0:
-            return {w: 0.0 for w in self.workers}
-        return {w: 1.0 - b / span for w, b in self.busy_time().items()}
+        return metrics.bubble_by_worker(self.busy_time(), self.makespan)
 
     def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write one JSON object per line (first line: metadata), atomically."""

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from pipelab.partition.plan import Plan
 
+import pipelab.metrics as metrics
 from pipelab.cluster import Cluster
 from pipelab.partition import partition
 from pipelab.profile.measure import profile as profile_model
@@ -243,9 +244,8 @@ def _steady_throughput(run: Any, batch: int, warmup: int, *, typical: bool = Fal
     if len(ends) <= warmup + 1:
         return float(run.throughput)
     if typical:
-        gaps = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1:])]
-        period = statistics.median(gaps)
-        if period > 0:
+        period = metrics.median_period(ends, warmup)
+        if period is not None and period > 0:
             return batch / period
     span = ends[-1] - ends[warmup]
     return (len(ends) - 1 - warmup) * batch / span

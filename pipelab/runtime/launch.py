@@ -14,7 +14,6 @@ SIGINT themselves and ask the kernel to kill them if the parent dies, so none ou
 from __future__ import annotations
 
 import io
-import math
 import queue as queue_mod
 import threading
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 import pipelab.methods as methods
+import pipelab.metrics as metrics
 from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint import global_weights
@@ -97,9 +97,7 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
         extra = [Event(worker=ranks[e.stage][e.vw], stage=e.stage, kind=e.kind, microbatch=e.clock, start_s=e.t,
                        end_s=e.t, weight_version=e.global_clock) for e in wsp_log]
         tr = Trace(tuple(tr.events) + tuple(extra), dict(tr.meta))
-    comp = tr.compute_events()
-    span = (max(e.end_s for e in comp) - min(e.start_s for e in comp)) if comp else 0.0
-    thr = job.steps * job.batch_size / span if span > 0 else math.nan
+    thr = metrics.span_throughput(tr.events, job.steps * job.batch_size)
     if trace_path is not None:
         tr.save_jsonl(trace_path)
     return RunResult(trace=tr, losses=losses, throughput=thr, versions_held=held, schedule=sched,

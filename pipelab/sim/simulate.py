@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pipelab.methods as methods
+import pipelab.metrics as metrics
 from pipelab.costs import HBM_BYTES_PER_S, CostModel
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
@@ -38,7 +39,7 @@ from pipelab.schedules import build
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
-from pipelab.trace import COMPUTE_KINDS, Event, Trace
+from pipelab.trace import Event, Trace
 
 
 def _synchronous(method: str) -> bool:
@@ -203,34 +204,26 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
         raise ScheduleError(f"{exc}\n{schedule.grid(mark=exc.stuck[0][:2], max_steps=26)}") from None
     trace = Trace.from_events(events, method=schedule.method, microbatches=schedule.microbatches,
                               minibatches=schedule.minibatches, stages=schedule.num_stages)
-    comp = [e for e in events if e.kind in COMPUTE_KINDS]
+    comp = metrics.compute_events(events)
     M, K = schedule.microbatches, schedule.minibatches
     end = max((e.end_s for e in events), default=0.0)
     window = (0.0, end)
     tpm = end / K
     if not _synchronous(schedule.method):
-        done = [0.0] * K
-        for e in comp:
-            k = e.microbatch if e.kind == "U" and M > 1 else e.microbatch // M
-            done[k] = max(done[k], e.end_s)
         # Replicas finish minibatches out of order, and a replicated stage's all-reduce releases its
         # group of minibatches at once: measure between sorted completions whose counts are multiples
         # of L = lcm(replica counts), skipping w minibatches of warm-up and of drain.
-        done.sort()
+        done = metrics.minibatch_completions(comp, M, K)
         w = max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // M))
         L = math.lcm(*(len(r) for r in schedule.stage_ranks)) if M == 1 else 1
-        a, b = -(-w // L) * L, (K - w) // L * L
-        if b <= a:
-            a, b = w, K - w
-        if b > a:
-            window = (done[a - 1], done[b - 1])
-            tpm = (window[1] - window[0]) / (b - a)
+        steady = metrics.steady_window(done, w, L)
+        if steady is not None:
+            window = (steady[0], steady[1])
+            tpm = (window[1] - window[0]) / steady[2]
     tpm /= minibatch_scale
     span = window[1] - window[0]
-    busy = [0.0] * schedule.num_workers
-    for e in comp:
-        busy[e.worker] += max(0.0, min(e.end_s, window[1]) - max(e.start_s, window[0]))
-    util = tuple(b / span if span > 0 else 0.0 for b in busy)
+    busy = metrics.busy_time(comp, range(schedule.num_workers), window[0], window[1])
+    util = tuple(b / span if span > 0 else 0.0 for b in busy.values())
     timeline = _memory(schedule, comp, memory) if memory is not None else {}
     peak = tuple(max((b for _, b in timeline.get(w, [])), default=0) for w in range(schedule.num_workers))
     return SimResult(schedule=schedule, trace=trace, time_per_minibatch=tpm,

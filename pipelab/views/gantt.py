@@ -25,6 +25,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, qualitative, unlabel_rgb
 
+import pipelab.metrics as metrics
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.dataflow import Deadlock, UnitCosts, dependencies, run
 from pipelab.trace import COMPUTE_KINDS, Event, Trace
@@ -135,19 +136,13 @@ def _list_schedule(schedule: Schedule, cost: Mapping[str, float], meta: dict[str
 
 # ---------------------------------------------------------------------------- helpers
 def bubble_fraction(trace: Trace | Sequence[Event], *, num_workers: int | None = None) -> float:
-    """Idle share of worker time: ``1 - busy / (workers * makespan)`` over compute events.
+    """Idle share of worker time: ``1 - busy / (workers * makespan)`` over compute events
+    (:func:`pipelab.metrics.bubble_fraction`).
 
     For GPipe and 1F1B with P stages and M microbatches of equal cost this equals the closed form
     ``(P - 1) / (M + P - 1)`` (Huang et al. NeurIPS'19 §2.2; Narayanan et al. SC'21 §2.2).
     """
-    evs = [e for e in (trace.events if isinstance(trace, Trace) else trace) if e.kind in COMPUTE_KINDS]
-    if not evs:
-        raise ValueError("no compute events (F/B/W/U): the bubble fraction of an empty trace is undefined")
-    span = max(e.end_s for e in evs) - min(e.start_s for e in evs)
-    workers = num_workers or len({e.worker for e in evs})
-    if span <= 0:
-        return 0.0
-    return 1.0 - sum(e.duration_s for e in evs) / (workers * span)
+    return metrics.bubble_fraction(trace.events if isinstance(trace, Trace) else trace, num_workers)
 
 
 def worker_labels(trace: Trace, stage_ranks: Sequence[Sequence[int]] | None = None) -> dict[int, str]:

@@ -1,0 +1,138 @@
+"""One definition of each measure of a run, simulated or real: busy time, bubble fraction,
+throughput over a span, the steady-state window of an asynchronous pipeline, and the median period.
+
+Pure functions over event records (anything with ``worker``, ``kind``, ``microbatch``, ``start_s``
+and ``end_s``, as :class:`~pipelab.trace.Event` has; this module sits below it), so the simulator (:mod:`pipelab.sim.simulate`), the
+runtime's results (:mod:`pipelab.runtime.launch`), measure mode (:mod:`pipelab.reproduce.measure`),
+:class:`~pipelab.trace.Trace` and the Gantt view compute each number the same way.
+
+* busy and idle time: compute actions (F, B, W, U) only; transfers and waits are idle time;
+* the bubble fraction ``1 - busy / (workers * span)``: for GPipe and 1F1B with P stages and M
+  equal microbatches it is ``(P - 1) / (M + P - 1)`` (Huang et al. NeurIPS'19 §2.2; Narayanan et al.
+  SC'21 §2.2);
+* the steady-state window of a pipeline without flushes: between the ``w``-th and the ``(K - w)``-th
+  minibatch completion, ``w`` the minibatches in flight at the input stage, rounded to multiples of
+  the replicas' least common multiple (replicated stages release groups of minibatches at once).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Protocol, TypeVar
+
+#: the kinds of compute actions (forward, backward, weight gradient, update); others are transfers
+COMPUTE_KINDS = ("F", "B", "W", "U")
+
+
+class Event(Protocol):
+    """What the measures read of an event (:class:`pipelab.trace.Event` has it)."""
+
+    @property
+    def worker(self) -> int: ...  # noqa: D102
+    @property
+    def kind(self) -> str: ...  # noqa: D102
+    @property
+    def microbatch(self) -> int: ...  # noqa: D102
+    @property
+    def start_s(self) -> float: ...  # noqa: D102
+    @property
+    def end_s(self) -> float: ...  # noqa: D102
+
+
+E = TypeVar("E", bound=Event)
+
+
+def compute_events(events: Iterable[E]) -> list[E]:
+    """The compute actions (F, B, W, U) among ``events``."""
+    return [e for e in events if e.kind in COMPUTE_KINDS]
+
+
+def busy_time(events: Iterable[Event], workers: Iterable[int], start: float | None = None,
+              end: float | None = None) -> dict[int, float]:
+    """Per worker of ``workers``, seconds in compute actions, clipped to ``[start, end]`` if given."""
+    lo = -math.inf if start is None else start
+    hi = math.inf if end is None else end
+    out: dict[int, float] = {w: 0.0 for w in workers}
+    for e in compute_events(events):
+        out[e.worker] += max(0.0, min(e.end_s, hi) - max(e.start_s, lo))
+    return out
+
+
+def span(events: Sequence[Event]) -> float:
+    """Seconds from the first start to the last end of ``events`` (0 when there are none)."""
+    if not events:
+        return 0.0
+    return max(e.end_s for e in events) - min(e.start_s for e in events)
+
+
+def bubble_fraction(events: Iterable[Event], num_workers: int | None = None) -> float:
+    """Idle share of worker time over the compute actions' span: ``1 - busy / (workers * span)``.
+
+    ``num_workers`` defaults to the workers that ran something. Raises ``ValueError`` when there is
+    no compute action.
+    """
+    comp = compute_events(events)
+    if not comp:
+        raise ValueError("no compute events (F/B/W/U): the bubble fraction of an empty trace is undefined")
+    s = span(comp)
+    workers = num_workers or len({e.worker for e in comp})
+    if s <= 0:
+        return 0.0
+    return 1.0 - sum(e.end_s - e.start_s for e in comp) / (workers * s)
+
+
+def bubble_by_worker(busy: dict[int, float], window_s: float) -> dict[int, float]:
+    """Per worker, the idle fraction ``1 - busy / window_s`` of a window (0 for an empty window)."""
+    if window_s <= 0:
+        return {w: 0.0 for w in busy}
+    return {w: 1.0 - b / window_s for w, b in busy.items()}
+
+
+def span_throughput(events: Iterable[Event], samples: float) -> float:
+    """``samples`` per second of the compute actions' span (first start to last end); NaN if empty."""
+    s = span(compute_events(events))
+    return samples / s if s > 0 else math.nan
+
+
+def minibatch_completions(events: Iterable[Event], microbatches: int, minibatches: int) -> list[float]:
+    """Sorted end times of the ``minibatches`` minibatches: each is its last compute action's end.
+
+    A ``U`` of a pipeline with ``microbatches > 1`` names its minibatch; any other action names
+    a microbatch ``m`` of minibatch ``m // microbatches``.
+    """
+    done = [0.0] * minibatches
+    for e in compute_events(events):
+        k = e.microbatch if e.kind == "U" and microbatches > 1 else e.microbatch // microbatches
+        done[k] = max(done[k], e.end_s)
+    done.sort()
+    return done
+
+
+def steady_window(done: Sequence[float], in_flight: int, group: int) -> tuple[float, float, int] | None:
+    """The steady-state window of sorted completions ``done``: ``(start, end, minibatches in it)``.
+
+    Skips ``in_flight`` completions of warm-up and as many of drain, with both ends at multiples of
+    ``group`` (replicas release ``group`` minibatches at once) where that leaves a window; None when
+    the run is too short to have one.
+    """
+    K = len(done)
+    a, b = -(-in_flight // group) * group, (K - in_flight) // group * group
+    if b <= a:
+        a, b = in_flight, K - in_flight
+    if b > a:
+        return done[a - 1], done[b - 1], b - a
+    return None
+
+
+def median_period(ends: Sequence[float], warmup: int) -> float | None:
+    """The median interval between consecutive sorted completion times after the first ``warmup``
+    (None with fewer than two left): a steady period robust to a shared machine's occasional stalls."""
+    if len(ends) <= warmup + 1:
+        return None
+    return statistics.median(b - a for a, b in zip(ends[warmup:], ends[warmup + 1:]))
+
+
+__all__ = ["COMPUTE_KINDS", "Event", "bubble_by_worker", "bubble_fraction", "busy_time", "compute_events", "median_period",
+           "minibatch_completions", "span", "span_throughput", "steady_window"]
