@@ -65,7 +65,9 @@ class Device:
             raise ValueError(f"device {self.name!r}: speed={self.speed!r} must be a positive finite number "
                              f"(1.0 = the device the profile was measured on)")
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
-            raise ValueError(f"device {self.name!r}: memory_bytes={self.memory_bytes!r} must be a positive int")
+            raise ValueError(
+                f"device {self.name!r}: memory_bytes={self.memory_bytes!r} must be a positive int"
+            )
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ class Level:
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"level {self.name!r}: size={self.size!r} must be an integer >= 1")
-        if not (isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0 and not math.isnan(self.bandwidth)):
+        if not (
+            isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0 and not math.isnan(self.bandwidth)
+        ):
             raise ValueError(f"level {self.name!r}: bandwidth={self.bandwidth!r} must be > 0 bytes/s")
         if not (isinstance(self.latency, (int, float)) and math.isfinite(self.latency) and self.latency >= 0):
             raise ValueError(f"level {self.name!r}: latency={self.latency!r} must be a finite number >= 0 s")
@@ -98,13 +102,34 @@ class Level:
 _V100 = Device("V100-16GB", 1.0, 16 * 2**30)
 _PRESETS: dict[str, tuple[Device, int, int, Level | None, Level]] = {
     "pipedream-a": (_V100, 4, 4, Level("pcie", 4, 10 * GB, 5e-6), Level("ethernet-10g", 4, 10 * Gbps, 25e-6)),
-    "pipedream-b": (_V100, 8, 2, Level("nvlink", 8, 50 * GB, 5e-6), Level("ethernet-25g", 2, 25 * Gbps, 25e-6)),
-    "pipedream-c": (Device("TitanX-12GB", 1.0, 12 * 2**30), 1, 4, None,
-                    Level("ethernet-40g", 4, 40 * Gbps, 10e-6)),
-    "dgx-h100": (Device("H100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink4", 8, 450 * GB, 3e-6),
-                 Level("infiniband-400g", 2, 400 * Gbps, 2e-6, uplinks=8)),
-    "a100-ib": (Device("A100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink3", 8, 300 * GB, 3e-6),
-                Level("infiniband-200g", 2, 200 * Gbps, 2e-6, uplinks=8)),
+    "pipedream-b": (
+        _V100,
+        8,
+        2,
+        Level("nvlink", 8, 50 * GB, 5e-6),
+        Level("ethernet-25g", 2, 25 * Gbps, 25e-6),
+    ),
+    "pipedream-c": (
+        Device("TitanX-12GB", 1.0, 12 * 2**30),
+        1,
+        4,
+        None,
+        Level("ethernet-40g", 4, 40 * Gbps, 10e-6),
+    ),
+    "dgx-h100": (
+        Device("H100-80GB", 1.0, 80 * 2**30),
+        8,
+        2,
+        Level("nvlink4", 8, 450 * GB, 3e-6),
+        Level("infiniband-400g", 2, 400 * Gbps, 2e-6, uplinks=8),
+    ),
+    "a100-ib": (
+        Device("A100-80GB", 1.0, 80 * 2**30),
+        8,
+        2,
+        Level("nvlink3", 8, 300 * GB, 3e-6),
+        Level("infiniband-200g", 2, 200 * Gbps, 2e-6, uplinks=8),
+    ),
 }
 
 # HetPipe ATC'20 §6 GPU types; speed relative to TITAN V from FP32 peak TFLOPS (vendor data sheets)
@@ -130,7 +155,9 @@ class Cluster:
         if not self.devices:
             raise ValueError(f"cluster {self.name!r} has zero workers; give at least one device")
         if not self.levels:
-            raise ValueError(f"cluster {self.name!r} needs at least one level (use Cluster.flat for one switch)")
+            raise ValueError(
+                f"cluster {self.name!r} needs at least one level (use Cluster.flat for one switch)"
+            )
         n = math.prod(lv.size for lv in self.levels)
         if n != len(self.devices):
             sizes = " x ".join(str(lv.size) for lv in self.levels)
@@ -221,7 +248,9 @@ class Cluster:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers={workers!r}: a cluster needs at least one worker")
         dev = Device(device, speed, int(memory))
-        return cls(name or f"flat:{workers}", (Level("switch", workers, bandwidth, latency),), (dev,) * workers)
+        return cls(
+            name or f"flat:{workers}", (Level("switch", workers, bandwidth, latency),), (dev,) * workers
+        )
 
     @classmethod
     def preset(cls, name: str, *, servers: int | None = None, gpus_per_server: int | None = None,
@@ -235,8 +264,10 @@ class Cluster:
         if key == "hetpipe":
             return cls.hetpipe(servers=servers or 4, gpus_per_server=gpus_per_server or 4)
         if key not in _PRESETS:
-            raise ValueError(f"unknown cluster preset {name!r}; choose one of {', '.join([*_PRESETS, 'hetpipe'])} "
-                             f"or build one with Cluster.flat / Cluster(...)")
+            raise ValueError(
+                f"unknown cluster preset {name!r}; choose one of {', '.join([*_PRESETS, 'hetpipe'])} "
+                f"or build one with Cluster.flat / Cluster(...)"
+            )
         dev, g0, s0, inner, outer = _PRESETS[key]
         g = g0 if gpus_per_server is None else gpus_per_server
         s = s0 if servers is None else servers
@@ -244,7 +275,9 @@ class Cluster:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{label}={v!r} must be an integer >= 1")
         if inner is None and g != 1:
-            raise ValueError(f"preset {name!r} has one GPU per server; use servers=N (got gpus_per_server={g})")
+            raise ValueError(
+                f"preset {name!r} has one GPU per server; use servers=N (got gpus_per_server={g})"
+            )
         if speed is not None or memory is not None:
             dev = Device(dev.name, dev.speed if speed is None else speed,
                          dev.memory_bytes if memory is None else int(memory))
@@ -265,7 +298,9 @@ class Cluster:
         """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, or a name."""
         m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?::\s*(\d+)\s*(?:[xX]\s*(\d+))?)?\s*", spec)
         if not m:
-            raise ValueError(f"cannot read cluster spec {spec!r}; write e.g. 'pipedream-a:4x4' (servers x GPUs)")
+            raise ValueError(
+                f"cannot read cluster spec {spec!r}; write e.g. 'pipedream-a:4x4' (servers x GPUs)"
+            )
         name, a, b = m.group(1), m.group(2), m.group(3)
         if name.lower() == "flat":
             if a is None or b is not None:

@@ -46,7 +46,11 @@ class LayerTracer(fx.Tracer):
         """Standard torch.nn layers, ``leaf_modules`` instances, and modules at ``depth`` are leaves."""
         if self.leaf_types and isinstance(m, self.leaf_types):
             return True
-        if self.depth is not None and module_qualified_name and module_qualified_name.count(".") + 1 >= self.depth:
+        if (
+            self.depth is not None
+            and module_qualified_name
+            and module_qualified_name.count(".") + 1 >= self.depth
+        ):
             return True
         return bool(super().is_leaf_module(m, module_qualified_name))
 

@@ -156,7 +156,9 @@ class Method:
 
 #: options of every method's schedule (asynchronous methods drain; synchronous ones ignore them)
 COMMON_SCHEDULE_OPTIONS: tuple[Option, ...] = (
-    Option("drain_every", "int", None, "drain the pipeline every N minibatches (exact checkpoints)", minimum=1),
+    Option(
+        "drain_every", "int", None, "drain the pipeline every N minibatches (exact checkpoints)", minimum=1
+    ),
     Option("segments", "list", None, "lengths of the drained segments, summing to minibatches"),
 )
 

@@ -2,7 +2,8 @@
 throughput over a span, the steady-state window of an asynchronous pipeline, and the median period.
 
 Pure functions over event records (anything with ``worker``, ``kind``, ``microbatch``, ``start_s``
-and ``end_s``, as :class:`~pipelab.trace.Event` has; this module sits below it), so the simulator (:mod:`pipelab.sim.simulate`), the
+and ``end_s``, as :class:`~pipelab.trace.Event` has; this module sits below it), so the simulator
+(:mod:`pipelab.sim.simulate`), the
 runtime's results (:mod:`pipelab.runtime.launch`), measure mode (:mod:`pipelab.reproduce.measure`),
 :class:`~pipelab.trace.Trace` and the Gantt view compute each number the same way.
 
@@ -134,5 +135,16 @@ def median_period(ends: Sequence[float], warmup: int) -> float | None:
     return statistics.median(b - a for a, b in zip(ends[warmup:], ends[warmup + 1:]))
 
 
-__all__ = ["COMPUTE_KINDS", "Event", "bubble_by_worker", "bubble_fraction", "busy_time", "compute_events", "median_period",
-           "minibatch_completions", "span", "span_throughput", "steady_window"]
+__all__ = [
+    "COMPUTE_KINDS",
+    "Event",
+    "bubble_by_worker",
+    "bubble_fraction",
+    "busy_time",
+    "compute_events",
+    "median_period",
+    "minibatch_completions",
+    "span",
+    "span_throughput",
+    "steady_window",
+]

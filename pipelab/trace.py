@@ -84,7 +84,9 @@ class Trace:
         out: dict[int, list[Event]] = {}
         for e in self.compute_events():
             out.setdefault(e.worker, []).append(e)
-        return {w: [e.action for e in sorted(evs, key=lambda e: (e.step, e.start_s))] for w, evs in out.items()}
+        return {
+            w: [e.action for e in sorted(evs, key=lambda e: (e.step, e.start_s))] for w, evs in out.items()
+        }
 
     @property
     def makespan(self) -> float:
@@ -124,7 +126,9 @@ class Trace:
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
             raw = doc["traceEvents"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})") from None
+            raise ValueError(
+                f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})"
+            ) from None
         events = []
         for ev in raw:
             if ev.get("ph") != "X":

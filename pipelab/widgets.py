@@ -129,15 +129,26 @@ class LiveGantt(_Displayable):
     ``handle`` is what :func:`pipelab.launch` returns (anything with an ``events`` iterable of
     :class:`~pipelab.trace.Event` that ends when the job ends; optional ``job.batch_size`` /
     ``batch_size`` and ``losses`` for the status line, and ``wait()``, whose result's ``losses`` give the
-    final loss; a failed job's error is shown in the status line, not raised in the thread). A background thread consumes the events and redraws at most ``hz``
+    final loss; a failed job's error is shown in the status line, not raised in the thread). A background
+    thread consumes the events and redraws at most ``hz``
     times per second, so a fast job costs a few updates, not one per event. Without a live front end
     the display waits for the job to end and shows the finished chart.
     """
 
-    def __init__(self, handle: Any, *, hz: float = 4.0, live: bool | None = None, color_by: str = "microbatch",
-                 title: str | None = None, start: bool = True) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        *,
+        hz: float = 4.0,
+        live: bool | None = None,
+        color_by: str = "microbatch",
+        title: str | None = None,
+        start: bool = True,
+    ) -> None:
         if not hasattr(handle, "events"):
-            raise TypeError(f"LiveGantt needs a job handle with .events (from pl.launch); got {type(handle).__name__}")
+            raise TypeError(
+                f"LiveGantt needs a job handle with .events (from pl.launch); got {type(handle).__name__}"
+            )
         if not hz > 0:
             raise ValueError(f"hz={hz} must be > 0 (redraws per second)")
         self.handle = handle
@@ -230,13 +241,17 @@ class LiveGantt(_Displayable):
                                   getattr(getattr(self.handle, "job", None), "batch_size", None)) if b), None)
         parts = [f"step {steps}"]
         if steps and elapsed > 0:
-            parts.append(f"{steps * batch / elapsed:.1f} samples/s" if batch else f"{steps / elapsed:.2f} steps/s")
+            parts.append(
+                f"{steps * batch / elapsed:.1f} samples/s" if batch else f"{steps / elapsed:.2f} steps/s"
+            )
         loss = _last_loss(self.result) if self.result is not None else _last_loss(self.handle)
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
         parts.append(f"{len(evs)} events")
         if self._ended:
-            parts.append("finished" if self.error is None else f"stopped: {type(self.error).__name__}: {self.error}")
+            parts.append(
+                "finished" if self.error is None else f"stopped: {type(self.error).__name__}: {self.error}"
+            )
         return " · ".join(parts)
 
     def current_figure(self) -> go.Figure | None:
@@ -386,7 +401,9 @@ class ScheduleExplorer(_Explorer):
             self.controls["K"].disabled = self.values["method"] != "buffered"
         try:
             sched = self.build()
-            g = gantt(sched, title=f"{sched.method}: P={self.values['stages']} M={self.values['microbatches']}")
+            g = gantt(
+                sched, title=f"{sched.method}: P={self.values['stages']} M={self.values['microbatches']}"
+            )
             mem = memory(sched)
         except (ValueError, TypeError) as exc:
             self.message = f"cannot draw: {exc}"
@@ -421,10 +438,20 @@ class PlanExplorer(_Explorer):
     the predicted speed-up over data parallel, from :func:`pipelab.partition`.
     """
 
-    def __init__(self, profile: Any, *, preset: str = "pipedream-a", servers: int = 2, gpus_per_server: int = 2,
-                 method: str = "pipedream", memory_limit_gb: float = 0.0, live: bool | None = None,
-                 partitioner: Callable[..., Any] | None = None, presets: Iterable[str] | None = None,
-                 methods: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        profile: Any,
+        *,
+        preset: str = "pipedream-a",
+        servers: int = 2,
+        gpus_per_server: int = 2,
+        method: str = "pipedream",
+        memory_limit_gb: float = 0.0,
+        live: bool | None = None,
+        partitioner: Callable[..., Any] | None = None,
+        presets: Iterable[str] | None = None,
+        methods: Iterable[str] | None = None,
+    ) -> None:
         from pipelab.profile.records import Profile
 
         if not isinstance(profile, Profile):
@@ -434,8 +461,13 @@ class PlanExplorer(_Explorer):
         self.presets = list(presets) if presets is not None else _cluster_presets()
         self.methods = list(methods) if methods is not None else _partition_methods()
         self.live = live_frontend() if live is None else bool(live)
-        self.values: dict[str, Any] = {"preset": preset, "servers": servers, "gpus_per_server": gpus_per_server,
-                                       "method": method, "memory_limit_gb": memory_limit_gb}
+        self.values: dict[str, Any] = {
+            "preset": preset,
+            "servers": servers,
+            "gpus_per_server": gpus_per_server,
+            "method": method,
+            "memory_limit_gb": memory_limit_gb,
+        }
         self.plan: Any = None
         self.message = ""
         self.figure: go.Figure = go.Figure()
@@ -445,11 +477,18 @@ class PlanExplorer(_Explorer):
             self.controls = {
                 "preset": w.Dropdown(options=self.presets, value=preset, description="cluster"),
                 "servers": w.IntSlider(value=servers, min=1, max=16, description="servers", style=style),
-                "gpus_per_server": w.IntSlider(value=gpus_per_server, min=1, max=16, description="GPUs/server",
-                                               style=style),
+                "gpus_per_server": w.IntSlider(
+                    value=gpus_per_server, min=1, max=16, description="GPUs/server", style=style
+                ),
                 "method": w.Dropdown(options=self.methods, value=method, description="method"),
-                "memory_limit_gb": w.BoundedFloatText(value=memory_limit_gb, min=0.0, max=1024.0, step=1.0,
-                                                      description="memory limit GB (0 = device)", style=style),
+                "memory_limit_gb": w.BoundedFloatText(
+                    value=memory_limit_gb,
+                    min=0.0,
+                    max=1024.0,
+                    step=1.0,
+                    description="memory limit GB (0 = device)",
+                    style=style,
+                ),
             }
             self.info = w.HTML()
             self.figure = go.FigureWidget()
@@ -466,7 +505,9 @@ class PlanExplorer(_Explorer):
         from pipelab.cluster import Cluster
 
         v = self.values
-        cluster = Cluster.preset(v["preset"], servers=int(v["servers"]), gpus_per_server=int(v["gpus_per_server"]))
+        cluster = Cluster.preset(
+            v["preset"], servers=int(v["servers"]), gpus_per_server=int(v["gpus_per_server"])
+        )
         part = self._partition
         if part is None:
             from pipelab.partition import partition
@@ -519,4 +560,12 @@ def _partition_methods() -> list[str]:
     return list(METHODS)
 
 
-__all__ = ["LiveGantt", "PlanExplorer", "ScheduleExplorer", "live_frontend", "show", "static_html", "sync_figure"]
+__all__ = [
+    "LiveGantt",
+    "PlanExplorer",
+    "ScheduleExplorer",
+    "live_frontend",
+    "show",
+    "static_html",
+    "sync_figure",
+]

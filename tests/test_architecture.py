@@ -81,8 +81,10 @@ def imports(root: Path) -> list[tuple[str, str, int]]:
                 # ``from pipelab.x import y`` may name a submodule y: count it as importing x.y
                 for a in node.names:
                     sub = f"{target}.{a.name}"
-                    is_module = any((root.parent / Path(*sub.split("."))).with_suffix(s).exists()
-                                    for s in (".py",)) or (root.parent / Path(*sub.split(".")) / "__init__.py").exists()
+                    is_module = (
+                        any((root.parent / Path(*sub.split("."))).with_suffix(s).exists() for s in (".py",))
+                        or (root.parent / Path(*sub.split(".")) / "__init__.py").exists()
+                    )
                     out.append((mod, sub if is_module else target, node.lineno))
     return out
 
@@ -132,7 +134,9 @@ def test_every_module_is_in_a_layer_and_small() -> None:
     for path in PKG.rglob("*.py"):
         unit_of(_module_name(path, PKG))
         n = len(path.read_text(encoding="utf-8").splitlines())
-        assert n <= MAX_LINES, f"{path.relative_to(PKG.parent)} has {n} lines; split it by concern (<= {MAX_LINES})"
+        assert n <= MAX_LINES, (
+            f"{path.relative_to(PKG.parent)} has {n} lines; split it by concern (<= {MAX_LINES})"
+        )
 
 
 @pytest.mark.parametrize(("module", "added", "expect"), [
@@ -141,7 +145,9 @@ def test_every_module_is_in_a_layer_and_small() -> None:
     ("sim/__init__.py", "import pipelab.runtime\n", "must not import each other"),
     ("trace.py", "from pipelab import methods\n", None),     # downward: allowed
 ])
-def test_checker_catches_an_upward_import(tmp_path: Path, module: str, added: str, expect: str | None) -> None:
+def test_checker_catches_an_upward_import(
+    tmp_path: Path, module: str, added: str, expect: str | None
+) -> None:
     copy = tmp_path / "pipelab"
     shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "data"))
     target = copy / module

@@ -163,7 +163,9 @@ def test_pl_simulate_shows_the_drain_cost() -> None:
     from pipelab.profile.records import Profile
     from pipelab.sim.simulate import simulate
 
-    prof = Profile.synthetic([1e-3] * 8, [2e-3] * 8, out_bytes=[1000] * 8, param_bytes=[1000] * 8, batch_size=32)
+    prof = Profile.synthetic(
+        [1e-3] * 8, [2e-3] * 8, out_bytes=[1000] * 8, param_bytes=[1000] * 8, batch_size=32
+    )
     cl = Cluster.flat(4, bandwidth=1e15)
     plan = Plan.even(8, 4, batch_size=32)
     a = simulate(plan, prof, cl, method="pipedream", minibatches=16)
@@ -211,9 +213,23 @@ PLAN3 = Plan.from_boundaries(5, [1, 3])
 HET2 = Plan.from_boundaries(5, [2], replicas=[2, 2])
 
 
-def run(method: str, plan: Plan, *, steps: int, microbatches: int = 1, backend: str = "local", **kw: Any) -> Any:
-    return train(H.mlp, plan, method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.momentum, steps=steps,
-                 microbatches=microbatches, backend=backend, progress=False, timeout=120, **kw)
+def run(
+    method: str, plan: Plan, *, steps: int, microbatches: int = 1, backend: str = "local", **kw: Any
+) -> Any:
+    return train(
+        H.mlp,
+        plan,
+        method=method,
+        data=H.data,
+        loss_fn=H.loss_fn,
+        optimizer=H.momentum,
+        steps=steps,
+        microbatches=microbatches,
+        backend=backend,
+        progress=False,
+        timeout=120,
+        **kw,
+    )
 
 
 def assert_identical(a: Any, b: Any) -> None:

@@ -14,7 +14,9 @@ from pipelab.cli import main
 
 def test_profile_save_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "mlp.json"
-    assert main(["profile", "--model", "mlp", "--batch", "4", "--repeats", "1", "--quiet", "-o", str(out)]) == 0
+    assert (
+        main(["profile", "--model", "mlp", "--batch", "4", "--repeats", "1", "--quiet", "-o", str(out)]) == 0
+    )
     prof = pl.Profile.load(out)
     assert prof.model == "mlp" and prof.batch_size == 4 and prof.source == "measured"
     assert prof.param_bytes == 4 * sum(p.numel() for p in pl.models.mlp().parameters())
@@ -26,8 +28,33 @@ def test_profile_save_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_profile_gnmt_tiny_and_pipedream_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "g.json"
-    assert main(["profile", "--model", "gnmt8", "--vocab", "40", "--hidden", "8", "--seq-len", "5", "--batch", "2",
-                 "--repeats", "1", "--warmup", "0", "--quiet", "--small-batch", "1", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "gnmt8",
+                "--vocab",
+                "40",
+                "--hidden",
+                "8",
+                "--seq-len",
+                "5",
+                "--batch",
+                "2",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--quiet",
+                "--small-batch",
+                "1",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     g = pl.Profile.load(out)
     assert g.param_bytes == 4 * pl.models.gnmt_param_count(8, 40, 8)
     # timed again on one sequence of the two (both inputs sliced): tiny layers are mostly fixed cost

@@ -101,8 +101,20 @@ def test_frozen_and_eval_linears_are_left_to_autograd():
 
 def _train(method, cuts, reps, backend, *, steps=3, microbatches=4, **kw):
     plan = pl.Plan.from_boundaries(PAIR_L, cuts, reps)
-    return pl.train(H.pair, plan, method=method, data=H.pair_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=steps,
-                    microbatches=microbatches, backend=backend, progress=False, timeout=120, **kw)
+    return pl.train(
+        H.pair,
+        plan,
+        method=method,
+        data=H.pair_data,
+        loss_fn=H.loss_fn,
+        optimizer=H.sgd,
+        steps=steps,
+        microbatches=microbatches,
+        backend=backend,
+        progress=False,
+        timeout=120,
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -173,8 +185,18 @@ def test_processes_equal_plain_sgd_and_the_reference_executor(method, cuts):
 
 @pytest.mark.parametrize("method,opts", [("pipedream", {}), ("naive-async", {}), ("zb-h1", {}), ("2bw", {})])
 def test_methods_whose_weights_change_within_a_minibatch_are_refused(method, opts):
-    with pytest.raises(ValueError, match=rf"coalesce_wgrad=True is not supported for method '{method}'.*one of gpipe"):
-        _train(method, [7], [1, 1], "local", microbatches=1 if method != "zb-h1" else 4, coalesce_wgrad=True, **opts)
+    with pytest.raises(
+        ValueError, match=rf"coalesce_wgrad=True is not supported for method '{method}'.*one of gpipe"
+    ):
+        _train(
+            method,
+            [7],
+            [1, 1],
+            "local",
+            microbatches=1 if method != "zb-h1" else 4,
+            coalesce_wgrad=True,
+            **opts,
+        )
 
 
 def test_bad_value_is_refused():

@@ -208,7 +208,9 @@ def test_microbatch_time_is_affine_in_the_cost_model_and_the_simulator():
     assert CostModel(base, cl).compute_s(0, 1, 0, microbatches=M) == pytest.approx((1e-3, 2e-3))
     plan = Plan.from_boundaries(2, [1])
     sim = simulate(plan, prof, cl, method="gpipe", microbatches=M, minibatches=2)
-    durations = {(e.kind, round(e.end_s - e.start_s, 9)) for e in sim.trace.compute_events() if e.kind in "FB"}
+    durations = {
+        (e.kind, round(e.end_s - e.start_s, 9)) for e in sim.trace.compute_events() if e.kind in "FB"
+    }
     assert durations == {("F", round(f, 9)), ("B", round(b, 9))}
     # GPipe, 2 equal stages, no transfers: (M + 1) forwards and (M + 1) backwards per minibatch
     assert sim.time_per_minibatch == pytest.approx((M + 1) * (f + b), rel=0.02)

@@ -60,7 +60,11 @@ def test_gnmt_layers_group_lstms_with_their_getitems_and_only_tensors_cross_cuts
     heads = layer_nodes(gm)
     assert [g[0] for g in members] == heads
     # every LSTM layer holds its module and the getitem taking `out` from `(out, (h, c))`
-    lstms = [g for g in members if g[0].op == "call_module" and isinstance(gm.get_submodule(str(g[0].target)), nn.LSTM)]
+    lstms = [
+        g
+        for g in members
+        if g[0].op == "call_module" and isinstance(gm.get_submodule(str(g[0].target)), nn.LSTM)
+    ]
     assert len(lstms) == 8
     for g in lstms:
         assert len(g) == 2 and g[1].target is operator.getitem and g[1].args == (g[0], 0)
@@ -152,8 +156,11 @@ class _WholeTuple(nn.Module):
 def test_a_tuple_taken_whole_by_a_later_layer_cannot_cross_a_cut_and_the_error_says_what_to_do() -> None:
     gm = trace(_WholeTuple(), leaf_modules=[_Two, _Both])
     assert len(layer_nodes(gm)) == 2
-    with pytest.raises(TypeError, match=r"'two' \(a tuple\) crosses the cut after layer 0.*produced by layer 0 "
-                                        r"\(module 'two'\) and used whole by layer 1 \(module 'both'\).*leaf_modules"):
+    with pytest.raises(
+        TypeError,
+        match=r"'two' \(a tuple\) crosses the cut after layer 0.*produced by layer 0 "
+        r"\(module 'two'\) and used whole by layer 1 \(module 'both'\).*leaf_modules",
+    ):
         boundary_specs(gm, (torch.randn(2, 3),), [(0, 1), (1, 2)])
 
 
@@ -187,8 +194,19 @@ def test_gnmt_cut_right_after_lstms_trains_across_processes_as_plain_training() 
     plan = pl.Plan.from_boundaries(n, [after["encoder.0"], after["att_rnn"]])
 
     def run(backend: str) -> Any:
-        return pl.train(_model_fn, plan, method="1f1b-flush", data=_data, loss_fn=cross_entropy, optimizer=_opt,
-                        steps=STEPS, microbatches=2, backend=backend, progress=False, timeout=120)
+        return pl.train(
+            _model_fn,
+            plan,
+            method="1f1b-flush",
+            data=_data,
+            loss_fn=cross_entropy,
+            optimizer=_opt,
+            steps=STEPS,
+            microbatches=2,
+            backend=backend,
+            progress=False,
+            timeout=120,
+        )
 
     res, local = run("gloo"), run("local")
     ref = _plain_training()

@@ -83,7 +83,9 @@ def test_gnmt_learns_the_toy_translation() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=2e-2)
     losses = []
     for _ in range(80):
-        loss = torch.nn.functional.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten(), ignore_index=0)
+        loss = torch.nn.functional.cross_entropy(
+            model(src, tgt_in).flatten(0, 1), tgt_out.flatten(), ignore_index=0
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -84,14 +84,18 @@ def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, 
         for sizes in compositions(n, S):
             bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
             for reps in compositions(4, S):
-                exact_best = min(exact_best, build_plan(cm, bounds, reps, method="x", dp_time=1.0).time_per_minibatch)
+                exact_best = min(
+                    exact_best, build_plan(cm, bounds, reps, method="x", dp_time=1.0).time_per_minibatch
+                )
                 comp, port = search_objective(cm, bounds, reps)
                 # the oracle's own arithmetic: stage-by-stage transfers on the stage's own ports
                 cuts, w, mine = [0, *bounds, n], 0, []
                 for s_, m in enumerate(reps):
                     x = [0.0, 0.0]
                     lv = [None, None]
-                    for d, (a, b, bd) in enumerate(((w - 1, w, cuts[s_] - 1), (w + m - 1, w + m, cuts[s_ + 1] - 1))):
+                    for d, (a, b, bd) in enumerate(
+                        ((w - 1, w, cuts[s_] - 1), (w + m - 1, w + m, cuts[s_ + 1] - 1))
+                    ):
                         if 0 <= a and b < 4 and a // 2 != b // 2:   # crosses servers: server NIC
                             lv[d] = 1
                             srv = max(sum(1 for r in range(w, w + m) if r // 2 == k) for k in (0, 1))
@@ -108,7 +112,9 @@ def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, 
     flat = build_plan(cm, flat_bounds, flat_reps, method="x", dp_time=1.0)
     assert flat.notes["search_objective_s"] == pytest.approx(best, rel=1e-9)
     ws = [list(st_.ranks) for st_ in flat.stages]
-    ss = cm.steady_state([(st_.start, st_.end) for st_ in flat.stages], ws, in_flight=[st_.in_flight for st_ in flat.stages])
+    ss = cm.steady_state(
+        [(st_.start, st_.end) for st_ in flat.stages], ws, in_flight=[st_.in_flight for st_ in flat.stages]
+    )
     assert flat.time_per_minibatch == pytest.approx(ss.time_s, rel=1e-12)
     assert flat.time_per_minibatch >= max(ss.compute_s) * (1 - 1e-12)
     # hierarchical layouts: a pipeline over the 2 GPUs of a server, replicated in both servers
@@ -227,7 +233,9 @@ def test_hetpipe_shared_split_matches_brute_force(seed, policy, servers, types, 
     assert math.isfinite(best)
     assert plan.time_per_minibatch == pytest.approx(best, rel=1e-9)
     bounds = [st.start for st in plan.stages[1:]]
-    assert hetpipe_time_s(cm, bounds, plan.notes["vw_orders"]).time_s == pytest.approx(plan.time_per_minibatch)
+    assert hetpipe_time_s(cm, bounds, plan.notes["vw_orders"]).time_s == pytest.approx(
+        plan.time_per_minibatch
+    )
     if limit is not None:
         assert max(plan.memory_per_worker) <= limit
         assert plan.time_per_minibatch >= free.time_per_minibatch * (1 - 1e-12)

@@ -84,7 +84,9 @@ def test_resnet50_skip_tensor_counted_once() -> None:
     assert any(prof.cut_bytes[i] > prof.layers[i].out_bytes for i in range(len(prof) - 1))
     # Sending once: a fork node consumed twice after a cut is counted once (brute force agrees above),
     # and no cut exceeds the sum of all distinct outputs produced before it.
-    assert all(prof.cut_bytes[i] <= sum(la.out_bytes for la in prof.layers[: i + 1]) for i in range(len(prof) - 1))
+    assert all(
+        prof.cut_bytes[i] <= sum(la.out_bytes for la in prof.layers[: i + 1]) for i in range(len(prof) - 1)
+    )
 
 
 def test_gnmt_batch_inferred_and_decoder_cuts_carry_encoder_output() -> None:
@@ -110,7 +112,8 @@ def test_shipped_copies_are_verbatim() -> None:
 
 
 def test_bad_files_give_one_clear_error(tmp_path: Path) -> None:
-    good = "node1 -- Input -- forward_compute_time=1.0, backward_compute_time=0.0, activation_size=8.0, parameter_size=0.0\n"
+    good = ("node1 -- Input -- forward_compute_time=1.0, backward_compute_time=0.0, activation_size=8.0, "
+            "parameter_size=0.0\n")
     cases = {
         "negative": good.replace("1.0", "-1.0"),
         "garbage": "hello world\n",

@@ -78,8 +78,15 @@ def test_delays_from_schedule_versions() -> None:
     v0 = [0, 0, 0, 1, 1, 1, 2, 2, 3]          # F1 read version 0 but is updated at version 1 -> delay 1
     w1 = ["1F0", "1B0", "1U0", "1F1", "1B1", "1U1", "1F2", "1B2", "1U2"]
     v1 = [0, 0, 1, 1, 1, 2, 2, 2, 3]
-    s = Schedule("naive-async", 2, ((0,), (1,)), 1, 3,
-                 (tuple(map(Action.parse, w0)), tuple(map(Action.parse, w1))), versions=(tuple(v0), tuple(v1)))
+    s = Schedule(
+        "naive-async",
+        2,
+        ((0,), (1,)),
+        1,
+        3,
+        (tuple(map(Action.parse, w0)), tuple(map(Action.parse, w1))),
+        versions=(tuple(v0), tuple(v1)),
+    )
     assert pm.schedule_delays(s) == {0: (1, 0), 1: (0, 0)}
     with pytest.raises(ValueError, match="no per-action weight versions"):
         pm.schedule_delays(Schedule("x", 1, ((0,),), 1, 1, ((Action.parse("0F0"),),)))

@@ -77,8 +77,13 @@ def test_flops_and_saved_bytes_closed_forms() -> None:
     assert [layer.param_bytes for layer in prof.layers] == [(64 * 32 + 32) * 4, 0, (32 * 8 + 8) * 4]
     assert prof.edges == ((0, 1), (1, 2))
     # LSTM FLOPs (fused kernel, not seen by the flop counter): 2 * 4H(in+H) per token and direction
-    lstm = pl.profile(nn.Sequential(nn.LSTM(6, 5, bidirectional=True, batch_first=True)), torch.randn(3, 7, 6),
-                      warmup=0, repeats=1, progress=False)
+    lstm = pl.profile(
+        nn.Sequential(nn.LSTM(6, 5, bidirectional=True, batch_first=True)),
+        torch.randn(3, 7, 6),
+        warmup=0,
+        repeats=1,
+        progress=False,
+    )
     assert lstm.layers[0].flops == 3 * 7 * 2 * (2 * 4 * 5 * (6 + 5))
 
 
@@ -147,7 +152,9 @@ def test_small_batch_finds_the_fixed_part_of_each_layer() -> None:
     with pytest.raises(ValueError, match="small_batch=8 must be an integer in 1..7"):
         pl.profile(model, torch.randn(8, 3), leaf_modules=[Sleep], small_batch=8, progress=False)
     y = torch.zeros(8)
-    with pytest.raises(ValueError, match="small_batch=2: the model .or loss_fn. failed on the first 2 samples"):
+    with pytest.raises(
+        ValueError, match="small_batch=2: the model .or loss_fn. failed on the first 2 samples"
+    ):
         pl.profile(nn.Sequential(nn.Linear(3, 1)), torch.randn(8, 3), small_batch=2, progress=False,
                    loss_fn=lambda out: ((out.squeeze(1) - y) ** 2).mean())
 
@@ -226,7 +233,9 @@ def test_saved_profile_round_trips(tmp_path: Path) -> None:
 
     assert callable(pipelab.profile)
     with torch.no_grad():  # the profiler turns autograd on for itself
-        prof = pl.profile(mlp(8, 16, 3, 2), torch.randn(4, 8), warmup=0, repeats=1, progress=False, model_name="m")
+        prof = pl.profile(
+            mlp(8, 16, 3, 2), torch.randn(4, 8), warmup=0, repeats=1, progress=False, model_name="m"
+        )
         assert not torch.is_grad_enabled()  # and the caller's mode is restored
     assert prof.bwd_s > 0
     path = prof.save(tmp_path / "m.json")

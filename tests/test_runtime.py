@@ -53,7 +53,9 @@ def test_reference_executor_sync_methods_equal_plain_training(method, model_fn, 
     else:
         ref = H.reference_training(model_fn, data, H.sgd, 5)
     assert H.max_diff(res.state_dict(), ref) < 1e-5
-    assert res.trace.actions_by_worker() == {w: [str(a) for a in acts] for w, acts in enumerate(res.schedule.actions)}
+    assert res.trace.actions_by_worker() == {
+        w: [str(a) for a in acts] for w, acts in enumerate(res.schedule.actions)
+    }
     assert all(n == 1 for n in res.versions_held.values())
     assert len(res.losses) == 5 and all(x > 0 for x in res.losses)
 
@@ -147,7 +149,9 @@ def test_naive_async_reads_the_newest_weights_and_keeps_one_version():
 
 def test_trace_jsonl_is_written_and_loads_back(tmp_path):
     plan = pl.Plan.from_boundaries(MLP_L, [2])
-    res = _train(H.mlp, H.mlp_data, plan, "1f1b-flush", steps=2, microbatches=2, trace_path=tmp_path / "t.jsonl")
+    res = _train(
+        H.mlp, H.mlp_data, plan, "1f1b-flush", steps=2, microbatches=2, trace_path=tmp_path / "t.jsonl"
+    )
     back = pl.Trace.load_jsonl(tmp_path / "t.jsonl")
     assert back.events == res.trace.events
     assert back.meta["method"] == "1f1b-flush"
@@ -222,7 +226,9 @@ def test_reference_executor_reports_a_deadlocking_schedule():
             (Action(1, "F", 0), Action(1, "B", 0), Action(1, "U", 0)))
     bad = Schedule(method="1f1b-flush", num_stages=2, stage_ranks=((0,), (1,)), microbatches=1, minibatches=1,
                    actions=acts)
-    with pytest.raises(RuntimeError, match=r"deadlocks.*worker 0 at step 0 \(0B0\).*worker 1 at step 0 \(1F0\)"):
+    with pytest.raises(
+        RuntimeError, match=r"deadlocks.*worker 0 at step 0 \(0B0\).*worker 1 at step 0 \(1F0\)"
+    ):
         pl.train(H.mlp, plan, schedule=bad, data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=1,
                  backend="local", progress=False)
 
@@ -244,19 +250,34 @@ def test_sends_are_retired_only_once_causally_received(method, L, cuts, reps, M,
     from pipelab.schedules.actions import Action
 
     model_fn, data = (H.cnn, H.cnn_data) if L == CNN_L else (H.mlp, H.mlp_data)
-    job = prepare(model_fn, pl.Plan.from_boundaries(L, cuts, reps), method=method, data=data, loss_fn=H.loss_fn,
-                  optimizer=H.sgd, steps=4, microbatches=M, **opts)
+    job = prepare(
+        model_fn,
+        pl.Plan.from_boundaries(L, cuts, reps),
+        method=method,
+        data=data,
+        loss_fn=H.loss_fn,
+        optimizer=H.sgd,
+        steps=4,
+        microbatches=M,
+        **opts,
+    )
     sched = job.schedule
     workers = [Worker(job, r) for r in range(sched.num_workers)]
     nb = workers[0].nb
     where = {(w, a): i for w, acts in enumerate(sched.actions) for i, a in enumerate(acts)}
 
-    def consumer(dst: int, key: int) -> int:     # index in dst's list of the action that receives key
-        return next(j for j in range(len(sched.actions[dst])) if any(r.tag == key for r in workers[dst].recvs(j)))
+    def consumer(dst: int, key: int) -> int:  # index in dst's list of the action that receives key
+        return next(
+            j for j in range(len(sched.actions[dst])) if any(r.tag == key for r in workers[dst].recvs(j))
+        )
 
     def producers(w: int, i: int, src: int) -> list[int]:   # src's indices of the messages w gets at action i
         a = sched.actions[w][i]
-        made_by = Action(a.stage - 1, "F", a.microbatch) if a.kind == "F" else Action(a.stage + 1, "B", a.microbatch)
+        made_by = (
+            Action(a.stage - 1, "F", a.microbatch)
+            if a.kind == "F"
+            else Action(a.stage + 1, "B", a.microbatch)
+        )
         return [where[(src, made_by)] for r in workers[w].recvs(i) if r.src == src]
 
     for w, wk in enumerate(workers):

@@ -60,8 +60,13 @@ def test_torchrun_env_rendezvous(tmp_path):
     job = _job(tmp_path, backend="gloo")
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.runtime.torchrun",
-                           str(job)], env=env, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "pipelab.runtime.torchrun", str(job)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = torch.load(tmp_path / "out" / "state_dict.pt")
     assert H.max_diff(state, H.reference_training(H.mlp, H.mlp_data, H.sgd, 3)) < 1e-5

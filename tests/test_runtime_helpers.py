@@ -113,7 +113,9 @@ def long_data() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     return _batches((6,), 400, 5)
 
 
-def reference_training(model_fn: Any, data_fn: Any, opt_fn: Any, steps: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def reference_training(
+    model_fn: Any, data_fn: Any, opt_fn: Any, steps: int, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """The oracle: plain single-process minibatch training of the whole model."""
     torch.manual_seed(seed)
     model = model_fn()
@@ -173,7 +175,9 @@ def stage_param_names(model_fn: Any, plan: Any) -> list[set[str]]:
 
     torch.manual_seed(0)
     gm = trace(model_fn())
-    return [{n for n, _ in build_stage(gm, s.start, s.end).graph_module.named_parameters()} for s in plan.stages]
+    return [
+        {n for n, _ in build_stage(gm, s.start, s.end).graph_module.named_parameters()} for s in plan.stages
+    ]
 
 
 def stale_weight_oracle(model_fn: Any, data_fn: Any, opt_fn: Any, plan: Any, versions: Any,

@@ -37,13 +37,27 @@ def _alive(pid: int) -> bool:
 
 
 def _run(plan, method, backend, *, steps=5, microbatches=4, **kw):
-    return pl.train(H.pair, plan, method=method, data=H.pair_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=steps,
-                    microbatches=microbatches, backend=backend, progress=False, timeout=120, **kw)
+    return pl.train(
+        H.pair,
+        plan,
+        method=method,
+        data=H.pair_data,
+        loss_fn=H.loss_fn,
+        optimizer=H.sgd,
+        steps=steps,
+        microbatches=microbatches,
+        backend=backend,
+        progress=False,
+        timeout=120,
+        **kw,
+    )
 
 
 def _same_order(res):
     sched = res.schedule
-    assert res.trace.actions_by_worker() == {w: [str(a) for a in acts] for w, acts in enumerate(sched.actions)}
+    assert res.trace.actions_by_worker() == {
+        w: [str(a) for a in acts] for w, acts in enumerate(sched.actions)
+    }
 
 
 SYNC = [
@@ -56,7 +70,9 @@ SYNC = [
 ]
 
 
-@pytest.mark.parametrize("method,cuts,reps,opts", SYNC, ids=[f"{c[0]}-{'-'.join(map(str, c[2]))}" for c in SYNC])
+@pytest.mark.parametrize(
+    "method,cuts,reps,opts", SYNC, ids=[f"{c[0]}-{'-'.join(map(str, c[2]))}" for c in SYNC]
+)
 def test_sync_methods_across_processes_equal_plain_training(method, cuts, reps, opts):
     plan = pl.Plan.from_boundaries(PAIR_L, cuts, reps)
     res = _run(plan, method, "gloo", **opts)
@@ -129,7 +145,9 @@ def test_a_failing_worker_ends_the_job_with_its_traceback():
         run.wait()
     assert time.time() - t < 30
     msg = str(info.value)
-    assert "worker 1 (stage 1, action 1F4)" in msg and "boom: deliberate failure" in msg and "Traceback" in msg
+    assert (
+        "worker 1 (stage 1, action 1F4)" in msg and "boom: deliberate failure" in msg and "Traceback" in msg
+    )
     assert (info.value.rank, info.value.stage, info.value.action) == (1, 1, "1F4")
     time.sleep(0.5)
     assert not any(_alive(p) for p in pids)
@@ -137,8 +155,17 @@ def test_a_failing_worker_ends_the_job_with_its_traceback():
 
 def test_cancel_kills_every_worker():
     plan = pl.Plan.from_boundaries(5, [2])
-    run = pl.launch(H.slow_mlp, plan, method="1f1b-flush", data=H.long_data, loss_fn=H.loss_fn, optimizer=H.sgd,
-                    steps=200, microbatches=2, timeout=120)
+    run = pl.launch(
+        H.slow_mlp,
+        plan,
+        method="1f1b-flush",
+        data=H.long_data,
+        loss_fn=H.loss_fn,
+        optimizer=H.sgd,
+        steps=200,
+        microbatches=2,
+        timeout=120,
+    )
     pids = run.pids
     assert len(pids) == 2
     next(iter(run.events))            # it is running
@@ -181,9 +208,17 @@ def test_ctrl_c_in_train_kills_every_worker(tmp_path):
 
 
 def test_dropout_streams_are_the_same_in_processes_and_in_the_reference_executor():
-    plan = pl.Plan.from_boundaries(6, [2, 4])            # the dropout is a stage of its own
-    kw = dict(method="1f1b-flush", data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=3, microbatches=2,
-              progress=False, timeout=120)
+    plan = pl.Plan.from_boundaries(6, [2, 4])  # the dropout is a stage of its own
+    kw = dict(
+        method="1f1b-flush",
+        data=H.mlp_data,
+        loss_fn=H.loss_fn,
+        optimizer=H.sgd,
+        steps=3,
+        microbatches=2,
+        progress=False,
+        timeout=120,
+    )
     a = pl.train(H.dropout_mlp, plan, backend="gloo", **kw)
     b = pl.train(H.dropout_mlp, plan, backend="local", **kw)
     c = pl.train(H.dropout_mlp, plan, backend="local", recompute=True, **kw)   # recompute replays the masks

@@ -243,13 +243,24 @@ def _held_brute_force(sch, stage: int) -> int:
     return best
 
 
-@pytest.mark.parametrize("method,reps,kw", [
-    ("pipedream", [1, 1, 1], {}), ("pipedream", [2, 1], {}), ("pipedream", [1, 2, 1], {"vertical_sync": False}),
-    ("pipedream", [2, 2], {"vertical_sync": True}), ("pipedream", [1, 1, 1, 1], {"vertical_sync": True}),
-    ("pipedream", [1, 1, 1], {"extra_in_flight": 2}), ("naive-async", [2, 1, 1], {}), ("pipemare", [1, 1], {}),
-    ("2bw", [1, 1, 1], {"microbatches": 3}), ("buffered", [2, 1], {"microbatches": 2, "versions": 3}),
-    ("hetpipe", [2, 2], {}), ("1f1b-flush", [1, 1, 1], {"microbatches": 4}), ("zb-h1", [1, 1, 1], {"microbatches": 4}),
-])
+@pytest.mark.parametrize(
+    "method,reps,kw",
+    [
+        ("pipedream", [1, 1, 1], {}),
+        ("pipedream", [2, 1], {}),
+        ("pipedream", [1, 2, 1], {"vertical_sync": False}),
+        ("pipedream", [2, 2], {"vertical_sync": True}),
+        ("pipedream", [1, 1, 1, 1], {"vertical_sync": True}),
+        ("pipedream", [1, 1, 1], {"extra_in_flight": 2}),
+        ("naive-async", [2, 1, 1], {}),
+        ("pipemare", [1, 1], {}),
+        ("2bw", [1, 1, 1], {"microbatches": 3}),
+        ("buffered", [2, 1], {"microbatches": 2, "versions": 3}),
+        ("hetpipe", [2, 2], {}),
+        ("1f1b-flush", [1, 1, 1], {"microbatches": 4}),
+        ("zb-h1", [1, 1, 1], {"microbatches": 4}),
+    ],
+)
 def test_versions_held_equals_brute_force(method: str, reps: list[int], kw: dict) -> None:
     """The linear sweep of ``versions_alive`` equals the quadratic definition, for every method."""
     plan = Plan.from_boundaries(len(reps), list(range(1, len(reps))), reps)

@@ -130,7 +130,9 @@ def test_trace_executes_the_schedule(method: str, kw: dict[str, int]) -> None:
 
 
 def _uniform(n: int = 8, param: int = 1000, out: int = 10_000) -> Profile:
-    return Profile.synthetic([1e-3] * n, [2e-3] * n, out_bytes=[out] * n, param_bytes=[param] * n, batch_size=32)
+    return Profile.synthetic(
+        [1e-3] * n, [2e-3] * n, out_bytes=[out] * n, param_bytes=[param] * n, batch_size=32
+    )
 
 
 def test_memory_matches_cost_model() -> None:
@@ -278,8 +280,26 @@ def test_interleaved_resplits_plan_and_cli(tmp_path: Path) -> None:
     assert res.bubble_fraction == pytest.approx([3 / (2 * 8 + 3)] * 4, rel=1e-3)
     path = prof.save(tmp_path / "p.json")
     chrome = tmp_path / "t.json"
-    assert main([str(path), "--cluster", "flat:4", "--method", "1f1b-flush", "--partition", "prefix-sum",
-                 "--microbatches", "4", "--chrome", str(chrome), "--schedule-csv", str(tmp_path / "s.csv")]) == 0
+    assert (
+        main(
+            [
+                str(path),
+                "--cluster",
+                "flat:4",
+                "--method",
+                "1f1b-flush",
+                "--partition",
+                "prefix-sum",
+                "--microbatches",
+                "4",
+                "--chrome",
+                str(chrome),
+                "--schedule-csv",
+                str(tmp_path / "s.csv"),
+            ]
+        )
+        == 0
+    )
     assert chrome.exists() and (tmp_path / "s.csv").exists()
     assert main([str(tmp_path / "missing.json"), "--cluster", "flat:4"]) == 2
     assert not math.isnan(res.time_per_minibatch)

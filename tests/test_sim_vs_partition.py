@@ -73,11 +73,16 @@ def test_simulator_agrees_with_prediction(profiles: dict[str, Profile], model: s
     if got is None:
         pytest.skip("no plan of this kind fits in memory")
     plan, sim_t = got
-    assert sim_t == pytest.approx(plan.time_per_minibatch, rel=0.10), (plan.config, plan.notes.get("bottleneck"))
+    assert sim_t == pytest.approx(plan.time_per_minibatch, rel=0.10), (
+        plan.config,
+        plan.notes.get("bottleneck"),
+    )
 
 
 @pytest.mark.parametrize("key", sorted(EXCEPTIONS))
-def test_documented_exceptions_are_still_exceptions(profiles: dict[str, Profile], key: tuple[str, str, str]) -> None:
+def test_documented_exceptions_are_still_exceptions(
+    profiles: dict[str, Profile], key: tuple[str, str, str]
+) -> None:
     """The listed plans still disagree, the simulator being the slower, by the documented ratio
     (within 5%); if this fails the model or the plan changed: update or remove the entry."""
     model, spec, partitioner = key

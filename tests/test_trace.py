@@ -20,7 +20,9 @@ def _sim_trace() -> tuple[Trace, int]:
     prof = Profile.synthetic([1e-3] * 8, [2e-3] * 8, out_bytes=[10**6] * 8, param_bytes=[10**6] * 8,
                              batch_size=16)
     plan = Plan.from_boundaries(8, [3, 5], [2, 1, 1], batch_size=16)
-    res = simulate(plan, prof, Cluster.preset("pipedream-a", servers=1, gpus_per_server=4), method="pipedream")
+    res = simulate(
+        plan, prof, Cluster.preset("pipedream-a", servers=1, gpus_per_server=4), method="pipedream"
+    )
     return res.trace, len(res.schedule)
 
 

@@ -39,7 +39,11 @@ def gpipe(P: int, M: int, K: int = 1) -> Schedule:
         a: list[Action] = []
         for k in range(K):
             ms = range(k * M, (k + 1) * M)
-            a += [Action(s, "F", m) for m in ms] + [Action(s, "B", m) for m in reversed(ms)] + [Action(s, "U", k)]
+            a += (
+                [Action(s, "F", m) for m in ms]
+                + [Action(s, "B", m) for m in reversed(ms)]
+                + [Action(s, "U", k)]
+            )
         acts.append(a)
     return Schedule("gpipe", P, [(s,) for s in range(P)], M, K, acts)
 
@@ -105,7 +109,9 @@ def test_deadlock_and_missing_actions_are_reported():
                     [Action(1, "F", 1), Action(1, "F", 0), Action(1, "B", 0), Action(1, "B", 1)]])
     with pytest.raises(ValueError, match="deadlock"):
         schedule_trace(bad)
-    missing = Schedule("x", 2, [(0,), (1,)], 1, 1, [[Action(0, "F", 0), Action(0, "B", 0)], [Action(1, "B", 0)]])
+    missing = Schedule(
+        "x", 2, [(0,), (1,)], 1, 1, [[Action(0, "F", 0), Action(0, "B", 0)], [Action(1, "B", 0)]]
+    )
     with pytest.raises(ValueError, match="no worker runs"):
         schedule_trace(missing)
 
@@ -249,7 +255,10 @@ def test_memory_breakdown_and_limit():
     # saved_bytes are not recorded, so a stage keeps its layers' outputs plus its input (the cut before it)
     prof = Profile.synthetic([1.0] * 4, out_bytes=[100, 200, 300, 400], param_bytes=[1000, 2000, 3000, 4000],
                              input_bytes=50)
-    stages = (Stage(0, 0, 2, 1, (0,), in_flight=2, versions=2), Stage(1, 2, 4, 1, (1,), in_flight=1, versions=1))
+    stages = (
+        Stage(0, 0, 2, 1, (0,), in_flight=2, versions=2),
+        Stage(1, 2, 4, 1, (1,), in_flight=1, versions=1),
+    )
     plan = Plan(stages=stages, num_layers=4)
     mb = memory_breakdown(plan, prof, optimizer="adam")
     assert mb[0] == {"weights": 3000, "stashed versions": 3000, "gradients": 3000, "optimizer state": 6000,
@@ -295,7 +304,7 @@ def test_to_html_is_self_contained():
 
 
 def test_simulator_engine_and_fallback_layouts_agree():
-    """The chart uses the simulator's engine when present; its unit-cost layout equals the list scheduler's."""
+    """The chart uses the simulator's engine; its unit-cost layout equals the list scheduler's."""
     engine = pytest.importorskip("pipelab.schedules.dataflow")
     assert engine is not None
     schedules = [gpipe(3, 5, K=2), one_f_one_b(4, 7)]
@@ -313,7 +322,9 @@ def test_simulator_engine_and_fallback_layouts_agree():
         key = lambda e: (e.worker, e.step)  # noqa: E731
         ca = sorted(a.compute_events(), key=key)
         cb = sorted(b.compute_events(), key=key)
-        assert [(e.action, e.start_s, e.end_s) for e in ca] == [(e.action, e.start_s, e.end_s) for e in cb], sched.method
+        assert [(e.action, e.start_s, e.end_s) for e in ca] == [(e.action, e.start_s, e.end_s) for e in cb], (
+            sched.method
+        )
 
 
 def test_raster_mode_paints_every_action_at_its_place():

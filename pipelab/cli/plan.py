@@ -25,7 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, partition, print the plan; write it with ``-o``. Returns the exit code."""
     ap = argparse.ArgumentParser(prog="pipelab plan", description=__doc__.splitlines()[0])
     ap.add_argument("profile", help="profile JSON, PipeDream graph.txt, or shipped name (vgg16, gnmt8, ...)")
-    ap.add_argument("--cluster", required=True, help="cluster spec, e.g. pipedream-a:4x4, pipedream-b:2x8, flat:8")
+    ap.add_argument(
+        "--cluster", required=True, help="cluster spec, e.g. pipedream-a:4x4, pipedream-b:2x8, flat:8"
+    )
     ap.add_argument("--method", default="pipedream", choices=METHODS)
     ap.add_argument("--straight", action="store_true", help="pipedream: no replication")
     ap.add_argument("--memory-limit-gb", type=float, default=None, help="per-worker memory limit in GiB")

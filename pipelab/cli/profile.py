@@ -19,8 +19,10 @@ from pipelab.profile.records import Profile
 def _parser() -> argparse.ArgumentParser:
     from pipelab.models import REGISTRY  # torch-heavy: only when the parser is built
 
-    p = argparse.ArgumentParser(prog="pipelab profile", description="profile a model layer by layer, import a "
-                                "PipeDream graph.txt, or show a saved profile")
+    p = argparse.ArgumentParser(
+        prog="pipelab profile",
+        description="profile a model layer by layer, import a PipeDream graph.txt, or show a saved profile",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", choices=sorted(REGISTRY), help="a model of pipelab's zoo to measure")
     src.add_argument("--show", metavar="JSON", help="print the table of a saved profile")

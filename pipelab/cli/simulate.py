@@ -32,7 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cluster", default="pipedream-a:4x4", help="cluster spec, e.g. pipedream-a:4x4, flat:8")
     p.add_argument("--method", default="pipedream", choices=list(METHODS))
     p.add_argument("--plan", help="plan JSON (Plan.save); default: partition the profile")
-    p.add_argument("--partition", help="partitioner when no --plan (pipedream, prefix-sum, gpipe, hetpipe, dp)")
+    p.add_argument(
+        "--partition", help="partitioner when no --plan (pipedream, prefix-sum, gpipe, hetpipe, dp)"
+    )
     p.add_argument("--microbatches", type=int)
     p.add_argument("--minibatches", type=int)
     p.add_argument("--chunks", type=int, help="interleaved-1f1b: virtual stages per worker")
@@ -52,8 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.plan:
             plan = Plan.load(args.plan)
         else:
-
-            plan = partition(prof, cluster, method=args.partition or _PARTITIONER.get(args.method, "pipedream"))
+            plan = partition(
+                prof, cluster, method=args.partition or _PARTITIONER.get(args.method, "pipedream")
+            )
         opts: dict[str, Any] = {}
         if args.chunks is not None:
             opts["chunks"] = args.chunks

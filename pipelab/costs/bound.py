@@ -140,8 +140,8 @@ class SteadyStateBound(Prices):
             e0 = s0
             while e0 + 1 < P and replicas[e0 + 1] == 1:
                 e0 += 1
-            if e0 > s0:   # a run s0..e0 of two or more unreplicated stages
-                c = np.concatenate([[0.0], np.cumsum(rep_time[s0:e0 + 1])])        # c[i]: compute of s0..s0+i-1
+            if e0 > s0:  # a run s0..e0 of two or more unreplicated stages
+                c = np.concatenate([[0.0], np.cumsum(rep_time[s0 : e0 + 1])])  # c[i]: compute of s0..s0+i-1
                 x = np.concatenate([[0.0], np.cumsum(waits[s0:e0])])               # x[i]: cuts s0..s0+i-1
                 n = np.asarray(flights[s0:e0 + 1], dtype=np.float64)
                 idx = np.arange(e0 - s0 + 1)

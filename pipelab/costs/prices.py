@@ -51,11 +51,15 @@ class Prices:
             raise ValueError(f"compression_ratio={self.compression_ratio!r} must be a finite number >= 1 "
                              f"(2.0 for fp16 activations, 4.0 for int8)")
         if self.optimizer not in OPTIMIZER_STATE:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZER_STATE)}")
+            raise ValueError(
+                f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZER_STATE)}"
+            )
         if self.allreduce_overlap not in ALLREDUCE_OVERLAP:
-            raise ValueError(f"allreduce_overlap={self.allreduce_overlap!r} is not one of {ALLREDUCE_OVERLAP}: "
-                             f"'ddp' overlaps the all-reduce with backward layer by layer (PyTorch DDP), "
-                             f"'none' all-reduces after backward (pipelab's runtime)")
+            raise ValueError(
+                f"allreduce_overlap={self.allreduce_overlap!r} is not one of {ALLREDUCE_OVERLAP}: "
+                f"'ddp' overlaps the all-reduce with backward layer by layer (PyTorch DDP), "
+                f"'none' all-reduces after backward (pipelab's runtime)"
+            )
         if self.allreduce_bandwidth is not None and not (
                 isinstance(self.allreduce_bandwidth, (int, float)) and math.isfinite(self.allreduce_bandwidth)
                 and self.allreduce_bandwidth > 0):
@@ -76,8 +80,12 @@ class Prices:
         object.__setattr__(self, "pf", np.concatenate([z, np.cumsum(f)]))
         object.__setattr__(self, "pb", np.concatenate([z, np.cumsum(b)]))
         # fixed (batch-independent) parts of the times, for microbatches (see the module docstring)
-        object.__setattr__(self, "qf", np.concatenate([z, np.cumsum([layer.fwd_fixed_s for layer in layers])]))
-        object.__setattr__(self, "qb", np.concatenate([z, np.cumsum([layer.bwd_fixed_s for layer in layers])]))
+        object.__setattr__(
+            self, "qf", np.concatenate([z, np.cumsum([layer.fwd_fixed_s for layer in layers])])
+        )
+        object.__setattr__(
+            self, "qb", np.concatenate([z, np.cumsum([layer.bwd_fixed_s for layer in layers])])
+        )
         object.__setattr__(self, "pp", np.concatenate([z, np.cumsum(p)]))
         object.__setattr__(self, "pa", np.concatenate([z, np.cumsum(act)]))
         object.__setattr__(self, "cuts", np.array(self.profile.cut_bytes, dtype=np.float64))
@@ -94,7 +102,7 @@ class Prices:
             raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{n}")
 
     def compute_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
-        """(forward, backward) seconds of one microbatch (minibatch / ``microbatches``) of ``[start, end)``."""
+        """(forward, backward) seconds of one microbatch (``minibatch / microbatches``) of ``[a, b)``."""
         self._range(start, end)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
@@ -261,8 +269,11 @@ class Prices:
         tail = (self.pb[end] - self.pb[ls]) / speed + kappa * (self.pp[ls + 1] - self.pp[start])
         return float(f + tail.max() + (fixed if self.pp[end] > self.pp[start] else 0.0))
 
-    def replica_time_matrix(self, speed: float, kappa: float, fixed: float, *, transpose: bool = False) -> np.ndarray:
-        """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges at once (``inf`` where ``j <= i``).
+    def replica_time_matrix(
+        self, speed: float, kappa: float, fixed: float, *, transpose: bool = False
+    ) -> np.ndarray:
+        """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges at once
+        (``inf`` where ``j <= i``).
 
         Vectorised: ``max_l`` over ``[i, j)`` is a running maximum along each row of a triangular
         matrix, one ``np.maximum.accumulate`` call (``allreduce_overlap="ddp"``; with ``"none"`` it

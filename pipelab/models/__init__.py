@@ -19,8 +19,22 @@ from pipelab.models.gnmt import GNMT, gnmt, gnmt_param_count
 from pipelab.models.vision import resnet50, vgg16
 from pipelab.profile.records import Profile
 
-__all__ = ["GNMT", "REGISTRY", "build", "digits_data", "example", "gnmt", "gnmt_param_count", "mlp", "pipedream_profile",
-           "resnet50", "small_cnn", "synthetic_translation", "tiny_transformer", "vgg16"]
+__all__ = [
+    "GNMT",
+    "REGISTRY",
+    "build",
+    "digits_data",
+    "example",
+    "gnmt",
+    "gnmt_param_count",
+    "mlp",
+    "pipedream_profile",
+    "resnet50",
+    "small_cnn",
+    "synthetic_translation",
+    "tiny_transformer",
+    "vgg16",
+]
 
 # name -> builder, for the CLI and notebooks (keyword arguments pass through)
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
@@ -70,7 +84,9 @@ def example(name: str, batch: int, *, image_size: int = 224, seq_len: int = 24, 
         if hidden is not None:
             kw["hidden"] = hidden
         model = build(name, **kw)
-        src, tgt_in, _ = synthetic_translation(batch, vocab=kw.get("vocab", 32000), src_len=seq_len, seed=seed)
+        src, tgt_in, _ = synthetic_translation(
+            batch, vocab=kw.get("vocab", 32000), src_len=seq_len, seed=seed
+        )
         return model, (src, tgt_in)
     if name == "mlp":
         return build(name), (torch.randn(batch, 64, generator=g),)
@@ -79,5 +95,7 @@ def example(name: str, batch: int, *, image_size: int = 224, seq_len: int = 24, 
         return build(name), (x[torch.arange(batch) % len(x)],)
     if name == "tiny_transformer":
         v = vocab or 100
-        return tiny_transformer(vocab=v, max_len=max(64, seq_len)), (torch.randint(0, v, (batch, seq_len), generator=g),)
+        return tiny_transformer(vocab=v, max_len=max(64, seq_len)), (
+            torch.randint(0, v, (batch, seq_len), generator=g),
+        )
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(REGISTRY)}")

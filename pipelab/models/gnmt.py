@@ -63,7 +63,7 @@ class BahdanauAttention(nn.Module):
             self.normalize_bias = nn.Parameter(torch.zeros(hidden))
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
-        """``query [B,T,H]``, ``keys [B,S,H]``, ``pad_mask [B,S]`` (True at padding) -> context ``[B,T,H]``."""
+        """``query [B,T,H]``, ``keys [B,S,H]``, ``pad_mask [B,S]`` (True: padding) -> ``[B,T,H]``."""
         q = self.linear_q(query).unsqueeze(2)          # [B,T,1,H]
         k = self.linear_k(keys).unsqueeze(1)           # [B,1,S,H]
         s = q + k

@@ -30,7 +30,8 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
               allreduce_bandwidth: float | None = None, **options: Any) -> Plan:
     """Partition ``profile`` for ``cluster`` (a Cluster or a spec like ``"pipedream-a:4x4"``) by ``method``.
 
-    Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``; prefix-sum ``stages``,
+    Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``; prefix-sum
+    ``stages``,
     ``memory_limit``, ``buffers``, ``workers``; gpipe ``stages``, ``microbatches``, ``by``,
     ``memory_limit``; hetpipe ``policy``, ``memory_limit``; dp ``workers``, ``memory_limit``.
     ``memory_limit`` (bytes per worker) defaults to each device's memory. ``allreduce_overlap``:

@@ -92,7 +92,9 @@ def refine_bounds(cm: CostModel, bounds: Sequence[int], stage_workers: Sequence[
     flights = in_flight_pipedream(sum(reps), cur[:-1], reps)
 
     def fits(s: int, a: int, b: int) -> bool:
-        lim = memory_limit if memory_limit is not None else min(cm.cluster.memory(w) for w in stage_workers[s])
+        lim = (
+            memory_limit if memory_limit is not None else min(cm.cluster.memory(w) for w in stage_workers[s])
+        )
         return cm.memory_bytes(a, b, versions=flights[s], in_flight=flights[s])["total"] <= lim
 
     def cost(c: list[int]) -> float:
@@ -217,13 +219,17 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
                        **({"workers": phys} if ranks_of is not None else {}), **(notes or {})})
 
 
-def check_memory(plan: Plan, cm: CostModel, memory_limit: float | None, ranks_of: Sequence[int] | None = None) -> None:
+def check_memory(
+    plan: Plan, cm: CostModel, memory_limit: float | None, ranks_of: Sequence[int] | None = None
+) -> None:
     """Raise ``ValueError`` naming the first worker whose predicted memory exceeds its limit."""
     phys = list(ranks_of) if ranks_of is not None else list(range(plan.num_workers))
     for r, m in enumerate(plan.memory_per_worker):
         lim = memory_limit if memory_limit is not None else cm.cluster.memory(phys[r])
         if m > lim:
             st = plan.stage_of_rank(r)
-            raise ValueError(f"no plan fits in memory: stage {st.index} (layers [{st.start}, {st.end})) needs "
-                             f"{m / 2**30:.2f} GiB per worker but the limit is {lim / 2**30:.2f} GiB; "
-                             f"use more workers, microbatches, a smaller batch, or raise memory_limit")
+            raise ValueError(
+                f"no plan fits in memory: stage {st.index} (layers [{st.start}, {st.end})) needs "
+                f"{m / 2**30:.2f} GiB per worker but the limit is {lim / 2**30:.2f} GiB; "
+                f"use more workers, microbatches, a smaller batch, or raise memory_limit"
+            )

@@ -21,7 +21,9 @@ def dp_time_s(cm: CostModel, workers: Sequence[int]) -> float:
     return cm.replica_time_s(0, cm.num_layers, ws) / len(ws)
 
 
-def partition_dp(cm: CostModel, *, workers: Sequence[int] | None = None, memory_limit: float | None = None) -> Plan:
+def partition_dp(
+    cm: CostModel, *, workers: Sequence[int] | None = None, memory_limit: float | None = None
+) -> Plan:
     """The data-parallel plan (config ``"W"``) with predictions; raises if the model does not fit."""
     from pipelab.partition._evaluate import build_plan, check_memory
 

@@ -69,7 +69,9 @@ def virtual_workers(cluster: Cluster, policy: str = "ED") -> list[list[int]]:
         return [list(ws) for ws in zip(*by_type.values())]
     # HD: pair nodes fast-with-slow; each VW takes half of each paired node's GPUs
     if len(nodes) % 2 or g % 2:
-        raise ValueError("HD pairs nodes and halves them; it needs an even number of nodes and of GPUs per node")
+        raise ValueError(
+            "HD pairs nodes and halves them; it needs an even number of nodes and of GPUs per node"
+        )
     order = sorted(range(len(nodes)), key=lambda i: -cluster.devices[nodes[i][0]].speed)
     vws = []
     for a, b in zip(order[: len(order) // 2], reversed(order[len(order) // 2:])):
@@ -106,8 +108,10 @@ def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequen
         raise ValueError("hetpipe_time_s needs at least one virtual worker's device order")
     k = len(orders[0])
     if any(len(o) != k for o in orders) or len(bounds) != k - 1:
-        raise ValueError(f"every VW order needs one device per stage ({len(bounds) + 1} stages); got orders of "
-                         f"lengths {[len(o) for o in orders]}")
+        raise ValueError(
+            f"every VW order needs one device per stage ({len(bounds) + 1} stages); got orders of "
+            f"lengths {[len(o) for o in orders]}"
+        )
     cuts = [0, *bounds, cm.num_layers]
     ranges = list(zip(cuts[:-1], cuts[1:]))
     flights = [k - s for s in range(k)]
@@ -127,7 +131,9 @@ def _signature(cm: CostModel, order: Sequence[int]) -> Signature:
             tuple(cm.cluster.level_between(a, b) for a, b in zip(order, order[1:])))
 
 
-def _order_candidates(cm: CostModel, devices: Sequence[int], search_order: bool) -> dict[Signature, list[int]]:
+def _order_candidates(
+    cm: CostModel, devices: Sequence[int], search_order: bool
+) -> dict[Signature, list[int]]:
     """Device orders of one VW to try, one per :data:`Signature` (same devices and links: same times)."""
     if search_order and len(devices) <= MAX_ORDER_SEARCH:
         orders = sorted(itertools.permutations(devices))
@@ -221,7 +227,9 @@ class _StageTerms:
         return float(best[n]), bounds[::-1]
 
 
-def _fits(cm: CostModel, cuts: Sequence[int], orders: Sequence[Sequence[int]], memory_limit: float | None) -> bool:
+def _fits(
+    cm: CostModel, cuts: Sequence[int], orders: Sequence[Sequence[int]], memory_limit: float | None
+) -> bool:
     k = len(cuts) - 1
     for s in range(k):
         need = cm.memory_bytes(cuts[s], cuts[s + 1], versions=k - s, in_flight=k - s)["total"]
@@ -275,7 +283,9 @@ def shared_partition(cm: CostModel, vws: Sequence[Sequence[int]], *, memory_limi
     if any(len(v) != k for v in vws):
         raise ValueError(f"virtual workers of different sizes {[len(v) for v in vws]} cannot share one plan")
     if k > n:
-        raise ValueError(f"{k} devices but the model has {n} layers; use at most {n} devices per virtual worker")
+        raise ValueError(
+            f"{k} devices but the model has {n} layers; use at most {n} devices per virtual worker"
+        )
     cands = [_order_candidates(cm, v, search_order) for v in vws]
     classes: dict[frozenset[Signature], list[int]] = {}
     for v, c in enumerate(cands):
@@ -301,9 +311,11 @@ def shared_partition(cm: CostModel, vws: Sequence[Sequence[int]], *, memory_limi
             if r is not None and (tuple(r[1]), orders) not in found:
                 found[(tuple(r[1]), orders)] = hetpipe_time_s(cm, r[1], orders).time_s
     if not found:
-        raise ValueError(f"no partition of {cm.profile.model or 'this model'} over virtual workers "
-                         f"{[list(v) for v in vws]} fits in their memory; use a smaller batch or more devices "
-                         f"per virtual worker")
+        raise ValueError(
+            f"no partition of {cm.profile.model or 'this model'} over virtual workers "
+            f"{[list(v) for v in vws]} fits in their memory; use a smaller batch or more devices "
+            f"per virtual worker"
+        )
     # the DP's stage costs bracket the exact ones; refine the few best candidates on the exact score
     best: tuple[float, list[int], list[list[int]]] | None = None
     for (bnd, ords), _ in sorted(found.items(), key=lambda kv: kv[1])[:REFINE_CANDIDATES]:
@@ -323,7 +335,9 @@ def partition_virtual_worker(cm: CostModel, devices: Sequence[int], *, memory_li
     :meth:`CostModel.steady_state` of the pipeline; all orders are tried for up to 6 devices when
     ``search_order``, otherwise the given order and fastest-first.
     """
-    t, bounds, orders = shared_partition(cm, [list(devices)], memory_limit=memory_limit, search_order=search_order)
+    t, bounds, orders = shared_partition(
+        cm, [list(devices)], memory_limit=memory_limit, search_order=search_order
+    )
     return t.time_s, bounds, orders[0]
 
 
@@ -338,12 +352,28 @@ def partition_hetpipe(cm: CostModel, *, policy: str = "ED", memory_limit: float 
     k, V = len(orders[0]), len(vws)
     # stage s runs on the s-th device (in its VW's order) of every VW: replica v is VW v
     ranks_of = [orders[v][s] for s in range(k) for v in range(V)]
-    plan = build_plan(cm, bounds, [V] * k, method="hetpipe", schedule="async", in_flight=[k - s for s in range(k)],
-                      ranks_of=ranks_of, notes={"policy": policy.upper(), "virtual_workers": vws})
+    plan = build_plan(
+        cm,
+        bounds,
+        [V] * k,
+        method="hetpipe",
+        schedule="async",
+        in_flight=[k - s for s in range(k)],
+        ranks_of=ranks_of,
+        notes={"policy": policy.upper(), "virtual_workers": vws},
+    )
     time = pace.time_s
     stages = tuple(replace(st, versions=st.in_flight) for st in plan.stages)
-    return plan.with_predictions(stages=stages, time_per_minibatch=time,
-                                 speedup_over_dp=plan.time_per_minibatch * plan.speedup_over_dp / time,
-                                 notes={**plan.notes, "vw_orders": orders, "vw_times_s": list(pace.vw_times_s),
-                                        "port_max_s": pace.port_max_s, "bottleneck": pace.bottleneck,
-                                        "sync": "parameter server under WSP, assumed hidden by staleness"})
+    return plan.with_predictions(
+        stages=stages,
+        time_per_minibatch=time,
+        speedup_over_dp=plan.time_per_minibatch * plan.speedup_over_dp / time,
+        notes={
+            **plan.notes,
+            "vw_orders": orders,
+            "vw_times_s": list(pace.vw_times_s),
+            "port_max_s": pace.port_max_s,
+            "bottleneck": pace.bottleneck,
+            "sync": "parameter server under WSP, assumed hidden by staleness",
+        },
+    )

@@ -238,7 +238,8 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
     Searches plans on contiguous ranks and, with ``hierarchical`` (default), also pipelines laid
     over one block of each inner level (one server, ...) and replicated in every block, as
     PipeDream's level-by-level solution does, plus the best straight pipeline and data
-    parallelism; returns the one whose :meth:`CostModel.steady_state` is fastest. ``workers`` restricts the plan
+    parallelism; returns the one whose :meth:`CostModel.steady_state` is fastest. ``workers`` restricts the
+    plan
     to a regular subset of the cluster (whole servers, or GPUs of one server); ``straight=True``
     forbids replication (one worker per stage).
     """

@@ -140,8 +140,10 @@ class Plan:
         if self.num_layers < 1:
             raise ValueError("a Plan needs num_layers >= 1")
         if len(self.stages) > self.num_layers:
-            raise ValueError(f"Plan has {len(self.stages)} stages but the model has {self.num_layers} layers; "
-                             f"use at most {self.num_layers} stages")
+            raise ValueError(
+                f"Plan has {len(self.stages)} stages but the model has {self.num_layers} layers; "
+                f"use at most {self.num_layers} stages"
+            )
         expect = 0
         for i, s in enumerate(self.stages):
             if s.index != i:
@@ -168,21 +170,33 @@ class Plan:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def from_boundaries(cls, num_layers: int, boundaries: Sequence[int], replicas: Sequence[int] | None = None,
-                        *, method: str = "manual", batch_size: int = 1, **kw: Any) -> Plan:
+    def from_boundaries(
+        cls,
+        num_layers: int,
+        boundaries: Sequence[int],
+        replicas: Sequence[int] | None = None,
+        *,
+        method: str = "manual",
+        batch_size: int = 1,
+        **kw: Any,
+    ) -> Plan:
         """A plan from cut points: ``boundaries=[3, 5]`` on 8 layers gives stages [0,3) [3,5) [5,8).
 
         ``replicas`` (default all 1) gives each stage's replica count; ranks are assigned in order.
         """
         cuts = [0, *[int(b) for b in boundaries], num_layers]
         if any(b <= a for a, b in zip(cuts, cuts[1:])):
-            raise ValueError(f"boundaries {list(boundaries)} must be strictly increasing inside 1..{num_layers - 1}")
+            raise ValueError(
+                f"boundaries {list(boundaries)} must be strictly increasing inside 1..{num_layers - 1}"
+            )
         reps = list(replicas) if replicas is not None else [1] * (len(cuts) - 1)
         if len(reps) != len(cuts) - 1:
             raise ValueError(f"{len(cuts) - 1} stages but {len(reps)} replica counts")
         stages, rank = [], 0
         for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
-            stages.append(Stage(index=i, start=a, end=b, replicas=reps[i], ranks=tuple(range(rank, rank + reps[i]))))
+            stages.append(
+                Stage(index=i, start=a, end=b, replicas=reps[i], ranks=tuple(range(rank, rank + reps[i])))
+            )
             rank += reps[i]
         return cls(stages=tuple(stages), num_layers=num_layers, method=method, batch_size=batch_size, **kw)
 
@@ -222,7 +236,9 @@ class Plan:
             d["memory_per_worker"] = tuple(d.get("memory_per_worker", ()))
             return cls(stages=stages, **d)
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"malformed plan JSON ({exc}); re-create it with pl.partition(...).save()") from None
+            raise ValueError(
+                f"malformed plan JSON ({exc}); re-create it with pl.partition(...).save()"
+            ) from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the plan as JSON (atomically)."""
@@ -238,11 +254,16 @@ class Plan:
 
     def describe(self) -> str:
         """A few lines for humans: config, stages with layer ranges and ranks, predictions."""
-        lines = [f"Plan {self.config!r} ({self.method}) for {self.model or 'model'} on {self.cluster or 'cluster'}: "
-                 f"{self.num_stages} stages, {self.num_workers} workers"]
+        lines = [
+            f"Plan {self.config!r} ({self.method}) for {self.model or 'model'} on "
+            f"{self.cluster or 'cluster'}: "
+            f"{self.num_stages} stages, {self.num_workers} workers"
+        ]
         for s in self.stages:
-            lines.append(f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas} on ranks {list(s.ranks)}"
-                         + (f", {s.time_s * 1e3:.2f} ms/minibatch" if s.time_s else ""))
+            lines.append(
+                f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas} on ranks {list(s.ranks)}"
+                + (f", {s.time_s * 1e3:.2f} ms/minibatch" if s.time_s else "")
+            )
         if not math.isnan(self.time_per_minibatch):
             lines.append(f"  predicted {self.time_per_minibatch * 1e3:.2f} ms/minibatch"
                          + (f", {self.speedup_over_dp:.2f}x over data parallel"

@@ -218,7 +218,9 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     try:
         torch.set_grad_enabled(True)  # backward timing needs autograd even if called under no_grad()
 
-        def timed(a: tuple[Any, ...], show: bool) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
+        def timed(
+            a: tuple[Any, ...], show: bool
+        ) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
             layers, value_bytes, edges = _measure(gm, a, dev, warmup, repeats, show, name)
             timer = _Timer(dev)
             fwd, output = _forward_in_context(gm, a, timer, warmup, repeats)
@@ -231,15 +233,19 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
 
         layers, value_bytes, edges = timed(args, progress)
         if small_batch is not None:
-            small = tuple(a[:small_batch] if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch
-                          else a for a in args)
+            small = tuple(
+                a[:small_batch] if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch else a
+                for a in args
+            )
             try:
                 small_layers = timed(small, False)[0]
             except Exception as exc:
-                raise ValueError(f"small_batch={small_batch}: the model (or loss_fn) failed on the first "
-                                 f"{small_batch} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
-                                 "whole batch's targets cannot run on fewer samples: make it use only the "
-                                 "output, or profile without small_batch") from None
+                raise ValueError(
+                    f"small_batch={small_batch}: the model (or loss_fn) failed on the first "
+                    f"{small_batch} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
+                    "whole batch's targets cannot run on fewer samples: make it use only the "
+                    "output, or profile without small_batch"
+                ) from None
             layers = [_fit_fixed(layer, s, batch, small_batch) for layer, s in zip(layers, small_layers)]
     finally:
         torch.set_grad_enabled(grad_was)
@@ -262,7 +268,9 @@ def _fit_fixed(layer: Layer, small: Layer, batch: int, b: int) -> Layer:
     def fixed(t_big: float, t_small: float) -> float:
         return min(max((t_small * batch - t_big * b) / (batch - b), 0.0), t_big)
 
-    return replace(layer, fwd_fixed_s=fixed(layer.fwd_s, small.fwd_s), bwd_fixed_s=fixed(layer.bwd_s, small.bwd_s))
+    return replace(
+        layer, fwd_fixed_s=fixed(layer.fwd_s, small.fwd_s), bwd_fixed_s=fixed(layer.bwd_s, small.bwd_s)
+    )
 
 
 def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmup: int, repeats: int,
@@ -428,8 +436,11 @@ def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], req
     no gradient for them)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    attr_params = [env[a.name] for a in node.all_input_nodes
-                   if a.op == "get_attr" and isinstance(env[a.name], torch.Tensor) and env[a.name].requires_grad]
+    attr_params = [
+        env[a.name]
+        for a in node.all_input_nodes
+        if a.op == "get_attr" and isinstance(env[a.name], torch.Tensor) and env[a.name].requires_grad
+    ]
     fwd: list[float] = []
     bwd: list[float] = []
     flops = saved = 0

@@ -2,7 +2,8 @@
 
 PipeDream (Narayanan et al., SOSP'19, section 3.1) profiles each layer once and writes a graph:
 
-    nodeN -- Description -- forward_compute_time=MS, backward_compute_time=MS, activation_size=BYTES, parameter_size=BYTES[ -- stage_id=K]
+    nodeN -- Description -- forward_compute_time=MS, backward_compute_time=MS, activation_size=BYTES,
+    parameter_size=BYTES[ -- stage_id=K]
     <TAB>nodeA -- nodeB
 
 Times are milliseconds per minibatch, sizes bytes; ``activation_size`` is the node's output for
@@ -40,9 +41,11 @@ _ALIASES = {"vgg": "vgg16", "vgg-16": "vgg16", "resnet-50": "resnet50", "gnmt": 
             "gnmt-16": "gnmt16", "gnmt_large": "gnmt16", "gnmt-large": "gnmt16"}
 
 _NODE_RE = re.compile(
-    r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<fwd>[^,]+), backward_compute_time=(?P<bwd>[^,]+), "
+    r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<fwd>[^,]+), "
+    r"backward_compute_time=(?P<bwd>[^,]+), "
     r"activation_size=(?P<act>\[[^\]]*\]|[^,]+), parameter_size=(?P<param>[^,\s]+)"
-    r"(?: -- stage_id=(?P<stage>-?\d+))?\s*$")
+    r"(?: -- stage_id=(?P<stage>-?\d+))?\s*$"
+)
 _EDGE_RE = re.compile(r"^\s+(?P<a>\S+) -- (?P<b>\S+)\s*$")
 _FLOAT = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 

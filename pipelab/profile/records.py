@@ -213,9 +213,18 @@ class Profile:
         """A copy with all times multiplied by ``time`` (e.g. another device's relative speed)."""
         if not (time > 0 and math.isfinite(time)):
             raise ValueError("time scale must be a positive finite number")
-        layers = tuple(Layer(**{**asdict(layer), "fwd_s": layer.fwd_s * time, "bwd_s": layer.bwd_s * time,
-                                "fwd_fixed_s": layer.fwd_fixed_s * time, "bwd_fixed_s": layer.bwd_fixed_s * time})
-                       for layer in self.layers)
+        layers = tuple(
+            Layer(
+                **{
+                    **asdict(layer),
+                    "fwd_s": layer.fwd_s * time,
+                    "bwd_s": layer.bwd_s * time,
+                    "fwd_fixed_s": layer.fwd_fixed_s * time,
+                    "bwd_fixed_s": layer.bwd_fixed_s * time,
+                }
+            )
+            for layer in self.layers
+        )
         return Profile(layers=layers, cut_bytes=self.cut_bytes, batch_size=batch_size or self.batch_size,
                        dtype=self.dtype, device=self.device, input_bytes=self.input_bytes, model=self.model,
                        source=self.source, edges=self.edges)
@@ -286,7 +295,9 @@ class Profile:
                        input_bytes=int(d.get("input_bytes", 0)), model=d.get("model", ""),
                        source=d.get("source", ""), edges=tuple(tuple(e) for e in d.get("edges", ())))
         except KeyError as exc:
-            raise ValueError(f"profile JSON lacks field {exc}; re-create it with pl.profile(...).save()") from None
+            raise ValueError(
+                f"profile JSON lacks field {exc}; re-create it with pl.profile(...).save()"
+            ) from None
         except TypeError as exc:
             raise ValueError(f"profile JSON has a malformed layer ({exc})") from None
 

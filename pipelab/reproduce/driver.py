@@ -39,8 +39,11 @@ def quickstart(*, image_size: int = 64, batch: int = 4, repeats: int = 3, device
     print(f"\n== PipeDream's VGG-16 profile (shipped; batch {ref.batch_size}, 224x224, V100) ==")
     print(repr(ref))
     here = prof.totals(0, len(prof))
-    print(f"\nbackward/forward time ratio: here {here.bwd_s / here.fwd_s:.2f}, "
-          f"PipeDream {ref.bwd_s / ref.fwd_s:.2f}; parameters {prof.param_bytes / 4:,.0f} (expected 138,357,544)")
+    print(
+        f"\nbackward/forward time ratio: here {here.bwd_s / here.fwd_s:.2f}, "
+        f"PipeDream {ref.bwd_s / ref.fwd_s:.2f}; parameters {prof.param_bytes / 4:,.0f} (expected "
+        "138,357,544)"
+    )
     return 0
 
 
@@ -60,23 +63,35 @@ def table1_jobs(out_dir: Path, *, rows: Sequence[PaperRow] = TABLE1, minibatches
     nb = REPRODUCTIONS / "pipedream_table1" / "table1.ipynb"
     jobs = []
     for r in rows:
-        params = {"model": r.model, "cluster": r.cluster, "servers": r.servers, "gpus_per_server": r.gpus_per_server,
-                  "mode": "simulate", "minibatches": minibatches, "report": True, **(extra or {})}
+        params = {
+            "model": r.model,
+            "cluster": r.cluster,
+            "servers": r.servers,
+            "gpus_per_server": r.gpus_per_server,
+            "mode": "simulate",
+            "minibatches": minibatches,
+            "report": True,
+            **(extra or {}),
+        }
         jobs.append(Job(r.key, nb, params, out_dir / "_runs" / r.key.replace("/", "_")))
     return jobs
 
 
 def table1_results_md(folder: Path) -> str:
-    """``results.md`` of the Table 1 folder from its ``results.csv`` and ``measure.csv`` (either may be missing)."""
+    """``results.md`` of the Table 1 folder from its ``results.csv`` and ``measure.csv`` (either may be
+    missing)."""
     import pandas as pd
 
     md = ""
     if (folder / "results.csv").exists():
         table = pd.read_csv(folder / "results.csv")
-        md += ("# PipeDream Table 1: paper vs pipelab (simulated)\n\n"
-               "Speed-up over data parallelism on the same cluster; *predicted* by the partitioner, *simulated* "
-               "by `pl.simulate` (the number compared with the paper). See README.md for why they differ.\n\n"
-               + table1_markdown(table) + "\n")
+        md += (
+            "# PipeDream Table 1: paper vs pipelab (simulated)\n\n"
+            "Speed-up over data parallelism on the same cluster; *predicted* by the partitioner, *simulated* "
+            "by `pl.simulate` (the number compared with the paper). See README.md for why they differ.\n\n"
+            + table1_markdown(table)
+            + "\n"
+        )
     if (folder / "measure.csv").exists():
         m = pd.read_csv(folder / "measure.csv").iloc[0]
         md += ("\n## Measure mode: real processes on this machine (reduced model)\n\n"
@@ -117,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "buffer) with papermill, write their tables and reports, and print the Table 1 comparison."))
     p.add_argument("--only", default="table1,measure,weight_stashing,hetpipe,weight_buffer",
                    help="comma-separated parts to run (default: all)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (seconds, for tests); results go to --out")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny sizes (seconds, for tests); results go to --out"
+    )
     p.add_argument("--out", default=None, help="write results here instead of into reproductions/<part>/")
     p.add_argument("--minibatches", type=int, default=64, help="simulated minibatches per Table 1 row")
     p.add_argument("--quickstart", action="store_true",
@@ -152,24 +169,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs["table1"] = table1_jobs(t1, rows=rows, minibatches=12 if quick else args.minibatches,
                                      extra={"gantt_minibatches": 3} if quick else None)
     if "measure" in parts:
-        mparams = {"model": "vgg16", "cluster": "pipedream-a", "servers": 4, "gpus_per_server": 4, "mode": "measure",
-                   "measure_workers": 2, "measure_steps": 32, "measure_rounds": 7, "report": True, "minibatches": 16}
+        mparams = {
+            "model": "vgg16",
+            "cluster": "pipedream-a",
+            "servers": 4,
+            "gpus_per_server": 4,
+            "mode": "measure",
+            "measure_workers": 2,
+            "measure_steps": 32,
+            "measure_rounds": 7,
+            "report": True,
+            "minibatches": 16,
+        }
         if quick:
-            mparams.update(measure_steps=3, measure_warmup=1, measure_batch=8, measure_width=0.0625, minibatches=8,
-                           gantt_minibatches=2, measure_rounds=1)
-        jobs["measure"] = [Job("table1 measure mode", REPRODUCTIONS / "pipedream_table1" / "table1.ipynb", mparams,
-                               t1 / "_runs" / "measure")]
+            mparams.update(
+                measure_steps=3,
+                measure_warmup=1,
+                measure_batch=8,
+                measure_width=0.0625,
+                minibatches=8,
+                gantt_minibatches=2,
+                measure_rounds=1,
+            )
+        jobs["measure"] = [
+            Job(
+                "table1 measure mode",
+                REPRODUCTIONS / "pipedream_table1" / "table1.ipynb",
+                mparams,
+                t1 / "_runs" / "measure",
+            )
+        ]
     if "weight_stashing" in parts:
         sparams: dict[str, Any] = {"report": True}
         if quick:
             sparams.update(methods=["dp", "pipedream"], epochs=1, train_limit=128)
-        jobs["weight_stashing"] = [Job("weight stashing", REPRODUCTIONS / "weight_stashing" / "weight_stashing.ipynb",
-                                       sparams, out_of("weight_stashing"))]
+        jobs["weight_stashing"] = [
+            Job(
+                "weight stashing",
+                REPRODUCTIONS / "weight_stashing" / "weight_stashing.ipynb",
+                sparams,
+                out_of("weight_stashing"),
+            )
+        ]
     if "hetpipe" in parts:
         hparams: dict[str, Any] = {"report": True}
         if quick:
-            hparams.update(staleness=[0, 1], minibatches=12, emu_epochs=1, emu_train_limit=128, emu_staleness=[0])
-        jobs["hetpipe"] = [Job("hetpipe", REPRODUCTIONS / "hetpipe" / "hetpipe.ipynb", hparams, out_of("hetpipe"))]
+            hparams.update(
+                staleness=[0, 1], minibatches=12, emu_epochs=1, emu_train_limit=128, emu_staleness=[0]
+            )
+        jobs["hetpipe"] = [
+            Job("hetpipe", REPRODUCTIONS / "hetpipe" / "hetpipe.ipynb", hparams, out_of("hetpipe"))
+        ]
     buffer_nb = REPRODUCTIONS / "weight_buffer" / "weight_buffer.ipynb"
     if "weight_buffer" in parts and buffer_nb.exists():
         bparams: dict[str, Any] = {"report": True}
@@ -192,7 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure = None
         if "measure" in done:
             mrow = json.loads((done["measure"][0][0].out_dir / "row.json").read_text())
-            measure = pd.DataFrame([{k[len("measure_"):]: v for k, v in mrow.items() if k.startswith("measure_")}])
+            measure = pd.DataFrame(
+                [{k[len("measure_") :]: v for k, v in mrow.items() if k.startswith("measure_")}]
+            )
         if table is not None:
             write_table(table, t1 / "results.csv")
         if measure is not None:
@@ -201,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if md:
             atomic_write_text(t1 / "results.md", md)
         if table is not None:
-            sections = [(job.name, ex) for job, ex in done["table1"]] + [(job.name, ex) for job, ex in done.get("measure", [])]
+            sections = [(job.name, ex) for job, ex in done["table1"]] + [
+                (job.name, ex) for job, ex in done.get("measure", [])
+            ]
             build_report(sections, md, t1 / "report.html", title="PipeDream Table 1 with pipelab")
         for part in ("table1", "measure"):
             for job, _ in done.get(part, []):

@@ -38,14 +38,30 @@ def rebatch(profile: Profile, batch_size: int) -> Profile:
     from pipelab.profile.records import Profile as _Profile
 
     f = batch_size / profile.batch_size
-    layers = tuple(replace(layer, fwd_s=layer.fwd_s * f, bwd_s=layer.bwd_s * f, fwd_fixed_s=layer.fwd_fixed_s * f,
-                           bwd_fixed_s=layer.bwd_fixed_s * f, out_bytes=int(layer.out_bytes * f),
-                           saved_bytes=int(layer.saved_bytes * f), flops=int(layer.flops * f))
-                   for layer in profile.layers)
-    return _Profile(layers=layers, cut_bytes=tuple(int(c * f) for c in profile.cut_bytes), batch_size=batch_size,
-                    dtype=profile.dtype, device=profile.device, input_bytes=int(profile.input_bytes * f),
-                    model=profile.model, source=f"{profile.source} (rebatched {profile.batch_size}->{batch_size})",
-                    edges=profile.edges)
+    layers = tuple(
+        replace(
+            layer,
+            fwd_s=layer.fwd_s * f,
+            bwd_s=layer.bwd_s * f,
+            fwd_fixed_s=layer.fwd_fixed_s * f,
+            bwd_fixed_s=layer.bwd_fixed_s * f,
+            out_bytes=int(layer.out_bytes * f),
+            saved_bytes=int(layer.saved_bytes * f),
+            flops=int(layer.flops * f),
+        )
+        for layer in profile.layers
+    )
+    return _Profile(
+        layers=layers,
+        cut_bytes=tuple(int(c * f) for c in profile.cut_bytes),
+        batch_size=batch_size,
+        dtype=profile.dtype,
+        device=profile.device,
+        input_bytes=int(profile.input_bytes * f),
+        model=profile.model,
+        source=f"{profile.source} (rebatched {profile.batch_size}->{batch_size})",
+        edges=profile.edges,
+    )
 
 
 def wsp_makespan(wave_s: Sequence[float], *, waves: int, staleness: int, push_s: float = 0.0,
@@ -117,9 +133,17 @@ def hetpipe_simulated(profile_name: str, cluster: str, *, staleness: Sequence[in
     for policy in policies:
         try:
             het = partition(prof, cl, method="hetpipe", policy=policy)
-        except ValueError as exc:   # e.g. a VW of small GPUs cannot hold the model
-            rows.append({"config": f"hetpipe {policy}", "policy": policy, "D": None, "samples_per_s": float("nan"),
-                         "speedup_over_dp": float("nan"), "note": str(exc).split(";")[0]})
+        except ValueError as exc:  # e.g. a VW of small GPUs cannot hold the model
+            rows.append(
+                {
+                    "config": f"hetpipe {policy}",
+                    "policy": policy,
+                    "D": None,
+                    "samples_per_s": float("nan"),
+                    "speedup_over_dp": float("nan"),
+                    "note": str(exc).split(";")[0],
+                }
+            )
             continue
         vws = het.notes["virtual_workers"]
         # at least 4 minibatches per VW, so that the second half of each VW's run has a rate
@@ -143,9 +167,19 @@ def hetpipe_simulated(profile_name: str, cluster: str, *, staleness: Sequence[in
     return df
 
 
-def hetpipe_emulated(*, stages: int = 2, virtual_workers: int = 2, slowdown: float = 2.0,
-                     staleness: Sequence[int] = (0, 1, 2), epochs: int = 3, batch_size: int = 32, lr: float = 0.05,
-                     train_limit: int = 0, backend: str = "gloo", seed: int = 0) -> pd.DataFrame:
+def hetpipe_emulated(
+    *,
+    stages: int = 2,
+    virtual_workers: int = 2,
+    slowdown: float = 2.0,
+    staleness: Sequence[int] = (0, 1, 2),
+    epochs: int = 3,
+    batch_size: int = 32,
+    lr: float = 0.05,
+    train_limit: int = 0,
+    backend: str = "gloo",
+    seed: int = 0,
+) -> pd.DataFrame:
     """Real processes: DP over ``stages * virtual_workers`` workers vs HetPipe VWs, one worker slowed.
 
     Rows: config, D, samples_per_s (whole run), final_train_loss (mean of the last tenth of the
@@ -168,7 +202,9 @@ def hetpipe_emulated(*, stages: int = 2, virtual_workers: int = 2, slowdown: flo
     dp_plan = Plan.from_boundaries(n, [], replicas=[workers], method="dp")
     het_plan = Plan.from_boundaries(n, [round(i * n / stages) for i in range(1, stages)],
                                     replicas=[virtual_workers] * stages, method="hetpipe")
-    runs: list[tuple[str, int | None, Plan, dict[str, Any]]] = [("dp", None, dp_plan, {"microbatches": workers})]
+    runs: list[tuple[str, int | None, Plan, dict[str, Any]]] = [
+        ("dp", None, dp_plan, {"microbatches": workers})
+    ]
     runs += [(f"hetpipe D={d}", d, het_plan, {"D": d}) for d in staleness]
     for name, d, plan, opts in runs:
         method = "dp" if d is None else "hetpipe"
@@ -180,8 +216,13 @@ def hetpipe_emulated(*, stages: int = 2, virtual_workers: int = 2, slowdown: flo
             acc = digits_accuracy(digits_model(16, path), seed=seed)
         losses = [float(v) for v in run.losses]
         tail = losses[-max(1, len(losses) // 10):]
-        row: dict[str, Any] = {"config": name, "D": d, "samples_per_s": round(float(run.throughput), 1),
-                               "final_train_loss": round(sum(tail) / len(tail), 4), "test_accuracy": round(acc, 4)}
+        row: dict[str, Any] = {
+            "config": name,
+            "D": d,
+            "samples_per_s": round(float(run.throughput), 1),
+            "final_train_loss": round(sum(tail) / len(tail), 4),
+            "test_accuracy": round(acc, 4),
+        }
         if d is not None:
             # the largest lead of a VW over the global clock at any pull, replayed from the trace (the
             # bound must hold: check_trace raises if a pull broke it)

@@ -71,13 +71,24 @@ def reduced_model(name: str, *, width: float = 1.0, image_size: int = 224, vocab
                 c_in = c
         side = max(1, image_size // 32)
         hidden = max(16, int(4096 * width))
-        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d((side, side)), nn.Flatten(),
-                             nn.Linear(c_in * side * side, hidden), nn.ReLU(), nn.Dropout(0.5),
-                             nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(0.5), nn.Linear(hidden, num_classes))
+        return nn.Sequential(
+            *layers,
+            nn.AdaptiveAvgPool2d((side, side)),
+            nn.Flatten(),
+            nn.Linear(c_in * side * side, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(hidden, num_classes),
+        )
     if name == "resnet50":
         from torchvision.models.resnet import Bottleneck, ResNet
 
-        net = ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes, width_per_group=max(4, int(64 * width)))
+        net = ResNet(
+            Bottleneck, [3, 4, 6, 3], num_classes=num_classes, width_per_group=max(4, int(64 * width))
+        )
         return net
     if name in ("gnmt8", "gnmt16"):
         from pipelab.models import gnmt
@@ -102,13 +113,16 @@ def sample_input(name: str, *, batch: int, image_size: int = 224, seq_len: int =
 
 def random_batches(name: str, *, steps: int, batch: int, image_size: int = 224, seq_len: int = 16,
                    vocab: int = 1000, num_classes: int = 1000, seed: int = 0) -> list[tuple[Any, Any]]:
-    """``steps`` minibatches of random inputs and labels for ``name`` (a ``data`` callable for ``pl.train``)."""
+    """``steps`` minibatches of random inputs and labels for ``name`` (a ``data`` callable for
+    ``pl.train``)."""
     import torch
 
     out = []
     g = torch.Generator().manual_seed(seed + 1)
     for k in range(steps):
-        x = sample_input(name, batch=batch, image_size=image_size, seq_len=seq_len, vocab=vocab, seed=seed + k)
+        x = sample_input(
+            name, batch=batch, image_size=image_size, seq_len=seq_len, vocab=vocab, seed=seed + k
+        )
         if name in ("gnmt8", "gnmt16"):
             y = torch.randint(2, vocab, (batch, seq_len), generator=g)
         else:
@@ -132,7 +146,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _loopback(rank: int, world: int, port: int, nbytes: int, allreduce_bytes: int, repeats: int, out: Any) -> None:
+def _loopback(
+    rank: int, world: int, port: int, nbytes: int, allreduce_bytes: int, repeats: int, out: Any
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
     import torch.distributed as dist
@@ -172,7 +188,8 @@ def gloo_loopback(workers: int = 2, *, nbytes: int = 16 << 20, allreduce_bytes: 
     Point-to-point: median of ``repeats`` ping-pongs of ``nbytes`` each way between two processes
     (``2 * nbytes / time``), the bandwidth of the flat cluster model measure mode simulates against.
     All-reduce (``None`` unless ``allreduce_bytes > 0``): the median time ``t`` of ``5 * repeats``
-    all-reduces of ``allreduce_bytes`` over all ``workers`` (started together) turned into the per-link bandwidth of
+    all-reduces of ``allreduce_bytes`` over all ``workers`` (started together) turned into the per-link
+    bandwidth of
     the cost model's ring formula, ``2 (p - 1) / p * allreduce_bytes / t``
     (``CostModel(allreduce_bandwidth=...)``). On one CPU it comes out well below the ping-pong's
     (2-5x slower here): every process sends, receives and sums at once on the cores that also copy.
@@ -187,7 +204,11 @@ def gloo_loopback(workers: int = 2, *, nbytes: int = 16 << 20, allreduce_bytes: 
                        nprocs=workers, start_method="spawn")
     t_pp, t_ar = q.get()
     p2p = 2 * nbytes / float(t_pp)
-    ar = 2 * (workers - 1) / workers * allreduce_bytes / float(t_ar) if allreduce_bytes > 0 and t_ar > 0 else None
+    ar = (
+        2 * (workers - 1) / workers * allreduce_bytes / float(t_ar)
+        if allreduce_bytes > 0 and t_ar > 0
+        else None
+    )
     return p2p, ar
 
 
@@ -278,13 +299,17 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
 
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     vocab = 256
-    model_fn = functools.partial(reduced_model, model, width=width, image_size=image_size, vocab=vocab, num_classes=10)
+    model_fn = functools.partial(
+        reduced_model, model, width=width, image_size=image_size, vocab=vocab, num_classes=10
+    )
     sample = sample_input(model, batch=batch, image_size=image_size, seq_len=seq_len, vocab=vocab)
     opt = functools.partial(torch.optim.SGD, lr=0.01)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # the workers run one thread each (pipelab.runtime.worker.run_distributed)
     try:
-        prof = profile_model(model_fn(), sample, device="cpu", progress=False, model_name=f"{model}-w{width:g}")
+        prof = profile_model(
+            model_fn(), sample, device="cpu", progress=False, model_name=f"{model}-w{width:g}"
+        )
         mem_bw = optimizer_bandwidth(model_fn(), opt, OPTIMIZER_STATE["sgd"])
     finally:
         torch.set_num_threads(threads)
@@ -293,7 +318,11 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
     else:
         bw, ar_bw = float(bandwidth), None
     cl = Cluster.flat(workers, bandwidth=bw)
-    model_opts: dict[str, Any] = {"allreduce_overlap": "none", "allreduce_bandwidth": ar_bw, "optimizer": "sgd"}
+    model_opts: dict[str, Any] = {
+        "allreduce_overlap": "none",
+        "allreduce_bandwidth": ar_bw,
+        "optimizer": "sgd",
+    }
     plans = {"chosen": partition(prof, cl, method="pipedream", **model_opts),
              "straight": partition(prof, cl, method="pipedream", straight=True, **model_opts),
              "dp": partition(prof, cl, method="dp", **model_opts)}
@@ -309,25 +338,49 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
             # As in PipeDream's baseline (and the simulator's dp) every data-parallel replica processes
             # a whole profile minibatch per step: the runtime's dp minibatch is `workers` of them, split.
             method, reps = ("dp", plan.num_workers) if plan.num_stages == 1 else ("pipedream", 1)
-            data = functools.partial(random_batches, model, steps=steps + warmup, batch=batch * reps,
-                                     image_size=image_size, seq_len=seq_len, vocab=vocab, num_classes=10, seed=seed)
-            run = train(model_fn, plan, method=method, data=data, loss_fn=cross_entropy, optimizer=opt,
-                           steps=steps + warmup, microbatches=reps, backend=backend, seed=seed, progress=False)
+            data = functools.partial(
+                random_batches,
+                model,
+                steps=steps + warmup,
+                batch=batch * reps,
+                image_size=image_size,
+                seq_len=seq_len,
+                vocab=vocab,
+                num_classes=10,
+                seed=seed,
+            )
+            run = train(
+                model_fn,
+                plan,
+                method=method,
+                data=data,
+                loss_fn=cross_entropy,
+                optimizer=opt,
+                steps=steps + warmup,
+                microbatches=reps,
+                backend=backend,
+                seed=seed,
+                progress=False,
+            )
             samples[config].append(_steady_throughput(run, batch * reps, warmup, typical=True))
             mean_rates[config].append(_steady_throughput(run, batch * reps, warmup))
     measured = {name: statistics.median(samples[plan.config]) for name, plan in plans.items()}
     sims = {name: simulate_plan(plan, prof, cl, minibatches=max(24, 4 * workers), memory_bandwidth=mem_bw,
                                 **model_opts) for name, plan in plans.items()}
     simulated = {name: r.throughput for name, r in sims.items()}
-    out: dict[str, Any] = {"model": f"{model} (width {width:g}, {image_size if model[:4] != 'gnmt' else seq_len})",
-                           "workers": workers, "gloo_GBps": round(bw / 1e9, 3),
-                           "allreduce_GBps": round(ar_bw / 1e9, 3) if ar_bw else round(bw / 1e9, 3),
-                           "optimizer_GBps": round(mem_bw / 1e9, 2), "rounds": rounds,
-                           "allreduce_overlap": "none",
-                           # the 1-minute load average before and after: a shared machine's other work
-                           # shows in every measured number
-                           "load_before": round(load0, 2),
-                           "load_after": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")}
+    out: dict[str, Any] = {
+        "model": f"{model} (width {width:g}, {image_size if model[:4] != 'gnmt' else seq_len})",
+        "workers": workers,
+        "gloo_GBps": round(bw / 1e9, 3),
+        "allreduce_GBps": round(ar_bw / 1e9, 3) if ar_bw else round(bw / 1e9, 3),
+        "optimizer_GBps": round(mem_bw / 1e9, 2),
+        "rounds": rounds,
+        "allreduce_overlap": "none",
+        # the 1-minute load average before and after: a shared machine's other work
+        # shows in every measured number
+        "load_before": round(load0, 2),
+        "load_after": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan"),
+    }
     # the model before it matched the runtime (DDP-style overlap at the ping-pong bandwidth, a free
     # optimizer step), for contrast: how far the runtime's terms move the straight pipeline's speed-up
     ddp = {name: simulate_plan(plans[name], prof, cl, minibatches=max(24, 4 * workers)).throughput

@@ -95,8 +95,10 @@ def svg_curves(df: pd.DataFrame, *, x: str, y: str, color: str, title: str = "",
         pts = " ".join(f"{px(float(a)):.1f},{py(float(b)):.1f}" for a, b in zip(part[x], part[y]))
         out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{pts}"/>')
         ly = top + 14 + 18 * i
-        out.append(f'<line x1="{left + pw + 12}" x2="{left + pw + 32}" y1="{ly - 4}" y2="{ly - 4}" '
-                   f'stroke="{c}" stroke-width="3"/><text x="{left + pw + 38}" y="{ly}">{escape(str(key))}</text>')
+        out.append(
+            f'<line x1="{left + pw + 12}" x2="{left + pw + 32}" y1="{ly - 4}" y2="{ly - 4}" '
+            f'stroke="{c}" stroke-width="3"/><text x="{left + pw + 38}" y="{ly}">{escape(str(key))}</text>'
+        )
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -138,7 +140,12 @@ def build_report(sections: Sequence[tuple[str, Path]], intro_md: str, path: Path
         run = nbformat.read(str(executed), as_version=4)
         for c in run.cells:
             tags = c.get("metadata", {}).get("tags", [])
-            if c.cell_type == "code" and "parameters" not in tags and "injected-parameters" not in tags and c.outputs:
+            if (
+                c.cell_type == "code"
+                and "parameters" not in tags
+                and "injected-parameters" not in tags
+                and c.outputs
+            ):
                 cells.append(c)
     for i, c in enumerate(cells):  # cells come from several notebooks: make their ids unique again
         c.id = f"report-{i}"

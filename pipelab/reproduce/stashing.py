@@ -22,7 +22,8 @@ from pipelab.runtime.launch import train
 
 
 def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"pipedream+vertical_sync"`` -> ``("pipedream", {"vertical_sync": True})``; ``"buffered:3"`` -> K=3."""
+    """``"pipedream+vertical_sync"`` -> ``("pipedream", {"vertical_sync": True})``;
+    ``"buffered:3"`` -> K=3."""
     name, *flags = spec.split("+")
     opts: dict[str, Any] = {f: True for f in flags}
     if ":" in name:
@@ -48,7 +49,8 @@ def digits_model(channels: int = 16, state_path: str | None = None) -> nn.Module
 
 
 def digits_epoch(epoch: int, *, batch_size: int = 32, seed: int = 0, limit: int = 0) -> list[tuple[Any, Any]]:
-    """Epoch ``epoch`` of the digits training split as minibatches, shuffled reproducibly (a ``data`` callable).
+    """Epoch ``epoch`` of the digits training split as minibatches, shuffled reproducibly (a ``data``
+    callable).
 
     Only whole minibatches are returned, so every minibatch splits into equal microbatches.
     """
@@ -132,9 +134,14 @@ def stash_experiment(methods: Sequence[str], *, stages: int = 4, epochs: int = 8
                 state = str(Path(tmp) / "weights.pt")
                 torch.save(run.state_dict(), state)
                 losses = [float(v) for v in run.losses]
-                rows.append({"method": spec, "epoch": epoch + 1,
-                             "test_accuracy": round(digits_accuracy(digits_model(channels, state), seed=seed), 4),
-                             "train_loss": round(sum(losses) / max(len(losses), 1), 4)})
+                rows.append(
+                    {
+                        "method": spec,
+                        "epoch": epoch + 1,
+                        "test_accuracy": round(digits_accuracy(digits_model(channels, state), seed=seed), 4),
+                        "train_loss": round(sum(losses) / max(len(losses), 1), 4),
+                    }
+                )
                 bar.update()
     bar.close()
     return pd.DataFrame(rows)
@@ -208,10 +215,15 @@ def stash_verdict(summary: pd.DataFrame, *, tolerance_pts: float = 1.0) -> str:
                      + ("HOLDS here" if holds else "does NOT hold here"))
     if "pipemare" in acc and "naive-async" in acc:
         holds = gap("pipemare") >= -tolerance_pts and gap("pipemare") > gap("naive-async")
-        lines.append("claim 'PipeMare closes the gap without stashing': " + ("HOLDS here" if holds else "does NOT hold here"))
+        lines.append(
+            "claim 'PipeMare closes the gap without stashing': "
+            + ("HOLDS here" if holds else "does NOT hold here")
+        )
     return "\n".join(lines)
 
 
-def digits_epochs(epochs: int, *, batch_size: int = 32, seed: int = 0, limit: int = 0) -> list[tuple[Any, Any]]:
+def digits_epochs(
+    epochs: int, *, batch_size: int = 32, seed: int = 0, limit: int = 0
+) -> list[tuple[Any, Any]]:
     """``epochs`` consecutive epochs of :func:`digits_epoch` as one list (a ``data`` callable)."""
     return [b for e in range(epochs) for b in digits_epoch(e, batch_size=batch_size, seed=seed, limit=limit)]

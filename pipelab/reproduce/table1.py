@@ -53,7 +53,8 @@ class PaperRow:
     def describe(self) -> str:
         """``VGG-16 on cluster A 4x4: 15-1, 5.28x over DP``."""
         sp = f"{self.speedup:g}x" if self.speedup is not None else "speed-up unknown"
-        return f"{self.model} on {self.cluster} {self.servers}x{self.gpus_per_server}: {self.config}, {sp} over DP"
+        return (f"{self.model} on {self.cluster} {self.servers}x{self.gpus_per_server}: "
+                f"{self.config}, {sp} over DP")
 
 
 #: PipeDream (Narayanan et al., SOSP'19), Table 1, "Speedup over DP, epoch time". The GNMT-16 A 4x4
@@ -75,7 +76,12 @@ TABLE1: tuple[PaperRow, ...] = (
 def paper_row(model: str, cluster: str, servers: int, gpus_per_server: int) -> PaperRow | None:
     """The Table 1 row for this model and cluster, or ``None`` when the paper has none."""
     for row in TABLE1:
-        if (row.model, row.cluster, row.servers, row.gpus_per_server) == (model, cluster, servers, gpus_per_server):
+        if (row.model, row.cluster, row.servers, row.gpus_per_server) == (
+            model,
+            cluster,
+            servers,
+            gpus_per_server,
+        ):
             return row
     return None
 
@@ -116,10 +122,16 @@ def table1_row(*, model: str, cluster: str, servers: int, gpus_per_server: int, 
     """
     paper = paper_row(model, cluster, servers, gpus_per_server)
     row: dict[str, Any] = {
-        "model": model, "cluster": cluster, "servers_x_gpus": f"{servers}x{gpus_per_server}",
-        "profile": profile_source, "config": plan.config, "stages": plan.num_stages,
-        "predicted_speedup": round(float(predicted_speedup), 3), "simulated_speedup": round(float(simulated_speedup), 3),
-        "paper_config": paper.config if paper else "", "paper_speedup": paper.speedup if paper else None,
+        "model": model,
+        "cluster": cluster,
+        "servers_x_gpus": f"{servers}x{gpus_per_server}",
+        "profile": profile_source,
+        "config": plan.config,
+        "stages": plan.num_stages,
+        "predicted_speedup": round(float(predicted_speedup), 3),
+        "simulated_speedup": round(float(simulated_speedup), 3),
+        "paper_config": paper.config if paper else "",
+        "paper_speedup": paper.speedup if paper else None,
     }
     if sim_ms is not None:
         row["sim_plan_ms"], row["sim_dp_ms"] = round(sim_ms[0] * 1e3, 2), round(sim_ms[1] * 1e3, 2)
@@ -223,17 +235,30 @@ def paper_config_plan(profile: Profile, cluster: Cluster, config: str, *,
 
 def table1_markdown(df: pd.DataFrame) -> str:
     """The paper-vs-ours table as markdown."""
-    cols = {"model": "model", "cluster": "cluster", "servers_x_gpus": "servers×GPUs",
-            "paper_config": "paper config", "config": "ours", "config_no_memory_limit": "ours, no mem. limit",
-            "paper_speedup": "paper ×", "predicted_speedup": "predicted ×", "simulated_speedup": "simulated ×",
-            "simulated_speedup_no_memory_limit": "sim. × no mem. limit",
-            "paper_config_simulated_speedup": "paper config, sim. ×", "error": "error",
-            "simulated_speedup_dp_no_overlap": "sim. × over DP, no overlap",
-            "error_dp_no_overlap": "error, DP no overlap",
-            "dp_exposed_comm_share": "DP exposed comm (ours)", "paper_implied_dp_comm_share": "DP comm implied by paper",
-            "shape_matches": "shape ok", "within_25pct": "within 25%"}
+    cols = {
+        "model": "model",
+        "cluster": "cluster",
+        "servers_x_gpus": "servers×GPUs",
+        "paper_config": "paper config",
+        "config": "ours",
+        "config_no_memory_limit": "ours, no mem. limit",
+        "paper_speedup": "paper ×",
+        "predicted_speedup": "predicted ×",
+        "simulated_speedup": "simulated ×",
+        "simulated_speedup_no_memory_limit": "sim. × no mem. limit",
+        "paper_config_simulated_speedup": "paper config, sim. ×",
+        "error": "error",
+        "simulated_speedup_dp_no_overlap": "sim. × over DP, no overlap",
+        "error_dp_no_overlap": "error, DP no overlap",
+        "dp_exposed_comm_share": "DP exposed comm (ours)",
+        "paper_implied_dp_comm_share": "DP comm implied by paper",
+        "shape_matches": "shape ok",
+        "within_25pct": "within 25%",
+    }
     show = df[[c for c in cols if c in df.columns]].rename(columns=cols).copy()
     for col in ("error", "error, DP no overlap"):
         if col in show:
-            show[col] = [f"{v:+.0%}" if isinstance(v, (int, float)) and not math.isnan(v) else "" for v in show[col]]
+            show[col] = [
+                f"{v:+.0%}" if isinstance(v, (int, float)) and not math.isnan(v) else "" for v in show[col]
+            ]
     return markdown_table(show)

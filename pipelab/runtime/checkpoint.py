@@ -17,7 +17,8 @@ plan or method, and one whose file does not match the manifest's hash.
 
 What a worker saves is up to the runtime; by convention a dict with ``"stages"`` (stage index ->
 module state_dict, optimizer state, the weight policy's own state), ``"step"``, ``"data_position"``
-and ``"rng"``. The runtime saves only at drained points (:meth:`pipelab.runtime.worker.Worker.checkpoint_state`
+and ``"rng"``. The runtime saves only at drained points
+(:meth:`pipelab.runtime.worker.Worker.checkpoint_state`
 refuses otherwise): flushed methods after a minibatch, asynchronous ones at the end of a drained
 segment (:mod:`pipelab.schedules.segments`; the manifest's ``extra["drain_every"]`` records the
 segment length so that a resumed run keeps it). There every stage holds a single weight version
@@ -54,9 +55,13 @@ def plan_fingerprint(plan: Any) -> str:
     Predictions (times, memory) are left out: re-partitioning with another cost model that yields
     the same layout can resume from the same checkpoint.
     """
-    doc = {"num_layers": int(plan.num_layers),
-           "profile": getattr(plan, "profile_fingerprint", ""),
-           "stages": [[int(s.start), int(s.end), int(s.replicas), [int(r) for r in s.ranks]] for s in plan.stages]}
+    doc = {
+        "num_layers": int(plan.num_layers),
+        "profile": getattr(plan, "profile_fingerprint", ""),
+        "stages": [
+            [int(s.start), int(s.end), int(s.replicas), [int(r) for r in s.ranks]] for s in plan.stages
+        ],
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -71,8 +76,18 @@ def save_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, st
                 plan: Any, method: str) -> Path:
     """Write worker ``rank``'s ``state`` for ``step`` atomically; returns the file's path."""
     buf = io.BytesIO()
-    torch.save({"pipelab": "checkpoint-worker", "schema": SCHEMA_VERSION, "rank": int(rank), "step": int(step),
-                "plan_fingerprint": plan_fingerprint(plan), "method": method, "state": state}, buf)
+    torch.save(
+        {
+            "pipelab": "checkpoint-worker",
+            "schema": SCHEMA_VERSION,
+            "rank": int(rank),
+            "step": int(step),
+            "plan_fingerprint": plan_fingerprint(plan),
+            "method": method,
+            "state": state,
+        },
+        buf,
+    )
     return atomic_write_bytes(step_dir(checkpoint_dir, step) / f"rank-{int(rank)}.pt", buf.getvalue())
 
 
@@ -152,10 +167,12 @@ def check_compatible(path: str | os.PathLike[str], *, plan: Any, method: str) ->
     man = read_manifest(path)
     fp = plan_fingerprint(plan)
     if man["plan_fingerprint"] != fp:
-        raise ValueError(f"checkpoint {resolve(path)} was written for another plan (config "
-                         f"{man.get('plan_config')!r}, fingerprint {man['plan_fingerprint']}) than this run's "
-                         f"(config {getattr(plan, 'config', '')!r}, fingerprint {fp}); resume with the plan it "
-                         "was written for, or start without resume=")
+        raise ValueError(
+            f"checkpoint {resolve(path)} was written for another plan (config "
+            f"{man.get('plan_config')!r}, fingerprint {man['plan_fingerprint']}) than this run's "
+            f"(config {getattr(plan, 'config', '')!r}, fingerprint {fp}); resume with the plan it "
+            "was written for, or start without resume="
+        )
     if man["method"] != method:
         raise ValueError(f"checkpoint {resolve(path)} was written by method {man['method']!r}, this run uses "
                          f"{method!r}; resume with method={man['method']!r}")
@@ -197,8 +214,10 @@ def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
             if ref is None:
                 ref = st
             elif set(st) != set(ref) or not all(torch.equal(st[k], ref[k]) for k in ref):
-                raise ValueError(f"checkpoint {resolve(path)}: the replicas of stage {s} (workers {list(ranks)}) "
-                                 "saved different weights, so it is not a synchronized cut of the parameter server")
+                raise ValueError(
+                    f"checkpoint {resolve(path)}: the replicas of stage {s} (workers {list(ranks)}) "
+                    "saved different weights, so it is not a synchronized cut of the parameter server"
+                )
         assert ref is not None
         out[s] = ref
     return out

@@ -94,7 +94,9 @@ def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
             meta = nodes[name].meta.get("tensor_meta")
             if meta is None or not hasattr(meta, "shape"):
                 raise TypeError(_not_a_tensor(name, end, meta, members))
-            specs.append(TensorSpec(tuple(int(d) for d in meta.shape), str(meta.dtype).removeprefix("torch.")))
+            specs.append(
+                TensorSpec(tuple(int(d) for d in meta.shape), str(meta.dtype).removeprefix("torch."))
+            )
         out.append(specs)
     return out
 
@@ -109,18 +111,26 @@ def _not_a_tensor(name: str, end: int, meta: Any, members: Sequence[Sequence[fx.
     """Why value ``name`` cannot cross the cut before layer ``end``, and which layers to change."""
     layer_of = {n.name: i for i, group in enumerate(members) for n in group}
     node = next((n for group in members for n in group if n.name == name), None)
-    kind = "a tuple" if isinstance(meta, (tuple, list)) else ("not a tensor" if meta is None else type(meta).__name__)
+    kind = (
+        "a tuple"
+        if isinstance(meta, (tuple, list))
+        else ("not a tensor" if meta is None else type(meta).__name__)
+    )
     if node is None:  # a model input that is not a tensor
         return (f"model input {name!r} crosses the cut after layer {end - 1} but is not a tensor; "
                 "pass the model tensors only, or move the cut")
     producer = layer_of[name]
     users = sorted({layer_of[u.name] for u in node.users if u.name in layer_of and layer_of[u.name] >= end})
     used_by = ", ".join(_describe_layer(members, j) for j in users) or "the model's output"
-    return (f"value {name!r} ({kind}) crosses the cut after layer {end - 1} but is not a tensor: it is produced by "
-            f"{_describe_layer(members, producer)} and used whole by {used_by}. Move the cut outside layers "
-            f"{producer}..{users[-1] if users else len(members) - 1}, or make the module that produces and the "
-            "one that uses it a single leaf (trace(..., leaf_modules=[TheirParentClass]) or a smaller depth=N), or "
-            "change the model to pass tensors between layers (index the tuple where it is produced)")
+    return (
+        f"value {name!r} ({kind}) crosses the cut after layer {end - 1} but is not a tensor: it is produced "
+        "by "
+        f"{_describe_layer(members, producer)} and used whole by {used_by}. Move the cut outside layers "
+        f"{producer}..{users[-1] if users else len(members) - 1}, or make the module that produces and the "
+        "one that uses it a single leaf (trace(..., leaf_modules=[TheirParentClass]) or a smaller depth=N), "
+        "or "
+        "change the model to pass tensors between layers (index the tuple where it is produced)"
+    )
 
 
 def grad_specs(specs: Sequence[TensorSpec]) -> list[TensorSpec]:

@@ -136,7 +136,9 @@ def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32
     return numel * 1 + 4
 
 
-def compression_ratio(codec: str | None, dtype: torch.dtype = torch.float32, numel: int | None = None) -> float:
+def compression_ratio(
+    codec: str | None, dtype: torch.dtype = torch.float32, numel: int | None = None
+) -> float:
     """Uncompressed bytes / bytes on the wire, the number ``CostModel(compression_ratio=...)`` expects.
 
     Without ``numel`` the asymptotic ratio (large tensors: int8 from float32 gives 4.0); with it, the

@@ -79,7 +79,9 @@ class Job:
 
     def syncs(self, stage: int) -> bool:
         """Whether the replicas of ``stage`` all-reduce at ``U`` (not for HetPipe's virtual workers)."""
-        return len(self.schedule.stage_ranks[stage]) > 1 and bool(self.schedule.options.get("allreduce", True))
+        return len(self.schedule.stage_ranks[stage]) > 1 and bool(
+            self.schedule.options.get("allreduce", True)
+        )
 
     @property
     def world_size(self) -> int:
@@ -125,7 +127,8 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
 def stage_ranges(plan: Plan, schedule: Schedule) -> tuple[tuple[int, int], ...]:
     """Layer range of every schedule stage: the plan's stages are the schedule's stages.
 
-    A one-stage schedule (``dp``) runs the whole model. (For ``interleaved-1f1b`` the plan's stages are the ``v * P`` virtual stages, stage
+    A one-stage schedule (``dp``) runs the whole model. (For ``interleaved-1f1b`` the plan's stages are the
+    ``v * P`` virtual stages, stage
     ``c * P + w`` running on worker ``w``; see :func:`pipelab.schedules.sync.interleaved`.)
     """
     if schedule.num_stages == 1:     # dp: the whole model on every worker, whatever the plan's cuts
@@ -140,8 +143,10 @@ def as_inputs(x: Any) -> tuple[torch.Tensor, ...]:
     """A minibatch's inputs as a tuple of tensors (one per model input)."""
     t = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if not all(isinstance(v, torch.Tensor) for v in t):
-        raise TypeError(f"data() must yield (inputs, targets) with inputs a tensor or a tuple of tensors; got "
-                        f"inputs of type {type(x).__name__}")
+        raise TypeError(
+            f"data() must yield (inputs, targets) with inputs a tensor or a tuple of tensors; got "
+            f"inputs of type {type(x).__name__}"
+        )
     return t
 
 
@@ -221,8 +226,10 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     if backend == "nccl":
         n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n_gpu < plan.num_workers:
-            raise ValueError(f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this machine "
-                             f"has {n_gpu}; use backend='gloo' on CPU")
+            raise ValueError(
+                f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this machine "
+                f"has {n_gpu}; use backend='gloo' on CPU"
+            )
     trace_kwargs = dict(trace_kwargs or {})
 
     # options that change how the runtime executes, never the schedule, stay out of the builder
@@ -233,7 +240,12 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     the_method = method or (schedule.method if schedule is not None else "")
     D = int(method_options.get("D", schedule.options.get("D", 0) if schedule is not None else 0))
     spec = methods.METHODS.get(the_method)
-    if spec is not None and spec.weights == "wsp" and D and (runtime_options.get("resume") or runtime_options.get("checkpoint_every")):
+    if (
+        spec is not None
+        and spec.weights == "wsp"
+        and D
+        and (runtime_options.get("resume") or runtime_options.get("checkpoint_every"))
+    ):
         # with D > 0 a virtual worker may pull and start the next segment before the others push
         # their last wave, so no moment has every worker and the parameter server at one cut
         raise ValueError(f"checkpoints of hetpipe runs need the staleness bound D=0 (got D={D}): with D > 0 "
@@ -259,12 +271,18 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     if schedule is None:
         if method is None:
             raise ValueError("pass method=... (e.g. '1f1b-flush') or a prebuilt schedule=")
-        if is_async and drain_every and "drain_every" not in method_options and "segments" not in method_options:
-
+        if (
+            is_async
+            and drain_every
+            and "drain_every" not in method_options
+            and "segments" not in method_options
+        ):
             method_options = {**method_options, "segments": aligned_sizes(start, steps, int(drain_every))}
         schedule = build(method, plan, microbatches=microbatches, minibatches=steps, **method_options)
     elif method is not None and method != schedule.method:
-        raise ValueError(f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them")
+        raise ValueError(
+            f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them"
+        )
     if schedule.minibatches != steps:
         raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}"
                          + (f" (the steps left after resuming at step {start})" if start else ""))
@@ -274,10 +292,12 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
         ends = set(boundaries(schedule)) if schedule.options.get("segments") else set()
         missing = [k for k in range(1, steps + 1) if (start + k) % int(every) == 0 and k not in ends]
         if missing:
-            raise ValueError(f"checkpoint_every={every}: the {schedule.method} schedule is not drained after "
-                             f"minibatch(es) {[start + k for k in missing[:5]]}, so a checkpoint there would not "
-                             f"be a consistent cut; build it with pl.schedules.build(..., drain_every={every}) "
-                             "or leave schedule= out")
+            raise ValueError(
+                f"checkpoint_every={every}: the {schedule.method} schedule is not drained after "
+                f"minibatch(es) {[start + k for k in missing[:5]]}, so a checkpoint there would not "
+                f"be a consistent cut; build it with pl.schedules.build(..., drain_every={every}) "
+                "or leave schedule= out"
+            )
     microbatches = schedule.microbatches
     if runtime_options.get("coalesce_wgrad"):
 
@@ -285,7 +305,9 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     options = {**schedule.options, **method_options, **runtime_options}
     if start:
         options["resume_step"] = start
-    policy_for(schedule.method, {**options, "schedule": schedule, "microbatches": microbatches})  # fails early
+    policy_for(
+        schedule.method, {**options, "schedule": schedule, "microbatches": microbatches}
+    )  # fails early
 
     # the model: same seed as the workers (without disturbing the caller's random state), layer
     # count as the plan's
@@ -305,14 +327,18 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     inputs, targets = first_minibatch(data)
     xs = as_inputs(inputs)
     if len(xs) != n_inputs:
-        raise ValueError(f"the model takes {n_inputs} input(s) but data() yields {len(xs)}; yield (inputs, targets) "
-                         "with inputs a tensor or a tuple of one tensor per model input")
+        raise ValueError(
+            f"the model takes {n_inputs} input(s) but data() yields {len(xs)}; yield (inputs, targets) "
+            "with inputs a tensor or a tuple of one tensor per model input"
+        )
     batch = int(xs[0].shape[0]) if xs[0].dim() else 0
     if batch < 1 or any(x.dim() == 0 or x.shape[0] != batch for x in xs):
         raise ValueError(f"the inputs' first dimension must be the batch; got shapes {_shapes(xs)}")
     if batch % microbatches:
-        raise ValueError(f"batch size {batch} is not divisible by microbatches={microbatches}; make the batch a "
-                         "multiple of the microbatch count")
+        raise ValueError(
+            f"batch size {batch} is not divisible by microbatches={microbatches}; make the batch a "
+            "multiple of the microbatch count"
+        )
     mb_x = tuple(split_microbatches(x, microbatches)[0] for x in xs)
     mb_y = split_microbatches(targets, microbatches)[0]
     try:
@@ -322,29 +348,52 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     except (TypeError, ValueError) as exc:
         if "crosses the cut" in str(exc):
             raise
-        raise ValueError(f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
-                         f"targets {_shapes(mb_y)}): {type(exc).__name__}: {exc}; check that data() yields what "
-                         "the model and loss_fn accept") from None
+        raise ValueError(
+            f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
+            f"targets {_shapes(mb_y)}): {type(exc).__name__}: {exc}; check that data() yields what "
+            "the model and loss_fn accept"
+        ) from None
     except RuntimeError as exc:
-        raise ValueError(f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
-                         f"targets {_shapes(mb_y)}): {exc}; check that data() yields what the model and loss_fn "
-                         "accept") from None
+        raise ValueError(
+            f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
+            f"targets {_shapes(mb_y)}): {exc}; check that data() yields what the model and loss_fn "
+            "accept"
+        ) from None
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
         raise ValueError(f"loss_fn must return a scalar tensor (mean over the batch); got {_shapes(loss)}")
     if not _same((inputs, targets), first_minibatch(data)):
-        raise ValueError("data() is not deterministic: two calls yield different first minibatches. Every worker "
-                         "calls data() and takes its own microbatches, so it must yield the same sequence each time "
-                         "(seed any shuffling)")
+        raise ValueError(
+            "data() is not deterministic: two calls yield different first minibatches. Every worker "
+            "calls data() and takes its own microbatches, so it must yield the same sequence each time "
+            "(seed any shuffling)"
+        )
 
     if backend != "local" and check_rendezvous:
         if port is None:
             port = free_port(master_addr)
         else:
             check_port(port, master_addr)
-    return Job(model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer, plan=plan, schedule=schedule,
-               ranges=ranges, specs=specs, steps=steps, microbatches=microbatches, batch_size=batch, seed=seed,
-               backend=backend, timeout=float(timeout), options=options, master_addr=master_addr,
-               master_port=int(port or 0), trace_kwargs=trace_kwargs, state_keys=state_keys)
+    return Job(
+        model_fn=model_fn,
+        data=data,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        plan=plan,
+        schedule=schedule,
+        ranges=ranges,
+        specs=specs,
+        steps=steps,
+        microbatches=microbatches,
+        batch_size=batch,
+        seed=seed,
+        backend=backend,
+        timeout=float(timeout),
+        options=options,
+        master_addr=master_addr,
+        master_port=int(port or 0),
+        trace_kwargs=trace_kwargs,
+        state_keys=state_keys,
+    )
 
 
 def load_job_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -359,7 +408,9 @@ def load_job_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[st
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read job file {p}: {exc}") from None
-    missing = [k for k in ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps") if k not in doc]
+    missing = [
+        k for k in ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps") if k not in doc
+    ]
     if missing:
         raise ValueError(f"job file {p} lacks {missing}; see pipelab.runtime.job.load_job_file for the keys")
     plan_spec = doc["plan"]
@@ -369,10 +420,17 @@ def load_job_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[st
     else:
         plan = Plan.from_dict(plan_spec)
     args: dict[str, Any] = {
-        "model_fn": resolve(doc["model_fn"]), "data": resolve(doc["data"]), "loss_fn": resolve(doc["loss_fn"]),
-        "optimizer": resolve(doc["optimizer"]), "plan": plan, "method": doc["method"], "steps": int(doc["steps"]),
-        "microbatches": int(doc.get("microbatches", 1)), "seed": int(doc.get("seed", 0)),
-        "backend": doc.get("backend", "gloo"), "timeout": float(doc.get("timeout", 300.0)),
+        "model_fn": resolve(doc["model_fn"]),
+        "data": resolve(doc["data"]),
+        "loss_fn": resolve(doc["loss_fn"]),
+        "optimizer": resolve(doc["optimizer"]),
+        "plan": plan,
+        "method": doc["method"],
+        "steps": int(doc["steps"]),
+        "microbatches": int(doc.get("microbatches", 1)),
+        "seed": int(doc.get("seed", 0)),
+        "backend": doc.get("backend", "gloo"),
+        "timeout": float(doc.get("timeout", 300.0)),
         **dict(doc.get("options", {})),
     }
     out = Path(doc.get("out", p.parent / (p.stem + ".out")))

@@ -1,4 +1,5 @@
-"""Start a job: one OS process per worker (torch.multiprocessing: fork server, else spawn), or the reference executor.
+"""Start a job: one OS process per worker (torch.multiprocessing: fork server, else spawn), or the
+reference executor.
 
 :func:`launch` checks the arguments (:func:`pipelab.runtime.job.prepare`), starts the workers and
 returns a :class:`Run` handle at once; :func:`train` launches and waits with a progress bar.
@@ -57,7 +58,9 @@ class RunResult:
     versions_held: dict[int, int]         # per stage: most weight versions it held at once (measured)
     schedule: Schedule
     wall_s: float = 0.0
-    weight_bytes: dict[int, int] = field(default_factory=dict)   # per stage: peak bytes of weights held (measured)
+    weight_bytes: dict[int, int] = field(
+        default_factory=dict
+    )  # per stage: peak bytes of weights held (measured)
     wsp_log: list[Any] = field(default_factory=list)   # hetpipe: the parameter server's pushes and pulls
     _state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -94,8 +97,18 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     wsp_log = [e for r in results for e in r.wsp_log]
     if wsp_log:   # HetPipe: the parameter server's pushes and pulls join the trace (clock, global clock)
         ranks = sched.stage_ranks
-        extra = [Event(worker=ranks[e.stage][e.vw], stage=e.stage, kind=e.kind, microbatch=e.clock, start_s=e.t,
-                       end_s=e.t, weight_version=e.global_clock) for e in wsp_log]
+        extra = [
+            Event(
+                worker=ranks[e.stage][e.vw],
+                stage=e.stage,
+                kind=e.kind,
+                microbatch=e.clock,
+                start_s=e.t,
+                end_s=e.t,
+                weight_version=e.global_clock,
+            )
+            for e in wsp_log
+        ]
         tr = Trace(tuple(tr.events) + tuple(extra), dict(tr.meta))
     thr = metrics.span_throughput(tr.events, job.steps * job.batch_size)
     if trace_path is not None:
@@ -168,7 +181,9 @@ class Run:
             while self._thread.is_alive():
                 self._thread.join(0.2)
                 if deadline is not None and time.time() > deadline:
-                    raise TimeoutError(f"the job is still running after {timeout} s (it continues; cancel() it)")
+                    raise TimeoutError(
+                        f"the job is still running after {timeout} s (it continues; cancel() it)"
+                    )
         except KeyboardInterrupt:
             self.cancel()
             raise
@@ -246,8 +261,12 @@ class Run:
             if methods.get(self.job.method).weights == "wsp":   # HetPipe: start the parameter server
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
-                p = ctx.Process(target=process_main, args=(self.job, rank, self._queue, conns[rank]), daemon=True,
-                                name=f"pipelab-worker-{rank}")
+                p = ctx.Process(
+                    target=process_main,
+                    args=(self.job, rank, self._queue, conns[rank]),
+                    daemon=True,
+                    name=f"pipelab-worker-{rank}",
+                )
                 p.start()
                 self._procs.append(p)
         except BaseException:
@@ -314,8 +333,15 @@ class Run:
                         stage, action, tb = payload
                         self._kill()
                         where = f"stage {stage}, action {action}" if stage >= 0 else action
-                        self._fail(WorkerError(f"worker {rank} ({where}) failed:\n{tb}", rank=rank, stage=stage,
-                                               action=action, worker_traceback=tb))
+                        self._fail(
+                            WorkerError(
+                                f"worker {rank} ({where}) failed:\n{tb}",
+                                rank=rank,
+                                stage=stage,
+                                action=action,
+                                worker_traceback=tb,
+                            )
+                        )
                         return
                     continue
                 now = time.time()
@@ -324,15 +350,25 @@ class Run:
                         # give its last message time to arrive before calling it a silent death
                         if now - dead_since.setdefault(rank, now) > 2.0:
                             self._kill()
-                            self._fail(WorkerError(f"worker {rank} exited with code {p.exitcode} without reporting "
-                                                   "an error: killed, out of memory, or it could not start. Run from a script? Worker "
-                                                   "processes re-import it, so put the call under "
-                                                   "`if __name__ == \"__main__\":`", rank=rank))
+                            self._fail(
+                                WorkerError(
+                                    f"worker {rank} exited with code {p.exitcode} without reporting "
+                                    "an error: killed, out of memory, or it could not start. Run from a "
+                                    "script? Worker "
+                                    "processes re-import it, so put the call under "
+                                    '`if __name__ == "__main__":`',
+                                    rank=rank,
+                                )
+                            )
                             return
                 if now > deadline:
                     self._kill()
-                    self._fail(WorkerError(f"the job did not finish within timeout={self.job.timeout} s; every "
-                                           "worker was stopped (raise timeout= for longer runs)"))
+                    self._fail(
+                        WorkerError(
+                            f"the job did not finish within timeout={self.job.timeout} s; every "
+                            "worker was stopped (raise timeout= for longer runs)"
+                        )
+                    )
                     return
             if getattr(self, "_wsp_proc", None) is not None and self._wsp_result.poll(30):
                 results[0].wsp_log = self._wsp_result.recv()
@@ -386,7 +422,22 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
     The schedule is ``pl.schedules.build(method, plan, microbatches=..., minibatches=steps,
     **method_options)`` unless ``schedule`` is given. Raises :class:`WorkerError` if a worker fails.
     """
-    run = launch(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
-                 microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, trace_path=trace_path,
-                 progress=progress, schedule=schedule, port=port, **method_options)
+    run = launch(
+        model_fn,
+        plan,
+        method=method,
+        data=data,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        steps=steps,
+        microbatches=microbatches,
+        backend=backend,
+        seed=seed,
+        timeout=timeout,
+        trace_path=trace_path,
+        progress=progress,
+        schedule=schedule,
+        port=port,
+        **method_options,
+    )
     return run.wait()

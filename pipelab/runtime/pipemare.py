@@ -201,7 +201,9 @@ class PipeMareState:
         self.gamma = float(sd["gamma"])  # type: ignore[arg-type]
 
 
-def steady_state_delays(stage_replicas: Sequence[int], method: str = "pipemare") -> dict[int, tuple[int, int]]:
+def steady_state_delays(
+    stage_replicas: Sequence[int], method: str = "pipemare"
+) -> dict[int, tuple[int, int]]:
     """Per stage ``(tau_fwd, tau_bwd)`` of ``method``'s schedule in steady state.
 
     A short run's schedule never reaches steady state (one minibatch has no delay at all), so the

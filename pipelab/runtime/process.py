@@ -146,7 +146,9 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
     dist.init_process_group(job.backend, init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout))
     try:
-        groups = {s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)}
+        groups = {
+            s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)
+        }
         worker = Worker(job, rank, device)
         clients: list[Any] = []
         if wsp_conn is not None:    # HetPipe: this worker's end of the parameter server
@@ -159,7 +161,9 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
         if device.type == "cuda":
             torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
         dist.barrier()
-        t0 = torch.tensor([time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu")
+        t0 = torch.tensor(
+            [time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu"
+        )
         dist.broadcast(t0, src=0)
         clock = Clock(float(t0.item()))
         try:
@@ -175,7 +179,9 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
         everything: list[Any] = []
         if gather:   # torchrun: rank 0 collects every rank's result and events
             everything = [None] * world if rank == 0 else []
-            dist.gather_object((result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0)
+            dist.gather_object(
+                (result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0
+            )
         return result, everything
     finally:
         try:

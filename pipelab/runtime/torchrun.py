@@ -57,8 +57,10 @@ def run_torchrun_worker(job_path: str) -> int:
     """One torchrun process: execute this rank's actions; rank 0 writes the outputs."""
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if k not in os.environ:
-            print(f"{k} is not set: run this under torchrun, or use `pipelab train job.json` without torchrun",
-                  file=sys.stderr)
+            print(
+                f"{k} is not set: run this under torchrun, or use `pipelab train job.json` without torchrun",
+                file=sys.stderr,
+            )
             return 2
     torch.set_num_threads(1)
     args, extra = load_job_file(job_path)

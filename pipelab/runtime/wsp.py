@@ -268,9 +268,11 @@ class WSPClient:
 
     def _recv(self, what: str) -> Any:
         if not self.conn.poll(self.timeout):
-            raise TimeoutError(f"stage {self.stage} of virtual worker {self.vw}: the WSP parameter server did "
-                               f"not answer a {what} within {self.timeout} s (a slower virtual worker may have "
-                               "failed)")
+            raise TimeoutError(
+                f"stage {self.stage} of virtual worker {self.vw}: the WSP parameter server did "
+                f"not answer a {what} within {self.timeout} s (a slower virtual worker may have "
+                "failed)"
+            )
         msg = self.conn.recv()
         if msg[0] == "error":
             raise RuntimeError(f"WSP parameter server: {msg[1]}")
@@ -310,8 +312,16 @@ def events_from_trace(trace: Any) -> list[WSPEvent]:
     out = []
     for e in trace.events:
         if e.kind in ("push", "pull"):
-            out.append(WSPEvent(e.start_s, e.kind, e.stage, list(ranks[e.stage]).index(e.worker), e.microbatch,
-                                e.weight_version))
+            out.append(
+                WSPEvent(
+                    e.start_s,
+                    e.kind,
+                    e.stage,
+                    list(ranks[e.stage]).index(e.worker),
+                    e.microbatch,
+                    e.weight_version,
+                )
+            )
     return sorted(out, key=lambda e: e.t)
 
 
@@ -322,6 +332,8 @@ def check_trace(trace: Any, staleness: int) -> int:
     """
     evs = events_from_trace(trace)
     if not evs:
-        raise ValueError("the trace has no push/pull events; is it a hetpipe run with at least one full wave?")
+        raise ValueError(
+            "the trace has no push/pull events; is it a hetpipe run with at least one full wave?"
+        )
     V = len(trace.meta["stage_ranks"][0])
     return check_staleness(evs, V, staleness)

@@ -66,8 +66,13 @@ def _zb_h1(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
 
 def _async_1f1b(method: str) -> Callable[[Plan, int, int, dict[str, Any]], Schedule]:
     def build_it(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-        return async_.per_minibatch_async(p, method, K, vertical_sync=bool(options.get("vertical_sync", False)),
-                                          extra_in_flight=int(options.get("extra_in_flight", 0)))
+        return async_.per_minibatch_async(
+            p,
+            method,
+            K,
+            vertical_sync=bool(options.get("vertical_sync", False)),
+            extra_in_flight=int(options.get("extra_in_flight", 0)),
+        )
     return build_it
 
 
@@ -75,7 +80,9 @@ def _coalesced(method: str) -> Callable[[Plan, int, int, dict[str, Any]], Schedu
     def build_it(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
         kv = options.get("versions", 2)
         if isinstance(kv, bool) or not isinstance(kv, int) or kv < 2:
-            raise ScheduleError(f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}")
+            raise ScheduleError(
+                f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}"
+            )
         return async_.coalesced(p, method, M, K, delay=kv - 1)
     return build_it
 
@@ -99,7 +106,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
 
     ``microbatches`` M per minibatch (default: 1 for pipedream-like methods, the stage count for
     pipelined ones, the worker count for ``dp``); ``minibatches`` K (default 1 for sync methods, three
-    times the input stage's in-flight minibatches for async ones, at least three replica rounds more than twice that, a multiple of the replica counts). Options: ``chunks`` (interleaved-1f1b,
+    times the input stage's in-flight minibatches for async ones, at least three replica rounds more than
+    twice that, a multiple of the replica counts). Options: ``chunks`` (interleaved-1f1b,
     required; with an int P the plan gets ``chunks * P`` virtual stages), ``vertical_sync`` (pipedream),
     ``extra_in_flight`` (pipedream, naive-async, pipemare: rounds of minibatches admitted beyond NOAM),
     ``versions`` (buffered, K >= 2), ``D`` (hetpipe staleness bound).
@@ -163,8 +171,10 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise ScheduleError(f"minibatches={K!r} must be an int >= 1")
     if K % step:
-        raise ScheduleError(f"{method} on plan {p.config!r} all-reduces replicas' k-th updates, so every replica "
-                            f"needs as many minibatches: use minibatches a multiple of {step} (got {K})")
+        raise ScheduleError(
+            f"{method} on plan {p.config!r} all-reduces replicas' k-th updates, so every replica "
+            f"needs as many minibatches: use minibatches a multiple of {step} (got {K})"
+        )
 
     if (drain_every is not None or seg_sizes is not None) and not sync_method:
         return _drained(method, p, M, K, drain_every, seg_sizes, step, options)
@@ -176,8 +186,11 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
     """``method``'s schedule as drained segments of ``every`` minibatches, or of the lengths ``sizes``."""
     if sizes is None:
         sizes = segments.split_sizes(K, every)
-    elif not (isinstance(sizes, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                                                         for n in sizes) and sum(sizes) == K):
+    elif not (
+        isinstance(sizes, (list, tuple))
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)
+        and sum(sizes) == K
+    ):
         raise ScheduleError(f"segments={sizes!r} must be a list of ints >= 1 summing to minibatches={K}")
     unit = step
     what = "all-reduces replicas' k-th updates"
@@ -186,11 +199,22 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
         unit = p.replicas[0] * p.num_stages
         what = f"synchronizes its {p.replicas[0]} virtual workers every wave of {p.num_stages} minibatches"
     if any(n % unit for n in sizes):
-        raise ScheduleError(f"{method} on plan {p.config!r} {what}, so every drained segment needs a multiple of "
-                            f"{unit} minibatches: use drain_every and minibatches multiples of {unit} (got "
-                            f"drain_every={every}, minibatches={K})")
+        raise ScheduleError(
+            f"{method} on plan {p.config!r} {what}, so every drained segment needs a multiple of "
+            f"{unit} minibatches: use drain_every and minibatches multiples of {unit} (got "
+            f"drain_every={every}, minibatches={K})"
+        )
     mb = None if _methods.get(method).update == "microbatch" else M
     return segments.concat_built(lambda n: build(method, p, microbatches=mb, minibatches=n, **options), sizes)
 
 
-__all__ = ["BUILDERS", "Action", "METHODS", "MethodScheduleError", "Schedule", "ScheduleError", "build", "validate"]
+__all__ = [
+    "BUILDERS",
+    "Action",
+    "METHODS",
+    "MethodScheduleError",
+    "Schedule",
+    "ScheduleError",
+    "build",
+    "validate",
+]

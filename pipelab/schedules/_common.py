@@ -125,8 +125,14 @@ def delayed_rule(minibatch: int, delay: int, segments: Sequence[int] | None = No
     return max(start, minibatch - delay)
 
 
-def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks: Sequence[Sequence[int]],
-                    M: int, delay: int = 0, segments: Sequence[int] | None = None) -> tuple[tuple[int, ...], ...]:
+def assign_versions(
+    rule: str,
+    actions: Sequence[Sequence[Action]],
+    stage_ranks: Sequence[Sequence[int]],
+    M: int,
+    delay: int = 0,
+    segments: Sequence[int] | None = None,
+) -> tuple[tuple[int, ...], ...]:
     """The weight version each action reads (F, B, W) or produces (U), by rule.
 
     - ``"stash"`` (PipeDream, SOSP'19 §3.3 weight stashing): ``F`` reads the latest version on

@@ -41,7 +41,9 @@ class Action:
         if self.kind not in KINDS:
             raise ValueError(f"action kind {self.kind!r} is not one of {KINDS}")
         if self.stage < 0 or self.microbatch < 0:
-            raise ValueError(f"action {self.stage}{self.kind}{self.microbatch}: stage and microbatch must be >= 0")
+            raise ValueError(
+                f"action {self.stage}{self.kind}{self.microbatch}: stage and microbatch must be >= 0"
+            )
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.microbatch}"
@@ -262,7 +264,9 @@ class Schedule:
         try:
             meta = json.loads(lines[0][1:])
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: metadata line is not JSON ({exc}); re-save with Schedule.to_csv") from None
+            raise ValueError(
+                f"{path}: metadata line is not JSON ({exc}); re-save with Schedule.to_csv"
+            ) from None
         rows = list(csv.reader(lines[1:]))
         actions: list[list[Action]] = []
         versions: list[list[int]] = []
@@ -270,7 +274,9 @@ class Schedule:
             if not row:
                 continue
             if int(row[0]) != len(actions):
-                raise ValueError(f"{path}:{n}: rows must be workers 0, 1, ... in order; found worker {row[0]}")
+                raise ValueError(
+                    f"{path}:{n}: rows must be workers 0, 1, ... in order; found worker {row[0]}"
+                )
             acts, vers = [], []
             for cell in row[1:]:
                 text_a, _, ver = cell.strip().partition("@")

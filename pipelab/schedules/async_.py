@@ -1,4 +1,5 @@
-"""Asynchronous (no-flush) 1F1B schedules: ``pipedream``, ``naive-async``, ``pipemare``, ``2bw``, ``buffered``.
+"""Asynchronous (no-flush) 1F1B schedules: ``pipedream``, ``naive-async``, ``pipemare``, ``2bw``,
+``buffered``.
 
 All share one order: stage ``s`` admits the microbatches of every worker of stages ``>= s``
 before its first backward (PipeDream's NOAM = ceil(workers / input replicas) per input replica,
@@ -48,7 +49,7 @@ def _orders(plan: Plan, total: int, extra: int = 0) -> tuple[list[list[Action]],
     for st in plan.stages:
         for j, w in enumerate(st.ranks):
             mbs = [m for m in range(total) if m % st.replicas == j]
-            warm = -(-in_flight(reps, st.index) // st.replicas) + extra * L // st.replicas   # NOAM per replica
+            warm = -(-in_flight(reps, st.index) // st.replicas) + extra * L // st.replicas  # NOAM per replica
             lists[w] = one_f_one_b(mbs, warm, st.index)
             local[w] = {st.index: mbs}
     return lists, local
@@ -79,12 +80,24 @@ def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool 
         rule = "stash"
     ranks = tuple(s.ranks for s in plan.stages)
     versions = assign_versions(rule, acts, ranks, 1)
-    options: dict[str, object] = {"allreduce": allreduce and any(r > 1 for r in plan.replicas), "weights": rule,
-                                  "vertical_sync": vertical_sync, "noam": plan.noam,
-                                  "extra_in_flight": extra_in_flight}
+    options: dict[str, object] = {
+        "allreduce": allreduce and any(r > 1 for r in plan.replicas),
+        "weights": rule,
+        "vertical_sync": vertical_sync,
+        "noam": plan.noam,
+        "extra_in_flight": extra_in_flight,
+    }
     options.update(extra or {})
-    return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=ranks, microbatches=1, minibatches=K,
-                    actions=tuple(tuple(a) for a in acts), versions=versions, options=options)
+    return Schedule(
+        method=method,
+        num_stages=plan.num_stages,
+        stage_ranks=ranks,
+        microbatches=1,
+        minibatches=K,
+        actions=tuple(tuple(a) for a in acts),
+        versions=versions,
+        options=options,
+    )
 
 
 def coalesced(plan: Plan, method: str, M: int, K: int, delay: int) -> Schedule:
@@ -95,14 +108,27 @@ def coalesced(plan: Plan, method: str, M: int, K: int, delay: int) -> Schedule:
     # (k - delay) * M - 1, done before it: g0 <= delay * M + 1.
     if g0 > delay * M + 1:
         need = math.ceil((g0 - 1) / delay)
-        raise ScheduleError(f"{method} with {delay + 1} weight versions keeps {g0} microbatches in flight at the "
-                            f"input stage, so it needs microbatches >= {need} per minibatch; got {M}")
+        raise ScheduleError(
+            f"{method} with {delay + 1} weight versions keeps {g0} microbatches in flight at the "
+            f"input stage, so it needs microbatches >= {need} per minibatch; got {M}"
+        )
     lists, local = _orders(plan, M * K)
     lead = {s: in_flight(plan.replicas, s) for s in range(plan.num_stages)}
     acts = [insert_minibatch_updates(a, loc, M, K, lead) for a, loc in zip(lists, local)]
     ranks = tuple(s.ranks for s in plan.stages)
     versions = assign_versions("delay", acts, ranks, M, delay)
-    return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=ranks, microbatches=M, minibatches=K,
-                    actions=tuple(tuple(a) for a in acts), versions=versions,
-                    options={"allreduce": any(r > 1 for r in plan.replicas), "weights": "delay",
-                             "delay": delay, "versions": delay + 1})
+    return Schedule(
+        method=method,
+        num_stages=plan.num_stages,
+        stage_ranks=ranks,
+        microbatches=M,
+        minibatches=K,
+        actions=tuple(tuple(a) for a in acts),
+        versions=versions,
+        options={
+            "allreduce": any(r > 1 for r in plan.replicas),
+            "weights": "delay",
+            "delay": delay,
+            "versions": delay + 1,
+        },
+    )

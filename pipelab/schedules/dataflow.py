@@ -58,7 +58,8 @@ class Costs:
         raise NotImplementedError
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
-        """(seconds, bytes) to ship the output of ``action`` (F: activation, B: gradient) from ``src`` to ``dst``."""
+        """(seconds, bytes) to ship the output of ``action`` (F: activation, B: gradient) from ``src``
+        to ``dst``."""
         raise NotImplementedError
 
     def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:

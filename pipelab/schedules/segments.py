@@ -67,7 +67,8 @@ def aligned_sizes(start: int, total: int, every: int) -> list[int]:
 
 
 def boundaries(schedule: Schedule) -> list[int]:
-    """Minibatch counts at which ``schedule`` is drained: the end of every segment (``[K]`` if unsegmented)."""
+    """Minibatch counts at which ``schedule`` is drained: the end of every segment (``[K]`` if
+    unsegmented)."""
     sizes = schedule.options.get("segments") or [schedule.minibatches]
     out, n = [], 0
     for s in sizes:
@@ -85,7 +86,9 @@ def segment_start(minibatch: int, segments: Sequence[int] | None) -> int:
         if minibatch < start + int(s):
             return start
         start += int(s)
-    raise ScheduleError(f"minibatch {minibatch} is beyond the segments {list(segments)} ({start} minibatches)")
+    raise ScheduleError(
+        f"minibatch {minibatch} is beyond the segments {list(segments)} ({start} minibatches)"
+    )
 
 
 def concat(parts: Sequence[Schedule]) -> Schedule:
@@ -104,10 +107,12 @@ def concat(parts: Sequence[Schedule]) -> Schedule:
         same = (p.method, p.num_stages, p.stage_ranks, p.microbatches, p.versions is None)
         want = (first.method, first.num_stages, first.stage_ranks, first.microbatches, first.versions is None)
         if same != want:
-            raise ScheduleError(f"part {j} ({p.method}, {p.num_stages} stages, ranks {p.stage_ranks}, "
-                                f"M={p.microbatches}) does not match part 0 ({first.method}, {first.num_stages} "
-                                f"stages, ranks {first.stage_ranks}, M={first.microbatches}); concat joins "
-                                "schedules of one method built for one plan")
+            raise ScheduleError(
+                f"part {j} ({p.method}, {p.num_stages} stages, ranks {p.stage_ranks}, "
+                f"M={p.microbatches}) does not match part 0 ({first.method}, {first.num_stages} "
+                f"stages, ranks {first.stage_ranks}, M={first.microbatches}); concat joins "
+                "schedules of one method built for one plan"
+            )
     M, W = first.microbatches, first.num_workers
     actions: list[list[Action]] = [[] for _ in range(W)]
     versions: list[list[int]] | None = None if first.versions is None else [[] for _ in range(W)]
@@ -141,8 +146,10 @@ def check_drained(schedule: Schedule) -> None:
     """
     ends = boundaries(schedule)
     if ends[-1] != schedule.minibatches:
-        raise ScheduleError(f"options['segments'] {schedule.options.get('segments')} cover {ends[-1]} minibatches "
-                            f"but the schedule has {schedule.minibatches}")
+        raise ScheduleError(
+            f"options['segments'] {schedule.options.get('segments')} cover {ends[-1]} minibatches "
+            f"but the schedule has {schedule.minibatches}"
+        )
     M = schedule.microbatches
 
     def seg(a: Action) -> int:
@@ -153,11 +160,15 @@ def check_drained(schedule: Schedule) -> None:
         segs = [seg(a) for a in acts]
         for i in range(1, len(acts)):
             if segs[i] < segs[i - 1]:
-                raise ScheduleError(f"worker {w} step {i} ({acts[i]}) belongs to segment {segs[i]} but runs after "
-                                    f"{acts[i - 1]} of segment {segs[i - 1]}: segments must not overlap on a worker")
+                raise ScheduleError(
+                    f"worker {w} step {i} ({acts[i]}) belongs to segment {segs[i]} but runs after "
+                    f"{acts[i - 1]} of segment {segs[i - 1]}: segments must not overlap on a worker"
+                )
             if (segs[i] != segs[i - 1]) and acts[i - 1].kind != "U":
-                raise ScheduleError(f"worker {w}'s last action of segment {segs[i - 1]} is {acts[i - 1]}, not an "
-                                    "update; a checkpoint at the segment's end needs the update last")
+                raise ScheduleError(
+                    f"worker {w}'s last action of segment {segs[i - 1]} is {acts[i - 1]}, not an "
+                    "update; a checkpoint at the segment's end needs the update last"
+                )
         if acts and acts[-1].kind != "U":
             raise ScheduleError(f"worker {w}'s last action {acts[-1]} is not an update")
 

@@ -28,8 +28,14 @@ def _local(plan: Plan, stage: int, worker: int, mbs: range) -> list[int]:
     return [m for m in mbs if m % st.replicas == j]
 
 
-def _per_minibatch(plan: Plan, method: str, M: int, K: int,
-                   order: Callable[[list[int], int, int], list[Action]], options: dict[str, object]) -> Schedule:
+def _per_minibatch(
+    plan: Plan,
+    method: str,
+    M: int,
+    K: int,
+    order: Callable[[list[int], int, int], list[Action]],
+    options: dict[str, object],
+) -> Schedule:
     """Build a flushing schedule: for each minibatch, ``order(local_mbs, stage, worker)`` then ``U``."""
     reps = plan.replicas
     lists: list[list[Action]] = [[] for _ in range(plan.num_workers)]
@@ -39,9 +45,15 @@ def _per_minibatch(plan: Plan, method: str, M: int, K: int,
                 local = _local(plan, st.index, w, range(k * M, (k + 1) * M))
                 lists[w] += order(local, st.index, w)
                 lists[w].append(Action(st.index, "U", k))
-    return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=tuple(s.ranks for s in plan.stages),
-                    microbatches=M, minibatches=K, actions=tuple(tuple(a) for a in lists),
-                    options={"allreduce": any(r > 1 for r in reps), "weights": "single", **options})
+    return Schedule(
+        method=method,
+        num_stages=plan.num_stages,
+        stage_ranks=tuple(s.ranks for s in plan.stages),
+        microbatches=M,
+        minibatches=K,
+        actions=tuple(tuple(a) for a in lists),
+        options={"allreduce": any(r > 1 for r in reps), "weights": "single", **options},
+    )
 
 
 def gpipe(plan: Plan, M: int, K: int) -> Schedule:

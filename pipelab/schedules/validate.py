@@ -36,7 +36,8 @@ def _fail(schedule: Schedule, what: str, at: tuple[int, int] | None) -> Schedule
 
 
 def validate(schedule: Schedule) -> None:
-    """Raise :class:`ScheduleError` (with the grid and the failing step marked) unless ``schedule`` is valid."""
+    """Raise :class:`ScheduleError` (with the grid and the failing step marked) unless ``schedule`` is
+    valid."""
     _structure(schedule)
     _order(schedule)
     _versions(schedule)
@@ -137,7 +138,9 @@ def _order(sch: Schedule) -> None:
                 raise _fail(sch, f"replicas of stage {s} have {ns} updates; replicas all-reduce pairwise, "
                                  f"so they need the same number", None)
         elif any(n != expect for n in ns):
-            raise _fail(sch, f"stage {s} needs one U per minibatch ({expect}) on every replica; found {ns}", None)
+            raise _fail(
+                sch, f"stage {s} needs one U per minibatch ({expect}) on every replica; found {ns}", None
+            )
 
 
 def _versions(sch: Schedule) -> None:
@@ -162,8 +165,9 @@ def _versions(sch: Schedule) -> None:
             if a.kind == "U":
                 produced[a.stage] += 1
                 if v != produced[a.stage]:
-                    raise _fail(sch, f"{a} must produce version {produced[a.stage]} (updates so far), not {v}",
-                                (w, i))
+                    raise _fail(
+                        sch, f"{a} must produce version {produced[a.stage]} (updates so far), not {v}", (w, i)
+                    )
             elif v > produced[a.stage] or v < 0:
                 raise _fail(sch, f"{a} reads version {v} but only versions 0..{produced[a.stage]} of stage "
                                  f"{a.stage} exist on this worker at that point", (w, i))

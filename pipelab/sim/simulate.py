@@ -277,8 +277,10 @@ def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
     (exact min-max split, :func:`pipelab.partition.balance.balance_by_time`)."""
     n_st = chunks * plan.num_stages
     if n_st > len(profile):
-        raise ScheduleError(f"interleaved-1f1b with chunks={chunks} on {plan.num_stages} workers needs "
-                            f"{n_st} virtual stages but the model has {len(profile)} layers; use fewer chunks")
+        raise ScheduleError(
+            f"interleaved-1f1b with chunks={chunks} on {plan.num_stages} workers needs "
+            f"{n_st} virtual stages but the model has {len(profile)} layers; use fewer chunks"
+        )
     sizes = balance_by_time(n_st, [layer.fwd_s + layer.bwd_s for layer in profile.layers])
     bounds = [sum(sizes[:i]) for i in range(1, n_st)]
     return Plan.from_boundaries(len(profile), bounds, batch_size=plan.batch_size, method="interleaved")

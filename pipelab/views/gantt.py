@@ -55,7 +55,9 @@ RASTER_MAX_BINS = 4000
 
 
 # ---------------------------------------------------------------------------- unit-cost layout
-def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = None, engine: bool = True) -> Trace:
+def schedule_trace(
+    schedule: Schedule, *, costs: Mapping[str, float] | None = None, engine: bool = True
+) -> Trace:
     """Lay a schedule out in time with per-kind unit costs (no communication), respecting dependencies.
 
     Rules (the data dependencies of pipeline training): ``F(s, m)`` after ``F(s-1, m)``; ``B(s, m)``
@@ -73,7 +75,9 @@ def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = No
     no worker runs.
     """
     if len(schedule) == 0:
-        raise ValueError("the schedule has no actions; build it with pl.schedules.build(method, plan, microbatches=...)")
+        raise ValueError(
+            "the schedule has no actions; build it with pl.schedules.build(method, plan, microbatches=...)"
+        )
     split = any(a.kind == "W" for acts in schedule.actions for a in acts)
     cost = dict(UNIT_COSTS_SPLIT if split else UNIT_COSTS)
     cost.update(costs or {})
@@ -128,7 +132,9 @@ def _list_schedule(schedule: Schedule, cost: Mapping[str, float], meta: dict[str
                 remaining -= 1
                 progress = True
         if not progress:
-            stuck = ", ".join(f"w{w}:{acts[ptr[w]]}" for w, acts in enumerate(schedule.actions) if ptr[w] < len(acts))
+            stuck = ", ".join(
+                f"w{w}:{acts[ptr[w]]}" for w, acts in enumerate(schedule.actions) if ptr[w] < len(acts)
+            )
             raise ValueError(f"the {schedule.method!r} schedule deadlocks: every worker waits ({stuck}); "
                              f"each waits for an action that is queued behind another waiting one")
     return Trace.from_events(events, **meta, layout_engine="pipelab.views.gantt")
@@ -237,7 +243,9 @@ def gantt(
     if not compute:
         raise ValueError(f"nothing to draw: the trace has {len(trace)} events and none is an action "
                          f"(F/B/W/U); run or simulate at least one step before drawing")
-    labels = worker_labels(trace, trace_or_schedule.stage_ranks if isinstance(trace_or_schedule, Schedule) else None)
+    labels = worker_labels(
+        trace, trace_or_schedule.stage_ranks if isinstance(trace_or_schedule, Schedule) else None
+    )
     rows = [labels[w] for w in sorted(labels)]
     bubble = source_bubble if source_bubble is not None else bubble_fraction(trace, num_workers=len(rows))
     unit = time_unit or ("unit" if is_schedule or trace.meta.get("layout") == "unit-cost" else "s")
@@ -252,14 +260,28 @@ def gantt(
     head = title or (f"{method} pipeline" if method else "pipeline")
     fig.update_layout(
         title={"text": f"{head} — bubble {bubble:.1%}, makespan {trace.makespan:.4g} {unit}"},
-        barmode="overlay", bargap=0.15, hovermode="closest", plot_bgcolor="#f4f4f4",
+        barmode="overlay",
+        bargap=0.15,
+        hovermode="closest",
+        plot_bgcolor="#f4f4f4",
         xaxis={"title": {"text": f"time ({unit})"}, "rangemode": "tozero"},
-        yaxis={"tickmode": "array", "tickvals": list(range(len(rows))), "ticktext": rows,
-               "autorange": "reversed", "zeroline": False, "showgrid": False},
+        yaxis={
+            "tickmode": "array",
+            "tickvals": list(range(len(rows))),
+            "ticktext": rows,
+            "autorange": "reversed",
+            "zeroline": False,
+            "showgrid": False,
+        },
         height=min(140 + 28 * len(rows), 2400),
         margin={"l": 10, "r": 10, "t": 60, "b": 40},
         legend={"orientation": "h", "y": 1.0, "x": 1.0, "xanchor": "right", "yanchor": "bottom"},
-        meta={**(fig.layout.meta or {}), "bubble_fraction": bubble, "color_by": color_by, "boxes": len(compute)},
+        meta={
+            **(fig.layout.meta or {}),
+            "bubble_fraction": bubble,
+            "color_by": color_by,
+            "boxes": len(compute),
+        },
     )
     return fig
 
@@ -355,7 +377,9 @@ def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, colo
         ends = np.array([e.end_s - t0 for e in evs])
         idx = np.searchsorted(starts, centres, side="right") - 1
         hit = (idx >= 0) & (centres < ends[np.maximum(idx, 0)])
-        values = np.array([kind_index[e.kind] * ncol + color_key(e, color_by) % ncol for e in evs], dtype=float)
+        values = np.array(
+            [kind_index[e.kind] * ncol + color_key(e, color_by) % ncol for e in evs], dtype=float
+        )
         labels = np.array([f"{e.action} v{e.weight_version}" for e in evs], dtype=object)
         z[r, hit] = values[idx[hit]]
         text[r, hit] = labels[idx[hit]]

@@ -71,7 +71,11 @@ def schedule_memory(schedule: Schedule) -> dict[int, dict[str, int]]:
     for w, acts in enumerate(schedule.actions):
         stages = schedule.stages_of(w) or tuple(sorted({a.stage for a in acts}))
         held = getattr(schedule, "versions_held", None)
-        stash = sum(max(held(s) - 1, 0) for s in stages) if callable(held) and schedule.versions is not None else 0
+        stash = (
+            sum(max(held(s) - 1, 0) for s in stages)
+            if callable(held) and schedule.versions is not None
+            else 0
+        )
         live: set[tuple[int, int]] = set()
         peak = 0
         for a in acts:
@@ -103,10 +107,13 @@ def _from_source(source: Any, profile: Profile | None, optimizer: str,
                  microbatches: int) -> tuple[dict[int, dict[str, float]], str]:
     if isinstance(source, Plan):
         if profile is not None:
-            return _normalize(memory_breakdown(source, profile, optimizer=optimizer, microbatches=microbatches)), \
-                f"plan {source.config!r} ({source.method})"
+            return _normalize(
+                memory_breakdown(source, profile, optimizer=optimizer, microbatches=microbatches)
+            ), f"plan {source.config!r} ({source.method})"
         if source.memory_per_worker:
-            return _normalize(list(source.memory_per_worker)), f"plan {source.config!r} ({source.method}), predicted"
+            return _normalize(
+                list(source.memory_per_worker)
+            ), f"plan {source.config!r} ({source.method}), predicted"
         raise ValueError("this plan has no memory prediction; pass the profile too: memory(plan, profile)")
     for attr in ("memory_breakdown", "memory"):              # SimResult / RunResult
         val = getattr(source, attr, None)

@@ -75,7 +75,9 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
     max_b = max((d["bytes"] for *_, d in g.edges(data=True)), default=0)
     buckets: dict[float, tuple[list[float | None], list[float | None]]] = {}
     for a, b, d in g.edges(data=True):
-        width = 1.0 if max_b <= 0 or d["bytes"] <= 0 else 1.0 + 7.0 * math.log1p(d["bytes"]) / math.log1p(max_b)
+        width = (
+            1.0 if max_b <= 0 or d["bytes"] <= 0 else 1.0 + 7.0 * math.log1p(d["bytes"]) / math.log1p(max_b)
+        )
         xs, ys = buckets.setdefault(round(width), ([], []))
         xs += [pos[a][0], pos[b][0], None]
         ys += [pos[a][1], pos[b][1], None]
@@ -86,19 +88,39 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
     max_c = max((d["compute_s"] for _, d in g.nodes(data=True)), default=0.0)
     for st in plan.stages:
         nodes = [n for n in sorted(g.nodes) if stage_of[n] == st.index]
-        sizes = [8.0 + 32.0 * math.sqrt(g.nodes[n]["compute_s"] / max_c) if max_c > 0 else 14.0 for n in nodes]
-        fig.add_trace(go.Scatter(
-            x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], mode="markers",
-            name=f"stage {st.index} ×{st.replicas}",
-            marker={"size": sizes, "color": PALETTE[st.index % len(PALETTE)], "line": {"width": 1, "color": "#333"}},
-            customdata=[[n, g.nodes[n]["name"], g.nodes[n]["kind"], g.nodes[n]["compute_s"] * 1e3,
-                         _fmt_bytes(g.nodes[n]["param_bytes"]), _fmt_bytes(profile.layers[n].out_bytes)]
-                        for n in nodes],
-            hovertemplate=(f"stage {st.index} (×{st.replicas}, ranks {list(st.ranks)})<br>"
-                           "layer %{customdata[0]}: <b>%{customdata[1]}</b> (%{customdata[2]})<br>"
-                           "fwd+bwd %{customdata[3]:.3g} ms, params %{customdata[4]}, "
-                           "output %{customdata[5]}<extra></extra>"),
-        ))
+        sizes = [
+            8.0 + 32.0 * math.sqrt(g.nodes[n]["compute_s"] / max_c) if max_c > 0 else 14.0 for n in nodes
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[n][0] for n in nodes],
+                y=[pos[n][1] for n in nodes],
+                mode="markers",
+                name=f"stage {st.index} ×{st.replicas}",
+                marker={
+                    "size": sizes,
+                    "color": PALETTE[st.index % len(PALETTE)],
+                    "line": {"width": 1, "color": "#333"},
+                },
+                customdata=[
+                    [
+                        n,
+                        g.nodes[n]["name"],
+                        g.nodes[n]["kind"],
+                        g.nodes[n]["compute_s"] * 1e3,
+                        _fmt_bytes(g.nodes[n]["param_bytes"]),
+                        _fmt_bytes(profile.layers[n].out_bytes),
+                    ]
+                    for n in nodes
+                ],
+                hovertemplate=(
+                    f"stage {st.index} (×{st.replicas}, ranks {list(st.ranks)})<br>"
+                    "layer %{customdata[0]}: <b>%{customdata[1]}</b> (%{customdata[2]})<br>"
+                    "fwd+bwd %{customdata[3]:.3g} ms, params %{customdata[4]}, "
+                    "output %{customdata[5]}<extra></extra>"
+                ),
+            )
+        )
     top = max((y for _, y in pos.values()), default=0.0) + 0.8
     for st in plan.stages:
         stage_x = [pos[n][0] for n in range(st.start, st.end)]
@@ -108,7 +130,9 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
                            yanchor="bottom",
                            text=f"<b>S{st.index}</b> ×{st.replicas}<br>ranks {ranks}",
                            font={"color": PALETTE[st.index % len(PALETTE)], "size": 11})
-    head = title or f"{profile.model or 'model'}: plan {plan.config!r} ({plan.method}), {plan.num_stages} stages"
+    head = (
+        title or f"{profile.model or 'model'}: plan {plan.config!r} ({plan.method}), {plan.num_stages} stages"
+    )
     fig.update_layout(
         title={"text": head}, hovermode="closest", plot_bgcolor="white",
         xaxis={"title": {"text": "depth (topological layer)"}, "showgrid": False, "zeroline": False},

@@ -63,7 +63,9 @@ def compare_table(results: Mapping[str, Any], *, baseline: str | None = None) ->
     return pd.DataFrame(rows).set_index("name")
 
 
-def compare(results: Mapping[str, Any], *, baseline: str | None = None, title: str | None = None) -> go.Figure:
+def compare(
+    results: Mapping[str, Any], *, baseline: str | None = None, title: str | None = None
+) -> go.Figure:
     """Bars of throughput (samples/s) and speed-up over ``baseline`` for each named result."""
     df = compare_table(results, baseline=baseline)
     base = str(df.index[df["baseline"]][0])

@@ -64,7 +64,10 @@ def simulated() -> None:
             b = schedules.build(method, P, minibatches=K, drain_every=N)
             ta, tb = simulate_schedule(a, UnitCosts()).makespan, simulate_schedule(b, UnitCosts()).makespan
             closed = (K // N - 1) * (P - 1) * 3.0
-            print(f"{method:<12}{P:>3}{K:>5}{N:>4}{ta:>9.0f}{tb:>9.0f}{tb / ta:>8.3f}{tb - ta:>7.0f}{closed:>8.0f}")
+            print(
+                f"{method:<12}{P:>3}{K:>5}{N:>4}{ta:>9.0f}{tb:>9.0f}"
+                f"{tb / ta:>8.3f}{tb - ta:>7.0f}{closed:>8.0f}"
+            )
 
 
 def measured(repeats: int) -> None:

@@ -87,20 +87,27 @@ def main() -> None:
             for c in cases:
                 times = []
                 for _ in range(a.runs):
-                    times.append(page.evaluate("""async (spec) => {
+                    times.append(
+                        page.evaluate(
+                            """async (spec) => {
                         const fig = JSON.parse(spec); const div = document.createElement('div');
                         document.body.appendChild(div);
                         const t = performance.now();
                         await Plotly.newPlot(div, fig.data, fig.layout);
                         const dt = performance.now() - t; Plotly.purge(div); div.remove(); return dt / 1e3; }""",
-                        c["json"]))
+                            c["json"],
+                        )
+                    )
                 c["browser_s"] = statistics.median(times)
             browser.close()
 
     print(f"{'P x M':>9} {'actions':>8} {'mode':>7} {'python s':>9} {'JSON MB':>8} {'browser s':>10}")
     for c in cases:
         b = f"{c['browser_s']:10.2f}" if "browser_s" in c else f"{'(no chromium)':>10}"
-        print(f"{c['P']:>4} x {c['M']:<4}{c['actions']:>8} {c['mode']:>7} {c['python_s']:9.2f} {c['json_mb']:8.2f} {b}")
+        print(
+            f"{c['P']:>4} x {c['M']:<4}{c['actions']:>8} {c['mode']:>7} {c['python_s']:9.2f} "
+            f"{c['json_mb']:8.2f} {b}"
+        )
     print(json.dumps([{k: v for k, v in c.items() if k != "json"} for c in cases]))
 
 

@@ -54,10 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         ("heavy1000", synthetic(1000, max_params=3 * 10**7), Cluster.preset("pipedream-a", servers=16,
                                                                               gpus_per_server=4), 10.0),
     ]
-    print(f"{'method':11s} {'model':14s} {'cluster':18s} {'layers':>6s} {'median s':>9s} {'target s':>9s}  config")
+    print(
+        f"{'method':11s} {'model':14s} {'cluster':18s} {'layers':>6s} {'median s':>9s} {'target s':>9s}  "
+        "config"
+    )
     for method in ("pipedream", "prefix-sum"):
         for name, prof, cl, target in cases:
-            t, cfg = median_s(lambda p=prof, c=cl, m=method: partition(p, c, m, memory_limit=float("inf")), args.runs)
+            t, cfg = median_s(
+                lambda p=prof, c=cl, m=method: partition(p, c, m, memory_limit=float("inf")), args.runs
+            )
             tgt = f"{target:9.1f}" if method == "pipedream" else f"{'-':>9s}"
             print(f"{method:11s} {name:14s} {cl.name:18s} {len(prof):6d} {t:9.3f} {tgt}  {cfg[:40]}")
     return 0

@@ -21,7 +21,9 @@ import pipelab as pl  # noqa: E402
 from pipelab.models import example  # noqa: E402
 
 
-def whole_model(model: torch.nn.Module, sample: tuple[torch.Tensor, ...], runs: int = 7) -> tuple[float, float]:
+def whole_model(
+    model: torch.nn.Module, sample: tuple[torch.Tensor, ...], runs: int = 7
+) -> tuple[float, float]:
     """Median forward seconds and median forward+backward seconds of the whole model."""
     fwd, step = [], []
     for _ in range(runs):

@@ -192,7 +192,8 @@ def _torch(steps: int) -> float:
 
 
 def _single(steps: int, micro: int = MICRO, rows: int = BATCH) -> float:
-    """One process, whole model: minibatches of ``rows`` rows, each as ``micro`` microbatches, one update each."""
+    """One process, whole model: minibatches of ``rows`` rows, each as ``micro`` microbatches, one
+    update each."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = model_fn()
@@ -245,11 +246,15 @@ def _ratio(name: str, num: list[float], den: list[float], factor: float = 1.0, t
 def main() -> None:
     """Run the comparison and print the figures."""
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12, help="timed minibatches of 64 per run (after one warm-up)")
+    ap.add_argument(
+        "--steps", type=int, default=12, help="timed minibatches of 64 per run (after one warm-up)"
+    )
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (at least 5)")
     a = ap.parse_args()
     if a.rounds < 5:
-        ap.error(f"--rounds {a.rounds}: use at least 5 rounds (medians of fewer are noise on a shared machine)")
+        ap.error(
+            f"--rounds {a.rounds}: use at least 5 rounds (medians of fewer are noise on a shared machine)"
+        )
     if a.steps < 2:
         ap.error(f"--steps {a.steps}: time at least 2 minibatches")
     torch.set_num_threads(1)
@@ -275,11 +280,14 @@ def main() -> None:
         for run in (runs if k % 2 == 0 else runs[::-1]):
             run()
         last = {n: v[-1] for n, v in r.items()}
-        print(f"round {k} (samples/s): 1f1b-flush pipelab coalesced {last['coalesced']:.1f}, pipelab "
-              f"{last['flush']:.1f}, torch {last['torch']:.1f} | 8-row: pipedream {last['pd8']:.1f}, single "
-              f"{last['single8']:.1f}, single 8 microbatches {last['single8micro']:.1f}, two singles "
-              f"{last['pair8']:.1f} | 64-row: pipedream {last['pd64']:.1f} (steady {last['pd64_steady']:.1f}), "
-              f"single {last['single64']:.1f}, two singles {last['pair64']:.1f}", flush=True)
+        print(
+            f"round {k} (samples/s): 1f1b-flush pipelab coalesced {last['coalesced']:.1f}, pipelab "
+            f"{last['flush']:.1f}, torch {last['torch']:.1f} | 8-row: pipedream {last['pd8']:.1f}, single "
+            f"{last['single8']:.1f}, single 8 microbatches {last['single8micro']:.1f}, two singles "
+            f"{last['pair8']:.1f} | 64-row: pipedream {last['pd64']:.1f} (steady {last['pd64_steady']:.1f}), "
+            f"single {last['single64']:.1f}, two singles {last['pair64']:.1f}",
+            flush=True,
+        )
     med = {n: statistics.median(v) for n, v in r.items()}
     print("median samples/s: " + ", ".join(f"{n} {v:.1f}" for n, v in med.items()))
     print("-- 1F1B-flush, 2 stages, 8 microbatches of 8 rows (target >= 1.2):")

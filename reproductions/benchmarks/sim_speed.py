@@ -44,7 +44,9 @@ def main() -> None:
         t_sim = _median(lambda: simulate_schedule(sch), args.repeat)  # noqa: B023
         print(f"{method:11s} {P} stages x {M} microbatches = {n} actions: build {t_build:.3f} s, "
               f"validate {t_val:.3f} s, simulate (unit costs) {t_sim:.3f} s = {n / t_sim:,.0f} actions/s")
-    prof = Profile.synthetic([1e-3] * P, [2e-3] * P, out_bytes=[10**6] * P, param_bytes=[10**6] * P, batch_size=M)
+    prof = Profile.synthetic(
+        [1e-3] * P, [2e-3] * P, out_bytes=[10**6] * P, param_bytes=[10**6] * P, batch_size=M
+    )
     cl = Cluster.preset("pipedream-a", servers=P // 4, gpus_per_server=4)
     plan = Plan.even(P, P, batch_size=M)
     t_prof = _median(lambda: simulate(plan, prof, cl, method="1f1b-flush", microbatches=M), args.repeat)

@@ -39,11 +39,28 @@ def main() -> int:
     cm = CostModel(profile(R.model_fn(), x, progress=False), Cluster.flat(P))
     opt = functools.partial(torch.optim.SGD, lr=0.02, momentum=0.9)
     closed = {"pipedream": lambda s: P - s, "2bw": lambda s: 2, "buffered": lambda s: 3, "gpipe": lambda s: 1}
-    print(f"{'method':10s} {'stage':>5s} {'versions':>8s} {'closed':>6s} {'measured B':>11s} {'model B':>9s} {'ratio':>6s}")
-    for method, kw in [("pipedream", {}), ("2bw", {"microbatches": 4}), ("buffered", {"microbatches": 4, "versions": 3}),
-                       ("gpipe", {"microbatches": 4})]:
-        r = train(R.model_fn, plan, method=method, data=R.make_data(1), loss_fn=R.loss_fn, optimizer=opt, steps=24,
-                  backend="local", progress=False, **kw)
+    print(
+        f"{'method':10s} {'stage':>5s} {'versions':>8s} {'closed':>6s} {'measured B':>11s} {'model B':>9s} "
+        f"{'ratio':>6s}"
+    )
+    for method, kw in [
+        ("pipedream", {}),
+        ("2bw", {"microbatches": 4}),
+        ("buffered", {"microbatches": 4, "versions": 3}),
+        ("gpipe", {"microbatches": 4}),
+    ]:
+        r = train(
+            R.model_fn,
+            plan,
+            method=method,
+            data=R.make_data(1),
+            loss_fn=R.loss_fn,
+            optimizer=opt,
+            steps=24,
+            backend="local",
+            progress=False,
+            **kw,
+        )
         for st in plan.stages:
             mem = cm.memory_bytes(st.start, st.end, versions=closed[method](st.index), in_flight=1)
             model = mem["weights"] + mem["stashed_weights"]

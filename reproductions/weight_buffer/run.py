@@ -99,10 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--lr", type=float, default=0.04)
-    ap.add_argument("--warmup", type=int, default=None, help="PipeMare warm-up steps K (default: the whole run)")
+    ap.add_argument(
+        "--warmup", type=int, default=None, help="PipeMare warm-up steps K (default: the whole run)"
+    )
     ap.add_argument("--decay", type=float, default=0.5, help="PipeMare's delta decay gamma")
     ap.add_argument("--seeds", type=int, default=3, help="runs per configuration (init and shuffling seeds)")
-    ap.add_argument("--quick", action="store_true", help="one epoch, one seed, three configurations (seconds)")
+    ap.add_argument(
+        "--quick", action="store_true", help="one epoch, one seed, three configurations (seconds)"
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -125,17 +129,35 @@ def main(argv: list[str] | None = None) -> int:
         t = time.time()
         accs, losses = [], []
         for seed in range(seeds):
-            r = train(model_fn, plan, method=method, data=make_data(epochs, seed), loss_fn=loss_fn, optimizer=opt,
-                      steps=steps, backend="local", progress=False, seed=seed, **kw)
+            r = train(
+                model_fn,
+                plan,
+                method=method,
+                data=make_data(epochs, seed),
+                loss_fn=loss_fn,
+                optimizer=opt,
+                steps=steps,
+                backend="local",
+                progress=False,
+                seed=seed,
+                **kw,
+            )
             accs.append(accuracy(r.state_dict()))
             tail = [x for x in r.losses[-10:]]
             losses.append(sum(tail) / len(tail))
         acc = torch.tensor(accs)
         sent = sum(e.bytes for e in r.trace.compute_events() if e.kind in ("F", "B"))
-        row = {"config": name, "method": method, "test_accuracy_mean": round(float(acc.mean()), 4),
-               "test_accuracy_min": round(float(acc.min()), 4), "test_accuracy_max": round(float(acc.max()), 4),
-               "final_loss_mean": round(sum(losses) / len(losses), 4), "p2p_bytes": sent,
-               "versions_held": max(r.versions_held.values()), "seconds": round(time.time() - t, 1)}
+        row = {
+            "config": name,
+            "method": method,
+            "test_accuracy_mean": round(float(acc.mean()), 4),
+            "test_accuracy_min": round(float(acc.min()), 4),
+            "test_accuracy_max": round(float(acc.max()), 4),
+            "final_loss_mean": round(sum(losses) / len(losses), 4),
+            "p2p_bytes": sent,
+            "versions_held": max(r.versions_held.values()),
+            "seconds": round(time.time() - t, 1),
+        }
         rows.append(row)
         print(f"  {name:20s} acc {float(acc.mean()):.4f} [{float(acc.min()):.4f}, {float(acc.max()):.4f}]  "
               f"loss {row['final_loss_mean']:.4f}  bytes {sent:>10d}  versions {row['versions_held']}  "
@@ -143,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]
     for r_ in rows:
         r_["acc_minus_gpipe"] = round(r_["test_accuracy_mean"] - base["test_accuracy_mean"], 4)
-        r_["bytes_vs_gpipe"] = round(r_["p2p_bytes"] / base["p2p_bytes"], 4) if r_["method"] == "gpipe" else ""
+        r_["bytes_vs_gpipe"] = (
+            round(r_["p2p_bytes"] / base["p2p_bytes"], 4) if r_["method"] == "gpipe" else ""
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     fields = list(rows[0])
     lines = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]

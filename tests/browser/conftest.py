@@ -16,7 +16,9 @@ def chromium() -> str:
     """Debian's Chromium, installed if missing (skip with the installer's reason if that fails)."""
     path = L.find_chromium()
     if path is None:
-        r = subprocess.run(["sh", str(HERE / "ensure_chromium.sh")], capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            ["sh", str(HERE / "ensure_chromium.sh")], capture_output=True, text=True, timeout=600
+        )
         path = L.find_chromium()
         if path is None:
             pytest.skip(f"headless Chromium is not installed and could not be installed: "

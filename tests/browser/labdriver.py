@@ -23,8 +23,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 # One record per code cell: its "# [name]" tag, prompt, plots (title, bars, heatmap images), output text.
 PROBE = r"""() => {
@@ -139,8 +147,10 @@ def jupyter_lab(root: Path, work: Path, *, start_timeout: float = 90.0) -> Itera
     """Start ``python -m jupyterlab`` serving ``root``; stop it (API shutdown, then its PID) on exit."""
     home, settings = work / "home", work / "settings"
     home.mkdir(parents=True, exist_ok=True)
-    for ext, plugin, val in [("notebook-extension", "tracker", {"windowingMode": "none"}),
-                             ("apputils-extension", "notification", {"fetchNews": "false", "checkForUpdates": False})]:
+    for ext, plugin, val in [
+        ("notebook-extension", "tracker", {"windowingMode": "none"}),
+        ("apputils-extension", "notification", {"fetchNews": "false", "checkForUpdates": False}),
+    ]:
         d = settings / "@jupyterlab" / ext
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{plugin}.jupyterlab-settings").write_text(json.dumps(val))
@@ -164,7 +174,9 @@ def jupyter_lab(root: Path, work: Path, *, start_timeout: float = 90.0) -> Itera
                     break
                 except Exception:
                     if proc.poll() is not None or time.time() - t0 > start_timeout:
-                        raise RuntimeError(f"jupyter lab did not start; log:\n{log_path.read_text()[-3000:]}") from None
+                        raise RuntimeError(
+                            f"jupyter lab did not start; log:\n{log_path.read_text()[-3000:]}"
+                        ) from None
                     time.sleep(0.3)
             yield lab
         finally:

@@ -86,7 +86,9 @@ def test_widgets_in_jupyterlab(chromium: str, tmp_path: Path):
             s = page.evaluate(L.PROBE)
             if all(L.finished(c["prompt"]) for c in s["cells"]) and lab.kernel_state() == "idle":
                 break
-            assert time.time() - t0 < 240, f"Run All did not finish: prompts {[c['prompt'] for c in s['cells']]}"
+            assert time.time() - t0 < 240, (
+                f"Run All did not finish: prompts {[c['prompt'] for c in s['cells']]}"
+            )
             page.wait_for_timeout(150)
         summary["run_all_s"] = round(time.time() - t0, 1)
         page.wait_for_timeout(500)                  # let the last redraws land
@@ -115,7 +117,9 @@ def test_widgets_in_jupyterlab(chromium: str, tmp_path: Path):
         final = int(number(live["text"], "LIVE_BOXES"))
         assert live["plots"] and live["plots"][0]["bars"] == final
         samples = page.evaluate("window.__samples")
-        growth = sorted({x["cells"]["live"]["bars"] for x in samples if x["cells"]["live"]["prompt"] == "[*]:"})
+        growth = sorted(
+            {x["cells"]["live"]["bars"] for x in samples if x["cells"]["live"]["prompt"] == "[*]:"}
+        )
         summary["live_distinct_counts_while_running"] = len(growth)
         summary["live_counts"] = growth[:4] + growth[-2:]
         assert len([c for c in growth if 0 < c < final]) >= 2 and len(growth) >= 3, \
@@ -135,7 +139,9 @@ def test_widgets_in_jupyterlab(chromium: str, tmp_path: Path):
         page.wait_for_timeout(300)
         ex = L.cell(page.evaluate(L.PROBE), "explorer")
         assert ex["plots"][0]["bars"] == boxes(P, M + 1), ex["plots"]
-        page.locator(".widget-dropdown", has_text="method").first.locator("select").select_option("1f1b-flush")
+        page.locator(".widget-dropdown", has_text="method").first.locator("select").select_option(
+            "1f1b-flush"
+        )
         page.wait_for_function(
             "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')].some(t => "
             "t.textContent.startsWith('1f1b-flush: P='))", timeout=30_000)
@@ -156,7 +162,10 @@ def test_widgets_in_jupyterlab(chromium: str, tmp_path: Path):
                  const p = c.querySelector('.jp-InputArea-prompt').textContent.trim();
                  return /^\\[\\d+\\]:$/.test(p) && p !== before
                         && c.querySelectorAll('.heatmaplayer image').length > 0; }""",
-            arg=before, timeout=120_000, polling=50)
+            arg=before,
+            timeout=120_000,
+            polling=50,
+        )
         summary["big_gantt_cell_to_drawn_s"] = round(time.time() - t0, 2)
         big = L.cell(page.evaluate(L.PROBE), "big")
         summary["big_gantt_python_build_s"] = number(big["text"], "BIG_BUILD_S")
@@ -182,9 +191,27 @@ def test_report_renders_offline(chromium: str, tmp_path: Path):
     bindir = Path(sys.executable).parent
     t0 = time.time()
     # backend=local: the single-process reference executor (this test is about the report, not processes)
-    r = subprocess.run([str(bindir / "papermill"), str(root / NOTEBOOK.name), str(executed), "-p", "backend", "local",
-                        "-p", "steps", "8", "--cwd", str(root), "-k", "python3"],
-                       capture_output=True, text=True, env=env, timeout=240)
+    r = subprocess.run(
+        [
+            str(bindir / "papermill"),
+            str(root / NOTEBOOK.name),
+            str(executed),
+            "-p",
+            "backend",
+            "local",
+            "-p",
+            "steps",
+            "8",
+            "--cwd",
+            str(root),
+            "-k",
+            "python3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run([str(bindir / "jupyter"), "nbconvert", "--to", "html", str(executed)],
                        capture_output=True, text=True, env=env, timeout=120)

@@ -107,6 +107,8 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
         page.wait_for_timeout(300)
         page.screenshot(path=str(OUT / "quickstart.png"))
         browser.close()
-    print(f"\nquickstart in JupyterLab: Run All {run_all_s:.1f} s (total {time.time() - t_start:.1f} s); "
-          f"{actions} actions, live Gantt {live_bars} boxes, {len(live_counts)} distinct counts while running; "
-          f"page errors {page_errors[:3]}")
+    print(
+        f"\nquickstart in JupyterLab: Run All {run_all_s:.1f} s (total {time.time() - t_start:.1f} s); "
+        f"{actions} actions, live Gantt {live_bars} boxes, {len(live_counts)} distinct counts while running; "
+        f"page errors {page_errors[:3]}"
+    )

@@ -51,8 +51,9 @@ def _delayed(method: str, opts: dict[str, Any]) -> PolicyFactory:
         else delay_for(method, opts.get("versions"))
     M = int(opts.get("microbatches") or (sched.microbatches if sched is not None else 1))
     segs = sched.options.get("segments") if sched is not None else None
-    return lambda params, stage, upcoming=(): DelayedVersions(params, stage, upcoming, delay=d, microbatches=M,
-                                                              segments=segs)
+    return lambda params, stage, upcoming=(): DelayedVersions(
+        params, stage, upcoming, delay=d, microbatches=M, segments=segs
+    )
 
 
 def _pipemare(method: str, opts: dict[str, Any]) -> PolicyFactory:
@@ -78,9 +79,11 @@ def _wsp(method: str, opts: dict[str, Any]) -> PolicyFactory:
     if sched is not None:
         V = len(sched.stage_ranks[0])
         if sched.minibatches % (V * wave):
-            raise ValueError(f"hetpipe with {V} virtual workers and waves of {wave} minibatches needs steps a "
-                             f"multiple of {V * wave} (every virtual worker ends on a full wave); got "
-                             f"{sched.minibatches}")
+            raise ValueError(
+                f"hetpipe with {V} virtual workers and waves of {wave} minibatches needs steps a "
+                f"multiple of {V * wave} (every virtual worker ends on a full wave); got "
+                f"{sched.minibatches}"
+            )
     return lambda params, stage, upcoming=(): HetPipePolicy(params, stage, upcoming, wave=wave)
 
 

@@ -140,8 +140,10 @@ class SingleVersion(WeightPolicy):
         """Check that the pipeline is flushed, then count the new version."""
         if self.in_flight:
             raise RuntimeError(
-                f"stage {self.stage}: weight update while microbatches {sorted(self.in_flight)} are in flight; "
-                "a single-version method needs a flush before U (the schedule is not flushed)")
+                f"stage {self.stage}: weight update while microbatches {sorted(self.in_flight)} are in "
+                "flight; "
+                "a single-version method needs a flush before U (the schedule is not flushed)"
+            )
         super().updated()
 
     def _measure(self) -> None:
@@ -180,9 +182,11 @@ class Stashing(WeightPolicy):
         else:
             v = self.latest
         if v not in self.stash:
-            raise RuntimeError(f"stage {self.stage}: microbatch {microbatch} needs weight version {v} but this "
-                               f"stage holds versions {sorted(self.stash)} (newest {self.latest}); the schedule's "
-                               "version rule and the runtime disagree")
+            raise RuntimeError(
+                f"stage {self.stage}: microbatch {microbatch} needs weight version {v} but this "
+                f"stage holds versions {sorted(self.stash)} (newest {self.latest}); the schedule's "
+                "version rule and the runtime disagree"
+            )
         return v
 
     def weights(self, version: int) -> dict[str, torch.Tensor] | None:

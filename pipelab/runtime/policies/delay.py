@@ -78,7 +78,9 @@ class VersionStore(WeightPolicy):
 
     name = "store"
 
-    def __init__(self, params: dict[str, nn.Parameter], stage: int, upcoming_input_versions: Iterable[int] = ()) -> None:
+    def __init__(
+        self, params: dict[str, nn.Parameter], stage: int, upcoming_input_versions: Iterable[int] = ()
+    ) -> None:
         super().__init__(params, stage)
         self.epoch = 0
         self.epoch_version: dict[int, int] = {0: 0}
@@ -97,8 +99,10 @@ class VersionStore(WeightPolicy):
     def _tensors(self, e: int) -> dict[str, torch.Tensor]:
         if e not in self.stash:
             if e != self.epoch:
-                raise RuntimeError(f"stage {self.stage}: weights of epoch {e} (version {self.epoch_version.get(e)}) "
-                                   f"are no longer held (held: {sorted(self.stash)}, current {self.epoch})")
+                raise RuntimeError(
+                    f"stage {self.stage}: weights of epoch {e} (version {self.epoch_version.get(e)}) "
+                    f"are no longer held (held: {sorted(self.stash)}, current {self.epoch})"
+                )
             self.stash[e] = {n: alias(p) for n, p in self.params.items()}
         return self.stash[e]
 
@@ -180,8 +184,16 @@ class DelayedVersions(VersionStore):
 
     name = "delayed"
 
-    def __init__(self, params: dict[str, nn.Parameter], stage: int, upcoming_input_versions: Iterable[int] = (), *,
-                 delay: int, microbatches: int, segments: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        params: dict[str, nn.Parameter],
+        stage: int,
+        upcoming_input_versions: Iterable[int] = (),
+        *,
+        delay: int,
+        microbatches: int,
+        segments: Sequence[int] | None = None,
+    ) -> None:
         super().__init__(params, stage)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
@@ -195,9 +207,11 @@ class DelayedVersions(VersionStore):
         for e, ver in self.epoch_version.items():
             if ver == v:
                 return e
-        raise RuntimeError(f"stage {self.stage}: version {v} is needed but no longer held "
-                           f"(held {sorted(self.epoch_version.values())}, newest {self.latest}); the schedule "
-                           f"does not follow the {self.delay}-step rule")
+        raise RuntimeError(
+            f"stage {self.stage}: version {v} is needed but no longer held "
+            f"(held {sorted(self.epoch_version.values())}, newest {self.latest}); the schedule "
+            f"does not follow the {self.delay}-step rule"
+        )
 
     def _rule(self, k: int) -> int:
         return delayed_rule(k, self.delay, self.segments)
