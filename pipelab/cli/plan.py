@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.method != "gpipe":
                 ap.error("--microbatches applies to --method gpipe")
             opts["microbatches"] = args.microbatches
-        plan = partition(prof, cluster, args.method, compression_ratio=args.compression_ratio,
+        plan = partition(prof, cluster, args.method, compression=args.compression_ratio,
                          optimizer=args.optimizer, allreduce_overlap=args.allreduce_overlap, **opts)
     except (ValueError, FileNotFoundError) as exc:
         print(f"pipelab plan: error: {exc}", file=sys.stderr)

@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.vertical_sync:
             opts["vertical_sync"] = True
         res = simulate(plan, prof, cluster, method=args.method, microbatches=args.microbatches,
-                       minibatches=args.minibatches, compression_ratio=args.compression, **opts)
+                       minibatches=args.minibatches, compression=args.compression, **opts)
     except (ValueError, FileNotFoundError, ScheduleError) as exc:
         print(f"pipelab simulate: {exc}", file=sys.stderr)
         return 2

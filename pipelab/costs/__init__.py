@@ -54,9 +54,25 @@ from dataclasses import dataclass
 
 from pipelab.costs.bound import SteadyState, SteadyStateBound
 from pipelab.costs.memory import Memory
-from pipelab.costs.prices import ALLREDUCE_OVERLAP, HBM_BYTES_PER_S, OPTIMIZER_STATE, Prices
+from pipelab.costs.prices import (
+    ALLREDUCE_OVERLAP,
+    CODEC_RATIOS,
+    HBM_BYTES_PER_S,
+    OPTIMIZER_STATE,
+    Prices,
+    compression_ratio_of,
+)
 
-__all__ = ["ALLREDUCE_OVERLAP", "HBM_BYTES_PER_S", "OPTIMIZER_STATE", "CostModel", "Prices", "SteadyState"]
+__all__ = [
+    "CODEC_RATIOS",
+    "compression_ratio_of",
+    "ALLREDUCE_OVERLAP",
+    "HBM_BYTES_PER_S",
+    "OPTIMIZER_STATE",
+    "CostModel",
+    "Prices",
+    "SteadyState",
+]
 
 
 @dataclass(frozen=True)

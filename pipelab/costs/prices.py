@@ -6,6 +6,7 @@ The assumptions behind every formula are stated once, in :mod:`pipelab.costs`.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,6 +22,38 @@ HBM_BYTES_PER_S = 900e9   # NVIDIA V100 data sheet: 900 GB/s HBM2
 #: how a replicated stage's gradient all-reduce meets its backward pass (see the module docstring):
 #: ``"ddp"`` layer by layer behind backward, ``"none"`` all of it after backward
 ALLREDUCE_OVERLAP = ("ddp", "none")
+
+#: bytes on the wire per byte of a float32 activation, per codec of ``train(compression=...)``
+#: (:mod:`pipelab.runtime.compress`; large tensors: int8's 4-byte scale per tensor is negligible)
+CODEC_RATIOS: dict[str, float] = {"none": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 4.0}
+
+
+def compression_ratio_of(compression: str | float | None = None,
+                         compression_ratio: float | None = None) -> float:
+    """The activation compression ratio of ``compression``: a codec name of ``train(compression=...)``
+    (``"fp16"`` -> 2.0, ``"int8"`` -> 4.0, ``None``/``"none"`` -> 1.0) or a number (the ratio itself).
+
+    ``compression_ratio`` is the deprecated spelling of a number (it warns); passing both is an error.
+    """
+    if compression_ratio is not None:
+        warnings.warn("compression_ratio= is deprecated; pass compression= with a codec name ('fp16', "
+                      "'int8') or the ratio itself", DeprecationWarning, stacklevel=3)
+        if compression is not None:
+            raise ValueError(f"pass compression= or compression_ratio=, not both (got {compression!r} and "
+                             f"{compression_ratio!r})")
+        compression = compression_ratio
+    if compression is None:
+        return 1.0
+    if isinstance(compression, str):
+        name = compression.lower()
+        if name not in CODEC_RATIOS:
+            raise ValueError(f"unknown compression {compression!r}; use one of {', '.join(CODEC_RATIOS)}, "
+                             "None, or a ratio >= 1")
+        return CODEC_RATIOS[name]
+    if isinstance(compression, bool) or not isinstance(compression, (int, float)):
+        raise ValueError(f"compression={compression!r} must be a codec name or a number >= 1")
+    return float(compression)
+
 
 # optimizer state bytes per parameter byte (momentum buffer; Adam's two moments)
 OPTIMIZER_STATE: dict[str, int] = {"sgd": 0, "sgd-momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}

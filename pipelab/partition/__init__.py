@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelab.cluster import Cluster
-from pipelab.costs import CostModel
+from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition.plan import Plan, Stage
 from pipelab.profile.records import Profile
 
@@ -26,19 +26,22 @@ __all__ = ["METHODS", "CostModel", "Plan", "Stage", "partition"]
 
 
 def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
-              compression_ratio: float = 1.0, optimizer: str = "sgd-momentum", allreduce_overlap: str = "ddp",
+              compression: str | float | None = None, compression_ratio: float | None = None,
+              optimizer: str = "sgd-momentum", allreduce_overlap: str = "ddp",
               allreduce_bandwidth: float | None = None, **options: Any) -> Plan:
     """Partition ``profile`` for ``cluster`` (a Cluster or a spec like ``"pipedream-a:4x4"``) by ``method``.
 
-    Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``; prefix-sum
-    ``stages``,
-    ``memory_limit``, ``buffers``, ``workers``; gpipe ``stages``, ``microbatches``, ``by``,
+    Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``;
+    prefix-sum ``stages``, ``memory_limit``, ``buffers``, ``workers``;
+    gpipe ``stages``, ``microbatches``, ``by``,
     ``memory_limit``; hetpipe ``policy``, ``memory_limit``; dp ``workers``, ``memory_limit``.
     ``memory_limit`` (bytes per worker) defaults to each device's memory. ``allreduce_overlap``:
     how a replicated stage's gradient all-reduce meets backward (``"ddp"``, the default: layer by
     layer behind it; ``"none"``: after it, as pipelab's runtime does; see
     :class:`~pipelab.costs.CostModel`); ``allreduce_bandwidth`` (bytes/s): the links' bandwidth
     inside an all-reduce where measured to differ from point-to-point (None: the cluster's).
+    ``compression``: the activation compression as ``train`` names it (``"fp16"``, ``"int8"``) or a
+    ratio; ``compression_ratio=`` is its deprecated spelling.
     """
     if not isinstance(profile, Profile):
         raise TypeError(f"partition() needs a pipelab Profile, got {type(profile).__name__}; "
@@ -46,7 +49,8 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     cl = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cl, Cluster):
         raise TypeError(f"cluster must be a Cluster or a preset spec string, got {type(cluster).__name__}")
-    cm = CostModel(profile, cl, compression_ratio=compression_ratio, optimizer=optimizer,
+    ratio = compression_ratio_of(compression, compression_ratio)
+    cm = CostModel(profile, cl, compression_ratio=ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
     m = method.lower()
     if m not in METHODS:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pipelab.methods as methods
 import pipelab.metrics as metrics
-from pipelab.costs import HBM_BYTES_PER_S, CostModel
+from pipelab.costs import HBM_BYTES_PER_S, CostModel, compression_ratio_of
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
 from pipelab.schedules import build
@@ -287,7 +287,8 @@ def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
 
 
 def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str = "pipedream", *,
-             microbatches: int | None = None, minibatches: int | None = None, compression_ratio: float = 1.0,
+             microbatches: int | None = None, minibatches: int | None = None,
+             compression: str | float | None = None, compression_ratio: float | None = None,
              optimizer: str = "sgd-momentum", memory_bandwidth: float = HBM_BYTES_PER_S,
              allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
              schedule: Schedule | None = None, **options: Any) -> SimResult:
@@ -295,7 +296,9 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
 
     ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan). For
     ``interleaved-1f1b`` (``chunks=v``) a plan with ``P`` stages is re-split into ``v * P`` virtual
-    stages of balanced compute. ``schedule`` overrides the built schedule (a custom order from
+    stages of balanced compute. ``compression``: the activation compression, as ``train`` names it
+    (``"fp16"``, ``"bf16"``, ``"int8"``) or a ratio (``compression_ratio=`` is its deprecated
+    spelling). ``schedule`` overrides the built schedule (a custom order from
     ``Schedule.from_csv``). ``allreduce_overlap`` is how a replicated stage's gradient all-reduce
     meets backward (:class:`~pipelab.costs.CostModel`): ``"ddp"`` (default) layer by layer
     behind it, ``"none"`` after it, as pipelab's runtime does; ``allreduce_bandwidth`` (bytes/s)
@@ -327,7 +330,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     phys = [int(w) for w in phys] if phys else None
     if max(phys or [0]) >= cluster.num_workers:
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
-    cm = CostModel(profile, cluster, compression_ratio=compression_ratio, optimizer=optimizer,
+    ratio = compression_ratio_of(compression, compression_ratio)
+    cm = CostModel(profile, cluster, compression_ratio=ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys)
