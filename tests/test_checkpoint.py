@@ -216,20 +216,8 @@ HET2 = Plan.from_boundaries(5, [2], replicas=[2, 2])
 def run(
     method: str, plan: Plan, *, steps: int, microbatches: int = 1, backend: str = "local", **kw: Any
 ) -> Any:
-    return train(
-        H.mlp,
-        plan,
-        method=method,
-        data=H.data,
-        loss_fn=H.loss_fn,
-        optimizer=H.momentum,
-        steps=steps,
-        microbatches=microbatches,
-        backend=backend,
-        progress=False,
-        timeout=120,
-        **kw,
-    )
+    return train(H.mlp, plan, method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.momentum,
+                 steps=steps, microbatches=microbatches, backend=backend, progress=False, timeout=120, **kw)
 
 
 def assert_identical(a: Any, b: Any) -> None:

@@ -101,20 +101,9 @@ def test_frozen_and_eval_linears_are_left_to_autograd():
 
 def _train(method, cuts, reps, backend, *, steps=3, microbatches=4, **kw):
     plan = pl.Plan.from_boundaries(PAIR_L, cuts, reps)
-    return pl.train(
-        H.pair,
-        plan,
-        method=method,
-        data=H.pair_data,
-        loss_fn=H.loss_fn,
-        optimizer=H.sgd,
-        steps=steps,
-        microbatches=microbatches,
-        backend=backend,
-        progress=False,
-        timeout=120,
-        **kw,
-    )
+    return pl.train(H.pair, plan, method=method, data=H.pair_data, loss_fn=H.loss_fn, optimizer=H.sgd,
+                    steps=steps, microbatches=microbatches, backend=backend, progress=False, timeout=120,
+                    **kw)
 
 
 @pytest.fixture
@@ -188,15 +177,8 @@ def test_methods_whose_weights_change_within_a_minibatch_are_refused(method, opt
     with pytest.raises(
         ValueError, match=rf"coalesce_wgrad=True is not supported for method '{method}'.*one of gpipe"
     ):
-        _train(
-            method,
-            [7],
-            [1, 1],
-            "local",
-            microbatches=1 if method != "zb-h1" else 4,
-            coalesce_wgrad=True,
-            **opts,
-        )
+        _train(method, [7], [1, 1], "local", microbatches=1 if method != "zb-h1" else 4, coalesce_wgrad=True,
+               **opts)
 
 
 def test_bad_value_is_refused():

@@ -37,20 +37,9 @@ def _alive(pid: int) -> bool:
 
 
 def _run(plan, method, backend, *, steps=5, microbatches=4, **kw):
-    return pl.train(
-        H.pair,
-        plan,
-        method=method,
-        data=H.pair_data,
-        loss_fn=H.loss_fn,
-        optimizer=H.sgd,
-        steps=steps,
-        microbatches=microbatches,
-        backend=backend,
-        progress=False,
-        timeout=120,
-        **kw,
-    )
+    return pl.train(H.pair, plan, method=method, data=H.pair_data, loss_fn=H.loss_fn, optimizer=H.sgd,
+                    steps=steps, microbatches=microbatches, backend=backend, progress=False, timeout=120,
+                    **kw)
 
 
 def _same_order(res):
@@ -155,17 +144,8 @@ def test_a_failing_worker_ends_the_job_with_its_traceback():
 
 def test_cancel_kills_every_worker():
     plan = pl.Plan.from_boundaries(5, [2])
-    run = pl.launch(
-        H.slow_mlp,
-        plan,
-        method="1f1b-flush",
-        data=H.long_data,
-        loss_fn=H.loss_fn,
-        optimizer=H.sgd,
-        steps=200,
-        microbatches=2,
-        timeout=120,
-    )
+    run = pl.launch(H.slow_mlp, plan, method="1f1b-flush", data=H.long_data, loss_fn=H.loss_fn,
+                    optimizer=H.sgd, steps=200, microbatches=2, timeout=120)
     pids = run.pids
     assert len(pids) == 2
     next(iter(run.events))            # it is running
@@ -209,16 +189,8 @@ def test_ctrl_c_in_train_kills_every_worker(tmp_path):
 
 def test_dropout_streams_are_the_same_in_processes_and_in_the_reference_executor():
     plan = pl.Plan.from_boundaries(6, [2, 4])  # the dropout is a stage of its own
-    kw = dict(
-        method="1f1b-flush",
-        data=H.mlp_data,
-        loss_fn=H.loss_fn,
-        optimizer=H.sgd,
-        steps=3,
-        microbatches=2,
-        progress=False,
-        timeout=120,
-    )
+    kw = dict(method="1f1b-flush", data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=3,
+              microbatches=2, progress=False, timeout=120)
     a = pl.train(H.dropout_mlp, plan, backend="gloo", **kw)
     b = pl.train(H.dropout_mlp, plan, backend="local", **kw)
     c = pl.train(H.dropout_mlp, plan, backend="local", recompute=True, **kw)   # recompute replays the masks

@@ -18,6 +18,17 @@ if TYPE_CHECKING:
 
 
 
+def show_figure(fig: go.Figure, report: bool) -> None:
+    """Show ``fig`` live in JupyterLab, or, in a report (``report=True``, under the driver), as HTML
+    whose plotly.js the driver's report adds once."""
+    from IPython.display import HTML, display  # only inside a notebook kernel
+
+    if report:
+        display(HTML(fig.to_html(full_html=False, include_plotlyjs=False)))
+    else:
+        fig.show()
+
+
 def write_table(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     """Write a DataFrame as CSV (atomically)."""
     return atomic_write_text(path, df.to_csv(index=False))

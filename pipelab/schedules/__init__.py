@@ -15,7 +15,7 @@ Contract (stable; see also :mod:`pipelab.schedules.actions`):
   (replicas' ``k``-th ``U``'s pair up for the all-reduce, none for hetpipe);
 - ``2bw``/``buffered``: ``M`` microbatches per minibatch, one ``U`` per stage per minibatch after
   its last ``B``;
-- ``versions`` (for the async methods) follow :func:`pipelab.schedules._common.assign_versions`.
+- ``versions`` (for the async methods) follow :func:`pipelab.schedules.versions.assign_versions`.
 """
 
 from __future__ import annotations

@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import math
 
+import pipelab.methods as methods
 from pipelab.partition.plan import Plan
 from pipelab.schedules._common import (
     ScheduleError,
-    assign_versions,
     in_flight,
     insert_minibatch_updates,
     insert_updates,
     one_f_one_b,
 )
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.versions import assign_versions
 
 
 def _orders(plan: Plan, total: int, extra: int = 0) -> tuple[list[list[Action]], list[dict[int, list[int]]]]:
@@ -69,15 +70,12 @@ def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool 
         raise ScheduleError(f"extra_in_flight={extra_in_flight} must be >= 0")
     lists, _ = _orders(plan, K, extra_in_flight)
     acts = [insert_updates(a) for a in lists]
-    if method in ("naive-async", "pipemare"):
-        rule = "latest"
-    elif vertical_sync:
+    rule = methods.get(method).versions     # "stash" (pipedream) or "latest" (naive-async, pipemare)
+    if vertical_sync and rule == "stash":
         if len(set(plan.replicas)) != 1:
             raise ScheduleError(f"vertical_sync needs every stage to have the same replica count (so that "
                                 f"version numbers match across stages); this plan has {plan.config!r}")
         rule = "vertical"
-    else:
-        rule = "stash"
     ranks = tuple(s.ranks for s in plan.stages)
     versions = assign_versions(rule, acts, ranks, 1)
     options: dict[str, object] = {

@@ -183,32 +183,17 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
         s, kind, m = a.stage, a.kind, a.microbatch
         ready = free[w]
         need: tuple[str, int, int] | None = None
-        if kind == "F":
-            if s > 0:
-                t = avail.get(("a", s - 1, m))
+        if kind != "U":
+            # the data each dependency ships: an activation ("a") or gradient ("g") from a neighbour
+            # stage, or this stage's own F ("f") / B ("b") having run
+            for k2, s2, m2 in dependencies(kind, s, m, S - 1):
+                key = (("a" if k2 == "F" else "g") if s2 != s else k2.lower(), s2, m2)
+                t = avail.get(key)
                 if t is None:
-                    need = ("a", s - 1, m)
-                elif t > ready:
-                    ready = t
-        elif kind == "B":
-            t = avail.get(("f", s, m))
-            if t is None:
-                need = ("f", s, m)
-            else:
+                    need = key
+                    break
                 if t > ready:
                     ready = t
-                if s < S - 1:
-                    t = avail.get(("g", s + 1, m))
-                    if t is None:
-                        need = ("g", s + 1, m)
-                    elif t > ready:
-                        ready = t
-        elif kind == "W":
-            t = avail.get(("b", s, m))
-            if t is None:
-                need = ("b", s, m)
-            elif t > ready:
-                ready = t
         elif allreduce and rep[s] > 1:
             k = u_count.get((w, s), 0)
             key = ("r", s, k)

@@ -28,7 +28,7 @@ microbatches takes ``(n M + P - 1)(f + b)``; ``K`` minibatches in one schedule t
 ``pl.simulate(..., drain_every=N)`` times it with a profile's costs
 (``reproductions/benchmarks/checkpoint_drain_cost.py`` prints both).
 
-Version rules across segments (:func:`pipelab.schedules._common.assign_versions`): ``stash``,
+Version rules across segments (:func:`pipelab.schedules.versions.assign_versions`): ``stash``,
 ``vertical`` and ``latest`` count updates, so they continue unchanged; the delayed rule of 2BW and
 ``buffered`` restarts after a drain like a fresh pipeline: minibatch ``k`` of a segment starting
 at minibatch ``k0`` reads version ``max(k0, k - d)`` (the segment's first minibatches read the

@@ -11,7 +11,7 @@ rule broken and prints the schedule grid with the failing step in brackets. Chec
    minibatch of the stage, in order, the same count on every replica;
 3. versions: single-version (sync) methods read weights only after the previous minibatch's ``U``
    (a flush); multi-version schedules never read a version not yet produced on that worker, and
-   match the method's rule (:func:`pipelab.schedules._common.assign_versions`);
+   match the method's rule (:func:`pipelab.schedules.versions.assign_versions`);
 4. drained segments (``options["segments"]``, :mod:`pipelab.schedules.segments`): no worker
    overlaps two segments and each ends a segment with an update (a consistent cut);
 5. deadlock freedom: the schedule runs to the end in the simulator with unit costs (blocking
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipelab.schedules._common import ScheduleError, assign_versions
+from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.dataflow import Deadlock, UnitCosts, run
+from pipelab.schedules.versions import assign_versions
 
 _MAX_STEPS = 26
 

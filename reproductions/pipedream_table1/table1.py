@@ -60,15 +60,14 @@ out_dir = ""                 # if set, row.json (this row's numbers, for the dri
 report = False               # True under the driver: figures as HTML, plotly.js added once by the report
 
 # %%
-from IPython.display import HTML, display
+from IPython.display import display
+
+from pipelab.reproduce import show_figure
 
 
 def show(fig):
     """Show a figure live in JupyterLab; in a report, as HTML whose plotly.js the driver adds once."""
-    if report:
-        display(HTML(fig.to_html(full_html=False, include_plotlyjs=False)))
-    else:
-        fig.show()
+    show_figure(fig, report)
 
 
 # %%

@@ -53,15 +53,12 @@ out_dir = "."
 report = False
 
 # %%
-from IPython.display import HTML, display
+from pipelab.reproduce import show_figure
 
 
 def show(fig):
     """Show a figure live in JupyterLab; in a report, as HTML whose plotly.js the driver adds once."""
-    if report:
-        display(HTML(fig.to_html(full_html=False, include_plotlyjs=False)))
-    else:
-        fig.show()
+    show_figure(fig, report)
 
 
 # %%

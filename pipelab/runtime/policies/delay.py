@@ -27,7 +27,7 @@ from torch import nn
 
 import pipelab.methods as methods
 from pipelab.runtime.policies.base import WeightPolicy, alias
-from pipelab.schedules._common import delayed_rule
+from pipelab.schedules.versions import delayed_rule
 
 
 # ---------------------------------------------------------------------- pure rules
@@ -184,16 +184,9 @@ class DelayedVersions(VersionStore):
 
     name = "delayed"
 
-    def __init__(
-        self,
-        params: dict[str, nn.Parameter],
-        stage: int,
-        upcoming_input_versions: Iterable[int] = (),
-        *,
-        delay: int,
-        microbatches: int,
-        segments: Sequence[int] | None = None,
-    ) -> None:
+    def __init__(self, params: dict[str, nn.Parameter], stage: int,
+                 upcoming_input_versions: Iterable[int] = (), *, delay: int, microbatches: int,
+                 segments: Sequence[int] | None = None) -> None:
         super().__init__(params, stage)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")

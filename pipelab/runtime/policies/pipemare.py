@@ -20,16 +20,9 @@ class PipeMarePolicy(WeightPolicy):
     name = "pipemare"
     forward_builds_graph = False
 
-    def __init__(
-        self,
-        params: dict[str, nn.Parameter],
-        stage: int,
-        upcoming_input_versions: Iterable[int] = (),
-        *,
-        tau_fwd: int,
-        tau_bwd: int,
-        config: PipeMareConfig,
-    ) -> None:
+    def __init__(self, params: dict[str, nn.Parameter], stage: int,
+                 upcoming_input_versions: Iterable[int] = (), *, tau_fwd: int, tau_bwd: int,
+                 config: PipeMareConfig) -> None:
         super().__init__(params, stage)
         self.state = PipeMareState([p for p in params.values()], tau_fwd, tau_bwd, config)
         self._in_backward: int | None = None

@@ -54,14 +54,8 @@ class HetPipePolicy(VersionStore):
 
     name = "hetpipe"
 
-    def __init__(
-        self,
-        params: dict[str, nn.Parameter],
-        stage: int,
-        upcoming_input_versions: Iterable[int] = (),
-        *,
-        wave: int,
-    ) -> None:
+    def __init__(self, params: dict[str, nn.Parameter], stage: int,
+                 upcoming_input_versions: Iterable[int] = (), *, wave: int) -> None:
         super().__init__(params, stage)
         if wave < 1:
             raise ValueError(f"wave={wave} must be >= 1 (minibatches per wave = the VW's NOAM)")
