@@ -28,6 +28,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+import pipelab.methods as methods
+from pipelab.cluster import Cluster
+from pipelab.partition import METHODS, partition
+from pipelab.partition.plan import Plan
+from pipelab.profile.records import Profile
+from pipelab.schedules import build as build_schedule
 from pipelab.trace import Event, Trace
 from pipelab.views import gantt, memory, partition_graph, to_html
 
@@ -340,11 +346,8 @@ class ScheduleExplorer(_Explorer):
 
     def __init__(self, *, method: str = "1f1b-flush", stages: int = 4, microbatches: int = 8, v: int = 2,
                  K: int = 2, live: bool | None = None) -> None:
-        from pipelab import schedules
-
-        self._methods = list(schedules.METHODS)
-        if method not in self._methods:
-            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(self._methods)}")
+        self._methods = list(methods.names())
+        methods.get(method)     # an unknown method: the registry's error, listing the valid ones
         self.live = live_frontend() if live is None else bool(live)
         self.values: dict[str, Any] = {"method": method, "stages": stages, "microbatches": microbatches,
                                        "v": v, "K": K}
@@ -376,29 +379,29 @@ class ScheduleExplorer(_Explorer):
 
     def build(self) -> Any:
         """The schedule for the current control values."""
-        from pipelab import schedules
-
         m, P, M = self.values["method"], int(self.values["stages"]), int(self.values["microbatches"])
+        spec = methods.get(m)
+        takes = {o.name for o in spec.options}
         opts: dict[str, Any] = {}
-        if m == "interleaved-1f1b":
+        if "chunks" in takes:
             opts["chunks"] = int(self.values["v"])
-        if m == "buffered":
+        if "versions" in takes:
             opts["versions"] = int(self.values["K"])
         plan: Any = P
-        if m in ("dp", "hetpipe"):
-            from pipelab.partition.plan import Plan
-
-            plan = Plan.from_boundaries(max(P, 2), [], replicas=[P]) if m == "dp" else \
-                Plan.from_boundaries(2 * P, [P], replicas=[2, 2]) if P >= 2 else P
-        if m in ("pipedream", "naive-async", "pipemare", "hetpipe"):
-            return schedules.build(m, plan, minibatches=M, **opts)
-        return schedules.build(m, plan, microbatches=M, **opts)
+        if spec.order == "dp":
+            plan = Plan.from_boundaries(max(P, 2), [], replicas=[P])
+        elif not spec.replicas_allreduce and P >= 2:   # HetPipe: two virtual workers of P stages
+            plan = Plan.from_boundaries(2 * P, [P], replicas=[2, 2])
+        if spec.update == "microbatch":
+            return build_schedule(m, plan, minibatches=M, **opts)
+        return build_schedule(m, plan, microbatches=M, **opts)
 
     def redraw(self) -> None:
         """Rebuild the schedule and both figures; a bad combination shows its error, keeps the old figures."""
         if self.live:
-            self.controls["v"].disabled = self.values["method"] != "interleaved-1f1b"
-            self.controls["K"].disabled = self.values["method"] != "buffered"
+            takes = {o.name for o in methods.get(self.values["method"]).options}
+            self.controls["v"].disabled = "chunks" not in takes
+            self.controls["K"].disabled = "versions" not in takes
         try:
             sched = self.build()
             g = gantt(
@@ -452,7 +455,6 @@ class PlanExplorer(_Explorer):
         presets: Iterable[str] | None = None,
         methods: Iterable[str] | None = None,
     ) -> None:
-        from pipelab.profile.records import Profile
 
         if not isinstance(profile, Profile):
             raise TypeError(f"PlanExplorer needs a pl.Profile; got {type(profile).__name__}")
@@ -502,7 +504,6 @@ class PlanExplorer(_Explorer):
 
     def make_plan(self) -> Any:
         """Partition the profile for the current control values."""
-        from pipelab.cluster import Cluster
 
         v = self.values
         cluster = Cluster.preset(
@@ -510,7 +511,6 @@ class PlanExplorer(_Explorer):
         )
         part = self._partition
         if part is None:
-            from pipelab.partition import partition
 
             part = partition
         kw: dict[str, Any] = {"method": v["method"]}
@@ -549,13 +549,11 @@ class PlanExplorer(_Explorer):
 
 
 def _cluster_presets() -> list[str]:
-    from pipelab.cluster import Cluster
 
     return list(Cluster.presets())
 
 
 def _partition_methods() -> list[str]:
-    from pipelab.partition import METHODS
 
     return list(METHODS)
 

@@ -17,6 +17,7 @@ from torch import nn
 from pipelab.models.demo import digits_data, mlp, small_cnn, synthetic_translation, tiny_transformer
 from pipelab.models.gnmt import GNMT, gnmt, gnmt_param_count
 from pipelab.models.vision import resnet50, vgg16
+from pipelab.profile.pipedream_format import load_pipedream, shipped
 from pipelab.profile.records import Profile
 
 __all__ = [
@@ -58,7 +59,6 @@ def build(name: str, **kwargs: Any) -> nn.Module:
 def pipedream_profile(name: str, *, batch_size: int | None = None) -> Profile:
     """PipeDream's measured profile of a paper model shipped with pipelab (``vgg16``, ``resnet50``,
     ``alexnet``, ``gnmt8``, ``gnmt16``); times are per minibatch of the size it was measured at."""
-    from pipelab.profile.pipedream_format import load_pipedream, shipped
 
     return load_pipedream(shipped(name), batch_size=batch_size, model=name)
 

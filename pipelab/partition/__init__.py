@@ -17,7 +17,12 @@ from typing import Any
 
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
+from pipelab.partition.balance import partition_gpipe
+from pipelab.partition.dp import partition_dp
+from pipelab.partition.hetero import partition_hetpipe
+from pipelab.partition.pipedream import partition_pipedream
 from pipelab.partition.plan import Plan, Stage
+from pipelab.partition.prefix_sum import partition_prefix_sum
 from pipelab.profile.records import Profile
 
 METHODS = ("pipedream", "prefix-sum", "gpipe", "hetpipe", "dp")
@@ -62,26 +67,21 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
             raise TypeError(f"method {m!r} does not take option(s) {sorted(bad)}; it takes {list(names)}")
 
     if m == "pipedream":
-        from pipelab.partition.pipedream import partition_pipedream
 
         allowed(("straight", "memory_limit", "workers", "hierarchical"))
         return partition_pipedream(cm, **options)
     if m == "prefix-sum":
-        from pipelab.partition.prefix_sum import partition_prefix_sum
 
         allowed(("stages", "memory_limit", "buffers", "workers"))
         return partition_prefix_sum(cm, **options)
     if m == "gpipe":
-        from pipelab.partition.balance import partition_gpipe
 
         allowed(("stages", "microbatches", "by", "memory_limit"))
         return partition_gpipe(cm, **options)
     if m == "hetpipe":
-        from pipelab.partition.hetero import partition_hetpipe
 
         allowed(("policy", "memory_limit"))
         return partition_hetpipe(cm, **options)
-    from pipelab.partition.dp import partition_dp
 
     allowed(("workers", "memory_limit"))
     return partition_dp(cm, **options)

@@ -59,6 +59,7 @@ def search_objective(cm: CostModel, bounds: Sequence[int], replicas: Sequence[in
     are per block: the pipeline lies on the first ``block`` workers and is replicated in every block
     (:func:`pipelab.partition.pipedream.block_workers`). The DP minimises the max of both lists.
     """
+    # imported here: pipelab.partition.pipedream imports this module at its top
     from pipelab.partition.pipedream import block_workers
 
     n, Wall = cm.num_layers, cm.cluster.num_workers
@@ -204,6 +205,7 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
         time = fwd_span + bwd_span + max(0.0, max(tails), upd)
         extra = {"forward_span_s": fwd_span, "backward_span_s": bwd_span}
     if dp_time is None:
+        # imported here: pipelab.partition.dp imports this module at its top
         from pipelab.partition.dp import dp_time_s
 
         dp_time = dp_time_s(cm, phys)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan
+from pipelab.partition._evaluate import build_plan, check_memory
 from pipelab.partition.plan import Plan
 
 
@@ -73,8 +73,6 @@ def balance_by_size(partitions: int, sizes: Sequence[float]) -> list[int]:
 def partition_gpipe(cm: CostModel, *, stages: int | None = None, microbatches: int | None = None,
                     by: str = "time", memory_limit: float | None = None) -> Plan:
     """A GPipe plan: ``stages`` partitions balanced ``by`` "time" or "size", one worker each."""
-    from pipelab.partition._evaluate import check_memory
-
     n, W = cm.num_layers, cm.cluster.num_workers
     S = min(W, n) if stages is None else stages
     if not (1 <= S <= W):

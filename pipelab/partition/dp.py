@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipelab.costs import CostModel
+from pipelab.partition._evaluate import build_plan, check_memory
 from pipelab.partition.plan import Plan
 
 
@@ -25,8 +26,6 @@ def partition_dp(
     cm: CostModel, *, workers: Sequence[int] | None = None, memory_limit: float | None = None
 ) -> Plan:
     """The data-parallel plan (config ``"W"``) with predictions; raises if the model does not fit."""
-    from pipelab.partition._evaluate import build_plan, check_memory
-
     ws = list(workers) if workers is not None else list(range(cm.cluster.num_workers))
     t = dp_time_s(cm, ws)
     plan = build_plan(cm, [], [len(ws)], method="dp", schedule="async", versions="one", in_flight=[1],

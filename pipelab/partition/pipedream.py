@@ -47,7 +47,9 @@ import numpy as np
 
 from pipelab.costs import CostModel
 from pipelab.partition._evaluate import build_plan, refine_bounds, search_objective
+from pipelab.partition.dp import partition_dp
 from pipelab.partition.plan import Plan
+from pipelab.partition.prefix_sum import solve as straight_solve
 
 
 def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:
@@ -125,8 +127,6 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
     if block is None and 1 < W <= n:
         # the best straight pipeline (Lv et al.'s exact prefix-sum search, same cost terms) is
         # also a plan of this DP's space; usually a much tighter bound when pipelining wins
-        from pipelab.partition.prefix_sum import solve as straight_solve
-
         try:
             sbounds = straight_solve(cm, memory_limit=memory_limit, buffers=None)[1]
         except ValueError:
@@ -289,8 +289,6 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
             best = plan
     if not straight and best is not None and len(best.stages) > 1:
         try:
-            from pipelab.partition.dp import partition_dp
-
             dp = partition_dp(cm2, memory_limit=memory_limit)
         except ValueError:
             pass

@@ -270,6 +270,7 @@ class Profile:
     def from_pipedream(cls, path: str | os.PathLike[str], *, batch_size: int | None = None,
                        model: str | None = None) -> Profile:
         """Import one of PipeDream's ``graph.txt`` profiles (ms per minibatch, sizes in bytes)."""
+        # imported here: pipelab.profile.pipedream_format imports this module at its top
         from pipelab.profile.pipedream_format import load_pipedream
 
         return load_pipedream(path, batch_size=batch_size, model=model)

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+from pipelab.cli.profile import show
+from pipelab.models import example, pipedream_profile
+from pipelab.profile.measure import profile
 from pipelab.reproduce.report import build_report, markdown_table, run_notebook, write_table
 from pipelab.reproduce.table1 import TABLE1, PaperRow, table1_markdown
 
@@ -27,9 +30,6 @@ REPRODUCTIONS = Path(__file__).resolve().parents[2] / "reproductions"
 def quickstart(*, image_size: int = 64, batch: int = 4, repeats: int = 3, device: str = "cpu",
                progress: bool = True) -> int:
     """Profile VGG-16 (no weights needed) and print its table and PipeDream's; returns 0."""
-    from pipelab.cli.profile import show
-    from pipelab.models import example, pipedream_profile
-    from pipelab.profile.measure import profile
 
     model, sample = example("vgg16", batch, image_size=image_size)
     prof = profile(model, sample, device=device, repeats=repeats, progress=progress, model_name="vgg16")

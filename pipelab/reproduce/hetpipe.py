@@ -15,15 +15,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-    from pipelab.partition.plan import Plan
-    from pipelab.profile.records import Profile
 
 from pipelab.cluster import Cluster
+from pipelab.graph import layer_nodes, trace
 from pipelab.models import pipedream_profile
 from pipelab.partition import partition
+from pipelab.partition.plan import Plan
+from pipelab.profile.records import Profile
+from pipelab.profile.records import Profile as _Profile
 from pipelab.reproduce.measure import cross_entropy
 from pipelab.reproduce.stashing import digits_accuracy, digits_epochs, digits_model
 from pipelab.runtime.launch import train
+from pipelab.runtime.wsp import check_trace
 from pipelab.sim.simulate import simulate
 
 
@@ -35,7 +38,6 @@ def rebatch(profile: Profile, batch_size: int) -> Profile:
     """
     from dataclasses import replace
 
-    from pipelab.profile.records import Profile as _Profile
 
     f = batch_size / profile.batch_size
     layers = tuple(
@@ -188,8 +190,6 @@ def hetpipe_emulated(
     import pandas as pd
     import torch
 
-    from pipelab.graph import layer_nodes, trace
-    from pipelab.partition.plan import Plan
 
     n = len(layer_nodes(trace(digits_model())))
     workers = stages * virtual_workers
@@ -226,7 +226,6 @@ def hetpipe_emulated(
         if d is not None:
             # the largest lead of a VW over the global clock at any pull, replayed from the trace (the
             # bound must hold: check_trace raises if a pull broke it)
-            from pipelab.runtime.wsp import check_trace
 
             try:
                 row["max_staleness_seen"] = check_trace(run.trace, d)

@@ -17,11 +17,13 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from pipelab.partition.plan import Plan
 
 import pipelab.metrics as metrics
 from pipelab.cluster import Cluster
+from pipelab.costs import OPTIMIZER_STATE
+from pipelab.models import gnmt, vgg16
 from pipelab.partition import partition
+from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as profile_model
 from pipelab.reproduce.table1 import simulate_plan
 from pipelab.runtime.launch import train
@@ -55,7 +57,6 @@ def reduced_model(name: str, *, width: float = 1.0, image_size: int = 224, vocab
         raise ValueError(f"width={width} must be in (0, 1]")
     if name == "vgg16":
         if width == 1.0:
-            from pipelab.models import vgg16
 
             return vgg16(num_classes=num_classes)
         # torchvision's VGG-16 configuration "D": conv widths, 0 = max-pool
@@ -91,7 +92,6 @@ def reduced_model(name: str, *, width: float = 1.0, image_size: int = 224, vocab
         )
         return net
     if name in ("gnmt8", "gnmt16"):
-        from pipelab.models import gnmt
 
         hidden = max(16, int(1024 * width)) // 2 * 2
         return gnmt(num_layers=8 if name == "gnmt8" else 16, vocab=vocab, hidden=hidden)
@@ -295,7 +295,6 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
     """
     import torch
 
-    from pipelab.costs import OPTIMIZER_STATE
 
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     vocab = 256

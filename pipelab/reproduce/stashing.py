@@ -15,9 +15,13 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-    from pipelab.partition.plan import Plan
 
+from pipelab.graph import layer_nodes, trace
+from pipelab.models import digits_data, small_cnn
+from pipelab.models.demo import batches
+from pipelab.partition.plan import Plan
 from pipelab.reproduce.measure import cross_entropy
+from pipelab.runtime import supported_methods
 from pipelab.runtime.launch import train
 
 
@@ -40,7 +44,6 @@ def digits_model(channels: int = 16, state_path: str | None = None) -> nn.Module
     """
     import torch
 
-    from pipelab.models import small_cnn
 
     net = small_cnn(channels=channels)
     if state_path:
@@ -54,8 +57,6 @@ def digits_epoch(epoch: int, *, batch_size: int = 32, seed: int = 0, limit: int 
 
     Only whole minibatches are returned, so every minibatch splits into equal microbatches.
     """
-    from pipelab.models import digits_data
-    from pipelab.models.demo import batches
 
     x, y = digits_data("train", seed=seed)
     if limit:
@@ -68,7 +69,6 @@ def digits_accuracy(net: nn.Module, *, seed: int = 0) -> float:
     """Accuracy of ``net`` on the digits test split."""
     import torch
 
-    from pipelab.models import digits_data
 
     x, y = digits_data("test", seed=seed)
     net.eval()
@@ -79,7 +79,6 @@ def digits_accuracy(net: nn.Module, *, seed: int = 0) -> float:
 def stash_plan(method: str, stages: int, num_layers: int) -> Plan:
     """The plan a weight-stashing run uses: ``stages`` replicas of the whole model for ``dp``, else
     ``stages`` contiguous stages of near-equal layer counts."""
-    from pipelab.partition.plan import Plan
 
     if method == "dp":
         return Plan.from_boundaries(num_layers, [], replicas=[stages], method="dp")
@@ -102,8 +101,6 @@ def stash_experiment(methods: Sequence[str], *, stages: int = 4, epochs: int = 8
     import torch
     from tqdm.auto import tqdm
 
-    from pipelab.graph import layer_nodes, trace
-    from pipelab.runtime import supported_methods
 
     missing = [m for m in methods if parse_method(m)[0] not in supported_methods()]
     if missing:

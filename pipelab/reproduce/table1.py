@@ -19,11 +19,12 @@ from pipelab._io import atomic_write_text
 if TYPE_CHECKING:
     import pandas as pd
 
-    from pipelab.cluster import Cluster
-    from pipelab.partition.plan import Plan
-    from pipelab.profile.records import Profile
 
+from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
 from pipelab.partition import partition
+from pipelab.partition.plan import Plan
+from pipelab.profile.records import Profile
 from pipelab.reproduce.report import markdown_table
 from pipelab.sim.simulate import simulate
 
@@ -170,7 +171,6 @@ def cost_terms(profile: Profile, cluster: Cluster, plan: Plan) -> pd.DataFrame:
     """
     import pandas as pd
 
-    from pipelab.costs import CostModel
 
     cm = CostModel(profile, cluster)
     phys = [int(w) for w in plan.notes.get("workers", range(plan.num_workers))]

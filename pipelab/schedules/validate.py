@@ -25,6 +25,7 @@ from collections import Counter
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.dataflow import Deadlock, UnitCosts, run
+from pipelab.schedules.segments import check_drained
 from pipelab.schedules.versions import assign_versions
 
 _MAX_STEPS = 26
@@ -49,7 +50,6 @@ def validate(schedule: Schedule) -> None:
 def _segments(sch: Schedule) -> None:
     if not sch.options.get("segments"):
         return
-    from pipelab.schedules.segments import check_drained
 
     try:
         check_drained(sch)

@@ -15,6 +15,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.schedules.actions import Schedule
@@ -39,8 +41,6 @@ def memory_breakdown(plan: Plan, profile: Profile, *, optimizer: str = "sgd-mome
     state (momentum ``P_s``, Adam ``2 P_s``); activations of ``in_flight_s`` microbatches of
     ``minibatch / microbatches`` samples.
     """
-    from pipelab.cluster import Cluster
-    from pipelab.costs import CostModel
 
     plan.validate(profile)
     # memory does not depend on the interconnect: any cluster with enough workers will do
