@@ -66,7 +66,7 @@ from pipelab.runtime.options import slow_down as sleep_slowdown
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
 from pipelab.schedules.actions import Action
-from pipelab.schedules.facts import input_versions, update_pairs
+from pipelab.schedules.facts import stage_reads, update_pairs
 
 
 @dataclass
@@ -97,7 +97,7 @@ class Worker(Checkpointing):
         factory = policy_for(sched.method, job.policy_options)
         self.stages: dict[int, StageState] = {}
         for s in sched.stages_of(rank):
-            self.stages[s] = StageState(job, gm, s, self.device, factory, input_versions(sched, rank, s))
+            self.stages[s] = StageState(job, gm, s, self.device, factory, stage_reads(sched, rank, s))
         del model, gm
         self.split = {s: any(a.kind == "W" and a.stage == s for a in self.actions) for s in self.stages}
         self.feed = (
