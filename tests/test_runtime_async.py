@@ -284,3 +284,29 @@ def test_runtime_options_split_and_checked() -> None:
         split_options("pipemare", {"decay": 1.5})
     with pytest.raises(ValueError, match="multiple of 4"):
         run("hetpipe", HET2, microbatches=1, steps=6, D=0)
+
+
+# ---------------------------------------------------------------------- versions come from the schedule
+def test_runtime_reads_the_versions_the_schedule_names() -> None:
+    # 2BW's and the 3-version buffer's schedules have the same actions and differ only in the
+    # versions they name; a 2bw run given the buffer's versions must train exactly as the buffer
+    # does, so the runtime takes its versions from the schedule and derives none of its own
+    import dataclasses
+
+    two = build("2bw", PLAN3, microbatches=2, minibatches=6)
+    three = build("buffered", PLAN3, microbatches=2, minibatches=6, versions=3)
+    assert two.actions == three.actions and two.versions != three.versions
+    relabeled = dataclasses.replace(two, versions=three.versions)
+    got = run("2bw", PLAN3, schedule=relabeled)
+    want = run("buffered", PLAN3, versions=3)
+    assert H.max_diff(got.state_dict(), want.state_dict()) == 0.0
+    assert H.max_diff(run("2bw", PLAN3).state_dict(), want.state_dict()) > 1e-6
+    # a version the method's weights cannot give is refused, naming the action
+    stash = build("pipedream", PLAN3, minibatches=4)
+    w0 = stash.stage_ranks[1][0]
+    i = next(i for i, a in enumerate(stash.actions[w0]) if a.kind == "F" and a.microbatch == 3)
+    bad = [list(v) for v in stash.versions or ()]
+    bad[w0][i] += 1
+    with pytest.raises(RuntimeError, match="forward of microbatch 3 reads weight version"):
+        run("pipedream", PLAN3, microbatches=1, steps=4,
+            schedule=dataclasses.replace(stash, versions=tuple(tuple(v) for v in bad)))
