@@ -282,8 +282,8 @@ class Run:
             gm = trace(job.model_fn(), **job.trace_kwargs)
         shards = {s: {n: p.detach().numpy() for n, p in StageModule(gm, *job.ranges[s]).named_parameters()}
                   for s in range(job.schedule.num_stages)}
-        if job.options.get("resume"):    # the server restarts from the checkpoint's global weights
-            saved = global_weights(job.options["resume"], plan=job.plan, method=job.method,
+        if job.runtime.resume:    # the server restarts from the checkpoint's global weights
+            saved = global_weights(job.runtime.resume, plan=job.plan, method=job.method,
                                    stage_ranks=job.schedule.stage_ranks)
             shards = {s: {n: saved[s][n].numpy() for n in shard} for s, shard in shards.items()}
         pairs = [ctx.Pipe() for _ in range(job.world_size)]

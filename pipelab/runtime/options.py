@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -101,6 +102,53 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
             raise ValueError(f"{k}={rt[k]!r} must be an int >= 0")
     if "decay" in rt and not (isinstance(rt["decay"], (int, float)) and 0.0 <= rt["decay"] < 1.0):
         raise ValueError(f"decay={rt['decay']!r} must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the runtime executes a schedule (never what the schedule is): one checked, frozen record.
+
+    Every field is a keyword of ``pl.train`` (see the module docstring); ``method`` holds the
+    method's own runtime options (PipeMare's ``lr_reschedule``, ``warmup_steps``, ...), and
+    ``resume_step`` is the step a resumed run starts from (set by the runtime, not the user).
+    Build it with :meth:`from_options`, which checks every value and says what to pass instead.
+    """
+
+    compression: str | None = None
+    recompute: bool = False
+    slowdown: Mapping[int, float] = field(default_factory=dict)
+    coalesce_wgrad: bool = False
+    checkpoint_every: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_keep: int = 2
+    resume: str | None = None
+    resume_step: int = 0
+    method: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_options(cls, method: str | None, options: Mapping[str, Any]) -> RuntimeOptions:
+        """The record of ``options`` (runtime options only, as :func:`split_options` returns them)."""
+        check_runtime_options(options)
+        common = {o.name for o in methods.COMMON_RUNTIME_OPTIONS}
+        own = {k: v for k, v in options.items() if k not in common}
+        unknown = sorted(set(own) - runtime_option_names(method))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)} are not runtime options of method {method!r}; its "
+                             f"runtime options: {', '.join(sorted(runtime_option_names(method)))}")
+        codec = options.get("compression")
+        ckdir, resume = options.get("checkpoint_dir"), options.get("resume")
+        return cls(
+            compression=None if codec in (None, "none") else str(codec),
+            recompute=bool(options.get("recompute") or False),
+            slowdown={int(w): float(f) for w, f in (options.get("slowdown") or {}).items()},
+            coalesce_wgrad=bool(options.get("coalesce_wgrad") or False),
+            checkpoint_every=None if options.get("checkpoint_every") is None
+            else int(options["checkpoint_every"]),
+            checkpoint_dir=None if ckdir is None else str(ckdir),
+            checkpoint_keep=int(options.get("checkpoint_keep") or 2),
+            resume=None if resume is None else str(resume),
+            method=dict(own),
+        )
 
 
 def slow_down(rank: int, slowdown: Mapping[int, float] | None, elapsed_s: float) -> None:

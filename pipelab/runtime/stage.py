@@ -45,7 +45,7 @@ class Feed:
 
         After ``resume=``, minibatch ``k`` of the run is item ``resume_step + k`` of ``data()``.
         """
-        k += int(self.job.options.get("resume_step", 0))
+        k += self.job.runtime.resume_step
         while self._next <= k:
             x, y = self._fetch()
             xs = as_inputs(x)
