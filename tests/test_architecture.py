@@ -26,13 +26,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelab.partition",),
     ("pipelab.schedules",),
     ("pipelab.sim", "pipelab.runtime"),
-    ("pipelab.views",),
+    ("pipelab.views", "pipelab.calibrate"),
     ("pipelab.widgets",),
     ("pipelab.reproduce", "pipelab.cli"),
     ("pipelab",),
 )
 #: units of one layer that must not import each other at all
-INDEPENDENT = (("pipelab.sim", "pipelab.runtime"), ("pipelab.models", "pipelab.costs"))
+INDEPENDENT = (("pipelab.sim", "pipelab.runtime"), ("pipelab.models", "pipelab.costs"),
+               ("pipelab.views", "pipelab.calibrate"))
 MAX_LINES = 600
 
 

@@ -160,12 +160,26 @@ class Prices:
     def backward_split_s(self, start: int, end: int, worker: int,
                          microbatches: int = 1) -> tuple[float, float]:
         """(input gradient ``B``, weight gradient ``W``) seconds of one microbatch of ``[a, b)`` when
-        backward is split (zero bubble): the profile's measured weight-gradient share of each layer's
-        backward (``Layer.wgrad_s``; half where a profile lacks it), plus each action's overhead."""
+        backward is split (zero bubble), as pipelab's runtime splits it, plus each action's overhead.
+
+        ``B`` differentiates the stage's output with respect to its input only: the chain of input
+        gradients of its layers (nothing at the first stage, whose input needs no gradient). ``W``
+        then differentiates with respect to the weights, which walks the same chain again down to
+        the first layer's weights: every layer's weight gradient plus the input gradients of all
+        layers but the first (the whole backward at the first stage). Per layer the split is the
+        profile's measured one (``Layer.wgrad_s``; half of the backward where a profile lacks it).
+        """
         b = self.compute_s(start, end, worker, microbatches)[1] - self.overhead_s("B")
-        share = float(self.pw[end] - self.pw[start]) / float(self.pb[end] - self.pb[start]) \
-            if self.pb[end] > self.pb[start] else 0.5
-        return b * (1 - share) + self.overhead_s("B"), b * share + self.overhead_s("W")
+        full = float(self.pb[end] - self.pb[start])
+        if full <= 0:
+            return self.overhead_s("B"), self.overhead_s("W")
+        wgt = float(self.pw[end] - self.pw[start]) / full          # weight-gradient share
+        first_in = float(self.pb[start + 1] - self.pb[start] - (self.pw[start + 1] - self.pw[start])) / full
+        if start == 0:
+            b_in, w = 0.0, b
+        else:
+            b_in, w = b * (1 - wgt), b * (1 - first_in)
+        return b_in + self.overhead_s("B"), w + self.overhead_s("W")
 
     def param_bytes(self, start: int, end: int) -> int:
         """Parameter bytes of layers ``[start, end)``."""

@@ -1,0 +1,192 @@
+"""The simulator against real runs, method by method: ``reproductions/sim_accuracy``.
+
+For every method x workers x microbatches x model of the matrix, the same plan and schedule are
+simulated on the calibrated cluster of this machine (:func:`pipelab.calibrate.calibrate`) with
+the profile measured here, and run for real on gloo processes. Both traces are measured the same
+way (:func:`steady_throughput`: the steady-state window of minibatch completions, warm-up and
+drain excluded, :mod:`pipelab.metrics`), so the error is the model's, not the metric's.
+
+Everything a worker process imports (model and data builders, loss, optimizer) lives at module level.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+import pipelab.methods as methods
+import pipelab.metrics as metrics
+from pipelab.cluster import Cluster
+from pipelab.models import demo
+from pipelab.partition import partition
+from pipelab.partition.plan import Plan
+from pipelab.profile.measure import profile as measure_profile
+from pipelab.profile.records import Profile
+from pipelab.runtime.launch import train
+from pipelab.sim.simulate import simulate, virtual_plan
+from pipelab.trace import Trace
+
+#: the methods of the matrix, with the options they need to build
+METHODS: dict[str, dict[str, Any]] = {
+    "dp": {}, "gpipe": {}, "1f1b-flush": {}, "interleaved-1f1b": {"chunks": 2}, "zb-h1": {},
+    "pipedream": {}, "2bw": {}, "pipemare": {"warmup_steps": 10},
+}
+OPTIMIZER = "sgd-momentum"
+
+
+# ---------------------------------------------------------------------- the two models and their data
+def cnn() -> nn.Module:
+    """The digits CNN of the quickstart."""
+    return demo.small_cnn()
+
+
+def cnn_data(batch: int = 64) -> list[tuple[torch.Tensor, ...]]:
+    """scikit-learn's digits in minibatches of ``batch`` (whole minibatches only)."""
+    x, y = demo.digits_data("train")
+    n = len(y) // batch * batch
+    return demo.batches((x[:n], y[:n]), batch)
+
+
+def transformer() -> nn.Module:
+    """A transformer-style stack: 4 encoder blocks of width 64 over 16-token sequences."""
+    return demo.tiny_transformer(vocab=100, d_model=64, heads=2, depth=4, max_len=16)
+
+
+def transformer_data(batch: int = 32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random token sequences and per-token targets (a copy task), ``batch`` sequences each."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(2, 100, (batch * 24, 16), generator=g)
+    return [(x[i:i + batch], x[i:i + batch].flip(1)) for i in range(0, len(x), batch)]
+
+
+def token_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over every token."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of class logits."""
+    return nn.functional.cross_entropy(out, y)
+
+
+def sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """SGD with momentum (the cost model's ``sgd-momentum``)."""
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+#: model name -> (model_fn, data_fn, loss_fn, batch)
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any], Callable[..., torch.Tensor], int]] = {
+    "cnn": (cnn, cnn_data, cross_entropy, 64),
+    "transformer": (transformer, transformer_data, token_loss, 32),
+}
+
+
+# ---------------------------------------------------------------------- one measure for both traces
+def steady_throughput(trace: Trace, schedule: Any, batch: int) -> float:
+    """Samples per second over the steady-state window of ``trace`` (the same for a simulated and
+    a measured trace): minibatch completions, skipping the minibatches in flight at warm-up and
+    as many at drain (at least one each), :func:`pipelab.metrics.steady_window`."""
+    M, K = schedule.microbatches, schedule.minibatches
+    done = metrics.minibatch_completions(trace.compute_events(), M, K)
+    w = max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // M))
+    window = metrics.steady_window(done, min(w, max((K - 1) // 2, 1)), 1)
+    if window is None:
+        raise ValueError(f"a run of {K} minibatches is too short for a steady window; run more steps")
+    start, end, n = window
+    return n * batch / (end - start)
+
+
+def busy_by_worker(trace: Trace, schedule: Any, batch: int) -> dict[int, float]:
+    """Per worker, busy seconds per minibatch over the whole run (compute actions only)."""
+    comp = trace.compute_events()
+    t0 = min(e.start_s for e in comp)
+    t1 = max(e.end_s for e in comp)
+    busy = metrics.busy_time(comp, range(schedule.num_workers), t0, t1)
+    return {w: b / schedule.minibatches for w, b in busy.items()}
+
+
+# ---------------------------------------------------------------------- the matrix
+def configurations(*, full: bool = False, models: Sequence[str] | None = None,
+                   methods_: Sequence[str] | None = None, workers: Sequence[int] | None = None,
+                   microbatches: Sequence[int] | None = None) -> list[tuple[str, str, int, int]]:
+    """``(model, method, workers, microbatches)`` of the matrix where the method allows them
+    (per-microbatch methods and ``dp`` take M = 1; interleaving needs M a multiple of P).
+
+    ``full``: 2, 3, 4 workers x 1, 2, 4, 8 microbatches x both models; the default: 2 workers,
+    M = 4 for the flushed and coalescing methods, both models.
+    """
+    ms = list(models or MODELS)
+    ws = list(workers or ((2, 3, 4) if full else (2,)))
+    mbs = list(microbatches or ((1, 2, 4, 8) if full else (4,)))
+    out = []
+    for model in ms:
+        for method in methods_ or METHODS:
+            spec = methods.get(method)
+            for p in ws:
+                own = [1] if spec.update == "microbatch" or spec.partitioner == "dp" else mbs
+                for m in own:
+                    if method == "interleaved-1f1b" and m % p:
+                        continue
+                    out.append((model, method, p, m))
+    return out
+
+
+def plan_for(prof: Profile, cluster: Cluster, method: str, workers: int, microbatches: int) -> Plan:
+    """The plan a method runs on ``workers``: data parallel for ``dp``, else a time-balanced straight
+    pipeline (GPipe's balance; interleaving splits it into ``chunks x workers`` virtual stages)."""
+    cl = cluster.with_workers(workers)
+    if methods.get(method).partitioner == "dp":
+        return partition(prof, cl, method="dp", allreduce_overlap="none")
+    plan = partition(prof, cl, method="gpipe", stages=workers, microbatches=max(microbatches, 1))
+    chunks = METHODS.get(method, {}).get("chunks")
+    return virtual_plan(plan, prof, int(chunks)) if chunks else plan
+
+
+def run_one(model: str, method: str, workers: int, microbatches: int, *, prof: Profile, cluster: Cluster,
+            steps: int = 16, timeout: float = 180.0) -> dict[str, Any]:
+    """Simulate and run one configuration; a row of the accuracy table."""
+    model_fn, data_fn, loss_fn, batch = MODELS[model]
+    plan = plan_for(prof, cluster, method, workers, microbatches)
+    opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
+    run_opts = dict(METHODS[method])
+    cl = cluster.with_workers(workers)
+    sim = simulate(plan, prof, cl, method, microbatches=microbatches, minibatches=steps,
+                   allreduce_overlap="none", optimizer=OPTIMIZER, **opts)
+    t0 = time.perf_counter()
+    run = train(model_fn, plan, method=method, data=functools.partial(data_fn, batch), loss_fn=loss_fn,
+                optimizer=sgd, steps=steps, microbatches=microbatches, backend="gloo", progress=False,
+                timeout=timeout, **run_opts)
+    wall = time.perf_counter() - t0
+    if run.trace.actions_by_worker() != sim.trace.actions_by_worker():
+        raise AssertionError(f"{model} {method}: the runtime and the simulator ran different schedules")
+    sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
+    real_tp = steady_throughput(run.trace, run.schedule, batch)
+    sb, rb = busy_by_worker(sim.trace, sim.schedule, batch), busy_by_worker(run.trace, run.schedule, batch)
+    busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
+    return {"model": model, "method": method, "workers": workers, "microbatches": microbatches,
+            "config": plan.config, "steps": steps, "simulated": sim_tp, "measured": real_tp,
+            "error": (sim_tp - real_tp) / real_tp,
+            "busy_error_max": max(busy_err.values(), key=abs) if busy_err else math.nan,
+            "busy_error_median": statistics.median(busy_err.values()) if busy_err else math.nan,
+            "sim_peak_mib": max(sim.peak_memory) / 2**20, "wall_s": wall}
+
+
+def profiles(models: Sequence[str]) -> dict[str, Profile]:
+    """Each model's profile, measured on this machine (``small_batch`` at a quarter of the batch)."""
+    out = {}
+    for name in models:
+        model_fn, data_fn, _, batch = MODELS[name]
+        x = data_fn(batch)[0][0]
+        out[name] = measure_profile(model_fn(), x, progress=False, repeats=5, model_name=name)
+    return out
+
+
+__all__ = ["METHODS", "MODELS", "busy_by_worker", "configurations", "plan_for", "profiles", "run_one",
+           "steady_throughput"]
