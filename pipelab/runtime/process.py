@@ -88,10 +88,10 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
     """Run every action of ``worker`` in order over ``comm``, emitting one event per action."""
     n = len(worker.actions)
     for i, a in enumerate(worker.actions):
+        worker.current = a     # before posting: an error there names this action
         for j in range(i, min(i + LOOKAHEAD, n)):
             for r in worker.recvs(j):
                 comm.post(r)
-        worker.current = a
         received = []
         for r in worker.recvs(i):
             t = clock.now()
