@@ -99,3 +99,10 @@ def test_order_mode_checks_every_send_and_receive_against_the_schedule() -> None
         DistComm(0, torch.device("cpu"), {}, match="order")
     with pytest.raises(ValueError, match="match='nope'"):
         DistComm(0, torch.device("cpu"), {}, match="nope")
+
+
+def test_a_bad_matching_mode_is_refused_before_any_process_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPELAB_P2P_MATCH", "bogus")
+    with pytest.raises(ValueError, match=r"PIPELAB_P2P_MATCH='bogus'; use one of \('tag', 'order'\)"):
+        pl.train(H.mlp, pl.Plan.from_boundaries(5, [2]), method="gpipe", data=H.mlp_data, loss_fn=H.loss_fn,
+                 optimizer=H.sgd, steps=1, microbatches=2, backend="gloo", progress=False, timeout=60)
