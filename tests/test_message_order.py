@@ -121,7 +121,7 @@ def test_only_the_order_check_refuses_it() -> None:
     for rule in ("_structure", "_order", "_versions", "_segments", "_deadlock"):
         getattr(vmod, rule)(bad)
     with pytest.raises(ScheduleError):
-        vmod._pair_order(bad)
+        vmod.check_message_order(bad)
 
 
 def test_mixed_directions_on_one_pair_are_ordered_too() -> None:

@@ -36,7 +36,7 @@ from pipelab.runtime.process import p2p_match, process_main
 from pipelab.runtime.worker import WorkerResult
 from pipelab.runtime.wsp import serve_process_main
 from pipelab.schedules.actions import Schedule
-from pipelab.schedules.validate import validate
+from pipelab.schedules.validate import check_message_order
 from pipelab.trace import Event, Trace
 
 
@@ -437,10 +437,11 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
            port: int | None = None, **method_options: Any) -> Run:
     """Start a training job and return its :class:`Run` handle at once (see :func:`train`).
 
-    A ``schedule`` given is validated first (:func:`pipelab.schedules.validate`), per-pair message
-    order included, so a schedule the transport cannot run fails here with the validator's error."""
+    A ``schedule`` given is checked for per-pair message order first (the validator's rule,
+    :func:`pipelab.schedules.validate.check_message_order`), so a schedule that in-order matching
+    (NCCL, the tag-blind transport) cannot run fails here with the validator's error, not a hang."""
     if schedule is not None:
-        validate(schedule)
+        check_message_order(schedule)
     job = prepare(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
                   microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, schedule=schedule,
                   port=port, **method_options)

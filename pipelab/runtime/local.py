@@ -40,7 +40,7 @@ def run_local(job: Job, emit: Callable[[Event], None] | None = None,
 def _run_local(job: Job, emit: Callable[[Event], None] | None,
                should_stop: Callable[[], bool] | None) -> list[WorkerResult]:
     sched = job.schedule
-    device = job.options.get("device") or "cpu"     # device="cuda": every stage on the GPU
+    device = job.runtime.device or "cpu"     # device="cuda": every stage on the GPU
     workers = [Worker(job, r, device) for r in range(sched.num_workers)]
     box = Mailbox()
     wsp_servers: dict[int, Any] = {}

@@ -134,6 +134,7 @@ class RuntimeOptions:
     checkpoint_keep: int = 2
     resume: str | None = None
     resume_step: int = 0
+    device: str | None = None     # where stages compute under gloo: None/"cpu", "cuda", "cuda:N"
     method: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -158,6 +159,7 @@ class RuntimeOptions:
             checkpoint_dir=None if ckdir is None else str(ckdir),
             checkpoint_keep=int(options.get("checkpoint_keep") or 2),
             resume=None if resume is None else str(resume),
+            device=None if options.get("device") is None else str(options["device"]),
             method=dict(own),
         )
 

@@ -144,7 +144,7 @@ def stage_device(job: Job, rank: int, local_rank: int | None = None) -> torch.de
     """The device worker ``rank``'s stages compute on: NCCL one GPU per worker (``local_rank``);
     gloo the CPU, or with ``device="cuda"`` GPU ``local_rank % device_count`` (shared GPUs)."""
     lr = rank if local_rank is None else local_rank
-    want = job.options.get("device")
+    want = job.runtime.device
     if job.backend == "nccl":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if lr >= n:

@@ -50,7 +50,7 @@ def validate(schedule: Schedule) -> None:
     _versions(schedule)
     _segments(schedule)
     _deadlock(schedule)
-    _pair_order(schedule)
+    check_message_order(schedule)
 
 
 def _segments(sch: Schedule) -> None:
@@ -197,7 +197,10 @@ def _deadlock(sch: Schedule) -> None:
         raise _fail(sch, f"deadlock: {exc}", (w, i)) from None
 
 
-def _pair_order(sch: Schedule) -> None:
+def check_message_order(sch: Schedule) -> None:
+    """Rule 6 alone: raise :class:`ScheduleError` unless, for every ordered pair of workers, the
+    sender sends and the receiver receives their messages in one sequence (what a transport that
+    matches in order, like NCCL, needs; the runtime checks every schedule it is given with it)."""
     for seq in pair_sequences(sch).values():
         k = first_mismatch(seq)
         if k is not None:
