@@ -69,6 +69,10 @@ class Prices:
     optimizer: str = "sgd-momentum"
     allreduce_overlap: str = "ddp"
     allreduce_bandwidth: float | None = None
+    #: CUDA stages over gloo (``train(device="cuda")``): bytes/s of a device<->host copy; every message
+    #: then pays a device-to-host copy at the sender and a host-to-device copy at the receiver around the
+    #: host transfer, and an all-reduce the same two copies of the gradients. None: no staging (NCCL, CPU)
+    host_staging_bandwidth: float | None = None
     # prefix sums over layers (index i = total of layers [0, i)), filled in __post_init__
     pf: np.ndarray = field(init=False, repr=False, compare=False)
     pb: np.ndarray = field(init=False, repr=False, compare=False)
@@ -99,6 +103,10 @@ class Prices:
                 and self.allreduce_bandwidth > 0):
             raise ValueError(f"allreduce_bandwidth={self.allreduce_bandwidth!r} must be None (the links' "
                              f"bandwidth) or a finite number of bytes/s > 0")
+        hs = self.host_staging_bandwidth
+        if hs is not None and not (isinstance(hs, (int, float)) and math.isfinite(hs) and hs > 0):
+            raise ValueError(f"host_staging_bandwidth={hs!r} must be None (no staging) or a finite number of "
+                             "bytes/s > 0 (a device-to-host copy's speed, e.g. 12e9 over PCIe 3 x16)")
         layers = self.profile.layers
         f = np.array([layer.fwd_s for layer in layers], dtype=np.float64)
         b = np.array([layer.bwd_s for layer in layers], dtype=np.float64)
@@ -222,7 +230,14 @@ class Prices:
             self.cluster.speed(src)  # validates the index
             return 0.0
         lv = self.cluster.link(src, dst)
-        return lv.latency + nbytes / self.compression_ratio / lv.bandwidth
+        return lv.latency + nbytes / self.compression_ratio / lv.bandwidth + self.staging_s(nbytes)
+
+    def staging_s(self, nbytes: int) -> float:
+        """Seconds of the two host copies (device to host, host to device) of a message of ``nbytes``
+        (compressed) when CUDA stages talk over gloo; 0 without ``host_staging_bandwidth``."""
+        if self.host_staging_bandwidth is None:
+            return 0.0
+        return 2.0 * nbytes / self.compression_ratio / self.host_staging_bandwidth
 
     # ------------------------------------------------------------------ ports (shared by the simulator)
     def ports(self, src: int, dst: int) -> tuple[Hashable, Hashable]:
@@ -326,7 +341,10 @@ class Prices:
     def allreduce_s(self, nbytes: int, workers: Sequence[int]) -> float:
         """Seconds of a hierarchical ring all-reduce of ``nbytes`` over ``workers`` (0 for one worker)."""
         kappa, fixed = self.allreduce_coeffs(workers)
-        return 0.0 if kappa == 0.0 or nbytes == 0 else fixed + kappa * nbytes
+        if kappa == 0.0 or nbytes == 0:
+            return 0.0
+        staged = 0.0 if self.host_staging_bandwidth is None else 2.0 * nbytes / self.host_staging_bandwidth
+        return fixed + kappa * nbytes + staged
 
     # ------------------------------------------------------------------ a replica's minibatch
     def replica_time_s(self, start: int, end: int, workers: Sequence[int], microbatches: int = 1) -> float:

@@ -13,6 +13,10 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
 * ``slowdown={worker: factor}``: after each compute action the worker sleeps ``(factor - 1)`` times
   the action's duration, emulating a device ``factor`` times slower (heterogeneous clusters on one
   machine).
+* ``device="cuda"``: every worker's stages compute on a CUDA device (worker ``r`` on GPU
+  ``r % device_count``, so several workers may share one GPU); with ``backend="gloo"`` messages and
+  all-reduces go through host memory (:mod:`pipelab.runtime.comm`). ``backend="nccl"`` always computes
+  on CUDA, one GPU per worker.
 * ``coalesce_wgrad=True``: every ``nn.Linear`` defers its weight and bias gradients to the update,
   where one GEMM over the minibatch's stacked microbatches (``G^T X``) replaces one per microbatch
   (:mod:`pipelab.runtime.coalesce`; faster at small microbatches). Off by default: each Linear's
@@ -86,6 +90,13 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
             if not isinstance(w, int) or w < 0 or not isinstance(f, (int, float)) or not f >= 1.0:
                 raise ValueError(f"slowdown entry {w!r}: {f!r} must map a worker rank to a factor >= 1 "
                                  "(2.0 = twice as slow)")
+    dev = rt.get("device")
+    if dev is not None:
+        if not isinstance(dev, str) or not (dev in ("cpu", "cuda") or dev.startswith("cuda:")):
+            raise ValueError(f"device={dev!r} must be 'cpu' or 'cuda' (or 'cuda:N'): where stages compute")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={dev!r} needs a CUDA GPU but torch.cuda.is_available() is False "
+                             "on this machine; leave device= out to compute on the CPU")
     cw = rt.get("coalesce_wgrad")
     if cw is not None and not isinstance(cw, bool):
         raise ValueError(f"coalesce_wgrad={cw!r} must be True or False")
@@ -123,6 +134,7 @@ class RuntimeOptions:
     checkpoint_keep: int = 2
     resume: str | None = None
     resume_step: int = 0
+    device: str | None = None     # where stages compute under gloo: None/"cpu", "cuda", "cuda:N"
     method: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -147,6 +159,7 @@ class RuntimeOptions:
             checkpoint_dir=None if ckdir is None else str(ckdir),
             checkpoint_keep=int(options.get("checkpoint_keep") or 2),
             resume=None if resume is None else str(resume),
+            device=None if options.get("device") is None else str(options["device"]),
             method=dict(own),
         )
 

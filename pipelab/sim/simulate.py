@@ -297,7 +297,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
              compression: str | float | None = None, compression_ratio: float | None = None,
              optimizer: str = "sgd-momentum", memory_bandwidth: float | None = None,
              allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
-             schedule: Schedule | None = None, **options: Any) -> SimResult:
+             schedule: Schedule | None = None, host_staging_bandwidth: float | None = None,
+             **options: Any) -> SimResult:
     """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
 
     ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan). For
@@ -309,7 +310,9 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     meets backward (:class:`~pipelab.costs.CostModel`): ``"ddp"`` (default) layer by layer
     behind it, ``"none"`` after it, as pipelab's runtime does; ``allreduce_bandwidth`` (bytes/s)
     the links' bandwidth inside an all-reduce where it differs from point-to-point (None: the
-    cluster's). Returns a :class:`SimResult`.
+    cluster's). ``host_staging_bandwidth`` (bytes/s of a device-host copy) prices CUDA stages
+    over gloo (``train(device="cuda")``): each message and all-reduce adds a device-to-host and a
+    host-to-device copy (:meth:`~pipelab.costs.prices.Prices.staging_s`). Returns a :class:`SimResult`.
     """
     if not isinstance(plan, Plan):
         if isinstance(plan, bool) or not isinstance(plan, int):
@@ -338,7 +341,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
     ratio = compression_ratio_of(compression, compression_ratio)
     cm = CostModel(profile, cluster, compression_ratio=ratio, optimizer=optimizer,
-                   allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
+                   allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
+                   host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys)
     mem: dict[int, tuple[int, int, int]] = {}
