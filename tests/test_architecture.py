@@ -25,14 +25,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelab.models", "pipelab.costs"),
     ("pipelab.partition",),
     ("pipelab.schedules",),
-    ("pipelab.sim", "pipelab.runtime"),
+    ("pipelab.sim", "pipelab.runtime", "pipelab.torch_bridge"),
     ("pipelab.views",),
     ("pipelab.widgets",),
     ("pipelab.reproduce", "pipelab.cli"),
     ("pipelab",),
 )
 #: units of one layer that must not import each other at all
-INDEPENDENT = (("pipelab.sim", "pipelab.runtime"), ("pipelab.models", "pipelab.costs"))
+INDEPENDENT = (("pipelab.sim", "pipelab.runtime"), ("pipelab.models", "pipelab.costs"),
+               ("pipelab.torch_bridge", "pipelab.runtime"), ("pipelab.torch_bridge", "pipelab.sim"))
 MAX_LINES = 600
 
 
