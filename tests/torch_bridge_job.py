@@ -3,9 +3,9 @@
     torchrun --standalone --nproc-per-node 2 tests/torch_bridge_job.py OUT_DIR STEPS CASE [CASE ...]
 
 Each case is ``name:method:cuts:model`` (``cuts`` joined by ``-``; ``method`` is a pipelab method, or
-``torch-zbv`` for torch's own ZB-V imported with :func:`pipelab.schedules.from_torch`). For every case,
-every rank builds the model (``pair`` or ``mlp`` of
-tests/test_runtime_helpers.py) under seed 0, exports it with ``pl.torch_bridge.to_torch`` and trains
+``torch-<Name>`` for torch's own schedule class imported with :func:`pipelab.schedules.from_torch`).
+For every case, every rank builds the model (``pair`` or ``mlp`` of tests/test_runtime_helpers.py)
+under seed 0, exports it with ``pl.torch_bridge.to_torch`` and trains
 ``STEPS`` minibatches of the test data on torch's engine; it writes its weights and (on the last
 stage's rank) the per-minibatch mean loss, and the compute actions torch's runtime executed, to
 ``OUT_DIR/<name>-<rank>.pt``.
@@ -33,8 +33,8 @@ MODELS = {"pair": (H.pair, H.pair_data, 14), "mlp": (H.mlp, H.mlp_data, 5)}
 
 def schedule_for(method: str, plan: pl.Plan, workers: int) -> pl.Schedule:
     """The pipelab schedule a case exports: built by pipelab, or torch's ZB-V imported."""
-    if method == "torch-zbv":
-        return pl.schedules.from_torch("ZBVZeroBubble", workers=workers, microbatches=MICRO)
+    if method.startswith("torch-"):
+        return pl.schedules.from_torch(method.removeprefix("torch-"), workers=workers, microbatches=MICRO)
     opts = {"chunks": plan.num_stages // workers} if method == "interleaved-1f1b" else {}
     return pl.schedules.build(method, plan, microbatches=MICRO, minibatches=1, **opts)
 

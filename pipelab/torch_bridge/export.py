@@ -52,6 +52,34 @@ def stage_modules(plan: Plan, schedule: Schedule, model: nn.Module, *, rank: int
     return {s: StageModule(gm, *ranges[s]) for s in schedule.stages_of(rank)}
 
 
+class _PassThroughGrad(nn.Module):
+    """A stage module that hands on a received value without gradient as a leaf that requires one.
+
+    A stage passes a value it does not use through to a later stage (a second model input, say) by
+    returning the tensor it received. When that value does not require a gradient (a model input),
+    torch 2.14.1's split backward (``stage_backward_input``/``stage_backward_weight``, the ``I``/``W`` of
+    zero-bubble schedules) computes wrong weight gradients on a later middle stage whose layers consume it:
+    weights 0.04-0.05 off plain training after a few steps, with torch's own ``ScheduleZBVZeroBubble`` and
+    ``ScheduleInterleavedZeroBubble`` alike (tests/test_torch_bridge_mp.py has the case). Handing it on as
+    a detached leaf that requires a gradient (the same values) makes every stage's weight gradients
+    exact; the price is that input gradient, computed and sent back once per microbatch. The bridge
+    wraps stages so only when the schedule splits backward.
+    """
+
+    def __init__(self, module: StageModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs: Any) -> Any:
+        """The stage's outputs; a received tensor without gradient handed on as a leaf that has one."""
+        out = self.module(*inputs)
+        if not isinstance(out, tuple):
+            return out
+        ids = {id(t) for t in inputs}
+        return tuple(t.detach().requires_grad_() if id(t) in ids and not t.requires_grad else t
+                     for t in out)
+
+
 @lru_cache(maxsize=1)
 def _runtime_class() -> type:
     """torch's ``_PipelineScheduleRuntime`` executing a given order (built once torch's API is checked)."""
@@ -138,10 +166,12 @@ def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
                   if dist.get_backend(group) == "nccl" and torch.cuda.is_available() else torch.device("cpu"))
     device = torch.device(device)
     modules = stage_modules(plan, schedule, model, rank=rank, leaf_modules=leaf_modules, depth=depth)
+    split = any("I" in a for row in order.values() for a in row)
     stages = []
     for s, m in modules.items():
         m.to(device)
-        run = wrap(s, m) if wrap is not None else m
+        run: nn.Module = _PassThroughGrad(m) if split else m
+        run = wrap(s, run) if wrap is not None else run
         stages.append(PipelineStage(run, s, schedule.num_stages, device, group=group))
     return _runtime_class()(stages, schedule.microbatches, loss_fn, order=order, schedule=schedule,
                             modules=modules, scale_grads=scale_grads)
