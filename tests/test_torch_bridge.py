@@ -263,3 +263,35 @@ def test_stage_modules_of_a_v_schedule_compose_to_the_model():
     assert torch.allclose(vals, model(x, img), atol=1e-6)
     with pytest.raises(ValueError, match="plan is for a model of 14 layers but this model has 5"):
         stage_modules(plan, sch, H.mlp(), rank=0)
+
+
+def test_one_rank_in_this_process_trains_as_plain_training_and_wraps_its_stage(tmp_path):
+    """to_torch end to end without extra processes: a one-stage plan on a one-rank gloo group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = H.mlp()
+        wrapped = []
+
+        def wrap(stage, module):
+            wrapped.append((stage, type(module).__name__))
+            return module
+
+        plan = pl.Plan.from_boundaries(5, [])
+        pipe = to_torch(plan, "gpipe", model, loss_fn=H.loss_fn, microbatches=2, wrap=wrap)
+        assert wrapped == [(0, "StageModule")] and sorted(pipe.stage_modules) == [0]
+        assert isinstance(pipe, torch_api.require().PipelineScheduleMulti)
+        opt = H.sgd(list(pipe.parameters()))
+        data = iter(H.mlp_data())
+        for _ in range(3):
+            x, y = next(data)
+            opt.zero_grad()
+            pipe.step(x, target=y)
+            opt.step()
+        assert H.max_diff(pipe.local_state_dict(), H.reference_training(H.mlp, H.mlp_data, H.sgd, 3)) < 1e-5
+        with pytest.raises(ValueError, match="schedule has 2 workers but the process group has 1 ranks"):
+            to_torch(pl.Plan.from_boundaries(5, [2]), "gpipe", model, loss_fn=H.loss_fn, microbatches=2)
+    finally:
+        dist.destroy_process_group()
