@@ -295,3 +295,13 @@ def test_one_rank_in_this_process_trains_as_plain_training_and_wraps_its_stage(t
             to_torch(pl.Plan.from_boundaries(5, [2]), "gpipe", model, loss_fn=H.loss_fn, microbatches=2)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_compute_and_comms_order_imports_its_compute_actions(tmp_path):
+    """torch's compute+comms CSV (``_dump_csv(format="compute_comms")``) also holds sends, receives and FSDP
+    actions; pipelab derives transfers from the dataflow, so only the compute actions are kept."""
+    path = tmp_path / "comms.csv"
+    path.write_text("0UNSHARD,0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1,0REDUCE_GRAD,0RESHARD\n"
+                    "1RECV_F0,1F0,1RECV_F1,1F1,1B0,1SEND_B0,1B1,1SEND_B1,1REDUCE_GRAD\n", encoding="utf-8")
+    sch = from_torch(path)
+    assert sch.actions == pl.schedules.build("gpipe", 2, microbatches=2, minibatches=1).actions
