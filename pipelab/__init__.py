@@ -38,12 +38,13 @@ _EXPORTS: dict[str, str] = {
     "launch": "pipelab.runtime",
     "models": "pipelab.models",
     "schedules": "pipelab.schedules",
+    "torch_bridge": "pipelab.torch_bridge",
     "views": "pipelab.views",
     "widgets": "pipelab.widgets",
 }
 
 # public names that are modules rather than objects inside a module
-_MODULES = frozenset({"models", "schedules", "views", "widgets"})
+_MODULES = frozenset({"models", "schedules", "torch_bridge", "views", "widgets"})
 
 __all__ = sorted(_EXPORTS)
 
@@ -97,7 +98,7 @@ sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from pipelab import models, schedules, views, widgets  # noqa: F401
+    from pipelab import models, schedules, torch_bridge, views, widgets  # noqa: F401
     from pipelab.cluster import Cluster  # noqa: F401
     from pipelab.partition import partition  # noqa: F401
     from pipelab.partition.plan import Plan, Stage  # noqa: F401

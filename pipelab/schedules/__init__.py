@@ -33,6 +33,7 @@ from pipelab.schedules import async_, segments, sync
 from pipelab.schedules import hetpipe as _hetpipe
 from pipelab.schedules._common import ScheduleError, resolve_plan
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.torch_format import from_torch, to_torch_csv, to_torch_order
 from pipelab.schedules.validate import validate
 
 #: method name -> (synchronous?, one-line description); a read-only view of :mod:`pipelab.methods`
@@ -218,5 +219,8 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "build",
+    "from_torch",
+    "to_torch_csv",
+    "to_torch_order",
     "validate",
 ]
