@@ -410,7 +410,10 @@ class Cluster:
 
     @classmethod
     def parse(cls, spec: str) -> Cluster:
-        """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, or a name."""
+        """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, a name,
+        or the path of a cluster JSON (``pipelab calibrate -o cluster.json``)."""
+        if spec.strip().endswith(".json"):
+            return cls.load(spec.strip())
         m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?::\s*(\d+)\s*(?:[xX]\s*(\d+))?)?\s*", spec)
         if not m:
             raise ValueError(
