@@ -95,27 +95,24 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any], Callable[..
 
 
 # ---------------------------------------------------------------------- one measure for both traces
+def steady_window(trace: Trace, schedule: Any) -> tuple[float, float, int]:
+    """:meth:`Trace.steady_window` skipping the minibatches in flight at the input stage (the same
+    window for a simulated and a measured trace of ``schedule``)."""
+    return trace.steady_window(max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0])
+                                        // schedule.microbatches)))
+
+
 def steady_throughput(trace: Trace, schedule: Any, batch: int) -> float:
-    """Samples per second over the steady-state window of ``trace`` (the same for a simulated and
-    a measured trace): minibatch completions, skipping the minibatches in flight at warm-up and
-    as many at drain (at least one each), :func:`pipelab.metrics.steady_window`."""
-    M, K = schedule.microbatches, schedule.minibatches
-    done = metrics.minibatch_completions(trace.compute_events(), M, K)
-    w = max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // M))
-    window = metrics.steady_window(done, min(w, max((K - 1) // 2, 1)), 1)
-    if window is None:
-        raise ValueError(f"a run of {K} minibatches is too short for a steady window; run more steps")
-    start, end, n = window
+    """Samples per second over :func:`steady_window`."""
+    start, end, n = steady_window(trace, schedule)
     return n * batch / (end - start)
 
 
-def busy_by_worker(trace: Trace, schedule: Any, batch: int) -> dict[int, float]:
-    """Per worker, busy seconds per minibatch over the whole run (compute actions only)."""
-    comp = trace.compute_events()
-    t0 = min(e.start_s for e in comp)
-    t1 = max(e.end_s for e in comp)
-    busy = metrics.busy_time(comp, range(schedule.num_workers), t0, t1)
-    return {w: b / schedule.minibatches for w, b in busy.items()}
+def busy_by_worker(trace: Trace, schedule: Any) -> dict[int, float]:
+    """Per worker, busy seconds (compute actions) per minibatch over :func:`steady_window`."""
+    start, end, n = steady_window(trace, schedule)
+    busy = metrics.busy_time(trace.compute_events(), range(schedule.num_workers), start, end)
+    return {w: b / n for w, b in busy.items()}
 
 
 # ---------------------------------------------------------------------- the matrix
@@ -141,7 +138,8 @@ def configurations(
         for method in methods_ or METHODS:
             spec = methods.get(method)
             for p in ws:
-                own = [1] if spec.update == "microbatch" or spec.partitioner == "dp" else mbs
+                # dp splits each minibatch over its replicas: M = workers (one microbatch each)
+                own = [p] if spec.partitioner == "dp" else [1] if spec.update == "microbatch" else mbs
                 for m in own:
                     if method == "interleaved-1f1b" and m % p:
                         continue
@@ -151,11 +149,17 @@ def configurations(
 
 def plan_for(prof: Profile, cluster: Cluster, method: str, workers: int, microbatches: int) -> Plan:
     """The plan a method runs on ``workers``: data parallel for ``dp``, else a time-balanced straight
-    pipeline (GPipe's balance; interleaving splits it into ``chunks x workers`` virtual stages)."""
+    pipeline (GPipe's balance; for interleaving the simulator and :func:`run_plan` split it into
+    ``chunks x workers`` virtual stages, :func:`pipelab.sim.simulate.virtual_plan`)."""
     cl = cluster.with_workers(workers)
     if methods.get(method).partitioner == "dp":
         return partition(prof, cl, method="dp", allreduce_overlap="none")
-    plan = partition(prof, cl, method="gpipe", stages=workers, microbatches=max(microbatches, 1))
+    return partition(prof, cl, method="gpipe", stages=workers, microbatches=max(microbatches, 1))
+
+
+def run_plan(plan: Plan, prof: Profile, method: str) -> Plan:
+    """The plan the runtime executes: ``plan``, or its virtual stages for an interleaved method (the
+    split the simulator makes of the same plan)."""
     chunks = METHODS.get(method, {}).get("chunks")
     return virtual_plan(plan, prof, int(chunks)) if chunks else plan
 
@@ -208,7 +212,7 @@ def run_one(
         raise AssertionError(f"{model} {method}: the runtime and the simulator ran different schedules")
     sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
     real_tp = steady_throughput(run.trace, run.schedule, batch)
-    sb, rb = busy_by_worker(sim.trace, sim.schedule, batch), busy_by_worker(run.trace, run.schedule, batch)
+    sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
     return {
         "model": model,
@@ -237,16 +241,6 @@ def profiles(models: Sequence[str]) -> dict[str, Profile]:
     return out
 
 
-__all__ = [
-    "METHODS",
-    "MODELS",
-    "busy_by_worker",
-    "configurations",
-    "plan_for",
-    "profiles",
-    "run_one",
-    "steady_throughput",
-]
 
 
 # ---------------------------------------------------------------------- summaries and the figure
@@ -358,3 +352,7 @@ def svg_scatter(df: Any, *, title: str = "", band: float = 0.10, width: int = 56
     )
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+__all__ = ["METHODS", "MODELS", "busy_by_worker", "configurations", "method_table", "plan_for", "profiles",
+           "run_one", "run_plan", "steady_throughput", "steady_window", "svg_scatter"]
