@@ -119,6 +119,8 @@ class Calibration:
       ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` fitted over sizes and group sizes ``p``;
     * ``overhead_s``: the runtime's own seconds per action of each kind (``F``, ``B``, ``W``,
       ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
+    * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
+      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking);
     * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
       seconds, seconds per parameter byte)`` of one ``step()``;
     * ``memory_bandwidth``: bytes per second of a large copy (read plus write).
@@ -141,6 +143,7 @@ class Calibration:
     overhead_s: dict[str, float]
     optimizer_s: dict[str, tuple[float, float]]
     memory_bandwidth: float
+    message_s: dict[str, float] = field(default_factory=dict)
     spread: dict[str, float] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)
@@ -183,6 +186,7 @@ class Calibration:
     def describe(self) -> str:
         """A few lines for humans: provenance and the fitted terms."""
         ov = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(self.overhead_s.items()))
+        ov += "".join(f", {k} {v * 1e6:.0f} us/message" for k, v in sorted(self.message_s.items()))
         opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B"
                         for k, (a, b) in self.optimizer_s.items())
         return (f"calibrated on {self.host} ({self.device}, {self.backend}, {self.workers} workers on "

@@ -169,3 +169,20 @@ def test_calibrate_command_measures_this_machine(tmp_path: Path) -> None:
     assert all(math.isfinite(v) for v in cal.spread.values())
     # every round's raw sweep is kept: five sizes of point to point per round
     assert len(cal.samples["p2p"]) == 5 * 3
+
+
+def test_message_work_lands_on_the_actions_that_send_and_receive() -> None:
+    prof = pl.Profile.synthetic([1e-3, 1e-3, 1e-3], out_bytes=[100, 100, 0])
+    cl = _cluster(workers=3, message_s={"send": 7e-5, "recv": 3e-5})
+    cm = CostModel(prof, cl)
+    o = cl.calibration.overhead_s  # type: ignore[union-attr]
+    # the first stage sends its output and receives its gradient; the middle both; the last the reverse
+    assert cm.compute_s(0, 1, 0) == pytest.approx((1e-3 + o["F"] + 7e-5, 2e-3 + o["B"] + 3e-5))
+    assert cm.compute_s(1, 2, 1) == pytest.approx((1e-3 + o["F"] + 1e-4, 2e-3 + o["B"] + 1e-4))
+    assert cm.compute_s(2, 3, 2) == pytest.approx((1e-3 + o["F"] + 3e-5, 2e-3 + o["B"] + 7e-5))
+    assert cm.compute_s(0, 3, 0) == pytest.approx((3e-3 + o["F"], 6e-3 + o["B"]))   # one stage: none
+    # the DP's replica time carries the same terms (one forward and one backward per minibatch)
+    assert cm.replica_time_s(1, 2, [1]) == pytest.approx(3e-3 + o["F"] + o["B"] + 2e-4)
+    T = cm.replica_time_matrix(1.0, 0.0, 0.0)
+    assert T[1, 2] == pytest.approx(cm.replica_time_s(1, 2, [1]))
+    assert T[0, 3] == pytest.approx(cm.replica_time_s(0, 3, [0]))
