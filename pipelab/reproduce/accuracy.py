@@ -104,8 +104,9 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any], Callable[..
 def steady_window(trace: Trace, schedule: Any) -> tuple[float, float, int]:
     """:meth:`Trace.steady_window` skipping the minibatches in flight at the input stage (the same
     window for a simulated and a measured trace of ``schedule``)."""
-    return trace.steady_window(max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0])
-                                        // schedule.microbatches)))
+    return trace.steady_window(
+        max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // schedule.microbatches))
+    )
 
 
 def steady_throughput(trace: Trace, schedule: Any, batch: int) -> float:
@@ -214,8 +215,19 @@ def run_one(
         **run_opts,
     )
     wall = time.perf_counter() - t0
-    if run.trace.actions_by_worker() != sim.trace.actions_by_worker():
-        raise AssertionError(f"{model} {method}: the runtime and the simulator ran different schedules")
+    got, want = run.trace.actions_by_worker(), sim.trace.actions_by_worker()
+    if got != want:
+        diff = {
+            w: next(
+                ((i, x, y) for i, (x, y) in enumerate(zip(got.get(w, []), want.get(w, []))) if x != y),
+                (len(got.get(w, [])), len(want.get(w, []))),
+            )
+            for w in set(got) | set(want)
+            if got.get(w) != want.get(w)
+        }
+        raise AssertionError(
+            f"{model} {method}: the runtime and the simulator ran different schedules: {diff}"
+        )
     sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
     real_tp = steady_throughput(run.trace, run.schedule, batch)
     sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
@@ -245,8 +257,6 @@ def profiles(models: Sequence[str]) -> dict[str, Profile]:
         x = data_fn(batch)[0][0]
         out[name] = measure_profile(model_fn(), x, progress=False, repeats=5, model_name=name)
     return out
-
-
 
 
 # ---------------------------------------------------------------------- summaries and the figure
@@ -360,5 +370,17 @@ def svg_scatter(df: Any, *, title: str = "", band: float = 0.10, width: int = 56
     return "\n".join(out) + "\n"
 
 
-__all__ = ["METHODS", "MODELS", "busy_by_worker", "configurations", "method_table", "plan_for", "profiles",
-           "run_one", "run_plan", "steady_throughput", "steady_window", "svg_scatter"]
+__all__ = [
+    "METHODS",
+    "MODELS",
+    "busy_by_worker",
+    "configurations",
+    "method_table",
+    "plan_for",
+    "profiles",
+    "run_one",
+    "run_plan",
+    "steady_throughput",
+    "steady_window",
+    "svg_scatter",
+]
