@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 GB = 1e9
@@ -84,8 +84,19 @@ class Level:
     bandwidth: float
     latency: float = 0.0
     uplinks: int = 1
+    #: bytes/s a pipeline transfer (activation or gradient) achieves at this level where the transport
+    #: differs from the raw link, e.g. PipeDream's gloo path through host memory (None: ``bandwidth``)
+    p2p_bandwidth: float | None = None
+    #: bus bandwidth (bytes/s) an all-reduce achieves per link at this level in the ring formula,
+    #: e.g. NCCL's measured bus bandwidth over TCP (None: ``bandwidth``); see :meth:`Cluster.with_transport`
+    allreduce_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
+        for label in ("p2p_bandwidth", "allreduce_bandwidth"):
+            v = getattr(self, label)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"level {self.name!r}: {label}={v!r} must be None (the link's bandwidth) "
+                                 f"or a finite number of bytes/s > 0")
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"level {self.name!r}: size={self.size!r} must be an integer >= 1")
         if not (
@@ -97,6 +108,42 @@ class Level:
         if not isinstance(self.uplinks, int) or self.uplinks < 1:
             raise ValueError(f"level {self.name!r}: uplinks={self.uplinks!r} must be an integer >= 1")
 
+    @property
+    def transfer_bandwidth(self) -> float:
+        """Bytes/s of one pipeline transfer at this level: ``p2p_bandwidth`` where the transport sets
+        it, else the link's ``bandwidth`` (the one rate the cost model's transfers use)."""
+        return self.bandwidth if self.p2p_bandwidth is None else float(self.p2p_bandwidth)
+
+    @property
+    def ring_bandwidth(self) -> float:
+        """Bytes/s per link inside a ring all-reduce at this level: ``allreduce_bandwidth`` where the
+        transport sets it, else the link's ``bandwidth``."""
+        return self.bandwidth if self.allreduce_bandwidth is None else float(self.allreduce_bandwidth)
+
+
+#: pipeline transports (:meth:`Cluster.with_transport`): ``"link"`` sends over the raw link (NCCL
+#: point-to-point, CUDA IPC); ``"gloo-host"`` is PipeDream's runtime with ``distributed_backend: gloo``:
+#: the sender copies the tensor to host memory, gloo moves it over TCP (the cluster's Ethernet across
+#: servers, the host's loopback inside one), the receiver copies it back to its GPU, one after another
+PIPELINE_TRANSPORTS = ("link", "gloo-host")
+#: all-reduce transports: ``"link"`` (the ring at each level's link bandwidth), ``"nccl-ring"``
+#: (NCCL's ring at the bus bandwidth NCCL achieves over TCP on the Ethernet levels; PipeDream's
+#: data-parallel runs, ``distributed_backend: nccl``) or ``"gloo-ring"`` (gloo's ring through host
+#: memory, every step at the gloo path's store-and-forward rate; PipeDream's replicated stages, whose
+#: DistributedDataParallel groups take the runs' default backend, gloo)
+ALLREDUCE_TRANSPORTS = ("link", "nccl-ring", "gloo-ring")
+#: bytes/s of one host<->device or host memory copy on the gloo path: PCIe 3 x16 at the 10 GB/s that
+#: cluster A's PCIe level uses (the issue's figure); the loopback TCP copy inside a server is priced
+#: at the same rate (an assumption: no published figure for gloo's loopback on these hosts)
+HOST_COPY_BYTES_PER_S = 10 * 1e9
+#: NCCL all-reduce bus bandwidth over TCP (bytes/s) by Ethernet level. 25 Gbps: 1.7 GB/s, measured
+#: with nccl-tests' all_reduce_perf (ring, 8 ranks on 2 hosts, 25 Gbps TCP; iperf-class tools reach
+#: 25 Gbps one way there): NVIDIA/nccl-tests issue #83 (2021). 10 Gbps: 60% of wire speed,
+#: 0.75 GB/s, the ceiling NCCL 2.4 reached over TCP (32 Gbps, large messages): NVIDIA/nccl issue #209
+#: (April 2019, the NCCL generation of PipeDream's nvcr.io/nvidia/pytorch:19.05 container); no direct
+#: 10 Gbps measurement was found, so the fraction is carried over. Fixed from these sources before
+#: any comparison with PipeDream's Table 1.
+NCCL_TCP_BUS_BANDWIDTH: dict[str, float] = {"ethernet-10g": 0.6 * 10 * 1e9 / 8, "ethernet-25g": 1.7e9}
 
 # preset name -> (device, gpus per server, default servers, inner level (or None), outer level)
 _V100 = Device("V100-16GB", 1.0, 16 * 2**30)
@@ -234,7 +281,7 @@ class Cluster:
             if len(sizes) != 1:
                 raise ValueError(f"workers {ws} are not a regular sub-grid of cluster {self.name!r} at level "
                                  f"{lv.name!r}; choose whole servers or GPUs inside one server")
-            levels.append(Level(lv.name, sizes.pop(), lv.bandwidth, lv.latency, lv.uplinks))
+            levels.append(replace(lv, size=sizes.pop()))
         if math.prod(lv.size for lv in levels) != len(ws):
             raise ValueError(f"workers {ws} are not a regular sub-grid of cluster {self.name!r}; "
                              f"choose the same number of GPUs in each chosen server")
@@ -336,8 +383,8 @@ class Cluster:
             raise ValueError(f"every server needs the same (non-zero) number of devices; got "
                              f"{[len(s) for s in servers]}")
         g = per.pop()
-        levels = (Level(intra.name, g, intra.bandwidth, intra.latency, intra.uplinks),
-                  Level(inter.name, len(servers), inter.bandwidth, inter.latency, min(inter.uplinks, g)))
+        levels = (replace(intra, size=g),
+                  replace(inter, size=len(servers), uplinks=min(inter.uplinks, g)))
         return cls(name, levels, tuple(d for s in servers for d in s))
 
     @classmethod
@@ -353,6 +400,46 @@ class Cluster:
         return cls.heterogeneous(nodes, intra=Level("pcie", gpus_per_server, 10 * GB, 5e-6),
                                  inter=Level("infiniband-56g", servers, 56 * Gbps, 2e-6),
                                  name=f"hetpipe:{servers}x{gpus_per_server}")
+
+    def with_transport(self, pipeline: str = "link", allreduce: str = "link", *,
+                       host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
+                       allreduce_bus_bandwidth: dict[str, float] | None = None) -> Cluster:
+        """This cluster with its transfers priced by a transport (same devices and links).
+
+        ``pipeline`` (:data:`PIPELINE_TRANSPORTS`): ``"gloo-host"`` sets every level's
+        ``p2p_bandwidth`` to the store-and-forward rate of PipeDream's gloo path,
+        ``1 / (2 / host_copy_bandwidth + 1 / net)``: a device-to-host copy, the TCP transfer (``net``:
+        the level's own bandwidth across servers; a host memory copy, ``host_copy_bandwidth``, on the
+        innermost level of a multi-GPU server, where gloo's TCP runs over loopback) and a
+        host-to-device copy. ``allreduce`` (:data:`ALLREDUCE_TRANSPORTS`): ``"nccl-ring"`` sets the
+        ``allreduce_bandwidth`` of every level named in ``allreduce_bus_bandwidth`` (default
+        :data:`NCCL_TCP_BUS_BANDWIDTH`, the Ethernet levels) to NCCL's measured bus bandwidth; levels
+        inside a server keep their link's. ``"gloo-ring"`` sets every level's to the gloo path's rate
+        (as ``"gloo-host"``'s transfers). ``"link"`` leaves a level as it is.
+        """
+        if pipeline not in PIPELINE_TRANSPORTS:
+            raise ValueError(f"pipeline={pipeline!r} is not one of {PIPELINE_TRANSPORTS}")
+        if allreduce not in ALLREDUCE_TRANSPORTS:
+            raise ValueError(f"allreduce={allreduce!r} is not one of {ALLREDUCE_TRANSPORTS}")
+        if not (math.isfinite(host_copy_bandwidth) and host_copy_bandwidth > 0):
+            raise ValueError(f"host_copy_bandwidth={host_copy_bandwidth!r} must be a finite number of "
+                             f"bytes/s > 0")
+        bus = NCCL_TCP_BUS_BANDWIDTH if allreduce_bus_bandwidth is None else dict(allreduce_bus_bandwidth)
+        multi_gpu_servers = len(self.levels) > 1
+        levels = []
+        for k, lv in enumerate(self.levels):
+            changes: dict[str, Any] = {}
+            net = host_copy_bandwidth if (k == 0 and multi_gpu_servers) else lv.bandwidth
+            via_host = 1.0 / (2.0 / host_copy_bandwidth + 1.0 / net)
+            if pipeline == "gloo-host":
+                changes["p2p_bandwidth"] = via_host
+            if allreduce == "nccl-ring" and lv.name in bus:
+                changes["allreduce_bandwidth"] = float(bus[lv.name])
+            elif allreduce == "gloo-ring":
+                changes["allreduce_bandwidth"] = via_host
+            levels.append(replace(lv, **changes))
+        tag = "" if (pipeline, allreduce) == ("link", "link") else f"[{pipeline},{allreduce}]"
+        return Cluster(self.name + tag, tuple(levels), self.devices)
 
     # ------------------------------------------------------------------ output
     @property
@@ -370,8 +457,13 @@ class Cluster:
         lines = [f"Cluster {self.name!r}: {self.num_workers} workers: {devs}"]
         for k, lv in enumerate(self.levels):
             up = f", {lv.uplinks} uplinks" if lv.uplinks > 1 else ""
+            via = ""
+            if lv.p2p_bandwidth is not None:
+                via += f", transfers at {lv.p2p_bandwidth / GB:.3g} GB/s"
+            if lv.allreduce_bandwidth is not None:
+                via += f", all-reduce bus {lv.allreduce_bandwidth / GB:.3g} GB/s"
             lines.append(f"  level {k} {lv.name}: {lv.size} per block, {lv.bandwidth / GB:.3g} GB/s "
-                         f"({lv.bandwidth * 8 / 1e9:.3g} Gbps), latency {lv.latency * 1e6:.3g} us{up}")
+                         f"({lv.bandwidth * 8 / 1e9:.3g} Gbps), latency {lv.latency * 1e6:.3g} us{up}{via}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -174,7 +174,7 @@ class Prices:
             self.cluster.speed(src)  # validates the index
             return 0.0
         lv = self.cluster.link(src, dst)
-        return lv.latency + nbytes / self.compression_ratio / lv.bandwidth
+        return lv.latency + nbytes / self.compression_ratio / lv.transfer_bandwidth
 
     # ------------------------------------------------------------------ ports (shared by the simulator)
     def ports(self, src: int, dst: int) -> tuple[Hashable, Hashable]:
@@ -264,7 +264,7 @@ class Prices:
             if p <= 1:
                 continue
             links = min(lv.uplinks, max(members.values()))
-            bw = lv.bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+            bw = lv.ring_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
             per_byte += 2.0 * (p - 1) / p / (bw * links)
             fixed += 2.0 * (p - 1) * lv.latency
         return per_byte, fixed

@@ -249,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_table(table, t1 / "results.csv")
         if measure is not None:
             write_table(measure, t1 / "measure.csv")
+            runs_json = done["measure"][0][0].out_dir / "measure_runs.json"
+            if runs_json.exists():
+                write_table(pd.DataFrame(json.loads(runs_json.read_text())["runs"]), t1 / "measure_runs.csv")
         md = table1_results_md(t1)   # from the files, so that a partial run keeps the other part
         if md:
             atomic_write_text(t1 / "results.md", md)
