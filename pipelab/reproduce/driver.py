@@ -22,6 +22,7 @@ from pipelab.models import example, pipedream_profile
 from pipelab.profile.measure import profile
 from pipelab.reproduce.report import build_report, markdown_table, run_notebook, write_table
 from pipelab.reproduce.table1 import TABLE1, PaperRow, table1_markdown
+from pipelab.reproduce.table1_paper import sensitivity, sensitivity_markdown, sensitivity_svg
 
 #: the repository's reproductions/ folder (a clone or an editable install has it beside the package)
 REPRODUCTIONS = Path(__file__).resolve().parents[2] / "reproductions"
@@ -92,6 +93,13 @@ def table1_results_md(folder: Path) -> str:
             + table1_markdown(table)
             + "\n"
         )
+    if (folder / "sensitivity.csv").exists():
+        md += ("\n## Sensitivity to the two unknowns (partitioner predictions)\n\n"
+               "Rows with the paper's configuration shape and within 25% of its speed-up, of 10, over the "
+               "V100's speed relative to the profiling GPU and NCCL's bus bandwidth over TCP (a multiple of "
+               "the cited 0.75 GB/s at 10 Gbps and 1.7 GB/s at 25 Gbps); the cited defaults in bold "
+               "(`sensitivity.svg`, `sensitivity.csv`).\n\n"
+               + sensitivity_markdown(pd.read_csv(folder / "sensitivity.csv")))
     if (folder / "measure.csv").exists():
         m = pd.read_csv(folder / "measure.csv").iloc[0]
         md += ("\n## Measure mode: real processes on this machine (reduced model)\n\n"
@@ -247,6 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if table is not None:
             write_table(table, t1 / "results.csv")
+            if not quick:   # the two unknowns over a grid: about a minute of partitioning
+                bar.set_postfix_str("table1 sensitivity")
+                sens = pd.DataFrame(sensitivity())
+                write_table(sens, t1 / "sensitivity.csv")
+                atomic_write_text(t1 / "sensitivity.svg", sensitivity_svg(sens))
         if measure is not None:
             write_table(measure, t1 / "measure.csv")
             runs_json = done["measure"][0][0].out_dir / "measure_runs.json"

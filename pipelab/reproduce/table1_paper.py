@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelab.cluster import NCCL_TCP_BUS_BANDWIDTH, Cluster
 from pipelab.costs import CostModel
@@ -30,7 +30,11 @@ from pipelab.partition import partition
 from pipelab.partition.pipedream_conf import plan_from_pipedream
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
+from pipelab.reproduce.report import svg_heatmap
 from pipelab.reproduce.table1 import TABLE1, PaperRow, config_shape, simulate_plan
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: per-worker minibatch of every Table 1 run (``batch_size: 64`` in each driver config)
 PAPER_BATCH = 64
@@ -202,3 +206,48 @@ def default_wire_fractions() -> dict[str, float]:
     """The cited defaults as fractions of wire speed (10 Gbps: 0.6; 25 Gbps: 1.7 GB/s of 3.125)."""
     return {"ethernet-10g": NCCL_TCP_BUS_BANDWIDTH["ethernet-10g"] / (10e9 / 8),
             "ethernet-25g": NCCL_TCP_BUS_BANDWIDTH["ethernet-25g"] / (25e9 / 8)}
+
+
+def sensitivity_grid(df: pd.DataFrame) -> tuple[list[float], list[float], list[list[int]], tuple[int, int]]:
+    """From :func:`sensitivity`'s rows: (speeds, NCCL scales, rows with the paper's shape and within 25%
+    per grid cell, the default cell's (row, column))."""
+    speeds = sorted(set(float(v) for v in df["device_speed"]))
+    scales = sorted(set(float(v) for v in df["nccl_scale"]))
+    ok = df.groupby(["device_speed", "nccl_scale"])["ok"].sum()
+    grid = [[int(ok.loc[(s, c)]) for c in scales] for s in speeds]
+    d_speed = round(profiling_gpu_speed(), 3)
+    i = min(range(len(speeds)), key=lambda k: abs(speeds[k] - d_speed))
+    j = min(range(len(scales)), key=lambda k: abs(scales[k] - 1.0))
+    return speeds, scales, grid, (i, j)
+
+
+def sensitivity_svg(df: pd.DataFrame) -> str:
+    """The sensitivity heatmap (rows within 25% with the paper's shape), the default outlined."""
+    speeds, scales, grid, mark = sensitivity_grid(df)
+    return svg_heatmap(grid, xs=[f"{c:g}x" for c in scales], ys=[f"{s:g}" for s in speeds],
+                       xlabel="NCCL bus bandwidth over TCP, multiple of the cited one",
+                       ylabel="V100 speed / profiling GPU", mark=mark, vmax=10,
+                       title="Table 1 rows with the paper's shape and within 25% (of 10), predicted")
+
+
+def sensitivity_markdown(df: pd.DataFrame) -> str:
+    """The heatmap as a markdown table (the default cell in bold) and each row's error at its corners."""
+    speeds, scales, grid, (mi, mj) = sensitivity_grid(df)
+    lines = ["| V100 speed \\ NCCL bus bw | " + " | ".join(f"{c:g}x" for c in scales) + " |",
+             "|---|" + "---|" * len(scales)]
+    for i, s in enumerate(speeds):
+        cells = [f"**{v}**" if (i, j) == (mi, mj) else str(v) for j, v in enumerate(grid[i])]
+        lines.append(f"| {s:g} | " + " | ".join(cells) + " |")
+    corners = [(speeds[mi], scales[mj]), (speeds[0], scales[0]), (speeds[0], scales[-1]),
+               (speeds[-1], scales[0]), (speeds[-1], scales[-1])]
+    lines += ["", "Each row's predicted error (config) at the default and at the grid's corners:", "",
+              "| row | " + " | ".join(f"speed {s:g}, NCCL {c:g}x" for s, c in corners) + " |",
+              "|---|" + "---|" * len(corners)]
+    for key in dict.fromkeys(df["key"]):
+        part = df[df["key"] == key].set_index(["device_speed", "nccl_scale"])
+        cells = []
+        for s, c in corners:
+            r = part.loc[(s, c)]
+            cells.append(f"{float(r['error']):+.0%} ({r['config']})")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
