@@ -28,7 +28,8 @@ def test_gloo_host_and_nccl_ring_rates_by_hand() -> None:
     assert gloo.levels[1].transfer_bandwidth == pytest.approx(1 / (2 / 10e9 + 8 / 10e9))
     assert gloo.levels[1].ring_bandwidth == pytest.approx(1 / (2 / 10e9 + 8 / 10e9))
     assert nccl.levels[1].ring_bandwidth == NCCL_TCP_BUS_BANDWIDTH["ethernet-10g"] == pytest.approx(0.75e9)
-    assert nccl.levels[0].ring_bandwidth == 10e9 and nccl.levels[1].transfer_bandwidth == base.levels[1].bandwidth
+    assert nccl.levels[0].ring_bandwidth == 10e9
+    assert nccl.levels[1].transfer_bandwidth == base.levels[1].bandwidth
     n = 100_000_000
     cm = CostModel(pl.Profile.synthetic([1.0, 1.0], out_bytes=[n, 0], param_bytes=[n, 0]), gloo)
     lat = base.levels[1].latency
