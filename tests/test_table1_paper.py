@@ -122,3 +122,13 @@ def test_committed_simulated_table_matches_the_code() -> None:
             else:
                 same = str(was) == str(value)
             assert same, f"{row.key}: {key} is {value!r} now but results.csv says {was!r}; regenerate"
+
+
+def test_transport_levels_round_trip_and_describe() -> None:
+    cl = pl.Cluster.preset("pipedream-b", servers=2, gpus_per_server=8)
+    cl = cl.with_transport("gloo-host", "nccl-ring")
+    assert pl.Cluster.from_dict(cl.to_dict()) == cl
+    assert "all-reduce bus 1.7 GB/s" in cl.describe() and "transfers at" in cl.describe()
+    # a sub-cluster keeps the transport
+    sub = cl.subset(range(8))
+    assert sub.levels[0].p2p_bandwidth == cl.levels[0].p2p_bandwidth
