@@ -132,3 +132,14 @@ def test_transport_levels_round_trip_and_describe() -> None:
     # a sub-cluster keeps the transport
     sub = cl.subset(range(8))
     assert sub.levels[0].p2p_bandwidth == cl.levels[0].p2p_bandwidth
+
+
+def test_sensitivity_default_cell_is_the_table() -> None:
+    """sensitivity.csv's cell at the cited defaults holds the same simulated rows as results.csv."""
+    sens = pd.read_csv(RESULTS.with_name("sensitivity.csv"))
+    table = pd.read_csv(RESULTS)
+    speed = tp.profiling_gpu_speed()
+    cell = sens[(abs(sens["device_speed"] - speed) < 1e-9) & (sens["nccl_scale"] == 1.0)]
+    assert list(cell["config"]) == list(table["config"])
+    assert list(cell["simulated_speedup"]) == pytest.approx(list(table["simulated_speedup"]))
+    assert list(cell["paper_config_error"]) == pytest.approx(list(table["paper_config_error"]))
