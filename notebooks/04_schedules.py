@@ -84,7 +84,7 @@ px.line(bubbles, x="M", y="bubble", color="method", markers=True, log_x=True,
 # %% [markdown]
 # **Exercise.** Check the interleaved schedule against its closed form `(P−1)/(v·M + P−1)` for every `M` of
 # the sweep (it needs `M` a multiple of `P`), and ZB-H1's bubble *time* against a third of 1F1B's with equal
-# F, B, W costs, for `M ≥ P` (Qi et al., ICLR'24, §3: 1F1B idles `(P−1)(F+B+W)`, ZB-H1 `(P−1)(F+B−2W)`).
+# F, B, W costs, for `M ≥ P` (Qi et al., ICLR'24, §3: 1F1B idles `(P−1)(F+B+W)`, ZB-H1 `(P−1)(F+B−W)`).
 #
 # *(The solution is the collapsed cell below: click its ellipsis to open it once you have tried.)*
 
@@ -149,6 +149,98 @@ for s in range(stages):
     held = pd_sched.versions_held(s)
     print(f"stage {s}: versions held {held}, closed form P - s = {stages - s}")
     assert held == stages - s
+
+# %% [markdown]
+# ## torch's newest schedules, inside pipelab
+#
+# `torch.distributed.pipelining` keeps its schedules as data too: per rank, rows such as `1F0`, `0I1` and
+# `0W1` (backward split into input and weight gradients). `pl.schedules.from_torch` reads any of its
+# schedule classes (or a compute-only CSV) into a pipelab `Schedule`, so the validator checks it, the
+# simulator times it and the Gantt view draws it beside pipelab's own. Two of them place stages in a **V**:
+# with `2P` stages on `P` workers, worker `w` runs stage `w` and stage `2P − 1 − w`, so the first worker
+# also computes the loss.
+#
+# - **ZB-V** (`ScheduleZBVZeroBubble`): V placement and split backward; zero bubble with 1F1B's activation
+#   memory when F, B and W cost the same (Qi et al., ICLR'24; ZB-V is §6 of arXiv:2401.10241).
+# - **DualPipeV** (`ScheduleDualPipeV`): V placement with forward/backward pairs of two microbatches issued
+#   together (`OVERLAP_F_B`; torch's runtime runs them one after the other, and so does the import); the
+#   DualPipe of the DeepSeek-V3 report (arXiv:2412.19437, §3.2.1) cut in half.
+#
+# torch's ZB-V needs `M ≥ 2P − 1` microbatches to fill its V and DualPipeV `M ≥ 2P`, so this section uses at
+# least `2P`.
+
+# %%
+from pipelab.schedules.dataflow import UnitCosts
+from pipelab.sim.simulate import simulate_schedule
+
+M_v = max(microbatches, 2 * stages)
+compare = {
+    "1f1b-flush": lambda K: pl.schedules.build("1f1b-flush", stages, microbatches=M_v, minibatches=K),
+    "zb-h1": lambda K: pl.schedules.build("zb-h1", stages, microbatches=M_v, minibatches=K),
+    "ZB-V (torch)": lambda K: pl.schedules.from_torch("ZBVZeroBubble", workers=stages, microbatches=M_v,
+                                                      minibatches=K),
+    "DualPipeV (torch)": lambda K: pl.schedules.from_torch("DualPipeV", workers=stages, microbatches=M_v,
+                                                           minibatches=K),
+}
+zbv = compare["ZB-V (torch)"](1)
+pl.schedules.validate(zbv)       # from_torch validates too; here to show it passes pipelab's checks
+print(zbv.grid(max_steps=24))
+for name, make in compare.items():
+    pl.views.gantt(make(1), title=f"{name}, P = {stages}, M = {M_v}").show()
+
+# %% [markdown]
+# **Bubble.** With F, B and W of equal cost (per chunk for the V schedules, whose chunks are half a stage),
+# the Zero Bubble paper gives the idle time per minibatch: 1F1B `(P−1)(F+B+W)`, ZB-H1 `(P−1)(F+B−W)` (§2.1)
+# and ZB-V zero. "Per minibatch" means in a steady state of consecutive minibatches with no synchronization
+# across stages at the optimizer step (the paper's §4 replaces it by a post-validation); pipelab's updates are
+# per stage, so one more minibatch adds exactly its period to the run. One lone minibatch still pays the fill
+# and drain, shown per worker as `bubble (one minibatch)`.
+
+# %%
+equal = UnitCosts(f=1.0, b=1.0, w=1.0)
+rows = []
+for name, make in compare.items():
+    one = simulate_schedule(make(1), equal)
+    period = simulate_schedule(make(5), equal).makespan - simulate_schedule(make(4), equal).makespan
+    chunks = 2 if "torch" in name else 1
+    busy = chunks * M_v * 3                               # per worker per minibatch, in units of F
+    for w, b in enumerate(one.bubble_fraction):
+        rows.append({"schedule": name, "worker": w, "bubble (one minibatch)": round(b, 3),
+                     "steady idle per minibatch (units of F)": period - busy})
+bub = pd.DataFrame(rows)
+steady = bub.groupby("schedule", sort=False)["steady idle per minibatch (units of F)"].max()
+assert steady["ZB-V (torch)"] == 0                                 # the paper's zero bubble
+assert steady["1f1b-flush"] == 3 * (stages - 1) and steady["zb-h1"] == stages - 1
+bub
+
+# %% [markdown]
+# **Memory.** Peak memory per worker, simulated with a profile: `2P` equal layers (one per V chunk, two per
+# stage of the straight schedules), each keeping 16 MB of activations per microbatch for its backward.
+# ZB-V holds `2P` chunk-microbatches on *every* worker, the `P` whole-stage microbatches that 1F1B holds on
+# its first worker only (the paper's "same activation memory as 1F1B", balanced across workers), plus the
+# received inputs of its extra chunk boundaries (a V has twice as many cuts). DualPipeV holds one more.
+
+# %%
+layers = 2 * stages
+base_v = pl.Profile.synthetic([1e-3] * layers, out_bytes=[4_000_000] * layers,
+                              param_bytes=[1_000_000] * layers, batch_size=64)
+prof_v = replace(base_v, layers=tuple(replace(la, saved_bytes=16_000_000 * M_v) for la in base_v.layers))
+cluster_v = pl.Cluster.flat(stages, bandwidth=10e9)
+rows, peak_v = [], {}
+for name, make in compare.items():
+    sch = make(1)
+    plan_v = pl.Plan.even(layers, sch.num_stages)          # V schedules: one layer per chunk
+    sim = pl.simulate(plan_v, prof_v, cluster_v, schedule=sch)
+    peak_v[name] = sim.peak_memory
+    rows += [{"schedule": name, "worker": w, "peak_MB": b / 1e6} for w, b in enumerate(sim.peak_memory)]
+assert max(peak_v["ZB-V (torch)"]) <= 1.05 * max(peak_v["1f1b-flush"])   # about 1F1B's peak, on every worker
+px.bar(pd.DataFrame(rows), x="worker", y="peak_MB", color="schedule", barmode="group",
+       title="simulated peak memory per worker")
+
+# %% [markdown]
+# The way back: `pl.torch_bridge.to_torch(plan, schedule, model, loss_fn=...)` runs a pipelab plan and any
+# synchronous schedule (pipelab's, or one imported here) on torch's own engine under torchrun, where it
+# composes with FSDP and tensor parallelism (README, "Two engines").
 
 # %% [markdown]
 # ## Explore

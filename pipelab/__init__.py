@@ -25,6 +25,8 @@ _EXPORTS: dict[str, str] = {
     "Layer": "pipelab.profile.records",
     "profile": "pipelab.profile.measure",
     "Cluster": "pipelab.cluster",
+    "Calibration": "pipelab.cluster",
+    "calibrate": "pipelab.calibrate",
     "Plan": "pipelab.partition.plan",
     "Stage": "pipelab.partition.plan",
     "partition": "pipelab.partition",
@@ -38,12 +40,13 @@ _EXPORTS: dict[str, str] = {
     "launch": "pipelab.runtime",
     "models": "pipelab.models",
     "schedules": "pipelab.schedules",
+    "torch_bridge": "pipelab.torch_bridge",
     "views": "pipelab.views",
     "widgets": "pipelab.widgets",
 }
 
 # public names that are modules rather than objects inside a module
-_MODULES = frozenset({"models", "schedules", "views", "widgets"})
+_MODULES = frozenset({"models", "schedules", "torch_bridge", "views", "widgets"})
 
 __all__ = sorted(_EXPORTS)
 
@@ -73,6 +76,7 @@ def __dir__() -> list[str]:
 _CALLABLE_SUBPACKAGES: dict[str, tuple[str, str]] = {
     "pipelab.partition": ("pipelab.partition", "partition"),
     "pipelab.profile": ("pipelab.profile.measure", "profile"),
+    "pipelab.calibrate": ("pipelab.calibrate", "calibrate"),
 }
 
 
@@ -97,8 +101,9 @@ sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from pipelab import models, schedules, views, widgets  # noqa: F401
-    from pipelab.cluster import Cluster  # noqa: F401
+    from pipelab import models, schedules, torch_bridge, views, widgets  # noqa: F401
+    from pipelab.calibrate import calibrate  # noqa: F401
+    from pipelab.cluster import Calibration, Cluster  # noqa: F401
     from pipelab.partition import partition  # noqa: F401
     from pipelab.partition.plan import Plan, Stage  # noqa: F401
     from pipelab.profile.measure import profile  # noqa: F401

@@ -43,13 +43,22 @@ Latencies are round figures (about 5 us for PCIe/NVLink, 10-25 us for Ethernet, 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+from pipelab._io import read_record, write_record
+from pipelab.transports import (
+    HOST_COPY_BYTES_PER_S,
+    transport_levels,
+)
 
 GB = 1e9
 Gbps = 1e9 / 8
+CLUSTER_SCHEMA = 1
 
 
 @dataclass(frozen=True)
@@ -121,29 +130,114 @@ class Level:
         return self.bandwidth if self.allreduce_bandwidth is None else float(self.allreduce_bandwidth)
 
 
-#: pipeline transports (:meth:`Cluster.with_transport`): ``"link"`` sends over the raw link (NCCL
-#: point-to-point, CUDA IPC); ``"gloo-host"`` is PipeDream's runtime with ``distributed_backend: gloo``:
-#: the sender copies the tensor to host memory, gloo moves it over TCP (the cluster's Ethernet across
-#: servers, the host's loopback inside one), the receiver copies it back to its GPU, one after another
-PIPELINE_TRANSPORTS = ("link", "gloo-host")
-#: all-reduce transports: ``"link"`` (the ring at each level's link bandwidth), ``"nccl-ring"``
-#: (NCCL's ring at the bus bandwidth NCCL achieves over TCP on the Ethernet levels; PipeDream's
-#: data-parallel runs, ``distributed_backend: nccl``) or ``"gloo-ring"`` (gloo's ring through host
-#: memory, every step at the gloo path's store-and-forward rate; PipeDream's replicated stages, whose
-#: DistributedDataParallel groups take the runs' default backend, gloo)
-ALLREDUCE_TRANSPORTS = ("link", "nccl-ring", "gloo-ring")
-#: bytes/s of one host<->device or host memory copy on the gloo path: PCIe 3 x16 at the 10 GB/s that
-#: cluster A's PCIe level uses (the issue's figure); the loopback TCP copy inside a server is priced
-#: at the same rate (an assumption: no published figure for gloo's loopback on these hosts)
-HOST_COPY_BYTES_PER_S = 10 * 1e9
-#: NCCL all-reduce bus bandwidth over TCP (bytes/s) by Ethernet level. 25 Gbps: 1.7 GB/s, measured
-#: with nccl-tests' all_reduce_perf (ring, 8 ranks on 2 hosts, 25 Gbps TCP; iperf-class tools reach
-#: 25 Gbps one way there): NVIDIA/nccl-tests issue #83 (2021). 10 Gbps: 60% of wire speed,
-#: 0.75 GB/s, the ceiling NCCL 2.4 reached over TCP (32 Gbps, large messages): NVIDIA/nccl issue #209
-#: (April 2019, the NCCL generation of PipeDream's nvcr.io/nvidia/pytorch:19.05 container); no direct
-#: 10 Gbps measurement was found, so the fraction is carried over. Fixed from these sources before
-#: any comparison with PipeDream's Table 1.
-NCCL_TCP_BUS_BANDWIDTH: dict[str, float] = {"ethernet-10g": 0.6 * 10 * 1e9 / 8, "ethernet-25g": 1.7e9}
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`pipelab.calibrate.calibrate` measured on one machine, and where and how.
+
+    Provenance: ``host``, ``backend`` (the process group's, e.g. ``"gloo"``), ``device`` (``"cpu"``
+    or a CUDA device name), ``date`` (ISO 8601), ``torch`` (version), ``cores`` (CPU cores the
+    workers shared), ``workers`` (processes measured at once).
+
+    Terms (seconds, bytes, bytes per second), each the median of repeated measurements:
+
+    * point to point: ``p2p_latency_s`` and ``p2p_bandwidth``, the fit ``alpha + n / beta`` of a
+      one-way message of ``n`` bytes over a sweep of sizes (also the cluster's level);
+    * all-reduce: ``allreduce_latency_s`` and ``allreduce_bandwidth`` of the ring model
+      ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` fitted over sizes and group sizes ``p``;
+    * ``overhead_s``: the runtime's own seconds per action of each kind (``F``, ``B``, ``W``,
+      ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
+    * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
+      seconds, seconds per parameter byte)`` of one ``step()``;
+    * ``memory_bandwidth``: bytes per second of a large copy (read plus write).
+
+    ``spread`` holds, per figure, the relative spread of the repeats ((max - min) / median);
+    ``residual`` the relative RMS error of each fit; ``samples`` the raw sweeps (small lists).
+    """
+
+    host: str
+    backend: str
+    device: str
+    date: str
+    torch: str
+    cores: int
+    workers: int
+    p2p_latency_s: float
+    p2p_bandwidth: float
+    allreduce_latency_s: float
+    allreduce_bandwidth: float
+    overhead_s: dict[str, float]
+    optimizer_s: dict[str, tuple[float, float]]
+    memory_bandwidth: float
+    spread: dict[str, float] = field(default_factory=dict)
+    residual: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("p2p_latency_s", "allreduce_latency_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"calibration: {name}={v!r} must be a finite number >= 0 seconds")
+        for name in ("p2p_bandwidth", "allreduce_bandwidth", "memory_bandwidth"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"calibration: {name}={v!r} must be a finite number > 0 bytes/s")
+        bad = sorted(set(self.overhead_s) - {"F", "B", "W", "U"})
+        if bad:
+            raise ValueError(f"calibration: overhead_s has kinds {bad}; use F, B, W, U")
+        for k, v in self.overhead_s.items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"calibration: overhead_s[{k!r}]={v!r} must be a finite number >= 0")
+        opt = {k: (float(v[0]), float(v[1])) for k, v in self.optimizer_s.items()}
+        for k, (a, b) in opt.items():
+            if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0):
+                raise ValueError(f"calibration: optimizer_s[{k!r}]={(a, b)!r} must be two numbers >= 0")
+        object.__setattr__(self, "optimizer_s", opt)
+
+    def overhead(self, kind: str) -> float:
+        """The runtime's seconds per action of ``kind`` (``W`` falls back to ``B``'s, 0 if unmeasured)."""
+        if kind == "W" and "W" not in self.overhead_s:
+            kind = "B"
+        return float(self.overhead_s.get(kind, 0.0))
+
+    def optimizer_step_s(self, optimizer: str, param_bytes: float) -> float | None:
+        """Seconds of one ``step()`` of ``optimizer`` over ``param_bytes`` (None if not calibrated)."""
+        key = {"momentum": "sgd-momentum", "adamw": "adam"}.get(optimizer, optimizer)
+        if key not in self.optimizer_s:
+            return None
+        fixed, per_byte = self.optimizer_s[key]
+        return fixed + per_byte * float(param_bytes) if param_bytes > 0 else 0.0
+
+    def describe(self) -> str:
+        """A few lines for humans: provenance and the fitted terms."""
+        ov = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(self.overhead_s.items()))
+        opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B"
+                        for k, (a, b) in self.optimizer_s.items())
+        return (f"calibrated on {self.host} ({self.device}, {self.backend}, {self.workers} workers on "
+                f"{self.cores} cores, torch {self.torch}) at {self.date}\n"
+                f"  p2p: {self.p2p_latency_s * 1e6:.0f} us + n / {self.p2p_bandwidth / 1e9:.3g} GB/s; "
+                f"all-reduce: {self.allreduce_latency_s * 1e6:.0f} us/step, "
+                f"{self.allreduce_bandwidth / 1e9:.3g} GB/s\n"
+                f"  per action: {ov}\n  optimizer step: {opt}\n"
+                f"  memory: {self.memory_bandwidth / 1e9:.3g} GB/s")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        d = asdict(self)
+        d["optimizer_s"] = {k: list(v) for k, v in self.optimizer_s.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        """Inverse of :meth:`to_dict`; raises ``ValueError`` naming a missing or bad field."""
+        again = "re-create it with `pipelab calibrate`"
+        try:
+            return cls(**{**d, "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()}})
+        except KeyError as exc:
+            raise ValueError(f"calibration lacks field {exc}; {again}") from None
+        except TypeError as exc:
+            raise ValueError(f"malformed calibration ({exc}); {again}") from None
+
 
 # preset name -> (device, gpus per server, default servers, inner level (or None), outer level)
 _V100 = Device("V100-16GB", 1.0, 16 * 2**30)
@@ -195,6 +289,8 @@ class Cluster:
     name: str
     levels: tuple[Level, ...]
     devices: tuple[Device, ...]
+    #: what :func:`pipelab.calibrate.calibrate` measured, when the cluster is a calibrated machine
+    calibration: Calibration | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(self.levels))
@@ -342,7 +438,10 @@ class Cluster:
 
     @classmethod
     def parse(cls, spec: str) -> Cluster:
-        """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, or a name."""
+        """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, a name,
+        or the path of a cluster JSON (``pipelab calibrate -o cluster.json``)."""
+        if spec.strip().endswith(".json"):
+            return cls.load(spec.strip())
         m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?::\s*(\d+)\s*(?:[xX]\s*(\d+))?)?\s*", spec)
         if not m:
             raise ValueError(
@@ -404,42 +503,25 @@ class Cluster:
     def with_transport(self, pipeline: str = "link", allreduce: str = "link", *,
                        host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
                        allreduce_bus_bandwidth: dict[str, float] | None = None) -> Cluster:
-        """This cluster with its transfers priced by a transport (same devices and links).
+        """This cluster with its transfers priced by a transport (same devices and links;
+        :func:`pipelab.transports.transport_levels`).
 
-        ``pipeline`` (:data:`PIPELINE_TRANSPORTS`): ``"gloo-host"`` sets every level's
-        ``p2p_bandwidth`` to the store-and-forward rate of PipeDream's gloo path,
+        ``pipeline`` (:data:`pipelab.transports.PIPELINE_TRANSPORTS`): ``"gloo-host"`` sets every
+        level's ``p2p_bandwidth`` to the store-and-forward rate of PipeDream's gloo path,
         ``1 / (2 / host_copy_bandwidth + 1 / net)``: a device-to-host copy, the TCP transfer (``net``:
         the level's own bandwidth across servers; a host memory copy, ``host_copy_bandwidth``, on the
         innermost level of a multi-GPU server, where gloo's TCP runs over loopback) and a
-        host-to-device copy. ``allreduce`` (:data:`ALLREDUCE_TRANSPORTS`): ``"nccl-ring"`` sets the
-        ``allreduce_bandwidth`` of every level named in ``allreduce_bus_bandwidth`` (default
-        :data:`NCCL_TCP_BUS_BANDWIDTH`, the Ethernet levels) to NCCL's measured bus bandwidth; levels
-        inside a server keep their link's. ``"gloo-ring"`` sets every level's to the gloo path's rate
-        (as ``"gloo-host"``'s transfers). ``"link"`` leaves a level as it is.
+        host-to-device copy. ``allreduce`` (:data:`pipelab.transports.ALLREDUCE_TRANSPORTS`):
+        ``"nccl-ring"`` sets the ``allreduce_bandwidth`` of every level named in
+        ``allreduce_bus_bandwidth`` (default :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`, the
+        Ethernet levels) to NCCL's measured bus bandwidth; levels inside a server keep their link's.
+        ``"gloo-ring"`` sets every level's to the gloo path's rate (as ``"gloo-host"``'s transfers).
+        ``"link"`` leaves a level as it is.
         """
-        if pipeline not in PIPELINE_TRANSPORTS:
-            raise ValueError(f"pipeline={pipeline!r} is not one of {PIPELINE_TRANSPORTS}")
-        if allreduce not in ALLREDUCE_TRANSPORTS:
-            raise ValueError(f"allreduce={allreduce!r} is not one of {ALLREDUCE_TRANSPORTS}")
-        if not (math.isfinite(host_copy_bandwidth) and host_copy_bandwidth > 0):
-            raise ValueError(f"host_copy_bandwidth={host_copy_bandwidth!r} must be a finite number of "
-                             f"bytes/s > 0")
-        bus = NCCL_TCP_BUS_BANDWIDTH if allreduce_bus_bandwidth is None else dict(allreduce_bus_bandwidth)
-        multi_gpu_servers = len(self.levels) > 1
-        levels = []
-        for k, lv in enumerate(self.levels):
-            changes: dict[str, Any] = {}
-            net = host_copy_bandwidth if (k == 0 and multi_gpu_servers) else lv.bandwidth
-            via_host = 1.0 / (2.0 / host_copy_bandwidth + 1.0 / net)
-            if pipeline == "gloo-host":
-                changes["p2p_bandwidth"] = via_host
-            if allreduce == "nccl-ring" and lv.name in bus:
-                changes["allreduce_bandwidth"] = float(bus[lv.name])
-            elif allreduce == "gloo-ring":
-                changes["allreduce_bandwidth"] = via_host
-            levels.append(replace(lv, **changes))
+        levels = transport_levels(self.levels, pipeline, allreduce, host_copy_bandwidth=host_copy_bandwidth,
+                                  allreduce_bus_bandwidth=allreduce_bus_bandwidth)
         tag = "" if (pipeline, allreduce) == ("link", "link") else f"[{pipeline},{allreduce}]"
-        return Cluster(self.name + tag, tuple(levels), self.devices)
+        return replace(self, name=self.name + tag, levels=tuple(levels))
 
     # ------------------------------------------------------------------ output
     @property
@@ -468,14 +550,38 @@ class Cluster:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
-        return {"name": self.name, "levels": [asdict(lv) for lv in self.levels],
-                "devices": [asdict(d) for d in self.devices]}
+        d: dict[str, Any] = {"name": self.name, "levels": [asdict(lv) for lv in self.levels],
+                             "devices": [asdict(dv) for dv in self.devices]}
+        if self.calibration is not None:
+            d["calibration"] = self.calibration.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Cluster:
         """Inverse of :meth:`to_dict`."""
         try:
+            cal = d.get("calibration")
             return cls(d["name"], tuple(Level(**lv) for lv in d["levels"]),
-                       tuple(Device(**dv) for dv in d["devices"]))
-        except (KeyError, TypeError) as exc:
+                       tuple(Device(**dv) for dv in d["devices"]),
+                       Calibration.from_dict(cal) if cal is not None else None)
+        except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed cluster dict ({exc}); produce it with Cluster.to_dict()") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the cluster as JSON, atomically (``Cluster.load`` reads it back)."""
+        return write_record(path, "cluster", CLUSTER_SCHEMA, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Cluster:
+        """Read a cluster written by :meth:`save` (e.g. by ``pipelab calibrate``)."""
+        return cls.from_dict(read_record(path, "cluster", CLUSTER_SCHEMA))
+
+    def with_workers(self, workers: int) -> Cluster:
+        """The same machine with ``workers`` workers on one switch (a calibrated single host: the
+        calibrated link, devices and calibration; any cluster: its first device and innermost link)."""
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers={workers!r} must be an integer >= 1")
+        lv = self.levels[0]
+        return replace(self, name=f"{self.name.split(':')[0]}:{workers}",
+                       levels=(Level(lv.name, workers, lv.bandwidth, lv.latency, lv.uplinks),),
+                       devices=(self.devices[0],) * workers)

@@ -171,6 +171,8 @@ COMMON_RUNTIME_OPTIONS: tuple[Option, ...] = (
     Option("slowdown", "mapping", None, "{worker: factor >= 1}: emulate slower devices", where="runtime"),
     Option("coalesce_wgrad", "bool", False, "one weight-gradient GEMM per Linear at the update",
            where="runtime"),
+    Option("device", "str", None, "where stages compute: 'cpu' or 'cuda' (gloo stages CUDA messages through "
+           "host memory, so workers may share a GPU)", where="runtime"),
     Option("checkpoint_every", "int", None, "checkpoint every N minibatches", where="runtime", minimum=1),
     Option("checkpoint_dir", "path", None, "where checkpoints go", where="runtime"),
     Option("checkpoint_keep", "int", 2, "how many checkpoints to keep", where="runtime", minimum=1),

@@ -13,7 +13,10 @@ runtime's results (:mod:`pipelab.runtime.launch`), measure mode (:mod:`pipelab.r
   SC'21 §2.2);
 * the steady-state window of a pipeline without flushes: between the ``w``-th and the ``(K - w)``-th
   minibatch completion, ``w`` the minibatches in flight at the input stage, rounded to multiples of
-  the replicas' least common multiple (replicated stages release groups of minibatches at once).
+  the replicas' least common multiple (replicated stages release groups of minibatches at once);
+* minibatches in flight: :func:`in_flight` for a 1F1B pipeline's steady state from its replica
+  counts (what the schedules' warm-up, the cost model's round trip, the partitioners' memory and
+  the simulator's window use), :func:`most_live` for what an action list really keeps.
 """
 
 from __future__ import annotations
@@ -127,6 +130,36 @@ def steady_window(done: Sequence[float], in_flight: int, group: int) -> tuple[fl
     return None
 
 
+def in_flight(replicas: Sequence[int], stage: int, *, per_replica: bool = True) -> int:
+    """Microbatches a 1F1B pipeline keeps in flight at ``stage`` in steady state.
+
+    ``stage`` admits one microbatch for every worker from it to the output stage before its first
+    backward comes back: ``sum(replicas[stage:])`` in all, ``ceil`` of that over ``replicas[stage]``
+    per replica (``per_replica``, the default). For the input stage this is PipeDream's NOAM,
+    ``ceil(workers / input replicas)`` (Narayanan et al., SOSP'19, §3.2); on a straight pipeline of
+    ``P`` stages it is ``P - stage``.
+    """
+    if not 0 <= stage < len(replicas):
+        raise ValueError(f"stage {stage} is outside 0..{len(replicas) - 1}")
+    admitted = sum(int(r) for r in replicas[stage:])
+    return -(-admitted // int(replicas[stage])) if per_replica else admitted
+
+
+def most_live(kinds: Iterable[str], split_backward: bool = False) -> int:
+    """Most microbatches alive at once in a sequence of action kinds of one stage on one worker:
+    each ``F`` adds one, its last gradient action (``W`` when the backward is split, else ``B``)
+    retires it."""
+    done = "W" if split_backward else "B"
+    live = best = 0
+    for k in kinds:
+        if k == "F":
+            live += 1
+            best = max(best, live)
+        elif k == done:
+            live -= 1
+    return best
+
+
 def median_period(ends: Sequence[float], warmup: int) -> float | None:
     """The median interval between consecutive sorted completion times after the first ``warmup``
     (None with fewer than two left): a steady period robust to a shared machine's occasional stalls."""
@@ -142,8 +175,10 @@ __all__ = [
     "bubble_fraction",
     "busy_time",
     "compute_events",
+    "in_flight",
     "median_period",
     "minibatch_completions",
+    "most_live",
     "span",
     "span_throughput",
     "steady_window",

@@ -19,20 +19,22 @@ PKG = Path(__file__).resolve().parents[1] / "pipelab"
 
 #: layers, lowest first; a unit may import units of its own layer (no cycle) or of lower layers
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("pipelab._io", "pipelab.methods", "pipelab.metrics"),
+    ("pipelab._io", "pipelab.methods", "pipelab.metrics", "pipelab.transports"),
     ("pipelab.trace", "pipelab.cluster", "pipelab.graph"),
     ("pipelab.profile",),
     ("pipelab.models", "pipelab.costs"),
     ("pipelab.partition",),
     ("pipelab.schedules",),
-    ("pipelab.sim", "pipelab.runtime"),
-    ("pipelab.views",),
+    ("pipelab.sim", "pipelab.runtime", "pipelab.torch_bridge"),
+    ("pipelab.views", "pipelab.calibrate"),
     ("pipelab.widgets",),
     ("pipelab.reproduce", "pipelab.cli"),
     ("pipelab",),
 )
 #: units of one layer that must not import each other at all
-INDEPENDENT = (("pipelab.sim", "pipelab.runtime"), ("pipelab.models", "pipelab.costs"))
+INDEPENDENT = (("pipelab.sim", "pipelab.runtime"), ("pipelab.models", "pipelab.costs"),
+               ("pipelab.views", "pipelab.calibrate"),
+               ("pipelab.torch_bridge", "pipelab.runtime"), ("pipelab.torch_bridge", "pipelab.sim"))
 MAX_LINES = 600
 
 

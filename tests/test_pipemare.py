@@ -7,6 +7,7 @@ import torch
 
 from pipelab.runtime import pipemare as pm
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.facts import stage_delays
 
 
 def test_lr_scale_by_hand() -> None:
@@ -87,6 +88,6 @@ def test_delays_from_schedule_versions() -> None:
         (tuple(map(Action.parse, w0)), tuple(map(Action.parse, w1))),
         versions=(tuple(v0), tuple(v1)),
     )
-    assert pm.schedule_delays(s) == {0: (1, 0), 1: (0, 0)}
+    assert stage_delays(s) == {0: (1, 0), 1: (0, 0)}
     with pytest.raises(ValueError, match="no per-action weight versions"):
-        pm.schedule_delays(Schedule("x", 1, ((0,),), 1, 1, ((Action.parse("0F0"),),)))
+        stage_delays(Schedule("x", 1, ((0,),), 1, 1, ((Action.parse("0F0"),),)))

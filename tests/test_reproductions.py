@@ -253,3 +253,28 @@ def test_driver_writes_table_and_offline_report(tmp_path: Path) -> None:
     assert html.count("Plotly.newPlot") == 2       # one Gantt per row
     assert len(html) < 6_000_000
     assert not (out / "_runs").exists()
+
+
+@pytest.mark.slow
+def test_sim_accuracy_notebook(tmp_path: Path) -> None:
+    # a calibrated cluster of this machine's shape without the half-minute calibration: the notebook's
+    # own calibration step is pl.calibrate, covered by tests/test_calibrate.py
+    import dataclasses
+    import socket
+
+    from pipelab.cluster import Calibration, Cluster
+
+    cal = Calibration(host=socket.gethostname(), backend="gloo", device="cpu:test", date="2026-11-25",
+                      torch="2.14.1", cores=2, workers=2, p2p_latency_s=1e-4, p2p_bandwidth=2e9,
+                      allreduce_latency_s=1e-4, allreduce_bandwidth=1e9,
+                      overhead_s={"F": 1e-4, "B": 1e-4, "W": 1e-4, "U": 1e-4},
+                      optimizer_s={"sgd-momentum": (5e-5, 1e-10)}, memory_bandwidth=1e10)
+    path = dataclasses.replace(Cluster.flat(2, bandwidth=2e9, latency=1e-4), calibration=cal).save(
+        tmp_path / "cluster.json")
+    _papermill(REPRO / "sim_accuracy" / "sim_accuracy.ipynb", tmp_path, models=["cnn"],
+               methods=["gpipe", "pipedream"], steps=6, cluster_path=str(path))
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert list(df["method"]) == ["gpipe", "pipedream"] and (df["measured"] > 0).all()
+    assert (df["simulated"] > 0).all() and df["error"].notna().all()
+    assert "ALL" in (tmp_path / "results.md").read_text()
+    ET.parse(tmp_path / "scatter.svg")

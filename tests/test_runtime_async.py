@@ -14,7 +14,8 @@ import torch
 
 from pipelab.partition.plan import Plan
 from pipelab.runtime import policies, train, wsp
-from pipelab.runtime.pipemare import schedule_delays
+from pipelab.schedules import build
+from pipelab.schedules.facts import stage_delays as schedule_delays
 
 PLAN2 = Plan.from_boundaries(5, [2])          # fc1 | relu fc2 relu fc3
 PLAN3 = Plan.from_boundaries(5, [1, 3])
@@ -44,9 +45,6 @@ def test_2bw_rule_by_hand() -> None:
     plain = policies.delayed_sgd(torch.tensor(1.0), lambda t, w: a[t] * w, 0.5, 3, delay=0)
     assert [float(w) for w in plain] == [1.0, 0.5, 0.0, 0.0]
     assert [policies.delayed_version(k, 1) for k in range(4)] == [0, 0, 1, 2]
-    assert policies.delay_for("buffered", 3) == 2 and policies.delay_for("2bw") == 1
-    with pytest.raises(ValueError, match="K >= 2"):
-        policies.delay_for("buffered", 1)
 
 
 def test_2bw_tiny_linear_model_by_hand() -> None:
@@ -124,18 +122,23 @@ def test_pipemare_policy_in_runtime() -> None:
 
 
 def test_pipemare_lr_rescheduling_is_the_paper_factor() -> None:
-    # Last stage has delay 0 (factor 1); with correction off and K large, stage 0 of a 3-stage
-    # pipeline (tau = 2) takes steps of lr / 2 at step 0: compare its first update with naive-async.
+    # T1 with the delays of the schedule being run: in a 3-stage pipeline that reaches steady state
+    # stage 0's forward is tau = 2 updates old, so with K large its step is lr * 2**-(1 - 0) = lr / 2
+    # at step 0; the last stage (tau = 0) keeps lr.
     plan = Plan.from_boundaries(5, [1, 3])
+    sched = build("pipemare", plan, minibatches=3)
+    factory = policies.policy_for("pipemare", {"schedule": sched, "warmup_steps": 1000,
+                                               "discrepancy_correction": False})
+    for stage, want in ((0, 0.5), (2, 1.0)):
+        w = torch.nn.Parameter(torch.zeros(2))
+        opt = torch.optim.SGD([w], lr=0.1)
+        factory({"w": w}, stage).before_step(opt)
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * want)
+    # a run too short to fill the pipeline has no delay in its schedule, so T1 changes nothing
     pm = run("pipemare", plan, microbatches=1, steps=1, opt=H.sgd, discrepancy_correction=False,
              warmup_steps=1000)
     naive = run("naive-async", plan, microbatches=1, steps=1, opt=H.sgd)
-    torch.manual_seed(0)
-    w0 = H.mlp().state_dict()
-    for k in ("fc1.weight", "fc1.bias"):
-        assert torch.allclose(pm.state_dict()[k] - w0[k], (naive.state_dict()[k] - w0[k]) / 2, atol=1e-7)
-    for k in ("fc3.weight",):
-        assert torch.allclose(pm.state_dict()[k], naive.state_dict()[k], atol=1e-7)
+    assert H.max_diff(pm.state_dict(), naive.state_dict()) == 0.0
 
 
 # ---------------------------------------------------------------------- HetPipe / WSP
@@ -281,3 +284,29 @@ def test_runtime_options_split_and_checked() -> None:
         split_options("pipemare", {"decay": 1.5})
     with pytest.raises(ValueError, match="multiple of 4"):
         run("hetpipe", HET2, microbatches=1, steps=6, D=0)
+
+
+# ---------------------------------------------------------------------- versions come from the schedule
+def test_runtime_reads_the_versions_the_schedule_names() -> None:
+    # 2BW's and the 3-version buffer's schedules have the same actions and differ only in the
+    # versions they name; a 2bw run given the buffer's versions must train exactly as the buffer
+    # does, so the runtime takes its versions from the schedule and derives none of its own
+    import dataclasses
+
+    two = build("2bw", PLAN3, microbatches=2, minibatches=6)
+    three = build("buffered", PLAN3, microbatches=2, minibatches=6, versions=3)
+    assert two.actions == three.actions and two.versions != three.versions
+    relabeled = dataclasses.replace(two, versions=three.versions)
+    got = run("2bw", PLAN3, schedule=relabeled)
+    want = run("buffered", PLAN3, versions=3)
+    assert H.max_diff(got.state_dict(), want.state_dict()) == 0.0
+    assert H.max_diff(run("2bw", PLAN3).state_dict(), want.state_dict()) > 1e-6
+    # a version the method's weights cannot give is refused, naming the action
+    stash = build("pipedream", PLAN3, minibatches=4)
+    w0 = stash.stage_ranks[1][0]
+    i = next(i for i, a in enumerate(stash.actions[w0]) if a.kind == "F" and a.microbatch == 3)
+    bad = [list(v) for v in stash.versions or ()]
+    bad[w0][i] += 1
+    with pytest.raises(RuntimeError, match="forward of microbatch 3 reads weight version"):
+        run("pipedream", PLAN3, microbatches=1, steps=4,
+            schedule=dataclasses.replace(stash, versions=tuple(tuple(v) for v in bad)))

@@ -237,3 +237,22 @@ class DropoutMLP(MLP):
 
 def dropout_mlp() -> nn.Module:
     return DropoutMLP()
+
+
+def test_runtime_options_record_is_frozen_and_checked() -> None:
+    import dataclasses
+
+    import pytest
+
+    from pipelab.runtime.options import RuntimeOptions
+
+    rt = RuntimeOptions.from_options("pipemare", {"compression": "int8", "slowdown": {1: 2},
+                                                  "warmup_steps": 5})
+    assert rt.compression == "int8" and rt.slowdown == {1: 2.0} and rt.method == {"warmup_steps": 5}
+    assert RuntimeOptions.from_options("gpipe", {"compression": "none"}).compression is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rt.recompute = True  # type: ignore[misc]
+    with pytest.raises(ValueError, match="needs checkpoint_dir"):
+        RuntimeOptions.from_options("gpipe", {"checkpoint_every": 2})
+    with pytest.raises(ValueError, match="not runtime options of method 'gpipe'"):
+        RuntimeOptions.from_options("gpipe", {"warmup_steps": 5})

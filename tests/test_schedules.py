@@ -166,13 +166,16 @@ def test_grid_and_csv_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-d
 
 
 def test_csv_custom_order_is_validated(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A hand-edited CSV that swaps two forwards on the last stage is caught as a deadlock."""
+    """A hand-edited CSV that swaps two forwards on the last stage is refused: the receiver would take
+    the two messages from worker 0 out of their sending order (deadlock-free, but not matchable in
+    order, as NCCL matches); with worker 0's order changed as well it is a deadlock."""
     sch = build("gpipe", 2, microbatches=2)
     path = sch.to_csv(tmp_path / "g.csv")
     lines = path.read_text().splitlines()
     lines[2] = lines[2].replace("1F0,1F1", "1F1,1F0")
     path.write_text("\n".join(lines) + "\n")
-    validate(Schedule.from_csv(path))   # swapping two forwards is still deadlock-free
+    with pytest.raises(ScheduleError, match="per-pair message order: worker 0 sends to worker 1"):
+        validate(Schedule.from_csv(path))
     lines[1] = lines[1].replace("0F0,0F1,0B0,0B1", "0F0,0B0,0F1,0B1")
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ScheduleError, match="deadlock"):

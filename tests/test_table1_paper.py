@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 import pipelab as pl
-from pipelab.cluster import NCCL_TCP_BUS_BANDWIDTH
 from pipelab.costs import CostModel
 from pipelab.partition.pipedream_conf import available, load_config, plan_from_pipedream, stage_bounds
 from pipelab.reproduce import table1_paper as tp
 from pipelab.reproduce.table1 import TABLE1
+from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH
 
 RESULTS = Path(__file__).resolve().parents[1] / "reproductions" / "pipedream_table1" / "results.csv"
 

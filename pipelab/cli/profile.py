@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=None, help="treat modules this deep as single layers")
     p.add_argument("--small-batch", type=int, default=None, metavar="B",
                    help="also time every layer at batch B (e.g. the microbatch size) and record the part of "
-                        "each time that does not shrink with the batch")
+                        "each time that does not shrink with the batch (default: a quarter of the batch; "
+                        "0: skip it)")
     p.add_argument("--pipedream-batch", type=int, default=None,
                    help="override the minibatch size inferred from a graph.txt")
     p.add_argument("-o", "--output", metavar="JSON", help="save the profile here (written atomically)")
@@ -73,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     vocab=args.vocab, hidden=args.hidden)
             prof = profile(model, sample, device=args.device, warmup=args.warmup, repeats=args.repeats,
                            depth=args.depth, progress=not args.quiet, model_name=args.model,
-                           small_batch=args.small_batch)
+                           small_batch="auto" if args.small_batch is None else (args.small_batch or None))
         if args.output:
             prof.save(args.output)
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:

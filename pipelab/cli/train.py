@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,20 +24,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", help="output folder (default: the job's 'out', or JOB.out beside it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(list(argv) if argv is not None else None)
+    if not Path(a.job).is_file():
+        print(f"pipelab train: error: no job file {a.job} (pass the path of a job.json)", file=sys.stderr)
+        return 2
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from pipelab.runtime.torchrun import run_torchrun_worker  # torch-heavy: see below
 
         return run_torchrun_worker(a.job)
     # torch-heavy: imported once a command runs, so that `pipelab --help` stays fast
     from pipelab.runtime.job import load_job_file
-    from pipelab.runtime.launch import train
+    from pipelab.runtime.launch import WorkerError, train
     from pipelab.runtime.torchrun import save_outputs
 
-    args, extra = load_job_file(a.job)
-    if a.backend:
-        args["backend"] = a.backend
-    out = Path(a.out) if a.out else extra["out"]
-    result = train(progress=not a.no_progress, **args)
+    try:
+        args, extra = load_job_file(a.job)
+        if a.backend:
+            args["backend"] = a.backend
+        out = Path(a.out) if a.out else extra["out"]
+        result = train(progress=not a.no_progress, **args)
+    except (ValueError, TypeError, OSError) as exc:    # bad input: one line, no traceback
+        print(f"pipelab train: error: {exc}", file=sys.stderr)
+        return 2
+    except WorkerError as exc:                         # the job failed: the worker's own report
+        print(f"pipelab train: error: {exc}", file=sys.stderr)
+        return 1
     save_outputs(out, result)
     print(f"wrote {out}: final loss {result.losses[-1]:.4f}, {result.throughput:.1f} samples/s")
     return 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import pipelab.metrics as metrics
 from pipelab.costs.prices import Prices
 
 
@@ -112,7 +113,7 @@ class SteadyStateBound(Prices):
             waits.append(wait * (k + 1) / 2 if wait > 0 else 0.0)
         rt = []
         flights = list(in_flight) if in_flight is not None else [
-            math.ceil(sum(len(w) for w in workers[s:]) / len(workers[s])) for s in range(P)]
+            metrics.in_flight([len(w) for w in workers], s) for s in range(P)]
         for s in range(P):
             r = sum(rep_time[s:]) + 2 * sum(waits[s:])
             rt.append(r / (flights[s] * len(workers[s])))

@@ -69,9 +69,14 @@ class Prices:
     optimizer: str = "sgd-momentum"
     allreduce_overlap: str = "ddp"
     allreduce_bandwidth: float | None = None
+    #: CUDA stages over gloo (``train(device="cuda")``): bytes/s of a device<->host copy; every message
+    #: then pays a device-to-host copy at the sender and a host-to-device copy at the receiver around the
+    #: host transfer, and an all-reduce the same two copies of the gradients. None: no staging (NCCL, CPU)
+    host_staging_bandwidth: float | None = None
     # prefix sums over layers (index i = total of layers [0, i)), filled in __post_init__
     pf: np.ndarray = field(init=False, repr=False, compare=False)
     pb: np.ndarray = field(init=False, repr=False, compare=False)
+    pw: np.ndarray = field(init=False, repr=False, compare=False)
     qf: np.ndarray = field(init=False, repr=False, compare=False)
     qb: np.ndarray = field(init=False, repr=False, compare=False)
     pp: np.ndarray = field(init=False, repr=False, compare=False)
@@ -98,6 +103,10 @@ class Prices:
                 and self.allreduce_bandwidth > 0):
             raise ValueError(f"allreduce_bandwidth={self.allreduce_bandwidth!r} must be None (the links' "
                              f"bandwidth) or a finite number of bytes/s > 0")
+        hs = self.host_staging_bandwidth
+        if hs is not None and not (isinstance(hs, (int, float)) and math.isfinite(hs) and hs > 0):
+            raise ValueError(f"host_staging_bandwidth={hs!r} must be None (no staging) or a finite number of "
+                             "bytes/s > 0 (a device-to-host copy's speed, e.g. 12e9 over PCIe 3 x16)")
         layers = self.profile.layers
         f = np.array([layer.fwd_s for layer in layers], dtype=np.float64)
         b = np.array([layer.bwd_s for layer in layers], dtype=np.float64)
@@ -112,6 +121,9 @@ class Prices:
         z = np.zeros(1)
         object.__setattr__(self, "pf", np.concatenate([z, np.cumsum(f)]))
         object.__setattr__(self, "pb", np.concatenate([z, np.cumsum(b)]))
+        # weight-gradient part of each backward (measured by the profiler; half where it is unknown)
+        w = np.array([layer.bwd_s / 2 if layer.wgrad_s is None else layer.wgrad_s for layer in layers])
+        object.__setattr__(self, "pw", np.concatenate([z, np.cumsum(w)]))
         # fixed (batch-independent) parts of the times, for microbatches (see the module docstring)
         object.__setattr__(
             self, "qf", np.concatenate([z, np.cumsum([layer.fwd_fixed_s for layer in layers])])
@@ -134,8 +146,16 @@ class Prices:
         if not (0 <= start < end <= n):
             raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{n}")
 
+    def overhead_s(self, kind: str) -> float:
+        """The runtime's own seconds per action of ``kind`` (F, B, W, U) on a calibrated cluster
+        (:attr:`pipelab.cluster.Cluster.calibration`), 0 otherwise."""
+        cal = self.cluster.calibration
+        return cal.overhead(kind) if cal is not None else 0.0
+
     def compute_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
-        """(forward, backward) seconds of one microbatch (``minibatch / microbatches``) of ``[a, b)``."""
+        """(forward, backward) seconds of one microbatch (``minibatch / microbatches``) of ``[a, b)``:
+        the layers' times (affine in the batch, divided by the worker's speed) plus the runtime's
+        per-action overhead of a calibrated cluster."""
         self._range(start, end)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
@@ -143,21 +163,57 @@ class Prices:
         qf, qb = self.qf[end] - self.qf[start], self.qb[end] - self.qb[start]
         f = qf + (self.pf[end] - self.pf[start] - qf) / microbatches
         b = qb + (self.pb[end] - self.pb[start] - qb) / microbatches
-        return float(f) / speed, float(b) / speed
+        return float(f) / speed + self.overhead_s("F"), float(b) / speed + self.overhead_s("B")
+
+    def backward_split_s(self, start: int, end: int, worker: int,
+                         microbatches: int = 1) -> tuple[float, float]:
+        """(input gradient ``B``, weight gradient ``W``) seconds of one microbatch of ``[a, b)`` when
+        backward is split (zero bubble), as pipelab's runtime splits it, plus each action's overhead.
+
+        ``B`` differentiates the stage's output with respect to its input only: the chain of input
+        gradients of its layers (nothing at the first stage, whose input needs no gradient). ``W``
+        then differentiates with respect to the weights, which walks the same chain again down to
+        the first layer's weights: every layer's weight gradient plus the input gradients of all
+        layers but the first (the whole backward at the first stage). Per layer the split is the
+        profile's measured one (``Layer.wgrad_s``; half of the backward where a profile lacks it).
+        """
+        b = self.compute_s(start, end, worker, microbatches)[1] - self.overhead_s("B")
+        full = float(self.pb[end] - self.pb[start])
+        if full <= 0:
+            return self.overhead_s("B"), self.overhead_s("W")
+        wgt = float(self.pw[end] - self.pw[start]) / full          # weight-gradient share
+        first_in = float(self.pb[start + 1] - self.pb[start] - (self.pw[start + 1] - self.pw[start])) / full
+        if start == 0:
+            b_in, w = 0.0, b
+        else:
+            b_in, w = b * (1 - wgt), b * (1 - first_in)
+        return b_in + self.overhead_s("B"), w + self.overhead_s("W")
 
     def param_bytes(self, start: int, end: int) -> int:
         """Parameter bytes of layers ``[start, end)``."""
         self._range(start, end)
         return int(self.pp[end] - self.pp[start])
 
-    def update_s(self, start: int, end: int, worker: int, memory_bandwidth: float = HBM_BYTES_PER_S) -> float:
-        """Seconds of the optimizer step of ``[start, end)``: it streams weights, gradients and optimizer
-        state once through device memory, ``param_bytes * (3 + state) / memory_bandwidth``, scaled by
-        the worker's speed (default bandwidth: a V100's HBM2)."""
+    def update_s(self, start: int, end: int, worker: int, memory_bandwidth: float | None = None) -> float:
+        """Seconds of the optimizer step of ``[start, end)``.
+
+        On a calibrated cluster: the measured step of :attr:`optimizer` (fixed seconds plus seconds
+        per parameter byte) plus the runtime's ``U`` overhead. Otherwise the step streams weights,
+        gradients and optimizer state once through device memory, ``param_bytes * (3 + state) /
+        memory_bandwidth``, scaled by the worker's speed (default bandwidth: the calibrated host's,
+        else a V100's HBM2).
+        """
+        cal = self.cluster.calibration
+        if memory_bandwidth is None:
+            memory_bandwidth = cal.memory_bandwidth if cal is not None else HBM_BYTES_PER_S
         if not memory_bandwidth > 0:
             raise ValueError(f"memory_bandwidth={memory_bandwidth!r} must be > 0 bytes/s")
-        return self.param_bytes(start, end) * (3 + self.state_factor) / (
-            memory_bandwidth * self.cluster.speed(worker))
+        nbytes = self.param_bytes(start, end)
+        step = cal.optimizer_step_s(self.optimizer, nbytes) if cal is not None else None
+        if step is not None:
+            return step / self.cluster.speed(worker) + self.overhead_s("U")
+        return nbytes * (3 + self.state_factor) / (memory_bandwidth * self.cluster.speed(worker)) \
+            + self.overhead_s("U")
 
     def cut_bytes(self, boundary: int, microbatches: int = 1) -> int:
         """Bytes crossing the cut after layer ``boundary`` for one microbatch (gradient back: same size)."""
@@ -174,7 +230,14 @@ class Prices:
             self.cluster.speed(src)  # validates the index
             return 0.0
         lv = self.cluster.link(src, dst)
-        return lv.latency + nbytes / self.compression_ratio / lv.transfer_bandwidth
+        return lv.latency + nbytes / self.compression_ratio / lv.transfer_bandwidth + self.staging_s(nbytes)
+
+    def staging_s(self, nbytes: int) -> float:
+        """Seconds of the two host copies (device to host, host to device) of a message of ``nbytes``
+        (compressed) when CUDA stages talk over gloo; 0 without ``host_staging_bandwidth``."""
+        if self.host_staging_bandwidth is None:
+            return 0.0
+        return 2.0 * nbytes / self.compression_ratio / self.host_staging_bandwidth
 
     # ------------------------------------------------------------------ ports (shared by the simulator)
     def ports(self, src: int, dst: int) -> tuple[Hashable, Hashable]:
@@ -252,6 +315,12 @@ class Prices:
             self.cluster.speed(w)
         if len(ws) <= 1:
             return 0.0, 0.0
+        cal = self.cluster.calibration
+        if cal is not None and len(self.cluster.levels) == 1:
+            # the calibrated ring: 2 (p - 1) steps of latency, 2 (p - 1) / p of the data per link
+            p = len(ws)
+            bw = cal.allreduce_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+            return 2.0 * (p - 1) / p / bw, 2.0 * (p - 1) * cal.allreduce_latency_s
         per_byte, fixed = 0.0, 0.0
         for k, lv in enumerate(self.cluster.levels):
             inner, outer = self.cluster.block_size(k - 1), self.cluster.block_size(k)
@@ -272,7 +341,10 @@ class Prices:
     def allreduce_s(self, nbytes: int, workers: Sequence[int]) -> float:
         """Seconds of a hierarchical ring all-reduce of ``nbytes`` over ``workers`` (0 for one worker)."""
         kappa, fixed = self.allreduce_coeffs(workers)
-        return 0.0 if kappa == 0.0 or nbytes == 0 else fixed + kappa * nbytes
+        if kappa == 0.0 or nbytes == 0:
+            return 0.0
+        staged = 0.0 if self.host_staging_bandwidth is None else 2.0 * nbytes / self.host_staging_bandwidth
+        return fixed + kappa * nbytes + staged
 
     # ------------------------------------------------------------------ a replica's minibatch
     def replica_time_s(self, start: int, end: int, workers: Sequence[int], microbatches: int = 1) -> float:
@@ -292,7 +364,7 @@ class Prices:
             raise ValueError("replica_time_s needs at least one worker")
         speed = min(self.cluster.speed(w) for w in ws)
         kappa, fixed = self.allreduce_coeffs(ws)
-        f = (self.pf[end] - self.pf[start]) / speed
+        f = (self.pf[end] - self.pf[start]) / speed + self.overhead_s("F") + self.overhead_s("B")
         if kappa == 0.0:
             return float(f + (self.pb[end] - self.pb[start]) / speed)
         if self.allreduce_overlap == "none":
@@ -330,6 +402,7 @@ class Prices:
             out[:, 0] = np.inf
             out[:, 1:] = (pf[None, 1:] - pf[:, None]) + pb[None, 1:] - kappa * pp[:, None] + run
             out[:, 1:] += np.where(pp[None, 1:] > pp[:, None], fixed, 0.0)
+        out += self.overhead_s("F") + self.overhead_s("B")
         out[j <= i] = np.inf
         return np.ascontiguousarray(out.T) if transpose else out
 

@@ -24,25 +24,17 @@ when no port carries two stages' transfers and no round trip outlasts the miniba
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from pipelab.costs import CostModel
+from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan, Stage
 
 
-def in_flight_pipedream(num_workers: int, starts: Sequence[int], replicas: Sequence[int]) -> list[int]:
-    """PipeDream's NOAM per stage: ``ceil(workers from this stage on / replicas of this stage)``.
-
-    Stage 0 gets ``ceil(num_workers / r_0)`` (PipeDream §3.2, "number of optimal active
-    minibatches"); a later stage has fewer minibatches between its forward and backward.
-    """
-    out, used = [], 0
-    for r in replicas:
-        out.append(math.ceil((num_workers - used) / r))
-        used += r
-    return out
+def in_flight_pipedream(replicas: Sequence[int]) -> list[int]:
+    """PipeDream's NOAM per stage (:func:`pipelab.metrics.in_flight`, per replica)."""
+    return [in_flight(replicas, s) for s in range(len(replicas))]
 
 
 def cut_time_s(cm: CostModel, boundary: int, src: int, dst: int, microbatches: int = 1) -> float:
@@ -90,7 +82,7 @@ def refine_bounds(cm: CostModel, bounds: Sequence[int], stage_workers: Sequence[
     n, P = cm.num_layers, len(stage_workers)
     cur = [0, *bounds, n]
     reps = [len(w) for w in stage_workers]
-    flights = in_flight_pipedream(sum(reps), cur[:-1], reps)
+    flights = in_flight_pipedream(reps)
 
     def fits(s: int, a: int, b: int) -> bool:
         lim = (
@@ -146,7 +138,7 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
         raise ValueError(f"ranks_of has {len(phys)} workers but the replicas add up to {W}")
     P = len(replicas)
     if in_flight is None:
-        in_flight = (in_flight_pipedream(W, cuts[:-1], replicas) if schedule == "async"
+        in_flight = (in_flight_pipedream(replicas) if schedule == "async"
                      else [microbatches] * P)
     stages, terms, mem_per_worker, stage_ws = [], [], [0] * W, []
     rank = 0

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+import pipelab.metrics as metrics
 from pipelab.cluster import Cluster, Device
 from pipelab.costs import CostModel
 from pipelab.partition._evaluate import build_plan
@@ -114,7 +115,7 @@ def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequen
         )
     cuts = [0, *bounds, cm.num_layers]
     ranges = list(zip(cuts[:-1], cuts[1:]))
-    flights = [k - s for s in range(k)]
+    flights = [metrics.in_flight([1] * k, s) for s in range(k)]
     vw = tuple(cm.steady_state(ranges, [[w] for w in o], in_flight=flights).time_s for o in orders)
     # the shared ports: stage s's replica v is VW v's device, minibatch m goes to replica m % V of
     # every stage, which pairs VW v's devices across each cut (only the port loads are used)
@@ -358,7 +359,7 @@ def partition_hetpipe(cm: CostModel, *, policy: str = "ED", memory_limit: float 
         [V] * k,
         method="hetpipe",
         schedule="async",
-        in_flight=[k - s for s in range(k)],
+        in_flight=[metrics.in_flight([1] * k, s) for s in range(k)],
         ranks_of=ranks_of,
         notes={"policy": policy.upper(), "virtual_workers": vws},
     )

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pipelab.metrics as metrics
 from pipelab._io import read_record, write_record
 
 SCHEMA_VERSION = 1
@@ -113,7 +114,7 @@ class Plan:
     @property
     def noam(self) -> int:
         """PipeDream's NOAM: minibatches in flight = ceil(workers / input-stage replicas)."""
-        return math.ceil(self.num_workers / self.stages[0].replicas)
+        return metrics.in_flight(self.replicas, 0)
 
     def stage_of_rank(self, rank: int) -> Stage:
         """The stage that worker ``rank`` runs."""

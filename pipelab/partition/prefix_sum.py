@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import pipelab.metrics as metrics
 from pipelab.costs import CostModel
 from pipelab.partition._evaluate import build_plan
 from pipelab.partition.plan import Plan
@@ -137,7 +138,7 @@ def partition_prefix_sum(cm: CostModel, *, stages: int | None = None, memory_lim
     cm2 = replace(cm, cluster=cm.cluster.subset(workers)) if workers is not None else cm
     X, bounds = solve(cm2, stages=stages, memory_limit=memory_limit, buffers=buffers)
     S = len(bounds) + 1
-    in_flight = [S - s for s in range(S)]
+    in_flight = [metrics.in_flight([1] * S, s) for s in range(S)]
     plan = build_plan(cm2, bounds, [1] * S, method="prefix-sum", schedule="async", in_flight=in_flight,
                       notes={"bottleneck_s": X, "buffers": buffers})
     if buffers is not None:

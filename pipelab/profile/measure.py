@@ -173,7 +173,7 @@ class _Group:
 def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device = "cpu", warmup: int = 1,
             repeats: int = 3, leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, progress: bool = True,
-            model_name: str | None = None, small_batch: int | None = None) -> Profile:
+            model_name: str | None = None, small_batch: int | str | None = "auto") -> Profile:
     """Measure ``model`` on ``sample_input`` (one minibatch) layer by layer.
 
     ``sample_input`` is a tensor or a tuple of the model's positional inputs, batch dimension first;
@@ -184,7 +184,8 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     current mode (call ``model.train()`` for training costs); buffers it updates (BatchNorm's running
     statistics) are restored afterwards. On ``device="cuda"`` a copy of the model is moved there.
 
-    ``small_batch=b`` (e.g. the microbatch size) times every layer a second time on the first ``b``
+    ``small_batch=b`` (e.g. the microbatch size; the default ``"auto"`` is a quarter of the batch,
+    ``None`` skips it) times every layer a second time on the first ``b``
     samples of the input and records the part of each time that does not shrink with the batch,
     ``fwd_fixed_s``/``bwd_fixed_s``: the affine fit through the two batch sizes, ``t(x) = fixed +
     (t - fixed) x / batch`` (clipped to ``[0, t]``). Small kernels on a CPU, or a GPU that a
@@ -211,6 +212,8 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
                          f"{exc}. Pass one minibatch shaped as the model's forward() expects (a tensor, or a "
                          "tuple of its positional inputs, batch dimension first)") from None
     batch = next((int(a.shape[0]) for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), 1)
+    if small_batch == "auto":
+        small_batch = batch // 4 if batch >= 4 else None
     if small_batch is not None and not (isinstance(small_batch, int) and 1 <= small_batch < batch):
         raise ValueError(f"small_batch={small_batch!r} must be an integer in 1..{batch - 1}: a smaller batch "
                          f"than the sample's {batch} (e.g. the microbatch size)")
@@ -325,7 +328,7 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                 out_bytes = sum(tensor_bytes(v) for v in group.handed_on(out))
                 layers.append(Layer(name=lname, kind=runner.kind, fwd_s=lay[0], bwd_s=lay[1],
                                     out_bytes=out_bytes, param_bytes=param_bytes, flops=lay[2],
-                                    saved_bytes=lay[3]))
+                                    saved_bytes=lay[3], wgrad_s=lay[4]))
                 for member in [group.head, *group.rest]:
                     edges.extend((pos[a.name], pos[member.name]) for a in member.all_input_nodes
                                  if a.name in pos and pos[a.name] != pos[member.name])
@@ -428,8 +431,10 @@ def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool]
 def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
                    param_ids: set[int], timer: _Timer, warmup: int, repeats: int,
                    handed_on: Callable[[Any], list[Any]] = lambda out: [out],
-                   ) -> tuple[tuple[float, float, int, int], Any]:
-    """(fwd_s, bwd_s, flops, saved_bytes) of one layer, and its head's output (from the first run).
+                   ) -> tuple[tuple[float, float, int, int, float], Any]:
+    """(fwd_s, bwd_s, flops, saved_bytes, wgrad_s) of one layer, and its head's output (from the first
+    run). ``wgrad_s`` is the weight-gradient part of the backward: the full backward's time less the
+    time of the input gradient alone (timed on a second forward), clipped to ``[0, bwd_s]``.
 
     ``handed_on(out)`` picks, from the head's output, what leaves the layer; backward starts from
     gradients of those values only, as in training (an LSTM whose final states nobody uses gets
@@ -443,6 +448,8 @@ def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], req
     ]
     fwd: list[float] = []
     bwd: list[float] = []
+    bin_: list[float] = []
+    weights = runner.params + attr_params
     flops = saved = 0
     first_out: Any = None
     for r in range(1 + warmup + repeats):
@@ -467,10 +474,23 @@ def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], req
             t0 = timer.start()
             torch.autograd.grad(outs, wrt, grads, allow_unused=True)
             b = timer.stop(t0)
+        bi = b
+        if r > warmup and outs and weights:
+            # the input gradient alone, on a fresh graph (zero-bubble schedules run it as B)
+            args, kwargs, leaves = _fresh_inputs(node, env, requires)
+            outs = [t for t in _tensors(handed_on(runner(args, kwargs))) if t.requires_grad]
+            bi = 0.0
+            if outs and leaves:
+                t0 = timer.start()
+                torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
+                bi = timer.stop(t0)
         if r > warmup:
             fwd.append(f)
             bwd.append(b)
-    return (statistics.median(fwd), statistics.median(bwd), flops, saved), first_out
+            bin_.append(bi)
+    b_med = statistics.median(bwd)
+    w_med = min(max(b_med - statistics.median(bin_), 0.0), b_med)
+    return (statistics.median(fwd), b_med, flops, saved, w_med), first_out
 
 
 def _rnn_flops(rnn: nn.RNNBase, x: Any) -> int:

@@ -47,6 +47,9 @@ class Layer:
     #: seconds of ``fwd_s``/``bwd_s`` that a smaller batch still pays in full (see the module docstring)
     fwd_fixed_s: float = 0.0
     bwd_fixed_s: float = 0.0
+    #: seconds of ``bwd_s`` that compute weight gradients (the rest is the input gradient); None
+    #: when not measured (PipeDream's profiles): zero-bubble schedules then assume half
+    wgrad_s: float | None = None
 
     def __post_init__(self) -> None:
         for attr in ("fwd_s", "bwd_s", "out_bytes", "param_bytes", "flops", "saved_bytes", "fwd_fixed_s",
@@ -59,6 +62,10 @@ class Layer:
             if getattr(self, part) > getattr(self, whole) * (1 + 1e-9):
                 raise ValueError(f"layer {self.name!r}: {part}={getattr(self, part)!r} exceeds {whole}="
                                  f"{getattr(self, whole)!r}; the fixed part of a time is at most the time")
+        if self.wgrad_s is not None and not (
+                isinstance(self.wgrad_s, (int, float)) and 0 <= self.wgrad_s <= self.bwd_s * (1 + 1e-9)):
+            raise ValueError(f"layer {self.name!r}: wgrad_s={self.wgrad_s!r} must be a number in [0, bwd_s="
+                             f"{self.bwd_s!r}] (the weight-gradient part of the backward) or None")
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,7 @@ class Profile:
                     "bwd_s": layer.bwd_s * time,
                     "fwd_fixed_s": layer.fwd_fixed_s * time,
                     "bwd_fixed_s": layer.bwd_fixed_s * time,
+                    "wgrad_s": None if layer.wgrad_s is None else layer.wgrad_s * time,
                 }
             )
             for layer in self.layers

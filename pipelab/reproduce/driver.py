@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pipelab reproduce", description=(
         "Run the reproductions under reproductions/ (PipeDream Table 1, weight stashing, HetPipe, weight "
         "buffer) with papermill, write their tables and reports, and print the Table 1 comparison."))
-    p.add_argument("--only", default="table1,measure,weight_stashing,hetpipe,weight_buffer",
+    p.add_argument("--only", default="table1,measure,weight_stashing,hetpipe,weight_buffer,sim_accuracy",
                    help="comma-separated parts to run (default: all)")
     p.add_argument(
         "--quick", action="store_true", help="tiny sizes (seconds, for tests); results go to --out"
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick and not args.out:
         p.error("--quick writes tiny results: give --out DIR so that the committed results stay as they are")
     parts = [s.strip() for s in args.only.split(",") if s.strip()]
-    known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer"}
+    known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer", "sim_accuracy"}
     if unknown := set(parts) - known:
         p.error(f"unknown part(s) {sorted(unknown)}; choose from {sorted(known)}")
     if not REPRODUCTIONS.is_dir():
@@ -235,6 +235,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if quick:
             bparams.update(quick=True)
         jobs["weight_buffer"] = [Job("weight buffer", buffer_nb, bparams, out_of("weight_buffer"))]
+
+    if "sim_accuracy" in parts:
+        aparams: dict[str, Any] = {"report": True}
+        if quick:
+            aparams.update(models=["cnn"], methods=["gpipe", "pipedream"], steps=6)
+        nb = REPRODUCTIONS / "sim_accuracy" / "sim_accuracy.ipynb"
+        jobs["sim_accuracy"] = [Job("simulator accuracy", nb, aparams, out_of("sim_accuracy"))]
 
     total = sum(len(v) for v in jobs.values())
     failures: list[str] = []

@@ -47,6 +47,7 @@ def rebatch(profile: Profile, batch_size: int) -> Profile:
             bwd_s=layer.bwd_s * f,
             fwd_fixed_s=layer.fwd_fixed_s * f,
             bwd_fixed_s=layer.bwd_fixed_s * f,
+            wgrad_s=None if layer.wgrad_s is None else layer.wgrad_s * f,
             out_bytes=int(layer.out_bytes * f),
             saved_bytes=int(layer.saved_bytes * f),
             flops=int(layer.flops * f),

@@ -13,7 +13,7 @@ The two parameters PipeDream does not state are cited, not fitted (see the Table
   V100-16GB's published FP32 PyTorch training throughput of ResNet-50) over the throughput PipeDream's
   own ResNet-50 profile implies (:func:`profiling_gpu_speed`);
 * NCCL's all-reduce bus bandwidth over TCP on 10 and 25 Gbps Ethernet:
-  :data:`pipelab.cluster.NCCL_TCP_BUS_BANDWIDTH`.
+  :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipelab.cluster import NCCL_TCP_BUS_BANDWIDTH, Cluster
+from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.models import pipedream_profile
 from pipelab.partition import partition
@@ -32,6 +32,7 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.reproduce.report import svg_heatmap
 from pipelab.reproduce.table1 import TABLE1, PaperRow, config_shape, simulate_plan
+from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -78,8 +78,8 @@ class Checkpointing:
         """Action index -> run step of every checkpoint this worker takes (computed once)."""
         if self._ckpt_points is None:
             self._ckpt_points = checkpoint_points(self.job.schedule, self.rank,
-                                                  int(self.job.options.get("checkpoint_every") or 0),
-                                                  int(self.job.options.get("resume_step", 0)))
+                                                  self.job.runtime.checkpoint_every or 0,
+                                                  self.job.runtime.resume_step)
         return self._ckpt_points
 
     def maybe_checkpoint(self, i: int) -> None:
@@ -89,7 +89,7 @@ class Checkpointing:
         reference executor the pull completes once every virtual worker has pushed), so that the
         saved weights are the parameter server's global weights at the cut.
         """
-        if not self.job.options.get("checkpoint_every"):
+        if not self.job.runtime.checkpoint_every:
             return
         step = self._checkpoint_points().get(i)
         if step is None:
@@ -112,7 +112,8 @@ class Checkpointing:
         The manifest records ``drain_every`` so that a resumed asynchronous run keeps the same
         drained segments (and so the same trajectory).
         """
-        root = self.job.options["checkpoint_dir"]
+        root = self.job.runtime.checkpoint_dir
+        assert root is not None     # RuntimeOptions.from_options requires it with checkpoint_every
         plan, method = self.job.plan, self.job.schedule.method
         state = self.checkpoint_state()
         state["rng"] = rng
@@ -121,7 +122,7 @@ class Checkpointing:
         # the last worker to write its file seals the checkpoint (two doing it write the same manifest)
         d = ckpt.step_dir(root, step)
         if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
-            every = int(self.job.options["checkpoint_every"])
+            every = self.job.runtime.checkpoint_every
             extra = {"drain_every": every} if self.job.schedule.options.get("segments") else {}
             ckpt.write_manifest(root, step, plan=plan, method=method, num_workers=self.job.world_size,
-                                extra=extra, keep=self.job.options.get("checkpoint_keep", 2))
+                                extra=extra, keep=self.job.runtime.checkpoint_keep)

@@ -8,8 +8,23 @@ has even started, without a header exchange.
 
 A message of one tensor travels as itself; several tensors are packed into one byte buffer (each
 member padded to 8 bytes so it can be viewed back in place), so a cut costs one send whatever its
-width. Tags are unique per (direction, cut, microbatch), so gloo matches each receive with its send
-whatever the order they are posted in.
+width.
+
+Matching. Each message has a tag unique per (direction, cut, microbatch), but correctness does not
+rest on it: NCCL ignores tags, and MPI matches in posting order. The validator proves, for every
+ordered pair of workers, that the sender sends and the receiver receives their messages in one
+sequence (:mod:`pipelab.schedules.messages`), and each worker posts its receives in its action
+order, which is that sequence. :class:`DistComm` has two modes: ``match="tag"`` sends the tags (gloo
+then matches by tag), ``match="order"`` sends every message with tag 0, so gloo matches purely in
+order per pair, as NCCL does, and checks every send and posted receive against the schedule's
+sequence for that peer (a deviation raises at once instead of delivering the wrong tensor). NCCL
+always runs in ``"order"`` mode; ``PIPELAB_P2P_MATCH=order`` selects it for gloo (the tests run
+every method both ways and compare the weights bit for bit).
+
+CUDA stages over gloo: gloo moves CPU tensors only, so a worker whose stages compute on a CUDA
+device stages every message through host memory (a device-to-host copy before the send, a
+host-to-device copy after the receive; the all-reduce likewise), PipeDream's own way of running
+pipelines (its configs use gloo for pipelined runs). Several such workers may share one GPU.
 
 Two transports implement the same two calls (post a receive, send): :class:`DistComm` over
 ``torch.distributed`` point-to-point (gloo or NCCL) and :class:`Mailbox` for the single-process
@@ -18,7 +33,7 @@ reference executor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +43,11 @@ import torch.fx as fx
 from torch.fx.passes.shape_prop import ShapeProp
 
 from pipelab.graph import layer_members, live_across_cuts
+from pipelab.schedules.actions import Schedule
+from pipelab.schedules.messages import Message, pair_sequences
 
 ACT, GRAD = 0, 1   # message directions
+MATCH_MODES = ("tag", "order")
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,32 @@ VERSION_SPEC = TensorSpec((1,), "int64")   # weight version riding with activati
 def tag(direction: int, boundary: int, microbatch: int, num_boundaries: int) -> int:
     """The p2p tag of the message crossing cut ``boundary`` for ``microbatch`` in ``direction``."""
     return (microbatch * max(num_boundaries, 1) + boundary) * 2 + direction
+
+
+def message_tag(msg: Message, num_boundaries: int) -> int:
+    """The tag of a schedule message (:class:`pipelab.schedules.messages.Message`)."""
+    if msg.kind == "act":
+        return tag(ACT, msg.stage, msg.microbatch, num_boundaries)
+    return tag(GRAD, msg.stage - 1, msg.microbatch, num_boundaries)
+
+
+def peer_orders(schedule: Schedule, rank: int, carried: Callable[[Message], bool] | None = None
+                ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """``(sends, receives)`` of worker ``rank``: per peer, the tags of its messages in the order the
+    schedule's per-pair sequences give (:func:`pipelab.schedules.messages.pair_sequences`).
+
+    ``carried(msg)`` says whether a message travels at all (a gradient message of a cut with no
+    floating-point value is never sent); default: all do.
+    """
+    nb = max(schedule.num_stages - 1, 1)
+    sends: dict[int, list[int]] = {}
+    recvs: dict[int, list[int]] = {}
+    for (src, dst), seq in pair_sequences(schedule).items():
+        if src == rank:
+            sends[dst] = [message_tag(m, nb) for m in seq.sent if carried is None or carried(m)]
+        if dst == rank:
+            recvs[src] = [message_tag(m, nb) for m in seq.received if carried is None or carried(m)]
+    return sends, recvs
 
 
 def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
@@ -199,29 +243,67 @@ class Send:
     tensors: list[torch.Tensor]
 
 
+class OrderError(RuntimeError):
+    """A send or receive out of the schedule's per-pair sequence (``match="order"``)."""
+
+
 class DistComm:
     """Point-to-point messages and group all-reduces over ``torch.distributed`` (gloo or NCCL).
 
     Receives are posted with :meth:`post` (idempotent) and completed with :meth:`wait`; sends are
     asynchronous and their handles (and buffers, which must stay alive) are kept until
     :meth:`retire` or :meth:`flush` waits on them.
+
+    ``match="order"`` (see the module doc) sends with tag 0 and needs ``orders``, the
+    ``(sends, receives)`` of :func:`peer_orders`; every send and posted receive is checked against
+    them. ``through_host=True`` stages CUDA tensors through host memory (gloo with CUDA stages).
     """
 
-    def __init__(self, rank: int, device: torch.device, groups: dict[int, Any]) -> None:
+    def __init__(self, rank: int, device: torch.device, groups: dict[int, Any], *, match: str = "tag",
+                 orders: tuple[dict[int, list[int]], dict[int, list[int]]] | None = None,
+                 through_host: bool = False) -> None:
+        if match not in MATCH_MODES:
+            raise ValueError(f"match={match!r}; use one of {MATCH_MODES}")
+        if match == "order" and orders is None:
+            raise ValueError("match='order' needs orders=peer_orders(schedule, rank)")
         self.rank = rank
         self.device = device
         self.groups = groups
+        self.match = match
+        self.wire = torch.device("cpu") if through_host else device
+        self._orders = orders
+        self._next_send: dict[int, int] = {}
+        self._next_post: dict[int, int] = {}
         self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, list[TensorSpec]]] = {}
         self._sends: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}   # (dst, tag) -> (work, buffer)
         self._local: dict[tuple[int, int], list[torch.Tensor]] = {}
+
+    def _in_order(self, side: int, peer: int, t: int) -> int:
+        """The wire tag of message ``t`` to/from ``peer`` (``side`` 0: send, 1: receive); in order mode,
+        check it is the next one of the schedule's sequence for that peer."""
+        if self.match == "tag":
+            return t
+        assert self._orders is not None
+        seq = self._orders[side].get(peer, [])
+        counter = self._next_send if side == 0 else self._next_post
+        k = counter.get(peer, 0)
+        if k >= len(seq) or seq[k] != t:
+            what = "send to" if side == 0 else "receive from"
+            want = f"tag {seq[k]}" if k < len(seq) else "no more messages"
+            raise OrderError(f"worker {self.rank}: message #{k} of its {what} worker {peer} has tag {t} "
+                             f"but the schedule's per-pair sequence says {want}; in-order matching would "
+                             "deliver the wrong tensor (check the schedule with pipelab.schedules.validate)")
+        counter[peer] = k + 1
+        return 0
 
     def post(self, r: Recv) -> None:
         """Post the receive for ``r`` now, unless already posted (or local)."""
         key = (r.src, r.tag)
         if r.src == self.rank or key in self._posted:
             return
-        buf = empty_for(r.specs, self.device)
-        work = dist.irecv(buf, src=r.src, tag=r.tag)
+        wire_tag = self._in_order(1, r.src, r.tag)
+        buf = empty_for(r.specs, self.wire)
+        work = dist.irecv(buf, src=r.src, tag=wire_tag)
         self._posted[key] = (work, buf, r.specs)
 
     def wait(self, r: Recv) -> list[torch.Tensor]:
@@ -233,6 +315,8 @@ class DistComm:
             self.post(r)
         work, buf, specs = self._posted.pop(key)
         work.wait()
+        if buf.device != self.device:    # staged through host memory: back onto the stage's device
+            buf = buf.to(self.device)
         return unpack(buf, specs)
 
     def send(self, s: Send) -> int:
@@ -242,8 +326,11 @@ class DistComm:
             # a hand-off between two stages of this worker (interleaved chunks): no transfer
             self._local[(self.rank, s.tag)] = [t.detach() for t in s.tensors]
             return nbytes
+        wire_tag = self._in_order(0, s.dst, s.tag)
         buf = pack(s.tensors)
-        self._sends[(s.dst, s.tag)] = (dist.isend(buf, dst=s.dst, tag=s.tag), buf)
+        if buf.device != self.wire:      # device-to-host copy (synchronous: the buffer is complete)
+            buf = buf.to(self.wire)
+        self._sends[(s.dst, s.tag)] = (dist.isend(buf, dst=s.dst, tag=wire_tag), buf)
         return nbytes
 
     def retire(self, keys: Sequence[tuple[int, int]]) -> None:
@@ -261,6 +348,11 @@ class DistComm:
 
     def allreduce(self, stage: int, flat: torch.Tensor) -> torch.Tensor:
         """Sum ``flat`` over the replicas of ``stage`` (in place); returns it."""
+        if flat.device != self.wire:     # through host memory
+            host = flat.to(self.wire)
+            dist.all_reduce(host, group=self.groups[stage])
+            flat.copy_(host)
+            return flat
         dist.all_reduce(flat, group=self.groups[stage])
         return flat
 

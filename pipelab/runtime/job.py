@@ -14,6 +14,7 @@ written ``"module:function"``, or ``{"fn": "module:function", "kwargs": {...}}``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -33,14 +34,13 @@ from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint import check_compatible
 from pipelab.runtime.coalesce import check_method
 from pipelab.runtime.comm import TensorSpec, boundary_specs
-from pipelab.runtime.options import split_options
+from pipelab.runtime.options import RuntimeOptions, split_options
 from pipelab.runtime.policies import policy_for
 from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.segments import aligned_sizes, boundaries
 
 BACKENDS = ("gloo", "nccl", "local")
-#: methods that never flush: checkpoints need drained segments (pipelab.schedules.segments)
 
 
 @dataclass
@@ -61,7 +61,8 @@ class Job:
     seed: int = 0
     backend: str = "gloo"
     timeout: float = 300.0
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)        # the schedule's and the method's options
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)   # how the runtime executes it
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
@@ -75,7 +76,8 @@ class Job:
     @property
     def policy_options(self) -> dict[str, Any]:
         """What a weight-policy factory receives: the method's options, the schedule, M."""
-        return {**self.options, "schedule": self.schedule, "microbatches": self.microbatches}
+        return {**self.options, **self.runtime.method, "schedule": self.schedule,
+                "microbatches": self.microbatches}
 
     def syncs(self, stage: int) -> bool:
         """Whether the replicas of ``stage`` all-reduce at ``U`` (not for HetPipe's virtual workers)."""
@@ -207,7 +209,49 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
             schedule: Schedule | None = None, port: int | None = None, master_addr: str = "127.0.0.1",
             trace_kwargs: dict[str, Any] | None = None, check_rendezvous: bool = True,
             **method_options: Any) -> Job:
-    """Check the arguments of ``train``/``launch`` and build the :class:`Job` (see module docstring)."""
+    """Check the arguments of ``train``/``launch`` and build the :class:`Job` (see module docstring).
+
+    In four steps, each its own function: the arguments' form (:func:`check_arguments`), the
+    schedule to execute with resume and drain points (:func:`resolve_schedule`), the model against
+    the plan (:func:`model_facts`), and the first minibatch against the model (:func:`cut_layouts`).
+    """
+    check_arguments(model_fn, plan, data, loss_fn, optimizer, steps=steps, microbatches=microbatches,
+                    backend=backend, timeout=timeout)
+    trace_kwargs = dict(trace_kwargs or {})
+    # options that change how the runtime executes, never the schedule, stay out of the builder
+    the_method = method or (schedule.method if schedule is not None else None)
+    method_options, rt_options = split_options(the_method, method_options)
+    runtime = RuntimeOptions.from_options(the_method, rt_options)
+    schedule, steps, start = resolve_schedule(plan, method, schedule, steps=steps, microbatches=microbatches,
+                                              method_options=method_options, runtime=runtime)
+    if start:
+        runtime = dataclasses.replace(runtime, resume_step=start)
+    microbatches = schedule.microbatches
+    if runtime.coalesce_wgrad:
+        check_method(schedule.method, any(a.kind == "W" for acts in schedule.actions for a in acts))
+    options = {**schedule.options, **method_options}
+    policy_for(schedule.method, {**options, **runtime.method, "schedule": schedule,
+                                 "microbatches": microbatches})  # fails early
+
+    gm, state_keys, n_inputs = model_facts(model_fn, plan, seed=seed, trace_kwargs=trace_kwargs)
+    ranges = stage_ranges(plan, schedule)
+    batch, specs = cut_layouts(gm, data, loss_fn, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
+
+    if backend != "local" and check_rendezvous:
+        if port is None:
+            port = free_port(master_addr)
+        else:
+            check_port(port, master_addr)
+    return Job(model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer, plan=plan,
+               schedule=schedule, ranges=ranges, specs=specs, steps=steps, microbatches=microbatches,
+               batch_size=batch, seed=seed, backend=backend, timeout=float(timeout), options=options,
+               runtime=runtime, master_addr=master_addr, master_port=int(port or 0),
+               trace_kwargs=trace_kwargs, state_keys=state_keys)
+
+
+def check_arguments(model_fn: Any, plan: Any, data: Any, loss_fn: Any, optimizer: Any, *, steps: int,
+                    microbatches: int, backend: str, timeout: float) -> None:
+    """Raise a clear error for arguments of the wrong form (before anything is built)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
     if steps < 1:
@@ -230,53 +274,45 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
                 f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this machine "
                 f"has {n_gpu}; use backend='gloo' on CPU"
             )
-    trace_kwargs = dict(trace_kwargs or {})
 
-    # options that change how the runtime executes, never the schedule, stay out of the builder
-    method_options, runtime_options = split_options(method or (schedule.method if schedule else None),
-                                                    method_options)
-    # resume=: continue from the checkpoint's step; the schedule covers the remaining minibatches
-    start = 0
+
+def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, *, steps: int,
+                     microbatches: int, method_options: dict[str, Any],
+                     runtime: RuntimeOptions) -> tuple[Schedule, int, int]:
+    """The schedule to execute, the minibatches it covers and the step it starts from.
+
+    With ``resume=`` the run continues from the checkpoint's step and the schedule covers the
+    steps left; asynchronous methods with checkpoints are built as drained segments (see
+    :mod:`pipelab.schedules.segments`), and a resumed run keeps the segment length it was
+    checkpointed with. A caller's own ``schedule`` is checked to have its drain points there.
+    """
     the_method = method or (schedule.method if schedule is not None else "")
-    D = int(method_options.get("D", schedule.options.get("D", 0) if schedule is not None else 0))
     spec = methods.METHODS.get(the_method)
-    if (
-        spec is not None
-        and spec.weights == "wsp"
-        and D
-        and (runtime_options.get("resume") or runtime_options.get("checkpoint_every"))
-    ):
+    D = int(method_options.get("D", schedule.options.get("D", 0) if schedule is not None else 0))
+    if spec is not None and spec.weights == "wsp" and D and (runtime.resume or runtime.checkpoint_every):
         # with D > 0 a virtual worker may pull and start the next segment before the others push
         # their last wave, so no moment has every worker and the parameter server at one cut
         raise ValueError(f"checkpoints of hetpipe runs need the staleness bound D=0 (got D={D}): with D > 0 "
                          "the virtual workers are not synchronized at a segment's end, so there is no "
                          "consistent state of the parameter server to save; use D=0 or drop "
                          "checkpoint_every=/resume=")
-    # asynchronous methods drain every N minibatches so that checkpoints are consistent cuts (see
-    # pipelab.schedules.segments); a resumed run keeps the N it was checkpointed with
     is_async = spec is not None and not spec.synchronous
-    drain_every = runtime_options.get("checkpoint_every")
-    if runtime_options.get("resume"):
-
-        manifest = check_compatible(runtime_options["resume"], plan=plan, method=the_method)
+    start = 0
+    drain_every = runtime.checkpoint_every
+    if runtime.resume:
+        manifest = check_compatible(runtime.resume, plan=plan, method=the_method)
         start = int(manifest["step"])
         if start >= steps:
-            raise ValueError(f"the checkpoint at {runtime_options['resume']} is at step {start}, not before "
+            raise ValueError(f"the checkpoint at {runtime.resume} is at step {start}, not before "
                              f"steps={steps}; pass a larger steps= to train further")
         steps -= start
         if drain_every is None:
             drain_every = manifest.get("extra", {}).get("drain_every")
-
-    # the schedule: exactly what pl.schedules.build returns (or the caller's own)
     if schedule is None:
         if method is None:
             raise ValueError("pass method=... (e.g. '1f1b-flush') or a prebuilt schedule=")
-        if (
-            is_async
-            and drain_every
-            and "drain_every" not in method_options
-            and "segments" not in method_options
-        ):
+        own_drain = "drain_every" in method_options or "segments" in method_options
+        if is_async and drain_every and not own_drain:
             method_options = {**method_options, "segments": aligned_sizes(start, steps, int(drain_every))}
         schedule = build(method, plan, microbatches=microbatches, minibatches=steps, **method_options)
     elif method is not None and method != schedule.method:
@@ -286,11 +322,10 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     if schedule.minibatches != steps:
         raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}"
                          + (f" (the steps left after resuming at step {start})" if start else ""))
-    every = runtime_options.get("checkpoint_every")
+    every = runtime.checkpoint_every
     if is_async and every:
-
         ends = set(boundaries(schedule)) if schedule.options.get("segments") else set()
-        missing = [k for k in range(1, steps + 1) if (start + k) % int(every) == 0 and k not in ends]
+        missing = [k for k in range(1, steps + 1) if (start + k) % every == 0 and k not in ends]
         if missing:
             raise ValueError(
                 f"checkpoint_every={every}: the {schedule.method} schedule is not drained after "
@@ -298,19 +333,13 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
                 f"be a consistent cut; build it with pl.schedules.build(..., drain_every={every}) "
                 "or leave schedule= out"
             )
-    microbatches = schedule.microbatches
-    if runtime_options.get("coalesce_wgrad"):
+    return schedule, steps, start
 
-        check_method(schedule.method, any(a.kind == "W" for acts in schedule.actions for a in acts))
-    options = {**schedule.options, **method_options, **runtime_options}
-    if start:
-        options["resume_step"] = start
-    policy_for(
-        schedule.method, {**options, "schedule": schedule, "microbatches": microbatches}
-    )  # fails early
 
-    # the model: same seed as the workers (without disturbing the caller's random state), layer
-    # count as the plan's
+def model_facts(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, seed: int,
+                trace_kwargs: dict[str, Any]) -> tuple[Any, tuple[str, ...], int]:
+    """The traced model (built with the workers' seed, the caller's random state untouched), its
+    state keys and its input count; raises when its layer count is not the plan's."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_fn()
@@ -320,10 +349,17 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     if plan.num_layers != n_layers:
         raise ValueError(f"plan is for a model of {plan.num_layers} layers but this model has {n_layers}; "
                          "partition this model's profile")
-    ranges = stage_ranges(plan, schedule)
-    n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    return gm, state_keys, sum(1 for n in gm.graph.nodes if n.op == "placeholder")
 
-    # the first minibatch: form, batch size, divisibility, the model runs on it, loss is a scalar
+
+def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor], *,
+                microbatches: int, ranges: Sequence[tuple[int, int]],
+                n_inputs: int) -> tuple[int, list[list[TensorSpec]]]:
+    """The batch size and every cut's message layout, from the first minibatch of ``data()``.
+
+    Checks the minibatch's form, that it divides into ``microbatches``, that the model and
+    ``loss_fn`` run on it and give a scalar, and that ``data()`` is deterministic.
+    """
     inputs, targets = first_minibatch(data)
     xs = as_inputs(inputs)
     if len(xs) != n_inputs:
@@ -341,6 +377,8 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
         )
     mb_x = tuple(split_microbatches(x, microbatches)[0] for x in xs)
     mb_y = split_microbatches(targets, microbatches)[0]
+    fails = (f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
+             f"targets {_shapes(mb_y)})")
     try:
         specs = boundary_specs(gm, mb_x, ranges)
         with torch.no_grad():
@@ -348,17 +386,11 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     except (TypeError, ValueError) as exc:
         if "crosses the cut" in str(exc):
             raise
-        raise ValueError(
-            f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
-            f"targets {_shapes(mb_y)}): {type(exc).__name__}: {exc}; check that data() yields what "
-            "the model and loss_fn accept"
-        ) from None
+        raise ValueError(f"{fails}: {type(exc).__name__}: {exc}; check that data() yields what the model "
+                         "and loss_fn accept") from None
     except RuntimeError as exc:
-        raise ValueError(
-            f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
-            f"targets {_shapes(mb_y)}): {exc}; check that data() yields what the model and loss_fn "
-            "accept"
-        ) from None
+        raise ValueError(f"{fails}: {exc}; check that data() yields what the model and loss_fn "
+                         "accept") from None
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
         raise ValueError(f"loss_fn must return a scalar tensor (mean over the batch); got {_shapes(loss)}")
     if not _same((inputs, targets), first_minibatch(data)):
@@ -367,33 +399,7 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
             "calls data() and takes its own microbatches, so it must yield the same sequence each time "
             "(seed any shuffling)"
         )
-
-    if backend != "local" and check_rendezvous:
-        if port is None:
-            port = free_port(master_addr)
-        else:
-            check_port(port, master_addr)
-    return Job(
-        model_fn=model_fn,
-        data=data,
-        loss_fn=loss_fn,
-        optimizer=optimizer,
-        plan=plan,
-        schedule=schedule,
-        ranges=ranges,
-        specs=specs,
-        steps=steps,
-        microbatches=microbatches,
-        batch_size=batch,
-        seed=seed,
-        backend=backend,
-        timeout=float(timeout),
-        options=options,
-        master_addr=master_addr,
-        master_port=int(port or 0),
-        trace_kwargs=trace_kwargs,
-        state_keys=state_keys,
-    )
+    return batch, specs
 
 
 def load_job_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -32,10 +32,11 @@ from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint import global_weights
 from pipelab.runtime.job import Job, prepare
 from pipelab.runtime.local import run_local
-from pipelab.runtime.process import process_main
+from pipelab.runtime.process import p2p_match, process_main
 from pipelab.runtime.worker import WorkerResult
 from pipelab.runtime.wsp import serve_process_main
 from pipelab.schedules.actions import Schedule
+from pipelab.schedules.validate import check_message_order
 from pipelab.trace import Event, Trace
 
 
@@ -257,13 +258,14 @@ class Run:
             ctx = mp.get_context("spawn")
         self._queue = ctx.Queue()
         conns: list[Any] = [None] * self.job.world_size
+        match = p2p_match(self.job.backend)   # read here: a fork server keeps the environment it started with
         try:
             if methods.get(self.job.method).weights == "wsp":   # HetPipe: start the parameter server
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
                 p = ctx.Process(
                     target=process_main,
-                    args=(self.job, rank, self._queue, conns[rank]),
+                    args=(self.job, rank, self._queue, conns[rank], match),
                     daemon=True,
                     name=f"pipelab-worker-{rank}",
                 )
@@ -282,8 +284,8 @@ class Run:
             gm = trace(job.model_fn(), **job.trace_kwargs)
         shards = {s: {n: p.detach().numpy() for n, p in StageModule(gm, *job.ranges[s]).named_parameters()}
                   for s in range(job.schedule.num_stages)}
-        if job.options.get("resume"):    # the server restarts from the checkpoint's global weights
-            saved = global_weights(job.options["resume"], plan=job.plan, method=job.method,
+        if job.runtime.resume:    # the server restarts from the checkpoint's global weights
+            saved = global_weights(job.runtime.resume, plan=job.plan, method=job.method,
                                    stage_ranks=job.schedule.stage_ranks)
             shards = {s: {n: saved[s][n].numpy() for n in shard} for s, shard in shards.items()}
         pairs = [ctx.Pipe() for _ in range(job.world_size)]
@@ -310,6 +312,20 @@ class Run:
                 p.kill()
                 p.join(5)
 
+    def _died_silently(self, exclude: int, results: dict[int, WorkerResult],
+                       wait_s: float = 2.0) -> tuple[int, int] | None:
+        """A worker other than ``exclude`` that ended by a signal or a hard crash (not the exit code 1
+        of a reported error), waiting up to ``wait_s`` for its exit to show: ``(rank, exit code)``."""
+        deadline = time.time() + wait_s
+        while True:
+            for rank, p in enumerate(self._procs):
+                code = p.exitcode
+                if rank != exclude and rank not in results and code is not None and code not in (0, 1):
+                    return rank, code
+            if time.time() > deadline:
+                return None
+            time.sleep(0.05)
+
     def _monitor(self) -> None:
         results: dict[int, WorkerResult] = {}
         world = self.job.world_size
@@ -331,7 +347,15 @@ class Run:
                         results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
                     elif kind == "error":
                         stage, action, tb = payload
+                        dead = self._died_silently(exclude=rank, results=results)
                         self._kill()
+                        if dead is not None:   # the error is a peer noticing the dead one: name the dead
+                            d_rank, code = dead
+                            self._fail(WorkerError(
+                                f"worker {d_rank} died with exit code {code}{_signal_name(code)} without "
+                                f"reporting an error (killed, or out of memory); worker {rank} noticed it "
+                                f"({action}):\n{tb}", rank=d_rank, worker_traceback=tb))
+                            return
                         where = f"stage {stage}, action {action}" if stage >= 0 else action
                         self._fail(
                             WorkerError(
@@ -383,6 +407,18 @@ class Run:
             self._fail(exc)
 
 
+def _signal_name(code: int) -> str:
+    """`` (SIGKILL)`` for a process ended by a signal (a negative exit code), else ``""``."""
+    if code >= 0:
+        return ""
+    import signal
+
+    try:
+        return f" ({signal.Signals(-code).name})"
+    except ValueError:
+        return ""
+
+
 def _progress_bar(total: int, enabled: bool) -> Any:
     if not enabled:
         return None
@@ -399,7 +435,13 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
            microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
            trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
            port: int | None = None, **method_options: Any) -> Run:
-    """Start a training job and return its :class:`Run` handle at once (see :func:`train`)."""
+    """Start a training job and return its :class:`Run` handle at once (see :func:`train`).
+
+    A ``schedule`` given is checked for per-pair message order first (the validator's rule,
+    :func:`pipelab.schedules.validate.check_message_order`), so a schedule that in-order matching
+    (NCCL, the tag-blind transport) cannot run fails here with the validator's error, not a hang."""
+    if schedule is not None:
+        check_message_order(schedule)
     job = prepare(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
                   microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, schedule=schedule,
                   port=port, **method_options)

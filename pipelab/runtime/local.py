@@ -40,7 +40,8 @@ def run_local(job: Job, emit: Callable[[Event], None] | None = None,
 def _run_local(job: Job, emit: Callable[[Event], None] | None,
                should_stop: Callable[[], bool] | None) -> list[WorkerResult]:
     sched = job.schedule
-    workers = [Worker(job, r) for r in range(sched.num_workers)]
+    device = job.runtime.device or "cpu"     # device="cuda": every stage on the GPU
+    workers = [Worker(job, r, device) for r in range(sched.num_workers)]
     box = Mailbox()
     wsp_servers: dict[int, Any] = {}
     if methods.get(sched.method).weights == "wsp":   # HetPipe: one in-process WSP server shard per stage

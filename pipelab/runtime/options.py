@@ -13,6 +13,10 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
 * ``slowdown={worker: factor}``: after each compute action the worker sleeps ``(factor - 1)`` times
   the action's duration, emulating a device ``factor`` times slower (heterogeneous clusters on one
   machine).
+* ``device="cuda"``: every worker's stages compute on a CUDA device (worker ``r`` on GPU
+  ``r % device_count``, so several workers may share one GPU); with ``backend="gloo"`` messages and
+  all-reduces go through host memory (:mod:`pipelab.runtime.comm`). ``backend="nccl"`` always computes
+  on CUDA, one GPU per worker.
 * ``coalesce_wgrad=True``: every ``nn.Linear`` defers its weight and bias gradients to the update,
   where one GEMM over the minibatch's stacked microbatches (``G^T X``) replaces one per microbatch
   (:mod:`pipelab.runtime.coalesce`; faster at small microbatches). Off by default: each Linear's
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -85,6 +90,13 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
             if not isinstance(w, int) or w < 0 or not isinstance(f, (int, float)) or not f >= 1.0:
                 raise ValueError(f"slowdown entry {w!r}: {f!r} must map a worker rank to a factor >= 1 "
                                  "(2.0 = twice as slow)")
+    dev = rt.get("device")
+    if dev is not None:
+        if not isinstance(dev, str) or not (dev in ("cpu", "cuda") or dev.startswith("cuda:")):
+            raise ValueError(f"device={dev!r} must be 'cpu' or 'cuda' (or 'cuda:N'): where stages compute")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={dev!r} needs a CUDA GPU but torch.cuda.is_available() is False "
+                             "on this machine; leave device= out to compute on the CPU")
     cw = rt.get("coalesce_wgrad")
     if cw is not None and not isinstance(cw, bool):
         raise ValueError(f"coalesce_wgrad={cw!r} must be True or False")
@@ -101,6 +113,55 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
             raise ValueError(f"{k}={rt[k]!r} must be an int >= 0")
     if "decay" in rt and not (isinstance(rt["decay"], (int, float)) and 0.0 <= rt["decay"] < 1.0):
         raise ValueError(f"decay={rt['decay']!r} must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the runtime executes a schedule (never what the schedule is): one checked, frozen record.
+
+    Every field is a keyword of ``pl.train`` (see the module docstring); ``method`` holds the
+    method's own runtime options (PipeMare's ``lr_reschedule``, ``warmup_steps``, ...), and
+    ``resume_step`` is the step a resumed run starts from (set by the runtime, not the user).
+    Build it with :meth:`from_options`, which checks every value and says what to pass instead.
+    """
+
+    compression: str | None = None
+    recompute: bool = False
+    slowdown: Mapping[int, float] = field(default_factory=dict)
+    coalesce_wgrad: bool = False
+    checkpoint_every: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_keep: int = 2
+    resume: str | None = None
+    resume_step: int = 0
+    device: str | None = None     # where stages compute under gloo: None/"cpu", "cuda", "cuda:N"
+    method: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_options(cls, method: str | None, options: Mapping[str, Any]) -> RuntimeOptions:
+        """The record of ``options`` (runtime options only, as :func:`split_options` returns them)."""
+        check_runtime_options(options)
+        common = {o.name for o in methods.COMMON_RUNTIME_OPTIONS}
+        own = {k: v for k, v in options.items() if k not in common}
+        unknown = sorted(set(own) - runtime_option_names(method))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)} are not runtime options of method {method!r}; its "
+                             f"runtime options: {', '.join(sorted(runtime_option_names(method)))}")
+        codec = options.get("compression")
+        ckdir, resume = options.get("checkpoint_dir"), options.get("resume")
+        return cls(
+            compression=None if codec in (None, "none") else str(codec),
+            recompute=bool(options.get("recompute") or False),
+            slowdown={int(w): float(f) for w, f in (options.get("slowdown") or {}).items()},
+            coalesce_wgrad=bool(options.get("coalesce_wgrad") or False),
+            checkpoint_every=None if options.get("checkpoint_every") is None
+            else int(options["checkpoint_every"]),
+            checkpoint_dir=None if ckdir is None else str(ckdir),
+            checkpoint_keep=int(options.get("checkpoint_keep") or 2),
+            resume=None if resume is None else str(resume),
+            device=None if options.get("device") is None else str(options["device"]),
+            method=dict(own),
+        )
 
 
 def slow_down(rank: int, slowdown: Mapping[int, float] | None, elapsed_s: float) -> None:

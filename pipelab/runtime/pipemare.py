@@ -19,20 +19,17 @@ of the paper):
   without keeping a copy. ``gamma`` is the decay hyperparameter; :func:`decay_for_delay` offers
   ``gamma = D ** (1 / tau)`` to tie the averaging window to the delay (a convenience, not required).
 
-Delays here are counted in optimizer steps of the stage and measured from the schedule itself
-(:func:`delays_from_versions`), so they are right for any pipeline depth and replica layout.
+Delays here are counted in optimizer steps of the stage and read from the schedule being executed
+(:func:`pipelab.schedules.facts.stage_delays`), so they are right for any pipeline depth and
+replica layout.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-
-from pipelab.partition.plan import Plan
-from pipelab.schedules import build
 
 
 # ---------------------------------------------------------------------- T1: learning-rate rescheduling
@@ -76,50 +73,6 @@ def decay_for_delay(D: float, tau: float) -> float:
     if not 0.0 <= D < 1.0:
         raise ValueError(f"D={D} must be in [0, 1)")
     return D ** (1.0 / max(float(tau), 1.0))
-
-
-# ---------------------------------------------------------------------- delays from a schedule
-def delays_from_versions(f_versions: Mapping[int, int], b_versions: Mapping[int, int],
-                         u_versions: Mapping[int, int]) -> tuple[int, int]:
-    """Steady-state ``(tau_fwd, tau_bwd)`` of one stage from the weight versions its actions read.
-
-    Each mapping is keyed by minibatch: the version its F read, the version its B read, and the
-    version its U produced (version ``v`` = weights after ``v`` updates, so the update of minibatch
-    ``m`` is applied to version ``u_versions[m] - 1``). The delay is the number of updates between
-    the version read and the one updated; the maximum over minibatches is the steady-state value.
-    """
-    tf = tb = 0
-    for m, v in u_versions.items():
-        if m in f_versions:
-            tf = max(tf, v - 1 - f_versions[m])
-        if m in b_versions:
-            tb = max(tb, v - 1 - b_versions[m])
-    return tf, tb
-
-
-def schedule_delays(schedule: object) -> dict[int, tuple[int, int]]:
-    """Per stage ``(tau_fwd, tau_bwd)`` measured from a :class:`pipelab.schedules.actions.Schedule`.
-
-    Needs ``schedule.versions``; minibatch of an F/B action is ``schedule.minibatch_of(microbatch)``,
-    the ``U``'s microbatch field is the minibatch it closes. Replicas of a stage are pooled.
-    """
-    versions = getattr(schedule, "versions", None)
-    if versions is None:
-        raise ValueError("the schedule has no per-action weight versions; build it with "
-                         "pl.schedules.build('pipemare' or 'naive-async', ...)")
-    per: dict[int, tuple[dict[int, int], dict[int, int], dict[int, int]]] = {}
-    for w, acts in enumerate(schedule.actions):  # type: ignore[attr-defined]
-        for a, v in zip(acts, versions[w]):
-            f, b, u = per.setdefault(a.stage, ({}, {}, {}))
-            if a.kind == "U":
-                u[a.microbatch] = v
-            else:
-                mb = schedule.minibatch_of(a.microbatch)  # type: ignore[attr-defined]
-                if a.kind == "F":
-                    f[mb] = min(v, f.get(mb, v))
-                elif a.kind == "B":
-                    b[mb] = min(v, b.get(mb, v))
-    return {s: delays_from_versions(*maps) for s, maps in sorted(per.items())}
 
 
 # ---------------------------------------------------------------------- per-stage state
@@ -199,19 +152,3 @@ class PipeMareState:
         self.tau_fwd = int(sd["tau_fwd"])  # type: ignore[call-overload]
         self.tau_bwd = int(sd["tau_bwd"])  # type: ignore[call-overload]
         self.gamma = float(sd["gamma"])  # type: ignore[arg-type]
-
-
-def steady_state_delays(
-    stage_replicas: Sequence[int], method: str = "pipemare"
-) -> dict[int, tuple[int, int]]:
-    """Per stage ``(tau_fwd, tau_bwd)`` of ``method``'s schedule in steady state.
-
-    A short run's schedule never reaches steady state (one minibatch has no delay at all), so the
-    delays are measured on the same topology (``stage_replicas``, one layer per stage) over enough
-    minibatches: ``2 * workers + 2`` rounds of the replicas' least common multiple.
-    """
-    reps = [int(r) for r in stage_replicas]
-    P = len(reps)
-    plan = Plan.from_boundaries(P, list(range(1, P)), replicas=reps)
-    K = math.lcm(*reps) * (2 * sum(reps) + 2)
-    return schedule_delays(build(method, plan, minibatches=K))

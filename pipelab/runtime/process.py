@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipelab.runtime.comm import DistComm
+from pipelab.runtime.comm import MATCH_MODES, DistComm, grad_specs, peer_orders
 from pipelab.runtime.job import Job
 from pipelab.runtime.options import tune_malloc
 from pipelab.runtime.worker import Worker, WorkerResult
@@ -88,10 +88,10 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
     """Run every action of ``worker`` in order over ``comm``, emitting one event per action."""
     n = len(worker.actions)
     for i, a in enumerate(worker.actions):
+        worker.current = a     # before posting: an error there names this action
         for j in range(i, min(i + LOOKAHEAD, n)):
             for r in worker.recvs(j):
                 comm.post(r)
-        worker.current = a
         received = []
         for r in worker.recvs(i):
             t = clock.now()
@@ -129,19 +129,51 @@ def _die_with_parent() -> None:
             pass
 
 
+def p2p_match(backend: str, requested: str | None = None) -> str:
+    """How point-to-point messages are matched (:class:`~pipelab.runtime.comm.DistComm`): NCCL always
+    by order; gloo by ``requested``, else the ``PIPELAB_P2P_MATCH`` environment variable, else by tag."""
+    if backend == "nccl":
+        return "order"
+    mode = requested or os.environ.get("PIPELAB_P2P_MATCH") or "tag"
+    if mode not in MATCH_MODES:
+        raise ValueError(f"PIPELAB_P2P_MATCH={mode!r}; use one of {MATCH_MODES}")
+    return mode
+
+
+def stage_device(job: Job, rank: int, local_rank: int | None = None) -> torch.device:
+    """The device worker ``rank``'s stages compute on: NCCL one GPU per worker (``local_rank``);
+    gloo the CPU, or with ``device="cuda"`` GPU ``local_rank % device_count`` (shared GPUs)."""
+    lr = rank if local_rank is None else local_rank
+    want = job.runtime.device
+    if job.backend == "nccl":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if lr >= n:
+            raise RuntimeError(f"backend='nccl' puts worker {rank} on cuda:{lr} but this machine has {n} "
+                               "CUDA GPU(s); NCCL needs one GPU per worker (it refuses two ranks on one "
+                               "device). Use backend='gloo' with device='cuda' to share a GPU")
+        return torch.device("cuda", lr)
+    if want is None or want == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device={want!r} but torch.cuda.is_available() is False in worker {rank}")
+    if want == "cuda":
+        return torch.device("cuda", lr % torch.cuda.device_count())
+    return torch.device(want)
+
+
 def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
                     local_rank: int | None = None, gather: bool = False,
-                    wsp_conn: Any = None) -> tuple[WorkerResult, list[Any]]:
+                    wsp_conn: Any = None, match: str | None = None) -> tuple[WorkerResult, list[Any]]:
     """Join the process group, execute this rank's actions; return its result (:meth:`Worker.result`)
-    and, with ``gather`` (torchrun), on rank 0 every rank's ``(result, events)`` (else ``[]``)."""
+    and, with ``gather`` (torchrun), on rank 0 every rank's ``(result, events)`` (else ``[]``).
+    ``match``: ``"tag"`` or ``"order"`` (see :func:`p2p_match`)."""
     torch.set_num_threads(1)
     tune_malloc()    # no page faults for the buffers every step reallocates (see its docstring)
     world = job.world_size
-    if job.backend == "nccl":
-        device = torch.device("cuda", rank if local_rank is None else local_rank)
+    mode = p2p_match(job.backend, match)
+    device = stage_device(job, rank, local_rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     init = init_method or f"tcp://{job.master_addr}:{job.master_port}"
     dist.init_process_group(job.backend, init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout))
@@ -153,10 +185,15 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
         clients: list[Any] = []
         if wsp_conn is not None:    # HetPipe: this worker's end of the parameter server
             def endpoint(stage: int, vw: int) -> Any:
-                clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout))
+                clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout, device=device))
                 return clients[-1]
             worker.attach_wsp(endpoint)
-        comm = DistComm(rank, device, groups)
+        def carried(msg: Any) -> bool:   # a cut with no floating-point value sends no gradient
+            return bool(msg.kind == "act" or grad_specs(job.specs[msg.stage - 1]))
+
+        orders = peer_orders(job.schedule, rank, carried) if mode == "order" else None
+        comm = DistComm(rank, device, groups, match=mode, orders=orders,
+                        through_host=device.type == "cuda" and job.backend != "nccl")
         torch.set_rng_state(worker.rng_state)
         if device.type == "cuda":
             torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
@@ -190,15 +227,17 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             pass
 
 
-def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None) -> None:
-    """Entry point of a spawned worker process (torch.multiprocessing)."""
+def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None, match: str | None = None) -> None:
+    """Entry point of a spawned worker process (torch.multiprocessing); ``match`` as in
+    :func:`run_distributed` (the parent reads ``PIPELAB_P2P_MATCH``: a fork server keeps the
+    environment it started with)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     sink = QueueSink(queue, rank)
     try:
-        result, _ = run_distributed(job, rank, sink, wsp_conn=wsp_conn)
+        result, _ = run_distributed(job, rank, sink, wsp_conn=wsp_conn, match=match)
     except BaseException:
         sink.error(-1, "start-up", traceback.format_exc())
         sink.flush()

@@ -13,6 +13,7 @@ from torch import nn
 from pipelab.graph import StageModule
 from pipelab.runtime.job import Job, as_inputs, split_microbatches
 from pipelab.runtime.policies import WeightPolicy
+from pipelab.schedules.facts import StageReads
 
 
 class Feed:
@@ -44,7 +45,7 @@ class Feed:
 
         After ``resume=``, minibatch ``k`` of the run is item ``resume_step + k`` of ``data()``.
         """
-        k += int(self.job.options.get("resume_step", 0))
+        k += self.job.runtime.resume_step
         while self._next <= k:
             x, y = self._fetch()
             xs = as_inputs(x)
@@ -106,14 +107,14 @@ class StageState:
     """One stage hosted by this worker: module, optimizer, weight policy, in-flight microbatches."""
 
     def __init__(self, job: Job, gm: Any, stage: int, device: torch.device, policy_factory: Any,
-                 upcoming: list[int]) -> None:
+                 reads: StageReads) -> None:
         start, end = job.ranges[stage]
         self.index = stage
         self.module = StageModule(gm, start, end).to(device)
         self.params: dict[str, nn.Parameter] = dict(self.module.named_parameters())
         trainable = [p for p in self.params.values() if p.requires_grad]
         self.optimizer = job.optimizer(trainable) if trainable else None
-        self.policy: WeightPolicy = policy_factory(self.params, stage, upcoming)
+        self.policy: WeightPolicy = policy_factory(self.params, stage, reads)
         self.is_first = stage == 0
         self.is_last = stage == job.schedule.num_stages - 1
         self.syncs = job.syncs(stage)     # replicas all-reduce gradients at U

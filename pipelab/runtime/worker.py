@@ -66,7 +66,7 @@ from pipelab.runtime.options import slow_down as sleep_slowdown
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
 from pipelab.schedules.actions import Action
-from pipelab.schedules.facts import input_versions, update_pairs
+from pipelab.schedules.facts import stage_reads, update_pairs
 
 
 @dataclass
@@ -97,7 +97,7 @@ class Worker(Checkpointing):
         factory = policy_for(sched.method, job.policy_options)
         self.stages: dict[int, StageState] = {}
         for s in sched.stages_of(rank):
-            self.stages[s] = StageState(job, gm, s, self.device, factory, input_versions(sched, rank, s))
+            self.stages[s] = StageState(job, gm, s, self.device, factory, stage_reads(sched, rank, s))
         del model, gm
         self.split = {s: any(a.kind == "W" and a.stage == s for a in self.actions) for s in self.stages}
         self.feed = (
@@ -106,13 +106,11 @@ class Worker(Checkpointing):
         # this worker's own random stream (dropout, ...): the same in a process and in the
         # reference executor, which swaps it in around each of this worker's actions
         self.rng_state = torch.Generator().manual_seed(job.seed * 1_000_003 + rank + 1).get_state()
-        self.codec = job.options.get("compression")
-        if self.codec in (None, "none"):
-            self.codec = None
-        self.recompute = bool(job.options.get("recompute", False))
+        self.codec = job.runtime.compression
+        self.recompute = job.runtime.recompute
         # coalesce_wgrad: Linears defer their weight gradients to one GEMM at U (pipelab.runtime.coalesce)
         self.coalescers: dict[int, Any] = {}
-        if job.options.get("coalesce_wgrad"):
+        if job.runtime.coalesce_wgrad:
             coalesce.check_method(sched.method, any(a.kind == "W" for a in self.actions))
             self.coalescers = {s: coalesce.install(st.module) for s, st in self.stages.items()}
         self._recvs = [self._needs(a) for a in self.actions]
@@ -120,10 +118,10 @@ class Worker(Checkpointing):
         self.u_pair, self.u_divisor = update_pairs(sched, rank, self.stages, job.syncs, job.microbatches)
         self.current: Action | None = None
         # checkpoints: the last U of each minibatch on this worker is where one may be taken
-        self.start_step = int(job.options.get("resume_step", 0))
+        self.start_step = job.runtime.resume_step
         self._last_u: dict[int, int] = {a.microbatch: i for i, a in enumerate(self.actions) if a.kind == "U"}
-        if job.options.get("resume"):
-            self.restore(job.options["resume"])
+        if job.runtime.resume:
+            self.restore(job.runtime.resume)
 
     def attach_wsp(self, make_endpoint: Callable[[int, int], Any]) -> None:
         """HetPipe: connect each hosted stage's policy to the parameter server
@@ -402,9 +400,8 @@ class Worker(Checkpointing):
 
     def slow_down(self, elapsed_s: float) -> None:
         """Emulate a slower device (option ``slowdown={rank: factor}``): sleep (factor - 1) x elapsed."""
-        sd = self.job.options.get("slowdown")
-        if sd:
-            sleep_slowdown(self.rank, sd, elapsed_s)
+        if self.job.runtime.slowdown:
+            sleep_slowdown(self.rank, self.job.runtime.slowdown, elapsed_s)
 
     # ------------------------------------------------------------------ results
     def result(self) -> WorkerResult:

@@ -262,8 +262,10 @@ def serve_process_main(conns: Sequence[Connection], shards: Mapping[int, Mapping
 class WSPClient:
     """A worker's end of the parameter server (stage ``stage`` of virtual worker ``vw``)."""
 
-    def __init__(self, conn: Connection, stage: int, vw: int, timeout: float = 300.0) -> None:
+    def __init__(self, conn: Connection, stage: int, vw: int, timeout: float = 300.0,
+                 device: torch.device | str = "cpu") -> None:
         self.conn, self.stage, self.vw, self.timeout = conn, stage, vw, timeout
+        self.device = torch.device(device)   # pulled weights land here (the server keeps CPU copies)
         self.clock = 0
 
     def _recv(self, what: str) -> Any:
@@ -289,7 +291,7 @@ class WSPClient:
         """Wait until the staleness bound allows the next wave; return (global weights, global clock)."""
         self.conn.send(("pull", self.stage, self.vw))
         _, w, g = self._recv("pull")
-        return _from_wire(w), int(g)
+        return {k: v.to(self.device) for k, v in _from_wire(w).items()}, int(g)
 
     def log(self) -> list[WSPEvent]:
         """The server's event log so far."""

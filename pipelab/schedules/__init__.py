@@ -27,11 +27,13 @@ from typing import Any
 
 import pipelab.methods as _methods
 from pipelab.methods import MethodError
+from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
 from pipelab.schedules import async_, segments, sync
 from pipelab.schedules import hetpipe as _hetpipe
-from pipelab.schedules._common import ScheduleError, in_flight, resolve_plan
+from pipelab.schedules._common import ScheduleError, resolve_plan
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.torch_format import from_torch, to_torch_csv, to_torch_order
 from pipelab.schedules.validate import validate
 
 #: method name -> (synchronous?, one-line description); a read-only view of :mod:`pipelab.methods`
@@ -155,7 +157,7 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     elif microbatches is None:
         M = p.num_workers if spec.order == "dp" else p.num_stages // int(options.get("chunks", 1))
         if spec.order == "coalesced":
-            M = max(M, in_flight(p.replicas, 0))
+            M = max(M, in_flight(p.replicas, 0, per_replica=False))
     else:
         M = microbatches
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
@@ -165,7 +167,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     # needs the same number of microbatches: K a multiple of every replica count
     step = math.lcm(*p.replicas) if per_microbatch and spec.replicas_allreduce else 1
     if K is None:
-        g = max(1, -(-(in_flight(p.replicas, 0) + int(options.get("extra_in_flight", 0)) * step) // M))
+        admitted = in_flight(p.replicas, 0, per_replica=False) + int(options.get("extra_in_flight", 0)) * step
+        g = max(1, -(-admitted // M))
         K = 1 if sync_method else max(3 * g, 2 * g + 3 * step)
         K = -(-K // step) * step
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
@@ -216,5 +219,8 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "build",
+    "from_torch",
+    "to_torch_csv",
+    "to_torch_order",
     "validate",
 ]

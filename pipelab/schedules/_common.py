@@ -29,16 +29,6 @@ def resolve_plan(plan: Plan | int) -> Plan:
     return Plan.even(plan, plan)
 
 
-def in_flight(replicas: Sequence[int], stage: int) -> int:
-    """Global microbatches admitted at ``stage`` before its first backward: workers of stages >= it.
-
-    For a straight pipeline this is ``P - s`` (1F1B's warm-up plus one); for the input stage it
-    is the worker count, i.e. PipeDream's NOAM = ceil(workers / input replicas) per replica
-    (Harlap/Narayanan et al., SOSP'19, §3.2).
-    """
-    return sum(replicas[stage:])
-
-
 def one_f_one_b(mbs: Sequence[int], warm: int, stage: int) -> list[Action]:
     """``warm`` forwards, then alternate one backward and one forward, then the remaining backwards.
 

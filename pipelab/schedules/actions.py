@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pipelab.metrics as metrics
 from pipelab._io import atomic_write_text
 
 KINDS = ("F", "B", "W", "U")
@@ -221,18 +222,8 @@ class Schedule:
         if not 0 <= stage < self.num_stages:
             raise ValueError(f"stage {stage} is outside 0..{self.num_stages - 1}")
         has_w = any(a.kind == "W" and a.stage == stage for acts in self.actions for a in acts)
-        best = 0
-        for w in self.stage_ranks[stage]:
-            live = 0
-            for a in self.actions[w]:
-                if a.stage != stage:
-                    continue
-                if a.kind == "F":
-                    live += 1
-                    best = max(best, live)
-                elif a.kind == "W" or (a.kind == "B" and not has_w):
-                    live -= 1
-        return best
+        return max(metrics.most_live((a.kind for a in self.actions[w] if a.stage == stage), has_w)
+                   for w in self.stage_ranks[stage])
 
     # ------------------------------------------------------------------ CSV
     def to_csv(self, path: str | os.PathLike[str]) -> Path:

@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 
 import pipelab.methods as methods
+from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
 from pipelab.schedules._common import (
     ScheduleError,
-    in_flight,
     insert_minibatch_updates,
     insert_updates,
     one_f_one_b,
@@ -50,7 +50,7 @@ def _orders(plan: Plan, total: int, extra: int = 0) -> tuple[list[list[Action]],
     for st in plan.stages:
         for j, w in enumerate(st.ranks):
             mbs = [m for m in range(total) if m % st.replicas == j]
-            warm = -(-in_flight(reps, st.index) // st.replicas) + extra * L // st.replicas  # NOAM per replica
+            warm = in_flight(reps, st.index) + extra * L // st.replicas  # NOAM per replica
             lists[w] = one_f_one_b(mbs, warm, st.index)
             local[w] = {st.index: mbs}
     return lists, local
@@ -101,7 +101,7 @@ def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool 
 def coalesced(plan: Plan, method: str, M: int, K: int, delay: int) -> Schedule:
     """2BW / buffered: 1F1B without flush over all ``M*K`` microbatches, one ``U`` per minibatch,
     minibatch ``k`` reading version ``max(0, k - delay)``."""
-    g0 = in_flight(plan.replicas, 0)
+    g0 = in_flight(plan.replicas, 0, per_replica=False)
     # F of minibatch k's first microbatch needs U(k - delay - 1), i.e. the B of microbatch
     # (k - delay) * M - 1, done before it: g0 <= delay * M + 1.
     if g0 > delay * M + 1:
@@ -111,7 +111,7 @@ def coalesced(plan: Plan, method: str, M: int, K: int, delay: int) -> Schedule:
             f"input stage, so it needs microbatches >= {need} per minibatch; got {M}"
         )
     lists, local = _orders(plan, M * K)
-    lead = {s: in_flight(plan.replicas, s) for s in range(plan.num_stages)}
+    lead = {s: in_flight(plan.replicas, s, per_replica=False) for s in range(plan.num_stages)}
     acts = [insert_minibatch_updates(a, loc, M, K, lead) for a, loc in zip(lists, local)]
     ranks = tuple(s.ranks for s in plan.stages)
     versions = assign_versions("delay", acts, ranks, M, delay)

@@ -3,39 +3,24 @@
 The runtime's workers precompute these once, before their first action; they live here so that
 they can be tested, and read, without starting a run:
 
-* :func:`input_versions`: per microbatch a worker forwards on a stage, the version of the input
-  stage's weights that microbatch entered with (vertical sync carries it along);
 * :func:`update_pairs`: for each ``U``, its index among its stage's updates (replicas pair their
   ``k``-th updates in the all-reduce) and the divisor of the summed gradient;
-* :func:`checkpoint_points`: at which actions a worker takes the checkpoints of a run.
+* :func:`checkpoint_points`: at which actions a worker takes the checkpoints of a run;
+* :func:`stage_reads`: the weight version every ``F`` and ``B``/``W`` of one stage on one worker
+  reads, as the schedule names it (the runtime's weight policies keep exactly these versions and
+  never derive them again);
+* :func:`stage_delays`: per stage, PipeMare's ``(tau_fwd, tau_bwd)``, the most optimizer steps
+  between the version an action reads and the update its gradient lands in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
+import pipelab.methods as methods
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.segments import boundaries
-
-
-def input_versions(schedule: Schedule, rank: int, stage: int) -> list[int]:
-    """Per microbatch worker ``rank`` forwards on ``stage`` (in list order), the input stage's version.
-
-    The input stage's version for microbatch ``m`` is the number of input-stage updates that
-    precede ``0Fm`` in the action list of the worker that runs it (vertical sync keeps them).
-    Empty for stage 0.
-    """
-    if stage == 0:
-        return []
-    v_of: dict[int, int] = {}
-    for w in schedule.stage_ranks[0]:
-        n_updates = 0
-        for a in schedule.actions[w]:
-            if a.stage == 0 and a.kind == "U":
-                n_updates += 1
-            elif a.stage == 0 and a.kind == "F":
-                v_of[a.microbatch] = n_updates
-    return [v_of.get(a.microbatch, 0) for a in schedule.actions[rank] if a.stage == stage and a.kind == "F"]
 
 
 def update_pairs(schedule: Schedule, rank: int, stages: Iterable[int], syncs: Callable[[int], bool],
@@ -101,3 +86,86 @@ def checkpoint_points(schedule: Schedule, rank: int, every: int, start: int = 0)
         if every and step > 0 and (start + step) % every == 0:
             last[start + step] = i
     return {i: step for step, i in last.items()}
+
+
+@dataclass(frozen=True)
+class StageReads:
+    """The weight versions one worker's actions on one stage read, in the schedule's words.
+
+    ``forward``: ``(microbatch, version)`` of every ``F`` of the stage on the worker, in execution
+    order; ``backward``: microbatch -> the version its ``B`` (and ``W``, which reads the same one)
+    reads. ``single`` is true for single-version methods, whose schedules record version 0 for
+    every read (the weights change only at flushes). Version ``v`` means "after ``v`` updates of
+    this stage on this worker" (:func:`pipelab.schedules.versions.assign_versions`).
+    """
+
+    forward: tuple[tuple[int, int], ...] = ()
+    backward: Mapping[int, int] = field(default_factory=dict)
+    single: bool = True
+
+
+def stage_reads(schedule: Schedule, rank: int, stage: int) -> StageReads:
+    """The versions worker ``rank``'s actions on ``stage`` read, from ``schedule.versions``.
+
+    Raises ``ValueError`` for a multi-version method's schedule that records no versions (one
+    built by hand without them): the runtime does not guess them.
+    """
+    rule = version_rule(schedule)
+    if schedule.versions is None:
+        if rule != "single":
+            raise ValueError(
+                f"the {schedule.method} schedule records no weight versions, but the method keeps "
+                f"several ({rule!r}); build it with pl.schedules.build or give Schedule(versions=...)"
+            )
+        return StageReads()
+    fwd: list[tuple[int, int]] = []
+    bwd: dict[int, int] = {}
+    for a, v in zip(schedule.actions[rank], schedule.versions[rank]):
+        if a.stage != stage:
+            continue
+        if a.kind == "F":
+            fwd.append((a.microbatch, v))
+        elif a.kind in ("B", "W"):
+            bwd[a.microbatch] = v
+    return StageReads(tuple(fwd), bwd, rule == "single")
+
+
+def version_rule(schedule: Schedule) -> str:
+    """The weight-version rule the schedule was built with (its ``weights`` option, else the
+    method's registry entry; ``"single"`` for a schedule of no registered method)."""
+    rule = schedule.options.get("weights")
+    if rule:
+        return str(rule)
+    spec = methods.METHODS.get(schedule.method)
+    return spec.versions if spec is not None else "single"
+
+
+def stage_delays(schedule: Schedule) -> dict[int, tuple[int, int]]:
+    """Per stage ``(tau_fwd, tau_bwd)``: the most updates between the version a minibatch's ``F``
+    (``B``) reads and the version its stage's update then changes (PipeMare's delays, Yang et al.,
+    MLSys'21 §3), over every minibatch of ``schedule``; replicas of a stage are pooled.
+
+    Version ``u`` produced by a ``U`` is applied to version ``u - 1``, so the delay of a read of
+    version ``v`` is ``u - 1 - v``. Raises ``ValueError`` when the schedule records no versions.
+    """
+    if schedule.versions is None:
+        raise ValueError("the schedule has no per-action weight versions; build it with "
+                         "pl.schedules.build('pipemare' or 'naive-async', ...)")
+    per: dict[int, tuple[dict[int, int], dict[int, int], dict[int, int]]] = {}
+    for w, acts in enumerate(schedule.actions):
+        for a, v in zip(acts, schedule.versions[w]):
+            f, b, u = per.setdefault(a.stage, ({}, {}, {}))
+            if a.kind == "U":
+                u[a.microbatch] = v
+                continue
+            mb = schedule.minibatch_of(a.microbatch)
+            if a.kind == "F":
+                f[mb] = min(v, f.get(mb, v))
+            elif a.kind == "B":
+                b[mb] = min(v, b.get(mb, v))
+    out: dict[int, tuple[int, int]] = {}
+    for s, (f, b, u) in sorted(per.items()):
+        tf = max((v - 1 - f[m] for m, v in u.items() if m in f), default=0)
+        tb = max((v - 1 - b[m] for m, v in u.items() if m in b), default=0)
+        out[s] = (max(tf, 0), max(tb, 0))
+    return out

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
-from pipelab.schedules._common import ScheduleError, in_flight, one_f_one_b
+from pipelab.schedules._common import ScheduleError, one_f_one_b
 from pipelab.schedules.actions import Action, Schedule
 
 
@@ -72,7 +73,7 @@ def one_f_one_b_flush(plan: Plan, M: int, K: int) -> Schedule:
     def order(local: list[int], s: int, w: int) -> list[Action]:
         if not local:
             return []
-        warm = -(-in_flight(reps, s) // reps[s])   # per replica: ceil(workers downstream / replicas)
+        warm = in_flight(reps, s)   # per replica: ceil(workers downstream / replicas)
         return one_f_one_b(local, warm, s)
     return _per_minibatch(plan, "1f1b-flush", M, K, order, {})
 
@@ -157,7 +158,7 @@ def zb_h1(plan: Plan, M: int, K: int) -> Schedule:
     def order(local: list[int], s: int, w: int) -> list[Action]:
         if not local:
             return []
-        warm = -(-in_flight(reps, s) // reps[s])   # per replica: ceil(workers downstream / replicas)
+        warm = in_flight(reps, s)   # per replica: ceil(workers downstream / replicas)
         out: list[Action] = []
         pending: list[int] = []
         for a in one_f_one_b(local, warm, s):

@@ -15,7 +15,11 @@ rule broken and prints the schedule grid with the failing step in brackets. Chec
 4. drained segments (``options["segments"]``, :mod:`pipelab.schedules.segments`): no worker
    overlaps two segments and each ends a segment with an update (a consistent cut);
 5. deadlock freedom: the schedule runs to the end in the simulator with unit costs (blocking
-   actions, asynchronous sends); otherwise the stuck steps are reported.
+   actions, asynchronous sends); otherwise the stuck steps are reported;
+6. per-pair message order: for every ordered pair of workers, the sender sends and the receiver
+   receives their messages in one sequence (:mod:`pipelab.schedules.messages`), as NCCL and MPI
+   match them; a schedule that would need tags to match out of order is refused, naming the pair
+   and both sequences.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections import Counter
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.dataflow import Deadlock, UnitCosts, run
+from pipelab.schedules.messages import describe_mismatch, first_mismatch, pair_sequences
 from pipelab.schedules.segments import check_drained
 from pipelab.schedules.versions import assign_versions
 
@@ -37,14 +42,25 @@ def _fail(schedule: Schedule, what: str, at: tuple[int, int] | None) -> Schedule
                          f"{schedule.grid(mark=at, max_steps=_MAX_STEPS)}")
 
 
-def validate(schedule: Schedule) -> None:
+def validate(schedule: Schedule, *, in_order: bool = True) -> None:
     """Raise :class:`ScheduleError` (with the grid and the failing step marked) unless ``schedule`` is
-    valid."""
+    valid.
+
+    ``in_order`` also requires rule 6 (:func:`check_message_order`): every pair of workers handles
+    the messages between them in one sequence, as NCCL and pipelab's tag-blind transport match them
+    when the runtime sends each message right after the action that makes it. Every schedule
+    pipelab builds keeps it; some of torch's (ZB-V, DualPipeV), imported with
+    ``schedules.from_torch``, need the sends reordered, which torch's own engine does with
+    explicit send and receive steps (tagged gloo runs them as they are): ``in_order=False`` checks
+    everything else.
+    """
     _structure(schedule)
     _order(schedule)
     _versions(schedule)
     _segments(schedule)
     _deadlock(schedule)
+    if in_order:
+        check_message_order(schedule)
 
 
 def _segments(sch: Schedule) -> None:
@@ -189,3 +205,14 @@ def _deadlock(sch: Schedule) -> None:
     except Deadlock as exc:
         w, i, _, _ = exc.stuck[0]
         raise _fail(sch, f"deadlock: {exc}", (w, i)) from None
+
+
+def check_message_order(sch: Schedule) -> None:
+    """Rule 6 alone: raise :class:`ScheduleError` unless, for every ordered pair of workers, the
+    sender sends and the receiver receives their messages in one sequence (what a transport that
+    matches in order, like NCCL, needs; the runtime checks every schedule it is given with it)."""
+    for seq in pair_sequences(sch).values():
+        k = first_mismatch(seq)
+        if k is not None:
+            at = (seq.dst, seq.recv_at[k]) if k < len(seq.recv_at) else (seq.src, seq.send_at[k])
+            raise _fail(sch, describe_mismatch(seq, k), at)

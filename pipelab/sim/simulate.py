@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pipelab.methods as methods
 import pipelab.metrics as metrics
-from pipelab.costs import HBM_BYTES_PER_S, CostModel, compression_ratio_of
+from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
 from pipelab.schedules import build
@@ -103,7 +103,7 @@ class ProfileCosts(Costs):
     """Costs of a schedule's actions from a :class:`CostModel` and the plan's layer ranges."""
 
     def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
-                 memory_bandwidth: float = HBM_BYTES_PER_S, workers: list[int] | None = None) -> None:
+                 memory_bandwidth: float | None = None, workers: list[int] | None = None) -> None:
         """``ranges[s]`` = stage ``s``'s layers; one microbatch is 1/``microbatches`` of the profile's
         minibatch; ``workers[r]`` is the cluster worker of schedule rank ``r`` (default identity, see
         ``plan.notes["workers"]`` of HetPipe plans)."""
@@ -128,11 +128,17 @@ class ProfileCosts(Costs):
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
         """See :meth:`Costs.compute`."""
+        if split and action.kind in ("B", "W"):
+            key = (-1 - action.stage, worker)
+            if key not in self._cache:
+                a, e = self.ranges[action.stage]
+                self._cache[key] = self.model.backward_split_s(a, e, self._w(worker), microbatches=self.M)
+            return self._cache[key][0 if action.kind == "B" else 1]
         f, b = self._fb(action.stage, worker)
         if action.kind == "F":
             return f
-        if action.kind in ("B", "W"):
-            return b / 2 if split else b
+        if action.kind == "B":
+            return b
         a, e = self.ranges[action.stage]
         return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
 
@@ -289,9 +295,10 @@ def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
 def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str = "pipedream", *,
              microbatches: int | None = None, minibatches: int | None = None,
              compression: str | float | None = None, compression_ratio: float | None = None,
-             optimizer: str = "sgd-momentum", memory_bandwidth: float = HBM_BYTES_PER_S,
+             optimizer: str = "sgd-momentum", memory_bandwidth: float | None = None,
              allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
-             schedule: Schedule | None = None, **options: Any) -> SimResult:
+             schedule: Schedule | None = None, host_staging_bandwidth: float | None = None,
+             **options: Any) -> SimResult:
     """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
 
     ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan). For
@@ -303,7 +310,9 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     meets backward (:class:`~pipelab.costs.CostModel`): ``"ddp"`` (default) layer by layer
     behind it, ``"none"`` after it, as pipelab's runtime does; ``allreduce_bandwidth`` (bytes/s)
     the links' bandwidth inside an all-reduce where it differs from point-to-point (None: the
-    cluster's). Returns a :class:`SimResult`.
+    cluster's). ``host_staging_bandwidth`` (bytes/s of a device-host copy) prices CUDA stages
+    over gloo (``train(device="cuda")``): each message and all-reduce adds a device-to-host and a
+    host-to-device copy (:meth:`~pipelab.costs.prices.Prices.staging_s`). Returns a :class:`SimResult`.
     """
     if not isinstance(plan, Plan):
         if isinstance(plan, bool) or not isinstance(plan, int):
@@ -332,7 +341,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
     ratio = compression_ratio_of(compression, compression_ratio)
     cm = CostModel(profile, cluster, compression_ratio=ratio, optimizer=optimizer,
-                   allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
+                   allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
+                   host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys)
     mem: dict[int, tuple[int, int, int]] = {}

@@ -96,7 +96,7 @@ row_spec = paper or rp.PaperRow(model, cluster, servers, gpus_per_server, "", No
 # `source` records it). A device of speed 1.0 is the GPU that measured them; the V100's speed relative
 # to it is a cited parameter (`tp.profiling_gpu_speed()`: a V100's published ResNet-50 training
 # throughput over the one PipeDream's ResNet-50 profile implies), and so is NCCL's bus bandwidth over
-# TCP (`pl.cluster.NCCL_TCP_BUS_BANDWIDTH`). The pipelined runs' cluster prices transfers and replica
+# TCP (`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`). The pipelined runs' cluster prices transfers and replica
 # all-reduces as gloo does (through host memory), the DP baseline's all-reduce as NCCL's ring.
 
 # %%

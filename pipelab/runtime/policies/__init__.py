@@ -13,23 +13,18 @@ it reads or, for ``U``, produces; :func:`pipelab.schedules.versions.assign_versi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
 
 import pipelab.methods as methods
-from pipelab.runtime.pipemare import PipeMareConfig, steady_state_delays
+from pipelab.runtime.pipemare import PipeMareConfig
 from pipelab.runtime.policies.base import NoStash, PolicyFactory, SingleVersion, Stashing, WeightPolicy
-from pipelab.runtime.policies.delay import (
-    DelayedVersions,
-    VersionStore,
-    delay_for,
-    delayed_sgd,
-    delayed_version,
-)
+from pipelab.runtime.policies.delay import DelayedVersions, VersionStore, delayed_sgd, delayed_version
 from pipelab.runtime.policies.pipemare import PipeMarePolicy
 from pipelab.runtime.policies.wsp import HetPipePolicy, LocalWSP, WSPEndpoint
+from pipelab.schedules.facts import StageReads, stage_delays
 
 
 def _single(method: str, opts: dict[str, Any]) -> PolicyFactory:
@@ -37,8 +32,8 @@ def _single(method: str, opts: dict[str, Any]) -> PolicyFactory:
 
 
 def _stash(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    return lambda params, stage, upcoming=(): Stashing(params, stage, upcoming,
-                                                       vertical_sync=bool(opts.get("vertical_sync", False)))
+    return lambda params, stage, reads=None: Stashing(params, stage, reads,
+                                                      vertical_sync=bool(opts.get("vertical_sync", False)))
 
 
 def _latest(method: str, opts: dict[str, Any]) -> PolicyFactory:
@@ -46,14 +41,7 @@ def _latest(method: str, opts: dict[str, Any]) -> PolicyFactory:
 
 
 def _delayed(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    sched = opts.get("schedule")
-    d = int(sched.options["delay"]) if sched is not None and "delay" in sched.options \
-        else delay_for(method, opts.get("versions"))
-    M = int(opts.get("microbatches") or (sched.microbatches if sched is not None else 1))
-    segs = sched.options.get("segments") if sched is not None else None
-    return lambda params, stage, upcoming=(): DelayedVersions(
-        params, stage, upcoming, delay=d, microbatches=M, segments=segs
-    )
+    return DelayedVersions
 
 
 def _pipemare(method: str, opts: dict[str, Any]) -> PolicyFactory:
@@ -63,13 +51,13 @@ def _pipemare(method: str, opts: dict[str, Any]) -> PolicyFactory:
                          decay=float(opts.get("decay", 0.5)),
                          decay_from_delay=bool(opts.get("decay_from_delay", False)))
     sched = opts.get("schedule")
-    # delays in optimizer steps, per stage, of this topology's steady state (a short run has none)
+    # delays in optimizer steps, per stage, read from the schedule being executed
     taus: Mapping[int, tuple[int, int]] = opts.get("taus") or (
-        steady_state_delays([len(r) for r in sched.stage_ranks]) if sched is not None else {})
+        stage_delays(sched) if sched is not None else {})
 
-    def build(params: dict[str, nn.Parameter], stage: int, upcoming: Sequence[int] = ()) -> WeightPolicy:
+    def build(params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None) -> WeightPolicy:
         tf, tb = taus.get(stage, (0, 0))
-        return PipeMarePolicy(params, stage, upcoming, tau_fwd=tf, tau_bwd=tb, config=cfg)
+        return PipeMarePolicy(params, stage, reads, tau_fwd=tf, tau_bwd=tb, config=cfg)
     return build
 
 
@@ -84,11 +72,12 @@ def _wsp(method: str, opts: dict[str, Any]) -> PolicyFactory:
                 f"multiple of {V * wave} (every virtual worker ends on a full wave); got "
                 f"{sched.minibatches}"
             )
-    return lambda params, stage, upcoming=(): HetPipePolicy(params, stage, upcoming, wave=wave)
+    return lambda params, stage, reads=None: HetPipePolicy(params, stage, reads, wave=wave)
 
 
 #: :attr:`pipelab.methods.Method.weights` -> ``make(method, options) -> factory``, where
-#: ``factory(params, stage, upcoming_input_versions)`` builds one stage's policy
+#: ``factory(params, stage, reads)`` builds one stage's policy (``reads``: the versions the
+#: schedule names for the stage's actions on this worker, :func:`pipelab.schedules.facts.stage_reads`)
 POLICIES: dict[str, Callable[[str, dict[str, Any]], PolicyFactory]] = {
     "single": _single, "stash": _stash, "latest": _latest, "delay": _delayed, "pipemare": _pipemare,
     "wsp": _wsp,
@@ -112,5 +101,5 @@ def supported_methods() -> tuple[str, ...]:
 
 __all__ = ["POLICIES", "DelayedVersions", "HetPipePolicy", "LocalWSP", "NoStash", "PipeMareConfig",
            "PipeMarePolicy", "PolicyFactory", "SingleVersion", "Stashing", "VersionStore", "WSPEndpoint",
-           "WeightPolicy", "delay_for", "delayed_sgd", "delayed_version", "policy_for",
+           "WeightPolicy", "delayed_sgd", "delayed_version", "policy_for",
            "supported_methods"]

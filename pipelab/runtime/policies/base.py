@@ -1,9 +1,12 @@
 """Weight policies: which version of a stage's weights each forward and backward reads.
 
 A stage's *master* weights are its module's parameters; the optimizer updates them in place at
-every ``U``, and version ``v`` means "after ``v`` updates on this stage". A policy decides, per
-microbatch, which version its ``F`` and its ``B``/``W`` read, and keeps exactly the versions some
-in-flight or future microbatch still needs (the number it holds is measured, see :attr:`held`).
+every ``U``, and version ``v`` means "after ``v`` updates on this stage". The *schedule* names the
+version every ``F`` and ``B``/``W`` reads (:func:`pipelab.schedules.facts.stage_reads`); a policy
+serves exactly those versions, checks that they are the ones its method's weights can give (the
+newest, a stashed one, ...), and keeps exactly the versions some in-flight microbatch or some
+forward still to come in the schedule reads (the number it holds is measured, see :attr:`held`).
+It never derives a version from a rule of its own.
 
 * :class:`SingleVersion` — flushed methods (``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``,
   ``zb-h1``, ``dp``): every action reads the master weights; an update while a microbatch is in
@@ -26,12 +29,14 @@ each :attr:`pipelab.methods.Method.weights` key to one.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
+
+from pipelab.schedules.facts import StageReads
 
 
 class WeightPolicy:
@@ -43,27 +48,73 @@ class WeightPolicy:
     #: the version an activation was computed with travels with it (vertical sync)
     sends_version = False
 
-    def __init__(self, params: dict[str, nn.Parameter], stage: int,
-                 upcoming_input_versions: Iterable[int] = ()) -> None:
+    def __init__(self, params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None) -> None:
         self.params = params
         self.stage = stage
         self.latest = 0
         self.in_flight: dict[int, int] = {}      # microbatch -> version its F read
         self.max_held = 1
         self.max_weight_bytes = 0     # measured at every change (subclasses may not be set up yet here)
+        self.reads = reads if reads is not None else StageReads()
+        self._next_forward = 0                   # forwards of self.reads.forward run so far
+        self._future: Counter[int] = Counter(v for _, v in self.reads.forward)
+
+    # -- the schedule's versions
+    def scheduled_forward(self, microbatch: int) -> int:
+        """The version the schedule says this stage's next ``F`` (of ``microbatch``) reads.
+
+        Consumes it from the forwards still to come. Without a schedule's reads (a policy built
+        by hand) it is the newest version. Raises when the runtime's forward is not the
+        schedule's next one.
+        """
+        fw = self.reads.forward
+        if not fw:
+            return self.latest
+        i = self._next_forward
+        if i >= len(fw) or fw[i][0] != microbatch:
+            want = f"microbatch {fw[i][0]}" if i < len(fw) else "none (all its forwards ran)"
+            raise RuntimeError(f"stage {self.stage}: the runtime runs the forward of microbatch {microbatch} "
+                               f"but the schedule's next forward on this stage is {want}")
+        self._next_forward = i + 1
+        v = fw[i][1]
+        self._future[v] -= 1
+        if not self._future[v]:
+            del self._future[v]
+        return v
+
+    def scheduled_backward(self, microbatch: int, default: int) -> int:
+        """The version the schedule says the backward (``B``/``W``) of ``microbatch`` reads."""
+        return int(self.reads.backward.get(microbatch, default))
+
+    def future_reads(self) -> set[int]:
+        """Versions that forwards still to come on this stage read (from the schedule)."""
+        return set(self._future)
+
+    def _mismatch(self, what: str, microbatch: int, scheduled: int, holds: str) -> RuntimeError:
+        return RuntimeError(f"stage {self.stage}: the schedule says the {what} of microbatch {microbatch} "
+                            f"reads weight version {scheduled}, but this {self.name} policy {holds}; the "
+                            "schedule's version rule and the method's weights disagree")
 
     # -- what the runtime asks
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """The version ``F`` of ``microbatch`` reads (``upstream_version``: the one sent with it)."""
-        return self.latest
+        """The version ``F`` of ``microbatch`` reads: the schedule's, which must be the newest one
+        (``upstream_version``: the one sent with the activations, for vertical sync)."""
+        v = self.scheduled_forward(microbatch)
+        if v != self.latest:
+            raise self._mismatch("forward", microbatch, v, f"serves only the newest, {self.latest}")
+        return v
 
     def weights(self, version: int) -> dict[str, torch.Tensor] | None:
         """Tensors to run with for ``version`` (name -> tensor), or None for the master weights."""
         return None
 
     def backward_version(self, microbatch: int) -> int:
-        """The version ``B``/``W`` of ``microbatch`` reads."""
-        return self.in_flight[microbatch]
+        """The version ``B``/``W`` of ``microbatch`` reads: the one its ``F`` read, as the schedule says."""
+        v = self.in_flight[microbatch]
+        if not self.reads.single and self.scheduled_backward(microbatch, v) != v:
+            raise self._mismatch("backward", microbatch, self.scheduled_backward(microbatch, v),
+                                 f"kept the version its forward read, {v}")
+        return v
 
     # -- what the runtime tells it
     def forward_done(self, microbatch: int, version: int) -> None:
@@ -136,6 +187,10 @@ class SingleVersion(WeightPolicy):
 
     name = "single"
 
+    def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
+        """The master weights (the schedule records version 0 for every read of a flushed method)."""
+        return self.latest
+
     def updated(self) -> None:
         """Check that the pipeline is flushed, then count the new version."""
         if self.in_flight:
@@ -163,24 +218,21 @@ class Stashing(WeightPolicy):
 
     name = "stashing"
 
-    def __init__(self, params: dict[str, nn.Parameter], stage: int,
-                 upcoming_input_versions: Iterable[int] = (), *, vertical_sync: bool = False) -> None:
+    def __init__(self, params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None, *,
+                 vertical_sync: bool = False) -> None:
         self.stash: dict[int, dict[str, torch.Tensor]] = {0: {n: alias(p) for n, p in params.items()}}
-        super().__init__(params, stage)
+        super().__init__(params, stage, reads)
         self.vertical_sync = vertical_sync
         self.sends_version = vertical_sync
-        # versions the input stage used for the microbatches this stage will still forward, in
-        # order: a vertically synced stage must keep them until their forward arrives
-        self.upcoming: deque[int] = deque(upcoming_input_versions) if vertical_sync else deque()
 
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """Newest version, or with vertical sync the input stage's version for the microbatch."""
-        if self.vertical_sync and upstream_version is not None:
-            if self.upcoming:
-                self.upcoming.popleft()
-            v = upstream_version
-        else:
-            v = self.latest
+        """The schedule's version: the newest one, or with vertical sync the input stage's version
+        for the microbatch (which also travels with the activations, and must agree)."""
+        v = self.scheduled_forward(microbatch)
+        if self.vertical_sync and upstream_version is not None and upstream_version != v:
+            raise self._mismatch("forward", microbatch, v, f"received version {upstream_version} with it")
+        if not self.vertical_sync and v != self.latest:
+            raise self._mismatch("forward", microbatch, v, f"stashes from the newest, {self.latest}")
         if v not in self.stash:
             raise RuntimeError(
                 f"stage {self.stage}: microbatch {microbatch} needs weight version {v} but this "
@@ -194,7 +246,8 @@ class Stashing(WeightPolicy):
         return self.stash[version]
 
     def _needed(self) -> set[int]:
-        return {*self.in_flight.values(), *self.upcoming}
+        # in flight, or read by a forward still to come (vertical sync: the input stage's versions)
+        return {*self.in_flight.values(), *self.future_reads()}
 
     def about_to_update(self) -> None:
         """Split the newest version off the master if someone still needs it (copy-on-write)."""
@@ -235,8 +288,11 @@ class NoStash(WeightPolicy):
     forward_builds_graph = False
 
     def backward_version(self, microbatch: int) -> int:
-        """The newest version (B recomputes the forward with it)."""
-        return self.latest
+        """The newest version (B recomputes the forward with it), as the schedule says."""
+        v = self.scheduled_backward(microbatch, self.latest)
+        if v != self.latest:
+            raise self._mismatch("backward", microbatch, v, f"serves only the newest, {self.latest}")
+        return v
 
 
 PolicyFactory = Callable[..., WeightPolicy]

@@ -7,8 +7,10 @@
   keeps as many versions as PipeDream's stash.
 * :func:`delayed_sgd` — the whole-model recurrence ``W(t+1) = W(t) - nu * grad f_t(W(t-d))``.
 * :class:`VersionStore` and :class:`DelayedVersions` (``2bw``, ``buffered``): every microbatch of
-  minibatch ``k`` reads version ``max(0, k - d)`` in ``F`` and ``B``; gradients of the ``M``
-  microbatches coalesce into one update per minibatch.
+  minibatch ``k`` reads version ``max(0, k - d)`` in ``F`` and ``B`` - the schedule names it
+  (:func:`pipelab.schedules.versions.assign_versions`), the policy serves it and keeps exactly the
+  versions that forwards still to come read; gradients of the ``M`` microbatches coalesce into one
+  update per minibatch.
 
 Memory: a stashed version that equals the master weights *aliases* their storage (a separate
 tensor object, so autograd's in-place checks stay per-version) and is split off copy-on-write
@@ -20,13 +22,13 @@ measures by counting distinct storages - the quantity the simulator's memory mod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
-import pipelab.methods as methods
 from pipelab.runtime.policies.base import WeightPolicy, alias
+from pipelab.schedules.facts import StageReads
 from pipelab.schedules.versions import delayed_rule
 
 
@@ -35,22 +37,7 @@ def delayed_version(minibatch: int, delay: int) -> int:
     """Version read by every action of ``minibatch`` under a ``delay``-step rule: ``max(0, k - d)``."""
     if delay < 0:
         raise ValueError(f"delay={delay} must be >= 0")
-    return max(0, minibatch - delay)
-
-
-def delay_for(method: str, versions: int | None = None) -> int:
-    """The delay ``d`` of a method with the ``delay`` version rule: ``K - 1`` for ``versions=K``
-    (``buffered``, K >= 2), 1 for a method that keeps two versions without the option (``2bw``)."""
-    spec = methods.get(method)
-    if spec.versions != "delay":
-        raise ValueError(f"no delay rule for method {method!r}; use one of "
-                         f"{', '.join(n for n in methods.names() if methods.get(n).versions == 'delay')}")
-    if not any(o.name == "versions" for o in spec.options):
-        return 1
-    if versions is None or int(versions) < 2:
-        raise ValueError(f"method {method!r} needs versions=K with K >= 2 (got {versions!r}); "
-                         "K = 2 behaves as 2bw")
-    return int(versions) - 1
+    return delayed_rule(minibatch, delay)
 
 
 def delayed_sgd(w0: torch.Tensor, grad: Callable[[int, torch.Tensor], torch.Tensor], lr: float, steps: int,
@@ -78,10 +65,8 @@ class VersionStore(WeightPolicy):
 
     name = "store"
 
-    def __init__(
-        self, params: dict[str, nn.Parameter], stage: int, upcoming_input_versions: Iterable[int] = ()
-    ) -> None:
-        super().__init__(params, stage)
+    def __init__(self, params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None) -> None:
+        super().__init__(params, stage, reads)
         self.epoch = 0
         self.epoch_version: dict[int, int] = {0: 0}
         self.stash: dict[int, dict[str, torch.Tensor]] = {}
@@ -164,7 +149,11 @@ class VersionStore(WeightPolicy):
     def backward_version(self, microbatch: int) -> int:
         """The version the microbatch's forward read (its tensors are kept until backward_done)."""
         self._current = self.in_flight_epoch[microbatch]
-        return self.epoch_version[self._current]
+        v = self.epoch_version[self._current]
+        if self.scheduled_backward(microbatch, v) != v:
+            raise self._mismatch("backward", microbatch, self.scheduled_backward(microbatch, v),
+                                 f"kept the version its forward read, {v}")
+        return v
 
     def backward_done(self, microbatch: int) -> None:
         """Release what only ``microbatch`` needed."""
@@ -180,21 +169,11 @@ class VersionStore(WeightPolicy):
 
 
 class DelayedVersions(VersionStore):
-    """2BW / bounded buffer: minibatch ``k`` reads version ``max(0, k - d)`` in F and B."""
+    """2BW / bounded buffer: every action of minibatch ``k`` reads the version the schedule names,
+    ``max(0, k - d)``; the policy keeps the versions in flight and those that forwards still to
+    come read (a version equal to the master is an alias, split off copy-on-write at the update)."""
 
     name = "delayed"
-
-    def __init__(self, params: dict[str, nn.Parameter], stage: int,
-                 upcoming_input_versions: Iterable[int] = (), *, delay: int, microbatches: int,
-                 segments: Sequence[int] | None = None) -> None:
-        super().__init__(params, stage)
-        if microbatches < 1:
-            raise ValueError(f"microbatches={microbatches} must be >= 1")
-        self.delay = int(delay)
-        self.M = int(microbatches)
-        # drained segments restart the rule from the version the drain left (schedules.segments)
-        self.segments = [int(n) for n in segments] if segments else None
-        self.next_minibatch = 0        # lower bound of the minibatch of this stage's next forward
 
     def _epoch_of_version(self, v: int) -> int:
         for e, ver in self.epoch_version.items():
@@ -202,45 +181,27 @@ class DelayedVersions(VersionStore):
                 return e
         raise RuntimeError(
             f"stage {self.stage}: version {v} is needed but no longer held "
-            f"(held {sorted(self.epoch_version.values())}, newest {self.latest}); the schedule "
-            f"does not follow the {self.delay}-step rule"
+            f"(held {sorted(self.epoch_version.values())}, newest {self.latest}); the schedule's "
+            "versions and this policy disagree"
         )
 
-    def _rule(self, k: int) -> int:
-        return delayed_rule(k, self.delay, self.segments)
-
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """``max(0, k - d)`` for minibatch ``k = microbatch // M`` (``max(k0, k - d)`` in a drained
-        segment starting at minibatch ``k0``)."""
-        k = microbatch // self.M
-        v = self._rule(k)
+        """The schedule's version for this forward (an older one, or the newest)."""
+        v = self.scheduled_forward(microbatch)
         if v > self.latest:
-            raise RuntimeError(f"stage {self.stage}: minibatch {k} needs version {v} but only {self.latest} "
-                               "updates happened; the schedule runs its forward too early")
+            raise self._mismatch("forward", microbatch, v, f"has made only {self.latest} updates (the "
+                                 "schedule runs the forward too early)")
         self._current = self._epoch_of_version(v)
-        self.next_minibatch = max(self.next_minibatch, k)
         return v
 
-    def _next_forward_minibatch(self) -> int:
-        # a lower bound on the minibatch of this stage's next F: F's come in minibatch order, and the
-        # update closing minibatch k follows all of k's backward (so all of k's forwards) on this stage
-        return max(self.next_minibatch, self.latest + (1 if self._updating else 0))
-
-    _updating = False
-
     def _needed_epochs(self) -> set[int]:
-        lo = self._rule(self._next_forward_minibatch())
-        keep = super()._needed_epochs()
-        keep |= {e for e, v in self.epoch_version.items() if v >= lo}
-        return keep
+        later = self.future_reads()
+        return super()._needed_epochs() | {e for e, v in self.epoch_version.items() if v in later}
 
     def about_to_update(self) -> None:
-        """Drop versions no forward will read again, keep the newest if one will (alias, copy-on-write)."""
-        self._updating = True
-        try:
-            self._release()
-            if self.latest >= self._rule(self._next_forward_minibatch()):
-                self._tensors(self.epoch)
-            super().about_to_update()
-        finally:
-            self._updating = False
+        """Drop versions no action will read again; keep the newest if a forward still to come
+        reads it (an alias that the base class splits off copy-on-write)."""
+        self._release()
+        if self.latest in self.future_reads():
+            self._tensors(self.epoch)
+        super().about_to_update()

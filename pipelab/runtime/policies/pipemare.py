@@ -3,7 +3,6 @@ backward weights (Yang et al., MLSys'21; the math is :mod:`pipelab.runtime.pipem
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -11,6 +10,7 @@ from torch import nn
 
 from pipelab.runtime.pipemare import PipeMareConfig, PipeMareState
 from pipelab.runtime.policies.base import WeightPolicy
+from pipelab.schedules.facts import StageReads
 
 
 class PipeMarePolicy(WeightPolicy):
@@ -20,10 +20,9 @@ class PipeMarePolicy(WeightPolicy):
     name = "pipemare"
     forward_builds_graph = False
 
-    def __init__(self, params: dict[str, nn.Parameter], stage: int,
-                 upcoming_input_versions: Iterable[int] = (), *, tau_fwd: int, tau_bwd: int,
-                 config: PipeMareConfig) -> None:
-        super().__init__(params, stage)
+    def __init__(self, params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None, *,
+                 tau_fwd: int, tau_bwd: int, config: PipeMareConfig) -> None:
+        super().__init__(params, stage, reads)
         self.state = PipeMareState([p for p in params.values()], tau_fwd, tau_bwd, config)
         self._in_backward: int | None = None
         self._corrected: dict[str, torch.Tensor] | None = None
@@ -31,10 +30,13 @@ class PipeMarePolicy(WeightPolicy):
         self.steps = 0
 
     def backward_version(self, microbatch: int) -> int:
-        """The newest version; B will read the corrected weights derived from it."""
+        """The newest version, as the schedule says; B will read the corrected weights derived from it."""
+        v = self.scheduled_backward(microbatch, self.latest)
+        if v != self.latest:
+            raise self._mismatch("backward", microbatch, v, f"serves only the newest, {self.latest}")
         self._in_backward = microbatch
         self._corrected = None
-        return self.latest
+        return v
 
     def weights(self, version: int) -> dict[str, torch.Tensor] | None:
         """Master weights in F; T2's corrected weights (one set per backward) in B."""

@@ -4,13 +4,14 @@ server is :mod:`pipelab.runtime.wsp`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from pipelab.runtime.policies.delay import VersionStore
+from pipelab.schedules.facts import StageReads
 
 
 class WSPEndpoint(Protocol):
@@ -54,9 +55,9 @@ class HetPipePolicy(VersionStore):
 
     name = "hetpipe"
 
-    def __init__(self, params: dict[str, nn.Parameter], stage: int,
-                 upcoming_input_versions: Iterable[int] = (), *, wave: int) -> None:
-        super().__init__(params, stage)
+    def __init__(self, params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None, *,
+                 wave: int) -> None:
+        super().__init__(params, stage, reads)
         if wave < 1:
             raise ValueError(f"wave={wave} must be >= 1 (minibatches per wave = the VW's NOAM)")
         self.wave = int(wave)
@@ -69,9 +70,12 @@ class HetPipePolicy(VersionStore):
         self.endpoint = endpoint
 
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """The newest local version (PipeDream inside the VW)."""
+        """The newest local version (PipeDream inside the VW), as the schedule says."""
+        v = self.scheduled_forward(microbatch)
+        if v != self.latest:
+            raise self._mismatch("forward", microbatch, v, f"stashes from the newest, {self.latest}")
         self._current = self.epoch
-        return self.latest
+        return v
 
     def _needed_epochs(self) -> set[int]:
         return super()._needed_epochs() | {self.epoch}

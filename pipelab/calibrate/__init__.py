@@ -1,0 +1,216 @@
+"""Calibration: measure the machine at hand and write a :class:`~pipelab.cluster.Cluster` whose
+:class:`~pipelab.cluster.Calibration` the cost model uses (``pl.calibrate``, ``pipelab calibrate``).
+
+What is measured (``repeats`` rounds of each; medians kept, spreads recorded):
+
+1. point-to-point latency and bandwidth of the backend between two worker processes, over a
+   sweep of message sizes (Hockney's ``alpha + n / beta``, with the fit's residual);
+2. all-reduce time against size and group size (the ring model ``2(p-1) alpha + 2(p-1)/p n/beta``);
+3. the runtime's own seconds per action for ``F``, ``B``, ``W`` and ``U``: a one-worker
+   ``zb-h1`` run of a tiny model through the real runtime (so every kind occurs), each action's
+   wall time up to the next one, less the layers' profiled compute;
+4. the optimizer step's cost for SGD, SGD with momentum and Adam (fixed seconds plus seconds per
+   parameter byte);
+5. host memory bandwidth (a large copy).
+
+The result is a one-switch cluster of ``workers`` devices of speed 1.0 (the profile must be
+measured on this machine too: ``pl.profile``), whose link is the measured point-to-point path.
+Written atomically, with provenance (host, backend, device, date, torch version, cores); loading
+one made on another host, or using it for another backend, warns naming where it came from.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+import statistics
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipelab.calibrate import probes
+from pipelab.calibrate.fit import fit_affine, fit_alpha_beta, fit_ring, spread
+from pipelab.calibrate.tiny import BATCH, tiny_data, tiny_loss, tiny_model, tiny_sgd
+from pipelab.cluster import Calibration, Cluster, Device, Level
+from pipelab.partition.plan import Plan
+from pipelab.profile.measure import profile as measure_profile
+from pipelab.runtime import train
+
+BACKENDS = ("gloo", "nccl")
+#: message sizes of the point-to-point and all-reduce sweeps (bytes): 4 KiB .. 4 MiB
+DEFAULT_SIZES = (4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+
+def _check_backend(backend: str, workers: int) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: calibrate one of {', '.join(BACKENDS)}")
+    if backend == "gloo" and not torch.distributed.is_gloo_available():
+        raise ValueError("backend='gloo' is not available in this torch build; calibrate another backend")
+    if backend == "nccl":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not torch.distributed.is_nccl_available() or n < workers:
+            raise ValueError(f"backend='nccl' needs one CUDA GPU per worker ({workers}) and NCCL; this "
+                             f"machine has {n} GPU(s): calibrate backend='gloo'")
+        raise ValueError("backend='nccl' calibration is not implemented yet: the probes move CPU tensors; "
+                         "calibrate backend='gloo'")
+
+
+def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> dict[str, list[float]]:
+    """Per action kind, the runtime's seconds per action beyond the layers' compute, one per round.
+
+    A one-worker ``zb-h1`` run (F, B, W and U all occur) of :func:`tiny.tiny_model` through the
+    real runtime; an action's wall time is from its start to the next action's start on the worker
+    (so the runtime's work between actions counts), less the profiled compute of the same action.
+    """
+    x = next(iter(tiny_data()))[0]
+    prof = measure_profile(tiny_model(), x, progress=False, repeats=5)
+    M = 4
+    from pipelab.costs import CostModel  # the compute the cost model charges, without overhead
+
+    cm = CostModel(prof, Cluster.flat(1))
+    f, b = cm.compute_s(0, len(prof), 0, microbatches=M)
+    bi, w = cm.backward_split_s(0, len(prof), 0, microbatches=M)
+    u = cm.update_s(0, len(prof), 0)
+    compute = {"F": f, "B": bi, "W": w, "U": u}
+    plan = Plan.from_boundaries(len(prof), [], batch_size=BATCH)
+    out: dict[str, list[float]] = {k: [] for k in compute}
+    for _ in range(repeats):
+        run = train(tiny_model, plan, method="zb-h1", data=tiny_data, loss_fn=tiny_loss, optimizer=tiny_sgd,
+                    steps=steps, microbatches=M, backend=backend, progress=False, timeout=120)
+        evs = sorted(run.trace.compute_events(), key=lambda e: e.start_s)
+        per: dict[str, list[float]] = {k: [] for k in compute}
+        skip = len(evs) // steps        # the first minibatch warms up
+        for e, nxt in zip(evs[skip:], evs[skip + 1:]):
+            per[e.kind].append(nxt.start_s - e.start_s)
+        for k, ts in per.items():
+            if ts:
+                out[k].append(max(statistics.median(ts) - compute[k], 0.0))
+    return out
+
+
+def calibrate(*, workers: int = 2, backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES,
+              repeats: int = 3, path: str | os.PathLike[str] | None = None, progress: bool = True,
+              name: str | None = None, memory_bytes: int | None = None) -> Cluster:
+    """Measure this machine and return (and with ``path``, save) a calibrated :class:`Cluster`.
+
+    ``workers``: processes in the all-reduce sweep (group sizes 2..workers) and in the returned
+    cluster; ``sizes``: message sizes in bytes; ``repeats``: rounds of every measurement (the
+    spread between rounds is recorded). About half a minute at the defaults on two CPU cores.
+    """
+    if not isinstance(workers, int) or workers < 2:
+        raise ValueError(f"workers={workers!r}: calibration needs at least 2 worker processes")
+    if not isinstance(repeats, int) or repeats < 2:
+        raise ValueError(f"repeats={repeats!r} must be an int >= 2 (the spread needs two rounds)")
+    sizes = sorted({int(n) for n in sizes})
+    if len(sizes) < 2 or sizes[0] < 4:
+        raise ValueError(f"sizes={sizes!r}: give at least two distinct message sizes of >= 4 bytes")
+    _check_backend(backend, workers)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=5, desc="calibrating", disable=not progress, leave=False)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
+        ("runtime overhead", lambda: runtime_overhead(repeats, backend)),
+        ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
+        ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
+    ]
+    got: dict[str, Any] = {}
+    try:
+        for label, fn in steps:
+            bar.set_postfix_str(label)
+            got[label] = fn()
+            bar.update(1)
+        cal = _assemble(got, workers=workers, backend=backend, repeats=repeats)
+        bar.update(1)
+    finally:
+        bar.close()
+    level = Level(f"{backend}-host", workers, cal.p2p_bandwidth, cal.p2p_latency_s)
+    mem = memory_bytes if memory_bytes is not None else _host_memory()
+    dev = Device(cal.device, 1.0, int(mem))
+    cluster = Cluster(name or f"{cal.host}:{workers}", (level,), (dev,) * workers, calibration=cal)
+    if path is not None:
+        cluster.save(path)
+    return cluster
+
+
+def _host_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
+
+
+def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) -> Calibration:
+    """The :class:`Calibration` of the raw measurements (fits of the medians, spreads over rounds)."""
+    net = got["point to point and all-reduce"]
+    p2p = net["p2p"]
+    by_size: dict[int, list[float]] = {}
+    for _, n, t in p2p:
+        by_size.setdefault(n, []).append(t)
+    sizes = sorted(by_size)
+    alpha, beta, res_p2p = fit_alpha_beta(sizes, [statistics.median(by_size[n]) for n in sizes])
+    rounds = [fit_alpha_beta([n for r2, n, _ in p2p if r2 == r], [t for r2, _, t in p2p if r2 == r])
+              for r in range(repeats)]
+    ar = net["allreduce"]
+    by_np: dict[tuple[int, int], list[float]] = {}
+    for _, n, p, t in ar:
+        by_np.setdefault((n, p), []).append(t)
+    ar_alpha, ar_beta, res_ar = fit_ring([(n, p, statistics.median(ts))
+                                          for (n, p), ts in sorted(by_np.items())])
+    ar_rounds = [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)]
+    over = got["runtime overhead"]
+    opt = got["optimizer step"]
+    opt_fit = {k: fit_affine([b for b, _ in rows], [t for _, t in rows]) for k, rows in opt.items()}
+    mem = got["memory bandwidth"]
+    finite = [b for _, b, _ in rounds if b != float("inf")]
+    sp = {"p2p_latency_s": spread([a for a, _, _ in rounds]), "p2p_bandwidth": spread(finite),
+          "allreduce_latency_s": spread([a for a, _, _ in ar_rounds]),
+          "allreduce_bandwidth": spread([b for _, b, _ in ar_rounds if b != float("inf")]),
+          "memory_bandwidth": spread(mem)}
+    sp.update({f"overhead_s.{k}": spread(v) for k, v in over.items()})
+    res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[2] for k, f in opt_fit.items()}}
+    cpu = platform.processor() or platform.machine() or "cpu"
+    device = torch.cuda.get_device_name() if backend == "nccl" else cpu
+    return Calibration(
+        host=socket.gethostname(), backend=backend, device=f"cpu:{device}" if backend != "nccl" else device,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch=torch.__version__, cores=os.cpu_count() or 1, workers=workers,
+        p2p_latency_s=alpha, p2p_bandwidth=beta if beta != float("inf") else 1e12,
+        allreduce_latency_s=ar_alpha, allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
+        overhead_s={k: statistics.median(v) for k, v in over.items() if v},
+        optimizer_s={k: (a, b) for k, (a, b, _) in opt_fit.items()},
+        memory_bandwidth=statistics.median(mem), spread=sp, residual=res,
+        samples={"p2p": [list(x) for x in p2p], "allreduce": [list(x) for x in ar],
+                 "optimizer": {k: [list(x) for x in v] for k, v in opt.items()}},
+    )
+
+
+def check(cluster: Cluster, *, backend: str | None = None) -> None:
+    """Warn when ``cluster``'s calibration was made on another host or for another backend
+    (naming where and when it was made); silent for an uncalibrated cluster."""
+    cal = cluster.calibration
+    if cal is None:
+        return
+    where = f"calibrated on {cal.host!r} for {cal.backend} at {cal.date} (torch {cal.torch})"
+    if cal.host != socket.gethostname():
+        warnings.warn(f"cluster {cluster.name!r} was {where}, not on this host ({socket.gethostname()!r}); "
+                      "its figures may not hold here: run `pipelab calibrate` on this machine",
+                      stacklevel=2)
+    if backend is not None and backend != cal.backend:
+        warnings.warn(f"cluster {cluster.name!r} was {where}, but it is used for backend {backend!r}; "
+                      f"calibrate with backend={backend!r}", stacklevel=2)
+
+
+def load(path: str | os.PathLike[str], *, backend: str | None = None) -> Cluster:
+    """Read a calibrated cluster (``Cluster.load``) and :func:`check` its provenance."""
+    cluster = Cluster.load(Path(path))
+    check(cluster, backend=backend)
+    return cluster
+
+
+__all__ = ["BACKENDS", "DEFAULT_SIZES", "calibrate", "check", "load", "runtime_overhead"]

@@ -1,0 +1,81 @@
+"""The fits behind calibration: pure functions of measured timings, tested on synthetic data.
+
+* :func:`fit_alpha_beta`: a message of ``n`` bytes takes ``alpha + n / beta`` seconds (latency
+  ``alpha``, bandwidth ``beta``; Hockney's model), fitted by least squares relative to each time, so
+  that small messages (latency-bound) weigh as much as large ones;
+* :func:`fit_ring`: a ring all-reduce of ``n`` bytes over ``p`` workers takes
+  ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009; Thakur et al.,
+  IJHPCA 2005), fitted over sizes and group sizes;
+* :func:`fit_affine`: ``y = a + b x`` (an optimizer step against parameter bytes);
+* :func:`spread`: the relative spread ``(max - min) / median`` of repeated figures.
+
+Each fit returns its parameters and the relative RMS residual of the fit, which calibration
+records beside them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _weighted_lstsq(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least squares of ``a @ x = y`` relative to ``y`` (rows scaled by ``1 / y``); the relative RMS
+    residual. Coefficients are clipped at 0 (a time cannot have a negative part)."""
+    if np.any(y <= 0) or not np.all(np.isfinite(y)):
+        raise ValueError("timings must be finite and > 0 seconds")
+    w = 1.0 / y
+    x, *_ = np.linalg.lstsq(a * w[:, None], np.ones_like(y), rcond=None)
+    x = np.clip(x, 0.0, None)
+    pred = a @ x
+    return x, float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
+
+
+def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float, float]:
+    """``(alpha seconds, beta bytes/s, relative RMS residual)`` of ``t = alpha + n / beta``.
+
+    Needs at least two distinct sizes. A fit whose bandwidth term vanishes (all sizes cost the
+    same) reports ``beta = inf``.
+    """
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if n.shape != t.shape or len(set(n.tolist())) < 2:
+        raise ValueError("fit_alpha_beta needs matching sizes and times over at least two distinct sizes")
+    (alpha, inv_beta), res = _weighted_lstsq(np.stack([np.ones_like(n), n], axis=1), t)
+    return float(alpha), (1.0 / inv_beta if inv_beta > 0 else math.inf), res
+
+
+def fit_ring(samples: Sequence[tuple[float, int, float]]) -> tuple[float, float, float]:
+    """``(alpha, beta, residual)`` of the ring all-reduce ``t = 2(p-1) alpha + 2(p-1)/p * n / beta``
+    from ``(n bytes, p workers, t seconds)`` samples (at least two distinct ``n`` or ``p``)."""
+    rows = [(2.0 * (p - 1), 2.0 * (p - 1) / p * n) for n, p, _ in samples if p > 1]
+    if len(set(rows)) < 2:
+        raise ValueError("fit_ring needs samples of at least two distinct sizes or group sizes (p > 1)")
+    t = np.array([s[2] for s in samples if s[1] > 1], dtype=np.float64)
+    (alpha, inv_beta), res = _weighted_lstsq(np.array(rows), t)
+    return float(alpha), (1.0 / inv_beta if inv_beta > 0 else math.inf), res
+
+
+def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """``(a, b, residual)`` of ``y = a + b x`` (relative least squares, both clipped at 0)."""
+    x = np.asarray(xs, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    if x.shape != y.shape or len(set(x.tolist())) < 2:
+        raise ValueError("fit_affine needs matching xs and ys over at least two distinct xs")
+    (a, b), res = _weighted_lstsq(np.stack([np.ones_like(x), x], axis=1), y)
+    return float(a), float(b), res
+
+
+def spread(values: Sequence[float]) -> float:
+    """``(max - min) / median`` of repeated measurements of one figure (0 for fewer than two)."""
+    vs = [float(v) for v in values if math.isfinite(v)]
+    if len(vs) < 2:
+        return 0.0
+    med = statistics.median(vs)
+    return (max(vs) - min(vs)) / med if med > 0 else 0.0
+
+
+__all__ = ["fit_affine", "fit_alpha_beta", "fit_ring", "spread"]

@@ -1,0 +1,190 @@
+"""The measurements behind calibration: each returns raw timings, which :mod:`.fit` turns into terms.
+
+* :func:`p2p_and_allreduce`: a group of worker processes (the backend's own process group, one
+  thread each) times one-way messages between ranks 0 and 1 (half a ping-pong round trip, sent
+  and received as the runtime does, with ``isend``/``irecv``, after an idle moment as between a
+  pipeline's actions) over a sweep of sizes, and all-reduces over sizes and group sizes 2..workers;
+* :func:`optimizer_steps`: ``step()`` of SGD, SGD with momentum and Adam over parameter sets of
+  several sizes, in this process;
+* :func:`memory_copy`: a large tensor copy (read plus write), in this process.
+
+The worker processes are started with the ``spawn`` method, each reports through a queue, and the
+parent reaps every one of them: a worker that fails or outlives ``timeout`` ends the measurement
+with an error naming its rank, and the others are killed.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+#: optimizers calibration times, by the cost model's names
+OPTIMIZERS: dict[str, Any] = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3),
+}
+
+
+#: seconds a probe idles before each point-to-point trip (a pipeline's messages come between actions)
+IDLE_S = 2e-3
+
+
+def _trips(nbytes: int) -> int:
+    """Timed repetitions per size: many for small (latency-bound, noisy) messages, few for large."""
+    return max(3, min(15, (8 << 20) // max(nbytes, 1)))
+
+
+def _wait(work: Any) -> None:
+    if work is not None:     # None only for ranks outside the group
+        work.wait()
+
+
+def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[int], repeats: int,
+                queue: Any) -> None:
+    """One probe process: ping-pong between ranks 0 and 1, then all-reduces over groups 2..world."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        p2p: list[tuple[int, int, float]] = []         # (round, bytes, one-way seconds)
+        for r in range(repeats):
+            for n in sizes:
+                buf = torch.zeros(max(n // 4, 1), dtype=torch.float32)
+                k = _trips(n)
+                dist.barrier()
+                trips = []
+                for _ in range(k + 1):     # the first trip warms the connection for this size
+                    # as in a pipeline run, messages come between compute: idle a moment before each,
+                    # so the trip pays the wake-ups a runtime message pays, not a hot loop's latency
+                    if rank == 0:
+                        time.sleep(IDLE_S)
+                        t0 = time.perf_counter()
+                        _wait(dist.isend(buf, 1))
+                        _wait(dist.irecv(buf, 1))
+                        trips.append((time.perf_counter() - t0) / 2)
+                    elif rank == 1:
+                        _wait(dist.irecv(buf, 0))
+                        _wait(dist.isend(buf, 0))
+                if rank == 0:
+                    p2p.append((r, n, statistics.median(trips[1:])))
+        groups: dict[int, Any] = {p: dist.new_group(list(range(p))) for p in range(2, world + 1)}
+        ar: list[tuple[int, int, int, float]] = []      # (round, bytes, group size, seconds)
+        for r in range(repeats):
+            for p, g in groups.items():
+                for n in sizes:
+                    buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
+                    dist.barrier()
+                    if rank < p:
+                        dist.all_reduce(buf, group=g)   # warm-up
+                        ts = []
+                        for _ in range(_trips(n)):
+                            t0 = time.perf_counter()
+                            dist.all_reduce(buf, group=g)
+                            ts.append(time.perf_counter() - t0)
+                        ar.append((r, n, p, statistics.median(ts)))
+        dist.barrier()
+        queue.put(("ok", rank, {"p2p": p2p, "allreduce": ar}))
+    except BaseException:
+        queue.put(("error", rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def p2p_and_allreduce(workers: int, backend: str, sizes: Sequence[int], repeats: int,
+                      timeout: float = 120.0) -> dict[str, Any]:
+    """Rank 0's timings (``{"p2p": [(round, n, s)], "allreduce": [(round, n, p, s)]}``) of a group of
+    ``workers`` processes; raises ``RuntimeError`` naming the rank that failed or hung."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_group_main, args=(r, workers, port, backend, list(sizes), repeats, queue),
+                         daemon=True) for r in range(workers)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < workers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(workers)) - set(results))
+                raise RuntimeError(f"calibration probe: worker(s) {missing} did not finish within "
+                                   f"{timeout:.0f} s")
+            try:
+                status, rank, payload = queue.get(timeout=min(left, 1.0))
+            except Exception:   # queue.Empty: check that nobody died silently
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)
+                        and r not in results]
+                if dead:
+                    raise RuntimeError(f"calibration probe: worker {dead[0][0]} exited with code "
+                                       f"{dead[0][1]} without a word") from None
+                continue
+            if status == "error":
+                raise RuntimeError(f"calibration probe: worker {rank} failed:\n{payload}")
+            results[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return dict(results[0])
+
+
+def optimizer_steps(param_bytes: Sequence[int], repeats: int) -> dict[str, list[tuple[int, float]]]:
+    """Per optimizer, ``(parameter bytes, median seconds of one step())`` over ``param_bytes``.
+
+    The parameters are four float32 tensors per set with gradients in place; the first steps (which
+    allocate the optimizer's state) are not timed.
+    """
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name, make in OPTIMIZERS.items():
+        rows = []
+        for nbytes in param_bytes:
+            n = max(nbytes // 16, 1)
+            ps = [torch.nn.Parameter(torch.randn(n)) for _ in range(4)]
+            for p in ps:
+                p.grad = torch.randn_like(p)
+            opt = make(ps)
+            for _ in range(2):
+                opt.step()
+            ts = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                opt.step()
+                ts.append(time.perf_counter() - t0)
+            rows.append((int(sum(p.numel() * 4 for p in ps)), statistics.median(ts)))
+        out[name] = rows
+    return out
+
+
+def memory_copy(nbytes: int, repeats: int) -> list[float]:
+    """Bytes per second of ``dst.copy_(src)`` of ``nbytes`` (read plus write), one per repeat."""
+    src = torch.ones(max(nbytes // 4, 1))
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        out.append(2 * src.numel() * 4 / (time.perf_counter() - t0))
+    return out
+
+
+__all__ = ["OPTIMIZERS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]

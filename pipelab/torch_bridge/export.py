@@ -1,0 +1,180 @@
+"""pipelab plan + schedule -> torch ``PipelineStage``s and a torch schedule that runs pipelab's order.
+
+The schedule object is a small subclass of torch's ``_PipelineScheduleRuntime`` (the runtime torch's
+own multi-stage schedules use): it sets ``pipeline_order`` to pipelab's per-worker order in torch's
+IR and lowers it with torch's ``_prepare_schedule_with_comms`` (which adds the sends and receives),
+exactly as torch's ``_load_csv`` does with a compute-only CSV. Everything else (``step``, loss and
+gradient scaling, p2p, FSDP unshard/reshard) is torch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipelab.graph import StageModule, layer_nodes, trace
+from pipelab.partition.plan import Plan
+from pipelab.schedules import build, torch_api
+from pipelab.schedules._common import ScheduleError
+from pipelab.schedules.actions import Schedule
+from pipelab.schedules.torch_format import to_torch_order
+
+
+def _ranges(plan: Plan, schedule: Schedule) -> list[tuple[int, int]]:
+    if schedule.num_stages != plan.num_stages:
+        raise ScheduleError(f"the schedule has {schedule.num_stages} stages but the plan has "
+                            f"{plan.num_stages}; build the schedule from this plan (for interleaved and V "
+                            "schedules the plan's stages are the virtual stages)")
+    return [(s.start, s.end) for s in plan.stages]
+
+
+def stage_modules(plan: Plan, schedule: Schedule, model: nn.Module, *, rank: int,
+                  leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None
+                  ) -> dict[int, StageModule]:
+    """Worker ``rank``'s stages of ``schedule``, cut out of ``model`` by ``plan``'s layer ranges.
+
+    The same fx split as pipelab's runtime (:class:`pipelab.graph.StageModule`: the live values
+    before the range in, the live values after it out), with the model's own parameters (shared, not
+    copied). ``leaf_modules``/``depth`` must be those the plan's profile was traced with.
+    """
+    ranges = _ranges(plan, schedule)
+    if not 0 <= rank < schedule.num_workers:
+        raise ValueError(f"rank {rank} is outside the schedule's workers 0..{schedule.num_workers - 1}")
+    gm = trace(model, leaf_modules=leaf_modules, depth=depth)
+    n = len(layer_nodes(gm))
+    if plan.num_layers != n:
+        raise ValueError(f"the plan is for a model of {plan.num_layers} layers but this model has {n}; "
+                         "partition this model's profile (with the same leaf_modules/depth)")
+    return {s: StageModule(gm, *ranges[s]) for s in schedule.stages_of(rank)}
+
+
+class _PassThroughGrad(nn.Module):
+    """A stage module that hands on a received value without gradient as a leaf that requires one.
+
+    A stage passes a value it does not use through to a later stage (a second model input, say) by
+    returning the tensor it received. When that value does not require a gradient (a model input),
+    torch 2.14.1's split backward (``stage_backward_input``/``stage_backward_weight``, the ``I``/``W`` of
+    zero-bubble schedules) computes wrong weight gradients on a later middle stage whose layers consume it:
+    weights 0.04-0.05 off plain training after a few steps, with torch's own ``ScheduleZBVZeroBubble`` and
+    ``ScheduleInterleavedZeroBubble`` alike (tests/test_torch_bridge_mp.py has the case). Handing it on as
+    a detached leaf that requires a gradient (the same values) makes every stage's weight gradients
+    exact; the price is that input gradient, computed and sent back once per microbatch. The bridge
+    wraps stages so only when the schedule splits backward.
+    """
+
+    def __init__(self, module: StageModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs: Any) -> Any:
+        """The stage's outputs; a received tensor without gradient handed on as a leaf that has one."""
+        out = self.module(*inputs)
+        if not isinstance(out, tuple):
+            return out
+        ids = {id(t) for t in inputs}
+        return tuple(t.detach().requires_grad_() if id(t) in ids and not t.requires_grad else t
+                     for t in out)
+
+
+@lru_cache(maxsize=1)
+def _runtime_class() -> type:
+    """torch's ``_PipelineScheduleRuntime`` executing a given order (built once torch's API is checked)."""
+    mod = torch_api.require()
+
+    class PipelabSchedule(mod._PipelineScheduleRuntime):  # type: ignore[name-defined]
+        """A torch schedule running a pipelab schedule's order (``pipelab_schedule``); torch's ``step()``."""
+
+        def __init__(self, stages: list[Any], n_microbatches: int, loss_fn: Callable[..., torch.Tensor],
+                     *, order: dict[int, list[str]], schedule: Schedule, modules: dict[int, StageModule],
+                     scale_grads: bool = True) -> None:
+            super().__init__(stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
+            self.pipelab_schedule = schedule
+            self._pipelab_modules = modules
+            self.pipeline_order = {r: [mod._Action.from_str(a) for a in row] for r, row in order.items()}
+            self._prepare_schedule_with_comms(self.pipeline_order)
+
+        @property
+        def stage_modules(self) -> dict[int, nn.Module]:
+            """This rank's stage modules as torch runs them (after ``wrap``), by stage index."""
+            return {st.stage_index: st.submod for st in self._stages}
+
+        def parameters(self) -> Iterator[nn.Parameter]:
+            """This rank's parameters (for its optimizer)."""
+            for st in self._stages:
+                yield from st.submod.parameters()
+
+        def local_state_dict(self) -> dict[str, torch.Tensor]:
+            """This rank's weights, keyed as in the whole model's ``state_dict()`` (detached copies)."""
+            out: dict[str, torch.Tensor] = {}
+            for m in self._pipelab_modules.values():
+                out.update({k: v.detach().clone() for k, v in m.graph_module.state_dict().items()})
+            return out
+
+    PipelabSchedule.__module__ = __name__
+    return PipelabSchedule
+
+
+def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
+             loss_fn: Callable[..., torch.Tensor], microbatches: int | None = None,
+             device: torch.device | str | None = None, group: Any = None,
+             leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None,
+             scale_grads: bool = True, wrap: Callable[[int, nn.Module], nn.Module] | None = None) -> Any:
+    """This rank's part of ``plan`` run by ``schedule``, as a torch schedule object to ``.step()``.
+
+    Call it on every rank of an initialized process group (torchrun + ``init_process_group``; ``group``
+    is the pipeline group, default the world), each with the whole ``model`` holding the same weights
+    (e.g. built after the same ``torch.manual_seed``); rank ``w`` runs worker ``w``'s actions.
+    ``schedule`` is a pipelab :class:`Schedule` for ``plan`` (its first minibatch's order is what each
+    ``step()`` runs; every minibatch has the same one) or a method name built with ``microbatches``.
+    ``loss_fn(output, target)`` is the mean loss of a microbatch; with ``scale_grads`` (default) torch
+    divides the gradients by the microbatches, so a step's gradient is the minibatch's, as in pipelab.
+    ``wrap(stage, module)`` may return the module to run instead (e.g. ``fully_shard`` over a
+    data-parallel mesh dimension); ``device`` defaults to this rank's CUDA device under NCCL, else CPU.
+
+    The object is torch's: ``step(*inputs, target=y, losses=[])`` on every rank (inputs are used where
+    stage 0 is, targets where the last stage is), then the caller's ``optimizer.step()``. It adds
+    ``parameters()``, ``local_state_dict()`` (keys as ``model.state_dict()``'s), ``stage_modules`` and
+    ``pipelab_schedule``. Asynchronous methods and replicated stages are refused (:class:`ScheduleError`
+    says why and what to use instead).
+    """
+    if isinstance(schedule, str):
+        schedule = build(schedule, plan, microbatches=microbatches, minibatches=1)
+    elif microbatches is not None and microbatches != schedule.microbatches:
+        raise ValueError(f"the schedule runs {schedule.microbatches} microbatches per minibatch, not "
+                         f"microbatches={microbatches}; drop microbatches= or build the schedule with it")
+    order = to_torch_order(schedule)          # refuses what torch cannot run, before anything else
+    _ranges(plan, schedule)
+    torch_api.require()
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("to_torch needs torch.distributed initialized on every rank: run under torchrun "
+                           "and call torch.distributed.init_process_group(...) first (or use pipelab's own "
+                           "runtime, pl.train, which starts its processes itself)")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if size != schedule.num_workers:
+        raise ValueError(f"the schedule has {schedule.num_workers} workers but the process group has {size} "
+                         f"ranks; start {schedule.num_workers} processes (torchrun --nproc-per-node "
+                         f"{schedule.num_workers}) or pass the pipeline group as group=")
+    if device is None:
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend(group) == "nccl" and torch.cuda.is_available() else torch.device("cpu"))
+    device = torch.device(device)
+    modules = stage_modules(plan, schedule, model, rank=rank, leaf_modules=leaf_modules, depth=depth)
+    split = any("I" in a for row in order.values() for a in row)
+    stages = []
+    for s, m in modules.items():
+        m.to(device)
+        run: nn.Module = _PassThroughGrad(m) if split else m
+        run = wrap(s, run) if wrap is not None else run
+        stages.append(PipelineStage(run, s, schedule.num_stages, device, group=group))
+    return _runtime_class()(stages, schedule.microbatches, loss_fn, order=order, schedule=schedule,
+                            modules=modules, scale_grads=scale_grads)
+
+
+__all__ = ["stage_modules", "to_torch"]
