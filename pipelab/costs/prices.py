@@ -243,7 +243,7 @@ class Prices:
             self.cluster.speed(src)  # validates the index
             return 0.0
         lv = self.cluster.link(src, dst)
-        return lv.latency + nbytes / self.compression_ratio / lv.bandwidth + self.staging_s(nbytes)
+        return lv.latency + nbytes / self.compression_ratio / lv.transfer_bandwidth + self.staging_s(nbytes)
 
     def staging_s(self, nbytes: int) -> float:
         """Seconds of the two host copies (device to host, host to device) of a message of ``nbytes``
@@ -346,7 +346,7 @@ class Prices:
             if p <= 1:
                 continue
             links = min(lv.uplinks, max(members.values()))
-            bw = lv.bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+            bw = lv.ring_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
             per_byte += 2.0 * (p - 1) / p / (bw * links)
             fixed += 2.0 * (p - 1) * lv.latency
         return per_byte, fixed

@@ -237,6 +237,39 @@ class Profile:
                        dtype=self.dtype, device=self.device, input_bytes=self.input_bytes, model=self.model,
                        source=self.source, edges=self.edges)
 
+    def at_batch_size(self, batch_size: int) -> Profile:
+        """This profile rescaled to minibatches of ``batch_size`` samples, and recorded as such.
+
+        Times follow the affine model of the module docstring, ``fixed + (t - fixed) * b / B``
+        (``B`` this profile's batch size; linear where ``fwd_fixed_s``/``bwd_fixed_s`` are zero, as in
+        PipeDream's profiles); outputs, saved activations, cut bytes, input bytes and flops scale
+        linearly with the batch; weights do not change. ``source`` records the rescaling. Going up in
+        batch size extrapolates (the fixed part is paid once per call either way).
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be a positive integer (samples per minibatch)")
+        if batch_size == self.batch_size:
+            return self
+        r = batch_size / self.batch_size
+
+        def t(total: float, fixed: float) -> float:
+            return fixed + (total - fixed) * r
+
+        layers = tuple(
+            Layer(**{**asdict(layer), "fwd_s": t(layer.fwd_s, layer.fwd_fixed_s),
+                     "bwd_s": t(layer.bwd_s, layer.bwd_fixed_s),
+                     "out_bytes": int(round(layer.out_bytes * r)),
+                     "saved_bytes": int(round(layer.saved_bytes * r)),
+                     "flops": int(round(layer.flops * r))})
+            for layer in self.layers
+        )
+        note = (f"rescaled from batch {self.batch_size} to {batch_size} (times affine in the batch, "
+                f"activations and cuts linear)")
+        return Profile(layers=layers, cut_bytes=tuple(int(round(c * r)) for c in self.cut_bytes),
+                       batch_size=batch_size, dtype=self.dtype, device=self.device,
+                       input_bytes=int(round(self.input_bytes * r)), model=self.model,
+                       source=f"{self.source}; {note}" if self.source else note, edges=self.edges)
+
     # ------------------------------------------------------------------ constructors
     @classmethod
     def synthetic(
