@@ -587,5 +587,5 @@ class Cluster:
             raise ValueError(f"workers={workers!r} must be an integer >= 1")
         lv = self.levels[0]
         return replace(self, name=f"{self.name.split(':')[0]}:{workers}",
-                       levels=(Level(lv.name, workers, lv.bandwidth, lv.latency, lv.uplinks),),
+                       levels=(replace(lv, size=workers),),
                        devices=(self.devices[0],) * workers)
