@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import math
 import os
 import signal
 import sys
@@ -190,13 +191,14 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             pass
 
 
-def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None) -> None:
-    """Entry point of a spawned worker process (torch.multiprocessing)."""
+def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None, stream: bool = True) -> None:
+    """Entry point of a spawned worker process (torch.multiprocessing); ``stream=False`` sends the
+    events once, at the end, instead of in batches while the job runs."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    sink = QueueSink(queue, rank)
+    sink = QueueSink(queue, rank) if stream else QueueSink(queue, rank, batch=sys.maxsize, every_s=math.inf)
     try:
         result, _ = run_distributed(job, rank, sink, wsp_conn=wsp_conn)
     except BaseException:
