@@ -170,12 +170,17 @@ def main() -> None:
     ap.add_argument("--hz", type=float, default=4.0, help="the live view's redraws per second (default 4)")
     ap.add_argument("--fast-hz", type=float, default=0.0,
                     help="also a live view redrawing this often (e.g. 20; default: not run)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, 'script' first (default {','.join(VARIANTS)})")
     ap.add_argument("--notebook", action="store_true", help="also script and live inside a Jupyter kernel")
     args = ap.parse_args()
     if args.rounds < 1 or args.steps < 4 or args.hz <= 0 or args.fast_hz < 0:
         ap.error("--rounds must be >= 1, --steps >= 4, --hz > 0 and --fast-hz >= 0")
     kwargs = setup()
-    variants = VARIANTS + (("live-fast",) if args.fast_hz > 0 else ())
+    variants = tuple(args.variants.split(",")) + (("live-fast",) if args.fast_hz > 0 else ())
+    known = VARIANTS + ("live-fast",)
+    if variants[0] != "script" or not set(variants) <= set(known):
+        ap.error(f"--variants {args.variants!r}: 'script' first, then any of {known}")
     res = rounds(variants, kwargs, args.steps, args.rounds, args.hz, args.fast_hz)
     report(f"script ({METHOD}, 2 gloo workers, {args.steps} minibatches of {BATCH}, hz={args.hz})", res)
     if args.notebook:
