@@ -20,7 +20,8 @@ so a shared machine's drifting load does not favour one:
 
 Figure of merit: samples/s between the first action's start and the last action's end
 (``RunResult.throughput``; process start-up excluded alike), medians over ``--rounds``; the overhead
-of a variant is ``1 - its median / the script's median``. Also printed per variant: median redraws
+of a variant is ``1 - its median / the script's median``, and, paired, ``1 -`` the geometric mean of
+its per-round ratios to the script (:func:`paired_overhead`). Also printed per variant: median redraws
 per run, median seconds spent redrawing per run (the consumer thread's time inside ``refresh``),
 and the parent's CPU seconds per run (all its threads: the monitor that reads the queue, the live
 view's thread).
@@ -29,7 +30,7 @@ view's thread).
 so the widget's messages go to nbclient, which keeps them), alternating, and prints the same
 figures: the cost of a notebook kernel against a plain script.
 
-    python reproductions/benchmarks/live_trace_cost.py [--steps 300] [--rounds 5] [--fast-hz 20] [--notebook]
+    python reproductions/benchmarks/live_trace_cost.py [--steps 200] [--rounds 10] [--fast-hz 20] [--notebook]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -122,20 +124,32 @@ def rounds(variants: tuple[str, ...], kwargs: dict[str, Any], steps: int, n: int
     return out
 
 
+def paired_overhead(variant: list[dict[str, float]], base: list[dict[str, float]]) -> float:
+    """``1 -`` the geometric mean of the per-round ratios ``variant / base``, the rounds run in each
+    order weighted equally (on this machine a run's position in a round moves it by tens of per cent,
+    so the two orders' means are averaged, not pooled)."""
+    logs: dict[int, list[float]] = {0: [], 1: []}
+    for r, (a, b) in enumerate(zip(variant, base, strict=True)):
+        logs[r % 2].append(math.log(a["samples_per_s"] / b["samples_per_s"]))
+    means = [statistics.fmean(v) for v in logs.values() if v]
+    return 1 - math.exp(statistics.fmean(means))
+
+
 def report(title: str, res: dict[str, list[dict[str, float]]], base: str = "script") -> None:
     """Print the medians per variant and the overhead against ``base``: ``1 - ratio`` of the medians,
-    and of the median of the per-round ratios (each variant against ``base`` of the same round)."""
+    and :func:`paired_overhead` (each variant against ``base`` of the same round)."""
     med = {v: {k: statistics.median(s[k] for s in samples) for k in samples[0]} for v, samples in res.items()}
     ref = med[base]["samples_per_s"]
     print(f"\n{title} (medians of {len(res[base])} runs, {int(med[base]['events'])} events per run)")
     print(f"{'variant':18s} {'samples/s':>10s} {'overhead':>9s} {'paired':>7s} {'span s':>7s} "
           f"{'redraws':>8s} {'redraw s':>9s} {'redraw CPU s':>13s} {'parent CPU s':>13s}")
     for v, m in med.items():
-        paired = 1 - statistics.median(a["samples_per_s"] / b["samples_per_s"]
-                                       for a, b in zip(res[v], res[base], strict=True))
-        print(f"{v:18s} {m['samples_per_s']:10.0f} {1 - m['samples_per_s'] / ref:+9.1%} {paired:+7.1%} "
-              f"{m['span_s']:7.2f} {m['redraws']:8.0f} {m['redraw_s']:9.2f} {m['redraw_cpu_s']:13.2f} "
-              f"{m['parent_cpu_s']:13.2f}")
+        print(f"{v:18s} {m['samples_per_s']:10.0f} {1 - m['samples_per_s'] / ref:+9.1%} "
+              f"{paired_overhead(res[v], res[base]):+7.1%} {m['span_s']:7.2f} {m['redraws']:8.0f} "
+              f"{m['redraw_s']:9.2f} {m['redraw_cpu_s']:13.2f} {m['parent_cpu_s']:13.2f}")
+    for v, samples in res.items():
+        per_round = " ".join(f"{s['samples_per_s']:.0f}" for s in samples)
+        print(f"  {v:18s} per round: {per_round}")
 
 
 NOTEBOOK_CELL = """
@@ -165,8 +179,8 @@ def in_notebook(steps: int, n: int, hz: float) -> dict[str, list[dict[str, float
 def main() -> None:
     """Parse options, run the rounds, print the tables."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=300, help="minibatches per run (default 300)")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of every variant (default 5)")
+    ap.add_argument("--steps", type=int, default=200, help="minibatches per run (default 200)")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds of every variant (default 10)")
     ap.add_argument("--hz", type=float, default=4.0, help="the live view's redraws per second (default 4)")
     ap.add_argument("--fast-hz", type=float, default=0.0,
                     help="also a live view redrawing this often (e.g. 20; default: not run)")
@@ -174,8 +188,8 @@ def main() -> None:
                     help=f"comma-separated, 'script' first (default {','.join(VARIANTS)})")
     ap.add_argument("--notebook", action="store_true", help="also script and live inside a Jupyter kernel")
     args = ap.parse_args()
-    if args.rounds < 1 or args.steps < 4 or args.hz <= 0 or args.fast_hz < 0:
-        ap.error("--rounds must be >= 1, --steps >= 4, --hz > 0 and --fast-hz >= 0")
+    if args.rounds < 2 or args.steps < 4 or args.hz <= 0 or args.fast_hz < 0:
+        ap.error("--rounds must be >= 2, --steps >= 4, --hz > 0 and --fast-hz >= 0")
     kwargs = setup()
     variants = tuple(args.variants.split(",")) + (("live-fast",) if args.fast_hz > 0 else ())
     known = VARIANTS + ("live-fast",)
