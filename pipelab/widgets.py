@@ -140,9 +140,9 @@ class LiveGantt(_Displayable):
     times per second, so a fast job costs a few updates, not one per event, and never spends more than
     ``cpu_share`` of the elapsed time redrawing: a redraw rebuilds the chart from every event so far, so
     its cost grows with the run, and after a redraw that took ``c`` CPU seconds the next waits at least
-    ``c / cpu_share`` seconds (on a 2-core machine, 4 redraws a second of a 3,000-action chart took half
-    the workers' throughput; ``reproductions/benchmarks/live_trace_cost.py``). Without a live front end
-    the display waits for the job to end and shows the finished chart.
+    ``c / cpu_share`` seconds (on a 2-core machine, redrawing a 3,500-action chart 4 times a second took
+    a fifth of a core and slowed the run by 25-55%; ``reproductions/benchmarks/live_trace_cost.py``).
+    Without a live front end the display waits for the job to end and shows the finished chart.
     """
 
     def __init__(
