@@ -121,8 +121,10 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
 class Run:
     """A running job: ``.events`` (live), ``.done``, ``.wait()``, ``.cancel()``, ``.pids``."""
 
-    def __init__(self, job: Job, *, trace_path: str | Path | None = None, progress: bool = False) -> None:
+    def __init__(self, job: Job, *, trace_path: str | Path | None = None, progress: bool = False,
+                 stream: bool = True) -> None:
         self.job = job
+        self.stream = stream
         self.trace_path = trace_path
         self._events: list[Event] = []
         self._cond = threading.Condition()
@@ -265,7 +267,7 @@ class Run:
             for rank in range(self.job.world_size):
                 p = ctx.Process(
                     target=process_main,
-                    args=(self.job, rank, self._queue, conns[rank], match),
+                    args=(self.job, rank, self._queue, conns[rank], match, self.stream),
                     daemon=True,
                     name=f"pipelab-worker-{rank}",
                 )
@@ -434,7 +436,7 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
            optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
            microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
            trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
-           port: int | None = None, **method_options: Any) -> Run:
+           port: int | None = None, stream: bool = True, **method_options: Any) -> Run:
     """Start a training job and return its :class:`Run` handle at once (see :func:`train`).
 
     A ``schedule`` given is checked for per-pair message order first (the validator's rule,
@@ -445,7 +447,7 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
     job = prepare(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
                   microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, schedule=schedule,
                   port=port, **method_options)
-    return Run(job, trace_path=trace_path, progress=progress)
+    return Run(job, trace_path=trace_path, progress=progress, stream=stream)
 
 
 def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
@@ -453,7 +455,7 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
           optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
           microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
           trace_path: str | Path | None = None, progress: bool = True, schedule: Schedule | None = None,
-          port: int | None = None, **method_options: Any) -> RunResult:
+          port: int | None = None, stream: bool = True, **method_options: Any) -> RunResult:
     """Train ``model_fn()`` split by ``plan`` with ``method`` for ``steps`` minibatches; block until done.
 
     ``data()`` yields ``(inputs, targets)`` minibatches (deterministically: every worker iterates
@@ -462,7 +464,9 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
     Each minibatch is split into ``microbatches``. ``backend`` is ``"gloo"`` (CPU processes),
     ``"nccl"`` (one GPU per worker) or ``"local"`` (the single-process reference executor).
     The schedule is ``pl.schedules.build(method, plan, microbatches=..., minibatches=steps,
-    **method_options)`` unless ``schedule`` is given. Raises :class:`WorkerError` if a worker fails.
+    **method_options)`` unless ``schedule`` is given. ``stream=False`` makes each worker process keep
+    its events and send them once, when it ends (no live view, no progress until then; the trace is the
+    same). Raises :class:`WorkerError` if a worker fails.
     """
     run = launch(
         model_fn,
@@ -480,6 +484,7 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
         progress=progress,
         schedule=schedule,
         port=port,
+        stream=stream,
         **method_options,
     )
     return run.wait()
