@@ -202,7 +202,7 @@ def run_one(
     t0 = time.perf_counter()
     run = train(
         model_fn,
-        plan,
+        run_plan(plan, prof, method),
         method=method,
         data=functools.partial(data_fn, batch),
         loss_fn=loss_fn,
