@@ -14,10 +14,20 @@ class Memory(Prices):
     """Memory prices over :class:`Prices` (mixed into :class:`~pipelab.costs.CostModel`)."""
 
     # ------------------------------------------------------------------ memory
-    def activation_bytes(self, start: int, end: int, microbatches: int = 1) -> int:
-        """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward."""
+    def activation_bytes(self, start: int, end: int, microbatches: int = 1, *,
+                         recompute: bool = False) -> int:
+        """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward.
+
+        What autograd saves for the stage's layers (the profile's ``saved_bytes``) and the stage's
+        input; with ``recompute`` (the backward recomputes the forward: ``recompute=True``, or a
+        method whose backward reads the newest weights, so the forward builds no graph) only the
+        stage's input and output (the model's last stage outputs a loss: nothing).
+        """
         self._range(start, end)
         inp = self.profile.input_bytes if start == 0 else int(self.cuts[start - 1])
+        if recompute:
+            out = int(self.cuts[end - 1]) if end < len(self.profile) else 0
+            return -(-(inp + out) // microbatches)
         return -(-int(self.pa[end] - self.pa[start] + inp) // microbatches)
 
     def memory_bytes(self, start: int, end: int, *, versions: int, in_flight: int,
