@@ -43,6 +43,9 @@ class Layer:
     out_bytes: int
     param_bytes: int
     flops: int = 0
+    #: bytes autograd saves for backward, each saved value counted once, at the layer that produces it
+    #: (a value a later layer saves as its input counts here; the model's inputs are ``input_bytes``),
+    #: so a stage's activations are its layers' sum plus its input (``CostModel.activation_bytes``)
     saved_bytes: int = 0
     #: seconds of ``fwd_s``/``bwd_s`` that a smaller batch still pays in full (see the module docstring)
     fwd_fixed_s: float = 0.0
