@@ -80,17 +80,23 @@ def test_1f1b_holds_p_minus_s_microbatches() -> None:
 
 
 def test_predicted_equals_measured_where_both_count_the_same() -> None:
-    """On the first stage the profile's saved bytes (each Linear's input) plus the stage input equal
-    what the runtime holds (the Linears' inputs and the stage's output); the simulator's peak is the
-    measured one, byte for byte, for GPipe, and for 1F1B but for the feed's minibatch storage."""
+    """The profile's saved bytes (each Linear's input, counted at the layer producing it) plus the
+    stage input equal what the runtime holds (the Linears' inputs and the stage's output); the
+    simulator's peak is the
+    measured one, byte for byte, but for the feed's minibatch storage and the losses (GPipe, 1F1B,
+    zero bubble: the output gradient a split B keeps for W)."""
     x = data()[0][0]
     prof = pl.profile(model(), x, progress=False)
     cl = pl.Cluster.flat(2, bandwidth=1e9)
-    # 1F1B: the feed's whole minibatch stays alive while P - s = 2 of its slices are in flight
-    for method, feed in (("gpipe", 0), ("1f1b-flush", (M - 2) * b * D * FLOAT)):
+    # 1F1B: the feed's whole minibatch stays alive while P - s = 2 of its slices are in flight; the
+    # last stage keeps each in-flight microbatch's 0-dim loss (4 bytes), which the profile leaves out
+    for method, feed, alive in (("gpipe", 0, M), ("1f1b-flush", (M - 2) * b * D * FLOAT, 1),
+                                ("zb-h1", (M - 2) * b * D * FLOAT, 2)):   # F(m + 1) before W(m)
         sim = pl.simulate(PLAN, prof, cl, method=method, microbatches=M, minibatches=K,
                           optimizer="sgd-momentum")
-        assert sim.peak_memory[0] + feed == _train(method).peak_state[0], method
+        run = _train(method)
+        assert sim.peak_memory[0] + feed == run.peak_state[0], method
+        assert sim.peak_memory[1] + alive * FLOAT == run.peak_state[1], method
 
 
 def test_zero_bubble_releases_activations_at_w_and_async_methods_stash() -> None:

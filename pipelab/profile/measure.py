@@ -306,6 +306,7 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
     # is the profile's input_bytes
     consumer_saved: dict[str, int] = {}
     producer_saved: set[str] = set()
+    outputs_of: dict[int, list[str]] = {}     # layer index -> its output values
     layers: list[Layer] = []
     edges: list[tuple[int, int]] = []
     used_names: set[str] = set()
@@ -333,6 +334,7 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                 for vname, nbytes in saved_in.items():
                     consumer_saved[vname] = max(consumer_saved.get(vname, 0), nbytes)
                 for vname, v in group.unpack(out).items():
+                    outputs_of.setdefault(len(layers), []).append(vname)
                     if any(t.untyped_storage().data_ptr() in saved_own for t in _tensors(v)):
                         producer_saved.add(vname)
                 param_bytes = 0
@@ -369,6 +371,10 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
         at = pos.get(vname)
         if at is not None and at < len(layers) and vname not in producer_saved:
             layers[at] = replace(layers[at], saved_bytes=layers[at].saved_bytes + nbytes)
+    for at, names in outputs_of.items():
+        if at < len(layers):
+            saved = any(v in producer_saved or v in consumer_saved for v in names)
+            layers[at] = replace(layers[at], out_saved=saved)
     return layers, value_bytes, edges
 
 

@@ -50,6 +50,9 @@ class Layer:
     #: seconds of ``fwd_s``/``bwd_s`` that a smaller batch still pays in full (see the module docstring)
     fwd_fixed_s: float = 0.0
     bwd_fixed_s: float = 0.0
+    #: whether ``saved_bytes`` counts this layer's output (some layer saves it); None: not measured. A
+    #: pipeline stage holds its output until its backward whether saved or not (``activation_bytes``)
+    out_saved: bool | None = None
     #: seconds of ``bwd_s`` that compute weight gradients (the rest is the input gradient); None
     #: when not measured (PipeDream's profiles): zero-bubble schedules then assume half
     wgrad_s: float | None = None

@@ -201,7 +201,8 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     ``w`` = minibatches in flight at the input stage (warm-up and drain excluded).
 
     ``memory`` maps stage -> (static bytes: weights, gradient buffer and optimizer state; activation
-    bytes per microbatch; bytes of one extra weight version[; bytes of buffers always held]) to get a
+    bytes per microbatch; bytes of one extra weight version[; bytes of buffers always held[; bytes
+    of the output gradient a split B keeps for W]]) to get a
     memory timeline (:func:`_memory`); without it memory is reported as 0.
     """
     costs = costs if costs is not None else UnitCosts()
@@ -244,9 +245,11 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
     """Per worker, (time, bytes) after every change: weights, gradients, optimizer state, extra
     versions, live activations, as the runtime holds them (:mod:`pipelab.runtime.memory` measures it).
 
-    ``memory[s] = (static, activations, p[, buffers])``: ``p`` the bytes of one weight copy, ``static``
-    weights + gradient buffer + optimizer state (``(2 + state) * p``), ``buffers`` bytes of
-    weight-sized buffers a method always keeps (PipeMare's delta). Weights count from the start; the
+    ``memory[s] = (static, activations, p[, buffers[, grad_out]])``: ``p`` the bytes of one weight copy,
+    ``static`` weights + gradient buffer + optimizer state (``(2 + state) * p``), ``buffers`` bytes of
+    weight-sized buffers a method always keeps (PipeMare's delta), ``grad_out`` the output gradient
+    of one microbatch, which a split backward keeps from its ``B`` to its ``W``. Weights count from
+    the start; the
     gradient buffer from the stage's first weight-gradient action (``B``, or ``W`` where backward is
     split) until its next ``U`` (the optimizer's ``zero_grad(set_to_none=True)`` frees it); the
     optimizer state from the end of the stage's first ``U`` (torch allocates it lazily at the first
@@ -274,12 +277,15 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
         for e in evs:
             s = e.stage
             last_grad = e.kind == "W" or (e.kind == "B" and s not in split)
+            gout = memory[s][4] if len(memory[s]) > 4 else 0
             if e.kind == "F":
                 live.add((s, e.microbatch))
                 acts += memory[s][1]
             elif last_grad and (s, e.microbatch) in live:
                 live.discard((s, e.microbatch))
-                acts -= memory[s][1]
+                acts -= memory[s][1] + (gout if s in split else 0)
+            elif e.kind == "B" and s in split:
+                acts += gout
             if last_grad:
                 grads.add(s)
             elif e.kind == "U":
@@ -370,8 +376,10 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     recompute = methods.get(sch.method).versions == "latest"
     for s, (a, e) in enumerate(ranges):
         p = cm.param_bytes(a, e)
+        # zero bubble: the output gradient a split B keeps for its W (a last stage's loss has none)
+        gout = -(-int(profile.cut_bytes[e - 1]) // micro) if e < len(profile) else 0
         mem[s] = ((2 + cm.state_factor) * p, cm.activation_bytes(a, e, micro, recompute=recompute), p,
-                  buffers * p)
+                  buffers * p, gout)
     res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,
                             minibatch_scale=sch.microbatches if is_dp else 1)
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
