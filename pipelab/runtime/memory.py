@@ -157,7 +157,7 @@ class MemoryMeter:
         add("gradients", (t.grad for t in weights))
         add("optimizer", (v for st in self.stages.values() if st.optimizer is not None
                           for state in st.optimizer.state.values() for v in state.values()))
-        for ptr, (_, n) in self._saved.items():
+        for ptr, (_, n) in list(self._saved.items()):   # (autograd may free on its own threads)
             if ptr not in seen:
                 seen.add(ptr)
                 out["activations"] += n
