@@ -43,10 +43,16 @@ class Layer:
     out_bytes: int
     param_bytes: int
     flops: int = 0
+    #: bytes autograd saves for backward, each saved value counted once, at the layer that produces it
+    #: (a value a later layer saves as its input counts here; the model's inputs are ``input_bytes``),
+    #: so a stage's activations are its layers' sum plus its input (``CostModel.activation_bytes``)
     saved_bytes: int = 0
     #: seconds of ``fwd_s``/``bwd_s`` that a smaller batch still pays in full (see the module docstring)
     fwd_fixed_s: float = 0.0
     bwd_fixed_s: float = 0.0
+    #: whether ``saved_bytes`` counts this layer's output (some layer saves it); None: not measured. A
+    #: pipeline stage holds its output until its backward whether saved or not (``activation_bytes``)
+    out_saved: bool | None = None
     #: seconds of ``bwd_s`` that compute weight gradients (the rest is the input gradient); None
     #: when not measured (PipeDream's profiles): zero-bubble schedules then assume half
     wgrad_s: float | None = None

@@ -63,6 +63,16 @@ class RunResult:
         default_factory=dict
     )  # per stage: peak bytes of weights held (measured)
     wsp_log: list[Any] = field(default_factory=list)   # hetpipe: the parameter server's pushes and pulls
+    # measure_memory=True (pipelab.runtime.memory), per worker: the peak (the CUDA allocator's
+    # max_memory_allocated in a CUDA worker process, else the bytes of the storages held), the
+    # storage count's peak, the same without message buffers (what the simulator's memory model counts:
+    # weights, gradients, optimizer state, activations), its parts at the peak, and (action index,
+    # bytes held) after each action
+    peak_memory: dict[int, int] = field(default_factory=dict)
+    peak_held: dict[int, int] = field(default_factory=dict)
+    peak_state: dict[int, int] = field(default_factory=dict)
+    memory_breakdown: dict[int, dict[str, int]] = field(default_factory=dict)
+    memory_timeline: dict[int, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
     _state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -89,6 +99,14 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
             losses[int(k)] += v
         for s, n in r.versions_held.items():
             held[int(s)] = max(held.get(int(s), 0), int(n))
+    memory: dict[str, Any] = {}
+    if job.runtime.measure_memory:
+        ranked = sorted(results, key=lambda r: r.rank)
+        memory = {"peak_memory": {r.rank: r.peak_memory for r in ranked},
+                  "peak_held": {r.rank: r.peak_held for r in ranked},
+                  "peak_state": {r.rank: r.peak_state for r in ranked},
+                  "memory_breakdown": {r.rank: dict(r.memory_breakdown) for r in ranked},
+                  "memory_timeline": {r.rank: list(r.memory_timeline) for r in ranked}}
     expected = job.state_keys or tuple(state)
     missing = [k for k in expected if k not in state]
     if missing:
@@ -115,7 +133,7 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     if trace_path is not None:
         tr.save_jsonl(trace_path)
     return RunResult(trace=tr, losses=losses, throughput=thr, versions_held=held, schedule=sched,
-                     wall_s=wall_s, weight_bytes=wbytes, wsp_log=wsp_log, _state=state)
+                     wall_s=wall_s, weight_bytes=wbytes, wsp_log=wsp_log, _state=state, **memory)
 
 
 class Run:

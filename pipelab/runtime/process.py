@@ -118,6 +118,7 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
             torch.cuda.synchronize(worker.device)
         worker.slow_down(clock.now() - start)
         emit(Event(worker.rank, a.stage, a.kind, a.microbatch, start, clock.now(), nbytes, version, i, -1))
+        worker.measure(i)
     comm.flush()
 
 
@@ -196,6 +197,10 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
         comm = DistComm(rank, device, groups, match=mode, orders=orders,
                         through_host=device.type == "cuda" and job.backend != "nccl")
         torch.set_rng_state(worker.rng_state)
+        if worker.meter is not None:
+            worker.meter.messages = comm.held
+            if device.type == "cuda":   # this process's allocator serves this worker alone
+                worker.meter.use_cuda(device)
         if device.type == "cuda":
             torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
         dist.barrier()
