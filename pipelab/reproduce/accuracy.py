@@ -181,10 +181,18 @@ def run_one(
     cluster: Cluster,
     steps: int = 16,
     timeout: float = 180.0,
+    memory: bool = True,
 ) -> dict[str, Any]:
-    """Simulate and run one configuration; a row of the accuracy table."""
+    """Simulate and run one configuration; a row of the accuracy table.
+
+    With ``memory``, a second short run (3 minibatches, ``measure_memory=True``, whose counting
+    would slow the timed run) measures each worker's peak memory against the simulator's.
+    """
     model_fn, data_fn, loss_fn, batch = MODELS[model]
     plan = plan_for(prof, cluster, method, workers, microbatches)
+    if methods.get(method).partitioner == "dp":
+        # the simulator runs each of dp's microbatches as one profile minibatch on one replica
+        prof = prof.at_batch_size(batch // microbatches)
     opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
     run_opts = dict(METHODS[method])
     cl = cluster.with_workers(workers)
@@ -232,6 +240,16 @@ def run_one(
     real_tp = steady_throughput(run.trace, run.schedule, batch)
     sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
+    mem_err: dict[int, float] = {}
+    if memory:
+        short = simulate(plan, prof, cl, method, microbatches=microbatches, minibatches=3,
+                         allreduce_overlap="none", optimizer=OPTIMIZER, **opts)
+        res = train(model_fn, run_plan(plan, prof, method), method=method,
+                    data=functools.partial(data_fn, batch), loss_fn=loss_fn, optimizer=sgd, steps=3,
+                    microbatches=microbatches, backend="gloo", progress=False, timeout=timeout,
+                    schedule=short.schedule, measure_memory=True,
+                    **{k: v for k, v in run_opts.items() if k not in opts})
+        mem_err = {w: (short.peak_memory[w] - m) / m for w, m in res.peak_state.items() if m > 0}
     return {
         "model": model,
         "method": method,
@@ -245,6 +263,7 @@ def run_one(
         "busy_error_max": max(busy_err.values(), key=abs) if busy_err else math.nan,
         "busy_error_median": statistics.median(busy_err.values()) if busy_err else math.nan,
         "sim_peak_mib": max(sim.peak_memory) / 2**20,
+        "memory_error_max": max(mem_err.values(), key=abs) if mem_err else math.nan,
         "wall_s": wall,
     }
 
@@ -261,34 +280,22 @@ def profiles(models: Sequence[str]) -> dict[str, Profile]:
 
 # ---------------------------------------------------------------------- summaries and the figure
 def method_table(df: Any) -> Any:
-    """Per method: configurations, median and worst |throughput error|, median |busy-time error|."""
+    """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
+    was), median |busy-time error|, worst |peak-memory error|."""
     import pandas as pd
 
-    rows = []
-    for method, part in df.groupby("method", sort=False):
+    def row(name: str, part: Any) -> dict[str, Any]:
         err = part["error"].abs()
-        rows.append(
-            {
-                "method": method,
-                "runs": len(part),
-                "median |error|": float(err.median()),
+        at = part.loc[err.idxmax()]
+        mem = part["memory_error_max"].abs() if "memory_error_max" in part else pd.Series(dtype=float)
+        return {"method": name, "runs": len(part), "median |error|": float(err.median()),
                 "worst |error|": float(err.max()),
-                "worst": f"{part.loc[err.idxmax(), 'model']} "
-                f"P={int(part.loc[err.idxmax(), 'workers'])} M={int(part.loc[err.idxmax(), 'microbatches'])}",
+                "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}",
                 "median |busy error|": float(part["busy_error_median"].abs().median()),
-            }
-        )
-    out = pd.DataFrame(rows)
-    err = df["error"].abs()
-    total = {
-        "method": "ALL",
-        "runs": len(df),
-        "median |error|": float(err.median()),
-        "worst |error|": float(err.max()),
-        "worst": "",
-        "median |busy error|": float(df["busy_error_median"].abs().median()),
-    }
-    return pd.concat([out, pd.DataFrame([total])], ignore_index=True)
+                "worst |memory error|": float(mem.max()) if mem.notna().any() else math.nan}
+
+    rows = [row(str(m), part) for m, part in df.groupby("method", sort=False)]
+    return pd.DataFrame([*rows, row("ALL", df)])
 
 
 def svg_scatter(df: Any, *, title: str = "", band: float = 0.10, width: int = 560, height: int = 520) -> str:
