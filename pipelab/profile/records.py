@@ -264,6 +264,9 @@ class Profile:
         layers = tuple(
             Layer(**{**asdict(layer), "fwd_s": t(layer.fwd_s, layer.fwd_fixed_s),
                      "bwd_s": t(layer.bwd_s, layer.bwd_fixed_s),
+                     # the weight-gradient part keeps its share of the backward
+                     "wgrad_s": None if layer.wgrad_s is None or not layer.bwd_s
+                     else layer.wgrad_s * t(layer.bwd_s, layer.bwd_fixed_s) / layer.bwd_s,
                      "out_bytes": int(round(layer.out_bytes * r)),
                      "saved_bytes": int(round(layer.saved_bytes * r)),
                      "flops": int(round(layer.flops * r))})
