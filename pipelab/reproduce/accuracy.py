@@ -100,6 +100,11 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any], Callable[..
 }
 
 
+#: minibatches per run by default: about a second of steady state each on a 2-core CPU (a shorter
+#: window is at the mercy of one descheduling of a few milliseconds)
+STEPS = {"cnn": 160, "transformer": 48}
+
+
 # ---------------------------------------------------------------------- one measure for both traces
 def steady_window(trace: Trace, schedule: Any) -> tuple[float, float, int]:
     """:meth:`Trace.steady_window` skipping the minibatches in flight at the input stage (the same
@@ -179,7 +184,7 @@ def run_one(
     *,
     prof: Profile,
     cluster: Cluster,
-    steps: int = 16,
+    steps: int | None = None,
     timeout: float = 180.0,
     memory: bool = True,
 ) -> dict[str, Any]:
@@ -189,6 +194,7 @@ def run_one(
     would slow the timed run) measures each worker's peak memory against the simulator's.
     """
     model_fn, data_fn, loss_fn, batch = MODELS[model]
+    steps = steps or STEPS[model]
     plan = plan_for(prof, cluster, method, workers, microbatches)
     if methods.get(method).partitioner == "dp":
         # the simulator runs each of dp's microbatches as one profile minibatch on one replica
