@@ -272,7 +272,7 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     path = dataclasses.replace(Cluster.flat(2, bandwidth=2e9, latency=1e-4), calibration=cal).save(
         tmp_path / "cluster.json")
     _papermill(REPRO / "sim_accuracy" / "sim_accuracy.ipynb", tmp_path, models=["cnn"],
-               methods=["gpipe", "pipedream"], steps=6, cluster_path=str(path))
+               methods=["gpipe", "pipedream"], steps=6, rounds=1, cluster_path=str(path))
     df = pd.read_csv(tmp_path / "results.csv")
     assert list(df["method"]) == ["gpipe", "pipedream"] and (df["measured"] > 0).all()
     assert (df["simulated"] > 0).all() and df["error"].notna().all()

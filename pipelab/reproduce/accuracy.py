@@ -187,8 +187,12 @@ def run_one(
     steps: int | None = None,
     timeout: float = 180.0,
     memory: bool = True,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """Simulate and run one configuration; a row of the accuracy table.
+
+    The real run is repeated ``rounds`` times: the measured rate is the median (a shared CPU's
+    rounds differ), and its spread ``(max - min) / median`` is recorded beside it.
 
     With ``memory``, a second short run (3 minibatches, ``measure_memory=True``, whose counting
     would slow the timed run) measures each worker's peak memory against the simulator's.
@@ -214,21 +218,26 @@ def run_one(
         **opts,
     )
     t0 = time.perf_counter()
-    run = train(
-        model_fn,
-        run_plan(plan, prof, method),
-        method=method,
-        data=functools.partial(data_fn, batch),
-        loss_fn=loss_fn,
-        optimizer=sgd,
-        steps=steps,
-        microbatches=microbatches,
-        backend="gloo",
-        progress=False,
-        timeout=timeout,
-        **run_opts,
-    )
+    runs = [
+        train(
+            model_fn,
+            run_plan(plan, prof, method),
+            method=method,
+            data=functools.partial(data_fn, batch),
+            loss_fn=loss_fn,
+            optimizer=sgd,
+            steps=steps,
+            microbatches=microbatches,
+            backend="gloo",
+            progress=False,
+            timeout=timeout,
+            **run_opts,
+        )
+        for _ in range(rounds)
+    ]
     wall = time.perf_counter() - t0
+    rates = [steady_throughput(r.trace, r.schedule, batch) for r in runs]
+    run = runs[rates.index(statistics.median_low(rates))]  # the median round (its busy times too)
     got, want = run.trace.actions_by_worker(), sim.trace.actions_by_worker()
     if got != want:
         diff = {
@@ -243,18 +252,38 @@ def run_one(
             f"{model} {method}: the runtime and the simulator ran different schedules: {diff}"
         )
     sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
-    real_tp = steady_throughput(run.trace, run.schedule, batch)
+    real_tp = statistics.median(rates)
     sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
     mem_err: dict[int, float] = {}
     if memory:
-        short = simulate(plan, prof, cl, method, microbatches=microbatches, minibatches=3,
-                         allreduce_overlap="none", optimizer=OPTIMIZER, **opts)
-        res = train(model_fn, run_plan(plan, prof, method), method=method,
-                    data=functools.partial(data_fn, batch), loss_fn=loss_fn, optimizer=sgd, steps=3,
-                    microbatches=microbatches, backend="gloo", progress=False, timeout=timeout,
-                    schedule=short.schedule, measure_memory=True,
-                    **{k: v for k, v in run_opts.items() if k not in opts})
+        short = simulate(
+            plan,
+            prof,
+            cl,
+            method,
+            microbatches=microbatches,
+            minibatches=3,
+            allreduce_overlap="none",
+            optimizer=OPTIMIZER,
+            **opts,
+        )
+        res = train(
+            model_fn,
+            run_plan(plan, prof, method),
+            method=method,
+            data=functools.partial(data_fn, batch),
+            loss_fn=loss_fn,
+            optimizer=sgd,
+            steps=3,
+            microbatches=microbatches,
+            backend="gloo",
+            progress=False,
+            timeout=timeout,
+            schedule=short.schedule,
+            measure_memory=True,
+            **{k: v for k, v in run_opts.items() if k not in opts},
+        )
         mem_err = {w: (short.peak_memory[w] - m) / m for w, m in res.peak_state.items() if m > 0}
     return {
         "model": model,
@@ -266,6 +295,8 @@ def run_one(
         "simulated": sim_tp,
         "measured": real_tp,
         "error": (sim_tp - real_tp) / real_tp,
+        "rounds": rounds,
+        "measured_spread": (max(rates) - min(rates)) / real_tp,
         "busy_error_max": max(busy_err.values(), key=abs) if busy_err else math.nan,
         "busy_error_median": statistics.median(busy_err.values()) if busy_err else math.nan,
         "sim_peak_mib": max(sim.peak_memory) / 2**20,
@@ -294,11 +325,15 @@ def method_table(df: Any) -> Any:
         err = part["error"].abs()
         at = part.loc[err.idxmax()]
         mem = part["memory_error_max"].abs() if "memory_error_max" in part else pd.Series(dtype=float)
-        return {"method": name, "runs": len(part), "median |error|": float(err.median()),
-                "worst |error|": float(err.max()),
-                "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}",
-                "median |busy error|": float(part["busy_error_median"].abs().median()),
-                "worst |memory error|": float(mem.max()) if mem.notna().any() else math.nan}
+        return {
+            "method": name,
+            "runs": len(part),
+            "median |error|": float(err.median()),
+            "worst |error|": float(err.max()),
+            "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}",
+            "median |busy error|": float(part["busy_error_median"].abs().median()),
+            "worst |memory error|": float(mem.max()) if mem.notna().any() else math.nan,
+        }
 
     rows = [row(str(m), part) for m, part in df.groupby("method", sort=False)]
     return pd.DataFrame([*rows, row("ALL", df)])

@@ -30,6 +30,7 @@ methods = None               # None: dp, gpipe, 1f1b-flush, interleaved-1f1b, zb
 workers = None               # None: (2,) by default, (2, 3, 4) with full
 microbatches = None          # None: (4,) by default, (1, 2, 4, 8) with full
 steps = None                 # minibatches per run (None: about a second of steady state per run)
+rounds = 3                   # real runs per configuration: the median is compared, the spread kept
 cluster_path = None          # a calibrated cluster JSON; None: calibrate now
 out_dir = "."
 report = False
@@ -58,10 +59,11 @@ configs = acc.configurations(full=full, models=models, methods_=methods, workers
                              microbatches=microbatches)
 rows = []
 for cfg in tqdm(configs, desc="simulate + run"):
-    rows.append(acc.run_one(*cfg, prof=profiles[cfg[0]], cluster=cluster, steps=steps))
+    rows.append(acc.run_one(*cfg, prof=profiles[cfg[0]], cluster=cluster, steps=steps, rounds=rounds))
 df = pd.DataFrame(rows)
 write_table(df, out / "results.csv")
-df[["model", "method", "workers", "microbatches", "simulated", "measured", "error", "busy_error_median"]]
+df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
+    "busy_error_median", "memory_error_max"]]
 
 # %%
 table = acc.method_table(df)
