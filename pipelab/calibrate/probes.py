@@ -3,7 +3,8 @@
 * :func:`p2p_and_allreduce`: a group of worker processes (the backend's own process group, one
   thread each) times one-way messages between ranks 0 and 1 (half a ping-pong round trip, sent
   and received as the runtime does, with ``isend``/``irecv``, after an idle moment as between a
-  pipeline's actions) over a sweep of sizes, and all-reduces over sizes and group sizes 2..workers;
+  pipeline's actions) over a sweep of sizes, and all-reduces (likewise after an idle moment and a
+  barrier, as once per minibatch) over sizes and group sizes 2..workers;
 * :func:`optimizer_steps`: ``step()`` of SGD, SGD with momentum and Adam over parameter sets of
   several sizes, in this process;
 * :func:`memory_copy`: a large tensor copy (read plus write), in this process.
@@ -89,6 +90,9 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
                         dist.all_reduce(buf, group=g)   # warm-up
                         ts = []
                         for _ in range(_trips(n)):
+                            # once per minibatch in a run, after compute: idle first, as the runtime does
+                            time.sleep(IDLE_S)
+                            dist.barrier(group=g)
                             t0 = time.perf_counter()
                             dist.all_reduce(buf, group=g)
                             ts.append(time.perf_counter() - t0)
