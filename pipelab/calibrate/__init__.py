@@ -115,12 +115,25 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
             for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))}
     role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
-    out: dict[str, list[float]] = {"send": [], "recv": []}
+    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": []}
     for _ in range(repeats):
         run = train(tiny_model, plan, method="1f1b-flush", data=tiny_data, loss_fn=tiny_loss,
                     optimizer=tiny_sgd, steps=steps, microbatches=M, backend=backend, progress=False,
                     timeout=120)
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
+        # a message's latency in the runtime: from the end of the action that sent it to the end of
+        # the receiver's wait, for receivers already waiting when it was sent
+        ends = {(e.kind, e.stage, e.microbatch): e.end_s for e in run.trace.compute_events()}
+        lat = []
+        for e in run.trace.events:
+            if e.kind != "recv":
+                continue
+            src = ("F", e.stage - 1, e.microbatch) if e.stage == 1 else ("B", e.stage + 1, e.microbatch)
+            sent = ends.get(src)
+            if sent is not None and e.start_s < sent < e.end_s:
+                lat.append(e.end_s - sent)
+        if lat:
+            out["latency"].append(statistics.median(lat))
         per: dict[str, list[float]] = {"send": [], "recv": []}
         for w in (0, 1):
             evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)
@@ -209,12 +222,17 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
                                           for (n, p), ts in sorted(by_np.items())])
     ar_rounds = [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)]
     over = got["runtime overhead"]
-    msg = got["message overhead"]
+    msg = dict(got["message overhead"])
+    # the latency a message has inside a pipeline run (the receiver blocked in its wait, woken by
+    # the message), measured in the two-worker run; the sweep's own fit keeps the bandwidth
+    in_run = msg.pop("latency", [])
+    if in_run:
+        alpha = statistics.median(in_run)
     opt = got["optimizer step"]
     opt_fit = {k: fit_affine([b for b, _ in rows], [t for _, t in rows]) for k, rows in opt.items()}
     mem = got["memory bandwidth"]
     finite = [b for _, b, _ in rounds if b != float("inf")]
-    sp = {"p2p_latency_s": spread([a for a, _, _ in rounds]), "p2p_bandwidth": spread(finite),
+    sp = {"p2p_latency_s": spread(in_run or [a for a, _, _ in rounds]), "p2p_bandwidth": spread(finite),
           "allreduce_latency_s": spread([a for a, _, _ in ar_rounds]),
           "allreduce_bandwidth": spread([b for _, b, _ in ar_rounds if b != float("inf")]),
           "memory_bandwidth": spread(mem)}
@@ -234,6 +252,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         optimizer_s={k: (a, b) for k, (a, b, _) in opt_fit.items()},
         memory_bandwidth=statistics.median(mem), spread=sp, residual=res,
         samples={"p2p": [list(x) for x in p2p], "allreduce": [list(x) for x in ar],
+                 "p2p_latency_in_run": in_run,
                  "optimizer": {k: [list(x) for x in v] for k, v in opt.items()}},
     )
 
