@@ -111,3 +111,21 @@ def test_explain_refuses_a_trace_of_another_schedule() -> None:
         explain(tr, other)
     with pytest.raises(TypeError, match="Schedule"):
         explain(tr)
+
+
+def test_views_draw_the_parts_the_path_and_the_front() -> None:
+    P, M = 4, 8
+    sch = build("gpipe", Plan.even(8, P), microbatches=M, minibatches=1)
+    res = simulate_schedule(sch, _Slow(slow=2, factor=1.5))
+    bd = explain(res.trace, sch, slowdown={2: 1.5})
+    fig = pl.views.bubbles(bd)
+    by_name = {t.name: list(t.y) for t in fig.data}
+    assert by_name["straggler"] == pytest.approx(list(bd.fractions()["straggler"]))
+    assert by_name["fill / drain"] == pytest.approx([3.0 * (P - 1) / bd.makespan] * P)
+    g = pl.views.with_critical_path(pl.views.gantt(res.trace), res.trace, bd.critical_path)
+    line = g.data[-1]
+    assert line.name == "critical path" and max(line.x) == pytest.approx(res.trace.makespan)
+    assert 2 in set(line.y)   # the slow worker is on the critical path
+    table = pl.plan(pl.Profile.synthetic([1e-3] * 4, batch_size=8), pl.Cluster.flat(2), methods=["gpipe"])
+    fig2 = pl.views.pareto(table.table, selected=int(table.best.name))
+    assert fig2.data[-1].name == "selected" and fig2.data[-1].y[0] == pytest.approx(table.best["throughput"])

@@ -6,6 +6,8 @@
 - :func:`memory` — per-worker memory, stacked by component, against the device limit
   (:func:`memory_breakdown` for a plan, :func:`schedule_memory` in units for a bare schedule)
 - :func:`compare` — throughput and speed-up across methods or plans
+- :func:`bubbles` — per worker, idle time split into its causes (:func:`pipelab.explain.explain`);
+  :func:`with_critical_path` draws the critical path on a Gantt chart; :func:`pareto` a planner's table
 
 Nothing here imports ipywidgets; live, interactive versions live in :mod:`pipelab.widgets`.
 :func:`to_html` renders a figure for reports that must work offline.
@@ -13,10 +15,12 @@ Nothing here imports ipywidgets; live, interactive versions live in :mod:`pipela
 
 from __future__ import annotations
 
+from pipelab.views.bubbles import bubbles, pareto, with_critical_path
 from pipelab.views.gantt import bubble_fraction, gantt, schedule_trace, worker_labels
 from pipelab.views.memory import memory, memory_breakdown, schedule_memory
 from pipelab.views.partition_graph import partition_graph
 from pipelab.views.tables import compare, compare_table, to_html
 
-__all__ = ["bubble_fraction", "compare", "compare_table", "gantt", "memory", "memory_breakdown",
-           "partition_graph", "schedule_memory", "schedule_trace", "to_html", "worker_labels"]
+__all__ = ["bubble_fraction", "bubbles", "compare", "compare_table", "gantt", "memory", "memory_breakdown",
+           "pareto", "partition_graph", "schedule_memory", "schedule_trace", "to_html", "with_critical_path",
+           "worker_labels"]
