@@ -49,9 +49,10 @@ from pipelab.sim.simulate import SimResult, simulate, virtual_plan
 DEFAULT_METHODS = ("dp", "gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1", "pipedream", "2bw", "pipemare")
 #: partitioners of straight pipelines, tried at every stage count
 SPLITS = ("uniform", "balanced", "prefix-sum")
-COLUMNS = ("rank", "method", "partitioner", "config", "stages", "workers", "microbatches", "chunks",
-           "recompute", "compression", "throughput", "time_per_minibatch_s", "bound_s", "peak_memory",
-           "fits", "bubble_fraction", "versions", "delay", "staleness_risk", "pareto", "status")
+COLUMNS = ("rank", "method", "synchronous", "partitioner", "config", "stages", "workers", "microbatches",
+           "chunks", "recompute", "compression", "throughput", "time_per_minibatch_s", "bound_s",
+           "peak_memory", "fits", "bubble_fraction", "versions", "delay", "staleness_risk", "pareto",
+           "status")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class PlanTable:
     cluster: Cluster = field(repr=False)
     memory_limit: tuple[int, ...] = ()
     optimizer: str = "sgd-momentum"
+    allreduce_overlap: str = "ddp"
     default_row: int | None = None   # what torch or Megatron users get: 1F1B on a uniform layer split
 
     @property
@@ -126,6 +128,7 @@ class PlanTable:
     def simulate(self, row: int | None = None, **kw: Any) -> SimResult:
         """Simulate the candidate of table index ``row`` (default: the best) again, trace included."""
         c = self.candidate(row)
+        kw.setdefault("allreduce_overlap", self.allreduce_overlap)
         return _simulate(c, self.profile, self.cluster, self.optimizer, **kw)
 
     def describe(self, top: int = 10) -> str:
@@ -336,7 +339,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
          methods: Iterable[str] | None = None, *, microbatches: Sequence[int] | None = None,
          chunks: Sequence[int] = (2, 4), recompute: Sequence[bool] = (False, True),
          compression: Sequence[str | None] = (None, "fp16"), optimizer: str = "sgd-momentum",
-         memory_bandwidth: float | None = None, prune: bool = True,
+         memory_bandwidth: float | None = None, allreduce_overlap: str = "ddp", prune: bool = True,
          progress: bool | Callable[[int, int], None] = False) -> PlanTable:
     """Search methods x partitions x microbatches x chunks x recomputation x compression (module docstring).
 
@@ -344,6 +347,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     memory). ``methods``: names from :mod:`pipelab.methods` (default :data:`DEFAULT_METHODS`, plus
     ``hetpipe`` on a cluster of mixed devices). ``microbatches``: counts to try for methods that
     pipeline microbatches (default P, 2P, 4P per stage count P, at most the minibatch's samples).
+    ``allreduce_overlap``: as :func:`pipelab.sim.simulate` (``"none"`` to model pipelab's runtime).
     ``prune=False`` simulates every candidate. ``progress``: a progress bar (tqdm), or a callback
     ``(done, total)``. Returns a :class:`PlanTable`.
     """
@@ -370,7 +374,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
         registry.get(name)   # an unknown name raises MethodError, listing the valid ones
     for comp in compression:
         compression_ratio_of(comp)
-    cms = {rc: CostModel(_recompute_profile(profile) if rc else profile, cl, optimizer=optimizer)
+    cms = {rc: CostModel(_recompute_profile(profile) if rc else profile, cl, optimizer=optimizer,
+                         allreduce_overlap=allreduce_overlap)
            for rc in set(recompute) | {False}}
     cands = _candidates(profile, cl, cms[False], names, microbatches=microbatches, chunks=chunks,
                         recompute=recompute, compression=compression, optimizer=optimizer)
@@ -388,7 +393,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
         c = cands[i]
         b_time, b_mem = bounds[i]
         row = rows[i]
-        row.update(method=c.method, partitioner=c.partitioner, config=c.plan.config, stages=c.plan.num_stages,
+        row.update(method=c.method, synchronous=registry.get(c.method).synchronous,
+                   partitioner=c.partitioner, config=c.plan.config, stages=c.plan.num_stages,
                    workers=c.plan.num_workers if registry.get(c.method).order != "dp" else W,
                    microbatches=c.microbatches, chunks=c.chunks or 0, recompute=c.recompute,
                    compression=c.compression or "none", bound_s=b_time, throughput=math.nan,
@@ -400,7 +406,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
             row["status"] = "skipped: dominated by its bound"
         else:
             try:
-                res = _simulate(c, profile, cl, optimizer, memory_bandwidth=memory_bandwidth)
+                res = _simulate(c, profile, cl, optimizer, memory_bandwidth=memory_bandwidth,
+                                allreduce_overlap=allreduce_overlap)
             except (ScheduleError, ValueError) as exc:
                 row["status"] = f"error: {str(exc).splitlines()[0][:120]}"
             else:
@@ -421,7 +428,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     table = pd.DataFrame(rows)
     table = _rank(table)
     return PlanTable(table=table[list(COLUMNS)], candidates=tuple(cands), profile=profile, cluster=cl,
-                     memory_limit=limit, optimizer=optimizer, default_row=default)
+                     memory_limit=limit, optimizer=optimizer, allreduce_overlap=allreduce_overlap,
+                     default_row=default)
 
 
 def _recompute_peak(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]) -> list[int]:

@@ -50,7 +50,7 @@ def main() -> None:
               f"chunks={best['chunks']} recompute={best['recompute']} compression={best['compression']}: "
               f"{best['throughput']:.0f} samples/s, peak {best['peak_memory'] / 2**30:.2f} GiB"
               + (f" [{best['staleness_risk']}]" if best["staleness_risk"] else ""))
-        sync = table.table[(table.table["rank"] > 0) & (table.table["delay"] == 0)].sort_values("rank")
+        sync = table.table[(table.table["rank"] > 0) & table.table["synchronous"]].sort_values("rank")
         if not sync.empty:
             s = sync.iloc[0]
             print(f"  best synchronous: {s['method']} {s['partitioner']} {s['config']} "
