@@ -148,7 +148,9 @@ explorer
 # The textbook bubble of 1F1B with `P` stages and `M` microbatches is `(P-1)/(M+P-1)`. The default run's
 # idle time is more than that; `pl.explain` says how much of it is the schedule's own fill and drain,
 # how much is waiting on a slower stage (a uniform layer split is not a balanced one), on transfers, and on
-# the optimizer step.
+# the optimizer step. Every part is a share of the run's actual makespan (so the parts add up to its idle
+# time): the schedule's fill and drain cost the same seconds as in a balanced pipeline, a smaller share of a
+# longer run.
 
 # %%
 table = tables[key]
@@ -156,7 +158,9 @@ res = table.simulate(int(table.default.name))
 bd = pl.explain(res)
 P, M = res.schedule.num_workers, res.schedule.microbatches
 print(f"{key[0]} on {key[1]}, default: {bd.summary()}")
-print(f"closed form (P-1)/(M+P-1) = {(P - 1) / (M + P - 1):.1%}")
+print(f"closed form (P-1)/(M+P-1) = {(P - 1) / (M + P - 1):.1%} of the makespan of a balanced pipeline; "
+      f"here the fill/drain seconds are {bd.table['fill_drain'].mean() / bd.makespan:.1%} of a makespan that "
+      f"imbalance and transfers made longer")
 pl.views.bubbles(bd)
 
 # %%
