@@ -136,5 +136,20 @@ def test_cli_auto_prints_the_pick_and_writes_its_plan(tmp_path, capsys) -> None:
     assert rc == 0 and "pick: " in text and "default (1f1b-flush" in text and "Pareto front" in text
     best = plan(_profile(), pl.Cluster.parse("flat:4"), methods=["1f1b-flush", "gpipe"]).candidate()
     assert Plan.load(out).stages == best.plan.stages
-    assert csv.read_text().splitlines()[0].startswith("rank,method,partitioner")
+    assert csv.read_text().splitlines()[0].startswith("rank,method,synchronous,partitioner")
     assert main([str(prof), "--cluster", "flat:4", "--auto", "--methods", "nope"]) == 2
+
+
+def test_reported_memory_is_the_memory_models(table: pl.planner.PlanTable) -> None:
+    """1F1B-flush on a straight split keeps ``min(M, P - s)`` microbatches on stage ``s``: its peak is
+    the cost model's closed form (weights, gradients, momentum, activations), which the table reports."""
+    t = table.table
+    row = t[(t.method == "1f1b-flush") & (t.partitioner == "uniform") & (t.stages == 4)
+            & (t.microbatches == 8) & ~t.recompute & (t.compression == "none")].iloc[0]
+    assert row["status"] == "simulated" and bool(row["synchronous"])
+    c = table.candidate(int(row.name))
+    cm = pl.partition.CostModel(_profile(), _cluster())
+    want = max(cm.memory_bytes(s.start, s.end, versions=1, in_flight=min(8, 4 - s.index),
+                               microbatches=8)["total"] for s in c.plan.stages)
+    assert row["peak_memory"] == want
+    assert not t[t.method == "pipedream"]["synchronous"].any()
