@@ -25,6 +25,8 @@ _EXPORTS: dict[str, str] = {
     "Layer": "pipelab.profile.records",
     "profile": "pipelab.profile.measure",
     "Cluster": "pipelab.cluster",
+    "Calibration": "pipelab.cluster",
+    "calibrate": "pipelab.calibrate",
     "Plan": "pipelab.partition.plan",
     "Stage": "pipelab.partition.plan",
     "partition": "pipelab.partition",
@@ -78,6 +80,7 @@ def __dir__() -> list[str]:
 _CALLABLE_SUBPACKAGES: dict[str, tuple[str, str]] = {
     "pipelab.partition": ("pipelab.partition", "partition"),
     "pipelab.profile": ("pipelab.profile.measure", "profile"),
+    "pipelab.calibrate": ("pipelab.calibrate", "calibrate"),
     "pipelab.explain": ("pipelab.explain", "explain"),
 }
 
@@ -104,7 +107,8 @@ sys.modules[__name__].__class__ = _Package
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from pipelab import models, planner, schedules, torch_bridge, views, widgets  # noqa: F401
-    from pipelab.cluster import Cluster  # noqa: F401
+    from pipelab.calibrate import calibrate  # noqa: F401
+    from pipelab.cluster import Calibration, Cluster  # noqa: F401
     from pipelab.explain import explain  # noqa: F401
     from pipelab.partition import partition  # noqa: F401
     from pipelab.partition.plan import Plan, Stage  # noqa: F401

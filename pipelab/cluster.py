@@ -51,6 +51,10 @@ from pathlib import Path
 from typing import Any
 
 from pipelab._io import read_record, write_record
+from pipelab.transports import (
+    HOST_COPY_BYTES_PER_S,
+    transport_levels,
+)
 
 GB = 1e9
 Gbps = 1e9 / 8
@@ -89,8 +93,19 @@ class Level:
     bandwidth: float
     latency: float = 0.0
     uplinks: int = 1
+    #: bytes/s a pipeline transfer (activation or gradient) achieves at this level where the transport
+    #: differs from the raw link, e.g. PipeDream's gloo path through host memory (None: ``bandwidth``)
+    p2p_bandwidth: float | None = None
+    #: bus bandwidth (bytes/s) an all-reduce achieves per link at this level in the ring formula,
+    #: e.g. NCCL's measured bus bandwidth over TCP (None: ``bandwidth``); see :meth:`Cluster.with_transport`
+    allreduce_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
+        for label in ("p2p_bandwidth", "allreduce_bandwidth"):
+            v = getattr(self, label)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"level {self.name!r}: {label}={v!r} must be None (the link's bandwidth) "
+                                 f"or a finite number of bytes/s > 0")
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"level {self.name!r}: size={self.size!r} must be an integer >= 1")
         if not (
@@ -101,6 +116,19 @@ class Level:
             raise ValueError(f"level {self.name!r}: latency={self.latency!r} must be a finite number >= 0 s")
         if not isinstance(self.uplinks, int) or self.uplinks < 1:
             raise ValueError(f"level {self.name!r}: uplinks={self.uplinks!r} must be an integer >= 1")
+
+    @property
+    def transfer_bandwidth(self) -> float:
+        """Bytes/s of one pipeline transfer at this level: ``p2p_bandwidth`` where the transport sets
+        it, else the link's ``bandwidth`` (the one rate the cost model's transfers use)."""
+        return self.bandwidth if self.p2p_bandwidth is None else float(self.p2p_bandwidth)
+
+    @property
+    def ring_bandwidth(self) -> float:
+        """Bytes/s per link inside a ring all-reduce at this level: ``allreduce_bandwidth`` where the
+        transport sets it, else the link's ``bandwidth``."""
+        return self.bandwidth if self.allreduce_bandwidth is None else float(self.allreduce_bandwidth)
+
 
 
 @dataclass(frozen=True)
@@ -119,6 +147,8 @@ class Calibration:
       ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` fitted over sizes and group sizes ``p``;
     * ``overhead_s``: the runtime's own seconds per action of each kind (``F``, ``B``, ``W``,
       ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
+    * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
+      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking);
     * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
       seconds, seconds per parameter byte)`` of one ``step()``;
     * ``memory_bandwidth``: bytes per second of a large copy (read plus write).
@@ -141,6 +171,7 @@ class Calibration:
     overhead_s: dict[str, float]
     optimizer_s: dict[str, tuple[float, float]]
     memory_bandwidth: float
+    message_s: dict[str, float] = field(default_factory=dict)
     spread: dict[str, float] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)
@@ -183,6 +214,7 @@ class Calibration:
     def describe(self) -> str:
         """A few lines for humans: provenance and the fitted terms."""
         ov = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(self.overhead_s.items()))
+        ov += "".join(f", {k} {v * 1e6:.0f} us/message" for k, v in sorted(self.message_s.items()))
         opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B"
                         for k, (a, b) in self.optimizer_s.items())
         return (f"calibrated on {self.host} ({self.device}, {self.backend}, {self.workers} workers on "
@@ -349,7 +381,7 @@ class Cluster:
             if len(sizes) != 1:
                 raise ValueError(f"workers {ws} are not a regular sub-grid of cluster {self.name!r} at level "
                                  f"{lv.name!r}; choose whole servers or GPUs inside one server")
-            levels.append(Level(lv.name, sizes.pop(), lv.bandwidth, lv.latency, lv.uplinks))
+            levels.append(replace(lv, size=sizes.pop()))
         if math.prod(lv.size for lv in levels) != len(ws):
             raise ValueError(f"workers {ws} are not a regular sub-grid of cluster {self.name!r}; "
                              f"choose the same number of GPUs in each chosen server")
@@ -410,7 +442,10 @@ class Cluster:
 
     @classmethod
     def parse(cls, spec: str) -> Cluster:
-        """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, or a name."""
+        """``"pipedream-a:4x4"`` (servers x GPUs), ``"pipedream-c:8"`` (servers), ``"flat:16"``, a name,
+        or the path of a cluster JSON (``pipelab calibrate -o cluster.json``)."""
+        if spec.strip().endswith(".json"):
+            return cls.load(spec.strip())
         m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?::\s*(\d+)\s*(?:[xX]\s*(\d+))?)?\s*", spec)
         if not m:
             raise ValueError(
@@ -451,8 +486,8 @@ class Cluster:
             raise ValueError(f"every server needs the same (non-zero) number of devices; got "
                              f"{[len(s) for s in servers]}")
         g = per.pop()
-        levels = (Level(intra.name, g, intra.bandwidth, intra.latency, intra.uplinks),
-                  Level(inter.name, len(servers), inter.bandwidth, inter.latency, min(inter.uplinks, g)))
+        levels = (replace(intra, size=g),
+                  replace(inter, size=len(servers), uplinks=min(inter.uplinks, g)))
         return cls(name, levels, tuple(d for s in servers for d in s))
 
     @classmethod
@@ -468,6 +503,29 @@ class Cluster:
         return cls.heterogeneous(nodes, intra=Level("pcie", gpus_per_server, 10 * GB, 5e-6),
                                  inter=Level("infiniband-56g", servers, 56 * Gbps, 2e-6),
                                  name=f"hetpipe:{servers}x{gpus_per_server}")
+
+    def with_transport(self, pipeline: str = "link", allreduce: str = "link", *,
+                       host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
+                       allreduce_bus_bandwidth: dict[str, float] | None = None) -> Cluster:
+        """This cluster with its transfers priced by a transport (same devices and links;
+        :func:`pipelab.transports.transport_levels`).
+
+        ``pipeline`` (:data:`pipelab.transports.PIPELINE_TRANSPORTS`): ``"gloo-host"`` sets every
+        level's ``p2p_bandwidth`` to the store-and-forward rate of PipeDream's gloo path,
+        ``1 / (2 / host_copy_bandwidth + 1 / net)``: a device-to-host copy, the TCP transfer (``net``:
+        the level's own bandwidth across servers; a host memory copy, ``host_copy_bandwidth``, on the
+        innermost level of a multi-GPU server, where gloo's TCP runs over loopback) and a
+        host-to-device copy. ``allreduce`` (:data:`pipelab.transports.ALLREDUCE_TRANSPORTS`):
+        ``"nccl-ring"`` sets the ``allreduce_bandwidth`` of every level named in
+        ``allreduce_bus_bandwidth`` (default :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`, the
+        Ethernet levels) to NCCL's measured bus bandwidth; levels inside a server keep their link's.
+        ``"gloo-ring"`` sets every level's to the gloo path's rate (as ``"gloo-host"``'s transfers).
+        ``"link"`` leaves a level as it is.
+        """
+        levels = transport_levels(self.levels, pipeline, allreduce, host_copy_bandwidth=host_copy_bandwidth,
+                                  allreduce_bus_bandwidth=allreduce_bus_bandwidth)
+        tag = "" if (pipeline, allreduce) == ("link", "link") else f"[{pipeline},{allreduce}]"
+        return replace(self, name=self.name + tag, levels=tuple(levels))
 
     # ------------------------------------------------------------------ output
     @property
@@ -485,8 +543,13 @@ class Cluster:
         lines = [f"Cluster {self.name!r}: {self.num_workers} workers: {devs}"]
         for k, lv in enumerate(self.levels):
             up = f", {lv.uplinks} uplinks" if lv.uplinks > 1 else ""
+            via = ""
+            if lv.p2p_bandwidth is not None:
+                via += f", transfers at {lv.p2p_bandwidth / GB:.3g} GB/s"
+            if lv.allreduce_bandwidth is not None:
+                via += f", all-reduce bus {lv.allreduce_bandwidth / GB:.3g} GB/s"
             lines.append(f"  level {k} {lv.name}: {lv.size} per block, {lv.bandwidth / GB:.3g} GB/s "
-                         f"({lv.bandwidth * 8 / 1e9:.3g} Gbps), latency {lv.latency * 1e6:.3g} us{up}")
+                         f"({lv.bandwidth * 8 / 1e9:.3g} Gbps), latency {lv.latency * 1e6:.3g} us{up}{via}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -524,5 +587,5 @@ class Cluster:
             raise ValueError(f"workers={workers!r} must be an integer >= 1")
         lv = self.levels[0]
         return replace(self, name=f"{self.name.split(':')[0]}:{workers}",
-                       levels=(Level(lv.name, workers, lv.bandwidth, lv.latency, lv.uplinks),),
+                       levels=(replace(lv, size=workers),),
                        devices=(self.devices[0],) * workers)

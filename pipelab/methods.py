@@ -173,6 +173,8 @@ COMMON_RUNTIME_OPTIONS: tuple[Option, ...] = (
            where="runtime"),
     Option("device", "str", None, "where stages compute: 'cpu' or 'cuda' (gloo stages CUDA messages through "
            "host memory, so workers may share a GPU)", where="runtime"),
+    Option("measure_memory", "bool", False, "count each worker's memory after every action "
+           "(RunResult.peak_memory)", where="runtime"),
     Option("checkpoint_every", "int", None, "checkpoint every N minibatches", where="runtime", minimum=1),
     Option("checkpoint_dir", "path", None, "where checkpoints go", where="runtime"),
     Option("checkpoint_keep", "int", 2, "how many checkpoints to keep", where="runtime", minimum=1),

@@ -47,6 +47,9 @@ from pipelab.sim.simulate import SimResult, simulate, virtual_plan
 #: methods searched by default: every registered one but the ablations (naive-async; buffered with
 #: its default K=2 is 2bw) and hetpipe (searched on clusters of mixed devices)
 DEFAULT_METHODS = ("dp", "gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1", "pipedream", "2bw", "pipemare")
+#: minibatches a synchronous candidate is simulated for: the optimizer state exists from the first
+#: update on (torch allocates it lazily), so the second minibatch shows the steady peak
+SYNC_MINIBATCHES = 2
 #: partitioners of straight pipelines, tried at every stage count
 SPLITS = ("uniform", "balanced", "prefix-sum")
 COLUMNS = ("rank", "method", "synchronous", "partitioner", "config", "stages", "workers", "microbatches",
@@ -157,6 +160,10 @@ def _simulate(c: Candidate, profile: Profile, cluster: Cluster, optimizer: str, 
     """Simulate candidate ``c`` (recomputation priced on a copy of the profile, see the module docstring)."""
     opts: dict[str, Any] = {k: v for k, v in c.options().items() if k != "recompute"}
     prof = _recompute_profile(profile) if c.recompute else profile
+    if registry.get(c.method).synchronous:
+        # two minibatches: the optimizer state exists from the first update on (torch allocates it
+        # lazily), so the second minibatch's peak is the steady one
+        kw.setdefault("minibatches", SYNC_MINIBATCHES)
     return simulate(c.plan, prof, cluster, c.method, microbatches=c.microbatches, optimizer=optimizer,
                     **opts, **kw)
 
@@ -265,11 +272,14 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
 
     Time: the busiest worker's compute of one minibatch (each replica of a stage takes 1/r of its
     microbatches) plus its stages' updates for methods that update once per minibatch; for a flushed
-    straight pipeline (GPipe, 1F1B, ZB-H1) also, for every stage ``k``, the forwards of microbatch 0
-    up to ``k``, ``k``'s own ``M`` forwards and backwards, and the last microbatch's input gradients
-    back down from ``k`` (its weight gradients may wait: ZB-H1). Memory: weights, one gradient
-    buffer and optimizer state of the stages a worker hosts, plus one microbatch's activations per
-    stage (``M`` of them under GPipe, which holds the whole minibatch before its backward).
+    straight pipeline (GPipe, 1F1B, ZB-H1) also, for every stage ``k``, its own ``M`` forwards and
+    backwards plus, once per run of :data:`SYNC_MINIBATCHES` (ZB-H1's deferred weight gradients may
+    overlap the next minibatch's way up), the forwards of the first microbatch up to ``k`` and the
+    last one's input gradients back down; the update is left out of that term (it overlaps the way
+    down). Memory: weights and optimizer state of the stages a worker hosts
+    (the gradient buffer is freed at each update), plus one microbatch's activations per stage (``M``
+    of them under GPipe, which holds the whole minibatch before its backward; none for methods whose
+    backward recomputes its forward).
     """
     cm = cms[c.recompute]
     spec = registry.get(c.method)
@@ -280,8 +290,8 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
         [(s.start, s.end, s.ranks) for s in c.plan.stages]
     M = 1 if is_dp else c.microbatches
     phys = c.plan.notes.get("workers") if not is_dp else None
-    held = M if spec.order == "gpipe" else 1
-    per_stage: list[tuple[float, float, float, float]] = []
+    held = 0 if spec.versions == "latest" else M if spec.order == "gpipe" else 1
+    per_stage: list[tuple[float, float, float]] = []
     for a, e, ranks in stages:
         for r in ranks:
             w = int(phys[r]) if phys else r
@@ -291,17 +301,17 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
             u = cm.update_s(a, e, w, memory_bandwidth) if per_minibatch else 0.0
             busy[w] = busy.get(w, 0.0) + (f + b) * n_mb + u
             act = cm.activation_bytes(a, e, M) * held
-            floor[w] = floor.get(w, 0) + int((2 + cm.state_factor) * cm.param_bytes(a, e)) + act
+            floor[w] = floor.get(w, 0) + int((1 + cm.state_factor) * cm.param_bytes(a, e)) + act
         if len(ranks) == 1:
             w = int(phys[ranks[0]]) if phys else ranks[0]
             f, b = cm.compute_s(a, e, w, microbatches=M)
             bi = cm.backward_split_s(a, e, w, microbatches=M)[0] if spec.order == "zb-h1" else b
-            per_stage.append((f, b, bi, cm.update_s(a, e, w, memory_bandwidth)))
+            per_stage.append((f, b, bi))
     t = max(busy.values()) / (c.microbatches if is_dp else 1)
     if spec.synchronous and not is_dp and spec.order != "interleaved" and len(per_stage) == len(stages):
         up = 0.0
-        for f, b, bi, u in per_stage:
-            t = max(t, up + M * (f + b) + u)
+        for f, b, bi in per_stage:
+            t = max(t, up / SYNC_MINIBATCHES + M * (f + b))
             up += f + bi
     return t, max(floor.values())
 

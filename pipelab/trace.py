@@ -151,6 +151,29 @@ class Trace:
         """Per worker, the idle fraction of the trace's span (1 - busy / makespan)."""
         return metrics.bubble_by_worker(self.busy_time(), self.makespan)
 
+    def steady_window(self, in_flight: int = 1) -> tuple[float, float, int]:
+        """``(start, end, minibatches)`` between minibatch completions, skipping ``in_flight`` of
+        warm-up and as many of drain (at least one each, so a real run's start-up, first calls and
+        process skew are never inside): :func:`pipelab.metrics.steady_window` over the trace's own
+        ``microbatches``/``minibatches`` metadata. The same window for a simulated and a measured
+        trace, so their rates compare like for like."""
+        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
+        if K < 3:
+            raise ValueError(f"a trace of {K} minibatches has no steady window; run at least 3")
+        done = metrics.minibatch_completions(self.compute_events(), M, K)
+        window = metrics.steady_window(done, min(max(in_flight, 1), (K - 1) // 2), 1)
+        if window is None:
+            raise ValueError(f"a trace of {K} minibatches is too short for a steady window; run more steps")
+        return window
+
+    def steady_throughput(self, batch_size: int | None = None, in_flight: int = 1) -> float:
+        """Samples per second over :meth:`steady_window` (``batch_size`` defaults to the trace's)."""
+        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
+        if batch is None:
+            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        start, end, n = self.steady_window(in_flight)
+        return n * int(batch) / (end - start)
+
     def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write one JSON object per line (first line: metadata), atomically."""
         lines = [json.dumps({"meta": _jsonable(self.meta)})]

@@ -38,7 +38,7 @@ ROWS = [
     ("gnmt8", "pipedream-a", 1, 4, "straight", 1.5),
     ("gnmt8", "pipedream-a", 3, 4, "straight", 2.95),
     ("gnmt8", "pipedream-b", 2, 8, "16", 1.0),
-    ("gnmt16", "pipedream-a", 4, 4, None, None),
+    ("gnmt16", "pipedream-a", 4, 4, "straight", 2.34),
     ("gnmt16", "pipedream-a", 1, 4, "straight", 1.46),
     ("gnmt16", "pipedream-b", 2, 8, "straight", 3.14),
 ]
@@ -120,7 +120,14 @@ READING = """\
 * Compute is the profile's time divided by the device speed. PipeDream does not say which GPU
   measured its profiles; with speed 1 (the profiling GPU) compute dominates and DP looks good; at
   speed 4 (a device four times faster than the profiler, communication unchanged) communication
-  weighs four times more and the pipelined configurations win by the paper's margins.
+  weighs four times more. That does not give the paper's margins: it moves some rows towards the
+  paper (VGG-16 A 4x4 4.46x against 5.28x, GNMT-16 A 1x4 1.55x against 1.46x) and others past
+  it or away from it (GNMT-8 A 1x4 4.78x against 1.5x, GNMT-8 B 2x8 `1-1-3-1-2-8` at 5.57x where
+  the paper ran DP at 1x, GNMT-8 A 3x4 7.84x against 2.95x, VGG-16 B 2x8 `11-5` at 1.11x against
+  2.98x). Device speed is one of two unknowns; this table also keeps the profiles' own batch sizes
+  and every transfer at its link's rate, which is not how the paper's runs were made (batch 64 per
+  worker, gloo through host memory for the pipelines, NCCL for DP): `pipedream_table1/README.md`
+  runs the rows that way, with the unknowns fixed from cited sources and a sensitivity grid.
 * GNMT's DP all-reduces 775 MB (GNMT-8) or 1.1 GB (GNMT-16) of weights per minibatch over 10 Gbps
   Ethernet on cluster A, so pipelab prefers deep pipelines with little replication there.
 * Every prediction is the cost model's steady state (`CostModel.steady_state`): the slowest

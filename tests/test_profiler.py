@@ -70,9 +70,13 @@ def test_flops_and_saved_bytes_closed_forms() -> None:
     prof = pl.profile(model, torch.randn(16, 64), warmup=0, repeats=1, progress=False)
     assert [layer.flops for layer in prof.layers] == [2 * 16 * 64 * 32, 0, 2 * 16 * 32 * 8]
     # Weights are not counted: a Linear keeps its input (for the weight gradient), tanh its output.
-    assert prof.layers[0].saved_bytes == 16 * 64 * 4
+    # Each saved value counts once, at the layer that produces it: the model's input (saved by the
+    # first Linear) is input_bytes; tanh's output (saved by tanh and by the second Linear: one
+    # storage) counts at tanh; the first Linear's output is saved by nobody.
+    assert prof.layers[0].saved_bytes == 0
     assert prof.layers[1].saved_bytes == 16 * 32 * 4
-    assert prof.layers[2].saved_bytes == 16 * 32 * 4
+    assert prof.layers[2].saved_bytes == 0
+    assert prof.input_bytes == 16 * 64 * 4
     assert [layer.out_bytes for layer in prof.layers] == [16 * 32 * 4, 16 * 32 * 4, 16 * 8 * 4]
     assert [layer.param_bytes for layer in prof.layers] == [(64 * 32 + 32) * 4, 0, (32 * 8 + 8) * 4]
     assert prof.edges == ((0, 1), (1, 2))

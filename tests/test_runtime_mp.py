@@ -197,3 +197,21 @@ def test_dropout_streams_are_the_same_in_processes_and_in_the_reference_executor
     assert H.max_diff(a.state_dict(), b.state_dict()) < 1e-6
     assert H.max_diff(b.state_dict(), c.state_dict()) < 1e-6
     assert a.losses == pytest.approx(b.losses, abs=1e-6)
+
+
+def test_stream_off_sends_each_workers_events_once_at_its_end(monkeypatch):
+    from pipelab.runtime.launch import Run
+
+    batches: list[int] = []
+    add = Run._add
+    monkeypatch.setattr(Run, "_add", lambda self, evs: (batches.append(len(evs)), add(self, evs))[1])
+    plan = pl.Plan.from_boundaries(PAIR_L, [7])
+    streamed = _run(plan, "1f1b-flush", "gloo", steps=6)
+    n_streamed = len(batches)
+    batches.clear()
+    quiet = _run(plan, "1f1b-flush", "gloo", steps=6, stream=False)
+    # 6 x 9 actions per worker: streamed in batches of at most 32 (at least two per worker), or once
+    assert n_streamed >= 4 and len(batches) == 2
+    assert sum(batches) == len(quiet.trace.events)
+    assert quiet.trace.actions_by_worker() == streamed.trace.actions_by_worker()
+    assert H.max_diff(quiet.state_dict(), streamed.state_dict()) == 0

@@ -135,21 +135,47 @@ def _uniform(n: int = 8, param: int = 1000, out: int = 10_000) -> Profile:
     )
 
 
+def _without_grads_at_peak(want: dict[str, int], act: int) -> int:
+    """The peak where each update frees the gradient buffer and a forward follows it (torch's
+    ``zero_grad(set_to_none=True)``): all activations without gradients, or one microbatch fewer with them."""
+    return want["total"] - min(want["gradients"], act)
+
+
 def test_memory_matches_cost_model() -> None:
-    """Peak memory per worker = CostModel.memory_bytes with PipeDream's versions and in-flight counts."""
+    """Peak memory per worker = CostModel.memory_bytes with PipeDream's versions and in-flight counts,
+    less the gradient buffer that each update frees and the next weight gradient allocates."""
     prof = _uniform()
     cl = Cluster.flat(4, bandwidth=1e12)
     cm = CostModel(prof, cl)
     plan = Plan.even(8, 4, batch_size=32)
     res = simulate(plan, prof, cl, method="pipedream", minibatches=16)
     for s, st in enumerate(plan.stages):
-        want = cm.memory_bytes(st.start, st.end, versions=4 - s, in_flight=4 - s)["total"]
-        assert res.peak_memory[s] == want
-    flush = simulate(plan, prof, cl, method="gpipe", microbatches=4)
+        want = cm.memory_bytes(st.start, st.end, versions=4 - s, in_flight=4 - s)
+        assert res.peak_memory[s] == _without_grads_at_peak(want, cm.activation_bytes(st.start, st.end))
+    flush = simulate(plan, prof, cl, method="gpipe", microbatches=4, minibatches=2)
     for s, st in enumerate(plan.stages):
-        assert flush.peak_memory[s] == cm.memory_bytes(st.start, st.end, versions=1, in_flight=4,
-                                                       microbatches=4)["total"]
+        want = cm.memory_bytes(st.start, st.end, versions=1, in_flight=4, microbatches=4)
+        assert flush.peak_memory[s] == _without_grads_at_peak(want, cm.activation_bytes(st.start, st.end, 4))
+    # 1F1B-flush with M > P: forwards follow the minibatch's first backward, so the peak holds it all
+    one = simulate(plan, prof, cl, method="1f1b-flush", microbatches=8, minibatches=2)
+    for s, st in enumerate(plan.stages):
+        want = cm.memory_bytes(st.start, st.end, versions=1, in_flight=4 - s, microbatches=8)
+        assert one.peak_memory[s] == want["total"]
     assert all(t1 >= t0 for line in res.memory_timeline.values() for (t0, _), (t1, _) in zip(line, line[1:]))
+
+
+def test_memory_counts_the_gradient_buffer_and_optimizer_state_when_allocated() -> None:
+    """Before the first update there is no optimizer state; between an update and the next weight
+    gradient there is no gradient buffer (one stage, gpipe, M = 2, K = 2)."""
+    prof = _uniform(n=2)
+    cl = Cluster.flat(1, bandwidth=1e12)
+    cm = CostModel(prof, cl)          # sgd-momentum: one state tensor per weight
+    res = simulate(1, prof, cl, method="gpipe", microbatches=2, minibatches=2)
+    p, a = cm.param_bytes(0, 2), cm.activation_bytes(0, 2, 2)
+    # start, F0 F1 B0 B1 U, F2 F3 B2 B3 U
+    assert [b for _, b in res.memory_timeline[0]] == [
+        p, p + a, p + 2 * a, 2 * p + a, 2 * p, 2 * p,
+        2 * p + a, 2 * p + 2 * a, 3 * p + a, 3 * p, 2 * p]
 
 
 @pytest.mark.parametrize("method,kw,versions", [
@@ -162,22 +188,29 @@ def test_memory_matches_cost_model() -> None:
 ])
 def test_memory_versions_follow_the_closed_forms(method: str, kw: dict, versions: Any) -> None:
     """The simulator charges the versions the schedule (and the runtime) hold: closed forms per method,
-    with PipeDream's in-flight activations ``P - s``."""
+    with PipeDream's in-flight activations ``P - s``; naive-async and PipeMare recompute the forward
+    in backward (a stage keeps its input and output), and PipeMare keeps a weight-sized delta buffer."""
     prof = _uniform()
     cl = Cluster.flat(4, bandwidth=1e12)
     cm = CostModel(prof, cl)
     plan = Plan.even(8, 4, batch_size=32)
     res = simulate(plan, prof, cl, method=method, minibatches=16, **kw)
     M = res.schedule.microbatches
+    latest = method in ("naive-async", "pipemare")
     for s, st in enumerate(plan.stages):
         assert res.schedule.versions_held(s) == versions(4, s)
         want = cm.memory_bytes(st.start, st.end, versions=versions(4, s), in_flight=4 - s, microbatches=M)
-        assert res.peak_memory[s] == want["total"], (method, s)
+        act = cm.activation_bytes(st.start, st.end, M, recompute=latest)
+        total = want["total"] - want["activations"] + (4 - s) * act
+        total += want["weights"] if method == "pipemare" else 0
+        if M == 1:   # an update after every backward frees the gradient buffer before the next forward
+            total -= min(want["gradients"], act)
+        assert res.peak_memory[s] == total, (method, s)
 
 
 def test_compute_bound_pipeline_matches_stage_time() -> None:
     """Negligible transfers: PipeDream's time per minibatch = the slowest stage's F+B; 1F1B-flush's
-    = (M+P-1) per-microbatch steps; zb-h1 splits each backward into halves B and W."""
+    = (M+P-1) per-microbatch steps."""
     prof = _uniform()
     cl = Cluster.flat(4, bandwidth=1e15)
     plan = Plan.even(8, 4, batch_size=32)
@@ -186,9 +219,14 @@ def test_compute_bound_pipeline_matches_stage_time() -> None:
     assert res.throughput == pytest.approx(32 / 6e-3, rel=1e-5)
     fl = simulate(plan, prof, cl, method="1f1b-flush", microbatches=8)
     assert fl.time_per_minibatch == pytest.approx((8 + 3) * 6e-3 / 8, rel=1e-3)
+    # zb-h1 splits backward as the runtime does: stage 0's B has no input gradient to compute and its
+    # W is the whole backward; a later stage's B is its layers' input gradients (half of each layer's
+    # backward, unmeasured here) and its W the weight gradients plus the chain down to its first layer
     zb = simulate(plan, prof, cl, method="zb-h1", microbatches=8)
-    bw = [e.duration_s for e in zb.trace.compute_events() if e.kind in "BW" and e.worker == 0]
-    assert bw == pytest.approx([4e-3 / 8 / 2] * 16)
+    for w, (b_want, w_want) in ((0, (0.0, 4e-3 / 8)), (1, (4e-3 / 8 / 2, 4e-3 / 8 * 0.75))):
+        ev = [e for e in zb.trace.compute_events() if e.worker == w]
+        assert [e.duration_s for e in ev if e.kind == "B"] == pytest.approx([b_want] * 8, abs=1e-12)
+        assert [e.duration_s for e in ev if e.kind == "W"] == pytest.approx([w_want] * 8)
 
 
 def test_dp_matches_replica_formula() -> None:

@@ -69,7 +69,7 @@ def test_static_html_inlines_plotlyjs_once_per_kernel(monkeypatch):
 def test_live_gantt_fills_in_batches_and_reports_status():
     evs = one_f_one_b_events(2, 4)
     run = FakeRun(evs, delay=0.02)
-    g = LiveGantt(run, hz=10, live=True)
+    g = LiveGantt(run, hz=10, live=True, cpu_share=1.0)      # redraw as often as hz allows
     seen = []
     while not g.done:                               # the figure grows while the stream runs
         seen.append(nbars(g.figure))
@@ -90,6 +90,53 @@ def test_live_gantt_redraws_in_batches():
     assert g.join(10)
     assert nbars(g.figure) == len(evs)
     assert 1 <= g.redraws <= len(evs) // 3
+
+
+class FakeClock:
+    """Stands in for the time module: ``monotonic`` and ``thread_time`` move only when the test says."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = 0.0, 0.0
+
+    def monotonic(self) -> float:
+        return self.wall
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+
+@pytest.mark.parametrize(("share", "gap", "redraws"), [(1 / 32, 4.0, 4), (1 / 4, 0.5, 30), (1.0, 0.25, 60)])
+def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, gap, redraws):
+    # 240 events 1/16 s apart (15 s of run), each redraw costing 1/8 CPU second, hz=4: after a redraw at
+    # t the next comes at the first event at or after t + max(1/hz, cost / share) (binary fractions, so
+    # the times are exact); share 1 is the rule before the budget (hz alone: every 0.25 s)
+    clock = FakeClock()
+    monkeypatch.setattr(widgets, "time", clock)
+    evs = [Event(0, 0, "F", m, m / 16, m / 16 + 0.05) for m in range(240)]
+
+    class Stream:
+        @property
+        def events(self):
+            for e in evs:
+                yield e
+                clock.wall += 1 / 16
+
+    g = LiveGantt(Stream(), hz=4, live=True, cpu_share=share, start=False)
+    calls: list[float] = []
+
+    def refresh() -> None:
+        calls.append(clock.wall)
+        clock.cpu += 1 / 8
+
+    monkeypatch.setattr(g, "refresh", refresh)
+    g._consume()
+    during = calls[:-1]                                   # the last call is the final redraw at the end
+    assert {b - a for a, b in zip(during, during[1:])} == {gap}
+    assert len(during) == redraws and during[0] == 0.0
+    assert g.redraw_cpu_s == len(during) / 8
+    assert g.redraw_cpu_s <= share * (clock.wall + gap)   # the budget holds (a redraw pays for its gap)
+    with pytest.raises(ValueError, match="cpu_share=0"):
+        LiveGantt(Stream(), cpu_share=0)
 
 
 def test_live_gantt_shows_a_failed_job_in_its_status():

@@ -8,7 +8,8 @@ What is measured (``repeats`` rounds of each; medians kept, spreads recorded):
 2. all-reduce time against size and group size (the ring model ``2(p-1) alpha + 2(p-1)/p n/beta``);
 3. the runtime's own seconds per action for ``F``, ``B``, ``W`` and ``U``: a one-worker
    ``zb-h1`` run of a tiny model through the real runtime (so every kind occurs), each action's
-   wall time up to the next one, less the layers' profiled compute;
+   wall time up to the next one, less the layers' profiled compute; and per message, on the worker
+   that sends it and on the one that receives it (a two-worker run of the same model);
 4. the optimizer step's cost for SGD, SGD with momentum and Adam (fixed seconds plus seconds per
    parameter byte);
 5. host memory bandwidth (a large copy).
@@ -93,6 +94,48 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> di
     return out
 
 
+def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo",
+                     steps: int = 12) -> dict[str, list[float]]:
+    """The runtime's own seconds per message on a worker: ``"send"`` (packing, posting the send) and
+    ``"recv"`` (posting the receive, unpacking), one per round.
+
+    A two-worker ``1f1b-flush`` run of :func:`tiny.tiny_model` cut after its first layer: stage 0's
+    forward sends and its backward receives, stage 1's forward receives and its backward sends. An
+    action's wall time is from the previous action's end on its worker to its own end (the receive
+    is taken before the action starts), less the profiled compute and the per-action ``base``
+    overhead; actions that waited for their message are left out (a wait is not work).
+    """
+    x = next(iter(tiny_data()))[0]
+    prof = measure_profile(tiny_model(), x, progress=False, repeats=5)
+    M = 4
+    from pipelab.costs import CostModel  # the compute the cost model charges, without overhead
+
+    cm = CostModel(prof, Cluster.flat(2))
+    comp = {(s, k): v for s, (a, b) in enumerate(((0, 1), (1, len(prof))))
+            for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))}
+    role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
+    plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
+    out: dict[str, list[float]] = {"send": [], "recv": []}
+    for _ in range(repeats):
+        run = train(tiny_model, plan, method="1f1b-flush", data=tiny_data, loss_fn=tiny_loss,
+                    optimizer=tiny_sgd, steps=steps, microbatches=M, backend=backend, progress=False,
+                    timeout=120)
+        waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
+        per: dict[str, list[float]] = {"send": [], "recv": []}
+        for w in (0, 1):
+            evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)
+            skip = len(evs) // steps
+            for prev, e in zip(evs[skip:], evs[skip + 1:]):
+                r = role.get((e.stage, e.kind))
+                if r is None or (e.worker, e.stage, e.microbatch) in waited:
+                    continue
+                per[r].append(e.end_s - prev.end_s - comp[(e.stage, e.kind)] - base.get(e.kind, 0.0))
+        for k, ts in per.items():
+            if ts:
+                out[k].append(max(statistics.median(ts), 0.0))
+    return out
+
+
 def calibrate(*, workers: int = 2, backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = 3, path: str | os.PathLike[str] | None = None, progress: bool = True,
               name: str | None = None, memory_bytes: int | None = None) -> Cluster:
@@ -112,10 +155,12 @@ def calibrate(*, workers: int = 2, backend: str = "gloo", sizes: Sequence[int] =
     _check_backend(backend, workers)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=5, desc="calibrating", disable=not progress, leave=False)
+    bar = tqdm(total=6, desc="calibrating", disable=not progress, leave=False)
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
         ("runtime overhead", lambda: runtime_overhead(repeats, backend)),
+        ("message overhead", lambda: message_overhead(
+            repeats, {k: statistics.median(v) for k, v in got["runtime overhead"].items() if v}, backend)),
         ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
     ]
@@ -164,6 +209,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
                                           for (n, p), ts in sorted(by_np.items())])
     ar_rounds = [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)]
     over = got["runtime overhead"]
+    msg = got["message overhead"]
     opt = got["optimizer step"]
     opt_fit = {k: fit_affine([b for b, _ in rows], [t for _, t in rows]) for k, rows in opt.items()}
     mem = got["memory bandwidth"]
@@ -173,6 +219,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
           "allreduce_bandwidth": spread([b for _, b, _ in ar_rounds if b != float("inf")]),
           "memory_bandwidth": spread(mem)}
     sp.update({f"overhead_s.{k}": spread(v) for k, v in over.items()})
+    sp.update({f"message_s.{k}": spread(v) for k, v in msg.items()})
     res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[2] for k, f in opt_fit.items()}}
     cpu = platform.processor() or platform.machine() or "cpu"
     device = torch.cuda.get_device_name() if backend == "nccl" else cpu
@@ -183,6 +230,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         p2p_latency_s=alpha, p2p_bandwidth=beta if beta != float("inf") else 1e12,
         allreduce_latency_s=ar_alpha, allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
         overhead_s={k: statistics.median(v) for k, v in over.items() if v},
+        message_s={k: statistics.median(v) for k, v in msg.items() if v},
         optimizer_s={k: (a, b) for k, (a, b, _) in opt_fit.items()},
         memory_bandwidth=statistics.median(mem), spread=sp, residual=res,
         samples={"p2p": [list(x) for x in p2p], "allreduce": [list(x) for x in ar],

@@ -1,8 +1,9 @@
 """The measurements behind calibration: each returns raw timings, which :mod:`.fit` turns into terms.
 
 * :func:`p2p_and_allreduce`: a group of worker processes (the backend's own process group, one
-  thread each) times one-way messages between ranks 0 and 1 (half a ping-pong round trip) over a
-  sweep of sizes, and all-reduces over sizes and group sizes 2..workers;
+  thread each) times one-way messages between ranks 0 and 1 (half a ping-pong round trip, sent
+  and received as the runtime does, with ``isend``/``irecv``, after an idle moment as between a
+  pipeline's actions) over a sweep of sizes, and all-reduces over sizes and group sizes 2..workers;
 * :func:`optimizer_steps`: ``step()`` of SGD, SGD with momentum and Adam over parameter sets of
   several sizes, in this process;
 * :func:`memory_copy`: a large tensor copy (read plus write), in this process.
@@ -34,9 +35,18 @@ OPTIMIZERS: dict[str, Any] = {
 }
 
 
+#: seconds a probe idles before each point-to-point trip (a pipeline's messages come between actions)
+IDLE_S = 2e-3
+
+
 def _trips(nbytes: int) -> int:
     """Timed repetitions per size: many for small (latency-bound, noisy) messages, few for large."""
-    return max(3, min(25, (8 << 20) // max(nbytes, 1)))
+    return max(3, min(15, (8 << 20) // max(nbytes, 1)))
+
+
+def _wait(work: Any) -> None:
+    if work is not None:     # None only for ranks outside the group
+        work.wait()
 
 
 def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[int], repeats: int,
@@ -53,18 +63,21 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
                 buf = torch.zeros(max(n // 4, 1), dtype=torch.float32)
                 k = _trips(n)
                 dist.barrier()
-                if rank == 0:
-                    trips = []
-                    for _ in range(k + 1):     # the first trip warms the connection for this size
+                trips = []
+                for _ in range(k + 1):     # the first trip warms the connection for this size
+                    # as in a pipeline run, messages come between compute: idle a moment before each,
+                    # so the trip pays the wake-ups a runtime message pays, not a hot loop's latency
+                    if rank == 0:
+                        time.sleep(IDLE_S)
                         t0 = time.perf_counter()
-                        dist.send(buf, 1)
-                        dist.recv(buf, 1)
+                        _wait(dist.isend(buf, 1))
+                        _wait(dist.irecv(buf, 1))
                         trips.append((time.perf_counter() - t0) / 2)
+                    elif rank == 1:
+                        _wait(dist.irecv(buf, 0))
+                        _wait(dist.isend(buf, 0))
+                if rank == 0:
                     p2p.append((r, n, statistics.median(trips[1:])))
-                elif rank == 1:
-                    for _ in range(k + 1):
-                        dist.recv(buf, 0)
-                        dist.send(buf, 0)
         groups: dict[int, Any] = {p: dist.new_group(list(range(p))) for p in range(2, world + 1)}
         ar: list[tuple[int, int, int, float]] = []      # (round, bytes, group size, seconds)
         for r in range(repeats):

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("pipelab.cli.plan", "partition a profile for a cluster"),
     "simulate": ("pipelab.cli.simulate", "simulate a plan with a method"),
     "train": ("pipelab.cli.train", "run a job (job.json) on this machine or under torchrun"),
+    "calibrate": ("pipelab.cli.calibrate", "measure this machine and write a calibrated cluster"),
     "reproduce": ("pipelab.reproduce", "run the papers' reproductions (make reproduce)"),
 }
 

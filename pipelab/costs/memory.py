@@ -14,11 +14,25 @@ class Memory(Prices):
     """Memory prices over :class:`Prices` (mixed into :class:`~pipelab.costs.CostModel`)."""
 
     # ------------------------------------------------------------------ memory
-    def activation_bytes(self, start: int, end: int, microbatches: int = 1) -> int:
-        """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward."""
+    def activation_bytes(self, start: int, end: int, microbatches: int = 1, *,
+                         recompute: bool = False) -> int:
+        """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward.
+
+        What autograd saves for the stage's layers (the profile's ``saved_bytes``), the stage's
+        input, and its output where no layer saves it (``Layer.out_saved`` False: a pipeline stage
+        holds its output until its backward, the root of that backward). With ``recompute`` (the
+        backward recomputes the forward: ``recompute=True``, or a method whose backward reads the
+        newest weights, so the forward builds no graph) only the stage's input and output (the
+        model's last stage outputs a loss: nothing).
+        """
         self._range(start, end)
         inp = self.profile.input_bytes if start == 0 else int(self.cuts[start - 1])
-        return -(-int(self.pa[end] - self.pa[start] + inp) // microbatches)
+        if recompute:
+            out = int(self.cuts[end - 1]) if end < len(self.profile) else 0
+            return -(-(inp + out) // microbatches)
+        last = self.profile.layers[end - 1]
+        held_out = last.out_bytes if end < len(self.profile) and last.out_saved is False else 0
+        return -(-int(self.pa[end] - self.pa[start] + inp + held_out) // microbatches)
 
     def memory_bytes(self, start: int, end: int, *, versions: int, in_flight: int,
                      microbatches: int = 1) -> dict[str, int]:
@@ -47,6 +61,9 @@ class Memory(Prices):
         Memory of a range with ``v`` versions and ``k`` in flight is ``(v + 1 + opt) * P + k * A``.
         """
         inp = np.concatenate([[float(self.profile.input_bytes)], self.cuts, [0.0]])
+        layers, n = self.profile.layers, len(self.profile)
+        out = np.array([0.0] + [float(layers[j - 1].out_bytes) if j < n and layers[j - 1].out_saved is False
+                                else 0.0 for j in range(1, n + 1)])
         p = self.pp[None, :] - self.pp[:, None]
-        a = np.ceil((self.pa[None, :] - self.pa[:, None] + inp[:, None]) / microbatches)
+        a = np.ceil((self.pa[None, :] - self.pa[:, None] + inp[:, None] + out[None, :]) / microbatches)
         return p, a

@@ -163,7 +163,18 @@ class Prices:
         qf, qb = self.qf[end] - self.qf[start], self.qb[end] - self.qb[start]
         f = qf + (self.pf[end] - self.pf[start] - qf) / microbatches
         b = qb + (self.pb[end] - self.pb[start] - qb) / microbatches
-        return float(f) / speed + self.overhead_s("F"), float(b) / speed + self.overhead_s("B")
+        # a stage with a neighbour receives its input and sends its output (forward), and the
+        # other way round for gradients (backward): the runtime's own work per message
+        into, out = start > 0, end < self.num_layers
+        send, recv = self.message_s("send"), self.message_s("recv")
+        return (float(f) / speed + self.overhead_s("F") + into * recv + out * send,
+                float(b) / speed + self.overhead_s("B") + out * recv + into * send)
+
+    def message_s(self, role: str) -> float:
+        """The runtime's own seconds per message on the ``"send"``-ing or ``"recv"``-ing worker of a
+        calibrated cluster, 0 otherwise."""
+        cal = self.cluster.calibration
+        return float(cal.message_s.get(role, 0.0)) if cal is not None else 0.0
 
     def backward_split_s(self, start: int, end: int, worker: int,
                          microbatches: int = 1) -> tuple[float, float]:
@@ -177,17 +188,19 @@ class Prices:
         layers but the first (the whole backward at the first stage). Per layer the split is the
         profile's measured one (``Layer.wgrad_s``; half of the backward where a profile lacks it).
         """
-        b = self.compute_s(start, end, worker, microbatches)[1] - self.overhead_s("B")
+        msgs = (end < self.num_layers) * self.message_s("recv") + (start > 0) * self.message_s("send")
+        fixed = self.overhead_s("B") + msgs           # B takes the gradient in and sends its own out
+        b = self.compute_s(start, end, worker, microbatches)[1] - fixed
         full = float(self.pb[end] - self.pb[start])
         if full <= 0:
-            return self.overhead_s("B"), self.overhead_s("W")
+            return fixed, self.overhead_s("W")
         wgt = float(self.pw[end] - self.pw[start]) / full          # weight-gradient share
         first_in = float(self.pb[start + 1] - self.pb[start] - (self.pw[start + 1] - self.pw[start])) / full
         if start == 0:
             b_in, w = 0.0, b
         else:
             b_in, w = b * (1 - wgt), b * (1 - first_in)
-        return b_in + self.overhead_s("B"), w + self.overhead_s("W")
+        return b_in + fixed, w + self.overhead_s("W")
 
     def param_bytes(self, start: int, end: int) -> int:
         """Parameter bytes of layers ``[start, end)``."""
@@ -230,7 +243,7 @@ class Prices:
             self.cluster.speed(src)  # validates the index
             return 0.0
         lv = self.cluster.link(src, dst)
-        return lv.latency + nbytes / self.compression_ratio / lv.bandwidth + self.staging_s(nbytes)
+        return lv.latency + nbytes / self.compression_ratio / lv.transfer_bandwidth + self.staging_s(nbytes)
 
     def staging_s(self, nbytes: int) -> float:
         """Seconds of the two host copies (device to host, host to device) of a message of ``nbytes``
@@ -333,7 +346,7 @@ class Prices:
             if p <= 1:
                 continue
             links = min(lv.uplinks, max(members.values()))
-            bw = lv.bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+            bw = lv.ring_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
             per_byte += 2.0 * (p - 1) / p / (bw * links)
             fixed += 2.0 * (p - 1) * lv.latency
         return per_byte, fixed
@@ -364,7 +377,8 @@ class Prices:
             raise ValueError("replica_time_s needs at least one worker")
         speed = min(self.cluster.speed(w) for w in ws)
         kappa, fixed = self.allreduce_coeffs(ws)
-        f = (self.pf[end] - self.pf[start]) / speed + self.overhead_s("F") + self.overhead_s("B")
+        msgs = ((start > 0) + (end < self.num_layers)) * (self.message_s("send") + self.message_s("recv"))
+        f = (self.pf[end] - self.pf[start]) / speed + self.overhead_s("F") + self.overhead_s("B") + msgs
         if kappa == 0.0:
             return float(f + (self.pb[end] - self.pb[start]) / speed)
         if self.allreduce_overlap == "none":
@@ -403,6 +417,9 @@ class Prices:
             out[:, 1:] = (pf[None, 1:] - pf[:, None]) + pb[None, 1:] - kappa * pp[:, None] + run
             out[:, 1:] += np.where(pp[None, 1:] > pp[:, None], fixed, 0.0)
         out += self.overhead_s("F") + self.overhead_s("B")
+        per_cut = self.message_s("send") + self.message_s("recv")
+        if per_cut:
+            out += ((i > 0).astype(float) + (j < n).astype(float)) * per_cut
         out[j <= i] = np.inf
         return np.ascontiguousarray(out.T) if transpose else out
 

@@ -164,7 +164,7 @@ class _StageTerms:
         lv = cm.cluster.levels[level]
         x = np.zeros(n + 1)
         # the same arithmetic as CostModel.transfer_s / port_slots, vectorised over the cuts
-        x[1:n] = (lv.latency + cm.cuts / cm.compression_ratio / lv.bandwidth) / lv.uplinks
+        x[1:n] = (lv.latency + cm.cuts / cm.compression_ratio / lv.transfer_bandwidth) / lv.uplinks
         return x
 
     def stage(self, order: Sequence[int], s: int, serial: bool = False) -> np.ndarray:

@@ -99,7 +99,7 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
 
     def cut_x(k: int) -> np.ndarray:
         lv = cm.cluster.levels[k]
-        x = lv.latency + cut_bytes / cm.compression_ratio / lv.bandwidth
+        x = lv.latency + cut_bytes / cm.compression_ratio / lv.transfer_bandwidth
         x[0] = x[n] = 0.0
         return x
     xs = [cut_x(k) for k in range(len(cm.cluster.levels))]

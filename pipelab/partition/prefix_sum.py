@@ -50,7 +50,7 @@ class _Problem:
         self.cutc = np.zeros((S, n + 1))
         for s in range(1, S):
             lv = cm.cluster.link(s - 1, s)
-            self.cutc[s, 1:n] = lv.latency + cm.cuts / (cm.compression_ratio * lv.bandwidth)
+            self.cutc[s, 1:n] = lv.latency + cm.cuts / (cm.compression_ratio * lv.transfer_bandwidth)
 
     def candidates(self) -> np.ndarray:
         """Every value the optimum can take: a range's compute on some speed, or a cut's cost."""

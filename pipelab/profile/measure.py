@@ -73,18 +73,26 @@ class _Timer:
 class _SavedBytes:
     """Counts the unique storages autograd saves for backward, parameters excluded.
 
-    ``params`` holds the storage addresses (``untyped_storage().data_ptr()``) of the weights.
+    ``params`` holds the storage addresses (``untyped_storage().data_ptr()``) of the weights;
+    ``inputs`` maps the storage addresses of the layer's inputs to the values (fx node names) they
+    hold: a saved input is not counted here but in ``saved_inputs`` (value -> bytes), so that the
+    profiler counts it once, at the layer that produces it (see ``_measure``).
     """
 
-    def __init__(self, params: set[int]) -> None:
+    def __init__(self, params: set[int], inputs: dict[int, str] | None = None) -> None:
         self.params = params
+        self.inputs = inputs or {}
         self.storages: dict[int, int] = {}
+        self.saved_inputs: dict[str, int] = {}
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         try:
             st = t.untyped_storage()
+            value = self.inputs.get(st.data_ptr())
+            if value is not None:
+                self.saved_inputs[value] = max(self.saved_inputs.get(value, 0), st.nbytes())
             # weights (and views of them, e.g. a transposed weight) are not activations
-            if st.data_ptr() not in self.params:
+            elif st.data_ptr() not in self.params:
                 self.storages[st.data_ptr()] = max(self.storages.get(st.data_ptr(), 0), st.nbytes())
         except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. sparse)
             self.storages[id(t)] = t.numel() * t.element_size()
@@ -293,6 +301,12 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
         for inp in n.all_input_nodes:
             last_use[inp.name] = i
     placeholders = iter(args)
+    # a value that a layer saves of its inputs is counted once, at the layer that produces it (a
+    # stage holds its output until its backward) unless that layer saves it itself; a model input
+    # is the profile's input_bytes
+    consumer_saved: dict[str, int] = {}
+    producer_saved: set[str] = set()
+    outputs_of: dict[int, list[str]] = {}     # layer index -> its output values
     layers: list[Layer] = []
     edges: list[tuple[int, int]] = []
     used_names: set[str] = set()
@@ -313,8 +327,16 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
             elif node.name in groups:  # a layer's head (its getitems' values are computed with it)
                 group = groups[node.name]
                 runner = _LayerRunner(gm, node)
+                saved_in: dict[str, int] = {}
+                saved_own: set[int] = set()
                 lay, out = _measure_layer(runner, node, env, requires, param_ids, timer, warmup, repeats,
-                                          group.handed_on)
+                                          group.handed_on, saved_in, saved_own)
+                for vname, nbytes in saved_in.items():
+                    consumer_saved[vname] = max(consumer_saved.get(vname, 0), nbytes)
+                for vname, v in group.unpack(out).items():
+                    outputs_of.setdefault(len(layers), []).append(vname)
+                    if any(t.untyped_storage().data_ptr() in saved_own for t in _tensors(v)):
+                        producer_saved.add(vname)
                 param_bytes = 0
                 for p in runner.params + [env[a.name] for a in node.all_input_nodes
                                           if a.op == "get_attr" and isinstance(env[a.name], nn.Parameter)]:
@@ -345,6 +367,14 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                 env.pop(node.name, None)
     finally:
         bar.close()
+    for vname, nbytes in consumer_saved.items():
+        at = pos.get(vname)
+        if at is not None and at < len(layers) and vname not in producer_saved:
+            layers[at] = replace(layers[at], saved_bytes=layers[at].saved_bytes + nbytes)
+    for at, names in outputs_of.items():
+        if at < len(layers):
+            saved = any(v in producer_saved or v in consumer_saved for v in names)
+            layers[at] = replace(layers[at], out_saved=saved)
     return layers, value_bytes, edges
 
 
@@ -401,10 +431,11 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
     return [statistics.median(s) for s in samples], output
 
 
-def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool]
-                  ) -> tuple[Any, Any, list[torch.Tensor]]:
+def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
+                  origins: dict[int, str] | None = None) -> tuple[Any, Any, list[torch.Tensor]]:
     """Copies of a node's inputs as new autograd leaves (those whose originals need grad), so that
-    in-place layers never touch the stored values and backward stops at this layer."""
+    in-place layers never touch the stored values and backward stops at this layer. ``origins``, if
+    given, receives each copy's storage address -> the input value's name."""
     leaves: list[torch.Tensor] = []
 
     def fresh(a: fx.Node) -> Any:
@@ -419,7 +450,10 @@ def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool]
             if requires.get(a.name, False) and t.is_floating_point():
                 leaf = leaf.requires_grad_()
                 leaves.append(leaf)
-            return leaf.clone()
+            copy = leaf.clone()
+            if origins is not None:
+                origins[copy.untyped_storage().data_ptr()] = a.name
+            return copy
 
         return fx.node.map_aggregate(v, copy_one)
 
@@ -431,6 +465,7 @@ def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool]
 def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
                    param_ids: set[int], timer: _Timer, warmup: int, repeats: int,
                    handed_on: Callable[[Any], list[Any]] = lambda out: [out],
+                   saved_inputs: dict[str, int] | None = None, saved_storages: set[int] | None = None,
                    ) -> tuple[tuple[float, float, int, int, float], Any]:
     """(fwd_s, bwd_s, flops, saved_bytes, wgrad_s) of one layer, and its head's output (from the first
     run). ``wgrad_s`` is the weight-gradient part of the backward: the full backward's time less the
@@ -438,7 +473,9 @@ def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], req
 
     ``handed_on(out)`` picks, from the head's output, what leaves the layer; backward starts from
     gradients of those values only, as in training (an LSTM whose final states nobody uses gets
-    no gradient for them)."""
+    no gradient for them). ``saved_bytes`` leaves out what the layer saves of its inputs;
+    ``saved_inputs`` receives that (input value -> bytes), ``saved_storages`` the addresses of the
+    storages it counted (of the first run, whose output it returns)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     attr_params = [
@@ -453,14 +490,20 @@ def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], req
     flops = saved = 0
     first_out: Any = None
     for r in range(1 + warmup + repeats):
-        args, kwargs, leaves = _fresh_inputs(node, env, requires)
+        origins: dict[int, str] = {}
+        args, kwargs, leaves = _fresh_inputs(node, env, requires, origins)
         wrt = leaves + runner.params + attr_params
         if r == 0:  # untimed run that counts FLOPs and saved bytes
-            counter = _SavedBytes(param_ids)
+            counter = _SavedBytes(param_ids, origins)
             with FlopCounterMode(display=False) as fc, torch.autograd.graph.saved_tensors_hooks(
                     counter.pack, counter.unpack):
                 out = runner(args, kwargs)
             flops, saved, first_out = int(fc.get_total_flops()), counter.total, out
+            if saved_inputs is not None:
+                saved_inputs.update(counter.saved_inputs)
+            if saved_storages is not None:
+                saved_storages.update(counter.storages)
+            del counter
             if flops == 0 and isinstance(runner.fn, nn.RNNBase):
                 flops = _rnn_flops(runner.fn, args[0])
         else:

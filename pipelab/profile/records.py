@@ -43,10 +43,16 @@ class Layer:
     out_bytes: int
     param_bytes: int
     flops: int = 0
+    #: bytes autograd saves for backward, each saved value counted once, at the layer that produces it
+    #: (a value a later layer saves as its input counts here; the model's inputs are ``input_bytes``),
+    #: so a stage's activations are its layers' sum plus its input (``CostModel.activation_bytes``)
     saved_bytes: int = 0
     #: seconds of ``fwd_s``/``bwd_s`` that a smaller batch still pays in full (see the module docstring)
     fwd_fixed_s: float = 0.0
     bwd_fixed_s: float = 0.0
+    #: whether ``saved_bytes`` counts this layer's output (some layer saves it); None: not measured. A
+    #: pipeline stage holds its output until its backward whether saved or not (``activation_bytes``)
+    out_saved: bool | None = None
     #: seconds of ``bwd_s`` that compute weight gradients (the rest is the input gradient); None
     #: when not measured (PipeDream's profiles): zero-bubble schedules then assume half
     wgrad_s: float | None = None
@@ -236,6 +242,39 @@ class Profile:
         return Profile(layers=layers, cut_bytes=self.cut_bytes, batch_size=batch_size or self.batch_size,
                        dtype=self.dtype, device=self.device, input_bytes=self.input_bytes, model=self.model,
                        source=self.source, edges=self.edges)
+
+    def at_batch_size(self, batch_size: int) -> Profile:
+        """This profile rescaled to minibatches of ``batch_size`` samples, and recorded as such.
+
+        Times follow the affine model of the module docstring, ``fixed + (t - fixed) * b / B``
+        (``B`` this profile's batch size; linear where ``fwd_fixed_s``/``bwd_fixed_s`` are zero, as in
+        PipeDream's profiles); outputs, saved activations, cut bytes, input bytes and flops scale
+        linearly with the batch; weights do not change. ``source`` records the rescaling. Going up in
+        batch size extrapolates (the fixed part is paid once per call either way).
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be a positive integer (samples per minibatch)")
+        if batch_size == self.batch_size:
+            return self
+        r = batch_size / self.batch_size
+
+        def t(total: float, fixed: float) -> float:
+            return fixed + (total - fixed) * r
+
+        layers = tuple(
+            Layer(**{**asdict(layer), "fwd_s": t(layer.fwd_s, layer.fwd_fixed_s),
+                     "bwd_s": t(layer.bwd_s, layer.bwd_fixed_s),
+                     "out_bytes": int(round(layer.out_bytes * r)),
+                     "saved_bytes": int(round(layer.saved_bytes * r)),
+                     "flops": int(round(layer.flops * r))})
+            for layer in self.layers
+        )
+        note = (f"rescaled from batch {self.batch_size} to {batch_size} (times affine in the batch, "
+                f"activations and cuts linear)")
+        return Profile(layers=layers, cut_bytes=tuple(int(round(c * r)) for c in self.cut_bytes),
+                       batch_size=batch_size, dtype=self.dtype, device=self.device,
+                       input_bytes=int(round(self.input_bytes * r)), model=self.model,
+                       source=f"{self.source}; {note}" if self.source else note, edges=self.edges)
 
     # ------------------------------------------------------------------ constructors
     @classmethod

@@ -35,8 +35,14 @@ from pipelab.trace import Trace
 
 #: the methods of the matrix, with the options they need to build
 METHODS: dict[str, dict[str, Any]] = {
-    "dp": {}, "gpipe": {}, "1f1b-flush": {}, "interleaved-1f1b": {"chunks": 2}, "zb-h1": {},
-    "pipedream": {}, "2bw": {}, "pipemare": {"warmup_steps": 10},
+    "dp": {},
+    "gpipe": {},
+    "1f1b-flush": {},
+    "interleaved-1f1b": {"chunks": 2},
+    "zb-h1": {},
+    "pipedream": {},
+    "2bw": {},
+    "pipemare": {"warmup_steps": 10},
 }
 OPTIMIZER = "sgd-momentum"
 
@@ -47,9 +53,15 @@ def cnn() -> nn.Module:
     return demo.small_cnn()
 
 
+@functools.lru_cache(maxsize=1)
+def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+    return demo.digits_data("train")
+
+
 def cnn_data(batch: int = 64) -> list[tuple[torch.Tensor, ...]]:
-    """scikit-learn's digits in minibatches of ``batch`` (whole minibatches only)."""
-    x, y = demo.digits_data("train")
+    """scikit-learn's digits in minibatches of ``batch`` (whole minibatches only; loaded once per
+    process, so that a new epoch does not pay scikit-learn's loading inside the measured window)."""
+    x, y = _digits()
     n = len(y) // batch * batch
     return demo.batches((x[:n], y[:n]), batch)
 
@@ -63,7 +75,7 @@ def transformer_data(batch: int = 32) -> list[tuple[torch.Tensor, torch.Tensor]]
     """Random token sequences and per-token targets (a copy task), ``batch`` sequences each."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(2, 100, (batch * 24, 16), generator=g)
-    return [(x[i:i + batch], x[i:i + batch].flip(1)) for i in range(0, len(x), batch)]
+    return [(x[i : i + batch], x[i : i + batch].flip(1)) for i in range(0, len(x), batch)]
 
 
 def token_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -89,33 +101,36 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any], Callable[..
 
 
 # ---------------------------------------------------------------------- one measure for both traces
+def steady_window(trace: Trace, schedule: Any) -> tuple[float, float, int]:
+    """:meth:`Trace.steady_window` skipping the minibatches in flight at the input stage (the same
+    window for a simulated and a measured trace of ``schedule``)."""
+    return trace.steady_window(
+        max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // schedule.microbatches))
+    )
+
+
 def steady_throughput(trace: Trace, schedule: Any, batch: int) -> float:
-    """Samples per second over the steady-state window of ``trace`` (the same for a simulated and
-    a measured trace): minibatch completions, skipping the minibatches in flight at warm-up and
-    as many at drain (at least one each), :func:`pipelab.metrics.steady_window`."""
-    M, K = schedule.microbatches, schedule.minibatches
-    done = metrics.minibatch_completions(trace.compute_events(), M, K)
-    w = max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // M))
-    window = metrics.steady_window(done, min(w, max((K - 1) // 2, 1)), 1)
-    if window is None:
-        raise ValueError(f"a run of {K} minibatches is too short for a steady window; run more steps")
-    start, end, n = window
+    """Samples per second over :func:`steady_window`."""
+    start, end, n = steady_window(trace, schedule)
     return n * batch / (end - start)
 
 
-def busy_by_worker(trace: Trace, schedule: Any, batch: int) -> dict[int, float]:
-    """Per worker, busy seconds per minibatch over the whole run (compute actions only)."""
-    comp = trace.compute_events()
-    t0 = min(e.start_s for e in comp)
-    t1 = max(e.end_s for e in comp)
-    busy = metrics.busy_time(comp, range(schedule.num_workers), t0, t1)
-    return {w: b / schedule.minibatches for w, b in busy.items()}
+def busy_by_worker(trace: Trace, schedule: Any) -> dict[int, float]:
+    """Per worker, busy seconds (compute actions) per minibatch over :func:`steady_window`."""
+    start, end, n = steady_window(trace, schedule)
+    busy = metrics.busy_time(trace.compute_events(), range(schedule.num_workers), start, end)
+    return {w: b / n for w, b in busy.items()}
 
 
 # ---------------------------------------------------------------------- the matrix
-def configurations(*, full: bool = False, models: Sequence[str] | None = None,
-                   methods_: Sequence[str] | None = None, workers: Sequence[int] | None = None,
-                   microbatches: Sequence[int] | None = None) -> list[tuple[str, str, int, int]]:
+def configurations(
+    *,
+    full: bool = False,
+    models: Sequence[str] | None = None,
+    methods_: Sequence[str] | None = None,
+    workers: Sequence[int] | None = None,
+    microbatches: Sequence[int] | None = None,
+) -> list[tuple[str, str, int, int]]:
     """``(model, method, workers, microbatches)`` of the matrix where the method allows them
     (per-microbatch methods and ``dp`` take M = 1; interleaving needs M a multiple of P).
 
@@ -130,7 +145,8 @@ def configurations(*, full: bool = False, models: Sequence[str] | None = None,
         for method in methods_ or METHODS:
             spec = methods.get(method)
             for p in ws:
-                own = [1] if spec.update == "microbatch" or spec.partitioner == "dp" else mbs
+                # dp splits each minibatch over its replicas: M = workers (one microbatch each)
+                own = [p] if spec.partitioner == "dp" else [1] if spec.update == "microbatch" else mbs
                 for m in own:
                     if method == "interleaved-1f1b" and m % p:
                         continue
@@ -140,42 +156,116 @@ def configurations(*, full: bool = False, models: Sequence[str] | None = None,
 
 def plan_for(prof: Profile, cluster: Cluster, method: str, workers: int, microbatches: int) -> Plan:
     """The plan a method runs on ``workers``: data parallel for ``dp``, else a time-balanced straight
-    pipeline (GPipe's balance; interleaving splits it into ``chunks x workers`` virtual stages)."""
+    pipeline (GPipe's balance; for interleaving the simulator and :func:`run_plan` split it into
+    ``chunks x workers`` virtual stages, :func:`pipelab.sim.simulate.virtual_plan`)."""
     cl = cluster.with_workers(workers)
     if methods.get(method).partitioner == "dp":
         return partition(prof, cl, method="dp", allreduce_overlap="none")
-    plan = partition(prof, cl, method="gpipe", stages=workers, microbatches=max(microbatches, 1))
+    return partition(prof, cl, method="gpipe", stages=workers, microbatches=max(microbatches, 1))
+
+
+def run_plan(plan: Plan, prof: Profile, method: str) -> Plan:
+    """The plan the runtime executes: ``plan``, or its virtual stages for an interleaved method (the
+    split the simulator makes of the same plan)."""
     chunks = METHODS.get(method, {}).get("chunks")
     return virtual_plan(plan, prof, int(chunks)) if chunks else plan
 
 
-def run_one(model: str, method: str, workers: int, microbatches: int, *, prof: Profile, cluster: Cluster,
-            steps: int = 16, timeout: float = 180.0) -> dict[str, Any]:
-    """Simulate and run one configuration; a row of the accuracy table."""
+def run_one(
+    model: str,
+    method: str,
+    workers: int,
+    microbatches: int,
+    *,
+    prof: Profile,
+    cluster: Cluster,
+    steps: int = 16,
+    timeout: float = 180.0,
+    memory: bool = True,
+) -> dict[str, Any]:
+    """Simulate and run one configuration; a row of the accuracy table.
+
+    With ``memory``, a second short run (3 minibatches, ``measure_memory=True``, whose counting
+    would slow the timed run) measures each worker's peak memory against the simulator's.
+    """
     model_fn, data_fn, loss_fn, batch = MODELS[model]
     plan = plan_for(prof, cluster, method, workers, microbatches)
+    if methods.get(method).partitioner == "dp":
+        # the simulator runs each of dp's microbatches as one profile minibatch on one replica
+        prof = prof.at_batch_size(batch // microbatches)
     opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
     run_opts = dict(METHODS[method])
     cl = cluster.with_workers(workers)
-    sim = simulate(plan, prof, cl, method, microbatches=microbatches, minibatches=steps,
-                   allreduce_overlap="none", optimizer=OPTIMIZER, **opts)
+    sim = simulate(
+        plan,
+        prof,
+        cl,
+        method,
+        microbatches=microbatches,
+        minibatches=steps,
+        allreduce_overlap="none",
+        optimizer=OPTIMIZER,
+        **opts,
+    )
     t0 = time.perf_counter()
-    run = train(model_fn, plan, method=method, data=functools.partial(data_fn, batch), loss_fn=loss_fn,
-                optimizer=sgd, steps=steps, microbatches=microbatches, backend="gloo", progress=False,
-                timeout=timeout, **run_opts)
+    run = train(
+        model_fn,
+        run_plan(plan, prof, method),
+        method=method,
+        data=functools.partial(data_fn, batch),
+        loss_fn=loss_fn,
+        optimizer=sgd,
+        steps=steps,
+        microbatches=microbatches,
+        backend="gloo",
+        progress=False,
+        timeout=timeout,
+        **run_opts,
+    )
     wall = time.perf_counter() - t0
-    if run.trace.actions_by_worker() != sim.trace.actions_by_worker():
-        raise AssertionError(f"{model} {method}: the runtime and the simulator ran different schedules")
+    got, want = run.trace.actions_by_worker(), sim.trace.actions_by_worker()
+    if got != want:
+        diff = {
+            w: next(
+                ((i, x, y) for i, (x, y) in enumerate(zip(got.get(w, []), want.get(w, []))) if x != y),
+                (len(got.get(w, [])), len(want.get(w, []))),
+            )
+            for w in set(got) | set(want)
+            if got.get(w) != want.get(w)
+        }
+        raise AssertionError(
+            f"{model} {method}: the runtime and the simulator ran different schedules: {diff}"
+        )
     sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
     real_tp = steady_throughput(run.trace, run.schedule, batch)
-    sb, rb = busy_by_worker(sim.trace, sim.schedule, batch), busy_by_worker(run.trace, run.schedule, batch)
+    sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
-    return {"model": model, "method": method, "workers": workers, "microbatches": microbatches,
-            "config": plan.config, "steps": steps, "simulated": sim_tp, "measured": real_tp,
-            "error": (sim_tp - real_tp) / real_tp,
-            "busy_error_max": max(busy_err.values(), key=abs) if busy_err else math.nan,
-            "busy_error_median": statistics.median(busy_err.values()) if busy_err else math.nan,
-            "sim_peak_mib": max(sim.peak_memory) / 2**20, "wall_s": wall}
+    mem_err: dict[int, float] = {}
+    if memory:
+        short = simulate(plan, prof, cl, method, microbatches=microbatches, minibatches=3,
+                         allreduce_overlap="none", optimizer=OPTIMIZER, **opts)
+        res = train(model_fn, run_plan(plan, prof, method), method=method,
+                    data=functools.partial(data_fn, batch), loss_fn=loss_fn, optimizer=sgd, steps=3,
+                    microbatches=microbatches, backend="gloo", progress=False, timeout=timeout,
+                    schedule=short.schedule, measure_memory=True,
+                    **{k: v for k, v in run_opts.items() if k not in opts})
+        mem_err = {w: (short.peak_memory[w] - m) / m for w, m in res.peak_state.items() if m > 0}
+    return {
+        "model": model,
+        "method": method,
+        "workers": workers,
+        "microbatches": microbatches,
+        "config": plan.config,
+        "steps": steps,
+        "simulated": sim_tp,
+        "measured": real_tp,
+        "error": (sim_tp - real_tp) / real_tp,
+        "busy_error_max": max(busy_err.values(), key=abs) if busy_err else math.nan,
+        "busy_error_median": statistics.median(busy_err.values()) if busy_err else math.nan,
+        "sim_peak_mib": max(sim.peak_memory) / 2**20,
+        "memory_error_max": max(mem_err.values(), key=abs) if mem_err else math.nan,
+        "wall_s": wall,
+    }
 
 
 def profiles(models: Sequence[str]) -> dict[str, Profile]:
@@ -188,5 +278,116 @@ def profiles(models: Sequence[str]) -> dict[str, Profile]:
     return out
 
 
-__all__ = ["METHODS", "MODELS", "busy_by_worker", "configurations", "plan_for", "profiles", "run_one",
-           "steady_throughput"]
+# ---------------------------------------------------------------------- summaries and the figure
+def method_table(df: Any) -> Any:
+    """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
+    was), median |busy-time error|, worst |peak-memory error|."""
+    import pandas as pd
+
+    def row(name: str, part: Any) -> dict[str, Any]:
+        err = part["error"].abs()
+        at = part.loc[err.idxmax()]
+        mem = part["memory_error_max"].abs() if "memory_error_max" in part else pd.Series(dtype=float)
+        return {"method": name, "runs": len(part), "median |error|": float(err.median()),
+                "worst |error|": float(err.max()),
+                "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}",
+                "median |busy error|": float(part["busy_error_median"].abs().median()),
+                "worst |memory error|": float(mem.max()) if mem.notna().any() else math.nan}
+
+    rows = [row(str(m), part) for m, part in df.groupby("method", sort=False)]
+    return pd.DataFrame([*rows, row("ALL", df)])
+
+
+def svg_scatter(df: Any, *, title: str = "", band: float = 0.10, width: int = 560, height: int = 520) -> str:
+    """Predicted against measured throughput, log-log, with ``y = x`` and a ``±band`` band; one
+    colour per method (a self-contained SVG, no plotting library)."""
+    from html import escape
+
+    from pipelab.reproduce.report import _SVG_COLORS
+
+    xs = [float(v) for v in df["measured"]]
+    ys = [float(v) for v in df["simulated"]]
+    if not xs:
+        raise ValueError("svg_scatter needs at least one row")
+    lo = math.log10(min(xs + ys) / 1.3)
+    hi = math.log10(max(xs + ys) * 1.3)
+    left, right, top, bottom = 64, 150, 36, 48
+    pw, ph = width - left - right, height - top - bottom
+
+    def px(v: float) -> float:
+        return left + (math.log10(v) - lo) / (hi - lo) * pw
+
+    def py(v: float) -> float:
+        return top + (hi - math.log10(v)) / (hi - lo) * ph
+
+    a, b = 10**lo, 10**hi
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="20" font-size="14">{escape(title)}</text>',
+        f'<polygon fill="#e8f0fe" points="{px(a):.1f},{py(a * (1 + band)):.1f} '
+        f"{px(b / (1 + band)):.1f},{py(b):.1f} {px(b):.1f},{py(b):.1f} {px(b):.1f},{py(b * (1 - band)):.1f} "
+        f'{px(a):.1f},{py(a * (1 - band)):.1f}"/>',
+        f'<line x1="{px(a):.1f}" y1="{py(a):.1f}" x2="{px(b):.1f}" y2="{py(b):.1f}" stroke="#555" '
+        'stroke-dasharray="4 3"/>',
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>',
+    ]
+    for e in range(math.floor(lo), math.ceil(hi) + 1):
+        for m in (1, 2, 5):
+            v = m * 10**e
+            if a <= v <= b:
+                out.append(
+                    f'<text x="{px(v):.1f}" y="{top + ph + 16}" text-anchor="middle">{v:g}</text>'
+                    f'<text x="{left - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{v:g}</text>'
+                )
+    out.append(f'<text x="{left + pw / 2}" y="{height - 10}" text-anchor="middle">measured samples/s</text>')
+    out.append(
+        f'<text x="16" y="{top + ph / 2}" transform="rotate(-90 16 {top + ph / 2})" '
+        'text-anchor="middle">simulated samples/s</text>'
+    )
+    for i, (method, part) in enumerate(df.groupby("method", sort=False)):
+        c = _SVG_COLORS[i % len(_SVG_COLORS)]
+        for _, r in part.iterrows():
+            shape = "rect" if r["model"] != "cnn" else "circle"
+            x, y = px(float(r["measured"])), py(float(r["simulated"]))
+            tip = f"{r['model']} {method} P={r['workers']} M={r['microbatches']}: {float(r['error']):+.1%}"
+            if shape == "circle":
+                out.append(
+                    f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{c}"><title>{escape(tip)}</title>'
+                    "</circle>"
+                )
+            else:
+                out.append(
+                    f'<rect x="{x - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="{c}">'
+                    f"<title>{escape(tip)}</title></rect>"
+                )
+        ly = top + 14 + 18 * i
+        out.append(
+            f'<circle cx="{left + pw + 18}" cy="{ly - 4}" r="5" fill="{c}"/>'
+            f'<text x="{left + pw + 30}" y="{ly}">{escape(str(method))}</text>'
+        )
+    n = df["method"].nunique()
+    out.append(
+        f'<text x="{left + pw + 12}" y="{top + 30 + 18 * n}">circle: cnn</text>'
+        f'<text x="{left + pw + 12}" y="{top + 48 + 18 * n}">square: transformer</text>'
+        f'<text x="{left + pw + 12}" y="{top + 66 + 18 * n}">band: ±{band:.0%}</text>'
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+__all__ = [
+    "METHODS",
+    "MODELS",
+    "busy_by_worker",
+    "configurations",
+    "method_table",
+    "plan_for",
+    "profiles",
+    "run_one",
+    "run_plan",
+    "steady_throughput",
+    "steady_window",
+    "svg_scatter",
+]

@@ -22,6 +22,7 @@ from pipelab.models import example, pipedream_profile
 from pipelab.profile.measure import profile
 from pipelab.reproduce.report import build_report, markdown_table, run_notebook, write_table
 from pipelab.reproduce.table1 import TABLE1, PaperRow, table1_markdown
+from pipelab.reproduce.table1_paper import sensitivity, sensitivity_markdown, sensitivity_svg
 
 #: the repository's reproductions/ folder (a clone or an editable install has it beside the package)
 REPRODUCTIONS = Path(__file__).resolve().parents[2] / "reproductions"
@@ -92,6 +93,14 @@ def table1_results_md(folder: Path) -> str:
             + table1_markdown(table)
             + "\n"
         )
+    if (folder / "sensitivity.csv").exists():
+        md += ("\n## Sensitivity to the two unknowns\n\n"
+               "Rows, of 10, where pipelab's choice has the paper's configuration shape and is within 25% "
+               "of its speed-up (in brackets: rows where the paper's own configuration is within 25%), "
+               "simulated over the V100's speed relative to the profiling GPU and NCCL's bus bandwidth "
+               "over TCP (a multiple of the cited 0.75 GB/s at 10 Gbps and 1.7 GB/s at 25 Gbps); the cited "
+               "defaults in bold (`sensitivity.svg`, `sensitivity.csv`).\n\n"
+               + sensitivity_markdown(pd.read_csv(folder / "sensitivity.csv")))
     if (folder / "measure.csv").exists():
         m = pd.read_csv(folder / "measure.csv").iloc[0]
         md += ("\n## Measure mode: real processes on this machine (reduced model)\n\n"
@@ -130,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pipelab reproduce", description=(
         "Run the reproductions under reproductions/ (PipeDream Table 1, weight stashing, HetPipe, weight "
         "buffer) with papermill, write their tables and reports, and print the Table 1 comparison."))
-    p.add_argument("--only", default="table1,measure,weight_stashing,hetpipe,weight_buffer",
+    p.add_argument("--only", default="table1,measure,weight_stashing,hetpipe,weight_buffer,sim_accuracy",
                    help="comma-separated parts to run (default: all)")
     p.add_argument(
         "--quick", action="store_true", help="tiny sizes (seconds, for tests); results go to --out"
@@ -149,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick and not args.out:
         p.error("--quick writes tiny results: give --out DIR so that the committed results stay as they are")
     parts = [s.strip() for s in args.only.split(",") if s.strip()]
-    known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer"}
+    known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer", "sim_accuracy"}
     if unknown := set(parts) - known:
         p.error(f"unknown part(s) {sorted(unknown)}; choose from {sorted(known)}")
     if not REPRODUCTIONS.is_dir():
@@ -227,6 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             bparams.update(quick=True)
         jobs["weight_buffer"] = [Job("weight buffer", buffer_nb, bparams, out_of("weight_buffer"))]
 
+    if "sim_accuracy" in parts:
+        aparams: dict[str, Any] = {"report": True}
+        if quick:
+            aparams.update(models=["cnn"], methods=["gpipe", "pipedream"], steps=6)
+        nb = REPRODUCTIONS / "sim_accuracy" / "sim_accuracy.ipynb"
+        jobs["sim_accuracy"] = [Job("simulator accuracy", nb, aparams, out_of("sim_accuracy"))]
+
     total = sum(len(v) for v in jobs.values())
     failures: list[str] = []
     done: dict[str, list[tuple[Job, Path]]] = {}
@@ -247,8 +263,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if table is not None:
             write_table(table, t1 / "results.csv")
+            if not quick:   # the two unknowns over a grid: 250 simulated rows, about two minutes
+                bar.set_postfix_str("table1 sensitivity")
+                sens = pd.DataFrame(sensitivity())
+                write_table(sens, t1 / "sensitivity.csv")
+                atomic_write_text(t1 / "sensitivity.svg", sensitivity_svg(sens))
         if measure is not None:
             write_table(measure, t1 / "measure.csv")
+            runs_json = done["measure"][0][0].out_dir / "measure_runs.json"
+            if runs_json.exists():
+                write_table(pd.DataFrame(json.loads(runs_json.read_text())["runs"]), t1 / "measure_runs.csv")
         md = table1_results_md(t1)   # from the files, so that a partial run keeps the other part
         if md:
             atomic_write_text(t1 / "results.md", md)

@@ -25,6 +25,7 @@ from pipelab.models import gnmt, vgg16
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as profile_model
+from pipelab.profile.records import Profile
 from pipelab.reproduce.table1 import simulate_plan
 from pipelab.runtime.launch import train
 
@@ -272,15 +273,42 @@ def _steady_throughput(run: Any, batch: int, warmup: int, *, typical: bool = Fal
     return (len(ends) - 1 - warmup) * batch / span
 
 
+def layout(plan: Plan) -> str:
+    """A plan's stage layout, ``"[0,12)x1 [12,20)x1"``: what tells two plans of one config apart."""
+    return " ".join(f"[{s.start},{s.end})x{s.replicas}" for s in plan.stages)
+
+
+def tail_plan(prof: Profile, workers: int) -> Plan:
+    """PipeDream's VGG-16 split on ``workers``: every layer before the first fully connected one
+    replicated on ``workers - 1`` workers, the classifier on the last (``15-1`` on 16 GPUs; ``1-1`` on
+    two). Models without a ``Linear`` layer split where half the weights lie behind the cut."""
+    kinds = [layer.kind for layer in prof.layers]
+    if "Linear" in kinds and kinds.index("Linear") > 0:
+        cut = kinds.index("Linear")
+    else:
+        total, run, cut = prof.param_bytes, 0, len(prof) - 1
+        for i, layer in enumerate(prof.layers):
+            run += layer.param_bytes
+            if run >= total / 2:
+                cut = max(1, min(i + 1, len(prof) - 1))
+                break
+    return Plan.from_boundaries(len(prof), [cut], [workers - 1, 1], method="manual",
+                                batch_size=prof.batch_size, model=prof.model,
+                                profile_fingerprint=prof.fingerprint())
+
+
 def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 3, batch: int = 32,
                 width: float = 0.125, image_size: int = 32, seq_len: int = 8, backend: str = "gloo",
                 rounds: int = 2, bandwidth: float | None = None, seed: int = 0) -> dict[str, Any]:
     """Table 1's question for real on this machine, at reduced scale.
 
     Profiles the reduced model on this CPU with one thread (as each worker runs), models the machine
-    as ``Cluster.flat(workers, bandwidth=<measured gloo ping-pong>)``, partitions (PipeDream's DP,
-    and a straight pipeline for contrast), then runs each plan and data parallelism with
-    ``pl.train`` (``rounds`` times, alternating) and compares measured with simulated speed-ups.
+    as ``Cluster.flat(workers, bandwidth=<measured gloo ping-pong>)``, partitions (PipeDream's DP;
+    the best straight pipeline; :func:`tail_plan`, PipeDream's VGG-16 split), then runs every
+    distinct plan (by stage layout) and data parallelism with ``pl.train`` (``rounds`` times,
+    alternating) and compares measured with simulated speed-ups. ``out["runs"]`` lists every run
+    (round, layout, samples/s) so that all of them can be kept; ``*_measured_min``/``_max`` are the
+    spread of a plan's paired per-round speed-ups.
 
     The simulation models pipelab's runtime, not PyTorch DDP: a replicated stage all-reduces its
     gradients in one call after the minibatch's backward (``allreduce_overlap="none"``), at the
@@ -324,15 +352,17 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
     }
     plans = {"chosen": partition(prof, cl, method="pipedream", **model_opts),
              "straight": partition(prof, cl, method="pipedream", straight=True, **model_opts),
+             "tail": tail_plan(prof, workers),
              "dp": partition(prof, cl, method="dp", **model_opts)}
-    # one run per distinct plan and round, rounds alternating so that load on a shared machine
-    # affects every plan alike; speed-ups are paired per round, then the median over rounds is kept
+    # one run per distinct plan (stage layout) and round, rounds alternating so that load on a shared
+    # machine affects every plan alike; speed-ups are paired per round, then the median is kept
     distinct: dict[str, Plan] = {}
     for plan in plans.values():
-        distinct.setdefault(plan.config, plan)
+        distinct.setdefault(layout(plan), plan)
     samples: dict[str, list[float]] = {c: [] for c in distinct}
     mean_rates: dict[str, list[float]] = {c: [] for c in distinct}
-    for _ in range(rounds):
+    runs: list[dict[str, Any]] = []
+    for rnd in range(rounds):
         for config, plan in distinct.items():
             # As in PipeDream's baseline (and the simulator's dp) every data-parallel replica processes
             # a whole profile minibatch per step: the runtime's dp minibatch is `workers` of them, split.
@@ -363,7 +393,11 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
             )
             samples[config].append(_steady_throughput(run, batch * reps, warmup, typical=True))
             mean_rates[config].append(_steady_throughput(run, batch * reps, warmup))
-    measured = {name: statistics.median(samples[plan.config]) for name, plan in plans.items()}
+            runs.append({"round": rnd, "layout": config, "config": plan.config,
+                         "samples_per_s": round(samples[config][-1], 1),
+                         "samples_per_s_mean_rate": round(mean_rates[config][-1], 1),
+                         "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else float("nan")})
+    measured = {name: statistics.median(samples[layout(plan)]) for name, plan in plans.items()}
     sims = {name: simulate_plan(plan, prof, cl, minibatches=max(24, 4 * workers), memory_bandwidth=mem_bw,
                                 **model_opts) for name, plan in plans.items()}
     simulated = {name: r.throughput for name, r in sims.items()}
@@ -385,17 +419,23 @@ def measure_row(model: str, *, workers: int = 2, steps: int = 12, warmup: int = 
     ddp = {name: simulate_plan(plans[name], prof, cl, minibatches=max(24, 4 * workers)).throughput
            for name in ("straight", "dp")}
     out["straight_simulated_speedup_ddp"] = round(ddp["straight"] / ddp["dp"], 3)
-    dp_cfg = plans["dp"].config
-    for name in ("chosen", "straight"):
-        cfg = plans[name].config
+    dp_cfg = layout(plans["dp"])
+    for name in ("chosen", "straight", "tail"):
+        cfg = layout(plans[name])
         ratios = [a / b for a, b in zip(samples[cfg], samples[dp_cfg])]
         m = statistics.median(ratios)
         m_mean = statistics.median(a / b for a, b in zip(mean_rates[cfg], mean_rates[dp_cfg]))
         sim = simulated[name] / simulated["dp"]
-        out.update({f"{name}_config": cfg, f"{name}_measured_speedup": round(m, 3),
+        q = sorted(ratios)
+        out.update({f"{name}_config": plans[name].config, f"{name}_layout": cfg,
+                    f"{name}_measured_speedup": round(m, 3),
+                    f"{name}_measured_min": round(q[0], 3), f"{name}_measured_max": round(q[-1], 3),
                     f"{name}_simulated_speedup": round(sim, 3), f"{name}_error": round(sim / m - 1, 3),
+                    f"{name}_within_15pct": abs(sim / m - 1) <= 0.15,
                     f"{name}_measured_rounds": " ".join(f"{r:.3f}" for r in ratios),
                     f"{name}_measured_speedup_mean_rate": round(m_mean, 3)})
+    out["distinct_plans"] = len(distinct)
+    out["runs"] = runs
     out.update({f"{k}_samples_per_s": round(v, 1) for k, v in measured.items()})
     out.update({f"{k}_simulated_samples_per_s": round(v, 1) for k, v in simulated.items()})
     return out

@@ -114,6 +114,48 @@ def svg_curves(df: pd.DataFrame, *, x: str, y: str, color: str, title: str = "",
     return "\n".join(out) + "\n"
 
 
+def svg_heatmap(grid: Sequence[Sequence[float]], *, xs: Sequence[Any], ys: Sequence[Any], xlabel: str,
+                ylabel: str, title: str = "", mark: tuple[int, int] | None = None, vmax: float | None = None,
+                cell: int = 64) -> str:
+    """A self-contained SVG heatmap: ``grid[i][j]`` at row ``ys[i]``, column ``xs[j]``, its value
+    written in the cell; ``mark`` = (i, j) outlines one cell (e.g. the default parameters)."""
+    from html import escape
+
+    if not grid or any(len(r) != len(xs) for r in grid) or len(grid) != len(ys):
+        raise ValueError("svg_heatmap needs a len(ys) x len(xs) grid")
+    top_v = vmax if vmax is not None else max(max(r) for r in grid) or 1.0
+    left, top = 90, 40
+    width, height = left + cell * len(xs) + 20, top + cell * len(ys) + 50
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{left}" y="20" font-size="14">{escape(title)}</text>']
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            f = max(0.0, min(1.0, float(v) / top_v))
+            shade = f"rgb({int(255 - 200 * f)},{int(255 - 120 * f)},{int(255 - 40 * f)})"
+            x, y = left + j * cell, top + i * cell
+            out.append(f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{shade}" stroke="#ccc"/>'
+                       f'<text x="{x + cell / 2}" y="{y + cell / 2 + 5}" text-anchor="middle" '
+                       f'font-size="16">{float(v):g}</text>')
+    if mark is not None:
+        i, j = mark
+        out.append(f'<rect x="{left + j * cell + 2}" y="{top + i * cell + 2}" width="{cell - 4}" '
+                   f'height="{cell - 4}" fill="none" stroke="black" stroke-width="3"/>')
+    for j, v in enumerate(xs):
+        out.append(f'<text x="{left + j * cell + cell / 2}" y="{top + len(ys) * cell + 16}" '
+                   f'text-anchor="middle">{escape(str(v))}</text>')
+    for i, v in enumerate(ys):
+        out.append(f'<text x="{left - 8}" y="{top + i * cell + cell / 2 + 4}" text-anchor="end">'
+                   f'{escape(str(v))}</text>')
+    out.append(f'<text x="{left + cell * len(xs) / 2}" y="{height - 10}" text-anchor="middle">'
+               f'{escape(xlabel)}</text>')
+    out.append(f'<text x="14" y="{top + cell * len(ys) / 2}" transform="rotate(-90 14 '
+               f'{top + cell * len(ys) / 2})" text-anchor="middle">{escape(ylabel)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def markdown_table(df: pd.DataFrame) -> str:
     """A pipe table without the optional ``tabulate`` dependency."""
     def cell(v: Any) -> str:

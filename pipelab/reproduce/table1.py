@@ -239,7 +239,10 @@ def table1_markdown(df: pd.DataFrame) -> str:
         "model": "model",
         "cluster": "cluster",
         "servers_x_gpus": "servers×GPUs",
+        "batch_size": "batch",
         "paper_config": "paper config",
+        "paper_config_name": "PipeDream's file",
+        "paper_config_as_run": "paper config as run",
         "config": "ours",
         "config_no_memory_limit": "ours, no mem. limit",
         "paper_speedup": "paper ×",
@@ -248,6 +251,7 @@ def table1_markdown(df: pd.DataFrame) -> str:
         "simulated_speedup_no_memory_limit": "sim. × no mem. limit",
         "paper_config_simulated_speedup": "paper config, sim. ×",
         "error": "error",
+        "paper_config_error": "paper config, error",
         "simulated_speedup_dp_no_overlap": "sim. × over DP, no overlap",
         "error_dp_no_overlap": "error, DP no overlap",
         "dp_exposed_comm_share": "DP exposed comm (ours)",
@@ -256,7 +260,7 @@ def table1_markdown(df: pd.DataFrame) -> str:
         "within_25pct": "within 25%",
     }
     show = df[[c for c in cols if c in df.columns]].rename(columns=cols).copy()
-    for col in ("error", "error, DP no overlap"):
+    for col in ("error", "error, DP no overlap", "paper config, error"):
         if col in show:
             show[col] = [
                 f"{v:+.0%}" if isinstance(v, (int, float)) and not math.isnan(v) else "" for v in show[col]

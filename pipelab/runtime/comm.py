@@ -356,6 +356,11 @@ class DistComm:
         dist.all_reduce(flat, group=self.groups[stage])
         return flat
 
+    def held(self) -> list[torch.Tensor]:
+        """The message buffers held right now: posted receives, unretired sends, local hand-offs."""
+        out = [buf for _, buf, _ in self._posted.values()] + [buf for _, buf in self._sends.values()]
+        return out + [t for ts in self._local.values() for t in ts]
+
     def flush(self) -> None:
         """Wait for every outstanding send."""
         for w, _ in self._sends.values():
@@ -377,6 +382,10 @@ class Mailbox:
     def ready(self, dst: int, r: Recv) -> bool:
         """Whether ``r``'s message for ``dst`` has arrived."""
         return (r.src, dst, r.tag) in self.box
+
+    def held(self, dst: int) -> list[torch.Tensor]:
+        """The messages waiting for ``dst``."""
+        return [t for (_, d, _), ts in self.box.items() if d == dst for t in ts]
 
     def take(self, dst: int, r: Recv) -> list[torch.Tensor]:
         """Remove and return ``r``'s message for ``dst``."""

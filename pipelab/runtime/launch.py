@@ -63,6 +63,16 @@ class RunResult:
         default_factory=dict
     )  # per stage: peak bytes of weights held (measured)
     wsp_log: list[Any] = field(default_factory=list)   # hetpipe: the parameter server's pushes and pulls
+    # measure_memory=True (pipelab.runtime.memory), per worker: the peak (the CUDA allocator's
+    # max_memory_allocated in a CUDA worker process, else the bytes of the storages held), the
+    # storage count's peak, the same without message buffers (what the simulator's memory model counts:
+    # weights, gradients, optimizer state, activations), its parts at the peak, and (action index,
+    # bytes held) after each action
+    peak_memory: dict[int, int] = field(default_factory=dict)
+    peak_held: dict[int, int] = field(default_factory=dict)
+    peak_state: dict[int, int] = field(default_factory=dict)
+    memory_breakdown: dict[int, dict[str, int]] = field(default_factory=dict)
+    memory_timeline: dict[int, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
     _state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -89,6 +99,14 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
             losses[int(k)] += v
         for s, n in r.versions_held.items():
             held[int(s)] = max(held.get(int(s), 0), int(n))
+    memory: dict[str, Any] = {}
+    if job.runtime.measure_memory:
+        ranked = sorted(results, key=lambda r: r.rank)
+        memory = {"peak_memory": {r.rank: r.peak_memory for r in ranked},
+                  "peak_held": {r.rank: r.peak_held for r in ranked},
+                  "peak_state": {r.rank: r.peak_state for r in ranked},
+                  "memory_breakdown": {r.rank: dict(r.memory_breakdown) for r in ranked},
+                  "memory_timeline": {r.rank: list(r.memory_timeline) for r in ranked}}
     expected = job.state_keys or tuple(state)
     missing = [k for k in expected if k not in state]
     if missing:
@@ -115,14 +133,16 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     if trace_path is not None:
         tr.save_jsonl(trace_path)
     return RunResult(trace=tr, losses=losses, throughput=thr, versions_held=held, schedule=sched,
-                     wall_s=wall_s, weight_bytes=wbytes, wsp_log=wsp_log, _state=state)
+                     wall_s=wall_s, weight_bytes=wbytes, wsp_log=wsp_log, _state=state, **memory)
 
 
 class Run:
     """A running job: ``.events`` (live), ``.done``, ``.wait()``, ``.cancel()``, ``.pids``."""
 
-    def __init__(self, job: Job, *, trace_path: str | Path | None = None, progress: bool = False) -> None:
+    def __init__(self, job: Job, *, trace_path: str | Path | None = None, progress: bool = False,
+                 stream: bool = True) -> None:
         self.job = job
+        self.stream = stream
         self.trace_path = trace_path
         self._events: list[Event] = []
         self._cond = threading.Condition()
@@ -265,7 +285,7 @@ class Run:
             for rank in range(self.job.world_size):
                 p = ctx.Process(
                     target=process_main,
-                    args=(self.job, rank, self._queue, conns[rank], match),
+                    args=(self.job, rank, self._queue, conns[rank], match, self.stream),
                     daemon=True,
                     name=f"pipelab-worker-{rank}",
                 )
@@ -434,7 +454,7 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
            optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
            microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
            trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
-           port: int | None = None, **method_options: Any) -> Run:
+           port: int | None = None, stream: bool = True, **method_options: Any) -> Run:
     """Start a training job and return its :class:`Run` handle at once (see :func:`train`).
 
     A ``schedule`` given is checked for per-pair message order first (the validator's rule,
@@ -445,7 +465,7 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
     job = prepare(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
                   microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, schedule=schedule,
                   port=port, **method_options)
-    return Run(job, trace_path=trace_path, progress=progress)
+    return Run(job, trace_path=trace_path, progress=progress, stream=stream)
 
 
 def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
@@ -453,7 +473,7 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
           optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
           microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
           trace_path: str | Path | None = None, progress: bool = True, schedule: Schedule | None = None,
-          port: int | None = None, **method_options: Any) -> RunResult:
+          port: int | None = None, stream: bool = True, **method_options: Any) -> RunResult:
     """Train ``model_fn()`` split by ``plan`` with ``method`` for ``steps`` minibatches; block until done.
 
     ``data()`` yields ``(inputs, targets)`` minibatches (deterministically: every worker iterates
@@ -462,7 +482,9 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
     Each minibatch is split into ``microbatches``. ``backend`` is ``"gloo"`` (CPU processes),
     ``"nccl"`` (one GPU per worker) or ``"local"`` (the single-process reference executor).
     The schedule is ``pl.schedules.build(method, plan, microbatches=..., minibatches=steps,
-    **method_options)`` unless ``schedule`` is given. Raises :class:`WorkerError` if a worker fails.
+    **method_options)`` unless ``schedule`` is given. ``stream=False`` makes each worker process keep
+    its events and send them once, when it ends (no live view, no progress until then; the trace is the
+    same). Raises :class:`WorkerError` if a worker fails.
     """
     run = launch(
         model_fn,
@@ -480,6 +502,7 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
         progress=progress,
         schedule=schedule,
         port=port,
+        stream=stream,
         **method_options,
     )
     return run.wait()

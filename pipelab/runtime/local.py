@@ -43,6 +43,9 @@ def _run_local(job: Job, emit: Callable[[Event], None] | None,
     device = job.runtime.device or "cpu"     # device="cuda": every stage on the GPU
     workers = [Worker(job, r, device) for r in range(sched.num_workers)]
     box = Mailbox()
+    for w in workers:
+        if w.meter is not None:   # one process: the storage count, never the CUDA allocator's shared peak
+            w.meter.messages = (lambda r: lambda: box.held(r))(w.rank)
     wsp_servers: dict[int, Any] = {}
     if methods.get(sched.method).weights == "wsp":   # HetPipe: one in-process WSP server shard per stage
         V = len(sched.stage_ranks[0])
@@ -116,6 +119,7 @@ def _run_local(job: Job, emit: Callable[[Event], None] | None,
                 torch.set_rng_state(g.rng_state)
                 v = g.finish_update(j, None if total is None else total.clone())
                 ev(g, j, start, 0 if total is None else total.numel() * total.element_size(), v)
+                g.measure(j)
                 pos[g.rank] += 1
             return
         finish_pulls(w)
@@ -129,6 +133,7 @@ def _run_local(job: Job, emit: Callable[[Event], None] | None,
             nbytes = sum(box.put(w.rank, s) for s in sends)
             w.slow_down(now() - start)
             ev(w, i, start, nbytes, v)
+        w.measure(i)
         pos[w.rank] += 1
 
     while any(pos[w.rank] < len(w.actions) for w in workers):

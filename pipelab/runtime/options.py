@@ -22,6 +22,10 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
   (:mod:`pipelab.runtime.coalesce`; faster at small microbatches). Off by default: each Linear's
   input and output gradient of every microbatch is held until the flush. Flushed methods only
   (``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``, ``dp``); others are refused.
+* ``measure_memory=True``: each worker counts the memory it holds after every action
+  (:mod:`pipelab.runtime.memory`: weights and stashed versions, gradients, optimizer state, what
+  autograd saves for in-flight microbatches, message buffers; on a CUDA worker process
+  ``torch.cuda.max_memory_allocated``); ``RunResult.peak_memory`` is the peak per worker.
 * ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
   stages (weights, optimizer, weight versions, RNG) and the last writer seals the manifest
   (:mod:`pipelab.runtime.checkpoint`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
@@ -97,9 +101,9 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device={dev!r} needs a CUDA GPU but torch.cuda.is_available() is False "
                              "on this machine; leave device= out to compute on the CPU")
-    cw = rt.get("coalesce_wgrad")
-    if cw is not None and not isinstance(cw, bool):
-        raise ValueError(f"coalesce_wgrad={cw!r} must be True or False")
+    for k in ("coalesce_wgrad", "measure_memory"):
+        if rt.get(k) is not None and not isinstance(rt[k], bool):
+            raise ValueError(f"{k}={rt[k]!r} must be True or False")
     n = rt.get("checkpoint_every")
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -135,6 +139,7 @@ class RuntimeOptions:
     resume: str | None = None
     resume_step: int = 0
     device: str | None = None     # where stages compute under gloo: None/"cpu", "cuda", "cuda:N"
+    measure_memory: bool = False  # count each worker's memory after every action (runtime/memory.py)
     method: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -160,6 +165,7 @@ class RuntimeOptions:
             checkpoint_keep=int(options.get("checkpoint_keep") or 2),
             resume=None if resume is None else str(resume),
             device=None if options.get("device") is None else str(options["device"]),
+            measure_memory=bool(options.get("measure_memory") or False),
             method=dict(own),
         )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import math
 import os
 import signal
 import sys
@@ -117,6 +118,7 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
             torch.cuda.synchronize(worker.device)
         worker.slow_down(clock.now() - start)
         emit(Event(worker.rank, a.stage, a.kind, a.microbatch, start, clock.now(), nbytes, version, i, -1))
+        worker.measure(i)
     comm.flush()
 
 
@@ -195,6 +197,10 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
         comm = DistComm(rank, device, groups, match=mode, orders=orders,
                         through_host=device.type == "cuda" and job.backend != "nccl")
         torch.set_rng_state(worker.rng_state)
+        if worker.meter is not None:
+            worker.meter.messages = comm.held
+            if device.type == "cuda":   # this process's allocator serves this worker alone
+                worker.meter.use_cuda(device)
         if device.type == "cuda":
             torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
         dist.barrier()
@@ -227,15 +233,17 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             pass
 
 
-def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None, match: str | None = None) -> None:
+def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None, match: str | None = None,
+                 stream: bool = True) -> None:
     """Entry point of a spawned worker process (torch.multiprocessing); ``match`` as in
     :func:`run_distributed` (the parent reads ``PIPELAB_P2P_MATCH``: a fork server keeps the
-    environment it started with)."""
+    environment it started with); ``stream=False`` sends the events once, at the end, instead of in
+    batches while the job runs."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    sink = QueueSink(queue, rank)
+    sink = QueueSink(queue, rank) if stream else QueueSink(queue, rank, batch=sys.maxsize, every_s=math.inf)
     try:
         result, _ = run_distributed(job, rank, sink, wsp_conn=wsp_conn, match=match)
     except BaseException:

@@ -41,6 +41,7 @@ Semantics (the same in both executors):
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,7 @@ from pipelab.runtime.comm import (
 )
 from pipelab.runtime.compress import decode_message, encode_message, message_specs
 from pipelab.runtime.job import Job
+from pipelab.runtime.memory import MemoryMeter
 from pipelab.runtime.options import run_maybe_checkpointed
 from pipelab.runtime.options import slow_down as sleep_slowdown
 from pipelab.runtime.policies import policy_for
@@ -78,6 +80,14 @@ class WorkerResult:
     losses: dict[int, float]                    # minibatch -> its part of the loss (last stage)
     versions_held: dict[int, int]               # stage -> most weight versions held at once
     weight_bytes: dict[int, int]                # stage -> most bytes of weight versions held
+    # measure_memory=True (pipelab.runtime.memory): the peak (CUDA allocator's in a CUDA worker process,
+    # else the storage count), the storage count's peak, the same without messages (the simulator's
+    # terms), its parts at the peak, and (action, bytes) after each
+    peak_memory: int = 0
+    peak_held: int = 0
+    peak_state: int = 0
+    memory_breakdown: dict[str, int] = field(default_factory=dict)
+    memory_timeline: list[tuple[int, int]] = field(default_factory=list)
     wsp_log: list[Any] = field(default_factory=list)   # HetPipe, reference executor: the server's log
 
 
@@ -117,6 +127,9 @@ class Worker(Checkpointing):
         self._retire = self._retire_plan()
         self.u_pair, self.u_divisor = update_pairs(sched, rank, self.stages, job.syncs, job.microbatches)
         self.current: Action | None = None
+        # measure_memory: the executor samples after every action (Worker.measure) and names the
+        # message buffers it holds for this worker (meter.messages)
+        self.meter = MemoryMeter(self.stages) if job.runtime.measure_memory else None
         # checkpoints: the last U of each minibatch on this worker is where one may be taken
         self.start_step = job.runtime.resume_step
         self._last_u: dict[int, int] = {a.microbatch: i for i, a in enumerate(self.actions) if a.kind == "U"}
@@ -249,7 +262,7 @@ class Worker(Checkpointing):
         def fn(*xs: Any) -> Any:
             return st.module(*xs) if w is None else torch.func.functional_call(st.module, w, xs)
 
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), (self.meter.saving() if self.meter else nullcontext()):
             if self.recompute:    # keep only the stage's inputs; recompute activations in backward
                 out = run_maybe_checkpointed(fn, tuple(inputs), True)
             else:
@@ -403,6 +416,11 @@ class Worker(Checkpointing):
         if self.job.runtime.slowdown:
             sleep_slowdown(self.rank, self.job.runtime.slowdown, elapsed_s)
 
+    def measure(self, i: int) -> None:
+        """Sample the memory meter after action ``i`` (option ``measure_memory``; else nothing)."""
+        if self.meter is not None:
+            self.meter.sample(i)
+
     # ------------------------------------------------------------------ results
     def result(self) -> WorkerResult:
         """What the parent needs at the end: weights (replica 0 only), loss parts, versions held."""
@@ -417,10 +435,15 @@ class Worker(Checkpointing):
         for st in self.stages.values():
             for k, v in st.losses.items():
                 losses[k] = losses.get(k, 0.0) + float(v)
+        m = self.meter
         return WorkerResult(self.rank, state, losses,
                             versions_held={s: st.policy.max_held for s, st in self.stages.items()},
                             weight_bytes={s: int(getattr(st.policy, "max_weight_bytes", 0))
-                                          for s, st in self.stages.items()})
+                                          for s, st in self.stages.items()},
+                            peak_memory=m.peak if m else 0, peak_held=m.peak_held if m else 0,
+                            peak_state=m.peak_state if m else 0,
+                            memory_breakdown=dict(m.breakdown) if m else {},
+                            memory_timeline=list(m.timeline) if m else [])
 
 
 if __name__ == "__main__":   # deprecated spelling of ``python -m pipelab.runtime.torchrun job.json``

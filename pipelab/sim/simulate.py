@@ -18,9 +18,10 @@ The simulator executes the very :class:`~pipelab.schedules.Schedule` that the ru
   with the last backward; ``"none"`` starts it once the last gradient action is done, as pipelab's
   runtime does (``pl.simulate(..., allreduce_overlap="none")`` to model a pipelab run).
 
-Memory per worker over time: weights + one gradient buffer + optimizer state per hosted stage,
-plus one extra weight copy per additional version alive (stashing), plus the activations of every
-microbatch between its ``F`` and its last gradient action.
+Memory per worker over time: weights, a gradient buffer (from the first weight gradient to the
+update), optimizer state (from the first update: allocated lazily) per hosted stage, one extra weight
+copy per additional version alive (stashing; PipeMare's delta buffer), and the activations of every
+microbatch between its ``F`` and its last gradient action (:func:`_memory`).
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class ProfileCosts(Costs):
 
 
 def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_size: int = 1,
-                      memory: Mapping[int, tuple[int, int, int]] | None = None,
+                      memory: Mapping[int, tuple[int, ...]] | None = None,
                       minibatch_scale: int = 1) -> SimResult:
     """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it.
 
@@ -200,8 +201,9 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     ``w`` = minibatches in flight at the input stage (warm-up and drain excluded).
 
     ``memory`` maps stage -> (static bytes: weights, gradient buffer and optimizer state; activation
-    bytes per microbatch; bytes of one extra weight version) to get a memory timeline; without it
-    memory is reported as 0.
+    bytes per microbatch; bytes of one extra weight version[; bytes of buffers always held[; bytes
+    of the output gradient a split B keeps for W]]) to get a
+    memory timeline (:func:`_memory`); without it memory is reported as 0.
     """
     costs = costs if costs is not None else UnitCosts()
     try:
@@ -238,13 +240,23 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
                      window=window, batch_size=batch_size)
 
 
-def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[int, int, int]]
+def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[int, ...]]
             ) -> dict[int, list[tuple[float, int]]]:
-    """Per worker, (time, bytes) after every change: static state, extra versions, live activations.
+    """Per worker, (time, bytes) after every change: weights, gradients, optimizer state, extra
+    versions, live activations, as the runtime holds them (:mod:`pipelab.runtime.memory` measures it).
 
-    Activations of a microbatch count from its ``F``'s start to the end of its last gradient action;
-    a weight version counts while the schedule says it is held (:meth:`Schedule.versions_alive`:
-    the latest, or one a later action of the stage will read), the count the runtime keeps.
+    ``memory[s] = (static, activations, p[, buffers[, grad_out]])``: ``p`` the bytes of one weight copy,
+    ``static`` weights + gradient buffer + optimizer state (``(2 + state) * p``), ``buffers`` bytes of
+    weight-sized buffers a method always keeps (PipeMare's delta), ``grad_out`` the output gradient
+    of one microbatch, which a split backward keeps from its ``B`` to its ``W``. Weights count from
+    the start; the
+    gradient buffer from the stage's first weight-gradient action (``B``, or ``W`` where backward is
+    split) until its next ``U`` (the optimizer's ``zero_grad(set_to_none=True)`` frees it); the
+    optimizer state from the end of the stage's first ``U`` (torch allocates it lazily at the first
+    step). Activations of a microbatch count from its ``F``'s start to the end of its last gradient
+    action; a weight version counts while the schedule says it is held
+    (:meth:`Schedule.versions_alive`: the latest, or one a later action of the stage will read), the
+    count the runtime keeps.
     """
     split = {e.stage for e in comp if e.kind == "W"}
     by_worker: dict[int, list[Event]] = {}
@@ -254,26 +266,37 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
     for w, evs in by_worker.items():
         evs.sort(key=lambda e: e.step)
         hosted = schedule.stages_of(w)
-        # the static part counts weights, one gradient buffer and optimizer state (CostModel.memory_bytes)
-        static = sum(memory[s][0] for s in hosted)
+        weights = sum(memory[s][2] + (memory[s][3] if len(memory[s]) > 3 else 0) for s in hosted)
         alive = schedule.versions_alive(w)
         live: set[tuple[int, int]] = set()   # (stage, microbatch) holding activations
+        grads: set[int] = set()              # stages whose gradient buffer is allocated
+        stepped: set[int] = set()            # stages whose optimizer state is allocated
         extra_of = {s: 0 for s in hosted}
         acts = extra = 0
-        line = [(0.0, static)]
+        line = [(0.0, weights)]
         for e in evs:
             s = e.stage
+            last_grad = e.kind == "W" or (e.kind == "B" and s not in split)
+            gout = memory[s][4] if len(memory[s]) > 4 else 0
             if e.kind == "F":
                 live.add((s, e.microbatch))
                 acts += memory[s][1]
-            elif (e.kind == "W" or (e.kind == "B" and s not in split)) and (s, e.microbatch) in live:
+            elif last_grad and (s, e.microbatch) in live:
                 live.discard((s, e.microbatch))
-                acts -= memory[s][1]
+                acts -= memory[s][1] + (gout if s in split else 0)
+            elif e.kind == "B" and s in split:
+                acts += gout
+            if last_grad:
+                grads.add(s)
+            elif e.kind == "U":
+                grads.discard(s)
+                stepped.add(s)
             n_versions = alive[e.step]
             extra += (n_versions - 1) * memory[s][2] - extra_of[s]
             extra_of[s] = (n_versions - 1) * memory[s][2]
+            state = sum(max(memory[x][0] - 2 * memory[x][2], 0) for x in stepped)
             t = e.start_s if e.kind == "F" else e.end_s
-            line.append((t, static + extra + acts))
+            line.append((t, weights + sum(memory[x][2] for x in grads) + state + extra + acts))
         out[w] = line
     return out
 
@@ -345,10 +368,18 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
                    host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys)
-    mem: dict[int, tuple[int, int, int]] = {}
+    mem: dict[int, tuple[int, ...]] = {}
+    # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare.py)
+    buffers = 1 if methods.get(sch.method).weights == "pipemare" else 0
+    # a backward that reads the newest weights recomputes its forward (runtime: NoStash, PipeMare):
+    # between F and B a stage keeps its input and output only
+    recompute = methods.get(sch.method).versions == "latest"
     for s, (a, e) in enumerate(ranges):
         p = cm.param_bytes(a, e)
-        mem[s] = ((2 + cm.state_factor) * p, cm.activation_bytes(a, e, micro), p)
+        # zero bubble: the output gradient a split B keeps for its W (a last stage's loss has none)
+        gout = -(-int(profile.cut_bytes[e - 1]) // micro) if e < len(profile) else 0
+        mem[s] = ((2 + cm.state_factor) * p, cm.activation_bytes(a, e, micro, recompute=recompute), p,
+                  buffers * p, gout)
     res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,
                             minibatch_scale=sch.microbatches if is_dp else 1)
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)

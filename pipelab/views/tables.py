@@ -1,5 +1,8 @@
 """Comparisons across methods or plans (throughput, speed-up), and offline HTML for reports.
 
+``compare(sim_trace, run_trace)`` (two positional traces) is routed to
+:func:`pipelab.views.accuracy.compare_traces`, the simulated-against-measured Gantt chart.
+
 ``compare({"dp": sim_dp, "pipedream": sim_pd, "gpipe": plan_g})`` accepts simulation results, run
 results, plans (their predictions) and plain numbers (samples per second), side by side.
 """
@@ -14,6 +17,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from pipelab.partition.plan import Plan
+from pipelab.trace import Trace
+from pipelab.views.accuracy import compare_traces
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,9 +69,25 @@ def compare_table(results: Mapping[str, Any], *, baseline: str | None = None) ->
 
 
 def compare(
-    results: Mapping[str, Any], *, baseline: str | None = None, title: str | None = None
+    results: Mapping[str, Any] | Any, run: Any = None, /, *, baseline: str | None = None,
+    title: str | None = None, **kwargs: Any
 ) -> go.Figure:
-    """Bars of throughput (samples/s) and speed-up over ``baseline`` for each named result."""
+    """Bars of throughput (samples/s) and speed-up over ``baseline`` for each named result; or, given
+    two traces, the simulated against the measured Gantt chart.
+
+    ``compare({"dp": sim_dp, "gpipe": sim_g})`` compares methods or plans. ``compare(sim_trace,
+    run_trace)`` (Traces or results with ``.trace``) is
+    :func:`pipelab.views.accuracy.compare_traces`: both charts on one time axis, each action
+    coloured by its relative error; ``kwargs`` (``layout``, ``error_range``) go there.
+    """
+    if run is not None:
+        return compare_traces(results, run, title=title, **kwargs)
+    if kwargs:
+        raise TypeError(f"compare(results) takes baseline= and title=; {sorted(kwargs)} apply to "
+                        f"compare(sim_trace, run_trace) only")
+    if isinstance(results, Trace) or isinstance(getattr(results, "trace", None), Trace):
+        raise TypeError("compare() got one trace; pass two, compare(sim_trace, run_trace), to see where "
+                        "the simulation and the run differ, or a dict {name: result} to compare throughputs")
     df = compare_table(results, baseline=baseline)
     base = str(df.index[df["baseline"]][0])
     fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput (samples/s)", f"speed-up over {base}"))

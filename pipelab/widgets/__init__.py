@@ -140,8 +140,12 @@ class LiveGantt(_Displayable):
     ``batch_size`` and ``losses`` for the status line, and ``wait()``, whose result's ``losses`` give the
     final loss; a failed job's error is shown in the status line, not raised in the thread). A background
     thread consumes the events and redraws at most ``hz``
-    times per second, so a fast job costs a few updates, not one per event. Without a live front end
-    the display waits for the job to end and shows the finished chart.
+    times per second, so a fast job costs a few updates, not one per event, and never spends more than
+    ``cpu_share`` of the elapsed time redrawing: a redraw rebuilds the chart from every event so far, so
+    its cost grows with the run, and after a redraw that took ``c`` CPU seconds the next waits at least
+    ``c / cpu_share`` seconds (on a 2-core machine, redrawing a 3,500-action chart 4 times a second took
+    a fifth of a core and slowed the run by 25-55%; ``reproductions/benchmarks/live_trace_cost.py``).
+    Without a live front end the display waits for the job to end and shows the finished chart.
     """
 
     def __init__(
@@ -153,6 +157,7 @@ class LiveGantt(_Displayable):
         color_by: str = "microbatch",
         title: str | None = None,
         start: bool = True,
+        cpu_share: float = 0.02,
     ) -> None:
         if not hasattr(handle, "events"):
             raise TypeError(
@@ -160,8 +165,12 @@ class LiveGantt(_Displayable):
             )
         if not hz > 0:
             raise ValueError(f"hz={hz} must be > 0 (redraws per second)")
+        if not 0 < cpu_share <= 1:
+            raise ValueError(f"cpu_share={cpu_share} must be in (0, 1] (the share of time spent redrawing)")
         self.handle = handle
         self.hz = float(hz)
+        self.cpu_share = float(cpu_share)
+        self.redraw_cpu_s = 0.0
         self.color_by = color_by
         self.title = title
         self.live = live_frontend() if live is None else bool(live)
@@ -196,15 +205,18 @@ class LiveGantt(_Displayable):
 
     def _consume(self) -> None:
         period = 1.0 / self.hz
-        last = 0.0
+        next_at = 0.0
         try:
             for ev in self.handle.events:
                 with self._lock:
                     self.events.append(ev)
                 now = time.monotonic()
-                if self.live and now - last >= period:
+                if self.live and now >= next_at:
+                    cpu = time.thread_time()
                     self.refresh()
-                    last = now
+                    spent = time.thread_time() - cpu
+                    self.redraw_cpu_s += spent
+                    next_at = now + max(period, spent / self.cpu_share)
             wait = getattr(self.handle, "wait", None)
             if callable(wait):          # the finished run's result carries the losses
                 self.result = wait()

@@ -12,31 +12,35 @@
 # ---
 
 # %% [markdown]
-# # PipeDream Table 1: the configuration pipelab chooses, and its speed-up over data parallelism
+# # PipeDream Table 1 as PipeDream ran it: the configuration pipelab chooses, the paper's own, and the paper
 #
 # **Claim** (Narayanan et al., *PipeDream: Generalized Pipeline Parallelism for DNN Training*, SOSP'19,
 # Table 1): for each model and cluster PipeDream's optimizer picks a configuration (e.g. VGG-16 on
 # 4 servers × 4 V100 of cluster A: `15-1`, fifteen replicas of the convolutional front and one worker
 # for the fully connected tail) whose epoch time is several times shorter than data parallelism (DP).
 #
-# This notebook does one row of that table with pipelab: it loads the model's profile (PipeDream's own
-# measured profile by default), builds the cluster model, partitions with PipeDream's hierarchical
-# dynamic program (§3.1), then **simulates** the chosen plan and the data-parallel plan on the same
-# cluster with the discrete-event simulator (`pl.simulate`) and reports the simulated speed-up beside
-# the partitioner's prediction and the paper's number.
+# This notebook does one row of that table the way PipeDream's runs were made (their driver configs in
+# PipeDream's repository): minibatches of 64 per worker, the pipelined runs' activations, gradients and
+# replica all-reduces through gloo (host memory and TCP), the DP baseline's all-reduce through NCCL's
+# ring. It loads PipeDream's own profile (rescaled to the batch), partitions with PipeDream's dynamic
+# program (§3.1), builds PipeDream's own configuration for the row from its files, **simulates** both
+# against DP with the discrete-event simulator, and reports three figures: pipelab's choice, the paper's
+# configuration in pipelab, and the paper.
 #
-# `mode="measure"` runs the same question for real on this machine at reduced scale: a narrower,
-# smaller-input model of the same layer structure, 2–4 CPU processes (gloo), the chosen plan against
-# data parallelism, measured speed-up against the simulator's prediction for this machine.
+# `mode="measure"` asks the question for real on this machine at reduced scale: a narrower,
+# smaller-input model of the same layer structure, 2–4 CPU processes (gloo), several plans against
+# data parallelism, measured speed-ups against the simulator's prediction for this machine.
 
 # %% tags=["parameters"]
 model = "vgg16"              # vgg16 | resnet50 | gnmt8 | gnmt16
 cluster = "pipedream-a"      # a pl.Cluster preset
 servers = 4
 gpus_per_server = 4
+batch_size = 64              # per-worker minibatch (every Table 1 driver config: batch_size 64)
+transports = "pipedream"     # "pipedream": gloo pipelines, NCCL DP; "link": every transfer at the link rate
+device_speed = 0.0           # V100 speed / profiling GPU's; 0: the cited default (profiling_gpu_speed())
+nccl_wire_fraction = 0.0     # NCCL bus bandwidth / Ethernet wire speed; 0: the cited defaults
 profile_source = "pipedream" # "pipedream": PipeDream's shipped profiles; "measured": pl.profile on `device`
-device_speed = 1.0           # the cluster GPU's speed relative to the GPU the profile was measured on
-enforce_memory = True        # False: partition without pipelab's (strict) memory limit
 mode = "simulate"            # "simulate" | "measure" (real runtime at reduced scale on this machine)
 minibatches = 64             # simulated minibatches (steady state is measured after warm-up)
 gantt_minibatches = 6        # minibatches drawn in the Gantt chart (keeps the report small)
@@ -71,80 +75,76 @@ def show(fig):
 
 
 # %%
-import math
 from pathlib import Path
 
 import pandas as pd
 
 import pipelab as pl
 from pipelab import reproduce as rp
+from pipelab.reproduce import table1_paper as tp
 
 paper = rp.paper_row(model, cluster, servers, gpus_per_server)
 print("paper:", paper.describe() if paper else "this row is not in PipeDream's Table 1")
+row_spec = paper or rp.PaperRow(model, cluster, servers, gpus_per_server, "", None)
 
 # %% [markdown]
-# ## Profile and cluster
+# ## Profile, clusters and transports
 #
-# PipeDream's profiles (shipped with pipelab, `pipelab/data/pipedream/`) were measured on the paper's
-# GPUs, so a device of relative speed 1.0 in the cluster model *is* that GPU. With
-# `profile_source="measured"` the profile comes from `pl.profile` on this device instead (at a small
-# input size on a CPU; expect different shapes, since compute is then slow relative to the network).
+# PipeDream's profiles (shipped with pipelab, `pipelab/data/pipedream/`) were taken at other batch
+# sizes (VGG-16 and ResNet-50 at 128, GNMT-8 at 32, GNMT-16 at 128); `Profile.at_batch_size` rescales
+# them to the runs' 64 (times through the affine model, activation and cut bytes linearly; the profile's
+# `source` records it). A device of speed 1.0 is the GPU that measured them; the V100's speed relative
+# to it is a cited parameter (`tp.profiling_gpu_speed()`: a V100's published ResNet-50 training
+# throughput over the one PipeDream's ResNet-50 profile implies), and so is NCCL's bus bandwidth over
+# TCP (`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`). The pipelined runs' cluster prices transfers and replica
+# all-reduces as gloo does (through host memory), the DP baseline's all-reduce as NCCL's ring.
 
 # %%
+bus = None
+if nccl_wire_fraction:
+    bus = {"ethernet-10g": nccl_wire_fraction * 10e9 / 8, "ethernet-25g": nccl_wire_fraction * 25e9 / 8}
+setting = tp.PaperSetting(batch_size=batch_size, device_speed=device_speed or None, nccl_bus_bandwidth=bus,
+                          transports=transports)
 if profile_source == "pipedream":
-    prof = pl.models.pipedream_profile(model)
+    prof = setting.profile(model)
 elif profile_source == "measured":
     net, sample = rp.paper_model(model, batch=measured_batch, image_size=measured_image_size,
                                  seq_len=measured_seq_len)
     prof = pl.profile(net, sample, device=device, model_name=model)
 else:
     raise ValueError(f"profile_source={profile_source!r} must be 'pipedream' or 'measured'")
-cl = pl.Cluster.preset(cluster, servers=servers, gpus_per_server=gpus_per_server, speed=device_speed)
-print(f"{model}: {len(prof)} layers, batch {prof.batch_size}, "
-      f"fwd+bwd {(prof.fwd_s + prof.bwd_s) * 1e3:.1f} ms/minibatch, "
+pipe_cl, dp_cl = setting.clusters(row_spec)
+print(f"{model}: {len(prof)} layers, batch {prof.batch_size} ({prof.source}), "
+      f"fwd+bwd {(prof.fwd_s + prof.bwd_s) * 1e3:.1f} ms/minibatch at speed 1, "
       f"{prof.param_bytes / 1e6:.1f} MB of weights")
-print(cl.describe())
+print("pipelined runs:", pipe_cl.describe())
+print("data-parallel baseline:", dp_cl.describe())
 
 # %% [markdown]
-# ## Partition (PipeDream §3.1) and simulate
+# ## Partition (PipeDream §3.1), the paper's configuration, and simulation
 #
-# `pl.partition(..., method="pipedream")` returns the plan with the cost model's *prediction*;
-# `pl.simulate` then runs the plan's schedule event by event (transfers serialized per link,
-# all-reduce overlapped with backward, warm-up excluded), which is the number compared with the paper.
-# A plan of one stage is data parallelism, simulated with method `dp`; it is also simulated with its
-# all-reduce *after* backward (`allreduce_overlap="none"`), a second baseline for the speed-up.
-#
-# pipelab's memory model is strict (every layer output of every in-flight minibatch is kept, a stashed
-# weight copy per in-flight minibatch, gradients and momentum); where no plan fits the device, or the
-# best plan does not, the plan without a memory limit is shown beside it. The data-parallel baseline
-# is always taken without a memory limit: the paper ran it on these GPUs.
+# `tp.choose_plan` runs PipeDream's dynamic program on the pipelined runs' cluster and keeps data
+# parallelism (on its NCCL cluster) where that is predicted faster. `tp.paper_plan` maps the
+# configuration file PipeDream's run named (`module_to_stage_map`, `stage_to_rank_map` and the stage
+# modules' layers) onto the profile. `pl.simulate` then runs each plan's schedule event by event
+# (transfers serialized per port, replicas' all-reduces paired, warm-up excluded), the numbers compared
+# with the paper.
 
 # %%
-limit = {} if enforce_memory else {"memory_limit": math.inf}
-try:
-    plan = pl.partition(prof, cl, method="pipedream", **limit)
-    fits = True
-except ValueError as exc:   # nothing fits pipelab's memory model: show the unconstrained plan
-    print(f"no plan fits the device memory in pipelab's model ({exc}); using the plan without a limit")
-    plan, fits = pl.partition(prof, cl, method="pipedream", memory_limit=math.inf), False
-free = pl.partition(prof, cl, method="pipedream", memory_limit=math.inf)
-dp_plan = pl.partition(prof, cl, method="dp", memory_limit=math.inf)
+if profile_source == "pipedream":
+    row = tp.simulate_row(row_spec, setting, minibatches=minibatches)
+    plan, dp_plan, is_dp = tp.choose_plan(prof, pipe_cl, dp_cl)
+else:   # a measured profile: no paper configuration to map; pipelab's choice only
+    plan, dp_plan, is_dp = tp.choose_plan(prof, pipe_cl, dp_cl)
+    t_dp = rp.simulate_plan(dp_plan, prof, dp_cl, minibatches=minibatches).time_per_minibatch
+    t_plan = (t_dp if is_dp else
+              rp.simulate_plan(plan, prof, pipe_cl, minibatches=minibatches).time_per_minibatch)
+    row = {"model": model, "cluster": cluster, "servers_x_gpus": f"{servers}x{gpus_per_server}",
+           "config": plan.config, "simulated_speedup": round(t_dp / t_plan, 3)}
+row["profile"] = profile_source
 print(plan.describe())
 print(dp_plan.describe())
-
-sim = rp.simulate_plan(plan, prof, cl, minibatches=minibatches)
-sim_dp = rp.simulate_plan(dp_plan, prof, cl, minibatches=minibatches)
-# the same baseline with its all-reduce after backward instead of overlapped DDP-style (how much of
-# the gap to the paper that one assumption accounts for; pipelab's own runtime works this way)
-sim_dp_none = rp.simulate_plan(dp_plan, prof, cl, minibatches=minibatches, allreduce_overlap="none")
-sim_free = sim if free.config == plan.config else rp.simulate_plan(free, prof, cl, minibatches=minibatches)
-sim_speedup = sim.throughput / sim_dp.throughput
-print(f"simulated: plan {sim.throughput:.1f} samples/s, dp {sim_dp.throughput:.1f} samples/s "
-      f"-> {sim_speedup:.2f}x (partitioner predicted {plan.speedup_over_dp:.2f}x); over DP without "
-      f"all-reduce overlap ({sim_dp_none.throughput:.1f} samples/s): "
-      f"{sim.throughput / sim_dp_none.throughput:.2f}x")
-if free.config != plan.config:
-    print(f"without a memory limit: {free.config}, simulated {sim_free.throughput / sim_dp.throughput:.2f}x")
+pd.DataFrame([row]).T.rename(columns={0: ""})
 
 # %% [markdown]
 # ## Why this plan: the cost-model terms
@@ -153,30 +153,16 @@ if free.config != plan.config:
 # of the stage's weights over its replicas, the replica's time with that all-reduce overlapped with
 # backward (what is left over is *exposed* communication), the activation transfer into the stage, and
 # the stage's share of the steady-state time (replica time / replicas). Data parallelism is one stage
-# on every worker: its exposed all-reduce is what a pipeline can save.
+# on every worker (NCCL's ring): its exposed all-reduce is what a pipeline can save.
 
 # %%
-terms = rp.cost_terms(prof, cl, plan)
-dp_terms = rp.cost_terms(prof, cl, dp_plan)
-display(terms)
+terms = rp.cost_terms(prof, pipe_cl, plan) if not is_dp else None
+dp_terms = rp.cost_terms(prof, dp_cl, dp_plan)
+if terms is not None:
+    display(terms)
 display(dp_terms)
-
-# %%
-row = rp.table1_row(model=model, cluster=cluster, servers=servers, gpus_per_server=gpus_per_server,
-                    plan=plan, predicted_speedup=plan.speedup_over_dp, simulated_speedup=sim_speedup,
-                    profile_source=profile_source, dp_terms=dp_terms,
-                    sim_ms=(sim.time_per_minibatch, sim_dp.time_per_minibatch),
-                    sim_dp_no_overlap_s=sim_dp_none.time_per_minibatch)
-row.update(fits_memory=fits, config_no_memory_limit=free.config,
-           simulated_speedup_no_memory_limit=round(sim_free.throughput / sim_dp.throughput, 3),
-           device_speed=device_speed)
-# the paper's own configuration in this simulator (where pipelab can build it), to separate "chose
-# another plan" from "the same plan is faster or slower here"
-paper_plan = rp.paper_config_plan(prof, cl, paper.config, candidates=(plan, free)) if paper else None
-if paper_plan is not None:
-    sim_paper = rp.simulate_plan(paper_plan, prof, cl, minibatches=minibatches)
-    row["paper_config_simulated_speedup"] = round(sim_paper.throughput / sim_dp.throughput, 3)
-pd.DataFrame([row]).T.rename(columns={0: ""})
+t = dp_terms.iloc[0]
+row["dp_exposed_comm_share"] = round(float(t["exposed_comm_ms"] / t["replica_ms"]), 3)
 
 # %% [markdown]
 # ## Gantt chart of the chosen plan
@@ -185,7 +171,7 @@ pd.DataFrame([row]).T.rename(columns={0: ""})
 # backward (hatched) pass, coloured by minibatch; thin grey bars are transfers.
 
 # %%
-short = rp.simulate_plan(plan, prof, cl, minibatches=gantt_minibatches)
+short = rp.simulate_plan(plan, prof, dp_cl if is_dp else pipe_cl, minibatches=gantt_minibatches)
 show(pl.views.gantt(short.trace, title=f"{model} on {cluster} {servers}x{gpus_per_server}: "
                                          f"{plan.config} (simulated)"))
 
@@ -194,8 +180,10 @@ show(pl.views.gantt(short.trace, title=f"{model} on {cluster} {servers}x{gpus_pe
 #
 # Runs only with `mode="measure"`. The reduced model keeps the paper model's layer structure with a
 # smaller input and width. The simulated side profiles *that* model on this CPU and models this machine
-# as a flat cluster whose bandwidth is the measured gloo loopback bandwidth; the chosen plan and data
-# parallelism then run for real with `pl.train` and their measured throughputs are compared.
+# as a flat cluster whose bandwidth is the measured gloo loopback bandwidth; pipelab's chosen plan, the
+# best straight pipeline, PipeDream's VGG-16 split (classifier on the last worker) and data parallelism
+# then run for real with `pl.train`, every distinct plan in every round, and their measured speed-ups
+# over DP (paired per round) are compared with the simulated ones.
 
 # %%
 measure = None
@@ -205,6 +193,8 @@ if mode == "measure":
                              seq_len=measure_seq_len, backend=backend, rounds=measure_rounds,
                              bandwidth=measure_bandwidth or None, seed=seed)
     row.update({f"measure_{k}": v for k, v in measure.items() if not isinstance(v, (list, dict))})
+    if out_dir:   # every run of every plan, for measure_runs.csv
+        rp.write_row(Path(out_dir) / "measure_runs.json", {"runs": measure["runs"]})
     display(pd.DataFrame([measure]).T.rename(columns={0: ""}))
 elif mode != "simulate":
     raise ValueError(f"mode={mode!r} must be 'simulate' or 'measure'")

@@ -73,8 +73,8 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
         while True:
             s = page.evaluate(L.PROBE)
             cells = code_cells(s)
-            if not L.finished(cells[6]["prompt"]) and cells[5]["plots"]:  # the live Gantt while the job runs
-                live_counts.add(cells[5]["plots"][0]["bars"])
+            if not L.finished(cells[7]["prompt"]) and cells[6]["plots"]:  # the live Gantt while the job runs
+                live_counts.add(cells[6]["plots"][0]["bars"])
             if all(L.finished(c["prompt"]) for c in cells) and lab.kernel_state() == "idle":
                 break
             assert s["errors"] == 0, "a cell failed:\n" + "\n".join(c["text"][-1500:] for c in cells
@@ -89,8 +89,10 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
             f"{s['errors']} errors, {s['widget_errors']} widget errors:\n" + \
             "\n".join(c["text"][-1500:] for c in cells if "Error" in c["text"])
 
-        assert len(cells) == 8, f"expected the quickstart's 8 code cells, found {len(cells)}"
-        partition, simulated, live, measured, losses = cells[3], cells[4], cells[5], cells[6], cells[7]
+        assert len(cells) == 9, f"expected the quickstart's 9 code cells, found {len(cells)}"
+        calibrated = cells[3]
+        assert "calibrated on" in calibrated["text"], "the calibration cell did not describe the machine"
+        partition, simulated, live, measured, losses = cells[4], cells[5], cells[6], cells[7], cells[8]
         assert partition["plots"], "the partition graph was not drawn"
         assert "straight" in partition["text"]
         assert simulated["plots"] and simulated["plots"][0]["bars"] >= actions, simulated["plots"]
@@ -99,10 +101,10 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
         assert live_bars >= actions, f"live Gantt shows {live_bars} boxes for {actions} actions"
         assert measured["plots"] and measured["plots"][0]["bars"] == live_bars, \
             "the measured Gantt (from run.trace) and the live one (from the event stream) differ"
-        assert "measured:" in measured["text"] and "loss" in measured["text"]
+        assert "steady state: measured" in measured["text"] and "error" in measured["text"]
         assert losses["plots"], "the loss curve was not drawn"
 
-        live_cell = page.locator(".jp-CodeCell").nth(5)
+        live_cell = page.locator(".jp-CodeCell").nth(6)
         live_cell.scroll_into_view_if_needed()
         page.wait_for_timeout(300)
         page.screenshot(path=str(OUT / "quickstart.png"))

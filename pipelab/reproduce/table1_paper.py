@@ -1,0 +1,267 @@
+"""PipeDream's Table 1 rows as PipeDream ran them: its batch size, its transports, its own configurations.
+
+Facts from PipeDream's repository (msr-fiddle/pipedream @ 11c40c0, MIT licence): every Table 1 run's
+driver config (``runtime/*/driver_configs/*.yml``) sets ``batch_size: 64`` per worker, and
+``distributed_backend: nccl`` for the data-parallel runs, ``gloo`` for the pipelined ones (whose
+replicated stages' DistributedDataParallel groups inherit gloo: ``runtime/runtime.py``); gloo moves a
+tensor between stages through host memory (``runtime/communication.py``: ``tensor.cpu()``, send,
+``.cuda()``). The configuration each pipelined run used is a file (:mod:`pipelab.partition.pipedream_conf`).
+
+The two parameters PipeDream does not state are cited, not fitted (see the Table 1 README):
+
+* the profiling GPU's speed relative to the paper's V100: :data:`V100_RESNET50_IMAGES_PER_S` (a
+  V100-16GB's published FP32 PyTorch training throughput of ResNet-50) over the throughput PipeDream's
+  own ResNet-50 profile implies (:func:`profiling_gpu_speed`);
+* NCCL's all-reduce bus bandwidth over TCP on 10 and 25 Gbps Ethernet:
+  :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
+from pipelab.models import pipedream_profile
+from pipelab.partition import partition
+from pipelab.partition.pipedream_conf import plan_from_pipedream
+from pipelab.partition.plan import Plan
+from pipelab.profile.records import Profile
+from pipelab.reproduce.report import svg_heatmap
+from pipelab.reproduce.table1 import TABLE1, PaperRow, config_shape, simulate_plan
+from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: per-worker minibatch of every Table 1 run (``batch_size: 64`` in each driver config)
+PAPER_BATCH = 64
+#: V100-16GB, FP32, PyTorch, ResNet-50 (v1.5), 1 GPU: 367 images/s. NVIDIA DeepLearningExamples,
+#: PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance: NVIDIA DGX-1 16GB
+#: (8x V100 16GB)" (pytorch-21.03 container). Fixed before any comparison with Table 1.
+V100_RESNET50_IMAGES_PER_S = 367.0
+
+#: the configuration PipeDream ran for each Table 1 row: a shipped PipeDream configuration, or "dp".
+#: The driver configs name a config per GPU count and list cluster A's machines (v401..v407, four
+#: GPUs each); cluster B's 16-GPU rows use the same 16-GPU files (no B driver config is published).
+PAPER_CONFIGS: dict[str, str] = {
+    "vgg16/pipedream-a/4x4": "vgg16/gpus=16/hybrid_conf",
+    "vgg16/pipedream-b/2x8": "vgg16/gpus=16/hybrid_conf",
+    "resnet50/pipedream-a/4x4": "dp",
+    "resnet50/pipedream-b/2x8": "dp",
+    "gnmt8/pipedream-a/1x4": "gnmt/gpus=4/mp_conf",
+    "gnmt8/pipedream-a/3x4": "gnmt/gpus=12/mp_conf",
+    "gnmt8/pipedream-b/2x8": "dp",
+    "gnmt16/pipedream-a/1x4": "gnmt_large/gpus=4/mp_conf",
+    "gnmt16/pipedream-a/4x4": "gnmt_large/gpus=16/mp_conf",
+    "gnmt16/pipedream-b/2x8": "gnmt_large/gpus=16/mp_conf",
+}
+
+
+def profiling_gpu_speed(v100_images_per_s: float = V100_RESNET50_IMAGES_PER_S) -> float:
+    """A V100's speed relative to the GPU that measured PipeDream's profiles: the published V100
+    throughput of ResNet-50 over the one PipeDream's ResNet-50 profile implies (batch / (fwd + bwd))."""
+    prof = pipedream_profile("resnet50")
+    return v100_images_per_s / (prof.batch_size / (prof.fwd_s + prof.bwd_s))
+
+
+@dataclass(frozen=True)
+class PaperSetting:
+    """How a row is run: batch per worker, V100 speed, NCCL bus bandwidth per Ethernet level, transports."""
+
+    batch_size: int = PAPER_BATCH
+    device_speed: float | None = None           # None: profiling_gpu_speed()
+    nccl_bus_bandwidth: dict[str, float] | None = None   # None: NCCL_TCP_BUS_BANDWIDTH
+    transports: str = "pipedream"               # "pipedream" (gloo pipelines, NCCL DP) | "link"
+
+    def speed(self) -> float:
+        """The device speed used."""
+        return profiling_gpu_speed() if self.device_speed is None else float(self.device_speed)
+
+    def clusters(self, row: PaperRow) -> tuple[Cluster, Cluster]:
+        """(the pipelined runs' cluster, the data-parallel baseline's cluster) for ``row``."""
+        base = Cluster.preset(row.cluster, servers=row.servers, gpus_per_server=row.gpus_per_server,
+                              speed=self.speed())
+        if self.transports == "link":
+            return base, base
+        if self.transports != "pipedream":
+            raise ValueError(f"transports={self.transports!r} must be 'pipedream' or 'link'")
+        return (base.with_transport("gloo-host", "gloo-ring"),
+                base.with_transport("link", "nccl-ring", allreduce_bus_bandwidth=self.nccl_bus_bandwidth))
+
+    def profile(self, model: str) -> Profile:
+        """PipeDream's profile of ``model`` at this batch size."""
+        return pipedream_profile(model).at_batch_size(self.batch_size)
+
+
+def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit: float | None = None
+                ) -> tuple[Plan, Plan, bool]:
+    """pipelab's choice for a row: ``(chosen, dp, is_dp)``. PipeDream's dynamic program on the pipelined
+    runs' cluster; data parallelism (on its own, NCCL, cluster) instead when it is predicted faster."""
+    dp = partition(prof, dp_cl, method="dp", memory_limit=math.inf)
+    try:
+        if memory_limit is None:
+            plan = partition(prof, pipe_cl, method="pipedream")
+        else:
+            plan = partition(prof, pipe_cl, method="pipedream", memory_limit=memory_limit)
+    except ValueError:
+        return dp, dp, True
+    if plan.num_stages == 1 or plan.time_per_minibatch >= dp.time_per_minibatch:
+        return dp, dp, True
+    return plan, dp, False
+
+
+def paper_plan(row: PaperRow, prof: Profile, pipe_cl: Cluster) -> Plan | None:
+    """The configuration PipeDream ran for ``row`` as a pipelab plan on the pipelined cluster (``None``
+    for data parallelism)."""
+    name = PAPER_CONFIGS.get(row.key, "dp")
+    if name == "dp":
+        return None
+    return plan_from_pipedream(prof, name, CostModel(prof, pipe_cl))
+
+
+def simulate_row(row: PaperRow, setting: PaperSetting = PaperSetting(), *, minibatches: int = 64
+                 ) -> dict[str, Any]:
+    """One Table 1 row as PipeDream ran it, simulated: pipelab's choice and the paper's configuration,
+    each over data parallelism on the same GPUs (NCCL), beside the paper. Deterministic."""
+    prof = setting.profile(row.model)
+    pipe_cl, dp_cl = setting.clusters(row)
+    chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl)
+    sim_dp = simulate_plan(dp, prof, dp_cl, minibatches=minibatches).time_per_minibatch
+
+    def sim_time(plan: Plan) -> float:
+        return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches).time_per_minibatch)
+
+    t_chosen = sim_dp if is_dp else sim_time(chosen)
+    pp = paper_plan(row, prof, pipe_cl)
+    t_paper = sim_dp if pp is None else (t_chosen if (not is_dp and pp.config == chosen.config
+                                                       and _same_bounds(pp, chosen)) else sim_time(pp))
+    out: dict[str, Any] = {
+        "model": row.model, "cluster": row.cluster, "servers_x_gpus": f"{row.servers}x{row.gpus_per_server}",
+        "batch_size": prof.batch_size, "device_speed": round(setting.speed(), 3),
+        "config": chosen.config, "stages": chosen.num_stages,
+        "predicted_speedup": round(dp.time_per_minibatch / chosen.time_per_minibatch, 3),
+        "simulated_speedup": round(sim_dp / t_chosen, 3),
+        "paper_config_name": PAPER_CONFIGS.get(row.key, ""),
+        "paper_config_as_run": (pp.config if pp is not None else str(dp_cl.num_workers)),
+        "paper_config_simulated_speedup": round(sim_dp / t_paper, 3),
+        "paper_config": row.config, "paper_speedup": row.speedup,
+        "sim_plan_ms": round(t_chosen * 1e3, 2), "sim_dp_ms": round(sim_dp * 1e3, 2),
+        "sim_paper_config_ms": round(t_paper * 1e3, 2),
+    }
+    if row.speedup:
+        err = sim_dp / t_chosen / row.speedup - 1.0
+        perr = sim_dp / t_paper / row.speedup - 1.0
+        shape = config_shape(chosen.config) == config_shape(row.config)
+        out.update(error=round(err, 3), shape_matches=shape, within_25pct=abs(err) <= 0.25,
+                   paper_config_error=round(perr, 3), paper_config_within_25pct=abs(perr) <= 0.25)
+    return out
+
+
+def _same_bounds(a: Plan, b: Plan) -> bool:
+    def key(p: Plan) -> list[tuple[int, int, int]]:
+        return [(s.start, s.end, s.replicas) for s in p.stages]
+
+    return key(a) == key(b)
+
+
+def predicted_row(row: PaperRow, setting: PaperSetting) -> dict[str, Any]:
+    """The partitioner's prediction for a row (no simulation; what the sensitivity grid uses)."""
+    prof = setting.profile(row.model)
+    pipe_cl, dp_cl = setting.clusters(row)
+    chosen, dp, _ = choose_plan(prof, pipe_cl, dp_cl)
+    sp = dp.time_per_minibatch / chosen.time_per_minibatch
+    err = sp / row.speedup - 1.0 if row.speedup else float("nan")
+    shape = config_shape(chosen.config) == config_shape(row.config)
+    return {"key": row.key, "config": chosen.config, "predicted_speedup": round(sp, 3),
+            "error": round(err, 3), "shape_matches": shape, "ok": shape and abs(err) <= 0.25}
+
+
+#: the sensitivity grid: V100 speeds over the profiling GPU (besides the cited one), and multiples of the
+#: cited NCCL bus bandwidths
+SENSITIVITY_SPEEDS = (1.0, 1.75, 2.5, 4.0)
+SENSITIVITY_NCCL_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5)
+
+
+def sensitivity(speeds: Sequence[float] | None = None, nccl_scales: Sequence[float] = SENSITIVITY_NCCL_SCALES,
+                *, rows: Sequence[PaperRow] = TABLE1, batch_size: int = PAPER_BATCH,
+                minibatches: int = 64) -> list[dict[str, Any]]:
+    """Every row over a grid of the two unknowns, simulated as :func:`simulate_row` does: the V100's
+    speed relative to the profiling GPU and NCCL's bus bandwidth as a multiple of the cited one (both
+    Ethernet levels scaled alike). ``ok``: pipelab's choice has the paper's shape and is within 25%;
+    ``paper_config_ok``: the paper's configuration is within 25%. The default cell is the table."""
+    if speeds is None:
+        speeds = sorted({*SENSITIVITY_SPEEDS, profiling_gpu_speed()})
+    out = []
+    for speed in speeds:
+        for scale in nccl_scales:
+            bus = {k: v * scale for k, v in NCCL_TCP_BUS_BANDWIDTH.items()}
+            setting = PaperSetting(batch_size=batch_size, device_speed=speed, nccl_bus_bandwidth=bus)
+            for row in rows:
+                r = simulate_row(row, setting, minibatches=minibatches)
+                out.append({"device_speed": speed, "nccl_scale": scale, "key": row.key,
+                            "config": r["config"], "simulated_speedup": r["simulated_speedup"],
+                            "error": r["error"], "shape_matches": r["shape_matches"],
+                            "ok": r["shape_matches"] and r["within_25pct"],
+                            "paper_config_error": r["paper_config_error"],
+                            "paper_config_ok": r["paper_config_within_25pct"]})
+    return out
+
+
+def default_wire_fractions() -> dict[str, float]:
+    """The cited defaults as fractions of wire speed (10 Gbps: 0.6; 25 Gbps: 1.7 GB/s of 3.125)."""
+    return {"ethernet-10g": NCCL_TCP_BUS_BANDWIDTH["ethernet-10g"] / (10e9 / 8),
+            "ethernet-25g": NCCL_TCP_BUS_BANDWIDTH["ethernet-25g"] / (25e9 / 8)}
+
+
+def sensitivity_grid(df: pd.DataFrame, column: str = "ok"
+                     ) -> tuple[list[float], list[float], list[list[int]], tuple[int, int]]:
+    """From :func:`sensitivity`'s rows: (speeds, NCCL scales, rows passing ``column`` per grid cell,
+    the default cell's (row, column))."""
+    speeds = sorted(set(float(v) for v in df["device_speed"]))
+    scales = sorted(set(float(v) for v in df["nccl_scale"]))
+    ok = df.groupby(["device_speed", "nccl_scale"])[column].sum()
+    grid = [[int(ok.loc[(s, c)]) for c in scales] for s in speeds]
+    d_speed = profiling_gpu_speed()
+    i = min(range(len(speeds)), key=lambda k: abs(speeds[k] - d_speed))
+    j = min(range(len(scales)), key=lambda k: abs(scales[k] - 1.0))
+    return speeds, scales, grid, (i, j)
+
+
+def sensitivity_svg(df: pd.DataFrame) -> str:
+    """The sensitivity heatmap (rows within 25% with the paper's shape), the default outlined."""
+    speeds, scales, grid, mark = sensitivity_grid(df)
+    return svg_heatmap(grid, xs=[f"{c:g}x" for c in scales], ys=[f"{s:.3g}" for s in speeds],
+                       xlabel="NCCL bus bandwidth over TCP, multiple of the cited one",
+                       ylabel="V100 speed / profiling GPU", mark=mark, vmax=10,
+                       title="Table 1 rows with the paper's shape and within 25% (of 10), simulated")
+
+
+def sensitivity_markdown(df: pd.DataFrame) -> str:
+    """The heatmap as a markdown table, each cell "pipelab's choice (the paper's configuration)", the
+    default cell in bold, then each row's error at the default and at the grid's corners."""
+    speeds, scales, grid, (mi, mj) = sensitivity_grid(df)
+    _, _, pgrid, _ = sensitivity_grid(df, "paper_config_ok")
+    lines = ["| V100 speed \\ NCCL bus bw | " + " | ".join(f"{c:g}x" for c in scales) + " |",
+             "|---|" + "---|" * len(scales)]
+    for i, s in enumerate(speeds):
+        cells = [f"**{v} ({pgrid[i][j]})**" if (i, j) == (mi, mj) else f"{v} ({pgrid[i][j]})"
+                 for j, v in enumerate(grid[i])]
+        lines.append(f"| {s:.3g} | " + " | ".join(cells) + " |")
+    corners = [(speeds[mi], scales[mj]), (speeds[0], scales[0]), (speeds[0], scales[-1]),
+               (speeds[-1], scales[0]), (speeds[-1], scales[-1])]
+    lines += ["", "Each row's simulated error (pipelab's choice) at the default and at the grid's corners:",
+              "",
+              "| row | " + " | ".join(f"speed {s:.3g}, NCCL {c:g}x" for s, c in corners) + " |",
+              "|---|" + "---|" * len(corners)]
+    for key in dict.fromkeys(df["key"]):
+        part = df[df["key"] == key].set_index(["device_speed", "nccl_scale"])
+        cells = []
+        for s, c in corners:
+            r = part.loc[(s, c)]
+            cells.append(f"{float(r['error']):+.0%} ({r['config']})")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

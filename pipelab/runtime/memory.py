@@ -1,0 +1,186 @@
+"""The runtime's memory meter (option ``measure_memory=True``): each worker's measured peak of memory.
+
+What is measured, exactly: after every action, the bytes of the distinct tensor *storages* (deduplicated
+by ``untyped_storage().data_ptr()``, each counted at its full ``nbytes()``) that the worker holds
+because of training, in five parts, each storage counted once, in the first part that names it:
+
+* ``weights``: its stages' parameters and every stashed weight version the weight policy holds
+  (PipeDream's stash, 2BW's and the delay policies' versions, HetPipe's anchor, PipeMare's delta
+  buffer);
+* ``gradients``: the ``.grad`` of those tensors (``None`` after an update: the optimizer's
+  ``zero_grad(set_to_none=True)``);
+* ``optimizer``: the tensors of the optimizer's state (momentum buffers, Adam's moments; allocated
+  lazily at the first step);
+* ``activations``: the tensors autograd saves for the backward of every in-flight microbatch,
+  counted by :func:`torch.autograd.graph.saved_tensors_hooks` around the worker's forward (pack
+  registers the storage and returns a small holder whose ``__del__`` releases it, so the count follows
+  the graph's lifetime; weight storages are left to ``weights``), and the tensors the worker keeps
+  for the backward itself (each in-flight microbatch's stage inputs and outputs, and the output
+  gradients a split backward keeps for ``W``);
+* ``messages``: message buffers the transport holds (posted receives and unretired sends of the
+  process runtime; messages waiting in the reference executor's mailbox).
+
+A stage input that is a slice of the data feed's minibatch (the first stage) shares the
+minibatch's storage, which is then counted whole. Transient tensors that live only inside an
+action (a backward's intermediate gradients, an optimizer step's temporaries) are not seen. On a
+CUDA device in a worker process the peak is instead ``torch.cuda.max_memory_allocated`` since the
+first action (the allocator's view, transients included); the storage count is kept beside it.
+``peak_state`` is the storage count's peak without ``messages``: the terms the simulator's memory
+model counts (its transport buffers, receives posted ahead and sends held until the runtime knows
+them delivered, belong to pipelab's runtime, not to the method).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+PARTS = ("weights", "gradients", "optimizer", "activations", "messages")
+
+
+class _Held:
+    """What autograd stores in place of a saved tensor while the meter counts it."""
+
+    __slots__ = ("t", "ptr", "meter")
+
+    def __init__(self, t: torch.Tensor, ptr: int, meter: MemoryMeter) -> None:
+        self.t, self.ptr, self.meter = t, ptr, meter
+
+    def __del__(self) -> None:
+        self.meter._release(self.ptr)
+
+
+def _storage(t: Any) -> tuple[int, int] | None:
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        st = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):    # no storage (sparse, ...)
+        return None
+    n = st.nbytes()
+    return (st.data_ptr(), n) if n else None
+
+
+class MemoryMeter:
+    """Counts one worker's memory (see the module doc); :meth:`sample` after every action.
+
+    ``stages`` maps stage -> :class:`~pipelab.runtime.stage.StageState`; ``messages()`` yields the
+    message tensors the transport holds for this worker; ``cuda`` uses the CUDA allocator's peak.
+    """
+
+    def __init__(self, stages: dict[int, Any], messages: Callable[[], Iterable[torch.Tensor]] | None = None,
+                 *, cuda: torch.device | None = None) -> None:
+        self.stages = stages
+        self.messages = messages
+        self.cuda = cuda
+        self._saved: dict[int, list[int]] = {}      # storage ptr -> [holders alive, nbytes]
+        self._weights: set[int] = set()
+        self.peak = 0                 # the reported peak (CUDA allocator's, or the storage count)
+        self.peak_held = 0            # the storage count's peak
+        self.peak_state = 0           # the storage count's peak without messages (the simulator's terms)
+        self.breakdown: dict[str, int] = dict.fromkeys(PARTS, 0)   # the storage count at its peak
+        self.timeline: list[tuple[int, int]] = []    # (action index, bytes held after it)
+        if cuda is not None:
+            self.use_cuda(cuda)
+
+    def use_cuda(self, device: torch.device) -> None:
+        """Report ``torch.cuda.max_memory_allocated(device)`` from now on (its peak is reset here); only
+        where this process's allocator serves this worker alone (a worker process)."""
+        self.cuda = device
+        torch.cuda.reset_peak_memory_stats(device)
+
+    # ------------------------------------------------------------------ saved tensors
+    def _pack(self, t: torch.Tensor) -> Any:
+        key = _storage(t)
+        if key is None or key[0] in self._weights:
+            return t
+        ent = self._saved.get(key[0])
+        if ent is None:
+            self._saved[key[0]] = [1, key[1]]
+        else:
+            ent[0] += 1
+        return _Held(t, key[0], self)
+
+    @staticmethod
+    def _unpack(h: Any) -> Any:
+        return h.t if isinstance(h, _Held) else h
+
+    def _release(self, ptr: int) -> None:
+        ent = self._saved.get(ptr)
+        if ent is not None:
+            ent[0] -= 1
+            if ent[0] <= 0:
+                del self._saved[ptr]
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """Count what autograd saves inside this block (wrap a forward in it)."""
+        self._weights = {k[0] for t in self._weight_tensors() if (k := _storage(t)) is not None}
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+
+    # ------------------------------------------------------------------ the count
+    def _weight_tensors(self) -> Iterator[torch.Tensor]:
+        for st in self.stages.values():
+            pol = st.policy
+            yield from st.params.values()
+            for version in getattr(pol, "stash", {}).values():
+                yield from version.values()
+            yield from getattr(pol, "anchor", {}).values()                  # HetPipe
+            yield from getattr(getattr(pol, "state", None), "delta", [])     # PipeMare's delta buffer
+
+    def _activation_tensors(self) -> Iterator[Any]:
+        for st in self.stages.values():
+            for pend in st.pending.values():
+                yield from pend.inputs
+                yield from pend.outputs
+                yield from pend.grad_outputs or ()
+                yield from pend.grad_targets or ()
+
+    def count(self) -> dict[str, int]:
+        """The bytes held right now, per part (see the module doc), and their ``total``."""
+        seen: set[int] = set()
+        out = dict.fromkeys(PARTS, 0)
+
+        def add(part: str, tensors: Iterable[Any]) -> None:
+            for t in tensors:
+                key = _storage(t)
+                if key is not None and key[0] not in seen:
+                    seen.add(key[0])
+                    out[part] += key[1]
+
+        weights = list(self._weight_tensors())
+        add("weights", weights)
+        add("gradients", (t.grad for t in weights))
+        add("optimizer", (v for st in self.stages.values() if st.optimizer is not None
+                          for state in st.optimizer.state.values() for v in state.values()))
+        for ptr, (_, n) in list(self._saved.items()):   # (autograd may free on its own threads)
+            if ptr not in seen:
+                seen.add(ptr)
+                out["activations"] += n
+        add("activations", self._activation_tensors())
+        if self.messages is not None:
+            add("messages", self.messages())
+        out["total"] = sum(out[p] for p in PARTS)
+        return out
+
+    def sample(self, step: int) -> int:
+        """Count after action ``step``; update the peaks and the timeline; returns the bytes held."""
+        c = self.count()
+        held = c["total"]
+        self.timeline.append((step, held))
+        self.peak_state = max(self.peak_state, held - c["messages"])
+        if held > self.peak_held:
+            self.peak_held = held
+            self.breakdown = {p: c[p] for p in PARTS}
+        if self.cuda is not None:
+            self.peak = int(torch.cuda.max_memory_allocated(self.cuda))
+        else:
+            self.peak = self.peak_held
+        return held
+
+
+__all__ = ["MemoryMeter", "PARTS"]

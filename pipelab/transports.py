@@ -1,0 +1,67 @@
+"""Transports: how a pipeline transfer and an all-reduce move bytes at each level of a cluster.
+
+:meth:`pipelab.cluster.Cluster.with_transport` applies them; the cost model, the partitioners and
+the simulator then read only ``Level.transfer_bandwidth`` and ``Level.ring_bandwidth``. Sources of
+the figures are given beside each constant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+#: pipeline transports (:meth:`Cluster.with_transport`): ``"link"`` sends over the raw link (NCCL
+#: point-to-point, CUDA IPC); ``"gloo-host"`` is PipeDream's runtime with ``distributed_backend: gloo``:
+#: the sender copies the tensor to host memory, gloo moves it over TCP (the cluster's Ethernet across
+#: servers, the host's loopback inside one), the receiver copies it back to its GPU, one after another
+PIPELINE_TRANSPORTS = ("link", "gloo-host")
+#: all-reduce transports: ``"link"`` (the ring at each level's link bandwidth), ``"nccl-ring"``
+#: (NCCL's ring at the bus bandwidth NCCL achieves over TCP on the Ethernet levels; PipeDream's
+#: data-parallel runs, ``distributed_backend: nccl``) or ``"gloo-ring"`` (gloo's ring through host
+#: memory, every step at the gloo path's store-and-forward rate; PipeDream's replicated stages, whose
+#: DistributedDataParallel groups take the runs' default backend, gloo)
+ALLREDUCE_TRANSPORTS = ("link", "nccl-ring", "gloo-ring")
+#: bytes/s of one host<->device or host memory copy on the gloo path: PCIe 3 x16 at the 10 GB/s that
+#: cluster A's PCIe level uses (the issue's figure); the loopback TCP copy inside a server is priced
+#: at the same rate (an assumption: no published figure for gloo's loopback on these hosts)
+HOST_COPY_BYTES_PER_S = 10 * 1e9
+#: NCCL all-reduce bus bandwidth over TCP (bytes/s) by Ethernet level. 25 Gbps: 1.7 GB/s, measured
+#: with nccl-tests' all_reduce_perf (ring, 8 ranks on 2 hosts, 25 Gbps TCP; iperf-class tools reach
+#: 25 Gbps one way there): NVIDIA/nccl-tests issue #83 (2021). 10 Gbps: 60% of wire speed,
+#: 0.75 GB/s, the ceiling NCCL 2.4 reached over TCP (32 Gbps, large messages): NVIDIA/nccl issue #209
+#: (April 2019, the NCCL generation of PipeDream's nvcr.io/nvidia/pytorch:19.05 container); no direct
+#: 10 Gbps measurement was found, so the fraction is carried over. Fixed from these sources before
+#: any comparison with PipeDream's Table 1.
+NCCL_TCP_BUS_BANDWIDTH: dict[str, float] = {"ethernet-10g": 0.6 * 10 * 1e9 / 8, "ethernet-25g": 1.7e9}
+
+
+def transport_levels(levels: Sequence[Any], pipeline: str = "link", allreduce: str = "link", *,
+                     host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
+                     allreduce_bus_bandwidth: dict[str, float] | None = None) -> tuple[Any, ...]:
+    """``levels`` (a cluster's :class:`~pipelab.cluster.Level` records, innermost first) with
+    ``p2p_bandwidth`` and ``allreduce_bandwidth`` set for the transports (see
+    :meth:`pipelab.cluster.Cluster.with_transport`)."""
+    if pipeline not in PIPELINE_TRANSPORTS:
+        raise ValueError(f"pipeline={pipeline!r} is not one of {PIPELINE_TRANSPORTS}")
+    if allreduce not in ALLREDUCE_TRANSPORTS:
+        raise ValueError(f"allreduce={allreduce!r} is not one of {ALLREDUCE_TRANSPORTS}")
+    if not (math.isfinite(host_copy_bandwidth) and host_copy_bandwidth > 0):
+        raise ValueError(f"host_copy_bandwidth={host_copy_bandwidth!r} must be a finite number of "
+                         f"bytes/s > 0")
+    bus = NCCL_TCP_BUS_BANDWIDTH if allreduce_bus_bandwidth is None else dict(allreduce_bus_bandwidth)
+    multi_gpu_servers = len(levels) > 1
+    out: list[Any] = []
+    for k, lv in enumerate(levels):
+        changes: dict[str, Any] = {}
+        net = host_copy_bandwidth if (k == 0 and multi_gpu_servers) else lv.bandwidth
+        via_host = 1.0 / (2.0 / host_copy_bandwidth + 1.0 / net)
+        if pipeline == "gloo-host":
+            changes["p2p_bandwidth"] = via_host
+        if allreduce == "nccl-ring" and lv.name in bus:
+            changes["allreduce_bandwidth"] = float(bus[lv.name])
+        elif allreduce == "gloo-ring":
+            changes["allreduce_bandwidth"] = via_host
+        out.append(replace(lv, **changes))
+    return tuple(out)

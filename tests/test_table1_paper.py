@@ -1,0 +1,145 @@
+"""PipeDream's Table 1 as PipeDream ran it: transports, batch rescaling, PipeDream's own configurations,
+and the committed simulated table against what the code writes now."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import pipelab as pl
+from pipelab.costs import CostModel
+from pipelab.partition.pipedream_conf import available, load_config, plan_from_pipedream, stage_bounds
+from pipelab.reproduce import table1_paper as tp
+from pipelab.reproduce.table1 import TABLE1
+from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH
+
+RESULTS = Path(__file__).resolve().parents[1] / "reproductions" / "pipedream_table1" / "results.csv"
+
+
+def test_gloo_host_and_nccl_ring_rates_by_hand() -> None:
+    base = pl.Cluster.preset("pipedream-a", servers=4, gpus_per_server=4)
+    gloo = base.with_transport("gloo-host", "gloo-ring")
+    nccl = base.with_transport("link", "nccl-ring")
+    # gloo: device->host copy, TCP (loopback = a host copy inside a server; Ethernet across), host->device
+    assert gloo.levels[0].transfer_bandwidth == pytest.approx(1 / (3 / 10e9))
+    assert gloo.levels[1].transfer_bandwidth == pytest.approx(1 / (2 / 10e9 + 8 / 10e9))
+    assert gloo.levels[1].ring_bandwidth == pytest.approx(1 / (2 / 10e9 + 8 / 10e9))
+    assert nccl.levels[1].ring_bandwidth == NCCL_TCP_BUS_BANDWIDTH["ethernet-10g"] == pytest.approx(0.75e9)
+    assert nccl.levels[0].ring_bandwidth == 10e9
+    assert nccl.levels[1].transfer_bandwidth == base.levels[1].bandwidth
+    n = 100_000_000
+    cm = CostModel(pl.Profile.synthetic([1.0, 1.0], out_bytes=[n, 0], param_bytes=[n, 0]), gloo)
+    lat = base.levels[1].latency
+    assert cm.transfer_s(n, 0, 4) == pytest.approx(lat + n / 1e9)      # across servers
+    assert cm.transfer_s(n, 0, 1) == pytest.approx(base.levels[0].latency + 3 * n / 10e9)
+    cmn = CostModel(pl.Profile.synthetic([1.0, 1.0], out_bytes=[n, 0], param_bytes=[n, 0]), nccl)
+    ring = 2 * 3 / 4 * n / 10e9 + 2 * 3 / 4 * n / 0.75e9 + 2 * 3 * (base.levels[0].latency + lat)
+    assert cmn.allreduce_s(n, range(16)) == pytest.approx(ring)
+    assert base.with_transport() == base   # "link" changes nothing
+    with pytest.raises(ValueError, match="pipeline="):
+        base.with_transport("tcp")
+    with pytest.raises(ValueError, match="allreduce="):
+        base.with_transport(allreduce="mpi")
+    with pytest.raises(ValueError, match="p2p_bandwidth"):
+        pl.cluster.Level("x", 2, 1e9, p2p_bandwidth=0.0)
+
+
+def test_partitioner_and_simulator_price_a_transfer_alike() -> None:
+    # one transfer-bound two-stage pipeline: the partitioner's prediction and the simulated steady state
+    # both follow the transport (the one formula path), and gloo's path is slower than the link's
+    prof = pl.Profile.synthetic([1e-3, 1e-3], out_bytes=[200_000_000, 0], param_bytes=[0, 0])
+    times = {}
+    for transport in ("link", "gloo-host"):
+        cl = pl.Cluster.preset("pipedream-a", servers=2, gpus_per_server=1).with_transport(transport)
+        plan = pl.partition(prof, cl, method="pipedream", straight=True, memory_limit=math.inf)
+        sim = pl.simulate(plan, prof, cl, method="pipedream", minibatches=32)
+        x = CostModel(prof, cl).transfer_s(200_000_000, 0, 1)
+        assert plan.time_per_minibatch == pytest.approx(x, rel=0.05)   # full duplex: one transfer per port
+        assert sim.time_per_minibatch == pytest.approx(plan.time_per_minibatch, rel=0.05)
+        times[transport] = sim.time_per_minibatch
+    assert times["gloo-host"] == pytest.approx(times["link"] * 1.25 / 1.0, rel=0.05)
+
+
+def test_at_batch_size_affine_times_linear_bytes() -> None:
+    prof = pl.models.pipedream_profile("vgg16")
+    half = prof.at_batch_size(64)
+    assert half.batch_size == 64 and "rescaled from batch 128 to 64" in half.source
+    assert half.fwd_s == pytest.approx(prof.fwd_s / 2) and half.param_bytes == prof.param_bytes
+    assert half.cut_bytes[5] == round(prof.cut_bytes[5] / 2)
+    assert prof.at_batch_size(128) is prof
+    fixed = pl.Profile(layers=(pl.Profile.synthetic([1.0]).layers[0].__class__(
+        name="l", kind="Linear", fwd_s=1.0, bwd_s=2.0, out_bytes=8, param_bytes=4, fwd_fixed_s=0.2,
+        bwd_fixed_s=0.5),), cut_bytes=(), batch_size=8)
+    quarter = fixed.at_batch_size(2)
+    assert quarter.layers[0].fwd_s == pytest.approx(0.2 + 0.8 / 4)
+    assert quarter.layers[0].bwd_s == pytest.approx(0.5 + 1.5 / 4) and quarter.layers[0].out_bytes == 2
+    with pytest.raises(ValueError, match="batch_size"):
+        prof.at_batch_size(0)
+
+
+def test_pipedream_configs_map_onto_the_profiles() -> None:
+    assert set(tp.PAPER_CONFIGS.values()) - {"dp"} == set(available())
+    vgg = load_config("vgg16/gpus=16/hybrid_conf")
+    prof = pl.models.pipedream_profile("vgg16")
+    assert vgg.replicas == (15, 1)
+    # every convolution on the replicated stage, the three fully connected layers on the last worker
+    (b,) = stage_bounds(prof, vgg)
+    assert [layer.kind for layer in prof.layers[b:]].count("Linear") == 3
+    assert "Linear" not in [layer.kind for layer in prof.layers[:b]]
+    plan = plan_from_pipedream(prof, vgg)
+    assert plan.config == "15-1" and plan.stages[1].ranks == (15,)
+    g16 = plan_from_pipedream(pl.models.pipedream_profile("gnmt16"), "gnmt_large/gpus=16/mp_conf")
+    assert g16.config == "straight" and g16.num_stages == 14 and g16.num_workers == 14
+    g8 = plan_from_pipedream(pl.models.pipedream_profile("gnmt8"), "gnmt/gpus=12/mp_conf")
+    assert g8.num_stages == 10
+    with pytest.raises(ValueError, match="parameter-carrying"):
+        plan_from_pipedream(pl.models.pipedream_profile("resnet50"), vgg)
+    with pytest.raises(ValueError, match="no shipped"):
+        load_config("nope")
+
+
+def test_profiling_gpu_speed_from_the_cited_throughput() -> None:
+    r = pl.models.pipedream_profile("resnet50")
+    assert tp.profiling_gpu_speed() == pytest.approx(367.0 * (r.fwd_s + r.bwd_s) / r.batch_size)
+
+
+def test_committed_simulated_table_matches_the_code() -> None:
+    """results.csv (written by make reproduce) holds what simulate_row computes now, for every row:
+    a change to the cost model, the simulator or the defaults that moves a number fails here until the
+    table is regenerated."""
+    committed = pd.read_csv(RESULTS)
+    assert len(committed) == len(TABLE1)
+    for row, (_, old) in zip(TABLE1, committed.iterrows()):
+        new = tp.simulate_row(row)
+        for key, value in new.items():
+            assert key in old.index, f"results.csv lacks column {key}; regenerate it (make reproduce)"
+            was = old[key]
+            if isinstance(value, float) or isinstance(was, float):
+                same = (value is None and math.isnan(float(was))) or float(was) == pytest.approx(float(value))
+            else:
+                same = str(was) == str(value)
+            assert same, f"{row.key}: {key} is {value!r} now but results.csv says {was!r}; regenerate"
+
+
+def test_transport_levels_round_trip_and_describe() -> None:
+    cl = pl.Cluster.preset("pipedream-b", servers=2, gpus_per_server=8)
+    cl = cl.with_transport("gloo-host", "nccl-ring")
+    assert pl.Cluster.from_dict(cl.to_dict()) == cl
+    assert "all-reduce bus 1.7 GB/s" in cl.describe() and "transfers at" in cl.describe()
+    # a sub-cluster keeps the transport
+    sub = cl.subset(range(8))
+    assert sub.levels[0].p2p_bandwidth == cl.levels[0].p2p_bandwidth
+
+
+def test_sensitivity_default_cell_is_the_table() -> None:
+    """sensitivity.csv's cell at the cited defaults holds the same simulated rows as results.csv."""
+    sens = pd.read_csv(RESULTS.with_name("sensitivity.csv"))
+    table = pd.read_csv(RESULTS)
+    speed = tp.profiling_gpu_speed()
+    cell = sens[(abs(sens["device_speed"] - speed) < 1e-9) & (sens["nccl_scale"] == 1.0)]
+    assert list(cell["config"]) == list(table["config"])
+    assert list(cell["simulated_speedup"]) == pytest.approx(list(table["simulated_speedup"]))
+    assert list(cell["paper_config_error"]) == pytest.approx(list(table["paper_config_error"]))
