@@ -17,7 +17,10 @@ bubble fraction, and for asynchronous methods the weight versions held and the s
 updates between the version a minibatch reads and the one its update changes) flagged as a
 statistical-efficiency risk. Deterministic: candidates are ordered by (bound, their key).
 
-Recomputation is priced here (the simulator does not know it): each stage's backward re-runs its
+A flushed method is simulated for one minibatch (its time per minibatch: never optimistic), and its
+peak memory gets the optimizer state the first update allocates, which every later minibatch holds
+(checked against a three-minibatch simulation in the tests). Recomputation is priced here (the
+simulator does not know it): each stage's backward re-runs its
 forward, and a stage keeps only its input per microbatch in flight (the profile is simulated with
 one byte saved per layer), plus, while one microbatch's backward runs, that microbatch's
 activations (added to the simulated peak).
@@ -47,9 +50,6 @@ from pipelab.sim.simulate import SimResult, simulate, virtual_plan
 #: methods searched by default: every registered one but the ablations (naive-async; buffered with
 #: its default K=2 is 2bw) and hetpipe (searched on clusters of mixed devices)
 DEFAULT_METHODS = ("dp", "gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1", "pipedream", "2bw", "pipemare")
-#: minibatches a synchronous candidate is simulated for: the optimizer state exists from the first
-#: update on (torch allocates it lazily), so the second minibatch shows the steady peak
-SYNC_MINIBATCHES = 2
 #: partitioners of straight pipelines, tried at every stage count
 SPLITS = ("uniform", "balanced", "prefix-sum")
 COLUMNS = ("rank", "method", "synchronous", "partitioner", "config", "stages", "workers", "microbatches",
@@ -160,10 +160,6 @@ def _simulate(c: Candidate, profile: Profile, cluster: Cluster, optimizer: str, 
     """Simulate candidate ``c`` (recomputation priced on a copy of the profile, see the module docstring)."""
     opts: dict[str, Any] = {k: v for k, v in c.options().items() if k != "recompute"}
     prof = _recompute_profile(profile) if c.recompute else profile
-    if registry.get(c.method).synchronous:
-        # two minibatches: the optimizer state exists from the first update on (torch allocates it
-        # lazily), so the second minibatch's peak is the steady one
-        kw.setdefault("minibatches", SYNC_MINIBATCHES)
     return simulate(c.plan, prof, cluster, c.method, microbatches=c.microbatches, optimizer=optimizer,
                     **opts, **kw)
 
@@ -272,14 +268,13 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
 
     Time: the busiest worker's compute of one minibatch (each replica of a stage takes 1/r of its
     microbatches) plus its stages' updates for methods that update once per minibatch; for a flushed
-    straight pipeline (GPipe, 1F1B, ZB-H1) also, for every stage ``k``, its own ``M`` forwards and
-    backwards plus, once per run of :data:`SYNC_MINIBATCHES` (ZB-H1's deferred weight gradients may
-    overlap the next minibatch's way up), the forwards of the first microbatch up to ``k`` and the
-    last one's input gradients back down; the update is left out of that term (it overlaps the way
-    down). Memory: weights and optimizer state of the stages a worker hosts
-    (the gradient buffer is freed at each update), plus one microbatch's activations per stage (``M``
-    of them under GPipe, which holds the whole minibatch before its backward; none for methods whose
-    backward recomputes its forward).
+    straight pipeline (GPipe, 1F1B, ZB-H1), simulated for one minibatch, also, for every stage ``k``,
+    the forwards of microbatch 0 up to ``k``, ``k``'s own ``M`` forwards and backwards, and the last
+    microbatch's input gradients back down (its weight gradients may wait: ZB-H1); the update is left
+    out of that term (it overlaps the way down). Memory: weights and optimizer state of the stages a
+    worker hosts (the gradient buffer is freed at each update), plus one microbatch's activations per
+    stage (``M`` of them under GPipe, which holds the whole minibatch before its backward; none for
+    methods whose backward recomputes its forward).
     """
     cm = cms[c.recompute]
     spec = registry.get(c.method)
@@ -311,7 +306,7 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
     if spec.synchronous and not is_dp and spec.order != "interleaved" and len(per_stage) == len(stages):
         up = 0.0
         for f, b, bi in per_stage:
-            t = max(t, up / SYNC_MINIBATCHES + M * (f + b))
+            t = max(t, up + M * (f + b))
             up += f + bi
     return t, max(floor.values())
 
@@ -422,6 +417,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
                 row["status"] = f"error: {str(exc).splitlines()[0][:120]}"
             else:
                 peak = list(res.peak_memory)
+                if registry.get(c.method).synchronous:
+                    peak = _with_optimizer_state(res, cms[False], c, peak)
                 if c.recompute:
                     peak = _recompute_peak(res, cms[False], c, peak)
                 fits = all(p <= limit[w] for w, p in enumerate(peak) if w < W)
@@ -442,16 +439,29 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
                      default_row=default)
 
 
+def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int, int]]]:
+    """Per worker, the layer ranges of the stages it hosts in ``res``'s schedule."""
+    sch = res.schedule
+    if registry.get(c.method).order == "dp":
+        return [[(0, cm.num_layers)] for _ in range(sch.num_workers)]
+    plan_ = c.plan if c.chunks is None else virtual_plan(c.plan, cm.profile, c.chunks)
+    return [[(plan_.stages[s].start, plan_.stages[s].end) for s in sch.stages_of(w)]
+            for w in range(sch.num_workers)]
+
+
+def _with_optimizer_state(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]) -> list[int]:
+    """A flushed method simulated for one minibatch: add the optimizer state its first update
+    allocates (torch does so lazily), which every later minibatch holds throughout; each later
+    minibatch repeats the first one's memory timeline on top of it."""
+    return [p + sum(int(cm.state_factor * cm.param_bytes(a, e)) for a, e in ranges)
+            for p, ranges in zip(peak, _hosted(res, cm, c))]
+
+
 def _recompute_peak(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]) -> list[int]:
     """Add to each worker's simulated peak one microbatch's activations of its largest stage."""
-    out = list(peak)
-    sch = res.schedule
-    plan_ = c.plan if c.chunks is None else virtual_plan(c.plan, cm.profile, c.chunks)
-    for w in range(sch.num_workers):
-        extra = max((cm.activation_bytes(plan_.stages[s].start, plan_.stages[s].end, c.microbatches)
-                     for s in sch.stages_of(w)), default=0)
-        out[w] += extra
-    return out
+    M = 1 if registry.get(c.method).order == "dp" else c.microbatches
+    return [p + max((cm.activation_bytes(a, e, M) for a, e in ranges), default=0)
+            for p, ranges in zip(peak, _hosted(res, cm, c))]
 
 
 def _rank(table: pd.DataFrame) -> pd.DataFrame:

@@ -153,3 +153,15 @@ def test_reported_memory_is_the_memory_models(table: pl.planner.PlanTable) -> No
                                microbatches=8)["total"] for s in c.plan.stages)
     assert row["peak_memory"] == want
     assert not t[t.method == "pipedream"]["synchronous"].any()
+
+
+@pytest.mark.parametrize("method", ["gpipe", "1f1b-flush", "zb-h1", "interleaved-1f1b"])
+def test_one_minibatch_plus_optimizer_state_is_the_steady_peak(method: str) -> None:
+    """The planner simulates a flushed method for one minibatch and adds the optimizer state its
+    first update allocates; a simulation of three minibatches is the oracle."""
+    pt = plan(_profile(), _cluster(), methods=[method], compression=(None,), recompute=(False,), prune=False)
+    for i in pt.table.index[pt.table["status"] == "simulated"][:6]:
+        long = pt.simulate(int(i), minibatches=3)
+        assert pt.table.loc[i, "peak_memory"] == max(long.peak_memory)
+        # one flushed minibatch: never optimistic (ZB-H1's deferred W may overlap the next one)
+        assert pt.table.loc[i, "time_per_minibatch_s"] >= long.time_per_minibatch * (1 - 1e-9)
