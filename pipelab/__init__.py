@@ -33,6 +33,10 @@ _EXPORTS: dict[str, str] = {
     "Action": "pipelab.schedules.actions",
     "Schedule": "pipelab.schedules.actions",
     "simulate": "pipelab.sim",
+    "plan": "pipelab.planner",
+    "PlanTable": "pipelab.planner",
+    "planner": "pipelab.planner",
+    "explain": "pipelab.explain",
     "SimResult": "pipelab.sim",
     "Trace": "pipelab.trace",
     "Event": "pipelab.trace",
@@ -46,7 +50,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 # public names that are modules rather than objects inside a module
-_MODULES = frozenset({"models", "schedules", "torch_bridge", "views", "widgets"})
+_MODULES = frozenset({"models", "planner", "schedules", "torch_bridge", "views", "widgets"})
 
 __all__ = sorted(_EXPORTS)
 
@@ -68,15 +72,16 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
 
 
-# ``pl.partition`` and ``pl.profile`` are functions that share their names with subpackages. Importing
-# a submodule (``import pipelab.partition.plan``, which any schedule or model import does) makes Python
-# set the package attribute to the subpackage, shadowing the function: ``pl.partition(...)`` would
-# then fail with "'module' object is not callable" depending on import order. So those two
-# subpackages are made callable: calling one calls its function.
+# ``pl.partition``, ``pl.profile`` and ``pl.explain`` are functions that share their names with
+# subpackages. Importing a submodule (``import pipelab.partition.plan``, which any schedule or model
+# import does) makes Python set the package attribute to the subpackage, shadowing the function:
+# ``pl.partition(...)`` would then fail with "'module' object is not callable" depending on import
+# order. So those modules are made callable: calling one calls its function.
 _CALLABLE_SUBPACKAGES: dict[str, tuple[str, str]] = {
     "pipelab.partition": ("pipelab.partition", "partition"),
     "pipelab.profile": ("pipelab.profile.measure", "profile"),
     "pipelab.calibrate": ("pipelab.calibrate", "calibrate"),
+    "pipelab.explain": ("pipelab.explain", "explain"),
 }
 
 
@@ -101,11 +106,13 @@ sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from pipelab import models, schedules, torch_bridge, views, widgets  # noqa: F401
+    from pipelab import models, planner, schedules, torch_bridge, views, widgets  # noqa: F401
     from pipelab.calibrate import calibrate  # noqa: F401
     from pipelab.cluster import Calibration, Cluster  # noqa: F401
+    from pipelab.explain import explain  # noqa: F401
     from pipelab.partition import partition  # noqa: F401
     from pipelab.partition.plan import Plan, Stage  # noqa: F401
+    from pipelab.planner import PlanTable, plan  # noqa: F401
     from pipelab.profile.measure import profile  # noqa: F401
     from pipelab.profile.records import Layer, Profile  # noqa: F401
     from pipelab.runtime.launch import launch, train  # noqa: F401

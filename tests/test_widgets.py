@@ -225,3 +225,26 @@ def test_sync_figure_updates_in_place_or_rebuilds():
 def test_events_are_events():
     assert isinstance(one_f_one_b_events()[0], Event)
     assert threading.active_count() >= 1
+
+
+def test_planner_explorer_draws_the_selected_candidate():
+    import pipelab as pl
+    from pipelab.widgets import PlannerExplorer
+
+    prof = pl.Profile.synthetic([1e-3, 3e-3, 1e-3, 1e-3], out_bytes=[1000] * 4, param_bytes=[1000] * 4,
+                                batch_size=8)
+    table = pl.plan(prof, pl.Cluster.flat(2), methods=["gpipe", "1f1b-flush", "pipedream"])
+    for live in (False, True):
+        ex = PlannerExplorer(table, live=live)
+        assert ex.row == int(table.best.name)
+        assert set(ex.figures) == {"pareto", "gantt", "memory", "bubbles"}
+        other = int(table.default.name)
+        ex.select(other)
+        res = table.simulate(other)
+        assert list(ex.figures["memory"].data[0].y) == pytest.approx([p / 2**30 for p in res.peak_memory])
+        assert ex.figures["gantt"].data[-1].name == "critical path"
+        assert table.table.loc[other, "method"] in ex.message
+    with pytest.raises(ValueError, match="not a simulated"):
+        ex.select(10**6)
+    with pytest.raises(TypeError, match="PlanTable"):
+        PlannerExplorer(prof)

@@ -1,4 +1,9 @@
-"""``pipelab plan PROFILE --cluster SPEC [--method M] [-o plan.json]``: partition a profile from the shell.
+"""``pipelab plan PROFILE --cluster SPEC [--method M | --auto] [-o plan.json]``: plan from the shell.
+
+``--auto`` runs the planner (:func:`pipelab.planner.plan`) over methods, partitions, microbatches,
+chunks, recomputation and compression, prints the ranked candidates, the default (1F1B on a
+uniform split) and the Pareto front, and with ``-o`` writes the pick's plan (``--table`` the whole
+table as CSV).
 
 PROFILE is a pipelab profile JSON (``Profile.save``), a PipeDream ``graph.txt``, or the name of a
 shipped PipeDream profile (``vgg16``, ``resnet50``, ``gnmt8``, ``gnmt16``, ...).
@@ -11,8 +16,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pipelab._io import atomic_write_text
 from pipelab.cluster import Cluster
 from pipelab.partition import METHODS, partition
+from pipelab.planner import plan as auto_plan
 from pipelab.profile.records import Profile
 
 
@@ -38,6 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(none, as pipelab's runtime does)")
     ap.add_argument("--microbatches", type=int, default=None, help="gpipe: microbatches per minibatch")
     ap.add_argument("--batch-size", type=int, default=None, help="override the profile's minibatch size")
+    ap.add_argument("--auto", action="store_true",
+                    help="search methods x partitions x microbatches x options with the planner")
+    ap.add_argument("--methods", default=None,
+                    help="--auto: comma-separated methods to search (default: all but the ablations)")
+    ap.add_argument("--top", type=int, default=10, help="--auto: rows to print")
+    ap.add_argument("--table", default=None, help="--auto: write the whole ranked table as CSV here")
+    ap.add_argument("--no-progress", action="store_true", help="--auto: no progress bar")
     ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
     args = ap.parse_args(list(argv) if argv is not None else None)
 
@@ -46,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.batch_size is not None:
             prof = prof.scaled(batch_size=args.batch_size)
         cluster = Cluster.parse(args.cluster)
+        if args.auto:
+            return _auto(args, prof, cluster)
         opts: dict[str, Any] = {}
         if args.memory_limit_gb is not None:
             opts["memory_limit"] = args.memory_limit_gb * 2**30
@@ -65,6 +81,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(plan.describe())
     if args.output:
         print(f"wrote {plan.save(args.output)}")
+    return 0
+
+
+def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster) -> int:
+    """``--auto``: run the planner, print its table, default and Pareto front; write what was asked."""
+    names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    limit = args.memory_limit_gb * 2**30 if args.memory_limit_gb is not None else None
+    table = auto_plan(prof, cluster, memory_limit=limit, methods=names, optimizer=args.optimizer,
+                      progress=not args.no_progress)
+    print(table.describe(args.top))
+    try:
+        best = table.best
+    except ValueError as exc:
+        print(f"pipelab plan: error: {exc}", file=sys.stderr)
+        return 2
+    peak = float(best["peak_memory"]) / 2**30
+    print(f"\npick: {best['method']} on {best['partitioner']} {best['config']} ({best['stages']} stages), "
+          f"M={best['microbatches']}: {best['throughput']:.1f} samples/s, peak {peak:.2f} GiB")
+    if table.default_row is not None:
+        d = table.default
+        print(f"default (1f1b-flush, uniform split, M=P): {d['throughput']:.1f} samples/s "
+              f"({best['throughput'] / d['throughput']:.2f}x)" if d["status"] == "simulated" else
+              f"default (1f1b-flush, uniform split): {d['status']}")
+    front = table.pareto
+    points = [f"{m}/{c}/M={mb}: {t:.0f} at {p / 2**30:.2f} GiB" for m, c, mb, t, p in zip(
+        front["method"], front["config"], front["microbatches"], front["throughput"], front["peak_memory"])]
+    print("Pareto front (throughput vs peak memory): " + ", ".join(points))
+    if args.table:
+        print(f"wrote {atomic_write_text(args.table, table.table.to_csv(index=False))}")
+    if args.output:
+        print(f"wrote {table.candidate().plan.save(args.output)}")
     return 0
 
 

@@ -1,6 +1,6 @@
-"""Interactive views for JupyterLab: a live Gantt of a running job and two explorers.
+"""Interactive views for JupyterLab: a live Gantt of a running job and three explorers.
 
-The only module that imports ``ipywidgets``. Each widget is a thin layer over the pure views in
+The only unit that imports ``ipywidgets``. Each widget is a thin layer over the pure views in
 :mod:`pipelab.views`: it recomputes a figure from records and copies the figure's data into a
 ``plotly.graph_objects.FigureWidget`` (plotly >= 6 needs ``anywidget`` for that).
 
@@ -14,6 +14,9 @@ only, so an HTML report renders offline and stays a sensible size.
 - :class:`ScheduleExplorer` ``()``: method, stages, microbatches, v, K -> Gantt, bubble, memory.
 - :class:`PlanExplorer` ``(profile)``: cluster preset, servers x GPUs, method, memory limit ->
   partition graph, config string, predicted speed-up over data parallel.
+- :class:`PlannerExplorer` ``(pl.plan(...))`` (:mod:`pipelab.widgets.planner`): the planner's Pareto
+  front as a scatter; a click draws that candidate's Gantt chart with its critical path, its memory
+  per worker and its bubble breakdown.
 """
 
 from __future__ import annotations
@@ -570,9 +573,12 @@ def _partition_methods() -> list[str]:
     return list(METHODS)
 
 
+from pipelab.widgets.planner import PlannerExplorer  # noqa: E402  (needs the classes above)
+
 __all__ = [
     "LiveGantt",
     "PlanExplorer",
+    "PlannerExplorer",
     "ScheduleExplorer",
     "live_frontend",
     "show",

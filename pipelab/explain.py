@@ -1,0 +1,292 @@
+"""Bubbles explained: split each worker's idle time into its causes, and find the critical path.
+
+``explain(trace, schedule)`` works on any trace of a schedule, simulated or measured. It replays the
+schedule (:func:`pipelab.schedules.dataflow.run`, the simulator's own core) with the durations the
+trace measured, stripped of one cause at a time, and reads each cause as the idle time it adds:
+
+0. **fill/drain**: every stage's actions at the mean over stages of that kind's median duration, no
+   transfer time, no update: the idle time inherent to the schedule's order
+   (``(P-1)/(M+P-1)`` of the makespan for GPipe and 1F1B with equal stages);
+1. **imbalance**: each stage's actions at their own median (per stage and kind, slowdown removed):
+   waiting on a slower stage;
+2. **straggler**: each action at its measured duration: the workers slowed by ``slowdown`` (known
+   factors, as ``train(slowdown=...)`` emulates them or a cluster of mixed devices has them) and
+   single actions slower than their stage's median (a shared machine's stalls);
+3. **transfer**: plus each message's measured latency (the sender's end to the receiver's arrival):
+   waiting on a transfer;
+4. **update**: the measured trace itself, with its optimizer steps and all-reduces (and anything
+   the replay does not model: what is left).
+
+Part ``k`` on worker ``w`` is ``idle_k(w) - idle_{k-1}(w)``, idle = makespan - busy (F, B, W, U), so
+the parts of a worker sum to its idle time in the trace exactly. ``straggler_by_culprit`` says whose
+slowness it was: per slowed worker ``j``, the idle time the others gain when ``j`` alone runs at its
+measured durations. A part may be negative where removing a cause lengthens no-one's wait but
+shortens the worker's own busy time (the straggler's own row, whose busy time grows as its idle does
+not).
+
+Pure: a trace and a schedule in, a :class:`BubbleBreakdown` out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from pipelab.metrics import COMPUTE_KINDS
+from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.dataflow import Costs, dependencies, run
+from pipelab.trace import Event, Trace
+
+#: the parts of idle time, in the order they are peeled off
+PARTS = ("fill_drain", "imbalance", "straggler", "transfer", "update")
+
+_Key = tuple[int, int, str, int]   # (worker, stage, kind, microbatch)
+
+
+@dataclass(frozen=True)
+class BubbleBreakdown:
+    """Per worker, seconds of busy and idle time and the idle time's parts (:data:`PARTS`)."""
+
+    table: pd.DataFrame                      # index worker; busy, idle, one column per part
+    makespan: float
+    straggler_by_culprit: dict[int, float] = field(default_factory=dict)
+    critical_path: tuple[Event, ...] = ()
+
+    def fractions(self) -> pd.DataFrame:
+        """The table over the makespan: each part as a share of the worker's time."""
+        return self.table / self.makespan if self.makespan > 0 else self.table * 0.0
+
+    def totals(self) -> dict[str, float]:
+        """Each part summed over workers, as a share of all workers' time (sums to the bubble fraction)."""
+        n = len(self.table)
+        denom = self.makespan * n if self.makespan > 0 and n else 1.0
+        return {p: float(self.table[p].sum()) / denom for p in ("idle", *PARTS)}
+
+    def summary(self) -> str:
+        """One line per part, for humans."""
+        t = self.totals()
+        return "; ".join(f"{p.replace('_', '/')} {t[p]:.1%}" for p in ("idle", *PARTS))
+
+
+class _TraceCosts(Costs):
+    """Durations of the actions from a table, messages from a table (fixed latencies, no contention)."""
+
+    def __init__(self, durations: Mapping[_Key, float], latency: Mapping[tuple[int, int, str, int], float],
+                 updates: bool) -> None:
+        self.durations = durations
+        self.latency = latency
+        self.updates = updates
+
+    def compute(self, worker: int, action: Action, split: bool) -> float:
+        """The table's duration (0 for a ``U`` unless updates count)."""
+        if action.kind == "U" and not self.updates:
+            return 0.0
+        return self.durations.get((worker, action.stage, action.kind, action.microbatch), 0.0)
+
+    def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
+        """The message's measured latency (0 when transfers do not count)."""
+        return self.latency.get((src, action.stage, action.kind, action.microbatch), 0.0), 0
+
+    def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
+        """No shared channel: the latencies measured already include any queueing."""
+        return ()
+
+    def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
+        """All-reduces are left to the last part (the measured trace): hidden here."""
+        return grad_s, 0.0, 0
+
+
+def _idle(events: Sequence[Event], workers: int) -> tuple[float, list[float]]:
+    """(makespan, per-worker idle seconds) of ``events`` (compute actions only)."""
+    comp = [e for e in events if e.kind in COMPUTE_KINDS]
+    if not comp:
+        return 0.0, [0.0] * workers
+    t0 = min(e.start_s for e in comp)
+    t1 = max(e.end_s for e in comp)
+    busy = [0.0] * workers
+    for e in comp:
+        if 0 <= e.worker < workers:
+            busy[e.worker] += e.end_s - e.start_s
+    return t1 - t0, [t1 - t0 - b for b in busy]
+
+
+def _latencies(trace: Trace, comp: Mapping[_Key, Event], schedule: Schedule
+               ) -> dict[tuple[int, int, str, int], float]:
+    """Per message (sender, stage, kind, microbatch): seconds from the sender's end to its arrival.
+
+    From the trace's ``send`` events where it has them; otherwise the receiver's wait past both the
+    producer's end and its own previous action (what bound it), 0 when the message did not bind.
+    """
+    out: dict[tuple[int, int, str, int], float] = {}
+    by_key = {(e.stage, e.kind, e.microbatch): e for e in comp.values()}
+    sends = [e for e in trace.events if e.kind == "send"]
+    if sends:
+        for s in sends:
+            # the action whose output this is (F to the next stage, B to the previous): of this worker's
+            # F and B of the microbatch, the one that ended last before the message left
+            prod: Event | None = None
+            for kind in ("F", "B"):
+                p = comp.get((s.worker, s.stage, kind, s.microbatch))
+                if p is not None and p.end_s <= s.start_s + 1e-12 and (prod is None or p.end_s > prod.end_s):
+                    prod = p
+            if prod is not None:
+                out[(s.worker, s.stage, prod.kind, s.microbatch)] = max(0.0, s.end_s - prod.end_s)
+        return out
+    prev_end: dict[tuple[int, int], float] = {}
+    for w, lst in enumerate(schedule.actions):
+        t = None
+        for i, a in enumerate(lst):
+            e = comp.get((w, a.stage, a.kind, a.microbatch))
+            if e is not None:
+                if t is not None:
+                    prev_end[(w, i)] = t
+                t = e.end_s
+    last = schedule.num_stages - 1
+    for w, lst in enumerate(schedule.actions):
+        for i, a in enumerate(lst):
+            e = comp.get((w, a.stage, a.kind, a.microbatch))
+            if e is None:
+                continue
+            for k2, s2, m2 in dependencies(a.kind, a.stage, a.microbatch, last):
+                if s2 == a.stage:
+                    continue
+                p = by_key.get((s2, k2, m2))
+                if p is None or p.worker == w:
+                    continue
+                free = max(p.end_s, prev_end.get((w, i), -float("inf")))
+                out[(p.worker, s2, k2, m2)] = max(0.0, e.start_s - free) if e.start_s > free else 0.0
+    return out
+
+
+def critical_path(trace: Trace, schedule: Schedule, *, tol: float = 1e-9) -> tuple[Event, ...]:
+    """The chain of actions (and messages) that ends last: from the last action back, each step's
+    binding predecessor, its worker's previous action or the input it waited for, whichever came later.
+    Returned in time order."""
+    comp = [e for e in trace.events if e.kind in COMPUTE_KINDS]
+    if not comp:
+        return ()
+    by_key = {(e.stage, e.kind, e.microbatch): e for e in comp if e.kind != "U"}
+    prev: dict[tuple[int, float], Event] = {}
+    per_worker: dict[int, list[Event]] = {}
+    for e in comp:
+        per_worker.setdefault(e.worker, []).append(e)
+    for evs in per_worker.values():
+        evs.sort(key=lambda e: (e.start_s, e.end_s))
+        for a, b in zip(evs, evs[1:]):
+            prev[(b.worker, b.start_s)] = a
+    sends = {(s.worker, s.stage, s.microbatch, s.peer): s for s in trace.events if s.kind == "send"}
+    last = schedule.num_stages - 1
+    path: list[Event] = []
+    cur: Event | None = max(comp, key=lambda e: (e.end_s, e.start_s))
+    seen: set[int] = set()
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        path.append(cur)
+        best: Event | None = prev.get((cur.worker, cur.start_s))
+        best_t = best.end_s if best is not None else -float("inf")
+        msg: Event | None = None
+        for k2, s2, m2 in dependencies(cur.kind, cur.stage, cur.microbatch, last):
+            p = by_key.get((s2, k2, m2))
+            if p is None or p.end_s > cur.start_s + tol:
+                continue
+            snd = sends.get((p.worker, p.stage, p.microbatch, cur.worker)) if p.worker != cur.worker else None
+            arrive = snd.end_s if snd is not None and snd.end_s <= cur.start_s + tol else p.end_s
+            if arrive >= best_t - tol:   # waiting on data (ties go to the data: the chain crosses workers)
+                best, best_t, msg = p, arrive, (snd if arrive > p.end_s else None)
+        if msg is not None:
+            path.append(msg)
+        cur = best
+    path.reverse()
+    return tuple(path)
+
+
+def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
+            slowdown: Mapping[int, float] | None = None, culprits: bool = True) -> BubbleBreakdown:
+    """Split each worker's idle time in ``trace`` into :data:`PARTS` (see the module's docstring).
+
+    ``trace`` may be a :class:`Trace` or anything with ``.trace`` and ``.schedule`` (a ``SimResult``,
+    a run's result); ``schedule`` is the schedule the trace ran (default: ``trace.schedule``).
+    ``slowdown`` ({worker: factor >= 1}) names workers known to be slower (default: the trace's
+    ``meta["slowdown"]`` where it has one); without it a worker slower on every action reads as a
+    slower stage (imbalance). ``culprits``: also compute ``straggler_by_culprit`` (one replay per
+    slowed worker).
+    """
+    if schedule is None:
+        schedule = getattr(trace, "schedule", None)
+    if hasattr(trace, "trace"):
+        trace = trace.trace
+    if not isinstance(trace, Trace):
+        raise TypeError(f"explain() needs a pipelab Trace (or a result with .trace), "
+                        f"got {type(trace).__name__}")
+    if not isinstance(schedule, Schedule):
+        raise TypeError("explain() needs the Schedule the trace ran: pass schedule=, "
+                        "or a SimResult / run result")
+    if slowdown is None:
+        slowdown = {int(k): float(v) for k, v in (trace.meta.get("slowdown") or {}).items()}
+    for w, f in slowdown.items():
+        if f <= 0:
+            raise ValueError(f"slowdown[{w}] = {f}: factors must be > 0 (1 = normal speed)")
+    nw = schedule.num_workers
+    comp: dict[_Key, Event] = {}
+    for e in trace.events:
+        if e.kind in COMPUTE_KINDS:
+            key = (e.worker, e.stage, e.kind, e.microbatch)
+            if key in comp:
+                raise ValueError(f"the trace has two {e.stage}{e.kind}{e.microbatch} actions on worker "
+                                 f"{e.worker}; explain() needs one event per action of the schedule")
+            comp[key] = e
+    missing = [f"w{w}:{a}" for w, lst in enumerate(schedule.actions) for a in lst
+               if (w, a.stage, a.kind, a.microbatch) not in comp]
+    if missing:
+        raise ValueError(f"the trace lacks {len(missing)} action(s) of the schedule (first: {missing[:3]}); "
+                         f"pass the schedule this trace ran")
+    actual = {k: e.end_s - e.start_s for k, e in comp.items()}
+    nominal = {k: d / slowdown.get(k[0], 1.0) for k, d in actual.items()}
+    by_sk: dict[tuple[int, str], list[float]] = {}
+    for (_w, s, kind, _m), d in nominal.items():
+        by_sk.setdefault((s, kind), []).append(d)
+    median = {sk: statistics.median(v) for sk, v in by_sk.items()}
+    by_kind: dict[str, list[float]] = {}
+    for (_s, kind), v in median.items():
+        by_kind.setdefault(kind, []).append(v)
+    mean_kind = {k: sum(v) / len(v) for k, v in by_kind.items()}
+    level0 = {k: mean_kind[k[2]] for k in comp}
+    level1 = {k: median[(k[1], k[2])] for k in comp}
+    # every action at its measured duration: slowed workers, and single stalls over their median
+    level2 = {k: actual[k] for k in comp}
+    lat = _latencies(trace, comp, schedule)
+
+    def idle(durations: Mapping[_Key, float], transfers: bool) -> tuple[float, list[float]]:
+        return _idle(run(schedule, _TraceCosts(durations, lat if transfers else {}, False)), nw)
+
+    levels = [idle(level0, False), idle(level1, False), idle(level2, False), idle(level2, True),
+              _idle(trace.events, nw)]
+    rows = []
+    busy = [0.0] * nw
+    for e in comp.values():
+        busy[e.worker] += e.end_s - e.start_s
+    for w in range(nw):
+        row: dict[str, float] = {"busy": busy[w], "idle": levels[-1][1][w]}
+        prev_idle = 0.0
+        for p, (_, idl) in zip(PARTS, levels):
+            row[p] = idl[w] - prev_idle
+            prev_idle = idl[w]
+        rows.append(row)
+    table = pd.DataFrame(rows, index=pd.RangeIndex(nw, name="worker"))
+    by_culprit: dict[int, float] = {}
+    if culprits:
+        base = sum(levels[1][1])
+        excess = sorted({k[0] for k in comp if abs(level2[k] - level1[k]) > 1e-12 * max(level1[k], 1e-30)})
+        for j in excess:
+            mixed = {k: (level2[k] if k[0] == j else level1[k]) for k in comp}
+            _, idl = idle(mixed, False)
+            by_culprit[j] = sum(idl[w] for w in range(nw) if w != j) - (base - levels[1][1][j])
+    return BubbleBreakdown(table=table, makespan=levels[-1][0], straggler_by_culprit=by_culprit,
+                           critical_path=critical_path(trace, schedule))
+
+
+__all__ = ["PARTS", "BubbleBreakdown", "critical_path", "explain"]
