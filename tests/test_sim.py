@@ -381,3 +381,15 @@ def test_allreduce_overlap_in_simulator() -> None:
         assert ss.time_s == pytest.approx(want) and ss.bottleneck == "compute 0"
     with pytest.raises(ValueError, match="allreduce_overlap"):
         simulate(dp, prof, cl, method="dp", allreduce_overlap="both")
+
+
+def test_newest_weight_backward_recomputes_the_forward() -> None:
+    # naive-async and PipeMare read the newest weights in B, not those F read: the runtime runs the
+    # stage's forward again inside B (its F keeps no graph), so B costs F + B; stashing methods do not
+    prof = Profile.synthetic([1e-3, 2e-3], bwd_s=[3e-3, 4e-3], out_bytes=[10, 0])
+    cl = Cluster.flat(2, bandwidth=1e15)
+    for method, extra in (("naive-async", (1e-3, 2e-3)), ("pipemare", (1e-3, 2e-3)), ("pipedream", (0, 0))):
+        res = simulate(Plan.even(2, 2), prof, cl, method=method, minibatches=4)
+        for w in (0, 1):
+            b = [e.duration_s for e in res.trace.compute_events() if e.kind == "B" and e.worker == w]
+            assert b == pytest.approx([(3e-3, 4e-3)[w] + extra[w]] * 4), method

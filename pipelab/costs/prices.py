@@ -152,10 +152,9 @@ class Prices:
         cal = self.cluster.calibration
         return cal.overhead(kind) if cal is not None else 0.0
 
-    def compute_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
-        """(forward, backward) seconds of one microbatch (``minibatch / microbatches``) of ``[a, b)``:
-        the layers' times (affine in the batch, divided by the worker's speed) plus the runtime's
-        per-action overhead of a calibrated cluster."""
+    def layers_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
+        """(forward, backward) seconds of the layers ``[a, b)`` alone for one microbatch: affine in the
+        batch, divided by the worker's speed, without the runtime's per-action work."""
         self._range(start, end)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
@@ -163,12 +162,19 @@ class Prices:
         qf, qb = self.qf[end] - self.qf[start], self.qb[end] - self.qb[start]
         f = qf + (self.pf[end] - self.pf[start] - qf) / microbatches
         b = qb + (self.pb[end] - self.pb[start] - qb) / microbatches
+        return float(f) / speed, float(b) / speed
+
+    def compute_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
+        """(forward, backward) seconds of one microbatch (``minibatch / microbatches``) of ``[a, b)``:
+        the layers' times (affine in the batch, divided by the worker's speed) plus the runtime's
+        per-action overhead of a calibrated cluster."""
+        f, b = self.layers_s(start, end, worker, microbatches)
         # a stage with a neighbour receives its input and sends its output (forward), and the
         # other way round for gradients (backward): the runtime's own work per message
         into, out = start > 0, end < self.num_layers
         send, recv = self.message_s("send"), self.message_s("recv")
-        return (float(f) / speed + self.overhead_s("F") + into * recv + out * send,
-                float(b) / speed + self.overhead_s("B") + out * recv + into * send)
+        return (f + self.overhead_s("F") + into * recv + out * send,
+                b + self.overhead_s("B") + out * recv + into * send)
 
     def message_s(self, role: str) -> float:
         """The runtime's own seconds per message on the ``"send"``-ing or ``"recv"``-ing worker of a

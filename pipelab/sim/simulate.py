@@ -104,11 +104,15 @@ class ProfileCosts(Costs):
     """Costs of a schedule's actions from a :class:`CostModel` and the plan's layer ranges."""
 
     def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
-                 memory_bandwidth: float | None = None, workers: list[int] | None = None) -> None:
+                 memory_bandwidth: float | None = None, workers: list[int] | None = None,
+                 recompute_forward: bool = False) -> None:
         """``ranges[s]`` = stage ``s``'s layers; one microbatch is 1/``microbatches`` of the profile's
         minibatch; ``workers[r]`` is the cluster worker of schedule rank ``r`` (default identity, see
-        ``plan.notes["workers"]`` of HetPipe plans)."""
+        ``plan.notes["workers"]`` of HetPipe plans); ``recompute_forward``: every ``B`` first runs
+        its stage's forward again (methods whose backward reads the newest weights, not the ones its
+        forward read: naive-async, PipeMare)."""
         self.model = model
+        self.recompute_forward = recompute_forward
         self.ranges = ranges
         self.M = microbatches
         self.memory_bandwidth = memory_bandwidth
@@ -139,6 +143,9 @@ class ProfileCosts(Costs):
         if action.kind == "F":
             return f
         if action.kind == "B":
+            if self.recompute_forward:
+                a, e = self.ranges[action.stage]
+                return b + self.model.layers_s(a, e, self._w(worker), microbatches=self.M)[0]
             return b
         a, e = self.ranges[action.stage]
         return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
@@ -367,7 +374,10 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
                    host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
-    costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys)
+    spec = methods.METHODS.get(sch.method)
+    # the backward reads the newest weights, not its forward's: the runtime recomputes the forward
+    recompute = spec is not None and spec.versions == "latest"
+    costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
     mem: dict[int, tuple[int, ...]] = {}
     # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare.py)
     buffers = 1 if methods.get(sch.method).weights == "pipemare" else 0
