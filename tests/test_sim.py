@@ -393,3 +393,30 @@ def test_newest_weight_backward_recomputes_the_forward() -> None:
         for w in (0, 1):
             b = [e.duration_s for e in res.trace.compute_events() if e.kind == "B" and e.worker == w]
             assert b == pytest.approx([(3e-3, 4e-3)[w] + extra[w]] * 4), method
+
+
+def test_a_message_moves_once_its_receive_is_posted() -> None:
+    # gloo's rendezvous: with receives posted one action ahead, 1F1's receive is posted when 1F0
+    # ends (2.1), after 0F1's activation was ready (2.0): it then takes the ready notice (0.05) and
+    # the transfer (0.1), so 1F1 starts at 2.25 instead of 2.1
+    from dataclasses import dataclass
+
+    from pipelab.schedules.actions import Action, Schedule
+    from pipelab.schedules.dataflow import UnitCosts, run
+
+    @dataclass(frozen=True)
+    class Posted(UnitCosts):
+        ahead: int | None = 1
+
+        def post_ahead(self) -> int | None:
+            return self.ahead
+
+        def rendezvous_s(self, src: int, dst: int) -> float:
+            return 0.05
+
+    acts = (tuple(Action.parse(a) for a in ("0F0", "0F1")), tuple(Action.parse(a) for a in ("1F0", "1F1")))
+    sch = Schedule("gpipe", 2, ((0,), (1,)), 2, 1, acts)
+    for ahead, want in ((1, 2.25), (None, 2.1), (2, 2.1)):
+        ev = run(sch, Posted(f=1.0, send_s=0.1, ahead=ahead))
+        start = {e.action: e.start_s for e in ev if e.kind == "F"}
+        assert start["1F0"] == pytest.approx(1.1) and start["1F1"] == pytest.approx(want), ahead

@@ -29,9 +29,10 @@ from pipelab.runtime.job import Job
 from pipelab.runtime.options import tune_malloc
 from pipelab.runtime.worker import Worker, WorkerResult
 from pipelab.runtime.wsp import WSPClient
+from pipelab.schedules.dataflow import POST_AHEAD
 from pipelab.trace import Event
 
-LOOKAHEAD = 4   # post the receives of this many upcoming actions early
+LOOKAHEAD = POST_AHEAD   # post the receives of this many upcoming actions early (the simulator knows it)
 
 
 class Clock:

@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.trace import Event
 
+#: how many actions ahead pipelab's runtime posts its receives (:func:`pipelab.runtime.process.execute`);
+#: with a rendezvous transport (gloo) a message moves only once its receive is posted
+POST_AHEAD = 4
+
 
 def dependencies(kind: str, stage: int, mb: int, last: int) -> list[tuple[str, int, int]]:
     """What action ``(kind, stage, mb)`` waits for besides its worker's previous action, as
@@ -72,6 +76,17 @@ class Costs:
     def channel_slots(self, channel: Hashable) -> int:
         """How many transfers ``channel`` carries at once (e.g. a server's several uplinks)."""
         return 1
+
+    def post_ahead(self) -> int | None:
+        """Rendezvous: a message moves only once its receiver has posted the receive, which a worker
+        does for its next ``post_ahead()`` actions when it starts each action (pipelab's runtime over
+        gloo: 4). ``None`` (the default): data flows as soon as it is produced."""
+        return None
+
+    def rendezvous_s(self, src: int, dst: int) -> float:
+        """Seconds the receiver's "ready" notice takes to reach the sender when a message waited for
+        its receive to be posted."""
+        return 0.0
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """(tail, comm seconds, bytes) of stage ``stage``'s gradient all-reduce over ``workers``.
@@ -143,12 +158,36 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
     # completion events in time order, so that transfers claim channels in the order they are issued
     heap: list[tuple[float, int, int]] = []           # (end time, seq, worker)
     seq = 0
+    # rendezvous: where each worker runs each action, each action's end, and the sends waiting for
+    # their receive to be posted (keyed by the receiver and the action whose end posts it)
+    ahead = costs.post_ahead()
+    index_of = [{(a.kind, a.stage, a.microbatch): i for i, a in enumerate(lst)} for lst in acts]
+    ends: list[list[float]] = [[] for _ in range(nw)]
+    parked: dict[tuple[int, int], list[tuple[Action, int, int, float, tuple[str, int, int]]]] = {}
 
     def publish(key: tuple[str, int, int], t: float) -> None:
         avail[key] = t
         if key in waiting:
             for w2 in waiting.pop(key):
                 start(w2)
+
+    def deliver(a: Action, src: int, dst: int, end: float, key: tuple[str, int, int]) -> None:
+        """Publish the data of ``a`` at ``dst`` once it can move (rendezvous: once posted)."""
+        if dst == src:
+            publish(key, end)
+            return
+        if ahead is not None:
+            consumer = ("F", a.stage + 1, a.microbatch) if a.kind == "F" else ("B", a.stage - 1, a.microbatch)
+            j = index_of[dst][consumer] - ahead      # the receive is posted when action j ends
+            if j >= 0:
+                if len(ends[dst]) <= j:              # not posted yet: wait for that action's end
+                    parked.setdefault((dst, j), []).append((a, src, dst, end, key))
+                    return
+                posted = ends[dst][j]
+                if posted > end:
+                    publish(key, ship(a, src, dst, posted + costs.rendezvous_s(src, dst)))
+                    return
+        publish(key, ship(a, src, dst, end))
 
     def ship(a: Action, src: int, dst: int, end: float) -> float:
         secs, nbytes = costs.send(src, dst, a)
@@ -241,17 +280,19 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
         a = acts[w][ptr[w] - 1]
         s, kind, m = a.stage, a.kind, a.microbatch
         end = free[w]
+        ends[w].append(end)
+        for pa, psrc, pdst, pend, pkey in parked.pop((w, len(ends[w]) - 1), []):
+            # this action's end posts those receives: the parked sends move now
+            publish(pkey, ship(pa, psrc, pdst, max(pend, end) + costs.rendezvous_s(psrc, pdst)))
         if kind == "F":
             if s < S - 1:
                 rs = ranks[s + 1]
-                dst = rs[m % len(rs)]
-                publish(("a", s, m), end if dst == w else ship(a, w, dst, end))
+                deliver(a, w, rs[m % len(rs)], end, ("a", s, m))
             publish(("f", s, m), end)
         elif kind == "B":
             if s > 0:
                 rs = ranks[s - 1]
-                dst = rs[m % len(rs)]
-                publish(("g", s, m), end if dst == w else ship(a, w, dst, end))
+                deliver(a, w, rs[m % len(rs)], end, ("g", s, m))
             publish(("b", s, m), end)
         start(w)
 
