@@ -148,7 +148,9 @@ class Calibration:
     * ``overhead_s``: the runtime's own seconds per action of each kind (``F``, ``B``, ``W``,
       ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
     * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
-      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking);
+      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking); and
+      ``"busy_sender"``, how late a message arrives when its sender goes on computing right after
+      sending it (the backend's I/O thread then waits for a core);
     * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
       seconds, seconds per parameter byte)`` of one ``step()``;
     * ``memory_bandwidth``: bytes per second of a large copy (read plus write).

@@ -115,7 +115,7 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
             for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))}
     role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
-    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": []}
+    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": []}
     for _ in range(repeats):
         run = train(tiny_model, plan, method="1f1b-flush", data=tiny_data, loss_fn=tiny_loss,
                     optimizer=tiny_sgd, steps=steps, microbatches=M, backend=backend, progress=False,
@@ -124,7 +124,7 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
         # a message's latency in the runtime: from the end of the action that sent it to the end of
         # the receiver's wait, for receivers already waiting when it was sent
         ends = {(e.kind, e.stage, e.microbatch): e.end_s for e in run.trace.compute_events()}
-        lat = []
+        lat, busy = [], []
         for e in run.trace.events:
             if e.kind != "recv":
                 continue
@@ -132,8 +132,14 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
             sent = ends.get(src)
             if sent is not None and e.start_s < sent < e.end_s:
                 lat.append(e.end_s - sent)
+            elif sent is not None and sent <= e.start_s:
+                # sent before the receiver asked for it, and still not there: its sender went on
+                # computing, and gloo's I/O thread waited for a core to move it
+                busy.append(e.end_s - sent)
         if lat:
             out["latency"].append(statistics.median(lat))
+        if busy:
+            out["busy"].append(statistics.median(busy))
         per: dict[str, list[float]] = {"send": [], "recv": []}
         for w in (0, 1):
             evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)
@@ -228,6 +234,9 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     in_run = msg.pop("latency", [])
     if in_run:
         alpha = statistics.median(in_run)
+    busy = msg.pop("busy", [])
+    if busy:
+        msg["busy_sender"] = busy
     opt = got["optimizer step"]
     opt_fit = {k: fit_affine([b for b, _ in rows], [t for _, t in rows]) for k, rows in opt.items()}
     mem = got["memory bandwidth"]

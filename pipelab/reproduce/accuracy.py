@@ -24,13 +24,15 @@ from torch import nn
 import pipelab.methods as methods
 import pipelab.metrics as metrics
 from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
 from pipelab.models import demo
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.profile.records import Profile
 from pipelab.runtime.launch import train
-from pipelab.sim.simulate import simulate, virtual_plan
+from pipelab.schedules.actions import Action
+from pipelab.sim.simulate import ProfileCosts, simulate, simulate_schedule, virtual_plan
 from pipelab.trace import Trace
 
 #: the methods of the matrix, with the options they need to build
@@ -125,6 +127,46 @@ def busy_by_worker(trace: Trace, schedule: Any) -> dict[int, float]:
     start, end, n = steady_window(trace, schedule)
     busy = metrics.busy_time(trace.compute_events(), range(schedule.num_workers), start, end)
     return {w: b / n for w, b in busy.items()}
+
+
+# ------------------------------------------------------------ which term: a replay with measured actions
+class MeasuredActions(ProfileCosts):
+    """The simulator's transfers, but every compute action takes what it took in the real run (the
+    median per worker, stage and kind, all-reduces included in the measured ``U``): replaying the
+    schedule with it separates the error of the action durations from that of everything else
+    (messages, waiting)."""
+
+    def __init__(self, run_trace: Trace, model: CostModel, ranges: list[tuple[int, int]],
+                 microbatches: int) -> None:
+        super().__init__(model, ranges, microbatches)
+        per: dict[tuple[int, int, str], list[float]] = {}
+        for e in run_trace.compute_events():
+            per.setdefault((e.worker, e.stage, e.kind), []).append(e.end_s - e.start_s)
+        self.durations = {k: statistics.median(v) for k, v in per.items()}
+
+    def compute(self, worker: int, action: Action, split: bool) -> float:
+        """The measured median duration of this worker's actions of this stage and kind."""
+        return self.durations[(worker, action.stage, action.kind)]
+
+    def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
+        """Nothing beyond the measured ``U`` (which waited for the all-reduce)."""
+        return grad_s, 0.0, 0
+
+
+def replay_throughput(run: Any, sim: Any, plan: Plan, prof: Profile, cluster: Cluster, batch: int) -> float:
+    """Samples/s of the schedule simulated with the real run's action durations (:class:`MeasuredActions`)."""
+    sch = sim.schedule
+    if sch.num_stages == 1:
+        ranges = [(0, len(prof))]
+    else:
+        vplan = virtual_plan(plan, prof, sch.num_stages // plan.num_stages) \
+            if sch.num_stages != plan.num_stages else plan
+        ranges = [(st.start, st.end) for st in vplan.stages]
+    cm = CostModel(prof, cluster, optimizer=OPTIMIZER, allreduce_overlap="none")
+    micro = 1 if sch.num_stages == 1 else sch.microbatches
+    res = simulate_schedule(sch, MeasuredActions(run.trace, cm, ranges, micro), batch_size=batch)
+    res.trace.meta.update(microbatches=sch.microbatches, minibatches=sch.minibatches)
+    return steady_throughput(res.trace, sch, batch)
 
 
 # ---------------------------------------------------------------------- the matrix
@@ -252,6 +294,7 @@ def run_one(
             f"{model} {method}: the runtime and the simulator ran different schedules: {diff}"
         )
     sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
+    replay_tp = replay_throughput(run, sim, plan, prof, cl, batch)
     real_tp = statistics.median(rates)
     sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
@@ -295,6 +338,8 @@ def run_one(
         "simulated": sim_tp,
         "measured": real_tp,
         "error": (sim_tp - real_tp) / real_tp,
+        # the same schedule with the real run's action durations: what messages and waiting leave
+        "replay_error": (replay_tp - real_tp) / real_tp,
         "rounds": rounds,
         "measured_spread": (max(rates) - min(rates)) / real_tp,
         "busy_error_max": max(busy_err.values(), key=abs) if busy_err else math.nan,

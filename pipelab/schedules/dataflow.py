@@ -83,6 +83,11 @@ class Costs:
         gloo: 4). ``None`` (the default): data flows as soon as it is produced."""
         return None
 
+    def busy_sender_s(self, src: int) -> float:
+        """Seconds a message waits to leave when its sender starts its next action at once (a
+        backend whose sends progress on a thread that competes with the compute for a core)."""
+        return 0.0
+
     def rendezvous_s(self, src: int, dst: int) -> float:
         """Seconds the receiver's "ready" notice takes to reach the sender when a message waited for
         its receive to be posted."""
@@ -284,17 +289,20 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
         for pa, psrc, pdst, pend, pkey in parked.pop((w, len(ends[w]) - 1), []):
             # this action's end posts those receives: the parked sends move now
             publish(pkey, ship(pa, psrc, pdst, max(pend, end) + costs.rendezvous_s(psrc, pdst)))
-        if kind == "F":
-            if s < S - 1:
-                rs = ranks[s + 1]
-                deliver(a, w, rs[m % len(rs)], end, ("a", s, m))
-            publish(("f", s, m), end)
-        elif kind == "B":
-            if s > 0:
-                rs = ranks[s - 1]
-                deliver(a, w, rs[m % len(rs)], end, ("g", s, m))
-            publish(("b", s, m), end)
+        # the worker's own data first, then its next action: whether it starts at once decides how
+        # soon what this action sends can leave (costs.busy_sender_s)
+        if kind in ("F", "B"):
+            publish((kind.lower(), s, m), end)
+        before = ptr[w]
         start(w)
+        busy = ptr[w] > before and events[-1].worker == w and events[-1].start_s <= end
+        out = end + (costs.busy_sender_s(w) if busy else 0.0)
+        if kind == "F" and s < S - 1:
+            rs = ranks[s + 1]
+            deliver(a, w, rs[m % len(rs)], out, ("a", s, m))
+        elif kind == "B" and s > 0:
+            rs = ranks[s - 1]
+            deliver(a, w, rs[m % len(rs)], out, ("g", s, m))
 
     for w in range(nw):
         start(w)

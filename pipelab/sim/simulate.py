@@ -177,6 +177,12 @@ class ProfileCosts(Costs):
         whole transfer, 1.6-2.4 ms, after the posting). Elsewhere data flows as soon as it exists."""
         return POST_AHEAD if self.model.cluster.calibration is not None else None
 
+    def busy_sender_s(self, src: int) -> float:
+        """On a calibrated cluster: the measured delay of a message whose sender computes on at once
+        (``Calibration.message_s["busy_sender"]``: gloo's I/O thread waits for a core)."""
+        cal = self.model.cluster.calibration
+        return float(cal.message_s.get("busy_sender", 0.0)) if cal is not None else 0.0
+
     def rendezvous_s(self, src: int, dst: int) -> float:
         """The receiver's ready notice: one latency of the link."""
         return self.model.cluster.link(self._w(src), self._w(dst)).latency if src != dst else 0.0
