@@ -153,7 +153,9 @@ class Calibration:
       sending it (the backend's I/O thread then waits for a core);
     * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
       seconds, seconds per parameter byte)`` of one ``step()``;
-    * ``memory_bandwidth``: bytes per second of a large copy (read plus write).
+    * ``memory_bandwidth``: bytes per second of a large copy (read plus write);
+    * ``compute_slowdown``: how much slower layers compute inside a two-worker run than the profiler
+      measured them alone (the cluster's devices get speed ``1 / compute_slowdown``).
 
     ``spread`` holds, per figure, the relative spread of the repeats ((max - min) / median);
     ``residual`` the relative RMS error of each fit; ``samples`` the raw sweeps (small lists).
@@ -174,6 +176,7 @@ class Calibration:
     optimizer_s: dict[str, tuple[float, float]]
     memory_bandwidth: float
     message_s: dict[str, float] = field(default_factory=dict)
+    compute_slowdown: float = 1.0
     spread: dict[str, float] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)
@@ -225,7 +228,8 @@ class Calibration:
                 f"all-reduce: {self.allreduce_latency_s * 1e6:.0f} us/step, "
                 f"{self.allreduce_bandwidth / 1e9:.3g} GB/s\n"
                 f"  per action: {ov}\n  optimizer step: {opt}\n"
-                f"  memory: {self.memory_bandwidth / 1e9:.3g} GB/s")
+                f"  memory: {self.memory_bandwidth / 1e9:.3g} GB/s; layers compute "
+                f"{self.compute_slowdown:.2f}x slower inside a run than alone")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""

@@ -36,7 +36,15 @@ import torch
 
 from pipelab.calibrate import probes
 from pipelab.calibrate.fit import fit_affine, fit_alpha_beta, fit_ring, spread
-from pipelab.calibrate.tiny import BATCH, tiny_data, tiny_loss, tiny_model, tiny_sgd
+from pipelab.calibrate.tiny import (
+    BATCH,
+    medium_data,
+    medium_model,
+    tiny_data,
+    tiny_loss,
+    tiny_model,
+    tiny_sgd,
+)
 from pipelab.cluster import Calibration, Cluster, Device, Level
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
@@ -55,10 +63,14 @@ def _check_backend(backend: str, workers: int) -> None:
     if backend == "nccl":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if not torch.distributed.is_nccl_available() or n < workers:
-            raise ValueError(f"backend='nccl' needs one CUDA GPU per worker ({workers}) and NCCL; this "
-                             f"machine has {n} GPU(s): calibrate backend='gloo'")
-        raise ValueError("backend='nccl' calibration is not implemented yet: the probes move CPU tensors; "
-                         "calibrate backend='gloo'")
+            raise ValueError(
+                f"backend='nccl' needs one CUDA GPU per worker ({workers}) and NCCL; this "
+                f"machine has {n} GPU(s): calibrate backend='gloo'"
+            )
+        raise ValueError(
+            "backend='nccl' calibration is not implemented yet: the probes move CPU tensors; "
+            "calibrate backend='gloo'"
+        )
 
 
 def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> dict[str, list[float]]:
@@ -81,12 +93,23 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> di
     plan = Plan.from_boundaries(len(prof), [], batch_size=BATCH)
     out: dict[str, list[float]] = {k: [] for k in compute}
     for _ in range(repeats):
-        run = train(tiny_model, plan, method="zb-h1", data=tiny_data, loss_fn=tiny_loss, optimizer=tiny_sgd,
-                    steps=steps, microbatches=M, backend=backend, progress=False, timeout=120)
+        run = train(
+            tiny_model,
+            plan,
+            method="zb-h1",
+            data=tiny_data,
+            loss_fn=tiny_loss,
+            optimizer=tiny_sgd,
+            steps=steps,
+            microbatches=M,
+            backend=backend,
+            progress=False,
+            timeout=120,
+        )
         evs = sorted(run.trace.compute_events(), key=lambda e: e.start_s)
         per: dict[str, list[float]] = {k: [] for k in compute}
-        skip = len(evs) // steps        # the first minibatch warms up
-        for e, nxt in zip(evs[skip:], evs[skip + 1:]):
+        skip = len(evs) // steps  # the first minibatch warms up
+        for e, nxt in zip(evs[skip:], evs[skip + 1 :]):
             per[e.kind].append(nxt.start_s - e.start_s)
         for k, ts in per.items():
             if ts:
@@ -94,8 +117,9 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> di
     return out
 
 
-def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo",
-                     steps: int = 12) -> dict[str, list[float]]:
+def message_overhead(
+    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 12
+) -> dict[str, list[float]]:
     """The runtime's own seconds per message on a worker: ``"send"`` (packing, posting the send) and
     ``"recv"`` (posting the receive, unpacking), one per round.
 
@@ -111,15 +135,28 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
     from pipelab.costs import CostModel  # the compute the cost model charges, without overhead
 
     cm = CostModel(prof, Cluster.flat(2))
-    comp = {(s, k): v for s, (a, b) in enumerate(((0, 1), (1, len(prof))))
-            for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))}
+    comp = {
+        (s, k): v
+        for s, (a, b) in enumerate(((0, 1), (1, len(prof))))
+        for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))
+    }
     role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
     out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": []}
     for _ in range(repeats):
-        run = train(tiny_model, plan, method="1f1b-flush", data=tiny_data, loss_fn=tiny_loss,
-                    optimizer=tiny_sgd, steps=steps, microbatches=M, backend=backend, progress=False,
-                    timeout=120)
+        run = train(
+            tiny_model,
+            plan,
+            method="1f1b-flush",
+            data=tiny_data,
+            loss_fn=tiny_loss,
+            optimizer=tiny_sgd,
+            steps=steps,
+            microbatches=M,
+            backend=backend,
+            progress=False,
+            timeout=120,
+        )
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
         # a message's latency in the runtime: from the end of the action that sent it to the end of
         # the receiver's wait, for receivers already waiting when it was sent
@@ -144,7 +181,7 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
         for w in (0, 1):
             evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)
             skip = len(evs) // steps
-            for prev, e in zip(evs[skip:], evs[skip + 1:]):
+            for prev, e in zip(evs[skip:], evs[skip + 1 :]):
                 r = role.get((e.stage, e.kind))
                 if r is None or (e.worker, e.stage, e.microbatch) in waited:
                     continue
@@ -155,9 +192,68 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
     return out
 
 
-def calibrate(*, workers: int = 2, backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES,
-              repeats: int = 3, path: str | os.PathLike[str] | None = None, progress: bool = True,
-              name: str | None = None, memory_bytes: int | None = None) -> Cluster:
+def compute_slowdown(
+    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 8
+) -> list[float]:
+    """How much slower the layers compute inside a two-worker run than the profiler measured them
+    alone (the other worker, the backend's threads and the parent share the cores), one figure per
+    round: the median over the run's forwards and backwards of (measured duration) / (profiled
+    time), on :func:`tiny.medium_model` cut in the middle; ``base`` holds the runtime's own seconds
+    per action (``F``, ``B``) and per message (``send``, ``recv``), taken off each duration first.
+    """
+    x = next(iter(medium_data()))[0]
+    prof = measure_profile(medium_model(), x, progress=False, repeats=5)
+    M = 2
+    from pipelab.costs import CostModel  # the layers' own time, without the runtime's work
+
+    cm = CostModel(prof, Cluster.flat(2))
+    cut = len(prof) // 2
+    own = {
+        (s, k): v
+        for s, (a, b) in enumerate(((0, cut), (cut, len(prof))))
+        for k, v in zip("FB", cm.layers_s(a, b, s, microbatches=M))
+    }
+    plan = Plan.from_boundaries(len(prof), [cut], batch_size=64)
+    out = []
+    for _ in range(repeats):
+        run = train(
+            medium_model,
+            plan,
+            method="1f1b-flush",
+            data=medium_data,
+            loss_fn=tiny_loss,
+            optimizer=tiny_sgd,
+            steps=steps,
+            microbatches=M,
+            backend=backend,
+            progress=False,
+            timeout=120,
+        )
+        evs = [e for e in run.trace.compute_events() if e.kind in "FB"]
+        skip = len(evs) // steps
+        # less the runtime's own work in the action (stage 0 sends in F, stage 1 in B; each receives once)
+        work = {k: base.get(k, 0.0) + base.get("send", 0.0) + base.get("recv", 0.0) for k in "FB"}
+        ratios = [
+            (e.end_s - e.start_s - work[e.kind]) / own[(e.stage, e.kind)]
+            for e in evs[skip:]
+            if own[(e.stage, e.kind)] > 0
+        ]
+        if ratios:
+            out.append(statistics.median(ratios))
+    return out
+
+
+def calibrate(
+    *,
+    workers: int = 2,
+    backend: str = "gloo",
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    repeats: int = 3,
+    path: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    name: str | None = None,
+    memory_bytes: int | None = None,
+) -> Cluster:
     """Measure this machine and return (and with ``path``, save) a calibrated :class:`Cluster`.
 
     ``workers``: processes in the all-reduce sweep (group sizes 2..workers) and in the returned
@@ -174,12 +270,31 @@ def calibrate(*, workers: int = 2, backend: str = "gloo", sizes: Sequence[int] =
     _check_backend(backend, workers)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=6, desc="calibrating", disable=not progress, leave=False)
+    bar = tqdm(total=7, desc="calibrating", disable=not progress, leave=False)
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
         ("runtime overhead", lambda: runtime_overhead(repeats, backend)),
-        ("message overhead", lambda: message_overhead(
-            repeats, {k: statistics.median(v) for k, v in got["runtime overhead"].items() if v}, backend)),
+        (
+            "message overhead",
+            lambda: message_overhead(
+                repeats, {k: statistics.median(v) for k, v in got["runtime overhead"].items() if v}, backend
+            ),
+        ),
+        (
+            "compute inside a run",
+            lambda: compute_slowdown(
+                repeats,
+                {
+                    **{k: statistics.median(v) for k, v in got["runtime overhead"].items() if v},
+                    **{
+                        k: statistics.median(v)
+                        for k, v in got["message overhead"].items()
+                        if v and k in ("send", "recv")
+                    },
+                },
+                backend,
+            ),
+        ),
         ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
     ]
@@ -195,7 +310,9 @@ def calibrate(*, workers: int = 2, backend: str = "gloo", sizes: Sequence[int] =
         bar.close()
     level = Level(f"{backend}-host", workers, cal.p2p_bandwidth, cal.p2p_latency_s)
     mem = memory_bytes if memory_bytes is not None else _host_memory()
-    dev = Device(cal.device, 1.0, int(mem))
+    # the device of this cluster is "this CPU inside a run": the layers compute slower than profiled
+    # alone by the measured factor (speed = 1 / slowdown; 1.0 when it is not slower)
+    dev = Device(cal.device, 1.0 / max(cal.compute_slowdown, 1.0), int(mem))
     cluster = Cluster(name or f"{cal.host}:{workers}", (level,), (dev,) * workers, calibration=cal)
     if path is not None:
         cluster.save(path)
@@ -218,14 +335,17 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         by_size.setdefault(n, []).append(t)
     sizes = sorted(by_size)
     alpha, beta, res_p2p = fit_alpha_beta(sizes, [statistics.median(by_size[n]) for n in sizes])
-    rounds = [fit_alpha_beta([n for r2, n, _ in p2p if r2 == r], [t for r2, _, t in p2p if r2 == r])
-              for r in range(repeats)]
+    rounds = [
+        fit_alpha_beta([n for r2, n, _ in p2p if r2 == r], [t for r2, _, t in p2p if r2 == r])
+        for r in range(repeats)
+    ]
     ar = net["allreduce"]
     by_np: dict[tuple[int, int], list[float]] = {}
     for _, n, p, t in ar:
         by_np.setdefault((n, p), []).append(t)
-    ar_alpha, ar_beta, res_ar = fit_ring([(n, p, statistics.median(ts))
-                                          for (n, p), ts in sorted(by_np.items())])
+    ar_alpha, ar_beta, res_ar = fit_ring(
+        [(n, p, statistics.median(ts)) for (n, p), ts in sorted(by_np.items())]
+    )
     ar_rounds = [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)]
     over = got["runtime overhead"]
     msg = dict(got["message overhead"])
@@ -240,29 +360,46 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     opt = got["optimizer step"]
     opt_fit = {k: fit_affine([b for b, _ in rows], [t for _, t in rows]) for k, rows in opt.items()}
     mem = got["memory bandwidth"]
+    slow = got.get("compute inside a run") or [1.0]
     finite = [b for _, b, _ in rounds if b != float("inf")]
-    sp = {"p2p_latency_s": spread(in_run or [a for a, _, _ in rounds]), "p2p_bandwidth": spread(finite),
-          "allreduce_latency_s": spread([a for a, _, _ in ar_rounds]),
-          "allreduce_bandwidth": spread([b for _, b, _ in ar_rounds if b != float("inf")]),
-          "memory_bandwidth": spread(mem)}
+    sp = {
+        "p2p_latency_s": spread(in_run or [a for a, _, _ in rounds]),
+        "p2p_bandwidth": spread(finite),
+        "allreduce_latency_s": spread([a for a, _, _ in ar_rounds]),
+        "allreduce_bandwidth": spread([b for _, b, _ in ar_rounds if b != float("inf")]),
+        "memory_bandwidth": spread(mem),
+    }
     sp.update({f"overhead_s.{k}": spread(v) for k, v in over.items()})
     sp.update({f"message_s.{k}": spread(v) for k, v in msg.items()})
+    sp["compute_slowdown"] = spread(slow)
     res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[2] for k, f in opt_fit.items()}}
     cpu = platform.processor() or platform.machine() or "cpu"
     device = torch.cuda.get_device_name() if backend == "nccl" else cpu
     return Calibration(
-        host=socket.gethostname(), backend=backend, device=f"cpu:{device}" if backend != "nccl" else device,
+        host=socket.gethostname(),
+        backend=backend,
+        device=f"cpu:{device}" if backend != "nccl" else device,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        torch=torch.__version__, cores=os.cpu_count() or 1, workers=workers,
-        p2p_latency_s=alpha, p2p_bandwidth=beta if beta != float("inf") else 1e12,
-        allreduce_latency_s=ar_alpha, allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
+        torch=torch.__version__,
+        cores=os.cpu_count() or 1,
+        workers=workers,
+        p2p_latency_s=alpha,
+        p2p_bandwidth=beta if beta != float("inf") else 1e12,
+        allreduce_latency_s=ar_alpha,
+        allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
         overhead_s={k: statistics.median(v) for k, v in over.items() if v},
         message_s={k: statistics.median(v) for k, v in msg.items() if v},
         optimizer_s={k: (a, b) for k, (a, b, _) in opt_fit.items()},
-        memory_bandwidth=statistics.median(mem), spread=sp, residual=res,
-        samples={"p2p": [list(x) for x in p2p], "allreduce": [list(x) for x in ar],
-                 "p2p_latency_in_run": in_run,
-                 "optimizer": {k: [list(x) for x in v] for k, v in opt.items()}},
+        memory_bandwidth=statistics.median(mem),
+        compute_slowdown=statistics.median(slow),
+        spread=sp,
+        residual=res,
+        samples={
+            "p2p": [list(x) for x in p2p],
+            "allreduce": [list(x) for x in ar],
+            "p2p_latency_in_run": in_run,
+            "optimizer": {k: [list(x) for x in v] for k, v in opt.items()},
+        },
     )
 
 
@@ -274,12 +411,17 @@ def check(cluster: Cluster, *, backend: str | None = None) -> None:
         return
     where = f"calibrated on {cal.host!r} for {cal.backend} at {cal.date} (torch {cal.torch})"
     if cal.host != socket.gethostname():
-        warnings.warn(f"cluster {cluster.name!r} was {where}, not on this host ({socket.gethostname()!r}); "
-                      "its figures may not hold here: run `pipelab calibrate` on this machine",
-                      stacklevel=2)
+        warnings.warn(
+            f"cluster {cluster.name!r} was {where}, not on this host ({socket.gethostname()!r}); "
+            "its figures may not hold here: run `pipelab calibrate` on this machine",
+            stacklevel=2,
+        )
     if backend is not None and backend != cal.backend:
-        warnings.warn(f"cluster {cluster.name!r} was {where}, but it is used for backend {backend!r}; "
-                      f"calibrate with backend={backend!r}", stacklevel=2)
+        warnings.warn(
+            f"cluster {cluster.name!r} was {where}, but it is used for backend {backend!r}; "
+            f"calibrate with backend={backend!r}",
+            stacklevel=2,
+        )
 
 
 def load(path: str | os.PathLike[str], *, backend: str | None = None) -> Cluster:

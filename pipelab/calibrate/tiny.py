@@ -31,3 +31,22 @@ def tiny_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def tiny_sgd(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     """Plain SGD."""
     return torch.optim.SGD(params, lr=1e-3)
+
+
+MEDIUM = 256
+
+
+def medium_model() -> nn.Module:
+    """Four Linear layers of width 256: enough compute per action (about a millisecond at batch 64)
+    that a two-worker run measures how much slower the layers compute inside a run than alone."""
+    layers: list[nn.Module] = []
+    for _ in range(4):
+        layers += [nn.Linear(MEDIUM, MEDIUM), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def medium_data() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Deterministic ``(inputs, class targets)`` minibatches of 64 rows for :func:`medium_model`."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(16):
+        yield torch.randn(64, MEDIUM, generator=g), torch.randint(0, MEDIUM, (64,), generator=g)
