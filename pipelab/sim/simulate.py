@@ -397,10 +397,10 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
     mem: dict[int, tuple[int, ...]] = {}
     # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare.py)
-    buffers = 1 if methods.get(sch.method).weights == "pipemare" else 0
+    # (a schedule of no registered method, e.g. one imported from torch, keeps its forward's weights)
+    buffers = 1 if spec is not None and spec.weights == "pipemare" else 0
     # a backward that reads the newest weights recomputes its forward (runtime: NoStash, PipeMare):
-    # between F and B a stage keeps its input and output only
-    recompute = methods.get(sch.method).versions == "latest"
+    # between F and B a stage keeps its input and output only (``recompute`` above)
     for s, (a, e) in enumerate(ranges):
         p = cm.param_bytes(a, e)
         # zero bubble: the output gradient a split B keeps for its W (a last stage's loss has none)
