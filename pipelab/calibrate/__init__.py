@@ -73,6 +73,12 @@ def _check_backend(backend: str, workers: int) -> None:
         )
 
 
+def _run(model_fn: Any, data_fn: Any, plan: Plan, method: str, steps: int, M: int, backend: str) -> Any:
+    """One short training run of a calibration model through the real runtime."""
+    return train(model_fn, plan, method=method, data=data_fn, loss_fn=tiny_loss, optimizer=tiny_sgd,
+                 steps=steps, microbatches=M, backend=backend, progress=False, timeout=120)
+
+
 def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> dict[str, list[float]]:
     """Per action kind, the runtime's seconds per action beyond the layers' compute, one per round.
 
@@ -93,19 +99,7 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> di
     plan = Plan.from_boundaries(len(prof), [], batch_size=BATCH)
     out: dict[str, list[float]] = {k: [] for k in compute}
     for _ in range(repeats):
-        run = train(
-            tiny_model,
-            plan,
-            method="zb-h1",
-            data=tiny_data,
-            loss_fn=tiny_loss,
-            optimizer=tiny_sgd,
-            steps=steps,
-            microbatches=M,
-            backend=backend,
-            progress=False,
-            timeout=120,
-        )
+        run = _run(tiny_model, tiny_data, plan, "zb-h1", steps, M, backend)
         evs = sorted(run.trace.compute_events(), key=lambda e: e.start_s)
         per: dict[str, list[float]] = {k: [] for k in compute}
         skip = len(evs) // steps  # the first minibatch warms up
@@ -144,19 +138,7 @@ def message_overhead(
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
     out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": []}
     for _ in range(repeats):
-        run = train(
-            tiny_model,
-            plan,
-            method="1f1b-flush",
-            data=tiny_data,
-            loss_fn=tiny_loss,
-            optimizer=tiny_sgd,
-            steps=steps,
-            microbatches=M,
-            backend=backend,
-            progress=False,
-            timeout=120,
-        )
+        run = _run(tiny_model, tiny_data, plan, "1f1b-flush", steps, M, backend)
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
         # a message's latency in the runtime: from the end of the action that sent it to the end of
         # the receiver's wait, for receivers already waiting when it was sent
@@ -216,19 +198,7 @@ def compute_slowdown(
     plan = Plan.from_boundaries(len(prof), [cut], batch_size=64)
     out = []
     for _ in range(repeats):
-        run = train(
-            medium_model,
-            plan,
-            method="1f1b-flush",
-            data=medium_data,
-            loss_fn=tiny_loss,
-            optimizer=tiny_sgd,
-            steps=steps,
-            microbatches=M,
-            backend=backend,
-            progress=False,
-            timeout=120,
-        )
+        run = _run(medium_model, medium_data, plan, "1f1b-flush", steps, M, backend)
         evs = [e for e in run.trace.compute_events() if e.kind in "FB"]
         skip = len(evs) // steps
         # less the runtime's own work in the action (stage 0 sends in F, stage 1 in B; each receives once)

@@ -248,35 +248,19 @@ def run_one(
     opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
     run_opts = dict(METHODS[method])
     cl = cluster.with_workers(workers)
-    sim = simulate(
-        plan,
-        prof,
-        cl,
-        method,
-        microbatches=microbatches,
-        minibatches=steps,
-        allreduce_overlap="none",
-        optimizer=OPTIMIZER,
-        **opts,
-    )
+    def simulated(minibatches: int) -> Any:
+        return simulate(plan, prof, cl, method, microbatches=microbatches, minibatches=minibatches,
+                        allreduce_overlap="none", optimizer=OPTIMIZER, **opts)
+
+    def measured(minibatches: int, **more: Any) -> Any:
+        return train(model_fn, run_plan(plan, prof, method), method=method,
+                     data=functools.partial(data_fn, batch), loss_fn=loss_fn, optimizer=sgd,
+                     steps=minibatches, microbatches=microbatches, backend="gloo", progress=False,
+                     timeout=timeout, **more)
+
+    sim = simulated(steps)
     t0 = time.perf_counter()
-    runs = [
-        train(
-            model_fn,
-            run_plan(plan, prof, method),
-            method=method,
-            data=functools.partial(data_fn, batch),
-            loss_fn=loss_fn,
-            optimizer=sgd,
-            steps=steps,
-            microbatches=microbatches,
-            backend="gloo",
-            progress=False,
-            timeout=timeout,
-            **run_opts,
-        )
-        for _ in range(rounds)
-    ]
+    runs = [measured(steps, **run_opts) for _ in range(rounds)]
     wall = time.perf_counter() - t0
     rates = [steady_throughput(r.trace, r.schedule, batch) for r in runs]
     run = runs[rates.index(statistics.median_low(rates))]  # the median round (its busy times too)
@@ -300,33 +284,9 @@ def run_one(
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
     mem_err: dict[int, float] = {}
     if memory:
-        short = simulate(
-            plan,
-            prof,
-            cl,
-            method,
-            microbatches=microbatches,
-            minibatches=3,
-            allreduce_overlap="none",
-            optimizer=OPTIMIZER,
-            **opts,
-        )
-        res = train(
-            model_fn,
-            run_plan(plan, prof, method),
-            method=method,
-            data=functools.partial(data_fn, batch),
-            loss_fn=loss_fn,
-            optimizer=sgd,
-            steps=3,
-            microbatches=microbatches,
-            backend="gloo",
-            progress=False,
-            timeout=timeout,
-            schedule=short.schedule,
-            measure_memory=True,
-            **{k: v for k, v in run_opts.items() if k not in opts},
-        )
+        short = simulated(3)
+        res = measured(3, schedule=short.schedule, measure_memory=True,
+                       **{k: v for k, v in run_opts.items() if k not in opts})
         mem_err = {w: (short.peak_memory[w] - m) / m for w, m in res.peak_state.items() if m > 0}
     return {
         "model": model,
