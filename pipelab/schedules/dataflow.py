@@ -166,7 +166,8 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
     # rendezvous: where each worker runs each action, each action's end, and the sends waiting for
     # their receive to be posted (keyed by the receiver and the action whose end posts it)
     ahead = costs.post_ahead()
-    index_of = [{(a.kind, a.stage, a.microbatch): i for i, a in enumerate(lst)} for lst in acts]
+    index_of = ([{(a.kind, a.stage, a.microbatch): i for i, a in enumerate(lst)} for lst in acts]
+                if ahead is not None else [])
     ends: list[list[float]] = [[] for _ in range(nw)]
     parked: dict[tuple[int, int], list[tuple[Action, int, int, float, tuple[str, int, int]]]] = {}
 
@@ -176,11 +177,13 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
             for w2 in waiting.pop(key):
                 start(w2)
 
-    def deliver(a: Action, src: int, dst: int, end: float, key: tuple[str, int, int]) -> None:
-        """Publish the data of ``a`` at ``dst`` once it can move (rendezvous: once posted)."""
+    def deliver(a: Action, src: int, dst: int, end: float, key: tuple[str, int, int], delay: float) -> None:
+        """Publish the data of ``a`` at ``dst`` once it can move: a hand-off on one worker at once;
+        a message ``delay`` after ``end`` (a busy sender), and with a rendezvous once posted."""
         if dst == src:
             publish(key, end)
             return
+        end += delay
         if ahead is not None:
             consumer = ("F", a.stage + 1, a.microbatch) if a.kind == "F" else ("B", a.stage - 1, a.microbatch)
             j = index_of[dst][consumer] - ahead      # the receive is posted when action j ends
@@ -296,13 +299,13 @@ def run(schedule: Schedule, costs: Costs) -> list[Event]:
         before = ptr[w]
         start(w)
         busy = ptr[w] > before and events[-1].worker == w and events[-1].start_s <= end
-        out = end + (costs.busy_sender_s(w) if busy else 0.0)
+        delay = costs.busy_sender_s(w) if busy else 0.0
         if kind == "F" and s < S - 1:
             rs = ranks[s + 1]
-            deliver(a, w, rs[m % len(rs)], out, ("a", s, m))
+            deliver(a, w, rs[m % len(rs)], end, ("a", s, m), delay)
         elif kind == "B" and s > 0:
             rs = ranks[s - 1]
-            deliver(a, w, rs[m % len(rs)], out, ("g", s, m))
+            deliver(a, w, rs[m % len(rs)], end, ("g", s, m), delay)
 
     for w in range(nw):
         start(w)
