@@ -46,6 +46,7 @@ from pipelab.calibrate.tiny import (
     tiny_sgd,
 )
 from pipelab.cluster import Calibration, Cluster, Device, Level
+from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.runtime import train
@@ -79,18 +80,27 @@ def _run(model_fn: Any, data_fn: Any, plan: Plan, method: str, steps: int, M: in
                  steps=steps, microbatches=M, backend=backend, progress=False, timeout=120)
 
 
-def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> dict[str, list[float]]:
+def _tiny_profile() -> Any:
+    """The tiny model's profile (the compute the cost model charges, without the runtime's work)."""
+    return measure_profile(tiny_model(), next(iter(tiny_data()))[0], progress=False, repeats=5)
+
+
+def _medians(samples: dict[str, list[float]], keys: Sequence[str] | None = None) -> dict[str, float]:
+    """The median of each non-empty list of ``samples`` (of ``keys`` only, when given)."""
+    return {k: statistics.median(v) for k, v in samples.items() if v and (keys is None or k in keys)}
+
+
+def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
+                     prof: Any = None) -> dict[str, list[float]]:
     """Per action kind, the runtime's seconds per action beyond the layers' compute, one per round.
 
     A one-worker ``zb-h1`` run (F, B, W and U all occur) of :func:`tiny.tiny_model` through the
     real runtime; an action's wall time is from its start to the next action's start on the worker
     (so the runtime's work between actions counts), less the profiled compute of the same action.
+    ``prof``: the tiny model's profile, measured here when not given.
     """
-    x = next(iter(tiny_data()))[0]
-    prof = measure_profile(tiny_model(), x, progress=False, repeats=5)
+    prof = prof if prof is not None else _tiny_profile()
     M = 4
-    from pipelab.costs import CostModel  # the compute the cost model charges, without overhead
-
     cm = CostModel(prof, Cluster.flat(1))
     f, b = cm.compute_s(0, len(prof), 0, microbatches=M)
     bi, w = cm.backward_split_s(0, len(prof), 0, microbatches=M)
@@ -112,22 +122,22 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12) -> di
 
 
 def message_overhead(
-    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 12
+    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 12, prof: Any = None
 ) -> dict[str, list[float]]:
-    """The runtime's own seconds per message on a worker: ``"send"`` (packing, posting the send) and
-    ``"recv"`` (posting the receive, unpacking), one per round.
+    """The runtime's own seconds per message on a worker, one per round: ``"send"`` (packing,
+    posting the send) and ``"recv"`` (posting the receive, unpacking); and a message's latency as
+    the run has it, ``"latency"`` (to a receiver already waiting) and ``"busy"`` (from a sender
+    that computed on at once).
 
     A two-worker ``1f1b-flush`` run of :func:`tiny.tiny_model` cut after its first layer: stage 0's
     forward sends and its backward receives, stage 1's forward receives and its backward sends. An
     action's wall time is from the previous action's end on its worker to its own end (the receive
     is taken before the action starts), less the profiled compute and the per-action ``base``
-    overhead; actions that waited for their message are left out (a wait is not work).
+    overhead; actions that waited for their message are left out (a wait is not work). ``prof``: the
+    tiny model's profile, measured here when not given.
     """
-    x = next(iter(tiny_data()))[0]
-    prof = measure_profile(tiny_model(), x, progress=False, repeats=5)
+    prof = prof if prof is not None else _tiny_profile()
     M = 4
-    from pipelab.costs import CostModel  # the compute the cost model charges, without overhead
-
     cm = CostModel(prof, Cluster.flat(2))
     comp = {
         (s, k): v
@@ -186,8 +196,6 @@ def compute_slowdown(
     x = next(iter(medium_data()))[0]
     prof = measure_profile(medium_model(), x, progress=False, repeats=5)
     M = 2
-    from pipelab.costs import CostModel  # the layers' own time, without the runtime's work
-
     cm = CostModel(prof, Cluster.flat(2))
     cut = len(prof) // 2
     own = {
@@ -240,31 +248,17 @@ def calibrate(
     _check_backend(backend, workers)
     from tqdm.auto import tqdm
 
+    tiny = _tiny_profile()      # one profile of the tiny model, for the two runs that use it
     bar = tqdm(total=7, desc="calibrating", disable=not progress, leave=False)
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
-        ("runtime overhead", lambda: runtime_overhead(repeats, backend)),
-        (
-            "message overhead",
-            lambda: message_overhead(
-                repeats, {k: statistics.median(v) for k, v in got["runtime overhead"].items() if v}, backend
-            ),
-        ),
-        (
-            "compute inside a run",
-            lambda: compute_slowdown(
-                repeats,
-                {
-                    **{k: statistics.median(v) for k, v in got["runtime overhead"].items() if v},
-                    **{
-                        k: statistics.median(v)
-                        for k, v in got["message overhead"].items()
-                        if v and k in ("send", "recv")
-                    },
-                },
-                backend,
-            ),
-        ),
+        ("runtime overhead", lambda: runtime_overhead(repeats, backend, prof=tiny)),
+        ("message overhead", lambda: message_overhead(repeats, _medians(got["runtime overhead"]), backend,
+                                                      prof=tiny)),
+        ("compute inside a run", lambda: compute_slowdown(
+            repeats,
+            {**_medians(got["runtime overhead"]), **_medians(got["message overhead"], ("send", "recv"))},
+            backend)),
         ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
     ]
@@ -357,8 +351,8 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         p2p_bandwidth=beta if beta != float("inf") else 1e12,
         allreduce_latency_s=ar_alpha,
         allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
-        overhead_s={k: statistics.median(v) for k, v in over.items() if v},
-        message_s={k: statistics.median(v) for k, v in msg.items() if v},
+        overhead_s=_medians(over),
+        message_s=_medians(msg),
         optimizer_s={k: (a, b) for k, (a, b, _) in opt_fit.items()},
         memory_bandwidth=statistics.median(mem),
         compute_slowdown=statistics.median(slow),
