@@ -109,17 +109,15 @@ STEPS = {"cnn": 160, "transformer": 48}
 
 # ---------------------------------------------------------------------- one measure for both traces
 def steady_window(trace: Trace, schedule: Any) -> tuple[float, float, int]:
-    """:meth:`Trace.steady_window` skipping the minibatches in flight at the input stage (the same
-    window for a simulated and a measured trace of ``schedule``)."""
-    return trace.steady_window(
-        max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // schedule.microbatches))
-    )
+    """:meth:`Trace.steady_window` skipping the schedule's warm-up and drain
+    (:meth:`~pipelab.schedules.actions.Schedule.warmup_minibatches`, as the simulator does): the same
+    window for a simulated and a measured trace of ``schedule``."""
+    return trace.steady_window(schedule.warmup_minibatches())
 
 
 def steady_throughput(trace: Trace, schedule: Any, batch: int) -> float:
-    """Samples per second over :func:`steady_window`."""
-    start, end, n = steady_window(trace, schedule)
-    return n * batch / (end - start)
+    """Samples per second over :func:`steady_window` (:meth:`Trace.steady_throughput`)."""
+    return trace.steady_throughput(batch, schedule.warmup_minibatches())
 
 
 def busy_by_worker(trace: Trace, schedule: Any) -> dict[int, float]:

@@ -225,6 +225,12 @@ class Schedule:
         return max(metrics.most_live((a.kind for a in self.actions[w] if a.stage == stage), has_w)
                    for w in self.stage_ranks[stage])
 
+    def warmup_minibatches(self) -> int:
+        """Minibatches a run of this schedule takes to fill (and to drain): those in flight at the
+        input stage over all its replicas, in whole minibatches, at least one. The steady-state
+        window of a simulated or measured trace leaves them out at both ends."""
+        return max(1, -(-self.in_flight(0) * len(self.stage_ranks[0]) // self.microbatches))
+
     # ------------------------------------------------------------------ CSV
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Save as CSV: a ``#``-line of JSON metadata, then one row per worker ``w,<action>[@version],...``.

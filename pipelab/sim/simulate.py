@@ -246,7 +246,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
         # group of minibatches at once: measure between sorted completions whose counts are multiples
         # of L = lcm(replica counts), skipping w minibatches of warm-up and of drain.
         done = metrics.minibatch_completions(comp, M, K)
-        w = max(1, -(-schedule.in_flight(0) * len(schedule.stage_ranks[0]) // M))
+        w = schedule.warmup_minibatches()
         L = math.lcm(*(len(r) for r in schedule.stage_ranks)) if M == 1 else 1
         steady = metrics.steady_window(done, w, L)
         if steady is not None:
