@@ -169,12 +169,18 @@ class Prices:
         the layers' times (affine in the batch, divided by the worker's speed) plus the runtime's
         per-action overhead of a calibrated cluster."""
         f, b = self.layers_s(start, end, worker, microbatches)
-        # a stage with a neighbour receives its input and sends its output (forward), and the
-        # other way round for gradients (backward): the runtime's own work per message
+        rf, rb = self.runtime_work_s(start, end)
+        return f + rf, b + rb
+
+    def runtime_work_s(self, start: int, end: int) -> tuple[float, float]:
+        """The runtime's own seconds in the forward and in the backward of stage ``[start, end)`` on
+        a calibrated cluster (0 otherwise): per action, plus per message. A stage with a neighbour
+        receives its input and sends its output (forward), and the other way round for gradients
+        (backward)."""
         into, out = start > 0, end < self.num_layers
         send, recv = self.message_s("send"), self.message_s("recv")
-        return (f + self.overhead_s("F") + into * recv + out * send,
-                b + self.overhead_s("B") + out * recv + into * send)
+        return (self.overhead_s("F") + into * recv + out * send,
+                self.overhead_s("B") + out * recv + into * send)
 
     def message_s(self, role: str) -> float:
         """The runtime's own seconds per message on the ``"send"``-ing or ``"recv"``-ing worker of a
@@ -194,9 +200,8 @@ class Prices:
         layers but the first (the whole backward at the first stage). Per layer the split is the
         profile's measured one (``Layer.wgrad_s``; half of the backward where a profile lacks it).
         """
-        msgs = (end < self.num_layers) * self.message_s("recv") + (start > 0) * self.message_s("send")
-        fixed = self.overhead_s("B") + msgs           # B takes the gradient in and sends its own out
-        b = self.compute_s(start, end, worker, microbatches)[1] - fixed
+        fixed = self.runtime_work_s(start, end)[1]     # B takes the gradient in and sends its own out
+        b = self.layers_s(start, end, worker, microbatches)[1]
         full = float(self.pb[end] - self.pb[start])
         if full <= 0:
             return fixed, self.overhead_s("W")
@@ -383,8 +388,7 @@ class Prices:
             raise ValueError("replica_time_s needs at least one worker")
         speed = min(self.cluster.speed(w) for w in ws)
         kappa, fixed = self.allreduce_coeffs(ws)
-        msgs = ((start > 0) + (end < self.num_layers)) * (self.message_s("send") + self.message_s("recv"))
-        f = (self.pf[end] - self.pf[start]) / speed + self.overhead_s("F") + self.overhead_s("B") + msgs
+        f = (self.pf[end] - self.pf[start]) / speed + sum(self.runtime_work_s(start, end))
         if kappa == 0.0:
             return float(f + (self.pb[end] - self.pb[start]) / speed)
         if self.allreduce_overlap == "none":
