@@ -102,7 +102,11 @@ class MemoryMeter:
             self._saved[key[0]] = [1, key[1]]
         else:
             ent[0] += 1
-        return _Held(t, key[0], self)
+        # a detached alias: a tensor autograd saves may be an output of the very node that saves it
+        # (ReLU saves its result); holding it with its grad_fn would make a cycle through C++ that no
+        # collector breaks, so a node a split backward never runs (one only on the input's path, run by
+        # B with retain_graph) would keep its saved tensors, and the count would grow every minibatch
+        return _Held(t.detach(), key[0], self)
 
     @staticmethod
     def _unpack(h: Any) -> Any:
