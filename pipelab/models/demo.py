@@ -29,6 +29,17 @@ def mlp(in_features: int = 64, hidden: int = 128, depth: int = 3, out_features: 
     return nn.Sequential(*layers)
 
 
+def linear_blocks(width: int, blocks: int) -> nn.Sequential:
+    """``blocks`` x (``Linear(width, width)`` + ReLU): a uniform stack whose compute per layer is easy to
+    scale, for benchmarks of the runtime (every block costs the same, so any split is balanced)."""
+    if width < 1 or blocks < 1:
+        raise ValueError(f"width={width} and blocks={blocks} must be >= 1")
+    layers: list[nn.Module] = []
+    for _ in range(blocks):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
 def small_cnn(num_classes: int = 10, channels: int = 16, in_channels: int = 1) -> nn.Sequential:
     """A two-conv CNN for 8x8 images (the digits): conv-relu-conv-relu-pool-flatten-fc-relu-fc."""
     c = channels

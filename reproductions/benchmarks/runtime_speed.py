@@ -64,6 +64,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import pipelab as pl  # noqa: E402
+from pipelab.models.demo import linear_blocks  # noqa: E402
 from pipelab.runtime.options import tune_malloc  # noqa: E402
 
 WIDTH, BLOCKS, BATCH, MICRO = 1024, 8, 64, 8
@@ -73,10 +74,7 @@ optimizer = functools.partial(torch.optim.SGD, lr=1e-3, momentum=0.9)
 
 def model_fn() -> nn.Sequential:
     """8 x (Linear(1024, 1024) + ReLU)."""
-    layers: list[nn.Module] = []
-    for _ in range(BLOCKS):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
-    return nn.Sequential(*layers)
+    return linear_blocks(WIDTH, BLOCKS)
 
 
 def _batch(seed: int = 0, rows: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
