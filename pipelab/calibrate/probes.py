@@ -151,29 +151,33 @@ def p2p_and_allreduce(workers: int, backend: str, sizes: Sequence[int], repeats:
     return dict(results[0])
 
 
-def optimizer_steps(param_bytes: Sequence[int], repeats: int) -> dict[str, list[tuple[int, float]]]:
-    """Per optimizer, ``(parameter bytes, median seconds of one step())`` over ``param_bytes``.
+#: parameter tensors per set in the optimizer sweep: few large ones, and many (a model's biases, norms)
+TENSOR_COUNTS = (4, 32)
 
-    The parameters are four float32 tensors per set with gradients in place; the first steps (which
-    allocate the optimizer's state) are not timed.
-    """
-    out: dict[str, list[tuple[int, float]]] = {}
+
+def optimizer_steps(param_bytes: Sequence[int], repeats: int,
+                    tensor_counts: Sequence[int] = TENSOR_COUNTS) -> dict[str, list[tuple[int, int, float]]]:
+    """Per optimizer, ``(parameter bytes, parameter tensors, median seconds of one step())`` over
+    ``param_bytes`` x ``tensor_counts`` (float32 tensors of equal size, gradients in place; the first
+    steps, which allocate the optimizer's state, are not timed)."""
+    out: dict[str, list[tuple[int, int, float]]] = {}
     for name, make in OPTIMIZERS.items():
         rows = []
         for nbytes in param_bytes:
-            n = max(nbytes // 16, 1)
-            ps = [torch.nn.Parameter(torch.randn(n)) for _ in range(4)]
-            for p in ps:
-                p.grad = torch.randn_like(p)
-            opt = make(ps)
-            for _ in range(2):
-                opt.step()
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                opt.step()
-                ts.append(time.perf_counter() - t0)
-            rows.append((int(sum(p.numel() * 4 for p in ps)), statistics.median(ts)))
+            for count in tensor_counts:
+                n = max(nbytes // (4 * count), 1)
+                ps = [torch.nn.Parameter(torch.randn(n)) for _ in range(count)]
+                for p in ps:
+                    p.grad = torch.randn_like(p)
+                opt = make(ps)
+                for _ in range(2):
+                    opt.step()
+                ts = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    opt.step()
+                    ts.append(time.perf_counter() - t0)
+                rows.append((int(sum(p.numel() * 4 for p in ps)), count, statistics.median(ts)))
         out[name] = rows
     return out
 
@@ -191,4 +195,4 @@ def memory_copy(nbytes: int, repeats: int) -> list[float]:
     return out
 
 
-__all__ = ["OPTIMIZERS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]
+__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]
