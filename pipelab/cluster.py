@@ -46,11 +46,12 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pipelab._io import read_record, write_record
+from pipelab.calibration import Calibration
 from pipelab.transports import (
     HOST_COPY_BYTES_PER_S,
     transport_levels,
@@ -129,124 +130,6 @@ class Level:
         transport sets it, else the link's ``bandwidth``."""
         return self.bandwidth if self.allreduce_bandwidth is None else float(self.allreduce_bandwidth)
 
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What :func:`pipelab.calibrate.calibrate` measured on one machine, and where and how.
-
-    Provenance: ``host``, ``backend`` (the process group's, e.g. ``"gloo"``), ``device`` (``"cpu"``
-    or a CUDA device name), ``date`` (ISO 8601), ``torch`` (version), ``cores`` (CPU cores the
-    workers shared), ``workers`` (processes measured at once).
-
-    Terms (seconds, bytes, bytes per second), each the median of repeated measurements:
-
-    * point to point: ``p2p_latency_s`` and ``p2p_bandwidth``, the fit ``alpha + n / beta`` of a
-      one-way message of ``n`` bytes over a sweep of sizes (also the cluster's level);
-    * all-reduce: ``allreduce_latency_s`` and ``allreduce_bandwidth`` of the ring model
-      ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` fitted over sizes and group sizes ``p``;
-    * ``overhead_s``: the runtime's own seconds per action of each kind (``F``, ``B``, ``W``,
-      ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
-    * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
-      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking); and
-      ``"busy_sender"``, how late a message arrives when its sender goes on computing right after
-      sending it (the backend's I/O thread then waits for a core);
-    * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
-      seconds, seconds per parameter byte)`` of one ``step()``;
-    * ``memory_bandwidth``: bytes per second of a large copy (read plus write);
-    * ``compute_slowdown``: how much slower layers compute inside a two-worker run than the profiler
-      measured them alone (the cluster's devices get speed ``1 / compute_slowdown``).
-
-    ``spread`` holds, per figure, the relative spread of the repeats ((max - min) / median);
-    ``residual`` the relative RMS error of each fit; ``samples`` the raw sweeps (small lists).
-    """
-
-    host: str
-    backend: str
-    device: str
-    date: str
-    torch: str
-    cores: int
-    workers: int
-    p2p_latency_s: float
-    p2p_bandwidth: float
-    allreduce_latency_s: float
-    allreduce_bandwidth: float
-    overhead_s: dict[str, float]
-    optimizer_s: dict[str, tuple[float, float]]
-    memory_bandwidth: float
-    message_s: dict[str, float] = field(default_factory=dict)
-    compute_slowdown: float = 1.0
-    spread: dict[str, float] = field(default_factory=dict)
-    residual: dict[str, float] = field(default_factory=dict)
-    samples: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("p2p_latency_s", "allreduce_latency_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"calibration: {name}={v!r} must be a finite number >= 0 seconds")
-        for name in ("p2p_bandwidth", "allreduce_bandwidth", "memory_bandwidth"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"calibration: {name}={v!r} must be a finite number > 0 bytes/s")
-        bad = sorted(set(self.overhead_s) - {"F", "B", "W", "U"})
-        if bad:
-            raise ValueError(f"calibration: overhead_s has kinds {bad}; use F, B, W, U")
-        for k, v in self.overhead_s.items():
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"calibration: overhead_s[{k!r}]={v!r} must be a finite number >= 0")
-        opt = {k: (float(v[0]), float(v[1])) for k, v in self.optimizer_s.items()}
-        for k, (a, b) in opt.items():
-            if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0):
-                raise ValueError(f"calibration: optimizer_s[{k!r}]={(a, b)!r} must be two numbers >= 0")
-        object.__setattr__(self, "optimizer_s", opt)
-
-    def overhead(self, kind: str) -> float:
-        """The runtime's seconds per action of ``kind`` (``W`` falls back to ``B``'s, 0 if unmeasured)."""
-        if kind == "W" and "W" not in self.overhead_s:
-            kind = "B"
-        return float(self.overhead_s.get(kind, 0.0))
-
-    def optimizer_step_s(self, optimizer: str, param_bytes: float) -> float | None:
-        """Seconds of one ``step()`` of ``optimizer`` over ``param_bytes`` (None if not calibrated)."""
-        key = {"momentum": "sgd-momentum", "adamw": "adam"}.get(optimizer, optimizer)
-        if key not in self.optimizer_s:
-            return None
-        fixed, per_byte = self.optimizer_s[key]
-        return fixed + per_byte * float(param_bytes) if param_bytes > 0 else 0.0
-
-    def describe(self) -> str:
-        """A few lines for humans: provenance and the fitted terms."""
-        ov = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(self.overhead_s.items()))
-        ov += "".join(f", {k} {v * 1e6:.0f} us/message" for k, v in sorted(self.message_s.items()))
-        opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B"
-                        for k, (a, b) in self.optimizer_s.items())
-        return (f"calibrated on {self.host} ({self.device}, {self.backend}, {self.workers} workers on "
-                f"{self.cores} cores, torch {self.torch}) at {self.date}\n"
-                f"  p2p: {self.p2p_latency_s * 1e6:.0f} us + n / {self.p2p_bandwidth / 1e9:.3g} GB/s; "
-                f"all-reduce: {self.allreduce_latency_s * 1e6:.0f} us/step, "
-                f"{self.allreduce_bandwidth / 1e9:.3g} GB/s\n"
-                f"  per action: {ov}\n  optimizer step: {opt}\n"
-                f"  memory: {self.memory_bandwidth / 1e9:.3g} GB/s; layers compute "
-                f"{self.compute_slowdown:.2f}x slower inside a run than alone")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form."""
-        d = asdict(self)
-        d["optimizer_s"] = {k: list(v) for k, v in self.optimizer_s.items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        """Inverse of :meth:`to_dict`; raises ``ValueError`` naming a missing or bad field."""
-        again = "re-create it with `pipelab calibrate`"
-        try:
-            return cls(**{**d, "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()}})
-        except KeyError as exc:
-            raise ValueError(f"calibration lacks field {exc}; {again}") from None
-        except TypeError as exc:
-            raise ValueError(f"malformed calibration ({exc}); {again}") from None
 
 
 # preset name -> (device, gpus per server, default servers, inner level (or None), outer level)

@@ -72,7 +72,7 @@ def test_calibrated_cluster_round_trips_through_json(tmp_path: Path) -> None:
     path = cl.save(tmp_path / "cluster.json")
     back = Cluster.load(path)
     assert back == cl and back.calibration is not None
-    assert back.calibration.optimizer_s["adam"] == (1e-4, 4e-10)
+    assert back.calibration.optimizer_s["adam"] == (1e-4, 4e-10, 0.0)   # a two-term fit: 0 per tensor
     assert Cluster.parse(str(path)) == cl           # --cluster cluster.json in the CLI
     assert "calibrated on" in back.calibration.describe()
     assert not list(tmp_path.glob(".*tmp"))           # written atomically, nothing left behind

@@ -11,7 +11,7 @@ What is measured (``repeats`` rounds of each; medians kept, spreads recorded):
    wall time up to the next one, less the layers' profiled compute; and per message, on the worker
    that sends it and on the one that receives it (a two-worker run of the same model);
 4. the optimizer step's cost for SGD, SGD with momentum and Adam (fixed seconds plus seconds per
-   parameter byte);
+   parameter byte plus seconds per parameter tensor);
 5. host memory bandwidth (a large copy).
 
 The result is a one-switch cluster of ``workers`` devices of speed 1.0 (the profile must be
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from pipelab.calibrate import probes
-from pipelab.calibrate.fit import fit_affine, fit_alpha_beta, fit_ring, spread
+from pipelab.calibrate.fit import fit_alpha_beta, fit_ring, fit_step, spread
 from pipelab.calibrate.tiny import (
     BATCH,
     medium_data,
@@ -45,7 +45,8 @@ from pipelab.calibrate.tiny import (
     tiny_model,
     tiny_sgd,
 )
-from pipelab.cluster import Calibration, Cluster, Device, Level
+from pipelab.calibration import Calibration
+from pipelab.cluster import Cluster, Device, Level
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
@@ -322,7 +323,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if busy:
         msg["busy_sender"] = busy
     opt = got["optimizer step"]
-    opt_fit = {k: fit_affine([b for b, _ in rows], [t for _, t in rows]) for k, rows in opt.items()}
+    opt_fit = {k: fit_step(rows) for k, rows in opt.items()}
     mem = got["memory bandwidth"]
     slow = got.get("compute inside a run") or [1.0]
     finite = [b for _, b, _ in rounds if b != float("inf")]
@@ -336,7 +337,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     sp.update({f"overhead_s.{k}": spread(v) for k, v in over.items()})
     sp.update({f"message_s.{k}": spread(v) for k, v in msg.items()})
     sp["compute_slowdown"] = spread(slow)
-    res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[2] for k, f in opt_fit.items()}}
+    res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[3] for k, f in opt_fit.items()}}
     cpu = platform.processor() or platform.machine() or "cpu"
     device = torch.cuda.get_device_name() if backend == "nccl" else cpu
     return Calibration(
@@ -353,7 +354,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
         overhead_s=_medians(over),
         message_s=_medians(msg),
-        optimizer_s={k: (a, b) for k, (a, b, _) in opt_fit.items()},
+        optimizer_s={k: (a, b, c) for k, (a, b, c, _) in opt_fit.items()},
         memory_bandwidth=statistics.median(mem),
         compute_slowdown=statistics.median(slow),
         spread=sp,
@@ -395,4 +396,7 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None) -> Cluster
     return cluster
 
 
-__all__ = ["BACKENDS", "DEFAULT_SIZES", "calibrate", "check", "load", "runtime_overhead"]
+# the model at hand (imported last: it uses this package's fit helpers)
+from pipelab.calibrate.model import calibrate_model  # noqa: E402
+
+__all__ = ["BACKENDS", "DEFAULT_SIZES", "calibrate", "calibrate_model", "check", "load", "runtime_overhead"]

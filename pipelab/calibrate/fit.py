@@ -6,7 +6,9 @@
 * :func:`fit_ring`: a ring all-reduce of ``n`` bytes over ``p`` workers takes
   ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009; Thakur et al.,
   IJHPCA 2005), fitted over sizes and group sizes;
-* :func:`fit_affine`: ``y = a + b x`` (an optimizer step against parameter bytes);
+* :func:`fit_affine`: ``y = a + b x``;
+* :func:`fit_step`: an optimizer step ``a + b * bytes + c * tensors`` (torch's CPU optimizers loop
+  over the parameter tensors, so a stage of many small tensors pays per tensor);
 * :func:`spread`: the relative spread ``(max - min) / median`` of repeated figures.
 
 Each fit returns its parameters and the relative RMS residual of the fit, which calibration
@@ -69,6 +71,19 @@ def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, 
     return float(a), float(b), res
 
 
+def fit_step(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float, float, float]:
+    """``(a, b, c, residual)`` of an optimizer step ``t = a + b * bytes + c * tensors`` from
+    ``(bytes, tensors, t seconds)`` rows (relative least squares, clipped at 0); needs rows of at
+    least two byte counts and two tensor counts, not all on one line."""
+    x = np.asarray([(1.0, float(n), float(k)) for n, k, _ in rows], dtype=np.float64)
+    y = np.asarray([t for _, _, t in rows], dtype=np.float64)
+    if len(rows) < 3 or np.linalg.matrix_rank(x) < 3:
+        raise ValueError("fit_step needs rows over at least two parameter sizes and two tensor counts "
+                         "(not all on one line)")
+    (a, b, c), res = _weighted_lstsq(x, y)
+    return float(a), float(b), float(c), res
+
+
 def spread(values: Sequence[float]) -> float:
     """``(max - min) / median`` of repeated measurements of one figure (0 for fewer than two)."""
     vs = [float(v) for v in values if math.isfinite(v)]
@@ -78,4 +93,4 @@ def spread(values: Sequence[float]) -> float:
     return (max(vs) - min(vs)) / med if med > 0 else 0.0
 
 
-__all__ = ["fit_affine", "fit_alpha_beta", "fit_ring", "spread"]
+__all__ = ["fit_affine", "fit_alpha_beta", "fit_ring", "fit_step", "spread"]

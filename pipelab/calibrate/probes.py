@@ -3,7 +3,7 @@
 * :func:`p2p_and_allreduce`: a group of worker processes (the backend's own process group, one
   thread each) times one-way messages between ranks 0 and 1 (half a ping-pong round trip, sent
   and received as the runtime does, with ``isend``/``irecv``, after an idle moment as between a
-  pipeline's actions) over a sweep of sizes, and all-reduces (likewise after an idle moment and a
+  pipeline's actions) over a sweep of sizes, and all-reduces (after a moment of compute and a
   barrier, as once per minibatch) over sizes and group sizes 2..workers;
 * :func:`optimizer_steps`: ``step()`` of SGD, SGD with momentum and Adam over parameter sets of
   several sizes, in this process;
@@ -38,6 +38,16 @@ OPTIMIZERS: dict[str, Any] = {
 
 #: seconds a probe idles before each point-to-point trip (a pipeline's messages come between actions)
 IDLE_S = 2e-3
+#: seconds a probe computes before each all-reduce (the runtime's U follows a backward at once)
+BUSY_S = 2e-3
+
+
+def _compute(seconds: float) -> None:
+    """Keep this core busy with small matrix products for ``seconds`` (as a backward would)."""
+    a = torch.full((64, 64), 0.01)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a = torch.tanh(a @ a)
 
 
 def _trips(nbytes: int) -> int:
@@ -90,8 +100,10 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
                         dist.all_reduce(buf, group=g)   # warm-up
                         ts = []
                         for _ in range(_trips(n)):
-                            # once per minibatch in a run, after compute: idle first, as the runtime does
-                            time.sleep(IDLE_S)
+                            # once per minibatch in a run, right after a backward: the runtime's U
+                            # follows compute at once, and the replicas meet in the all-reduce (measured:
+                            # 153 kB take 0.63 ms after an idle moment, 1.8 ms after compute)
+                            _compute(BUSY_S)
                             dist.barrier(group=g)
                             t0 = time.perf_counter()
                             dist.all_reduce(buf, group=g)
@@ -151,29 +163,33 @@ def p2p_and_allreduce(workers: int, backend: str, sizes: Sequence[int], repeats:
     return dict(results[0])
 
 
-def optimizer_steps(param_bytes: Sequence[int], repeats: int) -> dict[str, list[tuple[int, float]]]:
-    """Per optimizer, ``(parameter bytes, median seconds of one step())`` over ``param_bytes``.
+#: parameter tensors per set in the optimizer sweep: few large ones, and many (a model's biases, norms)
+TENSOR_COUNTS = (4, 32)
 
-    The parameters are four float32 tensors per set with gradients in place; the first steps (which
-    allocate the optimizer's state) are not timed.
-    """
-    out: dict[str, list[tuple[int, float]]] = {}
+
+def optimizer_steps(param_bytes: Sequence[int], repeats: int,
+                    tensor_counts: Sequence[int] = TENSOR_COUNTS) -> dict[str, list[tuple[int, int, float]]]:
+    """Per optimizer, ``(parameter bytes, parameter tensors, median seconds of one step())`` over
+    ``param_bytes`` x ``tensor_counts`` (float32 tensors of equal size, gradients in place; the first
+    steps, which allocate the optimizer's state, are not timed)."""
+    out: dict[str, list[tuple[int, int, float]]] = {}
     for name, make in OPTIMIZERS.items():
         rows = []
         for nbytes in param_bytes:
-            n = max(nbytes // 16, 1)
-            ps = [torch.nn.Parameter(torch.randn(n)) for _ in range(4)]
-            for p in ps:
-                p.grad = torch.randn_like(p)
-            opt = make(ps)
-            for _ in range(2):
-                opt.step()
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                opt.step()
-                ts.append(time.perf_counter() - t0)
-            rows.append((int(sum(p.numel() * 4 for p in ps)), statistics.median(ts)))
+            for count in tensor_counts:
+                n = max(nbytes // (4 * count), 1)
+                ps = [torch.nn.Parameter(torch.randn(n)) for _ in range(count)]
+                for p in ps:
+                    p.grad = torch.randn_like(p)
+                opt = make(ps)
+                for _ in range(2):
+                    opt.step()
+                ts = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    opt.step()
+                    ts.append(time.perf_counter() - t0)
+                rows.append((int(sum(p.numel() * 4 for p in ps)), count, statistics.median(ts)))
         out[name] = rows
     return out
 
@@ -191,4 +207,4 @@ def memory_copy(nbytes: int, repeats: int) -> list[float]:
     return out
 
 
-__all__ = ["OPTIMIZERS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]
+__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]

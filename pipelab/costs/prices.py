@@ -80,6 +80,7 @@ class Prices:
     qf: np.ndarray = field(init=False, repr=False, compare=False)
     qb: np.ndarray = field(init=False, repr=False, compare=False)
     pp: np.ndarray = field(init=False, repr=False, compare=False)
+    pt: np.ndarray = field(init=False, repr=False, compare=False)
     pa: np.ndarray = field(init=False, repr=False, compare=False)
     cuts: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -119,19 +120,26 @@ class Prices:
             if not np.all(np.isfinite(arr)) or np.any(arr < 0):
                 raise ValueError(f"profile has NaN, infinite or negative {label}; fix the profile")
         z = np.zeros(1)
-        object.__setattr__(self, "pf", np.concatenate([z, np.cumsum(f)]))
-        object.__setattr__(self, "pb", np.concatenate([z, np.cumsum(b)]))
+        # the layers' times as they run inside a run of this machine: the profile's, times the
+        # calibrated factor of each kind (1 without a calibration of the model; W scales with B)
+        cal = self.cluster.calibration
+        kf, kb = (cal.factor("F"), cal.factor("B")) if cal is not None else (1.0, 1.0)
+        object.__setattr__(self, "pf", np.concatenate([z, np.cumsum(f * kf)]))
+        object.__setattr__(self, "pb", np.concatenate([z, np.cumsum(b * kb)]))
         # weight-gradient part of each backward (measured by the profiler; half where it is unknown)
         w = np.array([layer.bwd_s / 2 if layer.wgrad_s is None else layer.wgrad_s for layer in layers])
-        object.__setattr__(self, "pw", np.concatenate([z, np.cumsum(w)]))
+        object.__setattr__(self, "pw", np.concatenate([z, np.cumsum(w * kb)]))
         # fixed (batch-independent) parts of the times, for microbatches (see the module docstring)
         object.__setattr__(
-            self, "qf", np.concatenate([z, np.cumsum([layer.fwd_fixed_s for layer in layers])])
+            self, "qf", np.concatenate([z, np.cumsum([layer.fwd_fixed_s * kf for layer in layers])])
         )
         object.__setattr__(
-            self, "qb", np.concatenate([z, np.cumsum([layer.bwd_fixed_s for layer in layers])])
+            self, "qb", np.concatenate([z, np.cumsum([layer.bwd_fixed_s * kb for layer in layers])])
         )
         object.__setattr__(self, "pp", np.concatenate([z, np.cumsum(p)]))
+        # parameter tensors (an optimizer step pays per tensor; 0 where the profile did not count them)
+        tensors = [layer.param_tensors or 0 for layer in layers]
+        object.__setattr__(self, "pt", np.concatenate([z, np.cumsum(tensors)]))
         object.__setattr__(self, "pa", np.concatenate([z, np.cumsum(act)]))
         object.__setattr__(self, "cuts", np.array(self.profile.cut_bytes, dtype=np.float64))
 
@@ -154,7 +162,8 @@ class Prices:
 
     def layers_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
         """(forward, backward) seconds of the layers ``[a, b)`` alone for one microbatch: affine in the
-        batch, divided by the worker's speed, without the runtime's per-action work."""
+        batch, times the calibrated factor of each kind inside a run (``Calibration.compute_factor``,
+        1 without one), divided by the worker's speed, without the runtime's per-action work."""
         self._range(start, end)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
@@ -218,14 +227,19 @@ class Prices:
         self._range(start, end)
         return int(self.pp[end] - self.pp[start])
 
+    def param_tensors(self, start: int, end: int) -> int:
+        """Parameter tensors of layers ``[start, end)`` (0 for layers whose profile did not count them)."""
+        self._range(start, end)
+        return int(self.pt[end] - self.pt[start])
+
     def update_s(self, start: int, end: int, worker: int, memory_bandwidth: float | None = None) -> float:
         """Seconds of the optimizer step of ``[start, end)``.
 
-        On a calibrated cluster: the measured step of :attr:`optimizer` (fixed seconds plus seconds
-        per parameter byte) plus the runtime's ``U`` overhead. Otherwise the step streams weights,
-        gradients and optimizer state once through device memory, ``param_bytes * (3 + state) /
-        memory_bandwidth``, scaled by the worker's speed (default bandwidth: the calibrated host's,
-        else a V100's HBM2).
+        On a calibrated cluster: the measured step of :attr:`optimizer` (fixed seconds, plus seconds
+        per parameter byte, plus seconds per parameter tensor) plus the runtime's ``U`` overhead.
+        Otherwise the step streams weights, gradients and optimizer state once through device
+        memory, ``param_bytes * (3 + state) / memory_bandwidth``, scaled by the worker's speed
+        (default bandwidth: the calibrated host's, else a V100's HBM2).
         """
         cal = self.cluster.calibration
         if memory_bandwidth is None:
@@ -233,7 +247,8 @@ class Prices:
         if not memory_bandwidth > 0:
             raise ValueError(f"memory_bandwidth={memory_bandwidth!r} must be > 0 bytes/s")
         nbytes = self.param_bytes(start, end)
-        step = cal.optimizer_step_s(self.optimizer, nbytes) if cal is not None else None
+        step = cal.optimizer_step_s(self.optimizer, nbytes, self.param_tensors(start, end)) \
+            if cal is not None else None
         if step is not None:
             return step / self.cluster.speed(worker) + self.overhead_s("U")
         return nbytes * (3 + self.state_factor) / (memory_bandwidth * self.cluster.speed(worker)) \

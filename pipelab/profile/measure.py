@@ -337,12 +337,13 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                     outputs_of.setdefault(len(layers), []).append(vname)
                     if any(t.untyped_storage().data_ptr() in saved_own for t in _tensors(v)):
                         producer_saved.add(vname)
-                param_bytes = 0
+                param_bytes = param_tensors = 0
                 for p in runner.params + [env[a.name] for a in node.all_input_nodes
                                           if a.op == "get_attr" and isinstance(env[a.name], nn.Parameter)]:
                     if id(p) not in counted_params:
                         counted_params.add(id(p))
                         param_bytes += p.numel() * p.element_size()
+                        param_tensors += 1
                 lname = str(node.target) if node.op == "call_module" else node.name
                 if lname in used_names:
                     lname = node.name
@@ -350,7 +351,7 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                 out_bytes = sum(tensor_bytes(v) for v in group.handed_on(out))
                 layers.append(Layer(name=lname, kind=runner.kind, fwd_s=lay[0], bwd_s=lay[1],
                                     out_bytes=out_bytes, param_bytes=param_bytes, flops=lay[2],
-                                    saved_bytes=lay[3], wgrad_s=lay[4]))
+                                    saved_bytes=lay[3], wgrad_s=lay[4], param_tensors=param_tensors))
                 for member in [group.head, *group.rest]:
                     edges.extend((pos[a.name], pos[member.name]) for a in member.all_input_nodes
                                  if a.name in pos and pos[a.name] != pos[member.name])

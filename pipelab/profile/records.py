@@ -56,6 +56,9 @@ class Layer:
     #: seconds of ``bwd_s`` that compute weight gradients (the rest is the input gradient); None
     #: when not measured (PipeDream's profiles): zero-bubble schedules then assume half
     wgrad_s: float | None = None
+    #: parameter tensors of the layer (each shared weight once; an optimizer step pays per tensor);
+    #: None when not measured (PipeDream's profiles, older files): the cost model then counts none
+    param_tensors: int | None = None
 
     def __post_init__(self) -> None:
         for attr in ("fwd_s", "bwd_s", "out_bytes", "param_bytes", "flops", "saved_bytes", "fwd_fixed_s",
@@ -68,6 +71,10 @@ class Layer:
             if getattr(self, part) > getattr(self, whole) * (1 + 1e-9):
                 raise ValueError(f"layer {self.name!r}: {part}={getattr(self, part)!r} exceeds {whole}="
                                  f"{getattr(self, whole)!r}; the fixed part of a time is at most the time")
+        if self.param_tensors is not None and (isinstance(self.param_tensors, bool) or not isinstance(
+                self.param_tensors, int) or self.param_tensors < 0):
+            raise ValueError(f"layer {self.name!r}: param_tensors={self.param_tensors!r} must be an int >= 0 "
+                             "or None")
         if self.wgrad_s is not None and not (
                 isinstance(self.wgrad_s, (int, float)) and 0 <= self.wgrad_s <= self.bwd_s * (1 + 1e-9)):
             raise ValueError(f"layer {self.name!r}: wgrad_s={self.wgrad_s!r} must be a number in [0, bwd_s="

@@ -23,6 +23,7 @@ from torch import nn
 
 import pipelab.methods as methods
 import pipelab.metrics as metrics
+from pipelab.calibrate.model import calibrate_model
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.models import demo
@@ -318,6 +319,18 @@ def profiles(models: Sequence[str]) -> dict[str, Profile]:
     return out
 
 
+def model_clusters(cluster: Cluster, profs: dict[str, Profile], *, repeats: int = 3) -> dict[str, Cluster]:
+    """Per model, ``cluster`` with that model's compute factors measured in runs of its own
+    (:func:`pipelab.calibrate.model.calibrate_model`: a two-worker ``1f1b-flush`` run of the model,
+    separate from the matrix's runs)."""
+    out = {}
+    for name, prof in profs.items():
+        model_fn, data_fn, loss_fn, batch = MODELS[name]
+        out[name] = calibrate_model(cluster, model_fn, functools.partial(data_fn, batch), loss_fn, prof,
+                                    optimizer=sgd, name=name, repeats=repeats)
+    return out
+
+
 # ---------------------------------------------------------------------- summaries and the figure
 def method_table(df: Any) -> Any:
     """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
@@ -427,6 +440,7 @@ __all__ = [
     "busy_by_worker",
     "configurations",
     "method_table",
+    "model_clusters",
     "plan_for",
     "profiles",
     "run_one",

@@ -32,6 +32,7 @@ microbatches = None          # None: (4,) by default, (1, 2, 4, 8) with full
 steps = None                 # minibatches per run (None: about a second of steady state per run)
 rounds = 3                   # real runs per configuration: the median is compared, the spread kept
 cluster_path = None          # a calibrated cluster JSON; None: calibrate now
+model_factors = False        # also measure each model's compute factor inside a run (pl.calibrate_model)
 out_dir = "."
 report = False
 
@@ -55,11 +56,18 @@ print(cluster.calibration.describe())
 
 # %%
 profiles = acc.profiles(models)
+# with model_factors: per model, the factor by which its layers compute slower inside a run than
+# profiled, measured in two-worker runs of its own (pl.calibrate_model), not in the runs below
+# (README: measured, it lowered the CNN's backward by 17% and made the matrix's error larger)
+clusters = acc.model_clusters(cluster, profiles) if model_factors else {m: cluster for m in models}
+for name, cl in clusters.items():
+    print(name, {k: round(v, 3) for k, v in cl.calibration.compute_factor.items()})
 configs = acc.configurations(full=full, models=models, methods_=methods, workers=workers,
                              microbatches=microbatches)
 rows = []
 for cfg in tqdm(configs, desc="simulate + run"):
-    rows.append(acc.run_one(*cfg, prof=profiles[cfg[0]], cluster=cluster, steps=steps, rounds=rounds))
+    rows.append(acc.run_one(*cfg, prof=profiles[cfg[0]], cluster=clusters[cfg[0]], steps=steps,
+                            rounds=rounds))
 df = pd.DataFrame(rows)
 write_table(df, out / "results.csv")
 df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
@@ -68,7 +76,14 @@ df[["model", "method", "workers", "microbatches", "simulated", "measured", "meas
 # %%
 table = acc.method_table(df)
 md = markdown_table(table)
-atomic_write_text(out / "results.md", f"{md}\n\nmachine: {cluster.calibration.describe()}\n")
+def factors_of(c):
+    return ", ".join(f"{k} {v:.2f}x" for k, v in sorted(c.calibration.compute_factor.items()))
+
+
+factors = "\n".join(f"  {n}: {factors_of(c) or 'not measured (model_factors=False)'}"
+                    for n, c in clusters.items())
+atomic_write_text(out / "results.md", f"{md}\n\nmachine: {cluster.calibration.describe()}\n"
+                  f"compute inside a run / profile, per model (calibrate_model):\n{factors}\n")
 svg = acc.svg_scatter(df, title="simulated vs measured samples/s (log-log; band: ±10%)")
 atomic_write_text(out / "scatter.svg", svg)
 display(Markdown(md), SVG(svg))

@@ -1,0 +1,170 @@
+"""The :class:`Calibration` record: what :func:`pipelab.calibrate.calibrate` measured on one machine.
+
+A :class:`~pipelab.cluster.Cluster` may carry one (``Cluster.calibration``); the cost model
+(:mod:`pipelab.costs.prices`) reads every term from it. JSON round-trip through ``to_dict`` /
+``from_dict``; files written before a term existed load with that term's neutral value (stated per
+field below).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: the action kinds whose layers' compute a calibration may scale (``Calibration.compute_factor``)
+FACTOR_KINDS = ("F", "B")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`pipelab.calibrate.calibrate` measured on one machine, and where and how.
+
+    Provenance: ``host``, ``backend`` (the process group's, e.g. ``"gloo"``), ``device`` (``"cpu"``
+    or a CUDA device name), ``date`` (ISO 8601), ``torch`` (version), ``cores`` (CPU cores the
+    workers shared), ``workers`` (processes measured at once).
+
+    Terms (seconds, bytes, bytes per second), each the median of repeated measurements:
+
+    * point to point: ``p2p_latency_s`` and ``p2p_bandwidth``, the fit ``alpha + n / beta`` of a
+      one-way message of ``n`` bytes over a sweep of sizes (also the cluster's level);
+    * all-reduce: ``allreduce_latency_s`` and ``allreduce_bandwidth`` of the ring model
+      ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` fitted over sizes and group sizes ``p``;
+    * ``overhead_s``: the runtime's own seconds per action of each kind (``F``, ``B``, ``W``,
+      ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
+    * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
+      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking); and
+      ``"busy_sender"``, how late a message arrives when its sender goes on computing right after
+      sending it (the backend's I/O thread then waits for a core);
+    * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
+      seconds, seconds per parameter byte, seconds per parameter tensor)`` of one ``step()`` (torch's
+      CPU optimizers loop over the tensors: a stage of many small tensors pays per tensor; a file
+      written before the third term loads with 0 for it);
+    * ``memory_bandwidth``: bytes per second of a large copy (read plus write);
+    * ``compute_slowdown``: how much slower layers compute inside a two-worker run than the profiler
+      measured them alone (the cluster's devices get speed ``1 / compute_slowdown``);
+    * ``compute_factor``: per action kind (``F``, ``B``; ``W`` takes ``B``'s), how much longer the
+      layers of the model ``compute_model`` take inside a two-worker run of that model than its
+      profile says, the runtime's own work taken off first
+      (:func:`pipelab.calibrate.model.calibrate_model`); the cost model multiplies the profile's
+      times by it. Empty (every factor 1) until that model is calibrated, and in older files.
+
+    ``spread`` holds, per figure, the relative spread of the repeats ((max - min) / median);
+    ``residual`` the relative RMS error of each fit; ``samples`` the raw sweeps (small lists).
+    """
+
+    host: str
+    backend: str
+    device: str
+    date: str
+    torch: str
+    cores: int
+    workers: int
+    p2p_latency_s: float
+    p2p_bandwidth: float
+    allreduce_latency_s: float
+    allreduce_bandwidth: float
+    overhead_s: dict[str, float]
+    optimizer_s: dict[str, tuple[float, ...]]
+    memory_bandwidth: float
+    message_s: dict[str, float] = field(default_factory=dict)
+    compute_slowdown: float = 1.0
+    compute_factor: dict[str, float] = field(default_factory=dict)
+    compute_model: str = ""
+    spread: dict[str, float] = field(default_factory=dict)
+    residual: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("p2p_latency_s", "allreduce_latency_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"calibration: {name}={v!r} must be a finite number >= 0 seconds")
+        for name in ("p2p_bandwidth", "allreduce_bandwidth", "memory_bandwidth"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"calibration: {name}={v!r} must be a finite number > 0 bytes/s")
+        bad = sorted(set(self.overhead_s) - {"F", "B", "W", "U"})
+        if bad:
+            raise ValueError(f"calibration: overhead_s has kinds {bad}; use F, B, W, U")
+        for k, v in self.overhead_s.items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"calibration: overhead_s[{k!r}]={v!r} must be a finite number >= 0")
+        opt: dict[str, tuple[float, float, float]] = {}
+        for k, v in self.optimizer_s.items():
+            if len(v) not in (2, 3):
+                raise ValueError(f"calibration: optimizer_s[{k!r}]={tuple(v)!r} must be (fixed s, s per byte"
+                                 "[, s per tensor])")
+            terms = (float(v[0]), float(v[1]), float(v[2]) if len(v) == 3 else 0.0)
+            if not all(math.isfinite(t) and t >= 0 for t in terms):
+                raise ValueError(f"calibration: optimizer_s[{k!r}]={terms!r} must be numbers >= 0")
+            opt[k] = terms
+        object.__setattr__(self, "optimizer_s", opt)
+        bad = sorted(set(self.compute_factor) - set(FACTOR_KINDS))
+        if bad:
+            raise ValueError(f"calibration: compute_factor has kinds {bad}; use {', '.join(FACTOR_KINDS)}")
+        for k, v in self.compute_factor.items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"calibration: compute_factor[{k!r}]={v!r} must be a finite number > 0")
+
+    def overhead(self, kind: str) -> float:
+        """The runtime's seconds per action of ``kind`` (``W`` falls back to ``B``'s, 0 if unmeasured)."""
+        if kind == "W" and "W" not in self.overhead_s:
+            kind = "B"
+        return float(self.overhead_s.get(kind, 0.0))
+
+    def optimizer_step_s(self, optimizer: str, param_bytes: float, tensors: float = 0) -> float | None:
+        """Seconds of one ``step()`` of ``optimizer`` over ``param_bytes`` held in ``tensors`` parameter
+        tensors: ``fixed + per_byte * bytes + per_tensor * tensors`` (None if not calibrated)."""
+        key = {"momentum": "sgd-momentum", "adamw": "adam"}.get(optimizer, optimizer)
+        if key not in self.optimizer_s:
+            return None
+        fixed, per_byte, per_tensor = self.optimizer_s[key]
+        if param_bytes <= 0:
+            return 0.0
+        return fixed + per_byte * float(param_bytes) + per_tensor * float(tensors)
+
+    def factor(self, kind: str) -> float:
+        """How much longer the layers of ``kind`` (``F``, ``B``; ``W`` takes ``B``'s) compute inside a
+        run than profiled (:attr:`compute_factor`; 1.0 where not measured)."""
+        return float(self.compute_factor.get("B" if kind == "W" else kind, 1.0))
+
+    def describe(self) -> str:
+        """A few lines for humans: provenance and the fitted terms."""
+        ov = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(self.overhead_s.items()))
+        ov += "".join(f", {k} {v * 1e6:.0f} us/message" for k, v in sorted(self.message_s.items()))
+        opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B + {c * 1e6:.1f} us/tensor"
+                        for k, (a, b, c) in self.optimizer_s.items())
+        fac = ""
+        if self.compute_factor:
+            fac = (f"; {self.compute_model or 'the model'} computes inside a run "
+                   + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.compute_factor.items()))
+                   + " its profile")
+        return (f"calibrated on {self.host} ({self.device}, {self.backend}, {self.workers} workers on "
+                f"{self.cores} cores, torch {self.torch}) at {self.date}\n"
+                f"  p2p: {self.p2p_latency_s * 1e6:.0f} us + n / {self.p2p_bandwidth / 1e9:.3g} GB/s; "
+                f"all-reduce: {self.allreduce_latency_s * 1e6:.0f} us/step, "
+                f"{self.allreduce_bandwidth / 1e9:.3g} GB/s\n"
+                f"  per action: {ov}\n  optimizer step: {opt}\n"
+                f"  memory: {self.memory_bandwidth / 1e9:.3g} GB/s; layers compute "
+                f"{self.compute_slowdown:.2f}x slower inside a run than alone{fac}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        d = asdict(self)
+        d["optimizer_s"] = {k: list(v) for k, v in self.optimizer_s.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        """Inverse of :meth:`to_dict`; raises ``ValueError`` naming a missing or bad field."""
+        again = "re-create it with `pipelab calibrate`"
+        try:
+            return cls(**{**d, "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()}})
+        except KeyError as exc:
+            raise ValueError(f"calibration lacks field {exc}; {again}") from None
+        except TypeError as exc:
+            raise ValueError(f"malformed calibration ({exc}); {again}") from None
+
+
+__all__ = ["FACTOR_KINDS", "Calibration"]
