@@ -37,6 +37,29 @@ HOST_COPY_BYTES_PER_S = 10 * 1e9
 NCCL_TCP_BUS_BANDWIDTH: dict[str, float] = {"ethernet-10g": 0.6 * 10 * 1e9 / 8, "ethernet-25g": 1.7e9}
 
 
+def nccl_flat_ring(levels: Sequence[Any]) -> tuple[Any, ...]:
+    """``levels`` (a cluster's levels after ``transport_levels(..., allreduce="nccl-ring")``) as the one
+    ring NCCL runs an all-reduce of every worker on: a single level of all the workers whose ring
+    runs at the slowest crossed level's ``ring_bandwidth`` (its bus bandwidth) and latency.
+
+    NCCL builds flat rings through every rank, never a 2-D (per-server, then across servers) ring
+    (NVIDIA/nccl issue #471, 2021: "we only build flat rings, no 2D ring"; on PCIe systems NCCL 2.4
+    used trees for small sizes and rings for large ones, NVIDIA/nccl issue #226, May 2019), and a bus
+    bandwidth ``B`` is defined by ``t = (S / B) * 2 (n - 1) / n`` over all ``n`` ranks, ``B`` the
+    hardware bottleneck's speed (NVIDIA/nccl-tests ``doc/PERFORMANCE.md``). The hierarchical ring
+    of the cost model prices the Ethernet hop at ``2 (p - 1) / p`` of the bytes for ``p`` servers;
+    NCCL's ring moves ``2 (n - 1) / n`` of them through every server's NIC (1.875 against 1 on two
+    servers of 8 GPUs, 1.875 against 1.5 on four of 4). Only for an all-reduce over every worker
+    (a data-parallel baseline): a pipeline priced on this level would lose the topology.
+    """
+    crossed = [lv for lv in levels if lv.size > 1] or list(levels[:1])
+    n = math.prod(int(lv.size) for lv in levels)
+    slowest = min(crossed, key=lambda lv: lv.ring_bandwidth)
+    bus = float(slowest.ring_bandwidth)
+    return (replace(slowest, name=f"nccl-flat-ring({slowest.name})", size=n, uplinks=1,
+                    latency=max(float(lv.latency) for lv in crossed), allreduce_bandwidth=bus),)
+
+
 def transport_levels(levels: Sequence[Any], pipeline: str = "link", allreduce: str = "link", *,
                      host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
                      allreduce_bus_bandwidth: dict[str, float] | None = None) -> tuple[Any, ...]:

@@ -113,10 +113,12 @@ READING = """\
   views share their input's storage and count as nothing. Every paper configuration then fits in
   16 GiB (the number in brackets), and the memory-limited and unlimited columns agree everywhere.
 * *DP: compute + all-reduce (exposed)*: one replica's forward+backward, the hierarchical ring
-  all-reduce of all weights (2(p-1)/p * bytes / bandwidth per level), and the part of it that
-  backward cannot hide (DDP-style overlap, layer by layer in backward order). The paper's baseline
-  hid less; the last column shows the chosen (unlimited) plan against a DP that hides nothing,
-  which brackets the paper's numbers from the other side.
+  all-reduce of all weights (2(p-1)/p * bytes / bandwidth per level; NCCL itself runs one flat
+  ring through every GPU, 2(n-1)/n of the bytes over each NIC, as `pipedream_table1/README.md`
+  prices its DP baseline), and the part of it that backward cannot hide (DDP-style overlap, layer
+  by layer in backward order). The paper's baseline hid less; the last column shows the chosen
+  (unlimited) plan against a DP that hides nothing, which brackets the paper's numbers from the
+  other side.
 * Compute is the profile's time divided by the device speed. PipeDream does not say which GPU
   measured its profiles; with speed 1 (the profiling GPU) compute dominates and DP looks good; at
   speed 4 (a device four times faster than the profiler, communication unchanged) communication

@@ -13,8 +13,8 @@ import pipelab as pl
 from pipelab.costs import CostModel
 from pipelab.partition.pipedream_conf import available, load_config, plan_from_pipedream, stage_bounds
 from pipelab.reproduce import table1_paper as tp
-from pipelab.reproduce.table1 import TABLE1
-from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH
+from pipelab.reproduce.table1 import TABLE1, simulate_plan
+from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH, nccl_flat_ring
 
 RESULTS = Path(__file__).resolve().parents[1] / "reproductions" / "pipedream_table1" / "results.csv"
 
@@ -45,6 +45,52 @@ def test_gloo_host_and_nccl_ring_rates_by_hand() -> None:
         base.with_transport(allreduce="mpi")
     with pytest.raises(ValueError, match="p2p_bandwidth"):
         pl.cluster.Level("x", 2, 1e9, p2p_bandwidth=0.0)
+
+
+def test_nccl_flat_ring_is_the_bus_bandwidth_formula_over_every_rank() -> None:
+    # nccl-tests' definition of bus bandwidth: t = S / B * 2 (n - 1) / n over all n ranks, B the slowest
+    # link's (here NCCL's bus bandwidth over 25 Gbps TCP), latency one hop per step of the ring
+    n = 100_000_000
+    prof = pl.Profile.synthetic([1.0, 1.0], out_bytes=[n, 0], param_bytes=[n, 0])
+    base = pl.Cluster.preset("pipedream-b", servers=2, gpus_per_server=8)
+    nccl = base.with_transport("link", "nccl-ring")
+    flat = tp.PaperSetting().clusters(TABLE1[1])[1]
+    assert [lv.size for lv in flat.levels] == [16] and len(flat.devices) == 16
+    assert flat.levels == nccl_flat_ring(nccl.levels)
+    lat = base.levels[1].latency
+    want = 2 * 15 / 16 * n / 1.7e9 + 2 * 15 * lat
+    assert CostModel(prof, flat).allreduce_s(n, range(16)) == pytest.approx(want)
+    # the hierarchical ring crosses the NIC with 2 (p - 1) / p = 1 of the bytes on two servers, the flat
+    # one with 1.875: NCCL's ring is the slower
+    hier = CostModel(prof, nccl).allreduce_s(n, range(16))
+    assert hier == pytest.approx(2 * 7 / 8 * n / 50e9 + n / 1.7e9 + 2 * 7 * base.levels[0].latency + 2 * lat)
+    assert hier < want
+    # one server: the ring never leaves it, so the flat ring runs at the server's link, as before
+    one = pl.Cluster.preset("pipedream-a", servers=1, gpus_per_server=4).with_transport("link", "nccl-ring")
+    (lv,) = nccl_flat_ring(one.levels)
+    assert lv.size == 4 and lv.ring_bandwidth == one.levels[0].bandwidth
+    with pytest.raises(ValueError, match="nccl_ring="):
+        tp.PaperSetting(nccl_ring="tree").clusters(TABLE1[0])
+
+
+def test_choice_by_simulation_takes_the_fastest_candidate() -> None:
+    # pipelab's choice is the fastest simulated of the partitioner's plan, its straight pipeline and DP,
+    # each simulated on its own cluster: the chosen time is the minimum of the three, and it is DP's
+    # exactly when DP is the fastest
+    setting = tp.PaperSetting()
+    for row in (TABLE1[3], TABLE1[9]):     # ResNet-50 B 2x8, GNMT-16 B 2x8
+        prof = setting.profile(row.model)
+        pipe_cl, dp_cl = setting.clusters(row)
+        chosen, dp, is_dp, t, t_dp = tp.row_choice(prof, pipe_cl, dp_cl, setting, minibatches=16)
+        times = [t_dp]
+        for straight in (False, True):
+            plan = pl.partition(prof, pipe_cl, method="pipedream", straight=straight)
+            if plan.num_stages > 1:
+                times.append(simulate_plan(plan, prof, pipe_cl, minibatches=16).time_per_minibatch)
+        assert t == pytest.approx(min(times))
+        assert is_dp == (t == t_dp) and (chosen is dp) == is_dp
+    with pytest.raises(ValueError, match="choose="):
+        tp.row_choice(prof, pipe_cl, dp_cl, tp.PaperSetting(choose="guess"))
 
 
 def test_partitioner_and_simulator_price_a_transfer_alike() -> None:

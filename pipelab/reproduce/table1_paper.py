@@ -19,8 +19,8 @@ The two parameters PipeDream does not state are cited, not fitted (see the Table
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pipelab.cluster import Cluster
@@ -32,7 +32,7 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.reproduce.report import svg_heatmap
 from pipelab.reproduce.table1 import TABLE1, PaperRow, config_shape, simulate_plan
-from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH
+from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH, nccl_flat_ring
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,12 +70,22 @@ def profiling_gpu_speed(v100_images_per_s: float = V100_RESNET50_IMAGES_PER_S) -
 
 @dataclass(frozen=True)
 class PaperSetting:
-    """How a row is run: batch per worker, V100 speed, NCCL bus bandwidth per Ethernet level, transports."""
+    """How a row is run: batch per worker, V100 speed, NCCL bus bandwidth per Ethernet level, transports,
+    the shape of NCCL's ring and how pipelab's choice is made.
+
+    ``nccl_ring``: ``"flat"`` (default) prices the DP baseline's all-reduce as NCCL runs it, one ring
+    through every rank at the slowest level's bus bandwidth (:func:`pipelab.transports.nccl_flat_ring`);
+    ``"hierarchical"`` as the cost model's ring per level (the earlier model). ``choose``:
+    ``"simulate"`` (default) takes, of the partitioner's plan, the best straight pipeline and DP, the one
+    the simulator finds fastest; ``"predict"`` keeps the partitioner's plan unless DP is predicted at
+    least as fast (the earlier rule)."""
 
     batch_size: int = PAPER_BATCH
     device_speed: float | None = None           # None: profiling_gpu_speed()
     nccl_bus_bandwidth: dict[str, float] | None = None   # None: NCCL_TCP_BUS_BANDWIDTH
     transports: str = "pipedream"               # "pipedream" (gloo pipelines, NCCL DP) | "link"
+    nccl_ring: str = "flat"                     # "flat" (NCCL's) | "hierarchical"
+    choose: str = "simulate"                    # "simulate" | "predict"
 
     def speed(self) -> float:
         """The device speed used."""
@@ -89,8 +99,12 @@ class PaperSetting:
             return base, base
         if self.transports != "pipedream":
             raise ValueError(f"transports={self.transports!r} must be 'pipedream' or 'link'")
-        return (base.with_transport("gloo-host", "gloo-ring"),
-                base.with_transport("link", "nccl-ring", allreduce_bus_bandwidth=self.nccl_bus_bandwidth))
+        dp = base.with_transport("link", "nccl-ring", allreduce_bus_bandwidth=self.nccl_bus_bandwidth)
+        if self.nccl_ring == "flat":
+            dp = replace(dp, name=dp.name + "[flat]", levels=nccl_flat_ring(dp.levels))
+        elif self.nccl_ring != "hierarchical":
+            raise ValueError(f"nccl_ring={self.nccl_ring!r} must be 'flat' or 'hierarchical'")
+        return base.with_transport("gloo-host", "gloo-ring"), dp
 
     def profile(self, model: str) -> Profile:
         """PipeDream's profile of ``model`` at this batch size."""
@@ -114,6 +128,26 @@ def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit
     return plan, dp, False
 
 
+def choose_simulated(prof: Profile, pipe_cl: Cluster, dp: Plan, sim_dp: float,
+                     sim_time: Callable[[Plan], float]) -> tuple[Plan, float, bool]:
+    """pipelab's choice by simulation, as its planner ranks candidates (``pl.plan``: closed forms to
+    prune, the simulator to rank): of PipeDream's dynamic program's plan, the best straight pipeline
+    (PipeDream's optimizer's ``--straight_pipeline``) and data parallelism, the fastest simulated.
+    Returns ``(plan, simulated seconds per minibatch, is_dp)``; ties go to DP, then to the DP's plan."""
+    best: tuple[Plan, float, bool] = (dp, float(sim_dp), True)
+    for straight in (False, True):
+        try:
+            plan = partition(prof, pipe_cl, method="pipedream", straight=straight)
+        except ValueError:
+            continue
+        if plan.num_stages == 1:
+            continue
+        t = sim_time(plan)
+        if t < best[1]:
+            best = (plan, t, False)
+    return best
+
+
 def paper_plan(row: PaperRow, prof: Profile, pipe_cl: Cluster) -> Plan | None:
     """The configuration PipeDream ran for ``row`` as a pipelab plan on the pipelined cluster (``None``
     for data parallelism)."""
@@ -123,19 +157,36 @@ def paper_plan(row: PaperRow, prof: Profile, pipe_cl: Cluster) -> Plan | None:
     return plan_from_pipedream(prof, name, CostModel(prof, pipe_cl))
 
 
+def row_choice(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, setting: PaperSetting, *,
+               minibatches: int = 64) -> tuple[Plan, Plan, bool, float, float]:
+    """pipelab's choice for a row as ``setting.choose`` says: ``(chosen, dp, is_dp, simulated seconds
+    per minibatch of the chosen plan, of DP)``."""
+    chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl)
+    sim_dp = float(simulate_plan(dp, prof, dp_cl, minibatches=minibatches).time_per_minibatch)
+
+    def sim_time(plan: Plan) -> float:
+        return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches).time_per_minibatch)
+
+    if setting.choose == "simulate":
+        chosen, t_chosen, is_dp = choose_simulated(prof, pipe_cl, dp, sim_dp, sim_time)
+    elif setting.choose == "predict":
+        t_chosen = sim_dp if is_dp else sim_time(chosen)
+    else:
+        raise ValueError(f"choose={setting.choose!r} must be 'simulate' or 'predict'")
+    return chosen, dp, is_dp, t_chosen, sim_dp
+
+
 def simulate_row(row: PaperRow, setting: PaperSetting = PaperSetting(), *, minibatches: int = 64
                  ) -> dict[str, Any]:
     """One Table 1 row as PipeDream ran it, simulated: pipelab's choice and the paper's configuration,
     each over data parallelism on the same GPUs (NCCL), beside the paper. Deterministic."""
     prof = setting.profile(row.model)
     pipe_cl, dp_cl = setting.clusters(row)
-    chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl)
-    sim_dp = simulate_plan(dp, prof, dp_cl, minibatches=minibatches).time_per_minibatch
+    chosen, dp, is_dp, t_chosen, sim_dp = row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches)
 
     def sim_time(plan: Plan) -> float:
         return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches).time_per_minibatch)
 
-    t_chosen = sim_dp if is_dp else sim_time(chosen)
     pp = paper_plan(row, prof, pipe_cl)
     t_paper = sim_dp if pp is None else (t_chosen if (not is_dp and pp.config == chosen.config
                                                        and _same_bounds(pp, chosen)) else sim_time(pp))

@@ -22,10 +22,11 @@
 # This notebook does one row of that table the way PipeDream's runs were made (their driver configs in
 # PipeDream's repository): minibatches of 64 per worker, the pipelined runs' activations, gradients and
 # replica all-reduces through gloo (host memory and TCP), the DP baseline's all-reduce through NCCL's
-# ring. It loads PipeDream's own profile (rescaled to the batch), partitions with PipeDream's dynamic
-# program (§3.1), builds PipeDream's own configuration for the row from its files, **simulates** both
-# against DP with the discrete-event simulator, and reports three figures: pipelab's choice, the paper's
-# configuration in pipelab, and the paper.
+# ring (one flat ring through every GPU, as NCCL builds it). It loads PipeDream's own profile (rescaled
+# to the batch), partitions with PipeDream's dynamic program (§3.1), builds PipeDream's own
+# configuration for the row from its files, **simulates** both against DP with the discrete-event
+# simulator, and reports three figures: pipelab's choice, the paper's configuration in pipelab, and
+# the paper.
 #
 # `mode="measure"` asks the question for real on this machine at reduced scale: a narrower,
 # smaller-input model of the same layer structure, 2–4 CPU processes (gloo), several plans against
@@ -123,8 +124,9 @@ print("data-parallel baseline:", dp_cl.describe())
 # %% [markdown]
 # ## Partition (PipeDream §3.1), the paper's configuration, and simulation
 #
-# `tp.choose_plan` runs PipeDream's dynamic program on the pipelined runs' cluster and keeps data
-# parallelism (on its NCCL cluster) where that is predicted faster. `tp.paper_plan` maps the
+# `tp.row_choice` runs PipeDream's dynamic program on the pipelined runs' cluster (and its best straight
+# pipeline) and keeps, of those and data parallelism (on its NCCL cluster), the one the simulator finds
+# fastest, as pipelab's planner ranks its candidates. `tp.paper_plan` maps the
 # configuration file PipeDream's run named (`module_to_stage_map`, `stage_to_rank_map` and the stage
 # modules' layers) onto the profile. `pl.simulate` then runs each plan's schedule event by event
 # (transfers serialized per port, replicas' all-reduces paired, warm-up excluded), the numbers compared
@@ -133,7 +135,7 @@ print("data-parallel baseline:", dp_cl.describe())
 # %%
 if profile_source == "pipedream":
     row = tp.simulate_row(row_spec, setting, minibatches=minibatches)
-    plan, dp_plan, is_dp = tp.choose_plan(prof, pipe_cl, dp_cl)
+    plan, dp_plan, is_dp, _, _ = tp.row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches)
 else:   # a measured profile: no paper configuration to map; pipelab's choice only
     plan, dp_plan, is_dp = tp.choose_plan(prof, pipe_cl, dp_cl)
     t_dp = rp.simulate_plan(dp_plan, prof, dp_cl, minibatches=minibatches).time_per_minibatch
