@@ -1,5 +1,8 @@
 """The planner's decision: a candidate replaces the default only beyond the simulator's error, ties go to
-the simpler plan, and a pipelining method on one stage is named (or collapsed) as data parallelism."""
+the simpler plan, and a pipelining method on one stage is named (or collapsed) as data parallelism.
+
+The rule (``pipelab.planner.decide``): with error ``e``, a prediction ``p`` means a measurement in
+``[p / (1 + e), p / (1 - e)]``; a candidate replaces the default only when the intervals do not overlap."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import pytest
 
 import pipelab as pl
 from pipelab.cluster import Calibration
-from pipelab.planner import COLUMNS, SIM_ERROR, decide, margin_from_accuracy, plan
+from pipelab.planner import COLUMNS, SIM_ERRORS, decide, margin_from_accuracy, plan
 from pipelab.planner.decide import ONE_STAGE_ASYNC, ONE_STAGE_SYNC
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,30 +38,46 @@ def _pick(t: pd.DataFrame) -> int:
     return int(picked[0])
 
 
-def test_a_candidate_within_the_margin_does_not_replace_the_default() -> None:
-    t = _table(_row(throughput=100.0), _row("gpipe", 125.0, stages=4))
+def test_a_candidate_within_the_error_does_not_replace_the_default() -> None:
+    # error 0.3: measured within [p / 1.3, p / 0.7]; 180 / 1.3 = 138.5 <= 100 / 0.7 = 142.9: may be no faster
+    t = _table(_row(throughput=100.0), _row("gpipe", 180.0, stages=4))
     got = decide(t, 0, 0.30)
     assert _pick(got) == 0
-    assert got["vs_default"].tolist() == pytest.approx([1.0, 1.25])
+    assert got["vs_default"].tolist() == pytest.approx([1.0, 1.8])
     assert got["within_error"].tolist() == [True, True]
-    assert _pick(decide(t, 0, 0.0)) == 1          # no margin: the fastest
-    assert _pick(decide(t, 0, 0.25)) == 0         # exactly the margin is not beyond it
+    assert _pick(decide(t, 0, 0.0)) == 1          # no error: the fastest
+    assert _pick(decide(t, 0, 0.20)) == 1         # 180 / 1.2 = 150 > 100 / 0.8 = 125: surely faster
 
 
-def test_a_candidate_beyond_the_margin_replaces_the_default() -> None:
-    t = _table(_row(throughput=100.0), _row("gpipe", 135.0, stages=4), _row("zb-h1", 60.0))
-    got = decide(t, 0, 0.30)
+def test_a_candidate_beyond_the_error_replaces_the_default() -> None:
+    t = _table(_row(throughput=100.0), _row("gpipe", 190.0, stages=4), _row("zb-h1", 50.0))
+    got = decide(t, 0, 0.30)                      # 190 / 1.3 = 146.2 > 142.9
     assert _pick(got) == 1
-    assert got["within_error"].tolist() == [True, False, False]   # 0.60 < 1 / 1.3: outside, below
+    assert got["within_error"].tolist() == [True, False, False]   # 50 / 0.7 = 71.4 < 100 / 1.3: surely slower
 
 
-def test_candidates_within_the_margin_of_the_fastest_tie_to_the_simpler_plan() -> None:
-    # asynchronous 200, synchronous 180: the simulator cannot tell them apart -> the synchronous one
-    t = _table(_row(throughput=100.0), _row("pipedream", 200.0, synchronous=False),
-               _row("1f1b-flush", 180.0, stages=4))
+def test_the_error_is_per_method_and_one_stage_rows_take_dps() -> None:
+    errors = {"1f1b-flush": 0.25, "dp": 0.70, "ALL": 0.70}
+    t = _table(_row(throughput=100.0), _row("dp", 200.0, stages=1))
+    assert _pick(decide(t, 0, errors)) == 0       # 200 / 1.7 = 117.6 <= 100 / 0.75 = 133.3
+    t.loc[1, "throughput"] = 240.0                # 141.2 > 133.3
+    assert _pick(decide(t, 0, errors)) == 1
+    # 1F1B on one replicated stage is data parallelism: dp's error, not 1F1B's (200 / 1.25 = 160 would pass)
+    t = _table(_row(throughput=100.0), _row("1f1b-flush", 200.0, stages=1))
+    t["equivalent"] = ["", ONE_STAGE_SYNC]
+    assert _pick(decide(t, 0, errors)) == 0
+    t["equivalent"] = ["", ""]
+    assert _pick(decide(t, 0, errors)) == 1
+
+
+def test_candidates_tied_with_the_fastest_go_to_the_simpler_plan() -> None:
+    # asynchronous 400, synchronous 250: both surely beat the default; 250 / 0.7 = 357 >= 400 / 1.3 = 308,
+    # so the simulator cannot tell them apart -> the synchronous one
+    t = _table(_row(throughput=100.0), _row("pipedream", 400.0, synchronous=False),
+               _row("1f1b-flush", 250.0, stages=4))
     assert _pick(decide(t, 0, 0.30)) == 2
-    # beyond the margin of each other (200 / 140 > 1.3): the faster, asynchronous or not
-    t.loc[2, "throughput"] = 140.0
+    # 200 / 0.7 = 286 < 308: the asynchronous one is surely faster
+    t.loc[2, "throughput"] = 200.0
     assert _pick(decide(t, 0, 0.30)) == 1
     # an exact tie between synchronous plans: fewer stages, then dp itself, then fewer microbatches
     t = _table(_row(throughput=100.0), _row("gpipe", 300.0, stages=4), _row("1f1b-flush", 300.0, stages=1),
@@ -67,10 +86,10 @@ def test_candidates_within_the_margin_of_the_fastest_tie_to_the_simpler_plan() -
 
 
 def test_the_decision_is_deterministic_whatever_the_row_order() -> None:
-    t = _table(_row(throughput=100.0), _row("gpipe", 150.0, stages=4), _row("zb-h1", 150.0, stages=4),
-               _row("pipedream", 151.0, synchronous=False), _row("2bw", 149.0, synchronous=False, stages=1))
+    t = _table(_row(throughput=100.0), _row("gpipe", 300.0, stages=4), _row("zb-h1", 300.0, stages=4),
+               _row("pipedream", 301.0, synchronous=False), _row("2bw", 299.0, synchronous=False, stages=1))
     want = _pick(decide(t, 0, 0.30))
-    assert want == 1                                   # gpipe and zb-h1 tie; the earlier row
+    assert want == 1                                   # gpipe and zb-h1 tie, synchronous: the earlier row
     for seed in range(5):
         shuffled = t.sample(frac=1.0, random_state=seed)
         assert _pick(decide(shuffled, 0, 0.30)) == want
@@ -81,7 +100,7 @@ def test_without_a_fitting_default_the_fastest_fitting_candidate_is_picked() -> 
                _row("dp", 500.0, stages=1, fits=False))
     got = decide(t, 0, 0.30)
     assert _pick(got) == 1
-    assert not got["within_error"].any() or not got.loc[0, "within_error"]
+    assert not got["within_error"].any()
     nothing = decide(_table(_row(fits=False)), 0, 0.3)
     assert not nothing["pick"].any()
 
@@ -103,13 +122,15 @@ def test_plan_applies_the_margin_and_shows_it() -> None:
     assert free.best.name == free.fastest.name
     gain = free.fastest["throughput"] / free.default["throughput"]
     assert gain > 1.05
-    tight = plan(_profile(), cl, margin=gain - 1 + 0.01, **KW)
-    assert tight.best.name == tight.default.name       # the fastest is within the margin: the default stays
+    edge = (gain - 1) / (gain + 1)                     # the error at which (1 + e) / (1 - e) = gain
+    tight = plan(_profile(), cl, margin=edge + 0.01, **KW)
+    assert tight.best.name == tight.default.name       # the fastest may be no faster: the default stays
     assert bool(tight.table.loc[tight.fastest.name, "within_error"])
-    assert "margin" in tight.describe(5) and list(tight.table.columns) == list(COLUMNS)
-    loose = plan(_profile(), cl, margin=(gain - 1) / 2, **KW)
-    assert loose.best["throughput"] > loose.default["throughput"] * (1 + loose.margin)
-    assert plan(_profile(), cl, margin=gain - 1 + 0.01, **KW).table.equals(tight.table)
+    assert "simulator error" in tight.describe(5) and list(tight.table.columns) == list(COLUMNS)
+    loose = plan(_profile(), cl, margin=edge / 2, **KW)
+    m = loose.margin
+    assert loose.best["throughput"] / (1 + m) > loose.default["throughput"] / (1 - m)
+    assert plan(_profile(), cl, margin=edge + 0.01, **KW).table.equals(tight.table)
 
 
 def test_a_calibrated_cluster_defaults_to_the_simulators_measured_error() -> None:
@@ -119,22 +140,22 @@ def test_a_calibrated_cluster_defaults_to_the_simulators_measured_error() -> Non
                       overhead_s={"F": 1e-4, "B": 2e-4, "W": 3e-5, "U": 4e-4},
                       optimizer_s={"sgd-momentum": (5e-5, 1e-10)}, memory_bandwidth=1e10)
     cl = dataclasses.replace(pl.Cluster.flat(4, bandwidth=5e9, memory=2**30), calibration=cal)
-    assert plan(_profile(), cl, **KW).margin == SIM_ERROR
+    assert plan(_profile(), cl, **KW).margin == SIM_ERRORS
 
 
-def test_the_default_margin_is_no_smaller_than_sim_accuracys_measured_error() -> None:
-    results = REPO / "reproductions" / "sim_accuracy" / "results.csv"
-    measured = margin_from_accuracy(str(results))
-    assert 0 < measured <= SIM_ERROR
-    df = pd.DataFrame({"error": [0.1, -0.5, 0.2, math.nan]})
-    assert margin_from_accuracy(df) == pytest.approx(0.2)
+def test_the_default_errors_are_no_smaller_than_sim_accuracys_measured_ones() -> None:
+    measured = margin_from_accuracy(str(REPO / "reproductions" / "sim_accuracy" / "results.csv"))
+    assert set(measured) <= set(SIM_ERRORS)
+    assert all(0 < e <= SIM_ERRORS[m] for m, e in measured.items()), measured
+    df = pd.DataFrame({"method": ["a", "a", "b", "b"], "error": [0.1, -0.5, 0.2, math.nan]})
+    assert margin_from_accuracy(df) == pytest.approx({"a": 0.5, "b": 0.2, "ALL": 0.5})
     with pytest.raises(ValueError, match="error"):
         margin_from_accuracy(pd.DataFrame({"x": [1]}))
 
 
 def test_a_bad_margin_is_refused() -> None:
     cl = pl.Cluster.flat(4, bandwidth=5e9, memory=2**30)
-    for bad in (-0.1, math.nan, True, "0.3"):
+    for bad in (-0.1, 1.0, math.nan, True, "0.3", {"dp": 2.0}, {}):
         with pytest.raises(ValueError, match="margin"):
             plan(_profile(), cl, margin=bad, **KW)  # type: ignore[arg-type]
 

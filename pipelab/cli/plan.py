@@ -51,8 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="--auto: comma-separated methods to search (default: all but the ablations)")
     ap.add_argument("--top", type=int, default=10, help="--auto: rows to print")
     ap.add_argument("--margin", type=float, default=None,
-                    help="--auto: the simulator's relative error a pick must beat the default by "
-                         "(default 0.3 on a calibrated cluster, 0 on a preset)")
+                    help="--auto: the simulator's relative throughput error, for every method "
+                         "(default: sim_accuracy's per method on a calibrated cluster, 0 on a preset)")
     ap.add_argument("--table", default=None, help="--auto: write the whole ranked table as CSV here")
     ap.add_argument("--no-progress", action="store_true", help="--auto: no progress bar")
     ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
@@ -105,7 +105,7 @@ def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster) -> int:
     if table.default_row is not None:
         d = table.default
         print(f"default (1f1b-flush, uniform split, M=P): {d['throughput']:.1f} samples/s "
-              f"(pick {best['throughput'] / d['throughput']:.2f}x; margin {table.margin:.0%})"
+              f"(pick {best['throughput'] / d['throughput']:.2f}x; the simulator's error above the table)"
               if d["status"] == "simulated" else
               f"default (1f1b-flush, uniform split): {d['status']}")
     front = table.pareto

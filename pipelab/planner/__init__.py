@@ -26,16 +26,17 @@ one byte saved per layer), plus, while one microbatch's backward runs, that micr
 activations (added to the simulated peak).
 
 The decision is honest about the simulator's error. The default (what a torch or Megatron user gets:
-1F1B on a uniform layer split, ``M = P``) is always simulated; a candidate replaces it only when its
-predicted throughput exceeds the default's by more than ``margin`` (the relative error of the
-simulator's throughput: by default :data:`SIM_ERROR` on a calibrated cluster, whose predictions are
-meant to be compared with real runs, and 0 on an analytic preset, whose error is unknown). The table
-shows the rule: ``vs_default`` (predicted throughput over the default's), ``within_error`` (the row is
-within ``margin`` of the default either way: the simulator cannot tell them apart) and ``pick`` (the
-chosen row, :attr:`PlanTable.best`). Among the candidates beyond the margin, those within it of the
-fastest are a tie the simulator cannot break, and the tie goes to the simpler plan (synchronous,
-fewer stages, ``dp`` itself, no chunks, no recomputation, no compression, fewer microbatches, less
-memory, then table order): deterministic (:mod:`pipelab.planner.decide`).
+1F1B on a uniform layer split, ``M = P``) is always simulated; a candidate replaces it only when it
+is surely faster given ``margin``, the simulator's relative throughput error per method (by default,
+on a calibrated cluster whose predictions are meant to be compared with real runs, :data:`SIM_ERRORS`,
+the worst error ``reproductions/sim_accuracy`` measured per method; 0 on an analytic preset, whose
+error is unknown): ``predicted / (1 + e)`` of the candidate above ``predicted / (1 - e)`` of the
+default. The table shows the rule: ``vs_default`` (predicted throughput over the default's),
+``within_error`` (the simulator cannot tell the row from the default) and ``pick`` (the chosen row,
+:attr:`PlanTable.best`). Among the candidates that qualify, those tied with the fastest within the
+error go to the simpler plan (synchronous, fewer stages, ``dp`` itself, no chunks, no recomputation,
+no compression, fewer microbatches, less memory, then table order): deterministic
+(:mod:`pipelab.planner.decide`).
 
 Degenerate candidates are named for what they are (column ``equivalent``): a method that pipelines
 on a one-stage plan (its one stage replicated on every worker) runs no pipeline; a synchronous one is
@@ -62,7 +63,15 @@ from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition import partition
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
-from pipelab.planner.decide import ONE_STAGE_ASYNC, ONE_STAGE_SYNC, SIM_ERROR, decide, margin_from_accuracy
+from pipelab.planner.decide import (
+    ONE_STAGE_ASYNC,
+    ONE_STAGE_SYNC,
+    SIM_ERRORS,
+    Margin,
+    check_margin,
+    decide,
+    margin_from_accuracy,
+)
 from pipelab.profile.records import Layer, Profile
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.facts import stage_delays
@@ -121,7 +130,7 @@ class PlanTable:
     optimizer: str = "sgd-momentum"
     allreduce_overlap: str = "ddp"
     default_row: int | None = None   # what torch or Megatron users get: 1F1B on a uniform layer split
-    margin: float = 0.0              # the relative error a candidate must beat the default by (plan())
+    margin: Margin = 0.0             # the simulator's relative error, one or per method (plan())
 
     @property
     def default(self) -> pd.Series:
@@ -140,7 +149,7 @@ class PlanTable:
     @property
     def best(self) -> pd.Series:
         """The planner's pick (column ``pick``): the default unless a candidate that fits is predicted
-        faster than it by more than ``margin`` (module docstring); raises when none fits."""
+        surely faster than it given ``margin`` (module docstring); raises when none fits."""
         ok = self.table[self.table["pick"]]
         if ok.empty:
             raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
@@ -179,7 +188,9 @@ class PlanTable:
         t["throughput"] = t["throughput"].map("{:.1f}".format)
         t["bubble_fraction"] = t["bubble_fraction"].map("{:.1%}".format)
         t["vs_default"] = t["vs_default"].map("{:.2f}x".format)
-        head_line = f"margin {self.margin:.0%} (a row within it of the default cannot replace it)\n"
+        m = self.margin
+        shown = ", ".join(f"{k} {v:.0%}" for k, v in m.items()) if isinstance(m, Mapping) else f"{m:.0%}"
+        head_line = f"simulator error (margin): {shown}\n"
         return head_line + t.to_string()
 
 
@@ -385,7 +396,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
          chunks: Sequence[int] = (2, 4), recompute: Sequence[bool] = (False, True),
          compression: Sequence[str | None] = (None, "fp16"), optimizer: str = "sgd-momentum",
          memory_bandwidth: float | None = None, allreduce_overlap: str = "ddp", prune: bool = True,
-         margin: float | None = None, progress: bool | Callable[[int, int], None] = False) -> PlanTable:
+         margin: Margin | None = None, progress: bool | Callable[[int, int], None] = False) -> PlanTable:
     """Search methods x partitions x microbatches x chunks x recomputation x compression (module docstring).
 
     ``memory_limit``: bytes per worker (one number, or one per worker; default each device's
@@ -393,11 +404,11 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     ``hetpipe`` on a cluster of mixed devices). ``microbatches``: counts to try for methods that
     pipeline microbatches (default P, 2P, 4P per stage count P, at most the minibatch's samples).
     ``allreduce_overlap``: as :func:`pipelab.sim.simulate` (``"none"`` to model pipelab's runtime).
-    ``prune=False`` simulates every candidate. ``margin``: the relative throughput error of the
-    simulator; a candidate replaces the default only when predicted faster by more than it (default
-    :data:`SIM_ERROR` on a calibrated cluster, 0 on an analytic one; :func:`margin_from_accuracy`
-    reads a measured one). ``progress``: a progress bar (tqdm), or a callback ``(done, total)``.
-    Returns a :class:`PlanTable`.
+    ``prune=False`` simulates every candidate. ``margin``: the simulator's relative throughput error,
+    one number or a mapping method -> error; a candidate replaces the default only when surely faster
+    given it (module docstring; default :data:`SIM_ERRORS` on a calibrated cluster, 0 on an analytic
+    one; :func:`margin_from_accuracy` reads sim_accuracy's results). ``progress``: a progress bar
+    (tqdm), or a callback ``(done, total)``. Returns a :class:`PlanTable`.
     """
     if not isinstance(profile, Profile):
         raise TypeError(f"plan() needs a pipelab Profile, got {type(profile).__name__}; load one with "
@@ -416,11 +427,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
             raise ValueError(f"memory_limit has {len(limit)} entries but cluster {cl.name!r} has {W} workers")
     if any(x <= 0 for x in limit):
         raise ValueError(f"memory_limit must be positive bytes per worker; got {memory_limit!r}")
-    if margin is None:
-        margin = SIM_ERROR if cl.calibration is not None else 0.0
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 10:
-        raise ValueError(f"margin={margin!r} must be a relative error >= 0 (0.3: a candidate must be "
-                         f"predicted 30% faster than the default to replace it; see planner.SIM_ERROR)")
+    margin = check_margin((dict(SIM_ERRORS) if cl.calibration is not None else 0.0) if margin is None
+                          else margin)
     hetero = len({cl.speed(w) for w in range(W)}) > 1
     names = tuple(methods) if methods is not None else DEFAULT_METHODS + (("hetpipe",) if hetero else ())
     for name in names:
@@ -487,10 +495,10 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
                     done_pts.append((tpm, max(peak)))
         step(n_done)
     table = pd.DataFrame(rows)
-    table = decide(_rank(table), default, float(margin))
+    table = decide(_rank(table), default, margin)
     return PlanTable(table=table[list(COLUMNS)], candidates=tuple(cands), profile=profile, cluster=cl,
                      memory_limit=limit, optimizer=optimizer, allreduce_overlap=allreduce_overlap,
-                     default_row=default, margin=float(margin))
+                     default_row=default, margin=margin)
 
 
 def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int, int]]]:
@@ -539,5 +547,5 @@ def _rank(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERROR", "Candidate", "PlanTable", "decide",
+__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "Candidate", "PlanTable", "decide",
            "margin_from_accuracy", "plan"]
