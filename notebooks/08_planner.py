@@ -281,6 +281,12 @@ if run_real:
         if sync_table.best.name != sync_table.default.name and \
                 sync_table.candidate().key() != table.candidate().key():
             variants["sync pick"] = (sync_table, int(sync_table.best.name))
+        f = sync_table.fastest
+        print(f"{name}, synchronous only: pick "
+              + ("the default" if sync_table.best.name == sync_table.default.name else
+                 f"{sync_table.best['method']} {sync_table.best['config']}")
+              + f" (fastest {f['method']} · {f['partitioner']} {f['config']} · M={f['microbatches']}, "
+                f"predicted {f['vs_default']:.2f}x the default; within the error: {bool(f['within_error'])})")
         batch = REAL[name][3]
         predicted = {v: accuracy.steady_throughput((s := tb.simulate(row, minibatches=real_steps)).trace,
                                                    s.schedule, batch) for v, (tb, row) in variants.items()}
