@@ -183,3 +183,17 @@ def test_a_pipelining_method_on_one_stage_is_named_data_parallelism() -> None:
     same = sync[(sync.method == "1f1b-flush") & (sync.microbatches == dp["microbatches"])].iloc[0]
     assert dp["throughput"] == pytest.approx(same["throughput"], rel=1e-9)
     assert dp["peak_memory"] == same["peak_memory"]
+
+
+def test_cli_auto_takes_the_margin(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from pipelab.cli.plan import main
+
+    prof = tmp_path / "p.json"
+    _profile().save(prof)
+    args = [str(prof), "--cluster", "flat:4", "--auto", "--no-progress", "--methods", "1f1b-flush,gpipe"]
+    assert main(args + ["--margin", "0.9"]) == 0
+    text = capsys.readouterr().out
+    assert "simulator error (margin): 90%" in text
+    # an error of 90% lets nothing be surely faster: the pick is the default, 1F1B on a uniform split
+    assert "pick: 1f1b-flush on uniform straight" in text and "(pick 1.00x" in text
+    assert main(args + ["--margin", "2"]) == 2
