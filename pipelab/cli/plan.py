@@ -50,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--methods", default=None,
                     help="--auto: comma-separated methods to search (default: all but the ablations)")
     ap.add_argument("--top", type=int, default=10, help="--auto: rows to print")
+    ap.add_argument("--margin", type=float, default=None,
+                    help="--auto: the simulator's relative throughput error, for every method "
+                         "(default: sim_accuracy's per method on a calibrated cluster, 0 on a preset)")
     ap.add_argument("--table", default=None, help="--auto: write the whole ranked table as CSV here")
     ap.add_argument("--no-progress", action="store_true", help="--auto: no progress bar")
     ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
@@ -89,7 +92,7 @@ def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster) -> int:
     names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     limit = args.memory_limit_gb * 2**30 if args.memory_limit_gb is not None else None
     table = auto_plan(prof, cluster, memory_limit=limit, methods=names, optimizer=args.optimizer,
-                      progress=not args.no_progress)
+                      margin=args.margin, progress=not args.no_progress)
     print(table.describe(args.top))
     try:
         best = table.best
@@ -102,7 +105,8 @@ def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster) -> int:
     if table.default_row is not None:
         d = table.default
         print(f"default (1f1b-flush, uniform split, M=P): {d['throughput']:.1f} samples/s "
-              f"({best['throughput'] / d['throughput']:.2f}x)" if d["status"] == "simulated" else
+              f"(pick {best['throughput'] / d['throughput']:.2f}x; the simulator's error above the table)"
+              if d["status"] == "simulated" else
               f"default (1f1b-flush, uniform split): {d['status']}")
     front = table.pareto
     points = [f"{m}/{c}/M={mb}: {t:.0f} at {p / 2**30:.2f} GiB" for m, c, mb, t, p in zip(

@@ -24,6 +24,27 @@ simulator does not know it): each stage's backward re-runs its
 forward, and a stage keeps only its input per microbatch in flight (the profile is simulated with
 one byte saved per layer), plus, while one microbatch's backward runs, that microbatch's
 activations (added to the simulated peak).
+
+The decision is honest about the simulator's error. The default (what a torch or Megatron user gets:
+1F1B on a uniform layer split, ``M = P``) is always simulated; a candidate replaces it only when it
+is surely faster given ``margin``, the simulator's relative throughput error per method (by default,
+on a calibrated cluster whose predictions are meant to be compared with real runs, :data:`SIM_ERRORS`,
+the worst error ``reproductions/sim_accuracy`` measured per method; 0 on an analytic preset, whose
+error is unknown): ``predicted / (1 + e)`` of the candidate above ``predicted / (1 - e)`` of the
+default. The table shows the rule: ``vs_default`` (predicted throughput over the default's),
+``within_error`` (the simulator cannot tell the row from the default) and ``pick`` (the chosen row,
+:attr:`PlanTable.best`). Among the candidates that qualify, those tied with the fastest within the
+error go to the simpler plan (synchronous, fewer stages, ``dp`` itself, no chunks, no recomputation,
+no compression, fewer microbatches, less memory, then table order): deterministic
+(:mod:`pipelab.planner.decide`).
+
+Degenerate candidates are named for what they are (column ``equivalent``): a method that pipelines
+on a one-stage plan (its one stage replicated on every worker) runs no pipeline; a synchronous one is
+data parallelism with gradient accumulation over the microbatches each replica takes, and an
+asynchronous one is not simulated (status ``collapsed``): with one stage no weight is ever stale, its
+replicas take whole minibatches in turn, so it is data parallelism at ``replicas`` times the minibatch,
+which changes what is trained rather than how fast (the ``dp`` rows are data parallelism at the
+profile's minibatch).
 """
 
 from __future__ import annotations
@@ -42,6 +63,15 @@ from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition import partition
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
+from pipelab.planner.decide import (
+    ONE_STAGE_ASYNC,
+    ONE_STAGE_SYNC,
+    SIM_ERRORS,
+    Margin,
+    check_margin,
+    decide,
+    margin_from_accuracy,
+)
 from pipelab.profile.records import Layer, Profile
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.facts import stage_delays
@@ -55,7 +85,7 @@ SPLITS = ("uniform", "balanced", "prefix-sum")
 COLUMNS = ("rank", "method", "synchronous", "partitioner", "config", "stages", "workers", "microbatches",
            "chunks", "recompute", "compression", "throughput", "time_per_minibatch_s", "bound_s",
            "peak_memory", "fits", "bubble_fraction", "versions", "delay", "staleness_risk", "pareto",
-           "status")
+           "vs_default", "within_error", "pick", "equivalent", "status")
 
 
 @dataclass(frozen=True)
@@ -100,6 +130,7 @@ class PlanTable:
     optimizer: str = "sgd-momentum"
     allreduce_overlap: str = "ddp"
     default_row: int | None = None   # what torch or Megatron users get: 1F1B on a uniform layer split
+    margin: Margin = 0.0             # the simulator's relative error, one or per method (plan())
 
     @property
     def default(self) -> pd.Series:
@@ -117,7 +148,17 @@ class PlanTable:
 
     @property
     def best(self) -> pd.Series:
-        """The fastest candidate that fits (rank 1); raises when none fits."""
+        """The planner's pick (column ``pick``): the default unless a candidate that fits is predicted
+        surely faster than it given ``margin`` (module docstring); raises when none fits."""
+        ok = self.table[self.table["pick"]]
+        if ok.empty:
+            raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
+                             "recomputation / compression")
+        return ok.iloc[0]
+
+    @property
+    def fastest(self) -> pd.Series:
+        """The fastest predicted candidate that fits (rank 1), whatever the margin; raises when none fits."""
         ok = self.table[self.table["rank"] == 1]
         if ok.empty:
             raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
@@ -137,7 +178,8 @@ class PlanTable:
     def describe(self, top: int = 10) -> str:
         """The top rows as text."""
         cols = ["rank", "method", "partitioner", "config", "microbatches", "chunks", "recompute",
-                "compression", "throughput", "peak_memory", "fits", "bubble_fraction", "staleness_risk"]
+                "compression", "throughput", "vs_default", "within_error", "pick", "peak_memory", "fits",
+                "bubble_fraction", "staleness_risk"]
         sim = self.table[self.table["status"] == "simulated"]
         head = sim.assign(_k=sim["rank"].where(sim["rank"] > 0, len(sim) + 1)).sort_values(
             ["_k", "throughput"], ascending=[True, False])
@@ -145,7 +187,11 @@ class PlanTable:
         t["peak_memory"] = (t["peak_memory"] / 2**30).map("{:.2f} GiB".format)
         t["throughput"] = t["throughput"].map("{:.1f}".format)
         t["bubble_fraction"] = t["bubble_fraction"].map("{:.1%}".format)
-        return t.to_string()
+        t["vs_default"] = t["vs_default"].map("{:.2f}x".format)
+        m = self.margin
+        shown = ", ".join(f"{k} {v:.0%}" for k, v in m.items()) if isinstance(m, Mapping) else f"{m:.0%}"
+        head_line = f"simulator error (margin): {shown}\n"
+        return head_line + t.to_string()
 
 
 def _recompute_profile(profile: Profile) -> Profile:
@@ -157,9 +203,14 @@ def _recompute_profile(profile: Profile) -> Profile:
 
 
 def _simulate(c: Candidate, profile: Profile, cluster: Cluster, optimizer: str, **kw: Any) -> SimResult:
-    """Simulate candidate ``c`` (recomputation priced on a copy of the profile, see the module docstring)."""
+    """Simulate candidate ``c`` (recomputation priced on a copy of the profile, see the module docstring).
+
+    ``dp`` runs as the runtime trains it: each of its ``M`` microbatches (one per replica) is ``1/M`` of
+    the profile's minibatch (the simulator takes every dp microbatch as one profile minibatch)."""
     opts: dict[str, Any] = {k: v for k, v in c.options().items() if k != "recompute"}
     prof = _recompute_profile(profile) if c.recompute else profile
+    if registry.get(c.method).order == "dp":
+        prof = prof.at_batch_size(max(1, profile.batch_size // c.microbatches))
     return simulate(c.plan, prof, cluster, c.method, microbatches=c.microbatches, optimizer=optimizer,
                     **opts, **kw)
 
@@ -182,8 +233,8 @@ def _plans(profile: Profile, cluster: Cluster, cm: CostModel, need: set[str], op
     out: list[tuple[str, Plan]] = []
     seen: set[tuple[Any, ...]] = set()
 
-    def add(name: str, plan: Plan) -> None:
-        k = tuple((s.start, s.end, s.ranks) for s in plan.stages)
+    def add(name: str, plan: Plan) -> None:   # dp's plan stays apart from a one-stage pipeline plan
+        k = (name == "dp",) + tuple((s.start, s.end, s.ranks) for s in plan.stages)
         if k not in seen:
             seen.add(k)
             out.append((name, plan))
@@ -283,7 +334,7 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
     floor: dict[int, int] = {}
     stages = [(0, cm.num_layers, tuple(range(cm.cluster.num_workers)))] if is_dp else \
         [(s.start, s.end, s.ranks) for s in c.plan.stages]
-    M = 1 if is_dp else c.microbatches
+    M = c.microbatches   # dp: one microbatch, 1/M of the minibatch, per replica
     phys = c.plan.notes.get("workers") if not is_dp else None
     held = 0 if spec.versions == "latest" else M if spec.order == "gpipe" else 1
     per_stage: list[tuple[float, float, float]] = []
@@ -291,7 +342,7 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
         for r in ranks:
             w = int(phys[r]) if phys else r
             f, b = cm.compute_s(a, e, w, microbatches=M)
-            n_mb = (c.microbatches if is_dp else M) / len(ranks)
+            n_mb = M / len(ranks)
             per_minibatch = spec.update == "minibatch" or spec.synchronous
             u = cm.update_s(a, e, w, memory_bandwidth) if per_minibatch else 0.0
             busy[w] = busy.get(w, 0.0) + (f + b) * n_mb + u
@@ -302,7 +353,7 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
             f, b = cm.compute_s(a, e, w, microbatches=M)
             bi = cm.backward_split_s(a, e, w, microbatches=M)[0] if spec.order == "zb-h1" else b
             per_stage.append((f, b, bi))
-    t = max(busy.values()) / (c.microbatches if is_dp else 1)
+    t = max(busy.values())
     if spec.synchronous and not is_dp and spec.order != "interleaved" and len(per_stage) == len(stages):
         up = 0.0
         for f, b, bi in per_stage:
@@ -345,7 +396,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
          chunks: Sequence[int] = (2, 4), recompute: Sequence[bool] = (False, True),
          compression: Sequence[str | None] = (None, "fp16"), optimizer: str = "sgd-momentum",
          memory_bandwidth: float | None = None, allreduce_overlap: str = "ddp", prune: bool = True,
-         progress: bool | Callable[[int, int], None] = False) -> PlanTable:
+         margin: Margin | None = None, progress: bool | Callable[[int, int], None] = False) -> PlanTable:
     """Search methods x partitions x microbatches x chunks x recomputation x compression (module docstring).
 
     ``memory_limit``: bytes per worker (one number, or one per worker; default each device's
@@ -353,8 +404,11 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     ``hetpipe`` on a cluster of mixed devices). ``microbatches``: counts to try for methods that
     pipeline microbatches (default P, 2P, 4P per stage count P, at most the minibatch's samples).
     ``allreduce_overlap``: as :func:`pipelab.sim.simulate` (``"none"`` to model pipelab's runtime).
-    ``prune=False`` simulates every candidate. ``progress``: a progress bar (tqdm), or a callback
-    ``(done, total)``. Returns a :class:`PlanTable`.
+    ``prune=False`` simulates every candidate. ``margin``: the simulator's relative throughput error,
+    one number or a mapping method -> error; a candidate replaces the default only when surely faster
+    given it (module docstring; default :data:`SIM_ERRORS` on a calibrated cluster, 0 on an analytic
+    one; :func:`margin_from_accuracy` reads sim_accuracy's results). ``progress``: a progress bar
+    (tqdm), or a callback ``(done, total)``. Returns a :class:`PlanTable`.
     """
     if not isinstance(profile, Profile):
         raise TypeError(f"plan() needs a pipelab Profile, got {type(profile).__name__}; load one with "
@@ -373,6 +427,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
             raise ValueError(f"memory_limit has {len(limit)} entries but cluster {cl.name!r} has {W} workers")
     if any(x <= 0 for x in limit):
         raise ValueError(f"memory_limit must be positive bytes per worker; got {memory_limit!r}")
+    margin = check_margin((dict(SIM_ERRORS) if cl.calibration is not None else 0.0) if margin is None
+                          else margin)
     hetero = len({cl.speed(w) for w in range(W)}) > 1
     names = tuple(methods) if methods is not None else DEFAULT_METHODS + (("hetpipe",) if hetero else ())
     for name in names:
@@ -404,8 +460,13 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
                    microbatches=c.microbatches, chunks=c.chunks or 0, recompute=c.recompute,
                    compression=c.compression or "none", bound_s=b_time, throughput=math.nan,
                    time_per_minibatch_s=math.nan, peak_memory=math.nan, fits=False, bubble_fraction=math.nan,
-                   versions=0, delay=0, staleness_risk="", pareto=False)
-        if b_mem > max(limit):
+                   versions=0, delay=0, staleness_risk="", pareto=False, equivalent="")
+        one_stage = c.plan.num_stages == 1 and registry.get(c.method).order != "dp"
+        if one_stage:
+            row["equivalent"] = ONE_STAGE_SYNC if registry.get(c.method).synchronous else "dp"
+        if one_stage and not registry.get(c.method).synchronous:
+            row["status"] = ONE_STAGE_ASYNC
+        elif b_mem > max(limit):
             row["status"] = "skipped: weights and optimizer state alone exceed memory"
         elif prune and i != default and any(t <= b_time and m <= b_mem for t, m in done_pts):
             row["status"] = "skipped: dominated by its bound"
@@ -423,20 +484,21 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
                     peak = _recompute_peak(res, cms[False], c, peak)
                 fits = all(p <= limit[w] for w, p in enumerate(peak) if w < W)
                 versions, delay = _staleness(res, registry.get(c.method).synchronous)
-                row.update(throughput=res.throughput, time_per_minibatch_s=res.time_per_minibatch,
+                tpm = profile.batch_size / res.throughput   # dp's own time_per_minibatch is per microbatch
+                row.update(throughput=res.throughput, time_per_minibatch_s=tpm,
                            peak_memory=max(peak), fits=fits,
                            bubble_fraction=sum(res.bubble_fraction) / len(res.bubble_fraction),
                            versions=versions, delay=delay, status="simulated",
                            staleness_risk=(f"weights up to {delay} updates stale, {versions} versions held"
                                            if delay > 0 else ""))
                 if fits:
-                    done_pts.append((res.time_per_minibatch, max(peak)))
+                    done_pts.append((tpm, max(peak)))
         step(n_done)
     table = pd.DataFrame(rows)
-    table = _rank(table)
+    table = decide(_rank(table), default, margin)
     return PlanTable(table=table[list(COLUMNS)], candidates=tuple(cands), profile=profile, cluster=cl,
                      memory_limit=limit, optimizer=optimizer, allreduce_overlap=allreduce_overlap,
-                     default_row=default)
+                     default_row=default, margin=margin)
 
 
 def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int, int]]]:
@@ -485,4 +547,5 @@ def _rank(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-__all__ = ["COLUMNS", "DEFAULT_METHODS", "Candidate", "PlanTable", "plan"]
+__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "Candidate", "PlanTable", "decide",
+           "margin_from_accuracy", "plan"]

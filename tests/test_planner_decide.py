@@ -1,0 +1,199 @@
+"""The planner's decision: a candidate replaces the default only beyond the simulator's error, ties go to
+the simpler plan, and a pipelining method on one stage is named (or collapsed) as data parallelism.
+
+The rule (``pipelab.planner.decide``): with error ``e``, a prediction ``p`` means a measurement in
+``[p / (1 + e), p / (1 - e)]``; a candidate replaces the default only when the intervals do not overlap."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import pipelab as pl
+from pipelab.cluster import Calibration
+from pipelab.planner import COLUMNS, SIM_ERRORS, decide, margin_from_accuracy, plan
+from pipelab.planner.decide import ONE_STAGE_ASYNC, ONE_STAGE_SYNC
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _row(method: str = "1f1b-flush", throughput: float = 100.0, *, synchronous: bool = True, stages: int = 2,
+         fits: bool = True, status: str = "simulated", microbatches: int = 2, peak: float = 1e6) -> dict:
+    return dict(method=method, synchronous=synchronous, stages=stages, chunks=0, recompute=False,
+                compression="none", microbatches=microbatches, throughput=throughput, peak_memory=peak,
+                fits=fits, status=status)
+
+
+def _table(*rows: dict) -> pd.DataFrame:
+    return pd.DataFrame(list(rows))
+
+
+def _pick(t: pd.DataFrame) -> int:
+    picked = t.index[t["pick"]].tolist()
+    assert len(picked) == 1, picked
+    return int(picked[0])
+
+
+def test_a_candidate_within_the_error_does_not_replace_the_default() -> None:
+    # error 0.3: measured within [p / 1.3, p / 0.7]; 180 / 1.3 = 138.5 <= 100 / 0.7 = 142.9: may be no faster
+    t = _table(_row(throughput=100.0), _row("gpipe", 180.0, stages=4))
+    got = decide(t, 0, 0.30)
+    assert _pick(got) == 0
+    assert got["vs_default"].tolist() == pytest.approx([1.0, 1.8])
+    assert got["within_error"].tolist() == [True, True]
+    assert _pick(decide(t, 0, 0.0)) == 1          # no error: the fastest
+    assert _pick(decide(t, 0, 0.20)) == 1         # 180 / 1.2 = 150 > 100 / 0.8 = 125: surely faster
+
+
+def test_a_candidate_beyond_the_error_replaces_the_default() -> None:
+    t = _table(_row(throughput=100.0), _row("gpipe", 190.0, stages=4), _row("zb-h1", 50.0))
+    got = decide(t, 0, 0.30)                      # 190 / 1.3 = 146.2 > 142.9
+    assert _pick(got) == 1
+    assert got["within_error"].tolist() == [True, False, False]   # 50 / 0.7 = 71.4 < 100 / 1.3: surely slower
+
+
+def test_the_error_is_per_method_and_one_stage_rows_take_dps() -> None:
+    errors = {"1f1b-flush": 0.25, "dp": 0.70, "ALL": 0.70}
+    t = _table(_row(throughput=100.0), _row("dp", 200.0, stages=1))
+    assert _pick(decide(t, 0, errors)) == 0       # 200 / 1.7 = 117.6 <= 100 / 0.75 = 133.3
+    t.loc[1, "throughput"] = 240.0                # 141.2 > 133.3
+    assert _pick(decide(t, 0, errors)) == 1
+    # 1F1B on one replicated stage is data parallelism: dp's error, not 1F1B's (200 / 1.25 = 160 would pass)
+    t = _table(_row(throughput=100.0), _row("1f1b-flush", 200.0, stages=1))
+    t["equivalent"] = ["", ONE_STAGE_SYNC]
+    assert _pick(decide(t, 0, errors)) == 0
+    t["equivalent"] = ["", ""]
+    assert _pick(decide(t, 0, errors)) == 1
+
+
+def test_candidates_tied_with_the_fastest_go_to_the_simpler_plan() -> None:
+    # asynchronous 400, synchronous 250: both surely beat the default; 250 / 0.7 = 357 >= 400 / 1.3 = 308,
+    # so the simulator cannot tell them apart -> the synchronous one
+    t = _table(_row(throughput=100.0), _row("pipedream", 400.0, synchronous=False),
+               _row("1f1b-flush", 250.0, stages=4))
+    assert _pick(decide(t, 0, 0.30)) == 2
+    # 200 / 0.7 = 286 < 308: the asynchronous one is surely faster
+    t.loc[2, "throughput"] = 200.0
+    assert _pick(decide(t, 0, 0.30)) == 1
+    # an exact tie between synchronous plans: fewer stages, then dp itself, then fewer microbatches
+    t = _table(_row(throughput=100.0), _row("gpipe", 300.0, stages=4), _row("1f1b-flush", 300.0, stages=1),
+               _row("dp", 300.0, stages=1), _row("dp", 300.0, stages=1, microbatches=4))
+    assert _pick(decide(t, 0, 0.0)) == 3
+
+
+def test_the_decision_is_deterministic_whatever_the_row_order() -> None:
+    t = _table(_row(throughput=100.0), _row("gpipe", 300.0, stages=4), _row("zb-h1", 300.0, stages=4),
+               _row("pipedream", 301.0, synchronous=False), _row("2bw", 299.0, synchronous=False, stages=1))
+    want = _pick(decide(t, 0, 0.30))
+    assert want == 1                                   # gpipe and zb-h1 tie, synchronous: the earlier row
+    for seed in range(5):
+        shuffled = t.sample(frac=1.0, random_state=seed)
+        assert _pick(decide(shuffled, 0, 0.30)) == want
+
+
+def test_without_a_fitting_default_the_fastest_fitting_candidate_is_picked() -> None:
+    t = _table(_row(throughput=100.0, fits=False), _row("gpipe", 110.0, stages=4),
+               _row("dp", 500.0, stages=1, fits=False))
+    got = decide(t, 0, 0.30)
+    assert _pick(got) == 1
+    assert not got["within_error"].any()
+    nothing = decide(_table(_row(fits=False)), 0, 0.3)
+    assert not nothing["pick"].any()
+
+
+def _profile() -> pl.Profile:
+    """An unbalanced 8-layer model (the one of test_planner.py)."""
+    fwd = [1e-3, 1e-3, 4e-3, 1e-3, 1e-3, 2e-3, 1e-3, 1e-3]
+    return pl.Profile.synthetic(fwd, out_bytes=[2_000_000] * 8, param_bytes=[4_000_000] * 8, batch_size=16)
+
+
+KW = dict(methods=["gpipe", "1f1b-flush", "zb-h1", "pipedream", "2bw", "pipemare", "dp"], compression=(None,),
+          recompute=(False,))
+
+
+def test_plan_applies_the_margin_and_shows_it() -> None:
+    cl = pl.Cluster.flat(4, bandwidth=5e9, memory=2**30)
+    free = plan(_profile(), cl, **KW)
+    assert free.margin == 0.0                          # an analytic cluster: no measured error
+    assert free.best.name == free.fastest.name
+    gain = free.fastest["throughput"] / free.default["throughput"]
+    assert gain > 1.05
+    edge = (gain - 1) / (gain + 1)                     # the error at which (1 + e) / (1 - e) = gain
+    tight = plan(_profile(), cl, margin=edge + 0.01, **KW)
+    assert tight.best.name == tight.default.name       # the fastest may be no faster: the default stays
+    assert bool(tight.table.loc[tight.fastest.name, "within_error"])
+    assert "simulator error" in tight.describe(5) and list(tight.table.columns) == list(COLUMNS)
+    loose = plan(_profile(), cl, margin=edge / 2, **KW)
+    m = loose.margin
+    assert loose.best["throughput"] / (1 + m) > loose.default["throughput"] / (1 - m)
+    assert plan(_profile(), cl, margin=edge + 0.01, **KW).table.equals(tight.table)
+
+
+def test_a_calibrated_cluster_defaults_to_the_simulators_measured_error() -> None:
+    cal = Calibration(host="test", backend="gloo", device="cpu:test", date="2026-11-25T00:00:00+00:00",
+                      torch="2", cores=2, workers=4, p2p_latency_s=50e-6, p2p_bandwidth=5e9,
+                      allreduce_latency_s=80e-6, allreduce_bandwidth=1e9,
+                      overhead_s={"F": 1e-4, "B": 2e-4, "W": 3e-5, "U": 4e-4},
+                      optimizer_s={"sgd-momentum": (5e-5, 1e-10)}, memory_bandwidth=1e10)
+    cl = dataclasses.replace(pl.Cluster.flat(4, bandwidth=5e9, memory=2**30), calibration=cal)
+    assert plan(_profile(), cl, **KW).margin == SIM_ERRORS
+
+
+def test_the_default_errors_are_no_smaller_than_sim_accuracys_measured_ones() -> None:
+    measured = margin_from_accuracy(str(REPO / "reproductions" / "sim_accuracy" / "results.csv"))
+    assert set(measured) <= set(SIM_ERRORS)
+    assert all(0 < e <= SIM_ERRORS[m] for m, e in measured.items()), measured
+    df = pd.DataFrame({"method": ["a", "a", "b", "b"], "error": [0.1, -0.5, 0.2, math.nan]})
+    assert margin_from_accuracy(df) == pytest.approx({"a": 0.5, "b": 0.2, "ALL": 0.5})
+    with pytest.raises(ValueError, match="error"):
+        margin_from_accuracy(pd.DataFrame({"x": [1]}))
+
+
+def test_a_bad_margin_is_refused() -> None:
+    cl = pl.Cluster.flat(4, bandwidth=5e9, memory=2**30)
+    for bad in (-0.1, 1.0, math.nan, True, "0.3", {"dp": 2.0}, {}):
+        with pytest.raises(ValueError, match="margin"):
+            plan(_profile(), cl, margin=bad, **KW)  # type: ignore[arg-type]
+
+
+def _dp_profile() -> pl.Profile:
+    """Tiny weights, big activations: PipeDream's partitioner replicates one stage on every worker."""
+    return pl.Profile.synthetic([1e-3] * 6, out_bytes=[8_000_000] * 6, param_bytes=[1_000] * 6, batch_size=16)
+
+
+def test_a_pipelining_method_on_one_stage_is_named_data_parallelism() -> None:
+    cl = pl.Cluster.flat(4, bandwidth=1e9, memory=2**30)
+    pt = plan(_dp_profile(), cl, prune=False, **KW)
+    t = pt.table
+    one = t[(t.stages == 1) & (t.method != "dp")]
+    assert not one.empty, "PipeDream's partitioner should give a one-stage plan here"
+    asyn = one[~one.synchronous.astype(bool)]
+    sync = one[one.synchronous.astype(bool)]
+    assert not asyn.empty and not sync.empty
+    assert (asyn["status"] == ONE_STAGE_ASYNC).all() and (asyn["equivalent"] == "dp").all()
+    assert asyn["throughput"].isna().all() and not asyn["pick"].any()
+    assert (sync["status"] == "simulated").all() and (sync["equivalent"] == ONE_STAGE_SYNC).all()
+    assert (t[t.stages > 1]["equivalent"] == "").all()
+    # oracle: dp and 1F1B on the one replicated stage with one microbatch per replica are the same run
+    dp = t[t.method == "dp"].iloc[0]
+    same = sync[(sync.method == "1f1b-flush") & (sync.microbatches == dp["microbatches"])].iloc[0]
+    assert dp["throughput"] == pytest.approx(same["throughput"], rel=1e-9)
+    assert dp["peak_memory"] == same["peak_memory"]
+
+
+def test_cli_auto_takes_the_margin(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from pipelab.cli.plan import main
+
+    prof = tmp_path / "p.json"
+    _profile().save(prof)
+    args = [str(prof), "--cluster", "flat:4", "--auto", "--no-progress", "--methods", "1f1b-flush,gpipe"]
+    assert main(args + ["--margin", "0.9"]) == 0
+    text = capsys.readouterr().out
+    assert "simulator error (margin): 90%" in text
+    # an error of 90% lets nothing be surely faster: the pick is the default, 1F1B on a uniform split
+    assert "pick: 1f1b-flush on uniform straight" in text and "(pick 1.00x" in text
+    assert main(args + ["--margin", "2"]) == 2
