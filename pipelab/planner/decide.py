@@ -17,19 +17,44 @@ of the fastest's are a tie the simulator cannot break, and the simplest of them 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-#: the calibrated simulator's relative throughput error per method: the worst |error| that
-#: ``reproductions/sim_accuracy`` measured for it (results.md, 2026-11-25: the digits CNN and the
-#: transformer stack on 2 gloo workers of this 2-core machine, rounded up to 0.01); ``"ALL"`` is the
-#: error of a method the matrix did not run. The default ``margin`` of :func:`pipelab.planner.plan` on a
-#: calibrated cluster; :func:`margin_from_accuracy` reads a newer results table.
-SIM_ERRORS: dict[str, float] = {"dp": 0.70, "gpipe": 0.26, "1f1b-flush": 0.25, "interleaved-1f1b": 0.57,
-                                "zb-h1": 0.18, "pipedream": 0.39, "2bw": 0.51, "pipemare": 0.36, "ALL": 0.70}
+from pipelab._io import atomic_write_text
+
+#: where :data:`SIM_ERRORS` is kept: written by ``reproductions/sim_accuracy`` (``make reproduce``) from
+#: the results it commits, so the planner's margin is the error last measured, never a copy of it
+ERRORS_FILE = Path(__file__).resolve().parent.parent / "data" / "sim_errors.json"
+
+
+def load_errors(path: str | Path = ERRORS_FILE) -> dict[str, float]:
+    """The per-method errors of a file :func:`write_errors` wrote (``{"errors": {method: error}}``)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        errors = {str(k): float(v) for k, v in doc["errors"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a simulator-error file ({e}); rewrite it with "
+                         "`pipelab reproduce --only sim_accuracy`") from e
+    check_margin(errors)
+    return errors
+
+
+def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
+                 source: str = "") -> dict[str, float]:
+    """Write the per-method errors of a sim_accuracy results table (:func:`margin_from_accuracy`, each
+    rounded up to 0.01 and at most 0.99, the largest error a margin can be) to ``path`` atomically, with
+    ``source`` (what was measured, where, when)."""
+    errors = {m: min(math.ceil(e * 100 - 1e-9) / 100, 0.99) for m, e in margin_from_accuracy(results).items()}
+    doc = {"source": source, "errors": errors}
+    atomic_write_text(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return errors
+
+
 #: what a one-stage candidate of a pipelining method is (column ``equivalent``)
 ONE_STAGE_SYNC = "dp with gradient accumulation (one stage: no pipeline)"
 ONE_STAGE_ASYNC = ("collapsed: one stage is no pipeline and never stale: data parallelism with each replica "
@@ -118,5 +143,12 @@ def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
     return {**{str(k): float(v) for k, v in worst.items()}, "ALL": float(worst.max())}
 
 
-__all__ = ["ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "SIM_ERRORS", "check_margin", "decide", "error_of",
-           "margin_from_accuracy"]
+#: the calibrated simulator's relative throughput error per method: the worst |error| that
+#: ``reproductions/sim_accuracy`` last measured for it (the digits CNN and a transformer stack on 2 gloo
+#: workers of this project's 2-core machine; :data:`ERRORS_FILE`), ``"ALL"`` the worst of all, for a
+#: method the matrix did not run. The default ``margin`` of :func:`pipelab.planner.plan` on a calibrated
+#: cluster; :func:`margin_from_accuracy` reads another results table.
+SIM_ERRORS: dict[str, float] = load_errors()
+
+__all__ = ["ERRORS_FILE", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "SIM_ERRORS", "check_margin", "decide",
+           "error_of", "load_errors", "margin_from_accuracy", "write_errors"]

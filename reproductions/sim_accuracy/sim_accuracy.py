@@ -35,6 +35,8 @@ cluster_path = None          # a calibrated cluster JSON; None: calibrate now
 model_factors = False        # also measure each model's compute factor inside a run (pl.calibrate_model)
 out_dir = "."
 report = False
+planner_errors = None        # a path: also write each method's worst error there (the planner's default
+                             # margin, pipelab/data/sim_errors.json; make reproduce passes it)
 
 # %%
 import time
@@ -70,6 +72,10 @@ for cfg in tqdm(configs, desc="simulate + run"):
                             rounds=rounds))
 df = pd.DataFrame(rows)
 write_table(df, out / "results.csv")
+if planner_errors:
+    from pipelab.planner import write_errors
+    write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "
+                 f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}")
 df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
     "busy_error_median", "memory_error_max"]]
 
