@@ -18,12 +18,13 @@ class Memory(Prices):
                          recompute: bool = False) -> int:
         """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward.
 
-        What autograd saves for the stage's layers (the profile's ``saved_bytes``), the stage's
-        input, and its output where no layer saves it (``Layer.out_saved`` False: a pipeline stage
-        holds its output until its backward, the root of that backward). With ``recompute`` (the
+        What autograd saves for the stage's layers (the profile's ``saved_bytes``; on the last stage
+        also what the loss saves, ``Profile.loss_saved_bytes``, already in the prefix sums ``pa``), the
+        stage's input, and its output where no layer saves it (``Layer.out_saved`` False: a pipeline
+        stage holds its output until its backward, the root of that backward). With ``recompute`` (the
         backward recomputes the forward: ``recompute=True``, or a method whose backward reads the
         newest weights, so the forward builds no graph) only the stage's input and output (the
-        model's last stage outputs a loss: nothing).
+        model's last stage outputs a loss: nothing; its forward, the loss's included, builds no graph).
         """
         self._range(start, end)
         inp = self.profile.input_bytes if start == 0 else int(self.cuts[start - 1])

@@ -115,7 +115,12 @@ class Prices:
         saved = np.array([layer.saved_bytes for layer in layers], dtype=np.float64)
         # activations stashed for backward: the profile's saved_bytes when it has them, else each
         # layer's output (PipeDream's profiles only record outputs)
-        act = saved if saved.sum() > 0 else np.array([layer.out_bytes for layer in layers], dtype=np.float64)
+        loss_saved = float(self.profile.loss_saved_bytes)
+        act = saved if saved.sum() > 0 or loss_saved > 0 else np.array([layer.out_bytes for layer in layers],
+                                                                        dtype=np.float64)
+        # what the loss saves for its backward belongs to the last layer's range: the last stage computes
+        # the loss inside its forward and holds it until its backward (0 where the profile has none)
+        act = np.concatenate([act[:-1], act[-1:] + loss_saved])
         for label, arr in (("fwd_s", f), ("bwd_s", b), ("param_bytes", p), ("activation bytes", act)):
             if not np.all(np.isfinite(arr)) or np.any(arr < 0):
                 raise ValueError(f"profile has NaN, infinite or negative {label}; fix the profile")

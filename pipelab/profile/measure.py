@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import operator
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -35,76 +34,12 @@ import torch.fx as fx
 from torch import nn
 
 from pipelab.graph import LAYER_OPS, layer_members, live_across_cuts, tensor_bytes, trace
+from pipelab.profile.hooks import SavedBytes as _SavedBytes
+from pipelab.profile.hooks import Timer as _Timer
+from pipelab.profile.hooks import detach as _detach
+from pipelab.profile.hooks import tensors as _tensors
+from pipelab.profile.loss import measure_loss
 from pipelab.profile.records import Layer, Profile
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    fx.node.map_aggregate(value, lambda v: out.append(v) if isinstance(v, torch.Tensor) else None)
-    return out
-
-
-def _detach(value: Any) -> Any:
-    return fx.node.map_aggregate(value, lambda v: v.detach() if isinstance(v, torch.Tensor) else v)
-
-
-class _Timer:
-    """Seconds of a region: ``perf_counter`` on CPU, CUDA events (then a sync) on a GPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def start(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def stop(self, started: Any) -> float:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            end.synchronize()
-            return float(started.elapsed_time(end)) / 1e3
-        return time.perf_counter() - started
-
-
-class _SavedBytes:
-    """Counts the unique storages autograd saves for backward, parameters excluded.
-
-    ``params`` holds the storage addresses (``untyped_storage().data_ptr()``) of the weights;
-    ``inputs`` maps the storage addresses of the layer's inputs to the values (fx node names) they
-    hold: a saved input is not counted here but in ``saved_inputs`` (value -> bytes), so that the
-    profiler counts it once, at the layer that produces it (see ``_measure``).
-    """
-
-    def __init__(self, params: set[int], inputs: dict[int, str] | None = None) -> None:
-        self.params = params
-        self.inputs = inputs or {}
-        self.storages: dict[int, int] = {}
-        self.saved_inputs: dict[str, int] = {}
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        try:
-            st = t.untyped_storage()
-            value = self.inputs.get(st.data_ptr())
-            if value is not None:
-                self.saved_inputs[value] = max(self.saved_inputs.get(value, 0), st.nbytes())
-            # weights (and views of them, e.g. a transposed weight) are not activations
-            elif st.data_ptr() not in self.params:
-                self.storages[st.data_ptr()] = max(self.storages.get(st.data_ptr(), 0), st.nbytes())
-        except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. sparse)
-            self.storages[id(t)] = t.numel() * t.element_size()
-        return t
-
-    @staticmethod
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
 
 
 def _as_args(sample_input: Any) -> tuple[Any, ...]:
@@ -180,15 +115,21 @@ class _Group:
 
 def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device = "cpu", warmup: int = 1,
             repeats: int = 3, leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None,
-            loss_fn: Callable[[Any], torch.Tensor] | None = None, progress: bool = True,
+            loss_fn: Callable[..., torch.Tensor] | None = None, target: Any = None, progress: bool = True,
             model_name: str | None = None, small_batch: int | str | None = "auto") -> Profile:
     """Measure ``model`` on ``sample_input`` (one minibatch) layer by layer.
 
     ``sample_input`` is a tensor or a tuple of the model's positional inputs, batch dimension first;
     its batch size becomes the profile's ``batch_size``. ``leaf_modules``/``depth`` choose the layer
     granularity (see :func:`pipelab.graph.trace`). Each layer runs ``warmup`` untimed and
-    ``repeats`` timed times; times are medians. ``loss_fn(output) -> scalar`` adds the loss's forward
-    and backward to the last layer (the last stage computes it in training). The model runs in its
+    ``repeats`` timed times; times are medians.
+
+    ``loss_fn`` with ``target`` (one minibatch's targets: the loss ``pl.train`` takes, called as
+    ``loss_fn(output, target)``), or alone as ``loss_fn(output) -> scalar``, measures the loss as the
+    last stage computes it in training, inside its forward: its forward and backward seconds are
+    added to the last layer's, and the bytes it saves for its backward (a cross-entropy's
+    log-softmax of the logits, the targets) are the profile's ``loss_saved_bytes``, which the memory
+    model adds to the last stage's activations. Without it the profile has neither. The model runs in its
     current mode (call ``model.train()`` for training costs); buffers it updates (BatchNorm's running
     statistics) are restored afterwards. On ``device="cuda"`` a copy of the model is moved there.
 
@@ -225,37 +166,49 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     if small_batch is not None and not (isinstance(small_batch, int) and 1 <= small_batch < batch):
         raise ValueError(f"small_batch={small_batch!r} must be an integer in 1..{batch - 1}: a smaller batch "
                          f"than the sample's {batch} (e.g. the microbatch size)")
+    if target is not None and loss_fn is None:
+        raise ValueError("target= is given without loss_fn=: pass the loss too (loss_fn(output, target), "
+                         "the function pl.train takes), or leave target out")
+    if isinstance(target, torch.Tensor):
+        target = target.to(dev)
+    loss_saved = 0
     grad_was = torch.is_grad_enabled()
     try:
         torch.set_grad_enabled(True)  # backward timing needs autograd even if called under no_grad()
 
-        def timed(
-            a: tuple[Any, ...], show: bool
-        ) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
-            layers, value_bytes, edges = _measure(gm, a, dev, warmup, repeats, show, name)
-            timer = _Timer(dev)
-            fwd, output = _forward_in_context(gm, a, timer, warmup, repeats)
-            layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
-            if loss_fn is not None:
-                f_s, b_s = _time_loss(loss_fn, output, timer, warmup, repeats)
-                last = layers[-1]
-                layers[-1] = replace(last, fwd_s=last.fwd_s + f_s, bwd_s=last.bwd_s + b_s)
-            return layers, value_bytes, edges
+        param_ids = {p.untyped_storage().data_ptr() for p in gm.parameters()}
 
-        layers, value_bytes, edges = timed(args, progress)
+        def timed(
+            a: tuple[Any, ...], y: Any, show: bool
+        ) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]], int]:
+            layers, value_bytes, edges, counted = _measure(gm, a, dev, warmup, repeats, show, name)
+            timer = _Timer(dev)
+            fwd, output, output_values = _forward_in_context(gm, a, timer, warmup, repeats)
+            layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
+            saved = 0
+            if loss_fn is not None:
+                lc = measure_loss(loss_fn, output, y, params=param_ids, output_values=output_values,
+                                  counted=counted, timer=timer, warmup=warmup, repeats=repeats)
+                last = layers[-1]
+                layers[-1] = replace(last, fwd_s=last.fwd_s + lc.fwd_s, bwd_s=last.bwd_s + lc.bwd_s)
+                saved = lc.saved_bytes
+            return layers, value_bytes, edges, saved
+
+        layers, value_bytes, edges, loss_saved = timed(args, target, progress)
         if small_batch is not None:
-            small = tuple(
-                a[:small_batch] if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch else a
-                for a in args
-            )
+            def first(v: Any) -> Any:
+                whole = isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch
+                return v[:small_batch] if whole else v
+
+            small = tuple(first(a) for a in args)
             try:
-                small_layers = timed(small, False)[0]
+                small_layers = timed(small, fx.node.map_aggregate(target, first), False)[0]
             except Exception as exc:
                 raise ValueError(
                     f"small_batch={small_batch}: the model (or loss_fn) failed on the first "
                     f"{small_batch} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
-                    "whole batch's targets cannot run on fewer samples: make it use only the "
-                    "output, or profile without small_batch"
+                    "whole batch's targets cannot run on fewer samples: pass the targets as target= "
+                    "(their first samples are used), or profile without small_batch"
                 ) from None
             layers = [_fit_fixed(layer, s, batch, small_batch) for layer, s in zip(layers, small_layers)]
     finally:
@@ -271,7 +224,7 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     dtype = str(floating[0].dtype if floating else torch.get_default_dtype()).replace("torch.", "")
     return Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
-                   source="measured", edges=tuple(sorted(set(edges))))
+                   source="measured", edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved)
 
 
 def _fit_fixed(layer: Layer, small: Layer, batch: int, b: int) -> Layer:
@@ -285,7 +238,10 @@ def _fit_fixed(layer: Layer, small: Layer, batch: int, b: int) -> Layer:
 
 
 def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmup: int, repeats: int,
-             progress: bool, name: str) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]]]:
+             progress: bool, name: str
+             ) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]], set[str]]:
+    """The layers (saved bytes, backward times; forward times of ``_forward_in_context`` replace
+    theirs), each value's bytes, the layer graph's edges, and the values some layer's saved bytes count."""
     from tqdm.auto import tqdm
 
     groups = {members[0].name: _Group(members) for members in layer_members(gm)}
@@ -376,17 +332,19 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
         if at < len(layers):
             saved = any(v in producer_saved or v in consumer_saved for v in names)
             layers[at] = replace(layers[at], out_saved=saved)
-    return layers, value_bytes, edges
+    counted = producer_saved | {v for v in consumer_saved if pos.get(v, len(layers)) < len(layers)}
+    return layers, value_bytes, edges, counted
 
 
 def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer, warmup: int,
-                        repeats: int) -> tuple[list[float], Any]:
+                        repeats: int) -> tuple[list[float], Any, dict[int, str]]:
     """Median forward seconds of every layer, timed inside whole forward passes (grad enabled).
 
     Timing each layer where it really runs (its inputs just produced by the layer before, the
     autograd graph growing as in training) makes the layer times add up to the model's forward
     time; timing a layer alone on a warm copy of its input can miss allocator and cache effects.
-    Also returns the model output of the last pass (detached), for timing a loss.
+    Also returns the model output of the last pass (detached), for measuring a loss, and its
+    tensors' storage addresses -> the values (fx node names) they are.
     """
     nodes = list(gm.graph.nodes)
     # only layer heads are timed; the getitems unpacking their outputs run untimed (they copy nothing)
@@ -397,6 +355,7 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
             last_use[inp.name] = i
     samples: list[list[float]] = [[] for _ in runners]
     output: Any = None
+    output_values: dict[int, str] = {}
     env: dict[str, Any] = {}
 
     def value(n: fx.Node) -> Any:
@@ -422,6 +381,8 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
                 env[node.name] = operator.getitem(*fx.node.map_arg(node.args, value))
             elif node.op == "output":
                 output = _detach(fx.node.map_arg(node.args[0], value))
+                output_values = {t.untyped_storage().data_ptr(): a.name for a in node.all_input_nodes
+                                 for t in _tensors(env[a.name])}
             for inp in node.all_input_nodes:
                 if last_use.get(inp.name) == idx:
                     env.pop(inp.name, None)
@@ -429,7 +390,7 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
         if r >= warmup:
             for i, t in enumerate(times):
                 samples[i].append(t)
-    return [statistics.median(s) for s in samples], output
+    return [statistics.median(s) for s in samples], output, output_values
 
 
 def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
@@ -553,28 +514,6 @@ def _rnn_flops(rnn: nn.RNNBase, x: Any) -> int:
         inp = rnn.input_size if layer == 0 else h * dirs
         total += dirs * 2 * gates * h * (inp + h)
     return tokens * total
-
-
-def _time_loss(loss_fn: Callable[[Any], torch.Tensor], out: Any, timer: _Timer, warmup: int,
-               repeats: int) -> tuple[float, float]:
-    fwd: list[float] = []
-    bwd: list[float] = []
-    for r in range(warmup + repeats):
-        leaf = fx.node.map_aggregate(out, lambda t: t.detach().requires_grad_() if isinstance(t, torch.Tensor)
-                                     and t.is_floating_point() else t)
-        t0 = timer.start()
-        loss = loss_fn(leaf)
-        f = timer.stop(t0)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise ValueError("loss_fn(output) must return a scalar tensor")
-        t0 = timer.start()
-        if loss.requires_grad:
-            loss.backward()
-        b = timer.stop(t0)
-        if r >= warmup:
-            fwd.append(f)
-            bwd.append(b)
-    return statistics.median(fwd), statistics.median(bwd)
 
 
 __all__ = ["profile"]

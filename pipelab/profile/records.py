@@ -118,6 +118,12 @@ class Profile:
     model: str = ""
     source: str = ""
     edges: tuple[tuple[int, int], ...] = field(default=())
+    #: bytes the loss saves for its backward per minibatch (a cross-entropy's log-softmax of the logits,
+    #: the targets it reads, the model's output where no layer counts it already), measured by
+    #: ``pl.profile(..., loss_fn=...)``; the last stage computes the loss inside its forward and holds
+    #: them until its backward (``CostModel.activation_bytes``). 0 when not measured (PipeDream's
+    #: profiles, older files, a profile taken without ``loss_fn``)
+    loss_saved_bytes: int = 0
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
@@ -136,6 +142,10 @@ class Profile:
             raise ValueError(f"batch_size={self.batch_size!r} must be a positive integer")
         if self.input_bytes < 0:
             raise ValueError("input_bytes must be >= 0")
+        lsb = self.loss_saved_bytes
+        if isinstance(lsb, bool) or not isinstance(lsb, int) or lsb < 0:
+            raise ValueError(f"loss_saved_bytes={lsb!r} must be an int >= 0 (bytes the loss saves for its "
+                             "backward; 0 when not measured)")
         for a, b in self.edges:
             if not (0 <= a < b < n):
                 raise ValueError(f"edge ({a}, {b}) is not forward between layer indices 0..{n - 1}")
@@ -248,16 +258,16 @@ class Profile:
         )
         return Profile(layers=layers, cut_bytes=self.cut_bytes, batch_size=batch_size or self.batch_size,
                        dtype=self.dtype, device=self.device, input_bytes=self.input_bytes, model=self.model,
-                       source=self.source, edges=self.edges)
+                       source=self.source, edges=self.edges, loss_saved_bytes=self.loss_saved_bytes)
 
     def at_batch_size(self, batch_size: int) -> Profile:
         """This profile rescaled to minibatches of ``batch_size`` samples, and recorded as such.
 
         Times follow the affine model of the module docstring, ``fixed + (t - fixed) * b / B``
         (``B`` this profile's batch size; linear where ``fwd_fixed_s``/``bwd_fixed_s`` are zero, as in
-        PipeDream's profiles); outputs, saved activations, cut bytes, input bytes and flops scale
-        linearly with the batch; weights do not change. ``source`` records the rescaling. Going up in
-        batch size extrapolates (the fixed part is paid once per call either way).
+        PipeDream's profiles); outputs, saved activations (the loss's too), cut bytes, input bytes and
+        flops scale linearly with the batch; weights do not change. ``source`` records the rescaling.
+        Going up in batch size extrapolates (the fixed part is paid once per call either way).
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer (samples per minibatch)")
@@ -284,7 +294,8 @@ class Profile:
         return Profile(layers=layers, cut_bytes=tuple(int(round(c * r)) for c in self.cut_bytes),
                        batch_size=batch_size, dtype=self.dtype, device=self.device,
                        input_bytes=int(round(self.input_bytes * r)), model=self.model,
-                       source=f"{self.source}; {note}" if self.source else note, edges=self.edges)
+                       source=f"{self.source}; {note}" if self.source else note, edges=self.edges,
+                       loss_saved_bytes=int(round(self.loss_saved_bytes * r)))
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -341,6 +352,7 @@ class Profile:
             "layers": [asdict(layer) for layer in self.layers],
             "cut_bytes": list(self.cut_bytes),
             "edges": [list(e) for e in self.edges],
+            "loss_saved_bytes": self.loss_saved_bytes,
         }
 
     @classmethod
@@ -351,7 +363,9 @@ class Profile:
             return cls(layers=layers, cut_bytes=tuple(d["cut_bytes"]), batch_size=int(d["batch_size"]),
                        dtype=d.get("dtype", "float32"), device=d.get("device", "cpu"),
                        input_bytes=int(d.get("input_bytes", 0)), model=d.get("model", ""),
-                       source=d.get("source", ""), edges=tuple(tuple(e) for e in d.get("edges", ())))
+                       source=d.get("source", ""), edges=tuple(tuple(e) for e in d.get("edges", ())),
+                       # absent in files written before the loss was measured: nothing known, 0
+                       loss_saved_bytes=int(d.get("loss_saved_bytes", 0)))
         except KeyError as exc:
             raise ValueError(
                 f"profile JSON lacks field {exc}; re-create it with pl.profile(...).save()"

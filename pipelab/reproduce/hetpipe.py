@@ -64,6 +64,7 @@ def rebatch(profile: Profile, batch_size: int) -> Profile:
         model=profile.model,
         source=f"{profile.source} (rebatched {profile.batch_size}->{batch_size})",
         edges=profile.edges,
+        loss_saved_bytes=int(profile.loss_saved_bytes * f),
     )
 
 
