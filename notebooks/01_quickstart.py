@@ -52,7 +52,9 @@ print(model, "\nminibatch:", tuple(x.shape), "labels:", tuple(y.shape))
 # 1. Profile: forward/backward time, output/cut bytes and parameters of every layer, on this CPU.
 # small_batch: also time each layer on one microbatch, so that the simulator knows how much of a
 # layer's time a smaller batch still pays (tiny CPU kernels cost nearly as much at 16 rows as at 64).
-prof = pl.profile(model, x, progress=False, small_batch=batch_size // microbatches)
+# loss_fn and target: the last stage computes the loss, so its time and what it saves for its backward
+# (cross-entropy's log-softmax of the logits) are part of that stage's cost and memory.
+prof = pl.profile(model, x, loss_fn=loss_fn, target=y, progress=False, small_batch=batch_size // microbatches)
 prof.summary()
 
 # %%

@@ -51,7 +51,8 @@ loss_fn = torch.nn.functional.cross_entropy
 optimizer = functools.partial(torch.optim.SGD, lr=lr)
 
 model = demo.small_cnn()
-prof = pl.profile(model, data()[0][0], progress=False)
+x0, y0 = data()[0]
+prof = pl.profile(model, x0, loss_fn=loss_fn, target=y0, progress=False)
 cluster = pl.Cluster.flat(workers, bandwidth=1e9)
 plan = pl.partition(prof, cluster, method="pipedream", straight=True)
 print(plan.describe())

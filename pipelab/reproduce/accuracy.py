@@ -310,12 +310,14 @@ def run_one(
 
 
 def profiles(models: Sequence[str]) -> dict[str, Profile]:
-    """Each model's profile, measured on this machine (``small_batch`` at a quarter of the batch)."""
+    """Each model's profile, measured on this machine (``small_batch`` at a quarter of the batch), with
+    the loss the runs compute on the last stage (its time and what it saves for its backward)."""
     out = {}
     for name in models:
-        model_fn, data_fn, _, batch = MODELS[name]
-        x = data_fn(batch)[0][0]
-        out[name] = measure_profile(model_fn(), x, progress=False, repeats=5, model_name=name)
+        model_fn, data_fn, loss_fn, batch = MODELS[name]
+        x, y = data_fn(batch)[0]
+        out[name] = measure_profile(model_fn(), x, loss_fn=loss_fn, target=y, progress=False, repeats=5,
+                                    model_name=name)
     return out
 
 

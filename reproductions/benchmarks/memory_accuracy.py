@@ -26,10 +26,12 @@ def run(model: str, method: str, *, workers: int = 2, microbatches: int = 4, ste
     """``(worker, predicted, measured, measured parts)`` of one configuration."""
     model_fn, data_fn, loss_fn, batch = MODELS[model]
     data = data_fn(batch)
-    x = data[0][0]
+    x, y = data[0]
     M = {"pipedream": 1, "pipemare": 1, "2bw": 1, "dp": workers}.get(method, microbatches)
-    # dp: the simulator runs each microbatch as one profile minibatch on one replica
-    prof = pl.profile(model_fn(), x[: len(x) // M] if method == "dp" else x, progress=False)
+    # dp: the simulator runs each microbatch as one profile minibatch on one replica; the loss is
+    # profiled too (the last stage holds what it saves for its backward)
+    n = len(x) // M if method == "dp" else len(x)
+    prof = pl.profile(model_fn(), x[:n], loss_fn=loss_fn, target=y[:n], progress=False)
     opts: dict[str, object] = {}
     if method == "interleaved-1f1b":
         opts["chunks"] = 2
