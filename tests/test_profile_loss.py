@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pipelab as pl
+from pipelab.cli import main
 from pipelab.costs import CostModel
 
 D, C, b, M, K = 4, 6, 64, 4, 3
@@ -87,14 +88,17 @@ def test_bad_loss_calls_say_what_to_do() -> None:
         pl.profile(chain(C), x, loss_fn=lambda o: o * 2, progress=False)
 
 
-def test_profile_files_and_rescaling_carry_it(tmp_path: Any) -> None:
-    """JSON round trip; a file written before the field existed loads as 0; ``at_batch_size`` scales it
-    with the batch; PipeDream's imported profiles have no loss term."""
+def test_profile_files_and_rescaling_carry_it(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON round trip (``pipelab profile --show`` says it); a file written before the field existed loads
+    as 0; ``at_batch_size`` scales it with the batch; PipeDream's imported profiles have no loss term."""
     x, y = classes()[0]
     prof = pl.profile(chain(C), x, loss_fn=F.cross_entropy, target=y, progress=False, small_batch=b)
     assert prof.loss_saved_bytes == B * C * FLOAT + B * LONG + FLOAT     # the whole batch's, not b's
     path = prof.save(tmp_path / "p.json")
     assert pl.Profile.load(path) == prof
+    capsys.readouterr()
+    assert main(["profile", "--show", str(path)]) == 0
+    assert f"the loss saves {prof.loss_saved_bytes / 1e6:.3f} MB" in capsys.readouterr().out
     doc = json.loads(path.read_text())
     doc.pop("loss_saved_bytes")
     path.write_text(json.dumps(doc))

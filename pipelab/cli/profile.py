@@ -53,6 +53,9 @@ def show(prof: Profile, file: TextIO | None = None) -> None:
     out = file if file is not None else sys.stdout
     print(repr(prof), file=out)
     print(prof.summary().to_string(float_format=lambda v: f"{v:.3f}"), file=out)
+    if prof.loss_saved_bytes:
+        print(f"the loss saves {prof.loss_saved_bytes / 1e6:.3f} MB for its backward (held by the last "
+              "stage; its time is in the last layer's)", file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
