@@ -41,6 +41,10 @@ class Calibration:
       CPU optimizers loop over the tensors: a stage of many small tensors pays per tensor; a file
       written before the third term loads with 0 for it);
     * ``memory_bandwidth``: bytes per second of a large copy (read plus write);
+    * ``stash_s``: ``{"call": seconds, "tensor": seconds}``, what a forward through
+      ``torch.func.functional_call`` on a dict of weights (how the runtime runs a stashed weight
+      version: ``pipedream``, ``2bw``) costs beyond the plain module call, per call and per parameter
+      tensor; empty (nothing) in older files;
     * ``compute_slowdown``: how much slower layers compute inside a two-worker run than the profiler
       measured them alone (the cluster's devices get speed ``1 / compute_slowdown``);
     * ``compute_factor``: per action kind (``F``, ``B``; ``W`` takes ``B``'s), how much longer the
@@ -68,6 +72,7 @@ class Calibration:
     optimizer_s: dict[str, tuple[float, ...]]
     memory_bandwidth: float
     message_s: dict[str, float] = field(default_factory=dict)
+    stash_s: dict[str, float] = field(default_factory=dict)
     compute_slowdown: float = 1.0
     compute_factor: dict[str, float] = field(default_factory=dict)
     compute_model: str = ""
@@ -124,6 +129,13 @@ class Calibration:
             return 0.0
         return fixed + per_byte * float(param_bytes) + per_tensor * float(tensors)
 
+    def stashed_forward_s(self, tensors: int) -> float:
+        """Seconds a forward over ``tensors`` parameter tensors pays for running on a stashed weight
+        version (``torch.func.functional_call``) beyond the plain module call (:attr:`stash_s`)."""
+        if tensors <= 0:
+            return float(self.stash_s.get("call", 0.0)) if self.stash_s else 0.0
+        return float(self.stash_s.get("call", 0.0)) + float(self.stash_s.get("tensor", 0.0)) * tensors
+
     def factor(self, kind: str) -> float:
         """How much longer the layers of ``kind`` (``F``, ``B``; ``W`` takes ``B``'s) compute inside a
         run than profiled (:attr:`compute_factor`; 1.0 where not measured)."""
@@ -133,6 +145,9 @@ class Calibration:
         """A few lines for humans: provenance and the fitted terms."""
         ov = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(self.overhead_s.items()))
         ov += "".join(f", {k} {v * 1e6:.0f} us/message" for k, v in sorted(self.message_s.items()))
+        if self.stash_s:
+            ov += (f"; a stashed forward +{self.stash_s.get('call', 0.0) * 1e6:.0f} us + "
+                   f"{self.stash_s.get('tensor', 0.0) * 1e6:.1f} us/tensor")
         opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B + {c * 1e6:.1f} us/tensor"
                         for k, (a, b, c) in self.optimizer_s.items())
         fac = ""

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from pipelab.calibrate import probes
-from pipelab.calibrate.fit import fit_alpha_beta, fit_ring, fit_step, spread
+from pipelab.calibrate.fit import fit_affine, fit_alpha_beta, fit_ring, fit_step, spread
 from pipelab.calibrate.tiny import (
     BATCH,
     medium_data,
@@ -250,7 +250,7 @@ def calibrate(
     from tqdm.auto import tqdm
 
     tiny = _tiny_profile()      # one profile of the tiny model, for the two runs that use it
-    bar = tqdm(total=7, desc="calibrating", disable=not progress, leave=False)
+    bar = tqdm(total=8, desc="calibrating", disable=not progress, leave=False)
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
         ("runtime overhead", lambda: runtime_overhead(repeats, backend, prof=tiny)),
@@ -262,6 +262,7 @@ def calibrate(
             backend)),
         ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
+        ("stashed forward", lambda: probes.stashed_forward(max(repeats, 5))),
     ]
     got: dict[str, Any] = {}
     try:
@@ -326,6 +327,14 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     opt_fit = {k: fit_step(rows) for k, rows in opt.items()}
     mem = got["memory bandwidth"]
     slow = got.get("compute inside a run") or [1.0]
+    stash: dict[str, float] = {}
+    if got.get("stashed forward"):     # per call and per tensor: the affine fit of the medians
+        by_n: dict[int, list[float]] = {}
+        for n, t in got["stashed forward"]:
+            by_n.setdefault(n, []).append(t)
+        ns = sorted(by_n)
+        call, per_tensor, _ = fit_affine(ns, [statistics.median(by_n[n]) for n in ns])
+        stash = {"call": max(call, 0.0), "tensor": max(per_tensor, 0.0)}
     finite = [b for _, b, _ in rounds if b != float("inf")]
     sp = {
         "p2p_latency_s": spread(in_run or [a for a, _, _ in rounds]),
@@ -354,6 +363,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
         overhead_s=_medians(over),
         message_s=_medians(msg),
+        stash_s=stash,
         optimizer_s={k: (a, b, c) for k, (a, b, c, _) in opt_fit.items()},
         memory_bandwidth=statistics.median(mem),
         compute_slowdown=statistics.median(slow),

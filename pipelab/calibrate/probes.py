@@ -194,6 +194,38 @@ def optimizer_steps(param_bytes: Sequence[int], repeats: int,
     return out
 
 
+
+def _per_call(fn: Any, calls: int) -> float:
+    """Seconds per call of ``fn`` after a quarter as many warm-up calls."""
+    for _ in range(calls // 4):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def stashed_forward(repeats: int, depths: Sequence[int] = (2, 8, 32),
+                    calls: int = 200) -> list[tuple[int, float]]:
+    """``(parameter tensors, extra seconds)`` per depth and round: a forward through
+    ``torch.func.functional_call`` on a dict of weights (the runtime's stashed version) minus the
+    plain module call, on a stack of ``depth`` small linear layers (two tensors each)."""
+    from torch import nn
+    from torch.func import functional_call
+
+    torch.set_num_threads(1)
+    rows: list[tuple[int, float]] = []
+    for depth in depths:
+        m = nn.Sequential(*[nn.Linear(8, 8) for _ in range(depth)])
+        x = torch.randn(16, 8)
+        weights = {n: p.detach().clone().requires_grad_() for n, p in m.named_parameters()}
+
+        for _ in range(repeats):
+            rows.append((2 * depth, _per_call(lambda m=m, w=weights, x=x: functional_call(m, w, (x,)), calls)
+                         - _per_call(lambda m=m, x=x: m(x), calls)))
+    return rows
+
+
 def memory_copy(nbytes: int, repeats: int) -> list[float]:
     """Bytes per second of ``dst.copy_(src)`` of ``nbytes`` (read plus write), one per repeat."""
     src = torch.ones(max(nbytes // 4, 1))

@@ -73,6 +73,10 @@ class Prices:
     #: then pays a device-to-host copy at the sender and a host-to-device copy at the receiver around the
     #: host transfer, and an all-reduce the same two copies of the gradients. None: no staging (NCCL, CPU)
     host_staging_bandwidth: float | None = None
+    #: the runtime runs every forward on a stashed weight version (``torch.func.functional_call``:
+    #: methods whose weight policy stashes, ``pipedream``, ``2bw``): each ``F`` pays the calibration's
+    #: ``stash_s`` per call and per parameter tensor
+    stashed_weights: bool = False
     # prefix sums over layers (index i = total of layers [0, i)), filled in __post_init__
     pf: np.ndarray = field(init=False, repr=False, compare=False)
     pb: np.ndarray = field(init=False, repr=False, compare=False)
@@ -190,10 +194,14 @@ class Prices:
         """The runtime's own seconds in the forward and in the backward of stage ``[start, end)`` on
         a calibrated cluster (0 otherwise): per action, plus per message. A stage with a neighbour
         receives its input and sends its output (forward), and the other way round for gradients
-        (backward)."""
+        (backward). With ``stashed_weights``, the forward also pays ``functional_call`` on the
+        stashed version (:meth:`~pipelab.calibration.Calibration.stashed_forward_s`)."""
         into, out = start > 0, end < self.num_layers
         send, recv = self.message_s("send"), self.message_s("recv")
-        return (self.overhead_s("F") + into * recv + out * send,
+        cal = self.cluster.calibration
+        stash = cal.stashed_forward_s(self.param_tensors(start, end)) \
+            if self.stashed_weights and cal is not None else 0.0
+        return (self.overhead_s("F") + into * recv + out * send + stash,
                 self.overhead_s("B") + out * recv + into * send)
 
     def message_s(self, role: str) -> float:

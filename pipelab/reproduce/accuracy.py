@@ -131,20 +131,32 @@ def busy_by_worker(trace: Trace, schedule: Any) -> dict[int, float]:
 # ------------------------------------------------------------ which term: a replay with measured actions
 class MeasuredActions(ProfileCosts):
     """The simulator's transfers, but every compute action takes what it took in the real run (the
-    median per worker, stage and kind, all-reduces included in the measured ``U``): replaying the
-    schedule with it separates the error of the action durations from that of everything else
-    (messages, waiting)."""
+    mean per worker, stage and kind over ``window``, all-reduces included in the measured ``U``):
+    replaying the schedule with it separates the error of the action durations from that of
+    everything else (messages, waiting).
+
+    The mean, not the median: a runtime action's time includes its sends' ``isend`` calls, and over
+    gloo on a shared 2-core CPU a few of those block for 1-5 ms (two workers sending to each other
+    at once; see ``reproductions/sim_accuracy/README.md``). Those rare long actions are real busy
+    time of the worker; a median drops them and makes the replay look like a messaging error.
+    ``window``: ``(start, end)`` seconds; actions starting inside it count (default: all)."""
 
     def __init__(self, run_trace: Trace, model: CostModel, ranges: list[tuple[int, int]],
-                 microbatches: int) -> None:
+                 microbatches: int, window: tuple[float, float] | None = None) -> None:
         super().__init__(model, ranges, microbatches)
+        lo, hi = window if window is not None else (-math.inf, math.inf)
         per: dict[tuple[int, int, str], list[float]] = {}
+        every: dict[tuple[int, int, str], list[float]] = {}
         for e in run_trace.compute_events():
-            per.setdefault((e.worker, e.stage, e.kind), []).append(e.end_s - e.start_s)
-        self.durations = {k: statistics.median(v) for k, v in per.items()}
+            key = (e.worker, e.stage, e.kind)
+            every.setdefault(key, []).append(e.end_s - e.start_s)
+            if lo <= e.start_s < hi:
+                per.setdefault(key, []).append(e.end_s - e.start_s)
+        # a kind with no action inside the window (e.g. one U per run) falls back to all of its actions
+        self.durations = {k: statistics.fmean(per.get(k) or v) for k, v in every.items()}
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
-        """The measured median duration of this worker's actions of this stage and kind."""
+        """The measured mean duration of this worker's actions of this stage and kind."""
         return self.durations[(worker, action.stage, action.kind)]
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
@@ -163,7 +175,8 @@ def replay_throughput(run: Any, sim: Any, plan: Plan, prof: Profile, cluster: Cl
         ranges = [(st.start, st.end) for st in vplan.stages]
     cm = CostModel(prof, cluster, optimizer=OPTIMIZER, allreduce_overlap="none")
     micro = 1 if sch.num_stages == 1 else sch.microbatches
-    res = simulate_schedule(sch, MeasuredActions(run.trace, cm, ranges, micro), batch_size=batch)
+    window = steady_window(run.trace, run.schedule)[:2]
+    res = simulate_schedule(sch, MeasuredActions(run.trace, cm, ranges, micro, window), batch_size=batch)
     res.trace.meta.update(microbatches=sch.microbatches, minibatches=sch.minibatches)
     return steady_throughput(res.trace, sch, batch)
 
@@ -438,6 +451,7 @@ def svg_scatter(df: Any, *, title: str = "", band: float = 0.10, width: int = 56
 
 __all__ = [
     "METHODS",
+    "MeasuredActions",
     "MODELS",
     "busy_by_worker",
     "configurations",
@@ -445,6 +459,7 @@ __all__ = [
     "model_clusters",
     "plan_for",
     "profiles",
+    "replay_throughput",
     "run_one",
     "run_plan",
     "steady_throughput",

@@ -42,6 +42,10 @@ from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import POST_AHEAD, Costs, Deadlock, UnitCosts, run
 from pipelab.trace import Event, Trace
 
+#: the runtime weight policies (``Method.weights``) whose every forward runs on a stashed version
+#: through ``torch.func.functional_call`` (``runtime/policies``: the stash and delay policies' ``weights``)
+STASHING_POLICIES = ("stash", "delay")
+
 
 def _synchronous(method: str) -> bool:
     """Whether ``method`` flushes every minibatch (a schedule of an unregistered name counts as one)."""
@@ -387,11 +391,13 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     if max(phys or [0]) >= cluster.num_workers:
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
     ratio = compression_ratio_of(compression, compression_ratio)
+    spec = methods.METHODS.get(sch.method)
+    # the runtime's stash and delay policies run every forward on a stashed version (functional_call)
+    stashed = spec is not None and spec.weights in STASHING_POLICIES
     cm = CostModel(profile, cluster, compression_ratio=ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
-                   host_staging_bandwidth=host_staging_bandwidth)
+                   host_staging_bandwidth=host_staging_bandwidth, stashed_weights=stashed)
     micro = 1 if is_dp else sch.microbatches
-    spec = methods.METHODS.get(sch.method)
     # the backward reads the newest weights, not its forward's: the runtime recomputes the forward
     recompute = spec is not None and spec.versions == "latest"
     costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)

@@ -1,0 +1,93 @@
+"""The stashed forward's extra cost (issue 14): ``torch.func.functional_call`` on a stashed weight
+version costs more than the plain module call, per call and per parameter tensor. Oracles: the cost
+model's closed form, the simulated trace of a stashing method against the same run without the term,
+JSON round-trips (old files without the term load neutral)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+
+import pytest
+
+from pipelab.calibrate import probes
+from pipelab.calibration import Calibration
+from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
+from pipelab.partition.plan import Plan
+from pipelab.profile.records import Layer, Profile
+from pipelab.sim.simulate import simulate
+
+CALL, TENSOR = 9e-6, 3.5e-6
+
+
+def _cal(**kw: object) -> Calibration:
+    base: dict[str, object] = dict(
+        host=socket.gethostname(), backend="gloo", device="cpu:test", date="2026-11-25T00:00:00+00:00",
+        torch="2.14.1", cores=2, workers=2, p2p_latency_s=50e-6, p2p_bandwidth=2e9,
+        allreduce_latency_s=80e-6, allreduce_bandwidth=1e9,
+        overhead_s={"F": 1e-4, "B": 2e-4, "W": 3e-5, "U": 4e-4},
+        optimizer_s={"sgd-momentum": (5e-5, 1e-10, 6e-6)},
+        memory_bandwidth=1e10, stash_s={"call": CALL, "tensor": TENSOR},
+    )
+    base.update(kw)
+    return Calibration(**base)  # type: ignore[arg-type]
+
+
+def _cluster(workers: int, **kw: object) -> Cluster:
+    c = _cal(**kw)
+    return dataclasses.replace(Cluster.flat(workers, bandwidth=c.p2p_bandwidth, latency=c.p2p_latency_s),
+                               calibration=c)
+
+
+def _profile(tensors: tuple[int, ...] = (2, 0, 4, 2)) -> Profile:
+    layers = tuple(
+        Layer(name=f"l{i}", kind="Linear", fwd_s=1e-3 * (i + 1), bwd_s=2e-3 * (i + 1), out_bytes=4096,
+              param_bytes=40_000 * (i + 1), param_tensors=t)
+        for i, t in enumerate(tensors)
+    )
+    return Profile(layers=layers, cut_bytes=(4096,) * (len(layers) - 1), batch_size=32)
+
+
+def test_a_stashed_forward_pays_per_call_and_per_tensor_and_the_backward_nothing() -> None:
+    prof, cl = _profile(), _cluster(2)
+    plain, stashed = CostModel(prof, cl), CostModel(prof, cl, stashed_weights=True)
+    for a, b in [(0, 1), (1, 3), (0, 4), (1, 2)]:
+        n = sum(la.param_tensors or 0 for la in prof.layers[a:b])
+        pf, pb = plain.compute_s(a, b, 0, microbatches=4)
+        sf, sb = stashed.compute_s(a, b, 0, microbatches=4)
+        assert sf - pf == pytest.approx(CALL + TENSOR * n, rel=1e-9)
+        assert sb == pb
+
+
+def test_stashing_methods_simulate_the_extra_on_every_forward_and_others_do_not() -> None:
+    prof = _profile()
+    plan = Plan.from_boundaries(len(prof), [2], batch_size=prof.batch_size)
+    n = [2 + 0, 4 + 2]     # tensors of stage 0 and stage 1
+    for method, extra, M in [("pipedream", True, 1), ("2bw", True, 4), ("gpipe", False, 4),
+                             ("1f1b-flush", False, 4)]:
+        runs = [simulate(plan, prof, _cluster(2, stash_s=s), method, microbatches=M, minibatches=8)
+                for s in ({"call": CALL, "tensor": TENSOR}, {})]
+        f = [{(e.stage, e.microbatch, e.step): e.end_s - e.start_s for e in r.trace.compute_events()
+              if e.kind == "F"} for r in runs]
+        assert f[0].keys() == f[1].keys()
+        for (stage, m, step), d in f[0].items():
+            want = CALL + TENSOR * n[stage] if extra else 0.0
+            assert d - f[1][(stage, m, step)] == pytest.approx(want, abs=1e-12), (method, stage, m)
+
+
+def test_the_probe_reports_each_depth_with_its_tensor_count() -> None:
+    rows = probes.stashed_forward(2, depths=(1, 3), calls=8)
+    assert sorted(n for n, _ in rows) == [2, 2, 6, 6]
+
+
+def test_calibration_round_trips_the_stash_term_and_old_files_load_without_it() -> None:
+    cal = _cal()
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again == cal and again.stashed_forward_s(10) == pytest.approx(CALL + 10 * TENSOR)
+    assert "stashed forward" in again.describe()
+    d = cal.to_dict()
+    del d["stash_s"]
+    old = Calibration.from_dict(d)
+    assert old.stash_s == {} and old.stashed_forward_s(10) == 0.0
