@@ -42,9 +42,12 @@ class Calibration:
       written before the third term loads with 0 for it);
     * ``memory_bandwidth``: bytes per second of a large copy (read plus write);
     * ``stash_s``: ``{"call": seconds, "tensor": seconds}``, what a forward through
-      ``torch.func.functional_call`` on a dict of weights (how the runtime runs a stashed weight
+      the runtime's ``Reparametrizer`` on a dict of weights (how it runs a stashed weight
       version: ``pipedream``, ``2bw``) costs beyond the plain module call, per call and per parameter
-      tensor; empty (nothing) in older files;
+      tensor; and (``version_call``, ``version_byte``, ``version_tensor``) what a stashing method's
+      ``U`` pays beyond the optimizer step to keep the version in flight (the copy-on-write of the
+      master into a new version: per call, per parameter byte, per parameter tensor); empty or
+      without the ``version_*`` keys (nothing) in older files;
     * ``compute_slowdown``: how much slower layers compute inside a two-worker run than the profiler
       measured them alone (the cluster's devices get speed ``1 / compute_slowdown``);
     * ``compute_factor``: per action kind (``F``, ``B``; ``W`` takes ``B``'s), how much longer the
@@ -131,7 +134,7 @@ class Calibration:
 
     def stashed_forward_s(self, tensors: int) -> float:
         """Seconds a forward over ``tensors`` parameter tensors pays for running on a stashed weight
-        version (``torch.func.functional_call``) beyond the plain module call (:attr:`stash_s`)."""
+        version (the runtime's ``Reparametrizer``) beyond the plain module call (:attr:`stash_s`)."""
         if tensors <= 0:
             return float(self.stash_s.get("call", 0.0)) if self.stash_s else 0.0
         return float(self.stash_s.get("call", 0.0)) + float(self.stash_s.get("tensor", 0.0)) * tensors
@@ -141,6 +144,16 @@ class Calibration:
         run than profiled (:attr:`compute_factor`; 1.0 where not measured)."""
         return float(self.compute_factor.get("B" if kind == "W" else kind, 1.0))
 
+    def new_version_s(self, param_bytes: float, tensors: float) -> float:
+        """Seconds a stashing method's ``U`` spends making a new weight version of ``param_bytes``
+        in ``tensors`` tensors while the old one is still read (:attr:`stash_s`' ``version_*``
+        terms; 0 where not measured)."""
+        if param_bytes <= 0 or not self.stash_s:
+            return 0.0
+        return (float(self.stash_s.get("version_call", 0.0))
+                + float(self.stash_s.get("version_byte", 0.0)) * float(param_bytes)
+                + float(self.stash_s.get("version_tensor", 0.0)) * float(tensors))
+
     def describe(self) -> str:
         """A few lines for humans: provenance and the fitted terms."""
         ov = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(self.overhead_s.items()))
@@ -148,6 +161,10 @@ class Calibration:
         if self.stash_s:
             ov += (f"; a stashed forward +{self.stash_s.get('call', 0.0) * 1e6:.0f} us + "
                    f"{self.stash_s.get('tensor', 0.0) * 1e6:.1f} us/tensor")
+            if "version_call" in self.stash_s:
+                ov += (f"; a new version at U {self.stash_s['version_call'] * 1e6:.0f} us + "
+                       f"{self.stash_s.get('version_byte', 0.0) * 1e12:.0f} ps/B + "
+                       f"{self.stash_s.get('version_tensor', 0.0) * 1e6:.1f} us/tensor")
         opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B + {c * 1e6:.1f} us/tensor"
                         for k, (a, b, c) in self.optimizer_s.items())
         fac = ""

@@ -1,4 +1,4 @@
-"""The stashed forward's extra cost (issue 14): ``torch.func.functional_call`` on a stashed weight
+"""The stashed forward's extra cost (issue 14): the runtime's ``Reparametrizer`` on a stashed weight
 version costs more than the plain module call, per call and per parameter tensor. Oracles: the cost
 model's closed form, the simulated trace of a stashing method against the same run without the term,
 JSON round-trips (old files without the term load neutral)."""
@@ -91,3 +91,53 @@ def test_calibration_round_trips_the_stash_term_and_old_files_load_without_it() 
     del d["stash_s"]
     old = Calibration.from_dict(d)
     assert old.stash_s == {} and old.stashed_forward_s(10) == 0.0
+
+
+# ---------------------------------------------------------------- a stashing U's new weight version
+V_CALL, V_BYTE, V_TENSOR = 11e-6, 3e-11, 3.5e-6
+VERSION = {"call": CALL, "tensor": TENSOR, "version_call": V_CALL, "version_byte": V_BYTE,
+           "version_tensor": V_TENSOR}
+
+
+def test_a_stashing_update_pays_the_new_versions_copy_and_others_do_not() -> None:
+    prof, cl = _profile(), _cluster(2, stash_s=VERSION)
+    plain, stashed = CostModel(prof, cl, optimizer="sgd-momentum"), \
+        CostModel(prof, cl, optimizer="sgd-momentum", stashed_weights=True)
+    for a, b in [(0, 1), (1, 3), (0, 4)]:
+        nbytes = sum(la.param_bytes for la in prof.layers[a:b])
+        n = sum(la.param_tensors or 0 for la in prof.layers[a:b])
+        assert stashed.update_s(a, b, 0) - plain.update_s(a, b, 0) == pytest.approx(
+            V_CALL + V_BYTE * nbytes + V_TENSOR * n, rel=1e-9)
+    # a file from before the term: the same U as without stashing
+    old = CostModel(prof, _cluster(2), optimizer="sgd-momentum", stashed_weights=True)
+    assert old.update_s(0, 4, 0) == pytest.approx(plain.update_s(0, 4, 0), rel=1e-12)
+
+
+def test_stashing_methods_simulate_the_new_version_at_every_update() -> None:
+    prof = _profile()
+    plan = Plan.from_boundaries(len(prof), [2], batch_size=prof.batch_size)
+    nbytes = [sum(la.param_bytes for la in prof.layers[:2]), sum(la.param_bytes for la in prof.layers[2:])]
+    tensors = [2, 6]
+    for method, extra, M in [("pipedream", True, 1), ("2bw", True, 4), ("1f1b-flush", False, 4)]:
+        runs = [simulate(plan, prof, _cluster(2, stash_s=s), method, microbatches=M, minibatches=8,
+                         optimizer="sgd-momentum") for s in (VERSION, {"call": CALL, "tensor": TENSOR})]
+        u = [{(e.stage, e.microbatch, e.step): e.end_s - e.start_s for e in r.trace.compute_events()
+              if e.kind == "U"} for r in runs]
+        assert u[0].keys() == u[1].keys() and u[0]
+        for (stage, m, step), d in u[0].items():
+            want = V_CALL + V_BYTE * nbytes[stage] + V_TENSOR * tensors[stage] if extra else 0.0
+            assert d - u[1][(stage, m, step)] == pytest.approx(want, abs=1e-12), (method, stage, m)
+
+
+def test_the_new_version_probe_times_the_policys_copy_per_size_and_tensor_count() -> None:
+    rows = probes.new_version([1 << 12, 1 << 16], 2, tensor_counts=(2, 8))
+    assert sorted((n, k) for n, k, _ in rows) == [(4096, 2), (4096, 8), (65536, 2), (65536, 8)]
+    assert all(t > 0 for _, _, t in rows)
+
+
+def test_calibration_round_trips_the_version_terms_and_describes_them() -> None:
+    cal = _cal(stash_s=VERSION)
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again.new_version_s(1000, 4) == pytest.approx(V_CALL + 1000 * V_BYTE + 4 * V_TENSOR)
+    assert "a new version at U" in again.describe()
+    assert _cal().new_version_s(1000, 4) == 0.0            # a file with only the forward's terms

@@ -250,7 +250,7 @@ def calibrate(
     from tqdm.auto import tqdm
 
     tiny = _tiny_profile()      # one profile of the tiny model, for the two runs that use it
-    bar = tqdm(total=8, desc="calibrating", disable=not progress, leave=False)
+    bar = tqdm(total=9, desc="calibrating", disable=not progress, leave=False)
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
         ("runtime overhead", lambda: runtime_overhead(repeats, backend, prof=tiny)),
@@ -263,6 +263,7 @@ def calibrate(
         ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
         ("stashed forward", lambda: probes.stashed_forward(max(repeats, 5))),
+        ("new weight version", lambda: probes.new_version([1 << 16, 1 << 20, 1 << 22], max(repeats, 5))),
     ]
     got: dict[str, Any] = {}
     try:
@@ -335,6 +336,9 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         ns = sorted(by_n)
         call, per_tensor, _ = fit_affine(ns, [statistics.median(by_n[n]) for n in ns])
         stash = {"call": max(call, 0.0), "tensor": max(per_tensor, 0.0)}
+    if got.get("new weight version"):  # a stashing U's copy-on-write: per call, byte and tensor
+        v_call, v_byte, v_tensor, _ = fit_step(got["new weight version"])
+        stash.update(version_call=v_call, version_byte=v_byte, version_tensor=v_tensor)
     finite = [b for _, b, _ in rounds if b != float("inf")]
     sp = {
         "p2p_latency_s": spread(in_run or [a for a, _, _ in rounds]),

@@ -207,11 +207,13 @@ def _per_call(fn: Any, calls: int) -> float:
 
 def stashed_forward(repeats: int, depths: Sequence[int] = (2, 8, 32),
                     calls: int = 200) -> list[tuple[int, float]]:
-    """``(parameter tensors, extra seconds)`` per depth and round: a forward through
-    ``torch.func.functional_call`` on a dict of weights (the runtime's stashed version) minus the
-    plain module call, on a stack of ``depth`` small linear layers (two tensors each)."""
+    """``(parameter tensors, extra seconds)`` per depth and round: a forward on a dict of weights
+    through the runtime's :class:`~pipelab.runtime.reparam.Reparametrizer` (how a stashed version
+    is run) minus the plain module call, on a stack of ``depth`` small linear layers (two tensors
+    each)."""
     from torch import nn
-    from torch.func import functional_call
+
+    from pipelab.runtime.reparam import Reparametrizer
 
     torch.set_num_threads(1)
     rows: list[tuple[int, float]] = []
@@ -219,10 +221,40 @@ def stashed_forward(repeats: int, depths: Sequence[int] = (2, 8, 32),
         m = nn.Sequential(*[nn.Linear(8, 8) for _ in range(depth)])
         x = torch.randn(16, 8)
         weights = {n: p.detach().clone().requires_grad_() for n, p in m.named_parameters()}
-
+        call = Reparametrizer(m)
         for _ in range(repeats):
-            rows.append((2 * depth, _per_call(lambda m=m, w=weights, x=x: functional_call(m, w, (x,)), calls)
+            rows.append((2 * depth, _per_call(lambda c=call, w=weights, x=x: c(w, x), calls)
                          - _per_call(lambda m=m, x=x: m(x), calls)))
+    return rows
+
+
+def new_version(param_bytes: Sequence[int], repeats: int,
+                tensor_counts: Sequence[int] = TENSOR_COUNTS) -> list[tuple[int, int, float]]:
+    """``(parameter bytes, parameter tensors, median seconds)`` of what a stashing method's ``U``
+    does beyond the optimizer step: the weight policy's copy-on-write of the master into a new
+    version while an in-flight microbatch still reads the newest one
+    (:class:`~pipelab.runtime.policies.base.Stashing`'s ``about_to_update`` and ``updated``: a clone
+    of every tensor, a new alias per tensor), over ``param_bytes`` x ``tensor_counts``."""
+    from pipelab.runtime.policies.base import Stashing
+
+    torch.set_num_threads(1)
+    rows = []
+    for nbytes in param_bytes:
+        for count in tensor_counts:
+            n = max(nbytes // (4 * count), 1)
+            params = {f"p{i}": torch.nn.Parameter(torch.randn(n)) for i in range(count)}
+            pol = Stashing(params, 0)
+
+            def once(pol: Stashing = pol) -> float:
+                pol.in_flight = {0: pol.latest}       # the newest version is still read: copy it
+                t0 = time.perf_counter()
+                pol.about_to_update()
+                pol.updated()
+                return time.perf_counter() - t0
+
+            for _ in range(2):
+                once()
+            rows.append((4 * n * count, count, statistics.median(once() for _ in range(repeats))))
     return rows
 
 
@@ -239,4 +271,5 @@ def memory_copy(nbytes: int, repeats: int) -> list[float]:
     return out
 
 
-__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]
+__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "new_version", "optimizer_steps",
+           "p2p_and_allreduce", "stashed_forward"]

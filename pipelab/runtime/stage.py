@@ -13,6 +13,7 @@ from torch import nn
 from pipelab.graph import StageModule
 from pipelab.runtime.job import Job, as_inputs, split_microbatches
 from pipelab.runtime.policies import WeightPolicy
+from pipelab.runtime.reparam import Reparametrizer
 from pipelab.schedules.facts import StageReads
 
 
@@ -112,6 +113,8 @@ class StageState:
         self.index = stage
         self.module = StageModule(gm, start, end).to(device)
         self.params: dict[str, nn.Parameter] = dict(self.module.named_parameters())
+        #: calls the module on a stashed weight version (resolved once; see pipelab.runtime.reparam)
+        self.reparam = Reparametrizer(self.module)
         trainable = [p for p in self.params.values() if p.requires_grad]
         self.optimizer = job.optimizer(trainable) if trainable else None
         self.policy: WeightPolicy = policy_factory(self.params, stage, reads)

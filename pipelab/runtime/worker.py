@@ -260,7 +260,7 @@ class Worker(Checkpointing):
                  grad: bool) -> tuple[Any, ...]:
         w = st.policy.weights(version)
         def fn(*xs: Any) -> Any:
-            return st.module(*xs) if w is None else torch.func.functional_call(st.module, w, xs)
+            return st.module(*xs) if w is None else st.reparam(w, *xs)
 
         with torch.set_grad_enabled(grad), (self.meter.saving() if self.meter else nullcontext()):
             if self.recompute:    # keep only the stage's inputs; recompute activations in backward

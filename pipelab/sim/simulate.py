@@ -43,7 +43,8 @@ from pipelab.schedules.dataflow import POST_AHEAD, Costs, Deadlock, UnitCosts, r
 from pipelab.trace import Event, Trace
 
 #: the runtime weight policies (``Method.weights``) whose every forward runs on a stashed version
-#: through ``torch.func.functional_call`` (``runtime/policies``: the stash and delay policies' ``weights``)
+#: through ``runtime.reparam.Reparametrizer`` (``runtime/policies``: the stash and delay policies'
+#: ``weights``)
 STASHING_POLICIES = ("stash", "delay")
 
 
@@ -392,7 +393,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
     ratio = compression_ratio_of(compression, compression_ratio)
     spec = methods.METHODS.get(sch.method)
-    # the runtime's stash and delay policies run every forward on a stashed version (functional_call)
+    # the runtime's stash and delay policies run every forward on a stashed version (Reparametrizer)
     stashed = spec is not None and spec.weights in STASHING_POLICIES
     cm = CostModel(profile, cluster, compression_ratio=ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,

@@ -132,10 +132,6 @@ class VersionStore(WeightPolicy):
         """Distinct weight versions held (stashed ones plus the master's)."""
         return len(set(self.stash) | {self.epoch})
 
-    def _measure(self) -> None:
-        super()._measure()
-        self.max_weight_bytes = max(getattr(self, "max_weight_bytes", 0), self.weight_bytes())
-
     # -- interface
     def weights(self, version: int) -> dict[str, torch.Tensor] | None:
         """Tensors of the epoch the asking action uses (set by forward_version / backward_version)."""
