@@ -272,8 +272,12 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     path = dataclasses.replace(Cluster.flat(2, bandwidth=2e9, latency=1e-4), calibration=cal).save(
         tmp_path / "cluster.json")
     _papermill(REPRO / "sim_accuracy" / "sim_accuracy.ipynb", tmp_path, models=["cnn"],
-               methods=["gpipe", "pipedream"], steps=6, rounds=1, cluster_path=str(path))
+               methods=["gpipe", "pipedream"], steps=6, rounds=1, cluster_path=str(path),
+               planner_errors=str(tmp_path / "sim_errors.json"))
     df = pd.read_csv(tmp_path / "results.csv")
+    # what make reproduce also writes: the planner's per-method margins from these results
+    from pipelab.planner.decide import load_errors
+    assert set(load_errors(tmp_path / "sim_errors.json")) >= {"gpipe", "pipedream"}
     assert list(df["method"]) == ["gpipe", "pipedream"] and (df["measured"] > 0).all()
     assert (df["simulated"] > 0).all() and df["error"].notna().all()
     assert "ALL" in (tmp_path / "results.md").read_text()

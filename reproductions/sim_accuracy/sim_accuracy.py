@@ -73,7 +73,7 @@ for cfg in tqdm(configs, desc="simulate + run"):
 df = pd.DataFrame(rows)
 write_table(df, out / "results.csv")
 if planner_errors:
-    from pipelab.planner import write_errors
+    from pipelab.planner.decide import write_errors
     write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "
                  f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}")
 df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
