@@ -15,8 +15,17 @@ import pytest
 
 import pipelab as pl
 from pipelab.cluster import Calibration
-from pipelab.planner import COLUMNS, SIM_ERRORS, decide, margin_from_accuracy, plan
-from pipelab.planner.decide import ERRORS_FILE, ONE_STAGE_ASYNC, ONE_STAGE_SYNC, load_errors, write_errors
+from pipelab.planner import COLUMNS, SIM_ERRORS, SIM_RANGES, decide, margin_from_accuracy, plan
+from pipelab.planner.decide import (
+    ERRORS_FILE,
+    ONE_STAGE_ASYNC,
+    ONE_STAGE_SYNC,
+    bounds_of,
+    load_errors,
+    load_ranges,
+    ranges_from_accuracy,
+    write_errors,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,7 +149,7 @@ def test_a_calibrated_cluster_defaults_to_the_simulators_measured_error() -> Non
                       overhead_s={"F": 1e-4, "B": 2e-4, "W": 3e-5, "U": 4e-4},
                       optimizer_s={"sgd-momentum": (5e-5, 1e-10)}, memory_bandwidth=1e10)
     cl = dataclasses.replace(pl.Cluster.flat(4, bandwidth=5e9, memory=2**30), calibration=cal)
-    assert plan(_profile(), cl, **KW).margin == SIM_ERRORS
+    assert plan(_profile(), cl, **KW).margin == SIM_RANGES
 
 
 def test_the_default_errors_are_no_smaller_than_sim_accuracys_measured_ones() -> None:
@@ -215,3 +224,60 @@ def test_cli_auto_takes_the_margin(tmp_path, capsys) -> None:  # type: ignore[no
     # an error of 90% lets nothing be surely faster: the pick is the default, 1F1B on a uniform split
     assert "pick: 1f1b-flush on uniform straight" in text and "(pick 1.00x" in text
     assert main(args + ["--margin", "2"]) == 2
+
+
+# ------------------------------------------------------------------ signed error ranges
+def test_a_signed_range_reads_a_biased_simulator_by_its_bias() -> None:
+    # both methods measured 40-60% optimistic: 180 means a measurement in [112.5, 128.6], 100 in [62.5, 71.4]
+    t = _table(_row(throughput=100.0), _row("pipedream", 180.0, synchronous=False))
+    ranges = {"1f1b-flush": (0.4, 0.6), "pipedream": (0.4, 0.6)}
+    assert _pick(decide(t, 0, ranges)) == 1
+    # the same worst |error| (0.6) either way cannot tell them apart: 180 / 1.6 = 112.5 <= 100 / 0.4 = 250
+    assert _pick(decide(t, 0, {"1f1b-flush": 0.6, "pipedream": 0.6})) == 0
+    # a candidate whose simulator errs far more optimistically than the default's stays out
+    assert _pick(decide(t, 0, {"1f1b-flush": (0.0, 0.1), "pipedream": (0.8, 1.0)})) == 0   # 180 / 2 < 100 / 1
+
+
+def test_bounds_of_a_margin() -> None:
+    assert bounds_of(0.3, "gpipe") == (-0.3, 0.3)
+    m = {"gpipe": (0.1, 0.2), "dp": 0.5, "ALL": (-0.1, 0.9)}
+    assert bounds_of(m, "gpipe") == (0.1, 0.2)
+    assert bounds_of(m, "gpipe", equivalent="dp with gradient accumulation") == (-0.5, 0.5)
+    assert bounds_of(m, "zb-h1") == (-0.1, 0.9)
+    assert bounds_of({"gpipe": (0.1, 0.2), "dp": 0.5}, "zb-h1") == (-0.5, 0.5)   # no ALL: the widest
+
+
+def test_ranges_from_accuracy_widen_each_error_by_its_rounds_spread() -> None:
+    # sim 130 against a median of 100 whose rounds spread 20%: measured in [90, 110] -> error in [0.18, 0.44]
+    df = pd.DataFrame({"method": ["a", "a", "b"], "error": [0.3, 0.1, -0.2],
+                       "measured_spread": [0.2, 0.0, math.nan]})
+    got = ranges_from_accuracy(df)
+    assert got["a"] == pytest.approx((0.1, 1.3 / 0.9 - 1))
+    assert got["b"] == pytest.approx((-0.2, -0.2))
+    assert got["ALL"] == pytest.approx((-0.2, 1.3 / 0.9 - 1))
+    assert ranges_from_accuracy(df.drop(columns="measured_spread"))["a"] == pytest.approx((0.1, 0.3))
+    with pytest.raises(ValueError, match="error"):
+        ranges_from_accuracy(pd.DataFrame({"x": [1]}))
+
+
+def test_the_committed_ranges_hold_every_measured_configuration() -> None:
+    """SIM_RANGES is the committed sim_accuracy results' signed ranges, rounded outwards: every
+    configuration's error lies inside its method's range (and 'ALL')."""
+    df = pd.read_csv(REPO / "reproductions" / "sim_accuracy" / "results.csv")
+    assert load_ranges(ERRORS_FILE) == SIM_RANGES
+    for m, e in zip(df["method"], df["error"]):
+        lo, hi = SIM_RANGES[m]
+        assert lo <= e <= hi, (m, e, SIM_RANGES[m])
+        assert SIM_RANGES["ALL"][0] <= e <= SIM_RANGES["ALL"][1]
+
+
+def test_ranges_file_round_trip_and_old_files(tmp_path: Path) -> None:
+    df = pd.DataFrame({"method": ["a", "a"], "error": [0.101, 0.301], "measured_spread": [0.0, 0.0]})
+    f = tmp_path / "e.json"
+    write_errors(df, f, source="test")
+    assert load_ranges(f) == {"a": (0.1, 0.31), "ALL": (0.1, 0.31)}
+    f.write_text('{"errors": {"a": 0.2}}')          # a file from before the ranges: symmetric
+    assert load_ranges(f) == {"a": (-0.2, 0.2)}
+    f.write_text('{"errors": {"a": 0.2}, "ranges": {"a": [0.5, 0.1]}}')
+    with pytest.raises(ValueError, match="lo <= hi"):
+        load_ranges(f)

@@ -28,10 +28,11 @@ activations (added to the simulated peak).
 The decision is honest about the simulator's error. The default (what a torch or Megatron user gets:
 1F1B on a uniform layer split, ``M = P``) is always simulated; a candidate replaces it only when it
 is surely faster given ``margin``, the simulator's relative throughput error per method (by default,
-on a calibrated cluster whose predictions are meant to be compared with real runs, :data:`SIM_ERRORS`,
-the worst error ``reproductions/sim_accuracy`` measured per method; 0 on an analytic preset, whose
-error is unknown): ``predicted / (1 + e)`` of the candidate above ``predicted / (1 - e)`` of the
-default. The table shows the rule: ``vs_default`` (predicted throughput over the default's),
+on a calibrated cluster whose predictions are meant to be compared with real runs, :data:`SIM_RANGES`,
+the signed range of errors ``reproductions/sim_accuracy`` measured per method; 0 on an analytic preset,
+whose error is unknown): ``predicted / (1 + hi)`` of the candidate above ``predicted / (1 + lo)`` of the
+default (with one number ``e``: ``predicted / (1 + e)`` above ``predicted / (1 - e)``). The table
+shows the rule: ``vs_default`` (predicted throughput over the default's),
 ``within_error`` (the simulator cannot tell the row from the default) and ``pick`` (the chosen row,
 :attr:`PlanTable.best`). Among the candidates that qualify, those tied with the fastest within the
 error go to the simpler plan (synchronous, fewer stages, ``dp`` itself, no chunks, no recomputation,
@@ -67,6 +68,7 @@ from pipelab.planner.decide import (
     ONE_STAGE_ASYNC,
     ONE_STAGE_SYNC,
     SIM_ERRORS,
+    SIM_RANGES,
     Margin,
     check_margin,
     decide,
@@ -189,9 +191,14 @@ class PlanTable:
         t["bubble_fraction"] = t["bubble_fraction"].map("{:.1%}".format)
         t["vs_default"] = t["vs_default"].map("{:.2f}x".format)
         m = self.margin
-        shown = ", ".join(f"{k} {v:.0%}" for k, v in m.items()) if isinstance(m, Mapping) else f"{m:.0%}"
+        shown = ", ".join(f"{k} {_shown(v)}" for k, v in m.items()) if isinstance(m, Mapping) else _shown(m)
         head_line = f"simulator error (margin): {shown}\n"
         return head_line + t.to_string()
+
+
+def _shown(v: float | tuple[float, float]) -> str:
+    """A margin entry for people: ``30%`` (either way) or ``+15%..+29%`` (a signed range)."""
+    return f"{v[0]:+.0%}..{v[1]:+.0%}" if isinstance(v, tuple) else f"{v:.0%}"
 
 
 def _recompute_profile(profile: Profile) -> Profile:
@@ -406,7 +413,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     ``allreduce_overlap``: as :func:`pipelab.sim.simulate` (``"none"`` to model pipelab's runtime).
     ``prune=False`` simulates every candidate. ``margin``: the simulator's relative throughput error,
     one number or a mapping method -> error; a candidate replaces the default only when surely faster
-    given it (module docstring; default :data:`SIM_ERRORS` on a calibrated cluster, 0 on an analytic
+    given it (module docstring; default :data:`SIM_RANGES` on a calibrated cluster, 0 on an analytic
     one; :func:`margin_from_accuracy` reads sim_accuracy's results). ``progress``: a progress bar
     (tqdm), or a callback ``(done, total)``. Returns a :class:`PlanTable`.
     """
@@ -427,7 +434,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
             raise ValueError(f"memory_limit has {len(limit)} entries but cluster {cl.name!r} has {W} workers")
     if any(x <= 0 for x in limit):
         raise ValueError(f"memory_limit must be positive bytes per worker; got {memory_limit!r}")
-    margin = check_margin((dict(SIM_ERRORS) if cl.calibration is not None else 0.0) if margin is None
+    margin = check_margin((dict(SIM_RANGES) if cl.calibration is not None else 0.0) if margin is None
                           else margin)
     hetero = len({cl.speed(w) for w in range(W)}) > 1
     names = tuple(methods) if methods is not None else DEFAULT_METHODS + (("hetpipe",) if hetero else ())
@@ -547,5 +554,5 @@ def _rank(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "Candidate", "PlanTable", "decide",
+__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "SIM_RANGES", "Candidate", "PlanTable", "decide",
            "margin_from_accuracy", "plan"]

@@ -1,18 +1,23 @@
 """The planner's decision: which row of a ranked table replaces the default, given the simulator's error.
 
-A prediction with relative error at most ``e`` (``|predicted - measured| <= e x measured``) says that
-the measured throughput lies in ``[predicted / (1 + e), predicted / (1 - e)]``. A candidate replaces
-the default (1F1B on a uniform split) only when the two intervals do not overlap, i.e. when it is
-sure to be faster:
+The simulator's signed relative error ``e = (predicted - measured) / measured`` of a method, measured
+in ``[lo, hi]``, says that a prediction ``p`` means a measured throughput in
+``[p / (1 + hi), p / (1 + lo)]``; an error of at most ``e`` either way is the range ``[-e, e]``, i.e.
+``[p / (1 + e), p / (1 - e)]``. A candidate replaces the default (1F1B on a uniform split) only when
+the two intervals do not overlap, i.e. when it is sure to be faster:
 
-    predicted_c / (1 + e_c)  >  predicted_default / (1 - e_default)
+    predicted_c / (1 + hi_c)  >  predicted_default / (1 + lo_default)
 
-with ``e`` the simulator's measured error for each row's method (``margin``: one number for every
-method, or a mapping method -> error, as :func:`margin_from_accuracy` reads it from
-``reproductions/sim_accuracy``; a pipelining method on one replicated stage is data parallelism and
-takes ``dp``'s error). Among the candidates that qualify, those whose interval reaches the lower end
-of the fastest's are a tie the simulator cannot break, and the simplest of them wins
-(:func:`_simpler`). ``margin = 0`` picks the fastest. Pure functions of a table.
+``margin`` gives each row's method its range: one number ``e`` for every method, or a mapping method ->
+``e`` or ``(lo, hi)``. The default on a calibrated cluster, :data:`SIM_RANGES`, is what
+``reproductions/sim_accuracy`` last measured per method (:func:`ranges_from_accuracy`: the signed errors
+of its configurations, widened by the spread of their real rounds): on this project's machine the
+simulator is optimistic for every method, by amounts that differ per method, and a symmetric bound
+(:data:`SIM_ERRORS`, the worst ``|e|``) would also allow it to be pessimistic by as much, which it never
+was. A pipelining method on one replicated stage is data parallelism and takes ``dp``'s range.
+Among the candidates that qualify, those whose interval reaches the lower end of the fastest's are a
+tie the simulator cannot break, and the simplest of them wins (:func:`_simpler`). ``margin = 0`` picks
+the fastest. Pure functions of a table.
 """
 
 from __future__ import annotations
@@ -32,6 +37,20 @@ from pipelab._io import atomic_write_text
 ERRORS_FILE = Path(__file__).resolve().parent.parent / "data" / "sim_errors.json"
 
 
+def load_ranges(path: str | Path = ERRORS_FILE) -> dict[str, tuple[float, float]]:
+    """The per-method signed error ranges of a file :func:`write_errors` wrote (``"ranges"``; a file
+    with only ``"errors"`` gives ``(-e, e)``)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        raw = doc.get("ranges") or {k: (-float(v), float(v)) for k, v in doc["errors"].items()}
+        ranges = {str(k): (float(v[0]), float(v[1])) for k, v in raw.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise ValueError(f"{path}: not a simulator-error file ({e}); rewrite it with "
+                         "`pipelab reproduce --only sim_accuracy`") from e
+    check_margin(ranges)
+    return ranges
+
+
 def load_errors(path: str | Path = ERRORS_FILE) -> dict[str, float]:
     """The per-method errors of a file :func:`write_errors` wrote (``{"errors": {method: error}}``)."""
     try:
@@ -47,10 +66,13 @@ def load_errors(path: str | Path = ERRORS_FILE) -> dict[str, float]:
 def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
                  source: str = "") -> dict[str, float]:
     """Write the per-method errors of a sim_accuracy results table (:func:`margin_from_accuracy`, each
-    rounded up to 0.01 and at most 0.99, the largest error a margin can be) to ``path`` atomically, with
-    ``source`` (what was measured, where, when)."""
+    rounded up to 0.01 and at most 0.99, the largest error a margin can be) and their signed ranges
+    (:func:`ranges_from_accuracy`, rounded outwards to 0.01) to ``path`` atomically, with ``source``
+    (what was measured, where, when). Returns the errors."""
     errors = {m: min(math.ceil(e * 100 - 1e-9) / 100, 0.99) for m, e in margin_from_accuracy(results).items()}
-    doc = {"source": source, "errors": errors}
+    ranges = {m: [math.floor(lo * 100 + 1e-9) / 100, math.ceil(hi * 100 - 1e-9) / 100]
+              for m, (lo, hi) in ranges_from_accuracy(results).items()}
+    doc = {"source": source, "errors": errors, "ranges": ranges}
     atomic_write_text(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return errors
 
@@ -60,26 +82,58 @@ ONE_STAGE_SYNC = "dp with gradient accumulation (one stage: no pipeline)"
 ONE_STAGE_ASYNC = ("collapsed: one stage is no pipeline and never stale: data parallelism with each replica "
                    "a whole minibatch (replicas x the batch per update); see the dp rows")
 
-Margin = float | Mapping[str, float]
+Bound = float | tuple[float, float]
+Margin = float | Mapping[str, Bound]
+
+
+def _is_error(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v < 1
+
+
+def _is_range(v: Any) -> bool:
+    return (isinstance(v, (tuple, list)) and len(v) == 2 and all(
+        not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) for x in v)
+        and -1 < v[0] <= v[1])
 
 
 def check_margin(margin: Any) -> Margin:
-    """``margin`` if it is a relative error in ``[0, 1)`` or a mapping of method names to such; else a
-    ValueError saying what to pass."""
+    """``margin`` if it is a relative error in ``[0, 1)``, or a mapping of method names to such or to
+    signed ranges ``(lo, hi)`` with ``-1 < lo <= hi``; else a ValueError saying what to pass."""
     values = list(margin.values()) if isinstance(margin, Mapping) else [margin]
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1
-                         for v in values):
+    mapping = isinstance(margin, Mapping)
+    if not values or any(not (_is_error(v) or (mapping and _is_range(v))) for v in values):
         raise ValueError(f"margin={margin!r} must be a relative error in [0, 1) (0.3: predictions within "
-                         f"30% of measurements), or a mapping method -> such (see planner.SIM_ERRORS)")
-    return {str(k): float(v) for k, v in margin.items()} if isinstance(margin, Mapping) else float(margin)
+                         f"30% of measurements), or a mapping method -> such or -> a signed range (lo, hi) "
+                         f"of (predicted - measured) / measured with -1 < lo <= hi (see planner.SIM_RANGES)")
+    if not isinstance(margin, Mapping):
+        return float(margin)
+    return {str(k): (float(v[0]), float(v[1])) if isinstance(v, (tuple, list)) else float(v)
+            for k, v in margin.items()}
+
+
+def _as_range(v: Bound) -> tuple[float, float]:
+    return (float(v[0]), float(v[1])) if isinstance(v, tuple) else (-float(v), float(v))
+
+
+def bounds_of(margin: Margin, method: str, equivalent: str = "") -> tuple[float, float]:
+    """The signed error range ``(lo, hi)`` ``margin`` gives a row of ``method`` (``dp``'s where the row
+    is data parallelism; ``"ALL"``'s, else the widest, for a method it does not name)."""
+    if not isinstance(margin, Mapping):
+        return _as_range(float(margin))
+    key = "dp" if equivalent else method
+    if key in margin:
+        return _as_range(margin[key])
+    if "ALL" in margin:
+        return _as_range(margin["ALL"])
+    ranges = [_as_range(v) for v in margin.values()]
+    return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
 
 
 def error_of(margin: Margin, method: str, equivalent: str = "") -> float:
-    """The error ``margin`` gives a row of ``method`` (``dp``'s where the row is data parallelism)."""
-    if not isinstance(margin, Mapping):
-        return float(margin)
-    key = "dp" if equivalent else method
-    return float(margin.get(key, margin.get("ALL", max(margin.values()))))
+    """The largest |error| ``margin`` gives a row of ``method`` (``dp``'s where the row is data
+    parallelism)."""
+    lo, hi = bounds_of(margin, method, equivalent)
+    return max(abs(lo), abs(hi))
 
 
 def _simpler(table: pd.DataFrame, i: Any) -> tuple[Any, ...]:
@@ -106,8 +160,10 @@ def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataF
     ok = (table["status"] == "simulated") & table["fits"].astype(bool)
     thr = table["throughput"].astype(float)
     equiv = table["equivalent"] if "equivalent" in table else pd.Series("", index=table.index)
-    err = pd.Series([error_of(margin, m, q) for m, q in zip(table["method"], equiv)], index=table.index)
-    low, high = thr / (1 + err), thr / (1 - err)
+    bounds = [bounds_of(margin, m, q) for m, q in zip(table["method"], equiv)]
+    lo_err = pd.Series([lo for lo, _ in bounds], index=table.index, dtype=float)
+    hi_err = pd.Series([hi for _, hi in bounds], index=table.index, dtype=float)
+    low, high = thr / (1 + hi_err), thr / (1 + lo_err)
     base = float(thr.loc[default]) if default is not None and default in table.index else math.nan
     table["vs_default"] = thr / base
     default_ok = default is not None and bool(ok.get(default, False))
@@ -143,6 +199,27 @@ def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
     return {**{str(k): float(v) for k, v in worst.items()}, "ALL": float(worst.max())}
 
 
+def ranges_from_accuracy(results: pd.DataFrame | str) -> dict[str, tuple[float, float]]:
+    """Per method, the signed range ``(lo, hi)`` of ``(simulated - measured) / measured`` over a
+    ``reproductions/sim_accuracy`` results table (columns ``method``, ``error`` and, when present,
+    ``measured_spread``), and ``"ALL"``, the union: a measured ``margin`` for
+    :func:`pipelab.planner.plan`. Each configuration's error is widened by the spread of its real
+    rounds, ``(max - min) / median`` taken as ``median x (1 +- spread / 2)`` (at most +-90%)."""
+    df = pd.read_csv(results) if isinstance(results, str) else results
+    if "error" not in df or "method" not in df or df["error"].dropna().empty:
+        raise ValueError("ranges_from_accuracy needs sim_accuracy's results with columns 'method' and "
+                         "'error' (reproductions/sim_accuracy/results.csv)")
+    df = df.dropna(subset=["error"])
+    half = (df["measured_spread"].fillna(0.0).clip(lower=0.0) / 2).clip(upper=0.9) \
+        if "measured_spread" in df else pd.Series(0.0, index=df.index)
+    lo = (1 + df["error"]) / (1 + half) - 1
+    hi = (1 + df["error"]) / (1 - half) - 1
+    out = {str(m): (float(lo[part.index].min()), float(hi[part.index].max()))
+           for m, part in df.groupby("method")}
+    out["ALL"] = (float(lo.min()), float(hi.max()))
+    return out
+
+
 #: the calibrated simulator's relative throughput error per method: the worst |error| that
 #: ``reproductions/sim_accuracy`` last measured for it (the digits CNN and a transformer stack on 2 gloo
 #: workers of this project's 2-core machine; :data:`ERRORS_FILE`), ``"ALL"`` the worst of all, for a
@@ -150,5 +227,11 @@ def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
 #: cluster; :func:`margin_from_accuracy` reads another results table.
 SIM_ERRORS: dict[str, float] = load_errors()
 
-__all__ = ["ERRORS_FILE", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "SIM_ERRORS", "check_margin", "decide",
-           "error_of", "load_errors", "margin_from_accuracy", "write_errors"]
+#: the same measurement as signed ranges ``(lo, hi)`` of ``(predicted - measured) / measured`` per
+#: method (:func:`ranges_from_accuracy`, widened by the real rounds' spread): the default ``margin`` of
+#: :func:`pipelab.planner.plan` on a calibrated cluster
+SIM_RANGES: dict[str, tuple[float, float]] = load_ranges()
+
+__all__ = ["ERRORS_FILE", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "SIM_ERRORS", "SIM_RANGES", "bounds_of",
+           "check_margin", "decide", "error_of", "load_errors", "load_ranges", "margin_from_accuracy",
+           "ranges_from_accuracy", "write_errors"]
