@@ -26,12 +26,14 @@
 #   simulates the rest and returns a ranked table with the Pareto front of throughput against memory.
 #   Asynchronous methods are ranked too, with their weight staleness flagged (a statistical-efficiency
 #   risk: more epochs may be needed), not hidden.
-# * The pick is honest about the simulator's error. With a relative error `e`, a prediction `p` says the
-#   measurement lies in `[p/(1+e), p/(1-e)]`; a candidate replaces the default (1F1B on a uniform layer
-#   split) only when its interval lies wholly above the default's, and candidates whose intervals reach
-#   the fastest's go to the simplest (synchronous, fewer stages, data parallelism itself, ...). `e` is
-#   `margin=`: on a calibrated cluster, `pl.planner.SIM_ERRORS`, the worst error per method that
-#   `reproductions/sim_accuracy` measured here; 0 on an analytic preset, whose error nobody measured.
+# * The pick is honest about the simulator's error. With a signed relative error
+#   `(predicted - measured) / measured` measured in `[lo, hi]`, a prediction `p` says the measurement
+#   lies in `[p/(1+hi), p/(1+lo)]` (one number `e`: `[p/(1+e), p/(1-e)]`); a candidate replaces the
+#   default (1F1B on a uniform layer split) only when its interval lies wholly above the default's, and
+#   candidates whose intervals reach the fastest's go to the simplest (synchronous, fewer stages, data
+#   parallelism itself, ...). The range is `margin=`: on a calibrated cluster, `pl.planner.SIM_RANGES`,
+#   what `reproductions/sim_accuracy` measured here per method; 0 on an analytic preset, whose error
+#   nobody measured.
 #   Columns `vs_default`, `within_error` and `pick` show the rule; `equivalent` names what a degenerate
 #   candidate is (a pipelining method on one replicated stage is data parallelism, and takes `dp`'s
 #   error; an asynchronous one there is collapsed, not ranked).
@@ -227,7 +229,7 @@ for method in ("gpipe", "1f1b-flush"):
 # uniform split by layer count puts most of the work on the last worker. The planner searches with
 # `allreduce_overlap="none"` (pipelab's runtime all-reduces after the backward) and without compression or
 # recomputation (which would only cost time on CPUs with memory to spare); on this calibrated cluster its
-# margin is `SIM_ERRORS`. Each variant is trained for real on 2 gloo processes: the **default** (1F1B,
+# margin is `SIM_RANGES`. Each variant is trained for real on 2 gloo processes: the **default** (1F1B,
 # uniform split, `M = P`), the planner's **pick**, where the error made them differ the **fastest** predicted
 # candidate, and the **sync pick** of the same search over synchronous methods only (no stale weights)
 # where it is neither the default nor the pick. Variants are interleaved round by round and measured over
