@@ -396,8 +396,9 @@ class Run:
                             self._kill()
                             self._fail(
                                 WorkerError(
-                                    f"worker {rank} exited with code {p.exitcode} without reporting "
-                                    "an error: killed, out of memory, or it could not start. Run from a "
+                                    f"worker {rank} exited with code {p.exitcode}{_signal_name(p.exitcode)} "
+                                    "without reporting an error: killed, out of memory, or it could not "
+                                    "start. Run from a "
                                     "script? Worker "
                                     "processes re-import it, so put the call under "
                                     '`if __name__ == "__main__":`',
