@@ -312,8 +312,9 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     by_np: dict[tuple[int, int], list[float]] = {}
     for _, n, p, t in ar:
         by_np.setdefault((n, p), []).append(t)
+    # each round's figure is a mean over its all-reduces (probes.p2p_and_allreduce); so is the fit's
     ar_alpha, ar_beta, res_ar = fit_ring(
-        [(n, p, statistics.median(ts)) for (n, p), ts in sorted(by_np.items())]
+        [(n, p, statistics.fmean(ts)) for (n, p), ts in sorted(by_np.items())]
     )
     ar_rounds = [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)]
     over = got["runtime overhead"]

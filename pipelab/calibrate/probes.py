@@ -40,6 +40,8 @@ OPTIMIZERS: dict[str, Any] = {
 IDLE_S = 2e-3
 #: seconds a probe computes before each all-reduce (the runtime's U follows a backward at once)
 BUSY_S = 2e-3
+#: timed all-reduces per size and round, at least (the time is bimodal: a few samples miss the mix)
+AR_TRIPS = 8
 
 
 def _compute(seconds: float) -> None:
@@ -99,16 +101,21 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
                     if rank < p:
                         dist.all_reduce(buf, group=g)   # warm-up
                         ts = []
-                        for _ in range(_trips(n)):
+                        for _ in range(max(_trips(n), AR_TRIPS)):
                             # once per minibatch in a run, right after a backward: the runtime's U
-                            # follows compute at once, and the replicas meet in the all-reduce (measured:
-                            # 153 kB take 0.63 ms after an idle moment, 1.8 ms after compute)
+                            # follows compute at once, and the replicas meet in the all-reduce, with no
+                            # barrier to line them up first (measured: 153 kB take 0.63 ms after an idle
+                            # moment, 1.8 ms after compute; 856 kB 1.9-2.4 ms after compute and a
+                            # barrier, 3.2-3.9 ms without it, as the runtime's U of a transformer
+                            # stack takes 3.5-4.4 ms)
                             _compute(BUSY_S)
-                            dist.barrier(group=g)
                             t0 = time.perf_counter()
                             dist.all_reduce(buf, group=g)
                             ts.append(time.perf_counter() - t0)
-                        ar.append((r, n, p, statistics.median(ts)))
+                        # the mean, not the median: after compute an all-reduce takes either about
+                        # 0.3 ms or a scheduler slice (1.7-3.4 ms for 4 kB, measured), and a run pays
+                        # the expected value of that mix once per minibatch
+                        ar.append((r, n, p, statistics.fmean(ts)))
         dist.barrier()
         queue.put(("ok", rank, {"p2p": p2p, "allreduce": ar}))
     except BaseException:
