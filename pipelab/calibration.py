@@ -35,7 +35,10 @@ class Calibration:
     * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
       (packing, posting the send) and ``"recv"`` (posting the receive, unpacking); and
       ``"busy_sender"``, how late a message arrives when its sender goes on computing right after
-      sending it (the backend's I/O thread then waits for a core);
+      sending it (the backend's I/O thread then waits for a core); ``"cross"``, how much longer an
+      action takes when its message crosses the peer's in the opposite direction
+      (:mod:`pipelab.schedules.crossing`; the simulator adds it to the actions a first pass finds
+      crossed; absent, nothing, in older files);
     * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
       seconds, seconds per parameter byte, seconds per parameter tensor)`` of one ``step()`` (torch's
       CPU optimizers loop over the tensors: a stage of many small tensors pays per tensor; a file

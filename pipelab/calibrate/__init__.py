@@ -51,6 +51,8 @@ from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.runtime import train
+from pipelab.schedules.actions import Action
+from pipelab.schedules.crossing import crossed_actions, destination
 
 BACKENDS = ("gloo", "nccl")
 #: message sizes of the point-to-point and all-reduce sweeps (bytes): 4 KiB .. 4 MiB
@@ -129,7 +131,10 @@ def message_overhead(
     posting the send) and ``"recv"`` (posting the receive, unpacking); and a message's latency as
     the run has it, ``"latency"`` (to a receiver already waiting) and ``"busy"`` (from a sender
     that computed on at once; a round has only a few such messages, so ``"busy_all"`` also pools
-    them over the rounds: its median is the figure, the rounds' medians give the spread).
+    them over the rounds: its median is the figure, the rounds' medians give the spread); and
+    ``"cross"``, the mean extra of an action whose message crossed the peer's
+    (:func:`pipelab.schedules.crossing.crossed_actions`), pooled over the rounds (``"cross_rounds"``:
+    each round's, for the spread).
 
     A two-worker ``1f1b-flush`` run of :func:`tiny.tiny_model` cut after its first layer: stage 0's
     forward sends and its backward receives, stage 1's forward receives and its backward sends. An
@@ -148,9 +153,12 @@ def message_overhead(
     }
     role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
-    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": [], "busy_all": []}
+    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": [], "busy_all": [],
+                                   "cross_rounds": []}
+    pooled: dict[tuple[int, str, bool], list[float]] = {}
     for _ in range(repeats):
         run = _run(tiny_model, tiny_data, plan, "1f1b-flush", steps, M, backend)
+        _crossings(run, pooled, out["cross_rounds"])
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
         # a message's latency in the runtime: from the end of the action that sent it to the end of
         # the receiver's wait, for receivers already waiting when it was sent
@@ -184,7 +192,38 @@ def message_overhead(
         for k, ts in per.items():
             if ts:
                 out[k].append(max(statistics.median(ts), 0.0))
+    out["cross"] = [_cross_extra(pooled)]
     return out
+
+
+def _cross_extra(durations: dict[tuple[int, str, bool], list[float]]) -> float:
+    """Mean extra seconds of a crossed action over a clear one of the same worker and kind, weighted
+    by the crossed actions' counts (0 without crossings)."""
+    num = den = 0.0
+    for (w, kind, crossed), ts in durations.items():
+        clear = durations.get((w, kind, False))
+        if crossed and ts and clear:
+            num += len(ts) * max(statistics.fmean(ts) - statistics.fmean(clear), 0.0)
+            den += len(ts)
+    return num / den if den else 0.0
+
+
+def _crossings(run: Any, pooled: dict[tuple[int, str, bool], list[float]], rounds: list[float]) -> None:
+    """Durations of the run's sending ``F``/``B`` past its first quarter (start-up), split by whether
+    their message crossed the peer's (:func:`pipelab.schedules.crossing.crossed_actions`): added to
+    ``pooled``, and this round's extra appended to ``rounds``."""
+    comp = list(run.trace.compute_events())
+    t0, t1 = min(e.start_s for e in comp), max(e.end_s for e in comp)
+    crossed = crossed_actions(run.schedule, comp)
+    mine: dict[tuple[int, str, bool], list[float]] = {}
+    for e in comp:
+        a = Action(e.stage, e.kind, e.microbatch)
+        if e.start_s < t0 + 0.25 * (t1 - t0) or destination(run.schedule, e.worker, a) is None:
+            continue
+        mine.setdefault((e.worker, e.kind, (e.worker, a) in crossed), []).append(e.end_s - e.start_s)
+    for k, v in mine.items():
+        pooled.setdefault(k, []).extend(v)
+    rounds.append(_cross_extra(mine))
 
 
 def compute_slowdown(
@@ -324,6 +363,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     in_run = msg.pop("latency", [])
     if in_run:
         alpha = statistics.median(in_run)
+    cross_spread = spread(msg.pop("cross_rounds", []))
     busy = msg.pop("busy", [])
     pooled = msg.pop("busy_all", [])
     busy_spread = spread(busy)
@@ -358,6 +398,8 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     sp.update({f"message_s.{k}": spread(v) for k, v in msg.items()})
     if busy:
         sp["message_s.busy_sender"] = busy_spread
+    if "cross" in msg:
+        sp["message_s.cross"] = cross_spread
     sp["compute_slowdown"] = spread(slow)
     res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[3] for k, f in opt_fit.items()}}
     cpu = platform.processor() or platform.machine() or "cpu"

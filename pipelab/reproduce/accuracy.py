@@ -159,6 +159,10 @@ class MeasuredActions(ProfileCosts):
         """The measured mean duration of this worker's actions of this stage and kind."""
         return self.durations[(worker, action.stage, action.kind)]
 
+    def crossing_s(self) -> float:
+        """Nothing: the measured durations already hold the crossed actions' stalls."""
+        return 0.0
+
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """Nothing beyond the measured ``U`` (which waited for the all-reduce)."""
         return grad_s, 0.0, 0

@@ -93,6 +93,12 @@ class Costs:
         its receive to be posted."""
         return 0.0
 
+    def crossing_s(self) -> float:
+        """Seconds an action pays when its message crosses one in the opposite direction on the same
+        pair of workers (:mod:`pipelab.schedules.crossing`; 0: no such stall). The simulator applies
+        it in a second pass."""
+        return 0.0
+
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """(tail, comm seconds, bytes) of stage ``stage``'s gradient all-reduce over ``workers``.
 

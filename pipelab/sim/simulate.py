@@ -39,6 +39,7 @@ from pipelab.partition.plan import Plan
 from pipelab.schedules import build
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.crossing import Stalled, crossed_actions
 from pipelab.schedules.dataflow import POST_AHEAD, Costs, Deadlock, UnitCosts, run
 from pipelab.trace import Event, Trace
 
@@ -188,6 +189,12 @@ class ProfileCosts(Costs):
         cal = self.model.cluster.calibration
         return float(cal.message_s.get("busy_sender", 0.0)) if cal is not None else 0.0
 
+    def crossing_s(self) -> float:
+        """On a calibrated cluster: the measured extra of an action whose message crosses the peer's
+        (``Calibration.message_s["cross"]``; :mod:`pipelab.schedules.crossing`)."""
+        cal = self.model.cluster.calibration
+        return float(cal.message_s.get("cross", 0.0)) if cal is not None else 0.0
+
     def rendezvous_s(self, src: int, dst: int) -> float:
         """The receiver's ready notice: one latency of the link."""
         return self.model.cluster.link(self._w(src), self._w(dst)).latency if src != dst else 0.0
@@ -237,6 +244,11 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     costs = costs if costs is not None else UnitCosts()
     try:
         events = run(schedule, costs)
+        stall = costs.crossing_s()
+        if stall > 0:   # a second pass with the crossed actions' stall (pipelab.schedules.crossing)
+            crossed = crossed_actions(schedule, metrics.compute_events(events))
+            if crossed:
+                events = run(schedule, Stalled(costs, crossed, stall))
     except Deadlock as exc:
         raise ScheduleError(f"{exc}\n{schedule.grid(mark=exc.stuck[0][:2], max_steps=26)}") from None
     trace = Trace.from_events(events, method=schedule.method, microbatches=schedule.microbatches,

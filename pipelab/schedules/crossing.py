@@ -1,0 +1,111 @@
+"""Crossing sends: an action that sends to a worker while that worker's own message to it leaves.
+
+On pipelab's gloo runtime on a machine with as many busy compute threads as cores, an action whose
+message crosses one in the opposite direction on the same pair of workers takes longer, often by a
+scheduler slice (measured on 2 cores, the CNN's ``1f1b-flush``: the last stage's backward 3.1 ms
+median when the first stage's activation left during it, 0.29 ms otherwise; ``gpipe``, whose two
+directions never overlap, never crosses; ``reproductions/sim_accuracy/README.md``).
+
+:func:`crossed_actions` says which actions of a trace crossed, by one rule for a measured and a
+simulated trace: an ``F``/``B`` whose output goes to another worker, during which (start to end,
+inclusive) an action of that worker whose output comes back to this one ended.
+:func:`pipelab.calibrate.message_overhead` measures the extra on a real run with it
+(``Calibration.message_s["cross"]``), and the simulator adds it to the actions a first pass finds
+crossed (:class:`Stalled`), then simulates again.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.dataflow import Costs
+
+
+def destination(schedule: Schedule, worker: int, action: Action) -> int | None:
+    """The worker ``action``'s output goes to (``F``: the next stage's, ``B``: the previous stage's),
+    or None when it sends nothing or hands off on ``worker`` itself."""
+    s, m = action.stage, action.microbatch
+    if action.kind == "F" and s < schedule.num_stages - 1:
+        dst = schedule.worker_of(s + 1, m)
+    elif action.kind == "B" and s > 0:
+        dst = schedule.worker_of(s - 1, m)
+    else:
+        return None
+    return dst if dst != worker else None
+
+
+def crossed_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int, Action]]:
+    """``(worker, action)`` of every sending ``F``/``B`` in ``events`` (objects with ``worker``,
+    ``stage``, ``kind``, ``microbatch``, ``start_s``, ``end_s``: a trace's compute events) during which
+    the worker it sends to finished an action that sends back to it (module docstring)."""
+    sends: dict[tuple[int, int], list[float]] = {}     # (src, dst) -> end times of src's sending actions
+    acts: list[tuple[int, int, Action, float, float]] = []
+    for e in events:
+        if e.kind not in ("F", "B"):
+            continue
+        a = Action(e.stage, e.kind, e.microbatch)
+        dst = destination(schedule, e.worker, a)
+        if dst is None:
+            continue
+        sends.setdefault((e.worker, dst), []).append(e.end_s)
+        acts.append((e.worker, dst, a, e.start_s, e.end_s))
+    for v in sends.values():
+        v.sort()
+    out: set[tuple[int, Action]] = set()
+    for w, dst, a, start, end in acts:
+        back = sends.get((dst, w))
+        if back:
+            i = bisect.bisect_left(back, start)
+            if i < len(back) and back[i] <= end:
+                out.add((w, a))
+    return out
+
+
+class Stalled(Costs):
+    """``base``'s costs, with ``extra`` seconds added to each ``(worker, action)`` of ``crossed``."""
+
+    def __init__(self, base: Costs, crossed: set[tuple[int, Action]], extra: float) -> None:
+        self.base, self.crossed, self.extra = base, crossed, float(extra)
+
+    def compute(self, worker: int, action: Action, split: bool) -> float:
+        """The base cost, plus the stall when this action crossed."""
+        t = self.base.compute(worker, action, split)
+        return t + self.extra if (worker, action) in self.crossed else t
+
+    def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
+        """As the base costs."""
+        return self.base.send(src, dst, action)
+
+    def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
+        """As the base costs."""
+        return self.base.channels(src, dst)
+
+    def channel_slots(self, channel: Hashable) -> int:
+        """As the base costs."""
+        return self.base.channel_slots(channel)
+
+    def post_ahead(self) -> int | None:
+        """As the base costs."""
+        return self.base.post_ahead()
+
+    def busy_sender_s(self, src: int) -> float:
+        """As the base costs."""
+        return self.base.busy_sender_s(src)
+
+    def rendezvous_s(self, src: int, dst: int) -> float:
+        """As the base costs."""
+        return self.base.rendezvous_s(src, dst)
+
+    def crossing_s(self) -> float:
+        """Already applied: no second stall."""
+        return 0.0
+
+    def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
+        """As the base costs."""
+        return self.base.allreduce(stage, workers, grad_s)
+
+
+__all__ = ["Stalled", "crossed_actions", "destination"]
