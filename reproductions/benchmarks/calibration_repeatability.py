@@ -36,6 +36,11 @@ def main() -> None:
         for k in sorted(a.overhead_s)
     ]
     rows += [
+        (f"message_s.{k}", a.message_s[k], b.message_s.get(k, float("nan")),
+         a.spread.get(f"message_s.{k}", 0.0))
+        for k in sorted(a.message_s)
+    ]
+    rows += [
         (f"optimizer {k} per byte", a.optimizer_s[k][1], b.optimizer_s[k][1], 0.0) for k in a.optimizer_s
     ]
     inside = 0
