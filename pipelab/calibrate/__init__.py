@@ -9,10 +9,14 @@ What is measured (``repeats`` rounds of each; medians kept, spreads recorded):
 3. the runtime's own seconds per action for ``F``, ``B``, ``W`` and ``U``: a one-worker
    ``zb-h1`` run of a tiny model through the real runtime (so every kind occurs), each action's
    wall time up to the next one, less the layers' profiled compute; and per message, on the worker
-   that sends it and on the one that receives it (a two-worker run of the same model);
+   that sends it and on the one that receives it (a two-worker run of the same model), how late a
+   message is when its sender computes on at once, and how much longer an action takes when its
+   message crosses the peer's in the opposite direction (:mod:`pipelab.schedules.crossing`);
 4. the optimizer step's cost for SGD, SGD with momentum and Adam (fixed seconds plus seconds per
    parameter byte plus seconds per parameter tensor);
-5. host memory bandwidth (a large copy).
+5. host memory bandwidth (a large copy);
+6. what running on a stashed weight version costs: the forward through the runtime's
+   ``Reparametrizer`` beyond the plain call, and a stashing ``U``'s copy-on-write into a new version.
 
 The result is a one-switch cluster of ``workers`` devices of speed 1.0 (the profile must be
 measured on this machine too: ``pl.profile``), whose link is the measured point-to-point path.
