@@ -226,6 +226,10 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             dist.gather_object(
                 (result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0
             )
+            # every rank past the gather before any tears its process group down: a rank that
+            # destroyed its group while rank 0 still received aborted in gloo's teardown ("terminate
+            # called without an active exception", SIGABRT; 1 of 10 torchrun runs here)
+            dist.barrier()
         return result, everything
     finally:
         try:
