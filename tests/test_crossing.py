@@ -13,8 +13,9 @@ import pytest
 from pipelab.calibrate import _cross_extra
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action
-from pipelab.schedules.crossing import Stalled, crossed_actions, destination
+from pipelab.schedules.crossing import Stalled, crossed_actions
 from pipelab.schedules.dataflow import UnitCosts, run
+from pipelab.schedules.messages import sent_by
 from pipelab.sim import simulate_schedule
 
 STALL = 0.25
@@ -32,15 +33,15 @@ def _ev(worker: int, stage: int, kind: str, mb: int, start: float, end: float) -
     return SimpleNamespace(worker=worker, stage=stage, kind=kind, microbatch=mb, start_s=start, end_s=end)
 
 
-def test_destination_is_the_neighbour_stage_on_another_worker() -> None:
+def test_who_an_action_sends_to_is_the_neighbour_stage_on_another_worker() -> None:
     sch = build("1f1b-flush", 2, microbatches=2)
-    assert destination(sch, 0, Action(0, "F", 0)) == 1
-    assert destination(sch, 1, Action(1, "B", 0)) == 0
-    assert destination(sch, 1, Action(1, "F", 0)) is None       # the last stage sends no activation
-    assert destination(sch, 0, Action(0, "B", 0)) is None       # the first stage sends no gradient
+    assert sent_by(sch, 0, Action(0, "F", 0)) is not None and sent_by(sch, 0, Action(0, "F", 0))[0] == 1
+    assert sent_by(sch, 1, Action(1, "B", 0)) is not None and sent_by(sch, 1, Action(1, "B", 0))[0] == 0
+    assert sent_by(sch, 1, Action(1, "F", 0)) is None       # the last stage sends no activation
+    assert sent_by(sch, 0, Action(0, "B", 0)) is None       # the first stage sends no gradient
     inter = build("interleaved-1f1b", 2, microbatches=2, chunks=2)
     # stage 1 (worker 1) hands stage 2 (worker 0) its activation: another worker, a message
-    assert destination(inter, 1, Action(1, "F", 0)) == 0
+    assert sent_by(inter, 1, Action(1, "F", 0)) is not None and sent_by(inter, 1, Action(1, "F", 0))[0] == 0
 
 
 def test_an_action_crosses_when_the_peers_message_leaves_during_it_bounds_included() -> None:

@@ -56,7 +56,8 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.runtime import train
 from pipelab.schedules.actions import Action
-from pipelab.schedules.crossing import crossed_actions, destination
+from pipelab.schedules.crossing import crossed_actions
+from pipelab.schedules.messages import sent_by
 
 BACKENDS = ("gloo", "nccl")
 #: message sizes of the point-to-point and all-reduce sweeps (bytes): 4 KiB .. 4 MiB
@@ -222,7 +223,7 @@ def _crossings(run: Any, pooled: dict[tuple[int, str, bool], list[float]], round
     mine: dict[tuple[int, str, bool], list[float]] = {}
     for e in comp:
         a = Action(e.stage, e.kind, e.microbatch)
-        if e.start_s < t0 + 0.25 * (t1 - t0) or destination(run.schedule, e.worker, a) is None:
+        if e.start_s < t0 + 0.25 * (t1 - t0) or sent_by(run.schedule, e.worker, a) is None:
             continue
         mine.setdefault((e.worker, e.kind, (e.worker, a) in crossed), []).append(e.end_s - e.start_s)
     for k, v in mine.items():

@@ -202,7 +202,7 @@ def optimizer_steps(param_bytes: Sequence[int], repeats: int,
 
 
 
-def _per_call(fn: Any, calls: int) -> float:
+def per_call(fn: Any, calls: int) -> float:
     """Seconds per call of ``fn`` after a quarter as many warm-up calls."""
     for _ in range(calls // 4):
         fn()
@@ -230,8 +230,8 @@ def stashed_forward(repeats: int, depths: Sequence[int] = (2, 8, 32),
         weights = {n: p.detach().clone().requires_grad_() for n, p in m.named_parameters()}
         call = Reparametrizer(m)
         for _ in range(repeats):
-            rows.append((2 * depth, _per_call(lambda c=call, w=weights, x=x: c(w, x), calls)
-                         - _per_call(lambda m=m, x=x: m(x), calls)))
+            rows.append((2 * depth, per_call(lambda c=call, w=weights, x=x: c(w, x), calls)
+                         - per_call(lambda m=m, x=x: m(x), calls)))
     return rows
 
 
@@ -279,4 +279,4 @@ def memory_copy(nbytes: int, repeats: int) -> list[float]:
 
 
 __all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "new_version", "optimizer_steps",
-           "p2p_and_allreduce", "stashed_forward"]
+           "p2p_and_allreduce", "per_call", "stashed_forward"]

@@ -105,7 +105,7 @@ def check_margin(margin: Any) -> Margin:
         raise ValueError(f"margin={margin!r} must be a relative error in [0, 1) (0.3: predictions within "
                          f"30% of measurements), or a mapping method -> such or -> a signed range (lo, hi) "
                          f"of (predicted - measured) / measured with -1 < lo <= hi (see planner.SIM_RANGES)")
-    if not isinstance(margin, Mapping):
+    if not mapping:
         return float(margin)
     return {str(k): (float(v[0]), float(v[1])) if isinstance(v, (tuple, list)) else float(v)
             for k, v in margin.items()}

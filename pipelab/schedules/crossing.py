@@ -8,7 +8,8 @@ directions never overlap, never crosses; ``reproductions/sim_accuracy/README.md`
 
 :func:`crossed_actions` says which actions of a trace crossed, by one rule for a measured and a
 simulated trace: an ``F``/``B`` whose output goes to another worker, during which (start to end,
-inclusive) an action of that worker whose output comes back to this one ended.
+inclusive) an action of that worker whose output comes back to this one ended (who sends what to whom:
+:func:`pipelab.schedules.messages.sent_by`).
 :func:`pipelab.calibrate.message_overhead` measures the extra on a real run with it
 (``Calibration.message_s["cross"]``), and the simulator adds it to the actions a first pass finds
 crossed (:class:`Stalled`), then simulates again.
@@ -22,19 +23,7 @@ from typing import Any
 
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs
-
-
-def destination(schedule: Schedule, worker: int, action: Action) -> int | None:
-    """The worker ``action``'s output goes to (``F``: the next stage's, ``B``: the previous stage's),
-    or None when it sends nothing or hands off on ``worker`` itself."""
-    s, m = action.stage, action.microbatch
-    if action.kind == "F" and s < schedule.num_stages - 1:
-        dst = schedule.worker_of(s + 1, m)
-    elif action.kind == "B" and s > 0:
-        dst = schedule.worker_of(s - 1, m)
-    else:
-        return None
-    return dst if dst != worker else None
+from pipelab.schedules.messages import sent_by
 
 
 def crossed_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int, Action]]:
@@ -47,9 +36,10 @@ def crossed_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int,
         if e.kind not in ("F", "B"):
             continue
         a = Action(e.stage, e.kind, e.microbatch)
-        dst = destination(schedule, e.worker, a)
-        if dst is None:
+        sent = sent_by(schedule, e.worker, a)
+        if sent is None:
             continue
+        dst = sent[0]
         sends.setdefault((e.worker, dst), []).append(e.end_s)
         acts.append((e.worker, dst, a, e.start_s, e.end_s))
     for v in sends.values():
@@ -108,4 +98,4 @@ class Stalled(Costs):
         return self.base.allreduce(stage, workers, grad_s)
 
 
-__all__ = ["Stalled", "crossed_actions", "destination"]
+__all__ = ["Stalled", "crossed_actions"]

@@ -16,26 +16,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 from torch.func import functional_call
 
+from pipelab.calibrate.probes import per_call
 from pipelab.graph import StageModule, as_tuple, layer_nodes, trace
 from pipelab.reproduce.accuracy import MODELS
 from pipelab.runtime.policies.base import Stashing
 from pipelab.runtime.reparam import Reparametrizer
-
-
-def per_call(fn: Callable[[], object], calls: int) -> float:
-    """Mean seconds of ``fn()`` over ``calls`` calls, after a quarter as many warm-up calls."""
-    for _ in range(max(calls // 4, 1)):
-        fn()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls
 
 
 def stages(model: str) -> list[tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
