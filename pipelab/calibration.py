@@ -57,7 +57,12 @@ class Calibration:
       layers of the model ``compute_model`` take inside a two-worker run of that model than its
       profile says, the runtime's own work taken off first
       (:func:`pipelab.calibrate.model.calibrate_model`); the cost model multiplies the profile's
-      times by it. Empty (every factor 1) until that model is calibrated, and in older files.
+      times by it. Empty (every factor 1) until that model is calibrated, and in older files;
+    * ``duty_slowdown``: ``(duty, factor)`` points, how much longer the same compute takes on a core
+      that computes only the fraction ``duty`` of the time (idling between bursts, as a pipeline
+      worker waits between actions) than on one kept busy (:func:`pipelab.calibrate.probes.duty_cycle`;
+      a profile is taken on a busy core). The simulator scales each worker's compute by
+      :meth:`duty_factor` of the utilization a first pass gives it. Empty (factor 1) in older files.
 
     ``spread`` holds, per figure, the relative spread of the repeats ((max - min) / median);
     ``residual`` the relative RMS error of each fit; ``samples`` the raw sweeps (small lists).
@@ -82,6 +87,7 @@ class Calibration:
     compute_slowdown: float = 1.0
     compute_factor: dict[str, float] = field(default_factory=dict)
     compute_model: str = ""
+    duty_slowdown: tuple[tuple[float, float], ...] = ()
     spread: dict[str, float] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)
@@ -111,6 +117,14 @@ class Calibration:
                 raise ValueError(f"calibration: optimizer_s[{k!r}]={terms!r} must be numbers >= 0")
             opt[k] = terms
         object.__setattr__(self, "optimizer_s", opt)
+        pts = []
+        for pt in self.duty_slowdown:
+            if len(pt) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in pt) \
+                    or not (0 < pt[0] < 1) or pt[1] <= 0:
+                raise ValueError(f"calibration: duty_slowdown point {tuple(pt)!r} must be (duty in (0, 1), "
+                                 "factor > 0)")
+            pts.append((float(pt[0]), float(pt[1])))
+        object.__setattr__(self, "duty_slowdown", tuple(sorted(pts)))
         bad = sorted(set(self.compute_factor) - set(FACTOR_KINDS))
         if bad:
             raise ValueError(f"calibration: compute_factor has kinds {bad}; use {', '.join(FACTOR_KINDS)}")
@@ -147,6 +161,20 @@ class Calibration:
         run than profiled (:attr:`compute_factor`; 1.0 where not measured)."""
         return float(self.compute_factor.get("B" if kind == "W" else kind, 1.0))
 
+    def duty_factor(self, utilization: float) -> float:
+        """How much longer compute takes on a worker busy ``utilization`` of the time than on a busy
+        core: :attr:`duty_slowdown` interpolated linearly, 1 at full utilization, the lowest measured
+        duty's factor below it (no extrapolation); 1 where not measured."""
+        if not self.duty_slowdown or utilization >= 1.0:
+            return 1.0
+        pts = [*self.duty_slowdown, (1.0, 1.0)]
+        if utilization <= pts[0][0]:
+            return pts[0][1]
+        for (u0, f0), (u1, f1) in zip(pts, pts[1:]):
+            if utilization <= u1:
+                return f0 + (f1 - f0) * (utilization - u0) / (u1 - u0)
+        return 1.0
+
     def new_version_s(self, param_bytes: float, tensors: float) -> float:
         """Seconds a stashing method's ``U`` spends making a new weight version of ``param_bytes``
         in ``tensors`` tensors while the old one is still read (:attr:`stash_s`' ``version_*``
@@ -175,6 +203,9 @@ class Calibration:
             fac = (f"; {self.compute_model or 'the model'} computes inside a run "
                    + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.compute_factor.items()))
                    + " its profile")
+        if self.duty_slowdown:
+            fac += "; a core busy " + ", ".join(f"{u:.0%} of the time computes {f:.2f}x"
+                                                for u, f in self.duty_slowdown)
         return (f"calibrated on {self.host} ({self.device}, {self.backend}, {self.workers} workers on "
                 f"{self.cores} cores, torch {self.torch}) at {self.date}\n"
                 f"  p2p: {self.p2p_latency_s * 1e6:.0f} us + n / {self.p2p_bandwidth / 1e9:.3g} GB/s; "
@@ -188,6 +219,7 @@ class Calibration:
         """Plain-JSON form."""
         d = asdict(self)
         d["optimizer_s"] = {k: list(v) for k, v in self.optimizer_s.items()}
+        d["duty_slowdown"] = [list(p) for p in self.duty_slowdown]
         return d
 
     @classmethod
@@ -195,7 +227,8 @@ class Calibration:
         """Inverse of :meth:`to_dict`; raises ``ValueError`` naming a missing or bad field."""
         again = "re-create it with `pipelab calibrate`"
         try:
-            return cls(**{**d, "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()}})
+            return cls(**{**d, "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()},
+                          "duty_slowdown": tuple(tuple(p) for p in d.get("duty_slowdown", ()))})
         except KeyError as exc:
             raise ValueError(f"calibration lacks field {exc}; {again}") from None
         except TypeError as exc:

@@ -169,6 +169,11 @@ def test_calibrate_command_measures_this_machine(tmp_path: Path) -> None:
     assert all(math.isfinite(v) for v in cal.spread.values())
     # every round's raw sweep is kept: five sizes of point to point per round
     assert len(cal.samples["p2p"]) == 5 * 3
+    # the duty cycle's curve: every probed duty below 1, factors >= 1 that never fall as duty falls
+    duties = [d for d, _ in cal.duty_slowdown]
+    assert duties == sorted(duties) and len(duties) == 3 and all(0 < d < 1 for d in duties)
+    fs = [f for _, f in cal.duty_slowdown]
+    assert all(f >= 1.0 for f in fs) and fs == sorted(fs, reverse=True)
 
 
 def test_message_work_lands_on_the_actions_that_send_and_receive() -> None:

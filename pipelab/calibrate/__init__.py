@@ -296,7 +296,6 @@ def calibrate(
     from tqdm.auto import tqdm
 
     tiny = _tiny_profile()      # one profile of the tiny model, for the two runs that use it
-    bar = tqdm(total=9, desc="calibrating", disable=not progress, leave=False)
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
         ("runtime overhead", lambda: runtime_overhead(repeats, backend, prof=tiny)),
@@ -310,7 +309,9 @@ def calibrate(
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
         ("stashed forward", lambda: probes.stashed_forward(max(repeats, 5))),
         ("new weight version", lambda: probes.new_version([1 << 16, 1 << 20, 1 << 22], max(repeats, 5))),
+        ("duty cycle", lambda: probes.duty_cycle(max(repeats, 3))),
     ]
+    bar = tqdm(total=len(steps) + 1, desc="calibrating", disable=not progress, leave=False)
     got: dict[str, Any] = {}
     try:
         for label, fn in steps:
@@ -391,6 +392,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if got.get("new weight version"):  # a stashing U's copy-on-write: per call, byte and tensor
         v_call, v_byte, v_tensor, _ = fit_step(got["new weight version"])
         stash.update(version_call=v_call, version_byte=v_byte, version_tensor=v_tensor)
+    duty = duty_points(got.get("duty cycle") or [])
     finite = [b for _, b, _ in rounds if b != float("inf")]
     sp = {
         "p2p_latency_s": spread(in_run or [a for a, _, _ in rounds]),
@@ -406,6 +408,10 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if "cross" in msg:
         sp["message_s.cross"] = cross_spread
     sp["compute_slowdown"] = spread(slow)
+    by_duty: dict[float, list[float]] = {}
+    for _, d, ratio in got.get("duty cycle") or []:
+        by_duty.setdefault(d, []).append(ratio)
+    sp.update({f"duty_slowdown.{d:g}": spread(v) for d, v in by_duty.items()})
     res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[3] for k, f in opt_fit.items()}}
     cpu = platform.processor() or platform.machine() or "cpu"
     device = torch.cuda.get_device_name() if backend == "nccl" else cpu
@@ -427,6 +433,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         optimizer_s={k: (a, b, c) for k, (a, b, c, _) in opt_fit.items()},
         memory_bandwidth=statistics.median(mem),
         compute_slowdown=statistics.median(slow),
+        duty_slowdown=duty,
         spread=sp,
         residual=res,
         samples={
@@ -434,8 +441,25 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
             "allreduce": [list(x) for x in ar],
             "p2p_latency_in_run": in_run,
             "optimizer": {k: [list(x) for x in v] for k, v in opt.items()},
+            "duty_cycle": [list(x) for x in got.get("duty cycle") or []],
         },
     )
+
+
+def duty_points(rows: Sequence[tuple[int, float, float]]) -> tuple[tuple[float, float], ...]:
+    """``Calibration.duty_slowdown`` from :func:`probes.duty_cycle`'s ``(round, duty, ratio)`` rows:
+    per duty the median ratio over the rounds, at least 1 (a core that idles does not compute
+    faster: a ratio below 1 is the noise of the measurement) and at least the factor of every
+    higher duty (the less a core computes, the slower it wakes)."""
+    by: dict[float, list[float]] = {}
+    for _, d, ratio in rows:
+        by.setdefault(float(d), []).append(float(ratio))
+    out: list[tuple[float, float]] = []
+    worst = 1.0
+    for d in sorted(by, reverse=True):
+        worst = max(worst, statistics.median(by[d]))
+        out.append((d, worst))
+    return tuple(sorted(out))
 
 
 def check(cluster: Cluster, *, backend: str | None = None) -> None:
@@ -469,4 +493,5 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None) -> Cluster
 # the model at hand (imported last: it uses this package's fit helpers)
 from pipelab.calibrate.model import calibrate_model  # noqa: E402
 
-__all__ = ["BACKENDS", "DEFAULT_SIZES", "calibrate", "calibrate_model", "check", "load", "runtime_overhead"]
+__all__ = ["BACKENDS", "DEFAULT_SIZES", "calibrate", "calibrate_model", "check", "duty_points", "load",
+           "runtime_overhead"]

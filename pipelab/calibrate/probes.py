@@ -265,6 +265,54 @@ def new_version(param_bytes: Sequence[int], repeats: int,
     return rows
 
 
+#: the duty cycles :func:`duty_cycle` holds a core at (fraction of the time computing)
+DUTIES = (1.0, 0.6, 0.35, 0.2)
+
+
+def duty_cycle(repeats: int, duties: Sequence[int | float] = DUTIES, cycles: int = 40,
+               skip: int = 10) -> list[tuple[int, float, float]]:
+    """``(round, duty, ratio)``: how much longer the same compute takes on a core that computes only
+    a fraction ``duty`` of the time (sleeping between bursts, as a pipeline worker waits between its
+    actions) than on a core kept busy, in this process.
+
+    A burst is two forwards and backwards of :func:`~pipelab.calibrate.tiny.medium_model` (about
+    2 ms here); at each duty the core sleeps ``burst * (1 - duty) / duty`` before every burst, for
+    ``cycles`` bursts of which the first ``skip`` settle the pattern; ``ratio`` is the median burst
+    over the busy core's median burst of the same round. On a virtual machine (and a CPU with
+    frequency scaling) a core that idles part of the time computes slower when it wakes: measured on
+    this project's 2-core VM, the digits CNN's forward and backward 22-25% slower at a duty of 0.35
+    (``reproductions/sim_accuracy/README.md``).
+    """
+    from pipelab.calibrate.tiny import medium_data, medium_model
+
+    torch.set_num_threads(1)
+    m = medium_model()
+    x = next(iter(medium_data()))[0]
+
+    def burst() -> float:
+        t0 = time.perf_counter()
+        for _ in range(2):
+            m(x).square().mean().backward()
+        return time.perf_counter() - t0
+
+    for _ in range(10):
+        burst()
+    work = statistics.median(burst() for _ in range(20))
+    rows: list[tuple[int, float, float]] = []
+    for r in range(repeats):
+        med: dict[float, float] = {}
+        for duty in sorted({1.0, *(float(d) for d in duties)}, reverse=True):
+            gap = work * (1.0 - duty) / duty
+            ts = []
+            for _ in range(cycles):
+                if gap > 0:
+                    time.sleep(gap)
+                ts.append(burst())
+            med[duty] = statistics.median(ts[skip:])
+        rows += [(r, d, t / med[1.0]) for d, t in med.items() if d < 1.0]
+    return rows
+
+
 def memory_copy(nbytes: int, repeats: int) -> list[float]:
     """Bytes per second of ``dst.copy_(src)`` of ``nbytes`` (read plus write), one per repeat."""
     src = torch.ones(max(nbytes // 4, 1))

@@ -163,6 +163,10 @@ class MeasuredActions(ProfileCosts):
         """Nothing: the measured durations already hold the crossed actions' stalls."""
         return 0.0
 
+    def duty_factor(self, worker: int, utilization: float) -> float:
+        """1: the measured durations already are those of the run's duty cycle."""
+        return 1.0
+
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """Nothing beyond the measured ``U`` (which waited for the all-reduce)."""
         return grad_s, 0.0, 0

@@ -18,11 +18,11 @@ crossed (:class:`Stalled`), then simulates again.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.schedules.dataflow import Costs
+from pipelab.schedules.dataflow import Costs, Delegating
 from pipelab.schedules.messages import sent_by
 
 
@@ -54,48 +54,21 @@ def crossed_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int,
     return out
 
 
-class Stalled(Costs):
+class Stalled(Delegating):
     """``base``'s costs, with ``extra`` seconds added to each ``(worker, action)`` of ``crossed``."""
 
     def __init__(self, base: Costs, crossed: set[tuple[int, Action]], extra: float) -> None:
-        self.base, self.crossed, self.extra = base, crossed, float(extra)
+        super().__init__(base)
+        self.crossed, self.extra = crossed, float(extra)
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
         """The base cost, plus the stall when this action crossed."""
         t = self.base.compute(worker, action, split)
         return t + self.extra if (worker, action) in self.crossed else t
 
-    def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
-        """As the base costs."""
-        return self.base.send(src, dst, action)
-
-    def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
-        """As the base costs."""
-        return self.base.channels(src, dst)
-
-    def channel_slots(self, channel: Hashable) -> int:
-        """As the base costs."""
-        return self.base.channel_slots(channel)
-
-    def post_ahead(self) -> int | None:
-        """As the base costs."""
-        return self.base.post_ahead()
-
-    def busy_sender_s(self, src: int) -> float:
-        """As the base costs."""
-        return self.base.busy_sender_s(src)
-
-    def rendezvous_s(self, src: int, dst: int) -> float:
-        """As the base costs."""
-        return self.base.rendezvous_s(src, dst)
-
     def crossing_s(self) -> float:
         """Already applied: no second stall."""
         return 0.0
-
-    def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
-        """As the base costs."""
-        return self.base.allreduce(stage, workers, grad_s)
 
 
 __all__ = ["Stalled", "crossed_actions"]

@@ -99,6 +99,12 @@ class Costs:
         it in a second pass."""
         return 0.0
 
+    def duty_factor(self, worker: int, utilization: float) -> float:
+        """How much longer ``worker``'s compute takes when it computes only ``utilization`` of the
+        time (a core that idles between actions wakes slower; 1.0: no such effect). The simulator
+        applies it in further passes, from the utilization a pass gives each worker."""
+        return 1.0
+
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """(tail, comm seconds, bytes) of stage ``stage``'s gradient all-reduce over ``workers``.
 
@@ -106,6 +112,54 @@ class Costs:
         the reduced gradient; a tail of ``grad_s`` means the all-reduce hides completely.
         """
         raise NotImplementedError
+
+
+class Delegating(Costs):
+    """``base``'s costs in every respect; subclasses change one (a later pass of the simulator:
+    :class:`pipelab.schedules.crossing.Stalled`, :class:`pipelab.schedules.duty.Scaled`)."""
+
+    def __init__(self, base: Costs) -> None:
+        self.base = base
+
+    def compute(self, worker: int, action: Action, split: bool) -> float:
+        """As the base costs."""
+        return self.base.compute(worker, action, split)
+
+    def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
+        """As the base costs."""
+        return self.base.send(src, dst, action)
+
+    def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
+        """As the base costs."""
+        return self.base.channels(src, dst)
+
+    def channel_slots(self, channel: Hashable) -> int:
+        """As the base costs."""
+        return self.base.channel_slots(channel)
+
+    def post_ahead(self) -> int | None:
+        """As the base costs."""
+        return self.base.post_ahead()
+
+    def busy_sender_s(self, src: int) -> float:
+        """As the base costs."""
+        return self.base.busy_sender_s(src)
+
+    def rendezvous_s(self, src: int, dst: int) -> float:
+        """As the base costs."""
+        return self.base.rendezvous_s(src, dst)
+
+    def crossing_s(self) -> float:
+        """As the base costs."""
+        return self.base.crossing_s()
+
+    def duty_factor(self, worker: int, utilization: float) -> float:
+        """As the base costs."""
+        return self.base.duty_factor(worker, utilization)
+
+    def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
+        """As the base costs."""
+        return self.base.allreduce(stage, workers, grad_s)
 
 
 @dataclass(frozen=True)

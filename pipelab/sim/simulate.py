@@ -41,6 +41,7 @@ from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.crossing import Stalled, crossed_actions
 from pipelab.schedules.dataflow import POST_AHEAD, Costs, Deadlock, UnitCosts, run
+from pipelab.schedules.duty import settle
 from pipelab.trace import Event, Trace
 
 #: the runtime weight policies (``Method.weights``) whose every forward runs on a stashed version
@@ -195,6 +196,12 @@ class ProfileCosts(Costs):
         cal = self.model.cluster.calibration
         return float(cal.message_s.get("cross", 0.0)) if cal is not None else 0.0
 
+    def duty_factor(self, worker: int, utilization: float) -> float:
+        """On a calibrated cluster: how much longer compute takes on a core busy ``utilization`` of
+        the time than on the busy core the profile was taken on (``Calibration.duty_factor``)."""
+        cal = self.model.cluster.calibration
+        return cal.duty_factor(utilization) if cal is not None else 1.0
+
     def rendezvous_s(self, src: int, dst: int) -> float:
         """The receiver's ready notice: one latency of the link."""
         return self.model.cluster.link(self._w(src), self._w(dst)).latency if src != dst else 0.0
@@ -244,8 +251,11 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     costs = costs if costs is not None else UnitCosts()
     try:
         events = run(schedule, costs)
+        # passes until each worker's compute is scaled by the factor of its own utilization
+        # (pipelab.schedules.duty; nothing runs again where the costs have no such factor)
+        costs, events, _ = settle(costs, schedule.num_workers, events, lambda c: run(schedule, c))
         stall = costs.crossing_s()
-        if stall > 0:   # a second pass with the crossed actions' stall (pipelab.schedules.crossing)
+        if stall > 0:   # one more pass with the crossed actions' stall (pipelab.schedules.crossing)
             crossed = crossed_actions(schedule, metrics.compute_events(events))
             if crossed:
                 events = run(schedule, Stalled(costs, crossed, stall))

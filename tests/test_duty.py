@@ -1,0 +1,122 @@
+"""Duty cycle (``pipelab.schedules.duty``): a worker busy only part of the time computes slower.
+
+Oracles: the calibration's interpolation at its points and between them, the isotonic reduction of
+the probe's rows, a closed-form fixed point of the simulator's passes (data parallelism with unit
+costs), the fixed-point property itself on pipelines, JSON round trips (old files without the term),
+and the probe's rows on this machine (shape, not speed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import socket
+
+import pytest
+
+from pipelab.calibrate import duty_points
+from pipelab.calibrate.probes import duty_cycle
+from pipelab.calibration import Calibration
+from pipelab.schedules import build
+from pipelab.schedules.dataflow import UnitCosts, run
+from pipelab.schedules.duty import Scaled, settle, utilization
+from pipelab.sim import simulate_schedule
+
+
+def _cal(**kw: object) -> Calibration:
+    base: dict[str, object] = dict(
+        host=socket.gethostname(), backend="gloo", device="cpu:test", date="2026-11-25T00:00:00+00:00",
+        torch="2.14.1", cores=2, workers=2, p2p_latency_s=50e-6, p2p_bandwidth=2e9,
+        allreduce_latency_s=80e-6, allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={},
+        memory_bandwidth=1e10,
+    )
+    base.update(kw)
+    return Calibration(**base)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class DutyUnitCosts(UnitCosts):
+    """Unit costs on a machine whose cores compute ``2 - u`` times slower when busy ``u`` of the time."""
+
+    def duty_factor(self, worker: int, utilization: float) -> float:
+        return 2.0 - min(utilization, 1.0)
+
+
+# ---------------------------------------------------------------------- the calibrated curve
+def test_duty_factor_interpolates_between_points_and_is_one_at_full_duty() -> None:
+    cal = _cal(duty_slowdown=((0.2, 1.4), (0.5, 1.1)))
+    assert cal.duty_factor(1.0) == 1.0 and cal.duty_factor(1.3) == 1.0
+    assert cal.duty_factor(0.5) == pytest.approx(1.1)
+    assert cal.duty_factor(0.75) == pytest.approx(1.05)            # halfway from (0.5, 1.1) to (1, 1)
+    assert cal.duty_factor(0.35) == pytest.approx(1.25)            # halfway from (0.2, 1.4) to (0.5, 1.1)
+    assert cal.duty_factor(0.05) == pytest.approx(1.4)             # below the lowest duty: no extrapolation
+    assert _cal().duty_factor(0.1) == 1.0                          # not measured: no effect
+
+
+def test_duty_points_take_median_floor_at_one_and_never_fall_as_duty_falls() -> None:
+    rows = [(r, d, x) for r, row in enumerate([(1.05, 0.97, 1.3), (1.15, 0.99, 1.2), (1.10, 0.95, 1.5)])
+            for d, x in zip((0.6, 0.35, 0.2), row)]
+    # medians: 0.6 -> 1.10, 0.35 -> 0.97 (below 1, and below the higher duty's) -> 1.10, 0.2 -> 1.3
+    assert duty_points(rows) == ((0.2, 1.3), (0.35, 1.10), (0.6, 1.10))
+    assert duty_points([]) == ()
+
+
+def test_duty_slowdown_round_trips_and_old_files_load_without_it() -> None:
+    cal = _cal(duty_slowdown=((0.6, 1.06), (0.2, 1.37)))
+    assert cal.duty_slowdown == ((0.2, 1.37), (0.6, 1.06))           # kept sorted by duty
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again == cal and again.duty_factor(0.4) == cal.duty_factor(0.4)
+    d = cal.to_dict()
+    del d["duty_slowdown"]
+    assert Calibration.from_dict(d).duty_slowdown == ()
+    assert "20% of the time computes 1.37x" in cal.describe()
+
+
+@pytest.mark.parametrize("bad", [((1.0, 1.2),), ((0.0, 1.2),), ((0.5, -1.0),), ((0.5, math.nan),), ((0.5,),)])
+def test_a_bad_duty_point_is_a_clear_error(bad: tuple[tuple[float, ...], ...]) -> None:
+    with pytest.raises(ValueError, match="duty_slowdown point"):
+        _cal(duty_slowdown=bad)
+
+
+# ---------------------------------------------------------------------- the simulator's passes
+def test_data_parallel_settles_at_the_closed_form_fixed_point() -> None:
+    """dp, 2 replicas, F = B = g, an all-reduce of 5 s starting with the backward: a step takes g + 5
+    with 2g busy, so g = 2 - 2g / (g + 5), i.e. g^2 + 5g - 10 = 0."""
+    g = (-5 + math.sqrt(25 + 40)) / 2
+    res = simulate_schedule(build("dp", 2, microbatches=2), DutyUnitCosts(f=1.0, b=1.0, w=0.0, allreduce_s=5.0))
+    assert res.makespan == pytest.approx(g + 5, rel=2e-3)
+    plain = simulate_schedule(build("dp", 2, microbatches=2), UnitCosts(f=1.0, b=1.0, w=0.0, allreduce_s=5.0))
+    assert plain.makespan == pytest.approx(6.0)                    # without the term: one pass, as before
+
+
+@pytest.mark.parametrize("method, kw", [("gpipe", {"microbatches": 4}), ("1f1b-flush", {"microbatches": 4}),
+                                        ("pipedream", {})])
+def test_each_worker_ends_at_the_factor_of_its_own_utilization(method: str, kw: dict[str, int]) -> None:
+    sch = build(method, 3, minibatches=6, **kw)
+    costs = DutyUnitCosts(f=1.0, b=2.0, w=0.0, send_s=0.5)
+    first = run(sch, costs)
+    scaled, events, factors = settle(costs, sch.num_workers, first, lambda c: run(sch, c))
+    assert isinstance(scaled, Scaled) and scaled.factors == factors
+    util = utilization(events, sch.num_workers)
+    for w in range(sch.num_workers):
+        assert factors[w] == pytest.approx(costs.duty_factor(w, util[w]), rel=1e-2)
+        assert 1.0 < factors[w] < 2.0        # every stage of a pipeline waits some of the time
+    # every compute event is the unit cost times its worker's factor
+    for e in events:
+        if e.kind == "F":
+            assert e.end_s - e.start_s == pytest.approx(factors[e.worker])
+
+
+def test_a_busy_worker_has_factor_one_and_nothing_runs_again() -> None:
+    sch = build("gpipe", 1, microbatches=4)
+    costs = DutyUnitCosts(f=1.0, b=2.0, w=0.0)
+    first = run(sch, costs)
+    scaled, events, factors = settle(costs, 1, first, lambda c: pytest.fail("no second pass expected"))
+    assert scaled is costs and events is first and factors == {0: 1.0}
+
+
+# ---------------------------------------------------------------------- the probe, here
+def test_the_probe_reports_every_duty_of_every_round() -> None:
+    rows = duty_cycle(2, duties=(0.5, 0.25), cycles=6, skip=2)
+    assert sorted((r, d) for r, d, _ in rows) == [(0, 0.25), (0, 0.5), (1, 0.25), (1, 0.5)]
+    assert all(x > 0 and math.isfinite(x) for _, _, x in rows)
