@@ -11,6 +11,7 @@ Everything a worker process imports (model and data builders, loss, optimizer) l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -268,8 +269,8 @@ def run_one(
     opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
     run_opts = dict(METHODS[method])
     cl = cluster.with_workers(workers)
-    def simulated(minibatches: int) -> Any:
-        return simulate(plan, prof, cl, method, microbatches=microbatches, minibatches=minibatches,
+    def simulated(minibatches: int, on: Cluster = cl) -> Any:
+        return simulate(plan, prof, on, method, microbatches=microbatches, minibatches=minibatches,
                         allreduce_overlap="none", optimizer=OPTIMIZER, **opts)
 
     def measured(minibatches: int, **more: Any) -> Any:
@@ -279,6 +280,13 @@ def run_one(
                      timeout=timeout, **more)
 
     sim = simulated(steps)
+    # the same simulation without the duty-cycle term: its effect, paired with the same real runs
+    cal = cl.calibration
+    sim_flat = sim
+    if cal is not None and cal.duty_slowdown:
+        flat = dataclasses.replace(cl, calibration=dataclasses.replace(cal, duty_slowdown=()))
+        sim_flat = simulated(steps, flat)
+    flat_tp = steady_throughput(sim_flat.trace, sim_flat.schedule, batch)
     t0 = time.perf_counter()
     runs = [measured(steps, **run_opts) for _ in range(rounds)]
     wall = time.perf_counter() - t0
@@ -318,6 +326,7 @@ def run_one(
         "simulated": sim_tp,
         "measured": real_tp,
         "error": (sim_tp - real_tp) / real_tp,
+        "error_without_duty": (flat_tp - real_tp) / real_tp,
         # the same schedule with the real run's action durations: what messages and waiting leave
         "replay_error": (replay_tp - real_tp) / real_tp,
         "rounds": rounds,
@@ -357,7 +366,8 @@ def model_clusters(cluster: Cluster, profs: dict[str, Profile], *, repeats: int 
 # ---------------------------------------------------------------------- summaries and the figure
 def method_table(df: Any) -> Any:
     """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
-    was), median |busy-time error|, worst |peak-memory error|."""
+    was), median |busy-time error|, the median |error| the same runs give without the duty-cycle
+    term (where the table has it), worst |peak-memory error|."""
     import pandas as pd
 
     def row(name: str, part: Any) -> dict[str, Any]:
@@ -371,6 +381,8 @@ def method_table(df: Any) -> Any:
             "worst |error|": float(err.max()),
             "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}",
             "median |busy error|": float(part["busy_error_median"].abs().median()),
+            **({"median |error| without duty": float(part["error_without_duty"].abs().median())}
+               if "error_without_duty" in part else {}),
             "worst |memory error|": float(mem.max()) if mem.notna().any() else math.nan,
         }
 
