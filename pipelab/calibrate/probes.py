@@ -67,6 +67,9 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
     """One probe process: ping-pong between ranks 0 and 1, then all-reduces over groups 2..world."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    from pipelab.runtime.affinity import pin_worker
+
+    pin_worker(rank, world)     # as the runtime pins its CPU workers (a core each where they fit)
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))

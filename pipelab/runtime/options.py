@@ -26,6 +26,8 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
   (:mod:`pipelab.runtime.memory`: weights and stashed versions, gradients, optimizer state, what
   autograd saves for in-flight microbatches, message buffers; on a CUDA worker process
   ``torch.cuda.max_memory_allocated``); ``RunResult.peak_memory`` is the peak per worker.
+* ``pin_cores``: pin each CPU worker process to a core of its own (:mod:`pipelab.runtime.affinity`);
+  ``None`` (default) when this host's workers fit its cores, ``True`` always, ``False`` never.
 * ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
   stages (weights, optimizer, weight versions, RNG) and the last writer seals the manifest
   (:mod:`pipelab.runtime.checkpoint`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
@@ -101,7 +103,7 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device={dev!r} needs a CUDA GPU but torch.cuda.is_available() is False "
                              "on this machine; leave device= out to compute on the CPU")
-    for k in ("coalesce_wgrad", "measure_memory"):
+    for k in ("coalesce_wgrad", "measure_memory", "pin_cores"):
         if rt.get(k) is not None and not isinstance(rt[k], bool):
             raise ValueError(f"{k}={rt[k]!r} must be True or False")
     n = rt.get("checkpoint_every")
@@ -140,6 +142,7 @@ class RuntimeOptions:
     resume_step: int = 0
     device: str | None = None     # where stages compute under gloo: None/"cpu", "cuda", "cuda:N"
     measure_memory: bool = False  # count each worker's memory after every action (runtime/memory.py)
+    pin_cores: bool | None = None  # one core per CPU worker process (runtime/affinity.py)
     method: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -166,6 +169,7 @@ class RuntimeOptions:
             resume=None if resume is None else str(resume),
             device=None if options.get("device") is None else str(options["device"]),
             measure_memory=bool(options.get("measure_memory") or False),
+            pin_cores=None if options.get("pin_cores") is None else bool(options["pin_cores"]),
             method=dict(own),
         )
 

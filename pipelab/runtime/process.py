@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipelab.runtime.affinity import pin_worker
 from pipelab.runtime.comm import MATCH_MODES, DistComm, grad_specs, peer_orders
 from pipelab.runtime.job import Job
 from pipelab.runtime.options import tune_malloc
@@ -177,6 +178,9 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
     device = stage_device(job, rank, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:   # before the process group starts its I/O threads, which inherit the core
+        local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if local_rank is not None else world
+        pin_worker(rank if local_rank is None else local_rank, local_workers, job.runtime.pin_cores)
     init = init_method or f"tcp://{job.master_addr}:{job.master_port}"
     dist.init_process_group(job.backend, init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout))
