@@ -49,8 +49,10 @@ class Calibration:
       version: ``pipedream``, ``2bw``) costs beyond the plain module call, per call and per parameter
       tensor; and (``version_call``, ``version_byte``, ``version_tensor``) what a stashing method's
       ``U`` pays beyond the optimizer step to keep the version in flight (the copy-on-write of the
-      master into a new version: per call, per parameter byte, per parameter tensor); empty or
-      without the ``version_*`` keys (nothing) in older files;
+      master into a new version: per call, per parameter byte, per parameter tensor); and
+      PipeMare's weight policy (``delta_*``: what its ``U`` adds, the weight-change average;
+      ``correct_*``: what each ``B`` adds, the discrepancy-corrected weights; per call, byte, tensor);
+      empty or without the ``version_*``, ``delta_*``, ``correct_*`` keys (nothing) in older files;
     * ``compute_slowdown``: how much slower layers compute inside a two-worker run than the profiler
       measured them alone (the cluster's devices get speed ``1 / compute_slowdown``);
     * ``compute_factor``: per action kind (``F``, ``B``; ``W`` takes ``B``'s), how much longer the
@@ -161,6 +163,24 @@ class Calibration:
         run than profiled (:attr:`compute_factor`; 1.0 where not measured)."""
         return float(self.compute_factor.get("B" if kind == "W" else kind, 1.0))
 
+    def _affine(self, key: str, param_bytes: float, tensors: float) -> float:
+        """``key_call + key_byte * bytes + key_tensor * tensors`` of :attr:`stash_s` (0 where absent)."""
+        if param_bytes <= 0 or not self.stash_s:
+            return 0.0
+        return (float(self.stash_s.get(f"{key}_call", 0.0))
+                + float(self.stash_s.get(f"{key}_byte", 0.0)) * float(param_bytes)
+                + float(self.stash_s.get(f"{key}_tensor", 0.0)) * float(tensors))
+
+    def delta_average_s(self, param_bytes: float, tensors: float) -> float:
+        """Seconds PipeMare's ``U`` spends beyond the optimizer step on ``param_bytes`` in ``tensors``
+        tensors (its weight-change average, :attr:`stash_s`' ``delta_*``; 0 where not measured)."""
+        return self._affine("delta", param_bytes, tensors)
+
+    def corrected_weights_s(self, param_bytes: float, tensors: float) -> float:
+        """Seconds each PipeMare ``B`` spends building the discrepancy-corrected weights it recomputes
+        with (:attr:`stash_s`' ``correct_*``; 0 where not measured)."""
+        return self._affine("correct", param_bytes, tensors)
+
     def duty_factor(self, utilization: float) -> float:
         """How much longer compute takes on a worker busy ``utilization`` of the time than on a busy
         core: :attr:`duty_slowdown` interpolated linearly, 1 at full utilization, the lowest measured
@@ -179,11 +199,7 @@ class Calibration:
         """Seconds a stashing method's ``U`` spends making a new weight version of ``param_bytes``
         in ``tensors`` tensors while the old one is still read (:attr:`stash_s`' ``version_*``
         terms; 0 where not measured)."""
-        if param_bytes <= 0 or not self.stash_s:
-            return 0.0
-        return (float(self.stash_s.get("version_call", 0.0))
-                + float(self.stash_s.get("version_byte", 0.0)) * float(param_bytes)
-                + float(self.stash_s.get("version_tensor", 0.0)) * float(tensors))
+        return self._affine("version", param_bytes, tensors)
 
     def describe(self) -> str:
         """A few lines for humans: provenance and the fitted terms."""
@@ -196,6 +212,13 @@ class Calibration:
                 ov += (f"; a new version at U {self.stash_s['version_call'] * 1e6:.0f} us + "
                        f"{self.stash_s.get('version_byte', 0.0) * 1e12:.0f} ps/B + "
                        f"{self.stash_s.get('version_tensor', 0.0) * 1e6:.1f} us/tensor")
+            if "delta_call" in self.stash_s:
+                ov += (f"; PipeMare's U +{self.stash_s['delta_call'] * 1e6:.0f} us + "
+                       f"{self.stash_s.get('delta_byte', 0.0) * 1e12:.0f} ps/B + "
+                       f"{self.stash_s.get('delta_tensor', 0.0) * 1e6:.1f} us/tensor, its B "
+                       f"+{self.stash_s.get('correct_call', 0.0) * 1e6:.0f} us + "
+                       f"{self.stash_s.get('correct_byte', 0.0) * 1e12:.0f} ps/B + "
+                       f"{self.stash_s.get('correct_tensor', 0.0) * 1e6:.1f} us/tensor")
         opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B + {c * 1e6:.1f} us/tensor"
                         for k, (a, b, c) in self.optimizer_s.items())
         fac = ""

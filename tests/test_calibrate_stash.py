@@ -141,3 +141,53 @@ def test_calibration_round_trips_the_version_terms_and_describes_them() -> None:
     assert again.new_version_s(1000, 4) == pytest.approx(V_CALL + 1000 * V_BYTE + 4 * V_TENSOR)
     assert "a new version at U" in again.describe()
     assert _cal().new_version_s(1000, 4) == 0.0            # a file with only the forward's terms
+
+
+# ---------------------------------------------------------------- PipeMare's weight policy
+D_CALL, D_BYTE, D_TENSOR = 7e-6, 5e-11, 4.5e-6
+C_CALL, C_BYTE, C_TENSOR = 4e-6, 5.5e-11, 3.5e-6
+PIPEMARE = {"call": CALL, "tensor": TENSOR, "delta_call": D_CALL, "delta_byte": D_BYTE,
+            "delta_tensor": D_TENSOR, "correct_call": C_CALL, "correct_byte": C_BYTE,
+            "correct_tensor": C_TENSOR}
+
+
+def test_pipemare_simulates_its_weight_average_at_every_update_and_corrected_weights_in_backward() -> None:
+    """Two stages: stage 0's forward and backward delays differ (1, 0), so its B builds corrected
+    weights and recomputes through them; stage 1's (0, 0) do not; every U averages the change."""
+    prof = _profile()
+    plan = Plan.from_boundaries(len(prof), [2], batch_size=prof.batch_size)
+    nbytes = [sum(la.param_bytes for la in prof.layers[:2]), sum(la.param_bytes for la in prof.layers[2:])]
+    tensors = [2, 6]
+    runs = [simulate(plan, prof, _cluster(2, stash_s=s), "pipemare", minibatches=8, optimizer="sgd-momentum")
+            for s in (PIPEMARE, {})]
+    dur = [{(e.stage, e.kind, e.microbatch): e.end_s - e.start_s for e in r.trace.compute_events()}
+           for r in runs]
+    assert dur[0].keys() == dur[1].keys()
+    for (stage, kind, m), d in dur[0].items():
+        extra = 0.0
+        if kind == "U":
+            extra = D_CALL + D_BYTE * nbytes[stage] + D_TENSOR * tensors[stage]
+        elif kind == "B" and stage == 0:
+            extra = C_CALL + C_BYTE * nbytes[0] + C_TENSOR * tensors[0] + CALL + TENSOR * tensors[0]
+        assert d - dur[1][(stage, kind, m)] == pytest.approx(extra, abs=1e-12), (stage, kind, m)
+    # another method on the same calibration pays none of it
+    flush = [simulate(plan, prof, _cluster(2, stash_s=s), "1f1b-flush", microbatches=4, minibatches=4,
+                      optimizer="sgd-momentum").time_per_minibatch for s in (PIPEMARE, {"call": CALL,
+                                                                                         "tensor": TENSOR})]
+    assert flush[0] == pytest.approx(flush[1], rel=1e-12)
+
+
+def test_the_pipemare_probe_runs_the_policy_in_a_worker_like_process() -> None:
+    rows = probes.in_worker("pipemare_policy", [1 << 12, 1 << 16], 2, (2, 8))
+    assert sorted((n, k) for n, k, _, _ in rows) == [(4096, 2), (4096, 8), (65536, 2), (65536, 8)]
+    assert all(u > 0 and b > 0 for _, _, u, b in rows)
+    with pytest.raises(RuntimeError, match="calibration probe no_such_probe failed"):
+        probes.in_worker("no_such_probe")
+
+
+def test_calibration_round_trips_the_pipemare_terms_and_describes_them() -> None:
+    again = Calibration.from_dict(json.loads(json.dumps(_cal(stash_s=PIPEMARE).to_dict())))
+    assert again.delta_average_s(1000, 4) == pytest.approx(D_CALL + 1000 * D_BYTE + 4 * D_TENSOR)
+    assert again.corrected_weights_s(1000, 4) == pytest.approx(C_CALL + 1000 * C_BYTE + 4 * C_TENSOR)
+    assert "PipeMare's U" in again.describe()
+    assert _cal().delta_average_s(1000, 4) == 0.0 and _cal().corrected_weights_s(1000, 4) == 0.0

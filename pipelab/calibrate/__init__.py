@@ -308,7 +308,10 @@ def calibrate(
         ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
         ("stashed forward", lambda: probes.stashed_forward(max(repeats, 5))),
-        ("new weight version", lambda: probes.new_version([1 << 16, 1 << 20, 1 << 22], max(repeats, 5))),
+        ("new weight version", lambda: probes.in_worker("new_version", [1 << 16, 1 << 20, 1 << 22],
+                                                         max(repeats, 5))),
+        ("pipemare weights", lambda: probes.in_worker("pipemare_policy", [1 << 16, 1 << 20, 1 << 22],
+                                                       max(repeats, 5))),
         ("duty cycle", lambda: probes.duty_cycle(max(repeats, 3))),
     ]
     bar = tqdm(total=len(steps) + 1, desc="calibrating", disable=not progress, leave=False)
@@ -392,6 +395,11 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if got.get("new weight version"):  # a stashing U's copy-on-write: per call, byte and tensor
         v_call, v_byte, v_tensor, _ = fit_step(got["new weight version"])
         stash.update(version_call=v_call, version_byte=v_byte, version_tensor=v_tensor)
+    if got.get("pipemare weights"):   # PipeMare's U and B beyond the plain ones: per call, byte, tensor
+        rows = got["pipemare weights"]
+        for key, col in (("delta", 2), ("correct", 3)):
+            c, b, t, _ = fit_step([(r[0], r[1], r[col]) for r in rows])
+            stash.update({f"{key}_call": c, f"{key}_byte": b, f"{key}_tensor": t})
     duty = duty_points(got.get("duty cycle") or [])
     finite = [b for _, b, _ in rounds if b != float("inf")]
     sp = {

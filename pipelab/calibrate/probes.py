@@ -173,6 +173,43 @@ def p2p_and_allreduce(workers: int, backend: str, sizes: Sequence[int], repeats:
     return dict(results[0])
 
 
+def _worker_call(fn_name: str, args: tuple[Any, ...], queue: Any) -> None:
+    """Body of :func:`in_worker`: one thread, glibc tuned as the runtime's workers have it."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        from pipelab.runtime.options import tune_malloc
+
+        tune_malloc()
+        queue.put(("ok", globals()[fn_name](*args)))
+    except BaseException:
+        queue.put(("error", traceback.format_exc()))
+
+
+def in_worker(fn_name: str, *args: Any, timeout: float = 120.0) -> Any:
+    """``fn_name(*args)`` (a probe of this module) run in a fresh spawned process set up like a
+    runtime worker (one thread; freed memory kept, :func:`~pipelab.runtime.options.tune_malloc`), so
+    a probe that allocates weight-sized tensors pays what a worker pays, not the page faults of this
+    process's defaults; the process is reaped, and a failure or a hang raises ``RuntimeError``."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_worker_call, args=(fn_name, args, queue), daemon=True)
+    proc.start()
+    try:
+        status, payload = queue.get(timeout=timeout)
+    except Exception:
+        raise RuntimeError(f"calibration probe {fn_name}: no result within {timeout:.0f} s "
+                           f"(exit code {proc.exitcode})") from None
+    finally:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    if status != "ok":
+        raise RuntimeError(f"calibration probe {fn_name} failed:\n{payload}")
+    return payload
+
+
 #: parameter tensors per set in the optimizer sweep: few large ones, and many (a model's biases, norms)
 TENSOR_COUNTS = (4, 32)
 
@@ -265,6 +302,44 @@ def new_version(param_bytes: Sequence[int], repeats: int,
             for _ in range(2):
                 once()
             rows.append((4 * n * count, count, statistics.median(once() for _ in range(repeats))))
+    return rows
+
+
+def pipemare_policy(param_bytes: Sequence[int], repeats: int,
+                    tensor_counts: Sequence[int] = TENSOR_COUNTS) -> list[tuple[int, int, float, float]]:
+    """``(parameter bytes, parameter tensors, U seconds, B seconds)``, medians over ``repeats``: what
+    PipeMare's weight policy (:class:`~pipelab.runtime.policies.pipemare.PipeMarePolicy`) adds to a
+    stage's ``U`` (the two halves of the weight-change average around the optimizer step) and to
+    each ``B`` (building the discrepancy-corrected weights the backward recomputes with), over
+    ``param_bytes`` x ``tensor_counts``."""
+    from pipelab.runtime.pipemare import PipeMareConfig
+    from pipelab.runtime.policies.pipemare import PipeMarePolicy
+
+    torch.set_num_threads(1)
+    rows = []
+    for nbytes in param_bytes:
+        for count in tensor_counts:
+            n = max(nbytes // (4 * count), 1)
+            params = {f"p{i}": torch.nn.Parameter(torch.randn(n)) for i in range(count)}
+            pol = PipeMarePolicy(params, 0, tau_fwd=2, tau_bwd=1, config=PipeMareConfig())
+
+            def update(pol: PipeMarePolicy = pol) -> float:
+                t0 = time.perf_counter()
+                pol.about_to_update()
+                pol.updated()
+                return time.perf_counter() - t0
+
+            def corrected(pol: PipeMarePolicy = pol) -> float:
+                pol._in_backward, pol._corrected = 0, None     # as backward_version() leaves it
+                t0 = time.perf_counter()
+                pol.weights(pol.latest)
+                return time.perf_counter() - t0
+
+            for _ in range(2):
+                update()
+                corrected()
+            rows.append((4 * n * count, count, statistics.median(update() for _ in range(repeats)),
+                         statistics.median(corrected() for _ in range(repeats))))
     return rows
 
 

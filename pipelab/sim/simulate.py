@@ -42,6 +42,7 @@ from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.crossing import Stalled, crossed_actions
 from pipelab.schedules.dataflow import POST_AHEAD, Costs, Deadlock, UnitCosts, run
 from pipelab.schedules.duty import settle
+from pipelab.schedules.facts import stage_delays
 from pipelab.trace import Event, Trace
 
 #: the runtime weight policies (``Method.weights``) whose every forward runs on a stashed version
@@ -112,18 +113,22 @@ class ProfileCosts(Costs):
 
     def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
                  memory_bandwidth: float | None = None, workers: list[int] | None = None,
-                 recompute_forward: bool = False) -> None:
+                 recompute_forward: bool = False, pipemare: frozenset[int] | None = None) -> None:
         """``ranges[s]`` = stage ``s``'s layers; one microbatch is 1/``microbatches`` of the profile's
         minibatch; ``workers[r]`` is the cluster worker of schedule rank ``r`` (default identity, see
         ``plan.notes["workers"]`` of HetPipe plans); ``recompute_forward``: every ``B`` first runs
         its stage's forward again (methods whose backward reads the newest weights, not the ones its
-        forward read: naive-async, PipeMare)."""
+        forward read: naive-async, PipeMare); ``pipemare``: the run's weight policy is PipeMare's,
+        whose every ``U`` also averages the weight change and whose ``B`` of the stages listed (those
+        with discrepancy correction: forward and backward delays differ) builds corrected weights and
+        recomputes through them (priced from the calibration; None: another method)."""
         self.model = model
         self.recompute_forward = recompute_forward
         self.ranges = ranges
         self.M = microbatches
         self.memory_bandwidth = memory_bandwidth
         self.phys = workers
+        self.pipemare = pipemare
         self._cache: dict[tuple[int, int], tuple[float, float]] = {}
         self._sends: dict[tuple[int, int, int, str], tuple[float, int]] = {}
         self._channels: dict[tuple[int, int], tuple[Hashable, ...]] = {}
@@ -152,10 +157,25 @@ class ProfileCosts(Costs):
         if action.kind == "B":
             if self.recompute_forward:
                 a, e = self.ranges[action.stage]
-                return b + self.model.layers_s(a, e, self._w(worker), microbatches=self.M)[0]
+                b += self.model.layers_s(a, e, self._w(worker), microbatches=self.M)[0]
+            if self.pipemare and action.stage in self.pipemare:
+                b += self._pipemare_s(action.stage, "B")
             return b
         a, e = self.ranges[action.stage]
-        return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
+        u = self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
+        return u + self._pipemare_s(action.stage, "U") if self.pipemare is not None else u
+
+    def _pipemare_s(self, stage: int, kind: str) -> float:
+        """What PipeMare's weight policy adds to a ``U`` (the weight-change average) or a ``B`` (the
+        corrected weights, and the recompute's call through them) of ``stage``, as calibrated."""
+        cal = self.model.cluster.calibration
+        if cal is None:
+            return 0.0
+        a, e = self.ranges[stage]
+        nbytes, tensors = self.model.param_bytes(a, e), self.model.param_tensors(a, e)
+        if kind == "U":
+            return cal.delta_average_s(nbytes, tensors)
+        return cal.corrected_weights_s(nbytes, tensors) + cal.stashed_forward_s(tensors)
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         """See :meth:`Costs.send`."""
@@ -423,7 +443,11 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     micro = 1 if is_dp else sch.microbatches
     # the backward reads the newest weights, not its forward's: the runtime recomputes the forward
     recompute = spec is not None and spec.versions == "latest"
-    costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
+    pipemare = None
+    if spec is not None and spec.weights == "pipemare" and sch.versions is not None:
+        pipemare = frozenset(s for s, (tf, tb) in stage_delays(sch).items() if tf != tb)
+    costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute,
+                         pipemare=pipemare)
     mem: dict[int, tuple[int, ...]] = {}
     # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare.py)
     # (a schedule of no registered method, e.g. one imported from torch, keeps its forward's weights)
