@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import socket
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,14 @@ def test_ring_fit_recovers_the_ring_model() -> None:
     a0, b0, _ = fit_affine([1, 2, 4], [3.0, 5.0, 9.0])
     assert (a0, b0) == (pytest.approx(1.0), pytest.approx(2.0))
     assert spread([1.0, 1.2, 0.8]) == pytest.approx(0.4) and spread([1.0]) == 0.0
+
+
+def test_the_in_run_all_reduce_gives_back_the_ring_models_latency() -> None:
+    alpha, beta = 700e-6, 3e9
+    for p, n in ((2, 1 << 20), (4, 1 << 22)):
+        t = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / beta
+        assert calib.ring_latency_of(t, n, beta, p) == pytest.approx(alpha, rel=1e-12)
+    assert calib.ring_latency_of(1e-6, 1 << 20, 1e9) == 0.0       # faster than the bandwidth: 0, not < 0
 
 
 # ---------------------------------------------------------------------- the record
@@ -169,6 +178,9 @@ def test_calibrate_command_measures_this_machine(tmp_path: Path) -> None:
     assert all(math.isfinite(v) for v in cal.spread.values())
     # every round's raw sweep is kept: five sizes of point to point per round
     assert len(cal.samples["p2p"]) == 5 * 3
+    # the all-reduce's latency is the one of the in-run U's (one figure per round)
+    assert len(cal.samples["allreduce_latency_in_run"]) == 3
+    assert cal.allreduce_latency_s == pytest.approx(statistics.median(cal.samples["allreduce_latency_in_run"]))
     # the duty cycle's curve: every probed duty below 1, factors >= 1 that never fall as duty falls
     duties = [d for d, _ in cal.duty_slowdown]
     assert duties == sorted(duties) and len(duties) == 3 and all(0 < d < 1 for d in duties)

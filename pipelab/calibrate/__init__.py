@@ -5,7 +5,9 @@ What is measured (``repeats`` rounds of each; medians kept, spreads recorded):
 
 1. point-to-point latency and bandwidth of the backend between two worker processes, over a
    sweep of message sizes (Hockney's ``alpha + n / beta``, with the fit's residual);
-2. all-reduce time against size and group size (the ring model ``2(p-1) alpha + 2(p-1)/p n/beta``);
+2. all-reduce time against size and group size (the ring model ``2(p-1) alpha + 2(p-1)/p n/beta``),
+   its latency then set so the model gives what a two-replica ``dp`` run's ``U`` takes through the
+   real runtime (:func:`allreduce_in_run`);
 3. the runtime's own seconds per action for ``F``, ``B``, ``W`` and ``U``: a one-worker
    ``zb-h1`` run of a tiny model through the real runtime (so every kind occurs), each action's
    wall time up to the next one, less the layers' profiled compute; and per message, on the worker
@@ -16,7 +18,10 @@ What is measured (``repeats`` rounds of each; medians kept, spreads recorded):
    parameter byte plus seconds per parameter tensor);
 5. host memory bandwidth (a large copy);
 6. what running on a stashed weight version costs: the forward through the runtime's
-   ``Reparametrizer`` beyond the plain call, and a stashing ``U``'s copy-on-write into a new version.
+   ``Reparametrizer`` beyond the plain call, and a stashing ``U``'s copy-on-write into a new version;
+   and what PipeMare's weight policy adds to its ``U`` and ``B``;
+7. how much slower a core computes when it is busy only part of the time (the duty cycle,
+   :mod:`pipelab.schedules.duty`).
 
 The result is a one-switch cluster of ``workers`` devices of speed 1.0 (the profile must be
 measured on this machine too: ``pl.profile``), whose link is the measured point-to-point path.
@@ -127,6 +132,37 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
             if ts:
                 out[k].append(max(statistics.median(ts) - compute[k], 0.0))
     return out
+
+
+def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 16) -> list[tuple[int, float]]:
+    """``(gradient bytes, mean seconds of a U)`` per round of a two-replica ``dp`` run of
+    :func:`tiny.medium_model` (about 1 MB of gradients) through the real runtime: the all-reduce as a
+    run has it, with the step's optimizer and the runtime's own ``U`` work (taken off in
+    :func:`_assemble`). The mean, not the median: a run pays every all-reduce, and after compute one
+    takes either about a millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where the
+    probe's sweep fits 1.2 ms)."""
+    nbytes = sum(p.numel() * p.element_size() for p in medium_model().parameters())
+    layers = len(_medium_profile())
+    out = []
+    for _ in range(repeats):
+        run = _run(medium_model, medium_data, Plan.from_boundaries(layers, [], [2], batch_size=64), "dp",
+                   steps, 2, backend)
+        us = [e.end_s - e.start_s for e in run.trace.compute_events() if e.kind == "U"]
+        out.append((nbytes, statistics.fmean(us[len(us) // 4:])))
+    return out
+
+
+def ring_latency_of(seconds: float, nbytes: int, bandwidth: float, group: int = 2) -> float:
+    """The per-step latency ``alpha`` for which the ring model ``2 (p - 1) alpha + 2 (p - 1) / p *
+    n / beta`` gives ``seconds`` for ``nbytes`` over a group of ``group`` at ``bandwidth`` (at
+    least 0)."""
+    steps = 2 * (group - 1)
+    return max((seconds - steps / group * nbytes / bandwidth) / steps, 0.0)
+
+
+def _medium_profile() -> Any:
+    """The medium model's profile (its layer count and compute)."""
+    return measure_profile(medium_model(), next(iter(medium_data()))[0], progress=False, repeats=3)
 
 
 def message_overhead(
@@ -298,6 +334,7 @@ def calibrate(
     tiny = _tiny_profile()      # one profile of the tiny model, for the two runs that use it
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
+        ("all-reduce inside a run", lambda: allreduce_in_run(repeats, backend)),
         ("runtime overhead", lambda: runtime_overhead(repeats, backend, prof=tiny)),
         ("message overhead", lambda: message_overhead(repeats, _medians(got["runtime overhead"]), backend,
                                                       prof=tiny)),
@@ -365,6 +402,18 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         [(n, p, statistics.fmean(ts)) for (n, p), ts in sorted(by_np.items())]
     )
     ar_rounds = [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)]
+    ar_in_run: list[float] = []
+    if got.get("all-reduce inside a run") and ar_beta != float("inf"):
+        # the latency that makes the ring model give what a dp run's U took, less that U's optimizer
+        # step (SGD, as the run's) and the runtime's own U work; the sweep's fit keeps the bandwidth
+        sgd = fit_step(got["optimizer step"]["sgd"])
+        n_params = sum(p.numel() for p in medium_model().parameters())
+        tensors = sum(1 for _ in medium_model().parameters())
+        step = sgd[0] + sgd[1] * 4 * n_params + sgd[2] * tensors
+        u_over = statistics.median(got["runtime overhead"].get("U") or [0.0])
+        ar_in_run = [ring_latency_of(t - step - u_over, n, ar_beta)
+                     for n, t in got["all-reduce inside a run"]]
+        ar_alpha = statistics.median(ar_in_run)
     over = got["runtime overhead"]
     msg = dict(got["message overhead"])
     # the latency a message has inside a pipeline run (the receiver blocked in its wait, woken by
@@ -405,7 +454,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     sp = {
         "p2p_latency_s": spread(in_run or [a for a, _, _ in rounds]),
         "p2p_bandwidth": spread(finite),
-        "allreduce_latency_s": spread([a for a, _, _ in ar_rounds]),
+        "allreduce_latency_s": spread(ar_in_run or [a for a, _, _ in ar_rounds]),
         "allreduce_bandwidth": spread([b for _, b, _ in ar_rounds if b != float("inf")]),
         "memory_bandwidth": spread(mem),
     }
@@ -448,6 +497,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
             "p2p": [list(x) for x in p2p],
             "allreduce": [list(x) for x in ar],
             "p2p_latency_in_run": in_run,
+            "allreduce_latency_in_run": ar_in_run,
             "optimizer": {k: [list(x) for x in v] for k, v in opt.items()},
             "duty_cycle": [list(x) for x in got.get("duty cycle") or []],
         },
@@ -501,5 +551,5 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None) -> Cluster
 # the model at hand (imported last: it uses this package's fit helpers)
 from pipelab.calibrate.model import calibrate_model  # noqa: E402
 
-__all__ = ["BACKENDS", "DEFAULT_SIZES", "calibrate", "calibrate_model", "check", "duty_points", "load",
-           "runtime_overhead"]
+__all__ = ["BACKENDS", "DEFAULT_SIZES", "allreduce_in_run", "calibrate", "calibrate_model", "check",
+           "duty_points", "load", "ring_latency_of", "runtime_overhead"]
