@@ -41,10 +41,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from pipelab.calibrate import probes
-from pipelab.calibrate.fit import fit_affine, fit_alpha_beta, fit_ring, fit_step, spread
+from pipelab.calibrate.fit import fit_alpha_beta, fit_ring, fit_step, spread
 from pipelab.calibrate.tiny import (
     BATCH,
     medium_data,
@@ -439,7 +440,9 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         for n, t in got["stashed forward"]:
             by_n.setdefault(n, []).append(t)
         ns = sorted(by_n)
-        call, per_tensor, _ = fit_affine(ns, [statistics.median(by_n[n]) for n in ns])
+        # a difference of two timings, which can come out at or below 0 where the extra is nil: an
+        # unweighted least-squares line (the relative fit needs positive timings), clipped at 0
+        per_tensor, call = (float(v) for v in np.polyfit(ns, [statistics.median(by_n[n]) for n in ns], 1))
         stash = {"call": max(call, 0.0), "tensor": max(per_tensor, 0.0)}
     if got.get("new weight version"):  # a stashing U's copy-on-write: per call, byte and tensor
         v_call, v_byte, v_tensor, _ = fit_step(got["new weight version"])
