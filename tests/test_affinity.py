@@ -22,7 +22,8 @@ def _child(args: tuple[int, int, bool | None], out: mp.Queue) -> None:   # type:
     out.put((before, got, sorted(os.sched_getaffinity(0))))
 
 
-def _in_child(local_rank: int, local_workers: int, mode: bool | None) -> tuple[list[int], int | None, list[int]]:
+def _in_child(local_rank: int, local_workers: int,
+              mode: bool | None) -> tuple[list[int], int | None, list[int]]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_child, args=((local_rank, local_workers, mode), q))

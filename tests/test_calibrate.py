@@ -180,7 +180,8 @@ def test_calibrate_command_measures_this_machine(tmp_path: Path) -> None:
     assert len(cal.samples["p2p"]) == 5 * 3
     # the all-reduce's latency is the one of the in-run U's (one figure per round)
     assert len(cal.samples["allreduce_latency_in_run"]) == 3
-    assert cal.allreduce_latency_s == pytest.approx(statistics.median(cal.samples["allreduce_latency_in_run"]))
+    in_run = cal.samples["allreduce_latency_in_run"]
+    assert cal.allreduce_latency_s == pytest.approx(statistics.median(in_run))
     # the duty cycle's curve: every probed duty below 1, factors >= 1 that never fall as duty falls
     duties = [d for d, _ in cal.duty_slowdown]
     assert duties == sorted(duties) and len(duties) == 3 and all(0 < d < 1 for d in duties)

@@ -83,9 +83,10 @@ def test_data_parallel_settles_at_the_closed_form_fixed_point() -> None:
     """dp, 2 replicas, F = B = g, an all-reduce of 5 s starting with the backward: a step takes g + 5
     with 2g busy, so g = 2 - 2g / (g + 5), i.e. g^2 + 5g - 10 = 0."""
     g = (-5 + math.sqrt(25 + 40)) / 2
-    res = simulate_schedule(build("dp", 2, microbatches=2), DutyUnitCosts(f=1.0, b=1.0, w=0.0, allreduce_s=5.0))
+    sch = build("dp", 2, microbatches=2)
+    res = simulate_schedule(sch, DutyUnitCosts(f=1.0, b=1.0, w=0.0, allreduce_s=5.0))
     assert res.makespan == pytest.approx(g + 5, rel=2e-3)
-    plain = simulate_schedule(build("dp", 2, microbatches=2), UnitCosts(f=1.0, b=1.0, w=0.0, allreduce_s=5.0))
+    plain = simulate_schedule(sch, UnitCosts(f=1.0, b=1.0, w=0.0, allreduce_s=5.0))
     assert plain.makespan == pytest.approx(6.0)                    # without the term: one pass, as before
 
 

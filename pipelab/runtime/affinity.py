@@ -5,9 +5,9 @@ wake whenever a message or an all-reduce moves. Left to the scheduler, a worker'
 between the cores and preempt the other worker's compute. Pinning each worker process (and so every
 thread it starts) to its own core, as ``torchrun --numa-binding`` and DeepSpeed's
 ``--bind_cores_to_rank`` do, measured here (2 cores, two gloo workers, 3 alternating rounds, paired
-medians; ``reproductions/benchmarks/README.md``): data parallelism 1.32x faster on the digits CNN and
-1.09x on the transformer stack, PipeDream 1.11x and 2BW 1.14x on the CNN, the flushed pipelines
-within 5%.
+medians, two runs; ``reproductions/benchmarks/README.md``): data parallelism 1.10-1.32x faster on the
+digits CNN, the asynchronous methods up to 1.18x, most flushed pipelines within noise; not a win
+everywhere (CNN 1f1b-flush 0.92x in one run, 1.05x in the other).
 
 ``pin_cores=None`` (the default) pins when the workers of this host fit its cores (the ones this
 process may run on); ``True`` pins anyway (round robin over the cores); ``False`` never pins.
