@@ -284,25 +284,30 @@ def new_version(param_bytes: Sequence[int], repeats: int,
     of every tensor, a new alias per tensor), over ``param_bytes`` x ``tensor_counts``."""
     from pipelab.runtime.policies.base import Stashing
 
-    torch.set_num_threads(1)
     rows = []
+    for nbytes, count, params in _param_sets(param_bytes, tensor_counts):
+        pol = Stashing(params, 0)
+
+        def once(pol: Stashing = pol) -> float:
+            pol.in_flight = {0: pol.latest}       # the newest version is still read: copy it
+            t0 = time.perf_counter()
+            pol.about_to_update()
+            pol.updated()
+            return time.perf_counter() - t0
+
+        for _ in range(2):
+            once()
+        rows.append((nbytes, count, statistics.median(once() for _ in range(repeats))))
+    return rows
+
+
+def _param_sets(param_bytes: Sequence[int], tensor_counts: Sequence[int]) -> Any:
+    """``(bytes, tensors, {name: Parameter})`` for every size x tensor count (one thread set)."""
+    torch.set_num_threads(1)
     for nbytes in param_bytes:
         for count in tensor_counts:
             n = max(nbytes // (4 * count), 1)
-            params = {f"p{i}": torch.nn.Parameter(torch.randn(n)) for i in range(count)}
-            pol = Stashing(params, 0)
-
-            def once(pol: Stashing = pol) -> float:
-                pol.in_flight = {0: pol.latest}       # the newest version is still read: copy it
-                t0 = time.perf_counter()
-                pol.about_to_update()
-                pol.updated()
-                return time.perf_counter() - t0
-
-            for _ in range(2):
-                once()
-            rows.append((4 * n * count, count, statistics.median(once() for _ in range(repeats))))
-    return rows
+            yield 4 * n * count, count, {f"p{i}": torch.nn.Parameter(torch.randn(n)) for i in range(count)}
 
 
 def pipemare_policy(param_bytes: Sequence[int], repeats: int,
@@ -315,31 +320,27 @@ def pipemare_policy(param_bytes: Sequence[int], repeats: int,
     from pipelab.runtime.pipemare import PipeMareConfig
     from pipelab.runtime.policies.pipemare import PipeMarePolicy
 
-    torch.set_num_threads(1)
     rows = []
-    for nbytes in param_bytes:
-        for count in tensor_counts:
-            n = max(nbytes // (4 * count), 1)
-            params = {f"p{i}": torch.nn.Parameter(torch.randn(n)) for i in range(count)}
-            pol = PipeMarePolicy(params, 0, tau_fwd=2, tau_bwd=1, config=PipeMareConfig())
+    for nbytes, count, params in _param_sets(param_bytes, tensor_counts):
+        pol = PipeMarePolicy(params, 0, tau_fwd=2, tau_bwd=1, config=PipeMareConfig())
 
-            def update(pol: PipeMarePolicy = pol) -> float:
-                t0 = time.perf_counter()
-                pol.about_to_update()
-                pol.updated()
-                return time.perf_counter() - t0
+        def update(pol: PipeMarePolicy = pol) -> float:
+            t0 = time.perf_counter()
+            pol.about_to_update()
+            pol.updated()
+            return time.perf_counter() - t0
 
-            def corrected(pol: PipeMarePolicy = pol) -> float:
-                pol._in_backward, pol._corrected = 0, None     # as backward_version() leaves it
-                t0 = time.perf_counter()
-                pol.weights(pol.latest)
-                return time.perf_counter() - t0
+        def corrected(pol: PipeMarePolicy = pol) -> float:
+            pol._in_backward, pol._corrected = 0, None     # as backward_version() leaves it
+            t0 = time.perf_counter()
+            pol.weights(pol.latest)
+            return time.perf_counter() - t0
 
-            for _ in range(2):
-                update()
-                corrected()
-            rows.append((4 * n * count, count, statistics.median(update() for _ in range(repeats)),
-                         statistics.median(corrected() for _ in range(repeats))))
+        for _ in range(2):
+            update()
+            corrected()
+        rows.append((nbytes, count, statistics.median(update() for _ in range(repeats)),
+                     statistics.median(corrected() for _ in range(repeats))))
     return rows
 
 
