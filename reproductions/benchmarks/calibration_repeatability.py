@@ -43,6 +43,12 @@ def main() -> None:
     rows += [
         (f"optimizer {k} per byte", a.optimizer_s[k][1], b.optimizer_s[k][1], 0.0) for k in a.optimizer_s
     ]
+    # the duty cycle's factors, at the duties both measured
+    second = dict(b.duty_slowdown)
+    rows += [
+        (f"duty_slowdown at {d:g}", f, second.get(d, float("nan")), a.spread.get(f"duty_slowdown.{d:g}", 0.0))
+        for d, f in a.duty_slowdown
+    ]
     inside = 0
     for name, x, y, sp in rows:
         diff = abs(y - x) / x if x else 0.0
