@@ -183,7 +183,8 @@ def message_overhead(
     action's wall time is from the previous action's end on its worker to its own end (the receive
     is taken before the action starts), less the profiled compute and the per-action ``base``
     overhead; actions that waited for their message are left out (a wait is not work). ``prof``: the
-    tiny model's profile, measured here when not given.
+    tiny model's profile, measured here when not given. The per-message work is taken on clear
+    actions only: a crossed one also holds the crossing stall, which ``"cross"`` measures.
     """
     prof = prof if prof is not None else _tiny_profile()
     M = 4
@@ -223,12 +224,15 @@ def message_overhead(
             out["busy"].append(statistics.median(busy))
             out["busy_all"].extend(busy)
         per: dict[str, list[float]] = {"send": [], "recv": []}
+        # a crossed action's stall is the "cross" term: the per-message work is that of clear ones
+        crossed = crossed_actions(run.schedule, list(run.trace.compute_events()))
         for w in (0, 1):
             evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)
             skip = len(evs) // steps
             for prev, e in zip(evs[skip:], evs[skip + 1 :]):
                 r = role.get((e.stage, e.kind))
-                if r is None or (e.worker, e.stage, e.microbatch) in waited:
+                if r is None or (e.worker, e.stage, e.microbatch) in waited \
+                        or (w, Action(e.stage, e.kind, e.microbatch)) in crossed:
                     continue
                 per[r].append(e.end_s - prev.end_s - comp[(e.stage, e.kind)] - base.get(e.kind, 0.0))
         for k, ts in per.items():
