@@ -31,7 +31,6 @@ one made on another host, or using it for another backend, warns naming where it
 
 from __future__ import annotations
 
-import bisect
 import datetime
 import os
 import platform
@@ -167,22 +166,14 @@ def _medium_profile() -> Any:
     return measure_profile(medium_model(), next(iter(medium_data()))[0], progress=False, repeats=3)
 
 
-#: the runtime records a receive's wait only past this (:func:`pipelab.runtime.process.execute`)
-RECV_MIN_S = 1e-4
-#: a sender whose next action starts within this of a send went on computing at once
-BUSY_GAP_S = 5e-5
-
-
 def message_overhead(
     repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 24, prof: Any = None
 ) -> dict[str, list[float]]:
     """The runtime's own seconds per message on a worker, one per round: ``"send"`` (packing,
     posting the send) and ``"recv"`` (posting the receive, unpacking); and a message's latency as
-    the run has it, ``"latency"`` (to a receiver already waiting, from a sender that went idle) and
-    ``"busy"`` (the extra delay of a message whose sender computed on at once, to a receiver that
-    had been waiting since before it was sent; a round has only a few such messages, so
-    ``"busy_all"`` also pools them over the rounds: its median is the figure, the rounds' medians
-    give the spread); and
+    the run has it, ``"latency"`` (to a receiver already waiting) and ``"busy"`` (from a sender
+    that computed on at once; a round has only a few such messages, so ``"busy_all"`` also pools
+    them over the rounds: its median is the figure, the rounds' medians give the spread); and
     ``"cross"``, the mean extra of an action whose message crossed the peer's
     (:func:`pipelab.schedules.crossing.crossed_actions`), pooled over the rounds (``"cross_rounds"``:
     each round's, for the spread).
@@ -213,36 +204,25 @@ def message_overhead(
         _crossings(run, pooled, out["cross_rounds"])
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
         # a message's latency in the runtime: from the end of the action that sent it to the end of
-        # the receiver's wait, for receivers already waiting when it was sent; split by whether the
-        # sender went on computing at once (its I/O thread may then wait for the core). Only waits
-        # that began well before the send count for the busy sender: the runtime records a wait
-        # only past RECV_MIN_S, so a wait that began later is there only when the message was late,
-        # and counting it would measure the late messages alone (a bias this estimate once had:
-        # 788 us where the CNN's runs showed 9-16 us)
-        acts = list(run.trace.compute_events())
-        ends = {(e.kind, e.stage, e.microbatch): e.end_s for e in acts}
-        starts = {w: sorted(e.start_s for e in acts if e.worker == w) for w in (0, 1)}
+        # the receiver's wait, for receivers already waiting when it was sent
+        ends = {(e.kind, e.stage, e.microbatch): e.end_s for e in run.trace.compute_events()}
         lat, busy = [], []
         for e in run.trace.events:
             if e.kind != "recv":
                 continue
             src = ("F", e.stage - 1, e.microbatch) if e.stage == 1 else ("B", e.stage + 1, e.microbatch)
             sent = ends.get(src)
-            if sent is None or not e.start_s < sent < e.end_s:
-                continue
-            nxt = starts[1 - e.worker]
-            i = bisect.bisect_left(nxt, sent)
-            if i < len(nxt) and nxt[i] - sent < BUSY_GAP_S:
-                if e.start_s < sent - RECV_MIN_S:
-                    busy.append(e.end_s - sent)
-            else:
+            if sent is not None and e.start_s < sent < e.end_s:
                 lat.append(e.end_s - sent)
+            elif sent is not None and sent <= e.start_s:
+                # sent before the receiver asked for it, and still not there: its sender went on
+                # computing, and gloo's I/O thread waited for a core to move it
+                busy.append(e.end_s - sent)
         if lat:
             out["latency"].append(statistics.median(lat))
-        if busy and lat:    # the extra over a message whose sender went idle
-            extra = [max(b - statistics.median(lat), 0.0) for b in busy]
-            out["busy"].append(statistics.median(extra))
-            out["busy_all"].extend(extra)
+        if busy:
+            out["busy"].append(statistics.median(busy))
+            out["busy_all"].extend(busy)
         per: dict[str, list[float]] = {"send": [], "recv": []}
         # a crossed action's stall is the "cross" term: the per-message work is that of clear ones
         crossed = crossed_actions(run.schedule, list(run.trace.compute_events()))
