@@ -34,8 +34,10 @@ class Calibration:
       ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
     * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
       (packing, posting the send) and ``"recv"`` (posting the receive, unpacking); and
-      ``"busy_sender"``, how late a message arrives when its sender goes on computing right after
-      sending it (the backend's I/O thread then waits for a core); ``"cross"``, how much longer an
+      ``"busy_sender"``, how late a late message is (one sent before its receiver began to wait and
+      still not there), which the simulator adds to every message whose sender computes on at once:
+      a proxy, since such a sender's messages to a receiver already waiting are only 1-8 us late
+      (``reproductions/sim_accuracy/README.md``); ``"cross"``, how much longer an
       action takes when its message crosses the peer's in the opposite direction
       (:mod:`pipelab.schedules.crossing`; the simulator adds it to the actions a first pass finds
       crossed; absent, nothing, in older files);
