@@ -16,14 +16,13 @@ simulates again, until the factors settle (:func:`settle`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import pipelab.metrics as metrics
 from pipelab.schedules.actions import Action
 from pipelab.schedules.dataflow import Costs, Delegating
 
-#: action kinds that keep a worker's core busy
-BUSY_KINDS = ("F", "B", "W", "U")
 #: at most this many passes after the first; the factors settle in three to five (each pass's
 #: utilization moves the next factor less than the one before: the factor falls as utilization rises)
 MAX_PASSES = 6
@@ -31,16 +30,12 @@ MAX_PASSES = 6
 TOLERANCE = 0.002
 
 
-def utilization(events: Iterable[Any], workers: int) -> dict[int, float]:
+def utilization(events: Sequence[Any], workers: int) -> dict[int, float]:
     """Per worker ``0..workers-1``, the fraction of the run (time 0 to the last event's end) it spent
-    in compute actions (``F``, ``B``, ``W``, ``U``); ``events`` have ``worker``, ``kind``, ``start_s``,
-    ``end_s``."""
-    busy = dict.fromkeys(range(workers), 0.0)
-    end = 0.0
-    for e in events:
-        end = max(end, e.end_s)
-        if e.kind in BUSY_KINDS and e.worker in busy:
-            busy[e.worker] += e.end_s - e.start_s
+    in compute actions (:func:`pipelab.metrics.busy_time`); ``events`` have ``worker``, ``kind``,
+    ``start_s``, ``end_s``."""
+    end = max((e.end_s for e in events), default=0.0)
+    busy = metrics.busy_time(events, range(workers))
     return {w: (b / end if end > 0 else 1.0) for w, b in busy.items()}
 
 
@@ -82,4 +77,4 @@ def settle(costs: Costs, workers: int, first: list[Any],
     return scaled, events, factors
 
 
-__all__ = ["BUSY_KINDS", "Scaled", "settle", "utilization"]
+__all__ = ["Scaled", "settle", "utilization"]
