@@ -58,6 +58,7 @@ from pipelab.calibrate.tiny import (
 from pipelab.calibration import Calibration
 from pipelab.cluster import Cluster, Device, Level
 from pipelab.costs import CostModel
+from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.runtime import train
@@ -142,8 +143,9 @@ def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 16) -> li
     :func:`_assemble`). The mean, not the median: a run pays every all-reduce, and after compute one
     takes either about a millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where the
     probe's sweep fits 1.2 ms)."""
-    nbytes = sum(p.numel() * p.element_size() for p in medium_model().parameters())
-    layers = len(_medium_profile())
+    model = medium_model()
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    layers = len(layer_nodes(trace(model)))     # the plan needs the count only: no profile
     out = []
     for _ in range(repeats):
         run = _run(medium_model, medium_data, Plan.from_boundaries(layers, [], [2], batch_size=64), "dp",
@@ -159,11 +161,6 @@ def ring_latency_of(seconds: float, nbytes: int, bandwidth: float, group: int = 
     least 0)."""
     steps = 2 * (group - 1)
     return max((seconds - steps / group * nbytes / bandwidth) / steps, 0.0)
-
-
-def _medium_profile() -> Any:
-    """The medium model's profile (its layer count and compute)."""
-    return measure_profile(medium_model(), next(iter(medium_data()))[0], progress=False, repeats=3)
 
 
 def message_overhead(
@@ -201,7 +198,7 @@ def message_overhead(
     pooled: dict[tuple[int, str, bool], list[float]] = {}
     for _ in range(repeats):
         run = _run(tiny_model, tiny_data, plan, "1f1b-flush", steps, M, backend)
-        _crossings(run, pooled, out["cross_rounds"])
+        crossed = _crossings(run, pooled, out["cross_rounds"])
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
         # a message's latency in the runtime: from the end of the action that sent it to the end of
         # the receiver's wait, for receivers already waiting when it was sent
@@ -233,7 +230,6 @@ def message_overhead(
             out["busy_all"].extend(busy)
         per: dict[str, list[float]] = {"send": [], "recv": []}
         # a crossed action's stall is the "cross" term: the per-message work is that of clear ones
-        crossed = crossed_actions(run.schedule, list(run.trace.compute_events()))
         for w in (0, 1):
             evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)
             skip = len(evs) // steps
@@ -262,10 +258,11 @@ def _cross_extra(durations: dict[tuple[int, str, bool], list[float]]) -> float:
     return num / den if den else 0.0
 
 
-def _crossings(run: Any, pooled: dict[tuple[int, str, bool], list[float]], rounds: list[float]) -> None:
+def _crossings(run: Any, pooled: dict[tuple[int, str, bool], list[float]],
+               rounds: list[float]) -> set[tuple[int, Action]]:
     """Durations of the run's sending ``F``/``B`` past its first quarter (start-up), split by whether
     their message crossed the peer's (:func:`pipelab.schedules.crossing.crossed_actions`): added to
-    ``pooled``, and this round's extra appended to ``rounds``."""
+    ``pooled``, and this round's extra appended to ``rounds``; returns the crossed actions."""
     comp = list(run.trace.compute_events())
     t0, t1 = min(e.start_s for e in comp), max(e.end_s for e in comp)
     crossed = crossed_actions(run.schedule, comp)
@@ -278,6 +275,7 @@ def _crossings(run: Any, pooled: dict[tuple[int, str, bool], list[float]], round
     for k, v in mine.items():
         pooled.setdefault(k, []).extend(v)
     rounds.append(_cross_extra(mine))
+    return crossed
 
 
 def compute_slowdown(
@@ -415,14 +413,15 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         [(n, p, statistics.fmean(ts)) for (n, p), ts in sorted(by_np.items())]
     )
     ar_rounds = [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)]
+    opt = got["optimizer step"]
+    opt_fit = {k: fit_step(rows) for k, rows in opt.items()}
     ar_in_run: list[float] = []
     if got.get("all-reduce inside a run") and ar_beta != float("inf"):
         # the latency that makes the ring model give what a dp run's U took, less that U's optimizer
         # step (SGD, as the run's) and the runtime's own U work; the sweep's fit keeps the bandwidth
-        sgd = fit_step(got["optimizer step"]["sgd"])
-        n_params = sum(p.numel() for p in medium_model().parameters())
-        tensors = sum(1 for _ in medium_model().parameters())
-        step = sgd[0] + sgd[1] * 4 * n_params + sgd[2] * tensors
+        sgd = opt_fit["sgd"]
+        params = list(medium_model().parameters())
+        step = sgd[0] + sgd[1] * sum(p.numel() * p.element_size() for p in params) + sgd[2] * len(params)
         u_over = statistics.median(got["runtime overhead"].get("U") or [0.0])
         ar_in_run = [ring_latency_of(t - step - u_over, n, ar_beta)
                      for n, t in got["all-reduce inside a run"]]
@@ -442,8 +441,6 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         # two to seven such messages a round: the median of the pooled messages, not of the rounds'
         # medians (three calibrations in a row gave 280, 690 and 242 us that way; pooled, 223-271 us)
         msg["busy_sender"] = [statistics.median(pooled)] if pooled else busy
-    opt = got["optimizer step"]
-    opt_fit = {k: fit_step(rows) for k, rows in opt.items()}
     mem = got["memory bandwidth"]
     slow = got.get("compute inside a run") or [1.0]
     stash: dict[str, float] = {}
