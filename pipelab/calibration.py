@@ -173,6 +173,12 @@ class Calibration:
                 + float(self.stash_s.get(f"{key}_byte", 0.0)) * float(param_bytes)
                 + float(self.stash_s.get(f"{key}_tensor", 0.0)) * float(tensors))
 
+    def _affine_text(self, key: str) -> str:
+        """:meth:`_affine`'s three terms of ``key`` for humans."""
+        return (f"{self.stash_s.get(f'{key}_call', 0.0) * 1e6:.0f} us + "
+                f"{self.stash_s.get(f'{key}_byte', 0.0) * 1e12:.0f} ps/B + "
+                f"{self.stash_s.get(f'{key}_tensor', 0.0) * 1e6:.1f} us/tensor")
+
     def delta_average_s(self, param_bytes: float, tensors: float) -> float:
         """Seconds PipeMare's ``U`` spends beyond the optimizer step on ``param_bytes`` in ``tensors``
         tensors (its weight-change average, :attr:`stash_s`' ``delta_*``; 0 where not measured)."""
@@ -211,16 +217,9 @@ class Calibration:
             ov += (f"; a stashed forward +{self.stash_s.get('call', 0.0) * 1e6:.0f} us + "
                    f"{self.stash_s.get('tensor', 0.0) * 1e6:.1f} us/tensor")
             if "version_call" in self.stash_s:
-                ov += (f"; a new version at U {self.stash_s['version_call'] * 1e6:.0f} us + "
-                       f"{self.stash_s.get('version_byte', 0.0) * 1e12:.0f} ps/B + "
-                       f"{self.stash_s.get('version_tensor', 0.0) * 1e6:.1f} us/tensor")
+                ov += f"; a new version at U {self._affine_text('version')}"
             if "delta_call" in self.stash_s:
-                ov += (f"; PipeMare's U +{self.stash_s['delta_call'] * 1e6:.0f} us + "
-                       f"{self.stash_s.get('delta_byte', 0.0) * 1e12:.0f} ps/B + "
-                       f"{self.stash_s.get('delta_tensor', 0.0) * 1e6:.1f} us/tensor, its B "
-                       f"+{self.stash_s.get('correct_call', 0.0) * 1e6:.0f} us + "
-                       f"{self.stash_s.get('correct_byte', 0.0) * 1e12:.0f} ps/B + "
-                       f"{self.stash_s.get('correct_tensor', 0.0) * 1e6:.1f} us/tensor")
+                ov += f"; PipeMare's U +{self._affine_text('delta')}, its B +{self._affine_text('correct')}"
         opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B + {c * 1e6:.1f} us/tensor"
                         for k, (a, b, c) in self.optimizer_s.items())
         fac = ""

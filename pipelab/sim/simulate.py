@@ -130,6 +130,7 @@ class ProfileCosts(Costs):
         self.phys = workers
         self.pipemare = pipemare
         self._cache: dict[tuple[int, int], tuple[float, float]] = {}
+        self._extra: dict[tuple[int, str], float] = {}     # PipeMare's per stage and kind
         self._sends: dict[tuple[int, int, int, str], tuple[float, int]] = {}
         self._channels: dict[tuple[int, int], tuple[Hashable, ...]] = {}
 
@@ -168,14 +169,19 @@ class ProfileCosts(Costs):
     def _pipemare_s(self, stage: int, kind: str) -> float:
         """What PipeMare's weight policy adds to a ``U`` (the weight-change average) or a ``B`` (the
         corrected weights, and the recompute's call through them) of ``stage``, as calibrated."""
-        cal = self.model.cluster.calibration
-        if cal is None:
-            return 0.0
-        a, e = self.ranges[stage]
-        nbytes, tensors = self.model.param_bytes(a, e), self.model.param_tensors(a, e)
-        if kind == "U":
-            return cal.delta_average_s(nbytes, tensors)
-        return cal.corrected_weights_s(nbytes, tensors) + cal.stashed_forward_s(tensors)
+        hit = self._extra.get((stage, kind))
+        if hit is None:
+            cal = self.model.cluster.calibration
+            a, e = self.ranges[stage]
+            nbytes, tensors = self.model.param_bytes(a, e), self.model.param_tensors(a, e)
+            if cal is None:
+                hit = 0.0
+            elif kind == "U":
+                hit = cal.delta_average_s(nbytes, tensors)
+            else:
+                hit = cal.corrected_weights_s(nbytes, tensors) + cal.stashed_forward_s(tensors)
+            self._extra[(stage, kind)] = hit
+        return hit
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         """See :meth:`Costs.send`."""
