@@ -12,9 +12,9 @@ the two intervals do not overlap, i.e. when it is sure to be faster:
 ``e`` or ``(lo, hi)``. The default on a calibrated cluster, :data:`SIM_RANGES`, is what
 ``reproductions/sim_accuracy`` last measured per method (:func:`ranges_from_accuracy`: the signed errors
 of its configurations, widened by the spread of their real rounds): on this project's machine the
-simulator is optimistic for every method, by amounts that differ per method, and a symmetric bound
-(:data:`SIM_ERRORS`, the worst ``|e|``) would also allow it to be pessimistic by as much, which it never
-was. A pipelining method on one replicated stage is data parallelism and takes ``dp``'s range.
+simulator's error differs per method in size and in sign, which a
+symmetric bound (:data:`SIM_ERRORS`, the worst ``|e|``) cannot say. A pipelining method on one
+replicated stage is data parallelism and takes ``dp``'s range.
 Among the candidates that qualify, those whose interval reaches the lower end of the fastest's are a
 tie the simulator cannot break, and the simplest of them wins (:func:`_simpler`). ``margin = 0`` picks
 the fastest. Pure functions of a table.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,30 +37,32 @@ from pipelab._io import atomic_write_text
 ERRORS_FILE = Path(__file__).resolve().parent.parent / "data" / "sim_errors.json"
 
 
-def load_ranges(path: str | Path = ERRORS_FILE) -> dict[str, tuple[float, float]]:
-    """The per-method signed error ranges of a file :func:`write_errors` wrote (``"ranges"``; a file
-    with only ``"errors"`` gives ``(-e, e)``)."""
+def _read(path: str | Path, values: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """``values(doc)`` of the JSON file ``path`` that :func:`write_errors` wrote, checked as a margin;
+    a ValueError saying how to rewrite a file that is not one."""
     try:
-        doc = json.loads(Path(path).read_text())
-        raw = doc.get("ranges") or {k: (-float(v), float(v)) for k, v in doc["errors"].items()}
-        ranges = {str(k): (float(v[0]), float(v[1])) for k, v in raw.items()}
+        out = values(json.loads(Path(path).read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         raise ValueError(f"{path}: not a simulator-error file ({e}); rewrite it with "
                          "`pipelab reproduce --only sim_accuracy`") from e
-    check_margin(ranges)
-    return ranges
+    check_margin(out)
+    return out
+
+
+def load_ranges(path: str | Path = ERRORS_FILE) -> dict[str, tuple[float, float]]:
+    """The per-method signed error ranges of a file :func:`write_errors` wrote (``"ranges"``; a file
+    with only ``"errors"`` gives ``(-e, e)``)."""
+    def ranges(doc: dict[str, Any]) -> dict[str, tuple[float, float]]:
+        raw = doc.get("ranges") or {k: (-float(v), float(v)) for k, v in doc["errors"].items()}
+        return {str(k): (float(v[0]), float(v[1])) for k, v in raw.items()}
+    out: dict[str, tuple[float, float]] = _read(path, ranges)
+    return out
 
 
 def load_errors(path: str | Path = ERRORS_FILE) -> dict[str, float]:
     """The per-method errors of a file :func:`write_errors` wrote (``{"errors": {method: error}}``)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        errors = {str(k): float(v) for k, v in doc["errors"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a simulator-error file ({e}); rewrite it with "
-                         "`pipelab reproduce --only sim_accuracy`") from e
-    check_margin(errors)
-    return errors
+    out: dict[str, float] = _read(path, lambda doc: {str(k): float(v) for k, v in doc["errors"].items()})
+    return out
 
 
 def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
