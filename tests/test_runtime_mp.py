@@ -73,6 +73,25 @@ def test_sync_methods_across_processes_equal_plain_training(method, cuts, reps, 
     _same_order(res)
     assert set(res.trace.workers) == set(range(res.schedule.num_workers))
     assert res.throughput > 0
+    for r in (res, local):
+        _allreduce_before_each_replicated_update(r, plan)
+
+
+def _allreduce_before_each_replicated_update(res, plan):
+    """A replicated stage's U is two events, as in a simulated trace: the all-reduce (with the
+    gradient bytes), then the step, starting where the all-reduce ended; other stages have none."""
+    ar = {(e.worker, e.microbatch): e for e in res.trace.events if e.kind == "allreduce"}
+    us = [e for e in res.trace.compute_events() if e.kind == "U"]
+    replicated = {s.index for s in plan.stages if s.replicas > 1}
+    for u in us:
+        a = ar.pop((u.worker, u.microbatch), None)
+        if u.stage not in replicated:
+            assert a is None, u
+            continue
+        assert a is not None and a.stage == u.stage, u
+        assert a.bytes > 0 and u.bytes == 0
+        assert a.start_s <= a.end_s == pytest.approx(u.start_s, abs=1e-9)
+    assert not ar, f"all-reduces without their U: {sorted(ar)[:3]}"
 
 
 ASYNC = [

@@ -140,7 +140,7 @@ def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 16) -> li
     """``(gradient bytes, mean seconds of a U)`` per round of a two-replica ``dp`` run of
     :func:`tiny.medium_model` (about 1 MB of gradients) through the real runtime: the all-reduce as a
     run has it, with the step's optimizer and the runtime's own ``U`` work (taken off in
-    :func:`_assemble`). The mean, not the median: a run pays every all-reduce, and after compute one
+    :func:`_assemble`); a U's time is its ``allreduce`` event and its step's event together. The mean, not the median: a run pays every all-reduce, and after compute one
     takes either about a millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where the
     probe's sweep fits 1.2 ms)."""
     model = medium_model()
@@ -150,7 +150,12 @@ def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 16) -> li
     for _ in range(repeats):
         run = _run(medium_model, medium_data, Plan.from_boundaries(layers, [], [2], batch_size=64), "dp",
                    steps, 2, backend)
-        us = [e.end_s - e.start_s for e in run.trace.compute_events() if e.kind == "U"]
+        # a U of a replicated stage is two events, the all-reduce and then the step: one U's time
+        per: dict[tuple[int, int], float] = {}
+        for e in run.trace.events:
+            if e.kind in ("allreduce", "U"):
+                per[(e.worker, e.microbatch)] = per.get((e.worker, e.microbatch), 0.0) + e.end_s - e.start_s
+        us = [per[k] for k in sorted(per, key=lambda k: (k[1], k[0]))]
         out.append((nbytes, statistics.fmean(us[len(us) // 4:])))
     return out
 

@@ -132,7 +132,8 @@ def busy_by_worker(trace: Trace, schedule: Any) -> dict[int, float]:
 # ------------------------------------------------------------ which term: a replay with measured actions
 class MeasuredActions(ProfileCosts):
     """The simulator's transfers, but every compute action takes what it took in the real run (the
-    mean per worker, stage and kind over ``window``, all-reduces included in the measured ``U``):
+    mean per worker, stage and kind over ``window``; an all-reduce what the run's ``allreduce``
+    events say, :meth:`allreduce`):
     replaying the schedule with it separates the error of the action durations from that of
     everything else (messages, waiting).
 
@@ -155,6 +156,15 @@ class MeasuredActions(ProfileCosts):
                 per.setdefault(key, []).append(e.end_s - e.start_s)
         # a kind with no action inside the window (e.g. one U per run) falls back to all of its actions
         self.durations = {k: statistics.fmean(per.get(k) or v) for k, v in every.items()}
+        # an all-reduce as the last replica to arrive has it (the others' events also hold their wait)
+        groups: dict[tuple[int, int], list[float]] = {}
+        for e in run_trace.events:
+            if e.kind == "allreduce" and lo <= e.start_s < hi:
+                groups.setdefault((e.stage, e.microbatch), []).append(e.end_s - e.start_s)
+        by_stage: dict[int, list[float]] = {}
+        for (stage, _), ds in groups.items():
+            by_stage.setdefault(stage, []).append(min(ds))
+        self.allreduce_s = {s: statistics.fmean(v) for s, v in by_stage.items()}
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
         """The measured mean duration of this worker's actions of this stage and kind."""
@@ -169,8 +179,10 @@ class MeasuredActions(ProfileCosts):
         return 1.0
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
-        """Nothing beyond the measured ``U`` (which waited for the all-reduce)."""
-        return grad_s, 0.0, 0
+        """The measured all-reduce of the stage (the mean over the window of each step's shortest
+        ``allreduce`` event: the last replica to arrive waits for no one), after the last gradient."""
+        comm = self.allreduce_s.get(stage, 0.0)
+        return grad_s + comm, comm, 0
 
 
 def replay_throughput(run: Any, sim: Any, plan: Plan, prof: Profile, cluster: Cluster, batch: int) -> float:

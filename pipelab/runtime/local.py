@@ -114,11 +114,17 @@ def _run_local(job: Job, emit: Callable[[Event], None] | None,
                 for f in flats[1:]:
                     assert f is not None
                     total += f   # for two replicas exactly the a + b the all-reduce computes
+            if total is not None and emit is not None:   # the all-reduce's own event, as in a process
+                t = now()
+                for g in group:
+                    emit(Event(g.rank, a.stage, "allreduce", g.actions[pos[g.rank]].microbatch, start, t,
+                               total.numel() * total.element_size(), -1, -1, -1))
+                start = t
             for g in group:
                 j = pos[g.rank]
                 torch.set_rng_state(g.rng_state)
                 v = g.finish_update(j, None if total is None else total.clone())
-                ev(g, j, start, 0 if total is None else total.numel() * total.element_size(), v)
+                ev(g, j, start, 0, v)
                 g.measure(j)
                 pos[g.rank] += 1
             return

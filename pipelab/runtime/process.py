@@ -109,8 +109,15 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
         if a.kind == "U":
             flat = worker.begin_update(i)
             if flat is not None:
+                # the all-reduce is its own event, as in a simulated trace: the U that follows holds
+                # the optimizer step only, so busy time and bubbles read alike in both
                 comm.allreduce(a.stage, flat)
-                nbytes = flat.numel() * flat.element_size()
+                if worker.device.type == "cuda":
+                    torch.cuda.synchronize(worker.device)
+                t = clock.now()
+                emit(Event(worker.rank, a.stage, "allreduce", a.microbatch, start, t,
+                           flat.numel() * flat.element_size(), -1, -1, -1))
+                start = t
             version = worker.finish_update(i, flat)
         else:
             sends, version = worker.run(i, received)
