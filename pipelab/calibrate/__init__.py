@@ -140,9 +140,10 @@ def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 16) -> li
     """``(gradient bytes, mean seconds of a U)`` per round of a two-replica ``dp`` run of
     :func:`tiny.medium_model` (about 1 MB of gradients) through the real runtime: the all-reduce as a
     run has it, with the step's optimizer and the runtime's own ``U`` work (taken off in
-    :func:`_assemble`); a U's time is its ``allreduce`` event and its step's event together. The mean, not the median: a run pays every all-reduce, and after compute one
-    takes either about a millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where the
-    probe's sweep fits 1.2 ms)."""
+    :func:`_assemble`); a U's time is its ``allreduce`` event and its step's event together. The
+    mean, not the median: a run pays every all-reduce, and after compute one takes either about a
+    millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where the probe's sweep fits
+    1.2 ms)."""
     model = medium_model()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     layers = len(layer_nodes(trace(model)))     # the plan needs the count only: no profile
