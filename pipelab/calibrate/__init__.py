@@ -326,7 +326,7 @@ def calibrate(
     workers: int = 2,
     backend: str = "gloo",
     sizes: Sequence[int] = DEFAULT_SIZES,
-    repeats: int = 3,
+    repeats: int = 5,
     path: str | os.PathLike[str] | None = None,
     progress: bool = True,
     name: str | None = None,
@@ -337,6 +337,10 @@ def calibrate(
     ``workers``: processes in the all-reduce sweep (group sizes 2..workers) and in the returned
     cluster; ``sizes``: message sizes in bytes; ``repeats``: rounds of every measurement (the
     spread between rounds is recorded). About half a minute at the defaults on two CPU cores.
+
+    Five rounds by default: the spread is the range of the rounds, and with three a rerun's median
+    fell outside the first calibration's range for 4 of 16 figures and moved by up to 40%; with five,
+    for 1 of 16 with the medians within 6% (``reproductions/benchmarks/calibration_repeatability.py``).
     """
     if not isinstance(workers, int) or workers < 2:
         raise ValueError(f"workers={workers!r}: calibration needs at least 2 worker processes")

@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--workers", type=int, default=2, help="worker processes (all-reduce groups 2..N; default 2)"
     )
     p.add_argument("--backend", default="gloo", help="process-group backend to calibrate (default gloo)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds of every measurement (default 3)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds of every measurement (default 5)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     # torch is heavy: imported only when the command runs (keeps `pipelab --help` fast)

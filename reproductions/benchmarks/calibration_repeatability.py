@@ -3,24 +3,29 @@
 Prints, per figure, both values, their relative difference and the spread between rounds that the
 first calibration recorded (``Calibration.spread``), and the time each calibration took.
 
-    OMP_NUM_THREADS=1 .venv/bin/python reproductions/benchmarks/calibration_repeatability.py
+    OMP_NUM_THREADS=1 .venv/bin/python reproductions/benchmarks/calibration_repeatability.py [repeats]
+
+``repeats``: rounds of each measurement (``pl.calibrate(repeats=...)``; default: calibrate's own).
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from typing import Any
 
 import pipelab as pl
 
 FIGURES = ("p2p_latency_s", "p2p_bandwidth", "allreduce_latency_s", "allreduce_bandwidth", "memory_bandwidth")
 
 
-def main() -> None:
+def main(repeats: int | None = None) -> None:
     """Calibrate twice and compare."""
     runs = []
+    kw: dict[str, Any] = {} if repeats is None else {"repeats": repeats}
     for _ in range(2):
         t0 = time.perf_counter()
-        runs.append((pl.calibrate(workers=2, progress=False).calibration, time.perf_counter() - t0))
+        runs.append((pl.calibrate(workers=2, progress=False, **kw).calibration, time.perf_counter() - t0))
     (a, ta), (b, tb) = runs
     assert a is not None and b is not None
     print(f"calibration took {ta:.1f} s and {tb:.1f} s")
@@ -59,4 +64,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else None)
