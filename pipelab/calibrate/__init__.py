@@ -339,8 +339,8 @@ def calibrate(
     spread between rounds is recorded). About half a minute at the defaults on two CPU cores.
 
     Five rounds by default: the spread is the range of the rounds, and with three a rerun's median
-    fell outside the first calibration's range for 4 of 16 figures and moved by up to 40%; with five,
-    for 1 of 16 with the medians within 6% (``reproductions/benchmarks/calibration_repeatability.py``).
+    fell outside the first calibration's range for 4 of 16 figures (medians moving up to 40%); with
+    five, for 1, 1 and 3 of 16 in three pairs (``reproductions/benchmarks/calibration_repeatability.py``).
     """
     if not isinstance(workers, int) or workers < 2:
         raise ValueError(f"workers={workers!r}: calibration needs at least 2 worker processes")
