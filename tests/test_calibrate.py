@@ -176,10 +176,10 @@ def test_calibrate_command_measures_this_machine(tmp_path: Path) -> None:
     assert set(cal.overhead_s) == {"F", "B", "W", "U"}
     assert set(cal.optimizer_s) == {"sgd", "sgd-momentum", "adam"}
     assert all(math.isfinite(v) for v in cal.spread.values())
-    # every round's raw sweep is kept: five sizes of point to point per round
-    assert len(cal.samples["p2p"]) == 5 * 3
+    # every round's raw sweep is kept: five sizes of point to point per round, five rounds by default
+    assert len(cal.samples["p2p"]) == 5 * 5
     # the all-reduce's latency is the one of the in-run U's (one figure per round)
-    assert len(cal.samples["allreduce_latency_in_run"]) == 3
+    assert len(cal.samples["allreduce_latency_in_run"]) == 5
     in_run = cal.samples["allreduce_latency_in_run"]
     assert cal.allreduce_latency_s == pytest.approx(statistics.median(in_run))
     # the duty cycle's curve: every probed duty below 1, factors >= 1 that never fall as duty falls
