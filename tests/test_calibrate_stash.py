@@ -135,6 +135,15 @@ def test_the_new_version_probe_times_the_policys_copy_per_size_and_tensor_count(
     assert all(t > 0 for _, _, t in rows)
 
 
+def test_the_optimizer_probe_times_each_optimizer_per_size_and_tensor_count(monkeypatch) -> None:
+    monkeypatch.setattr(probes, "EVICT_BYTES", 1 << 16)   # the cache eviction's size is not under test
+    rows = probes.optimizer_steps([1 << 12, 1 << 16], 2, tensor_counts=(2, 8))
+    assert set(rows) == set(probes.OPTIMIZERS)
+    for got in rows.values():
+        assert sorted((n, k) for n, k, _ in got) == [(4096, 2), (4096, 8), (65536, 2), (65536, 8)]
+        assert all(t > 0 for _, _, t in got)
+
+
 def test_calibration_round_trips_the_version_terms_and_describes_them() -> None:
     cal = _cal(stash_s=VERSION)
     again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
