@@ -3,7 +3,10 @@
 Both the simulator and the runtime produce a :class:`Trace`; views draw it. One :class:`Event` per
 executed action (kinds ``F``, ``B``, ``W``, ``U``) and optionally per transfer (kinds ``send``,
 ``recv``, ``allreduce``), with start/end seconds relative to the run's start, bytes moved, and the
-weight version the action read.
+weight version the action read. A replicated stage's update is two events in both: its
+``allreduce`` (in a measured trace from the ``U``'s start, so it holds the wait for the other
+replicas) and then the ``U`` that holds the optimizer step alone, so busy time (``F``/``B``/``W``/
+``U``) means the same in a simulated and a measured trace.
 """
 
 from __future__ import annotations
