@@ -40,7 +40,9 @@ class Calibration:
       (``reproductions/sim_accuracy/README.md``); ``"cross"``, how much longer an
       action takes when its message crosses the peer's in the opposite direction
       (:mod:`pipelab.schedules.crossing`; the simulator adds it to the actions a first pass finds
-      crossed; absent, nothing, in older files);
+      crossed; absent, nothing, in older files); ``"arrive"``, how much longer an action takes when
+      a message to its worker arrives while it computes and it did not cross (added the same way;
+      absent in files before 2026-11-26);
     * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
       seconds, seconds per parameter byte, seconds per parameter tensor)`` of one ``step()`` (torch's
       CPU optimizers loop over the tensors: a stage of many small tensors pays per tensor; a file

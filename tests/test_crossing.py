@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelab.calibrate import _cross_extra
+from pipelab.calibrate import _extra
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action
-from pipelab.schedules.crossing import Stalled, crossed_actions
+from pipelab.schedules.crossing import Stalled, arrived_actions, crossed_actions
 from pipelab.schedules.dataflow import UnitCosts, run
 from pipelab.schedules.messages import sent_by
 from pipelab.sim import simulate_schedule
@@ -92,18 +92,60 @@ def test_stalled_costs_apply_once_and_delegate_the_rest() -> None:
     assert st.post_ahead() == base.post_ahead() and st.busy_sender_s(0) == base.busy_sender_s(0)
 
 
-def test_the_calibrated_extra_is_the_crossed_actions_mean_over_the_clear_ones() -> None:
+def test_the_calibrated_extras_are_each_class_mean_over_the_quiet_ones() -> None:
     durations = {
-        (0, "F", True): [3.0, 5.0], (0, "F", False): [1.0, 1.0, 1.0],    # +3 twice
-        (1, "B", True): [2.0], (1, "B", False): [1.5, 0.5],               # +1 once
-        (1, "F", True): [9.0],                                            # no clear one: not counted
+        (0, "F", "crossed"): [3.0, 5.0], (0, "F", "quiet"): [1.0, 1.0, 1.0],    # +3 twice
+        (1, "B", "crossed"): [2.0], (1, "B", "quiet"): [1.5, 0.5],               # +1 once
+        (1, "F", "crossed"): [9.0],                                              # no quiet one: not counted
+        (0, "F", "arrived"): [1.5], (1, "B", "arrived"): [1.25, 1.75],           # +0.5 three times
     }
-    assert _cross_extra(durations) == pytest.approx((2 * 3.0 + 1 * 1.0) / 3)
-    assert _cross_extra({(0, "F", False): [1.0]}) == 0.0
-    assert _cross_extra({(0, "F", True): [0.5], (0, "F", False): [1.0]}) == 0.0   # never negative
+    assert _extra(durations, "crossed") == pytest.approx((2 * 3.0 + 1 * 1.0) / 3)
+    assert _extra(durations, "arrived") == pytest.approx(0.5)
+    assert _extra({(0, "F", "quiet"): [1.0]}, "crossed") == 0.0
+    assert _extra({(0, "F", "arrived"): [0.5], (0, "F", "quiet"): [1.0]}, "arrived") == 0.0   # never negative
+
+
+def test_an_action_has_an_arrival_when_a_message_to_its_worker_is_sent_during_it() -> None:
+    sch = build("1f1b-flush", 2, microbatches=4)
+    events = [
+        _ev(0, 0, "F", 0, 0.0, 1.0),    # worker 0's activation leaves at 1.0
+        _ev(1, 1, "F", 0, 0.5, 1.5),    # ... while worker 1 computes: an arrival
+        _ev(1, 1, "B", 0, 1.5, 2.5),    # worker 1's gradient leaves at 2.5; activation 1 arrives at 2.0
+        _ev(0, 0, "F", 1, 1.0, 2.0),    # nothing to worker 0 is sent in (1.0, 2.0]
+        _ev(0, 0, "U", 0, 2.0, 3.0),    # any kind can have one: the gradient arrives at 2.5
+        _ev(1, 1, "F", 1, 2.0, 3.0),    # activation 1 left at its start (2.0): not during it
+    ]
+    assert arrived_actions(sch, events) == {(1, Action(1, "F", 0)), (1, Action(1, "B", 0)),
+                                            (0, Action(0, "U", 0))}
+
+
+def test_the_second_pass_adds_the_arrivals_extra_where_no_crossing_is() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class ArrivingUnitCosts(UnitCosts):
+        def crossing_s(self) -> float:
+            return STALL
+
+        def arrival_s(self) -> float:
+            return STALL / 5
+
+    sch = build("1f1b-flush", 2, microbatches=8, minibatches=2)
+    first = [e for e in run(sch, UnitCosts()) if e.kind in ("F", "B", "W", "U")]
+    crossed = crossed_actions(sch, first)
+    arrived = arrived_actions(sch, first) - crossed
+    assert crossed and arrived
+    base = UnitCosts()
+    for e in simulate_schedule(sch, ArrivingUnitCosts()).trace.compute_events():
+        a = Action(e.stage, e.kind, e.microbatch)
+        extra = STALL if (e.worker, a) in crossed else STALL / 5 if (e.worker, a) in arrived else 0.0
+        assert e.end_s - e.start_s == pytest.approx(base.compute(e.worker, a, False) + extra), (e.worker, a)
+    st = Stalled(base, {(0, Action(0, "F", 0))}, STALL, {(0, Action(0, "F", 0)), (1, Action(1, "F", 0))}, 0.1)
+    assert st.compute(0, Action(0, "F", 0), False) == base.compute(0, Action(0, "F", 0), False) + STALL
+    assert st.compute(1, Action(1, "F", 0), False) == base.compute(1, Action(1, "F", 0), False) + 0.1
+    assert st.arrival_s() == 0.0 and st.crossing_s() == 0.0
 
 
 def test_the_replay_with_measured_durations_adds_no_stall() -> None:
     from pipelab.reproduce.accuracy import MeasuredActions
 
     assert MeasuredActions.crossing_s(object.__new__(MeasuredActions)) == 0.0
+    assert MeasuredActions.arrival_s(object.__new__(MeasuredActions)) == 0.0

@@ -63,8 +63,7 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.runtime import train
 from pipelab.schedules.actions import Action
-from pipelab.schedules.crossing import crossed_actions
-from pipelab.schedules.messages import sent_by
+from pipelab.schedules.crossing import arrived_actions, crossed_actions
 
 BACKENDS = ("gloo", "nccl")
 #: message sizes of the point-to-point and all-reduce sweeps (bytes): 4 KiB .. 4 MiB
@@ -136,14 +135,16 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
     return out
 
 
-def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 16) -> list[tuple[int, float]]:
+def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 48) -> list[tuple[int, float]]:
     """``(gradient bytes, mean seconds of a U)`` per round of a two-replica ``dp`` run of
     :func:`tiny.medium_model` (about 1 MB of gradients) through the real runtime: the all-reduce as a
     run has it, with the step's optimizer and the runtime's own ``U`` work (taken off in
     :func:`_assemble`); a U's time is its ``allreduce`` event and its step's event together. The
     mean, not the median: a run pays every all-reduce, and after compute one takes either about a
     millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where the probe's sweep fits
-    1.2 ms)."""
+    1.2 ms). 48 steps a round (the first quarter left out): with 16, three calibrations' medians were
+    2.7, 3.5 and 2.7 ms per U; with 48, 2.3, 2.2 and 2.6 ms, for the same time (process start-up
+    dominates)."""
     model = medium_model()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     layers = len(layer_nodes(trace(model)))     # the plan needs the count only: no profile
@@ -179,15 +180,18 @@ def message_overhead(
     them over the rounds: its median is the figure, the rounds' medians give the spread); and
     ``"cross"``, the mean extra of an action whose message crossed the peer's
     (:func:`pipelab.schedules.crossing.crossed_actions`), pooled over the rounds (``"cross_rounds"``:
-    each round's, for the spread).
+    each round's, for the spread); ``"arrive"``, the same of an action during which a message to its
+    worker arrived and that did not cross (:func:`~pipelab.schedules.crossing.arrived_actions`;
+    ``"arrive_rounds"``). Both are extras over quiet actions of the same worker and kind.
 
     A two-worker ``1f1b-flush`` run of :func:`tiny.tiny_model` cut after its first layer: stage 0's
     forward sends and its backward receives, stage 1's forward receives and its backward sends. An
     action's wall time is from the previous action's end on its worker to its own end (the receive
     is taken before the action starts), less the profiled compute and the per-action ``base``
     overhead; actions that waited for their message are left out (a wait is not work). ``prof``: the
-    tiny model's profile, measured here when not given. The per-message work is taken on clear
-    actions only: a crossed one also holds the crossing stall, which ``"cross"`` measures.
+    tiny model's profile, measured here when not given. The per-message work is taken on quiet
+    actions only: a crossed one also holds the crossing stall, which ``"cross"`` measures, one with
+    an arrival the arrival's, which ``"arrive"`` measures.
     """
     prof = prof if prof is not None else _tiny_profile()
     M = 4
@@ -200,11 +204,11 @@ def message_overhead(
     role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
     out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": [], "busy_all": [],
-                                   "cross_rounds": []}
-    pooled: dict[tuple[int, str, bool], list[float]] = {}
+                                   "cross_rounds": [], "arrive_rounds": []}
+    pooled: dict[tuple[int, str, str], list[float]] = {}
     for _ in range(repeats):
         run = _run(tiny_model, tiny_data, plan, "1f1b-flush", steps, M, backend)
-        crossed = _crossings(run, pooled, out["cross_rounds"])
+        crossed, arrived = _crossings(run, pooled, out["cross_rounds"], out["arrive_rounds"])
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
         # a message's latency in the runtime: from the end of the action that sent it to the end of
         # the receiver's wait, for receivers already waiting when it was sent
@@ -235,53 +239,60 @@ def message_overhead(
             out["busy"].append(statistics.median(busy))
             out["busy_all"].extend(busy)
         per: dict[str, list[float]] = {"send": [], "recv": []}
-        # a crossed action's stall is the "cross" term: the per-message work is that of clear ones
+        # a crossed action's stall is the "cross" term, an arrival's the "arrive" term: the
+        # per-message work is that of quiet actions (neither)
         for w in (0, 1):
             evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)
             skip = len(evs) // steps
             for prev, e in zip(evs[skip:], evs[skip + 1 :]):
                 r = role.get((e.stage, e.kind))
-                if r is None or (e.worker, e.stage, e.microbatch) in waited \
-                        or (w, Action(e.stage, e.kind, e.microbatch)) in crossed:
+                a = (w, Action(e.stage, e.kind, e.microbatch))
+                if r is None or (e.worker, e.stage, e.microbatch) in waited or a in crossed or a in arrived:
                     continue
                 per[r].append(e.end_s - prev.end_s - comp[(e.stage, e.kind)] - base.get(e.kind, 0.0))
         for k, ts in per.items():
             if ts:
                 out[k].append(max(statistics.median(ts), 0.0))
-    out["cross"] = [_cross_extra(pooled)]
+    out["cross"] = [_extra(pooled, "crossed")]
+    out["arrive"] = [_extra(pooled, "arrived")]
     return out
 
 
-def _cross_extra(durations: dict[tuple[int, str, bool], list[float]]) -> float:
-    """Mean extra seconds of a crossed action over a clear one of the same worker and kind, weighted
-    by the crossed actions' counts (0 without crossings)."""
+def _extra(durations: dict[tuple[int, str, str], list[float]], cls: str) -> float:
+    """Mean extra seconds of an action of class ``cls`` (``"crossed"``, ``"arrived"``) over a quiet
+    one of the same worker and kind, weighted by the counts of ``cls`` (0 where there are none)."""
     num = den = 0.0
-    for (w, kind, crossed), ts in durations.items():
-        clear = durations.get((w, kind, False))
-        if crossed and ts and clear:
-            num += len(ts) * max(statistics.fmean(ts) - statistics.fmean(clear), 0.0)
+    for (w, kind, c), ts in durations.items():
+        quiet = durations.get((w, kind, "quiet"))
+        if c == cls and ts and quiet:
+            num += len(ts) * max(statistics.fmean(ts) - statistics.fmean(quiet), 0.0)
             den += len(ts)
     return num / den if den else 0.0
 
 
-def _crossings(run: Any, pooled: dict[tuple[int, str, bool], list[float]],
-               rounds: list[float]) -> set[tuple[int, Action]]:
-    """Durations of the run's sending ``F``/``B`` past its first quarter (start-up), split by whether
-    their message crossed the peer's (:func:`pipelab.schedules.crossing.crossed_actions`): added to
-    ``pooled``, and this round's extra appended to ``rounds``; returns the crossed actions."""
+def _crossings(run: Any, pooled: dict[tuple[int, str, str], list[float]], cross_rounds: list[float],
+               arrive_rounds: list[float]) -> tuple[set[tuple[int, Action]], set[tuple[int, Action]]]:
+    """Durations of the run's ``F``/``B`` past its first quarter (start-up), split into those whose
+    message crossed the peer's (:func:`pipelab.schedules.crossing.crossed_actions`; sending actions),
+    those during which a message arrived (:func:`~pipelab.schedules.crossing.arrived_actions`) and the
+    quiet rest: added to ``pooled``, and this round's two extras appended to ``cross_rounds`` and
+    ``arrive_rounds``; returns ``(crossed, arrived but not crossed)``."""
     comp = list(run.trace.compute_events())
     t0, t1 = min(e.start_s for e in comp), max(e.end_s for e in comp)
     crossed = crossed_actions(run.schedule, comp)
-    mine: dict[tuple[int, str, bool], list[float]] = {}
+    arrived = arrived_actions(run.schedule, comp) - crossed
+    mine: dict[tuple[int, str, str], list[float]] = {}
     for e in comp:
-        a = Action(e.stage, e.kind, e.microbatch)
-        if e.start_s < t0 + 0.25 * (t1 - t0) or sent_by(run.schedule, e.worker, a) is None:
+        a = (e.worker, Action(e.stage, e.kind, e.microbatch))
+        if e.start_s < t0 + 0.25 * (t1 - t0) or e.kind not in ("F", "B"):
             continue
-        mine.setdefault((e.worker, e.kind, (e.worker, a) in crossed), []).append(e.end_s - e.start_s)
+        c = "crossed" if a in crossed else "arrived" if a in arrived else "quiet"
+        mine.setdefault((e.worker, e.kind, c), []).append(e.end_s - e.start_s)
     for k, v in mine.items():
         pooled.setdefault(k, []).extend(v)
-    rounds.append(_cross_extra(mine))
-    return crossed
+    cross_rounds.append(_extra(mine, "crossed"))
+    arrive_rounds.append(_extra(mine, "arrived"))
+    return crossed, arrived
 
 
 def compute_slowdown(
@@ -444,6 +455,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if in_run:
         alpha = statistics.median(in_run)
     cross_spread = spread(msg.pop("cross_rounds", []))
+    arrive_spread = spread(msg.pop("arrive_rounds", []))
     busy = msg.pop("busy", [])
     pooled = msg.pop("busy_all", [])
     busy_spread = spread(busy)
@@ -486,6 +498,8 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         sp["message_s.busy_sender"] = busy_spread
     if "cross" in msg:
         sp["message_s.cross"] = cross_spread
+    if "arrive" in msg:
+        sp["message_s.arrive"] = arrive_spread
     sp["compute_slowdown"] = spread(slow)
     by_duty: dict[float, list[float]] = {}
     for _, d, ratio in got.get("duty cycle") or []:

@@ -174,6 +174,10 @@ class MeasuredActions(ProfileCosts):
         """Nothing: the measured durations already hold the crossed actions' stalls."""
         return 0.0
 
+    def arrival_s(self) -> float:
+        """Nothing: the measured durations already hold what arrivals cost."""
+        return 0.0
+
     def duty_factor(self, worker: int, utilization: float) -> float:
         """1: the measured durations already are those of the run's duty cycle."""
         return 1.0

@@ -99,6 +99,11 @@ class Costs:
         it in a second pass."""
         return 0.0
 
+    def arrival_s(self) -> float:
+        """Seconds an action pays when a message to its worker arrives while it computes (and it did
+        not cross: :mod:`pipelab.schedules.crossing`; 0: no such cost). Applied with the crossings."""
+        return 0.0
+
     def duty_factor(self, worker: int, utilization: float) -> float:
         """How much longer ``worker``'s compute takes when it computes only ``utilization`` of the
         time (a core that idles between actions wakes slower; 1.0: no such effect). The simulator
@@ -152,6 +157,10 @@ class Delegating(Costs):
     def crossing_s(self) -> float:
         """As the base costs."""
         return self.base.crossing_s()
+
+    def arrival_s(self) -> float:
+        """As the base costs."""
+        return self.base.arrival_s()
 
     def duty_factor(self, worker: int, utilization: float) -> float:
         """As the base costs."""

@@ -39,7 +39,7 @@ from pipelab.partition.plan import Plan
 from pipelab.schedules import build
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.schedules.crossing import Stalled, crossed_actions
+from pipelab.schedules.crossing import Stalled, arrived_actions, crossed_actions
 from pipelab.schedules.dataflow import POST_AHEAD, Costs, Deadlock, UnitCosts, run
 from pipelab.schedules.duty import settle
 from pipelab.schedules.facts import stage_delays
@@ -222,6 +222,12 @@ class ProfileCosts(Costs):
         cal = self.model.cluster.calibration
         return float(cal.message_s.get("cross", 0.0)) if cal is not None else 0.0
 
+    def arrival_s(self) -> float:
+        """On a calibrated cluster: the measured extra of an action during which a message to its
+        worker arrived (``Calibration.message_s["arrive"]``; :mod:`pipelab.schedules.crossing`)."""
+        cal = self.model.cluster.calibration
+        return float(cal.message_s.get("arrive", 0.0)) if cal is not None else 0.0
+
     def duty_factor(self, worker: int, utilization: float) -> float:
         """On a calibrated cluster: how much longer compute takes on a core busy ``utilization`` of
         the time than on the busy core the profile was taken on (``Calibration.duty_factor``)."""
@@ -280,11 +286,13 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
         # passes until each worker's compute is scaled by the factor of its own utilization
         # (pipelab.schedules.duty; nothing runs again where the costs have no such factor)
         costs, events, _ = settle(costs, schedule.num_workers, events, lambda c: run(schedule, c))
-        stall = costs.crossing_s()
-        if stall > 0:   # one more pass with the crossed actions' stall (pipelab.schedules.crossing)
-            crossed = crossed_actions(schedule, metrics.compute_events(events))
-            if crossed:
-                events = run(schedule, Stalled(costs, crossed, stall))
+        stall, arrive = costs.crossing_s(), costs.arrival_s()
+        if stall > 0 or arrive > 0:   # one more pass with the crossed actions' stall and the arrivals'
+            comp = metrics.compute_events(events)       # extra (pipelab.schedules.crossing)
+            crossed = crossed_actions(schedule, comp) if stall > 0 else set()
+            arrived = arrived_actions(schedule, comp) - crossed if arrive > 0 else set()
+            if crossed or arrived:
+                events = run(schedule, Stalled(costs, crossed, stall, arrived, arrive))
     except Deadlock as exc:
         raise ScheduleError(f"{exc}\n{schedule.grid(mark=exc.stuck[0][:2], max_steps=26)}") from None
     trace = Trace.from_events(events, method=schedule.method, microbatches=schedule.microbatches,
