@@ -171,7 +171,7 @@ def ring_latency_of(seconds: float, nbytes: int, bandwidth: float, group: int = 
 
 
 def message_overhead(
-    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 24, prof: Any = None
+    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 72, prof: Any = None
 ) -> dict[str, list[float]]:
     """The runtime's own seconds per message on a worker, one per round: ``"send"`` (packing,
     posting the send) and ``"recv"`` (posting the receive, unpacking); and a message's latency as
@@ -184,7 +184,9 @@ def message_overhead(
     worker arrived and that did not cross (:func:`~pipelab.schedules.crossing.arrived_actions`;
     ``"arrive_rounds"``). Both are extras over quiet actions of the same worker and kind.
 
-    A two-worker ``1f1b-flush`` run of :func:`tiny.tiny_model` cut after its first layer: stage 0's
+    A two-worker ``1f1b-flush`` run of :func:`tiny.tiny_model` cut after its first layer (72 steps a
+    round: with 24, five rounds saw 7-17 late messages and the busy sender's delay came out at
+    389-582 us in three calibrations; with 72, 49-53 and 438-512 us, for about a second more): stage 0's
     forward sends and its backward receives, stage 1's forward receives and its backward sends. An
     action's wall time is from the previous action's end on its worker to its own end (the receive
     is taken before the action starts), less the profiled compute and the per-action ``base``
