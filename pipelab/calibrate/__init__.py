@@ -135,16 +135,16 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
     return out
 
 
-def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 48) -> list[tuple[int, float]]:
+def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 96) -> list[tuple[int, float]]:
     """``(gradient bytes, mean seconds of a U)`` per round of a two-replica ``dp`` run of
     :func:`tiny.medium_model` (about 1 MB of gradients) through the real runtime: the all-reduce as a
     run has it, with the step's optimizer and the runtime's own ``U`` work (taken off in
     :func:`_assemble`); a U's time is its ``allreduce`` event and its step's event together. The
     mean, not the median: a run pays every all-reduce, and after compute one takes either about a
     millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where the probe's sweep fits
-    1.2 ms). 48 steps a round (the first quarter left out): with 16, three calibrations' medians were
-    2.7, 3.5 and 2.7 ms per U; with 48, 2.3, 2.2 and 2.6 ms, for the same time (process start-up
-    dominates)."""
+    1.2 ms). 96 steps a round (the first quarter left out): three calibrations' medians per U were
+    2.7, 3.5 and 2.7 ms with 16 steps, 2.6, 2.2 and 2.4 ms with 48, 2.22, 2.14 and 2.14 ms with 96,
+    for 2.6 s against 1.9 s a calibration (process start-up dominates)."""
     model = medium_model()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     layers = len(layer_nodes(trace(model)))     # the plan needs the count only: no profile
