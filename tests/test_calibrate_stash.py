@@ -144,6 +144,17 @@ def test_the_optimizer_probe_times_each_optimizer_per_size_and_tensor_count(monk
         assert all(t > 0 for _, _, t in got)
 
 
+def test_the_eviction_between_steps_is_the_last_level_cache_read_from_sysfs(tmp_path) -> None:
+    for name, level, size in (("index0", 1, "32K"), ("index2", 2, "1024K"), ("index3", 3, "32768K")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(f"{level}\n")
+        (tmp_path / name / "size").write_text(f"{size}\n")
+    assert probes.last_level_cache_bytes(sysfs=tmp_path) == 32 << 20
+    (tmp_path / "index3" / "size").write_text("garbage\n")
+    assert probes.last_level_cache_bytes(7, sysfs=tmp_path) == 7
+    assert probes.last_level_cache_bytes(5, sysfs=tmp_path / "missing") == 5
+
+
 def test_calibration_round_trips_the_version_terms_and_describes_them() -> None:
     cal = _cal(stash_s=VERSION)
     again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))

@@ -22,6 +22,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -214,10 +215,27 @@ def in_worker(fn_name: str, *args: Any, timeout: float = 120.0) -> Any:
 TENSOR_COUNTS = (4, 32)
 
 
-#: bytes a probe writes between two timed optimizer steps (more than a host's last-level cache): in a
-#: run, a forward and a backward come between two steps and leave the weights, gradients and
-#: optimizer state out of the caches
-EVICT_BYTES = 64 << 20
+def last_level_cache_bytes(default: int = 32 << 20,
+                           sysfs: str | os.PathLike[str] = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The size of this host's last-level CPU cache (Linux sysfs: cpu0's cache index of the highest
+    level), or ``default`` where it cannot be read."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        base = Path(sysfs)
+        level, index = max((int((d / "level").read_text()), d) for d in base.iterdir()
+                           if d.name.startswith("index"))
+        text = (index / "size").read_text().strip().upper()
+        return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+#: bytes a probe writes between two timed optimizer steps, the host's last-level cache: in a run, a
+#: forward and a backward come between two steps and leave the weights, gradients and optimizer state
+#: out of the caches. Measured here (32 MB of L3): writing that much, three calibrations' fits put a
+#: CNN stage's step at 119-130 us and a transformer stage's at 302-303 us (in runs about 100-135 and
+#: 350-410 us); writing twice as much, 188-260 and 380-454 us, and a fixed part that moved 163-241 us
+EVICT_BYTES = last_level_cache_bytes()
 
 
 def optimizer_steps(param_bytes: Sequence[int], repeats: int,
@@ -231,7 +249,7 @@ def optimizer_steps(param_bytes: Sequence[int], repeats: int,
     were written (a run's forward and backward evict the caches between two steps). Measured on
     the 2-core VM: inside the runtime, the step and ``zero_grad`` of a transformer stage (26-28
     tensors, 430 KB, SGD with momentum) took 349-431 us; timed back to back on the same gradients
-    with everything in cache the probe's fit predicted 159-166 us, timed this way 316-329 us."""
+    with everything in cache the probe's fit predicted 159-166 us, timed this way 302-303 us."""
     evict = torch.empty(EVICT_BYTES // 4)
     out: dict[str, list[tuple[int, int, float]]] = {}
     for name, make in OPTIMIZERS.items():
