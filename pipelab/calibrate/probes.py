@@ -222,8 +222,8 @@ def last_level_cache_bytes(default: int = 32 << 20,
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     try:
         base = Path(sysfs)
-        level, index = max((int((d / "level").read_text()), d) for d in base.iterdir()
-                           if d.name.startswith("index"))
+        _, index = max((int((d / "level").read_text()), d) for d in base.iterdir()
+                       if d.name.startswith("index"))
         text = (index / "size").read_text().strip().upper()
         return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
     except (OSError, ValueError, IndexError):

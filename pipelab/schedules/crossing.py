@@ -29,27 +29,34 @@ import bisect
 from collections.abc import Iterable
 from typing import Any
 
+from pipelab.metrics import COMPUTE_KINDS
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Delegating
 from pipelab.schedules.messages import sent_by
+
+
+def _sending(schedule: Schedule, events: Iterable[Any]) -> list[tuple[int, int, Action, float, float]]:
+    """``(worker, destination, action, start, end)`` of every ``F``/``B`` of ``events`` that sends a
+    message to another worker (:func:`pipelab.schedules.messages.sent_by`)."""
+    out = []
+    for e in events:
+        if e.kind not in ("F", "B"):
+            continue
+        a = Action(e.stage, e.kind, e.microbatch)
+        sent = sent_by(schedule, e.worker, a)
+        if sent is not None:
+            out.append((e.worker, sent[0], a, e.start_s, e.end_s))
+    return out
 
 
 def crossed_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int, Action]]:
     """``(worker, action)`` of every sending ``F``/``B`` in ``events`` (objects with ``worker``,
     ``stage``, ``kind``, ``microbatch``, ``start_s``, ``end_s``: a trace's compute events) during which
     the worker it sends to finished an action that sends back to it (module docstring)."""
+    acts = _sending(schedule, events)
     sends: dict[tuple[int, int], list[float]] = {}     # (src, dst) -> end times of src's sending actions
-    acts: list[tuple[int, int, Action, float, float]] = []
-    for e in events:
-        if e.kind not in ("F", "B"):
-            continue
-        a = Action(e.stage, e.kind, e.microbatch)
-        sent = sent_by(schedule, e.worker, a)
-        if sent is None:
-            continue
-        dst = sent[0]
-        sends.setdefault((e.worker, dst), []).append(e.end_s)
-        acts.append((e.worker, dst, a, e.start_s, e.end_s))
+    for w, dst, _, _, end in acts:
+        sends.setdefault((w, dst), []).append(end)
     for v in sends.values():
         v.sort()
     out: set[tuple[int, Action]] = set()
@@ -68,19 +75,14 @@ def arrived_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int,
     that sends to this worker ended: a message arrived while it computed (module docstring)."""
     evs = list(events)
     arrivals: dict[int, list[float]] = {}     # dst -> end times of the actions sending to it
-    for e in evs:
-        if e.kind in ("F", "B"):
-            sent = sent_by(schedule, e.worker, Action(e.stage, e.kind, e.microbatch))
-            if sent is not None:
-                arrivals.setdefault(sent[0], []).append(e.end_s)
+    for _, dst, _, _, end in _sending(schedule, evs):
+        arrivals.setdefault(dst, []).append(end)
     for v in arrivals.values():
         v.sort()
     out: set[tuple[int, Action]] = set()
     for e in evs:
-        if e.kind not in ("F", "B", "W", "U"):
-            continue
         ends = arrivals.get(e.worker)
-        if ends:
+        if e.kind in COMPUTE_KINDS and ends:
             i = bisect.bisect_right(ends, e.start_s)
             if i < len(ends) and ends[i] <= e.end_s:
                 out.add((e.worker, Action(e.stage, e.kind, e.microbatch)))
