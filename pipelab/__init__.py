@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "simulate": "pipelab.sim",
     "plan": "pipelab.planner",
     "PlanTable": "pipelab.planner",
+    "confirm": "pipelab.planner",
     "planner": "pipelab.planner",
     "explain": "pipelab.explain",
     "SimResult": "pipelab.sim",
@@ -112,7 +113,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from pipelab.explain import explain  # noqa: F401
     from pipelab.partition import partition  # noqa: F401
     from pipelab.partition.plan import Plan, Stage  # noqa: F401
-    from pipelab.planner import PlanTable, plan  # noqa: F401
+    from pipelab.planner import PlanTable, confirm, plan  # noqa: F401
     from pipelab.profile.measure import profile  # noqa: F401
     from pipelab.profile.records import Layer, Profile  # noqa: F401
     from pipelab.runtime.launch import launch, train  # noqa: F401

@@ -554,5 +554,7 @@ def _rank(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "SIM_RANGES", "Candidate", "PlanTable", "decide",
-           "margin_from_accuracy", "plan"]
+from pipelab.planner.confirmation import Confirmed, confirm  # noqa: E402  (measures a PlanTable's shortlist)
+
+__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "SIM_RANGES", "Candidate", "Confirmed", "PlanTable",
+           "confirm", "decide", "margin_from_accuracy", "plan"]
