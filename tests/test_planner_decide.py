@@ -262,15 +262,30 @@ def test_ranges_from_accuracy_widen_each_error_by_its_rounds_spread() -> None:
         ranges_from_accuracy(pd.DataFrame({"x": [1]}))
 
 
+def test_a_second_calibrations_errors_widen_the_ranges_and_margins() -> None:
+    # the same runs against a second calibration: a's range covers -0.4 as well, b's +0.5; a row the
+    # second calibration did not simulate (NaN) keeps its first error only
+    df = pd.DataFrame({"method": ["a", "a", "b"], "error": [0.3, 0.1, -0.2],
+                       "error_recalibrated": [0.2, -0.4, 0.5]})
+    got = ranges_from_accuracy(df)
+    for k, want in {"a": (-0.4, 0.3), "b": (-0.2, 0.5), "ALL": (-0.4, 0.5)}.items():
+        assert got[k] == pytest.approx(want)
+    assert margin_from_accuracy(df) == pytest.approx({"a": 0.4, "b": 0.5, "ALL": 0.5})
+    df.loc[2, "error_recalibrated"] = math.nan
+    assert ranges_from_accuracy(df)["b"] == pytest.approx((-0.2, -0.2))
+
+
 def test_the_committed_ranges_hold_every_measured_configuration() -> None:
     """SIM_RANGES is the committed sim_accuracy results' signed ranges, rounded outwards: every
     configuration's error lies inside its method's range (and 'ALL')."""
     df = pd.read_csv(REPO / "reproductions" / "sim_accuracy" / "results.csv")
     assert load_ranges(ERRORS_FILE) == SIM_RANGES
-    for m, e in zip(df["method"], df["error"]):
-        lo, hi = SIM_RANGES[m]
-        assert lo <= e <= hi, (m, e, SIM_RANGES[m])
-        assert SIM_RANGES["ALL"][0] <= e <= SIM_RANGES["ALL"][1]
+    cols = ["error"] + (["error_recalibrated"] if "error_recalibrated" in df else [])
+    for col in cols:
+        for m, e in zip(df["method"], df[col]):
+            lo, hi = SIM_RANGES[m]
+            assert lo <= e <= hi, (col, m, e, SIM_RANGES[m])
+            assert SIM_RANGES["ALL"][0] <= e <= SIM_RANGES["ALL"][1]
 
 
 def test_ranges_file_round_trip_and_old_files(tmp_path: Path) -> None:

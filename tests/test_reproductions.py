@@ -272,10 +272,19 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
                       duty_slowdown=((0.3, 1.2),))
     path = dataclasses.replace(Cluster.flat(2, bandwidth=2e9, latency=1e-4), calibration=cal).save(
         tmp_path / "cluster.json")
+    # the second calibration, after the runs: every compute action's overhead ten times larger
+    slow = dataclasses.replace(cal, overhead_s={k: 1e-3 for k in cal.overhead_s})
+    path2 = dataclasses.replace(Cluster.flat(2, bandwidth=2e9, latency=1e-4), calibration=slow).save(
+        tmp_path / "cluster2.json")
     _papermill(REPRO / "sim_accuracy" / "sim_accuracy.ipynb", tmp_path, models=["cnn"],
                methods=["gpipe", "pipedream"], steps=6, rounds=1, cluster_path=str(path),
-               planner_errors=str(tmp_path / "sim_errors.json"))
+               second_cluster_path=str(path2), planner_errors=str(tmp_path / "sim_errors.json"))
     df = pd.read_csv(tmp_path / "results.csv")
+    # the same runs against the second calibration: slower actions, slower predictions, same plans
+    assert (df["simulated_recalibrated"] < df["simulated"]).all()
+    assert ((df["simulated_recalibrated"] - df["measured"]) / df["measured"]).tolist() == \
+        pytest.approx(df["error_recalibrated"].tolist())
+    assert "recalibrated" in (tmp_path / "results.md").read_text()
     # what make reproduce also writes: the planner's per-method margins from these results
     from pipelab.planner.decide import load_errors
     assert set(load_errors(tmp_path / "sim_errors.json")) >= {"gpipe", "pipedream"}

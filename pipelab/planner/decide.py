@@ -191,14 +191,25 @@ def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataF
 
 def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
     """Per method, the worst |throughput error| of a ``reproductions/sim_accuracy`` results table (a
-    DataFrame or the path of its ``results.csv``: columns ``method`` and ``error``), and ``"ALL"``, the
-    worst of all: a measured ``margin`` for :func:`pipelab.planner.plan`."""
+    DataFrame or the path of its ``results.csv``: columns ``method`` and ``error``, and
+    ``error_recalibrated`` where present), and ``"ALL"``, the worst of all: a measured ``margin`` for
+    :func:`pipelab.planner.plan`."""
     df = pd.read_csv(results) if isinstance(results, str) else results
     if "error" not in df or "method" not in df or df["error"].dropna().empty:
         raise ValueError("margin_from_accuracy needs sim_accuracy's results with columns 'method' and "
                          "'error' (reproductions/sim_accuracy/results.csv)")
+    df = _both_calibrations(df)
     worst = df.dropna(subset=["error"]).assign(e=lambda d: d["error"].abs()).groupby("method")["e"].max()
     return {**{str(k): float(v) for k, v in worst.items()}, "ALL": float(worst.max())}
+
+
+def _both_calibrations(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with each configuration twice where it has ``error_recalibrated`` (the same real runs
+    against a second calibration's prediction): once with each error in column ``error``."""
+    if "error_recalibrated" not in df or df["error_recalibrated"].dropna().empty:
+        return df
+    again = df.dropna(subset=["error_recalibrated"]).assign(error=lambda d: d["error_recalibrated"])
+    return pd.concat([df, again], ignore_index=True)
 
 
 def ranges_from_accuracy(results: pd.DataFrame | str) -> dict[str, tuple[float, float]]:
@@ -206,12 +217,15 @@ def ranges_from_accuracy(results: pd.DataFrame | str) -> dict[str, tuple[float, 
     ``reproductions/sim_accuracy`` results table (columns ``method``, ``error`` and, when present,
     ``measured_spread``), and ``"ALL"``, the union: a measured ``margin`` for
     :func:`pipelab.planner.plan`. Each configuration's error is widened by the spread of its real
-    rounds, ``(max - min) / median`` taken as ``median x (1 +- spread / 2)`` (at most +-90%)."""
+    rounds, ``(max - min) / median`` taken as ``median x (1 +- spread / 2)`` (at most +-90%). Where
+    the table has ``error_recalibrated`` (the same runs against a second calibration's prediction), a
+    configuration's range covers both errors: a user calibrates once, and one calibration's
+    predictions lie several percent from the next's on a shared machine."""
     df = pd.read_csv(results) if isinstance(results, str) else results
     if "error" not in df or "method" not in df or df["error"].dropna().empty:
         raise ValueError("ranges_from_accuracy needs sim_accuracy's results with columns 'method' and "
                          "'error' (reproductions/sim_accuracy/results.csv)")
-    df = df.dropna(subset=["error"])
+    df = _both_calibrations(df).dropna(subset=["error"])
     half = (df["measured_spread"].fillna(0.0).clip(lower=0.0) / 2).clip(upper=0.9) \
         if "measured_spread" in df else pd.Series(0.0, index=df.index)
     lo = (1 + df["error"]) / (1 + half) - 1

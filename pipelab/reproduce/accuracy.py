@@ -279,9 +279,7 @@ def run_one(
     model_fn, data_fn, loss_fn, batch = MODELS[model]
     steps = steps or STEPS[model]
     plan = plan_for(prof, cluster, method, workers, microbatches)
-    if methods.get(method).partitioner == "dp":
-        # the simulator runs each of dp's microbatches as one profile minibatch on one replica
-        prof = prof.at_batch_size(batch // microbatches)
+    prof = _as_simulated(prof, method, microbatches)
     opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
     run_opts = dict(METHODS[method])
     cl = cluster.with_workers(workers)
@@ -355,6 +353,28 @@ def run_one(
     }
 
 
+def _as_simulated(prof: Profile, method: str, microbatches: int) -> Profile:
+    """The profile the simulator runs a configuration on: for ``dp``, each of its microbatches is one
+    profile minibatch on one replica."""
+    if methods.get(method).partitioner == "dp":
+        return prof.at_batch_size(prof.batch_size // microbatches)
+    return prof
+
+
+def predicted_on(model: str, method: str, workers: int, microbatches: int, *, prof: Profile,
+                 plan_cluster: Cluster, cluster: Cluster, steps: int | None = None) -> float:
+    """Samples/s the simulator predicts on ``cluster`` for the configuration :func:`run_one` ran with
+    ``plan_cluster`` (the same plan, made on that cluster): one configuration under another
+    calibration of the same machine."""
+    steps = steps or STEPS[model]
+    plan = plan_for(prof, plan_cluster, method, workers, microbatches)
+    opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
+    sim = simulate(plan, _as_simulated(prof, method, microbatches), cluster.with_workers(workers), method,
+                   microbatches=microbatches, minibatches=steps, allreduce_overlap="none",
+                   optimizer=OPTIMIZER, **opts)
+    return steady_throughput(sim.trace, sim.schedule, MODELS[model][3])
+
+
 def profiles(models: Sequence[str]) -> dict[str, Profile]:
     """Each model's profile, measured on this machine (``small_batch`` at a quarter of the batch), with
     the loss the runs compute on the last stage (its time and what it saves for its backward)."""
@@ -383,7 +403,8 @@ def model_clusters(cluster: Cluster, profs: dict[str, Profile], *, repeats: int 
 def method_table(df: Any) -> Any:
     """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
     was), median |busy-time error|, the median |error| the same runs give without the duty-cycle
-    term (where the table has it), worst |peak-memory error|."""
+    term and the median and worst under a second calibration (where the table has them), worst
+    |peak-memory error|."""
     import pandas as pd
 
     def row(name: str, part: Any) -> dict[str, Any]:
@@ -399,6 +420,9 @@ def method_table(df: Any) -> Any:
             "median |busy error|": float(part["busy_error_median"].abs().median()),
             **({"median |error| without duty": float(part["error_without_duty"].abs().median())}
                if "error_without_duty" in part else {}),
+            **({"median |error| recalibrated": float(part["error_recalibrated"].abs().median()),
+                "worst |error| recalibrated": float(part["error_recalibrated"].abs().max())}
+               if "error_recalibrated" in part and part["error_recalibrated"].notna().any() else {}),
             "worst |memory error|": float(mem.max()) if mem.notna().any() else math.nan,
         }
 
@@ -494,6 +518,7 @@ __all__ = [
     "method_table",
     "model_clusters",
     "plan_for",
+    "predicted_on",
     "profiles",
     "replay_throughput",
     "run_one",

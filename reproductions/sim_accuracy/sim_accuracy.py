@@ -33,6 +33,8 @@ steps = None                 # minibatches per run (None: about a second of stea
 rounds = 3                   # real runs per configuration: the median is compared, the spread kept
 cluster_path = None          # a calibrated cluster JSON; None: calibrate now
 model_factors = False        # also measure each model's compute factor inside a run (pl.calibrate_model)
+recalibrate = True           # calibrate again after the runs and compare its predictions too
+second_cluster_path = None   # with recalibrate: a second calibrated cluster JSON; None: calibrate then
 out_dir = "."
 report = False
 planner_errors = None        # a path: also write each method's worst error there (the planner's default
@@ -71,6 +73,23 @@ for cfg in tqdm(configs, desc="simulate + run"):
     rows.append(acc.run_one(*cfg, prof=profiles[cfg[0]], cluster=clusters[cfg[0]], steps=steps,
                             rounds=rounds))
 df = pd.DataFrame(rows)
+# a second calibration of the machine, after the runs: the same real runs against its predictions
+# (the same plans). A user calibrates once, so the simulator's error includes how far one calibration's
+# predictions lie from the next's; the planner's margins take both.
+if recalibrate:
+    cluster2 = calibrate.load(second_cluster_path, backend="gloo") if second_cluster_path else \
+        calibrate.calibrate(workers=2)
+    print("second calibration:", cluster2.calibration.describe().splitlines()[0])
+    df["simulated_recalibrated"] = [
+        acc.predicted_on(r.model, r.method, int(r.workers), int(r.microbatches), prof=profiles[r.model],
+                         plan_cluster=clusters[r.model], cluster=cluster2, steps=int(r.steps))
+        for r in df.itertuples()]
+    df["error_recalibrated"] = (df["simulated_recalibrated"] - df["measured"]) / df["measured"]
+    shift = df["simulated_recalibrated"] / df["simulated"]
+    again = df["error_recalibrated"].abs()
+    print(f"second calibration / first, simulated throughput: median {shift.median():.3f}, range "
+          f"{shift.min():.3f}-{shift.max():.3f}; median |error| {again.median():.1%}, "
+          f"worst {again.max():.1%}")
 write_table(df, out / "results.csv")
 if planner_errors:
     from pipelab.planner.decide import write_errors
