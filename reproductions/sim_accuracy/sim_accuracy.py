@@ -107,7 +107,10 @@ def factors_of(c):
 
 factors = "\n".join(f"  {n}: {factors_of(c) or 'not measured (model_factors=False)'}"
                     for n, c in clusters.items())
-atomic_write_text(out / "results.md", f"{md}\n\nmachine: {cluster.calibration.describe()}\n"
+second = (f"second calibration, after the runs (error_recalibrated): {cluster2.calibration.describe()}\n"
+          f"its simulated throughput / the first's: median {shift.median():.3f}, range {shift.min():.3f}-"
+          f"{shift.max():.3f}\n") if recalibrate else ""
+atomic_write_text(out / "results.md", f"{md}\n\nmachine: {cluster.calibration.describe()}\n{second}"
                   f"compute inside a run / profile, per model (calibrate_model):\n{factors}\n")
 svg = acc.svg_scatter(df, title="simulated vs measured samples/s (log-log; band: ±10%)")
 atomic_write_text(out / "scatter.svg", svg)
