@@ -298,13 +298,15 @@ def _crossings(run: Any, pooled: dict[tuple[int, str, str], list[float]], cross_
 
 
 def compute_slowdown(
-    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 8
+    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 48
 ) -> list[float]:
     """How much slower the layers compute inside a two-worker run than the profiler measured them
     alone (the other worker, the backend's threads and the parent share the cores), one figure per
     round: the median over the run's forwards and backwards of (measured duration) / (profiled
     time), on :func:`tiny.medium_model` cut in the middle; ``base`` holds the runtime's own seconds
     per action (``F``, ``B``) and per message (``send``, ``recv``), taken off each duration first.
+    48 steps a round (the first eighth left out): with 8, five rounds gave 1.34-1.76 and 1.18-1.44 in
+    two calibrations a minute apart, with 48 (0.6 s more) 1.12-1.22 and 0.88-1.18 (2026-11-26).
     """
     x = next(iter(medium_data()))[0]
     prof = measure_profile(medium_model(), x, progress=False, repeats=5)
