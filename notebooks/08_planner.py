@@ -37,6 +37,10 @@
 #   Columns `vs_default`, `within_error` and `pick` show the rule; `equivalent` names what a degenerate
 #   candidate is (a pipelining method on one replicated stage is data parallelism, and takes `dp`'s
 #   error; an asynchronous one there is collapsed, not ranked).
+# * Where the cluster is the machine you are on, `pl.planner.confirm(table, model_fn, data, loss_fn,
+#   optimizer)` trains the shortlist (the default, the pick, the fastest prediction, the next two) side by
+#   side and keeps the default unless a candidate beat it in most rounds: the simulator searches, the
+#   measurement decides among the few it shortlists.
 # * `pl.explain(result)` splits every worker's idle time into fill/drain inherent to the schedule,
 #   waiting on a slower stage, a straggler, waiting on a transfer, and updates/all-reduce, and finds
 #   the critical path.
