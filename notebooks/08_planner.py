@@ -244,10 +244,11 @@ for method in ("gpipe", "1f1b-flush"):
 # the default's run of the same round in most rounds (column `confirmed`; a **confirmed** variant where
 # that is none of the others). On this shared 2-core machine the same plan measures ±15% from one minute
 # to the next and a calibration's predictions shift as a whole by as much, so a predicted gain inside
-# that noise is for the machine, not the model, to decide. Variants are interleaved round by round, each run about a
-# second of steady state as in `reproductions/sim_accuracy`, and measured over the steady-state window the
-# simulator uses (`reproduce.accuracy.steady_throughput`); figures are medians, and a variant's gain over
-# the default is the median of its per-round ratios to the default's run of the same round.
+# that noise is for the machine, not the model, to decide. Variants are interleaved round by round,
+# each run about a second of steady state as in `reproductions/sim_accuracy`, and measured over the
+# steady-state window the simulator uses (`reproduce.accuracy.steady_throughput`); figures are medians,
+# and a variant's gain over the default is the median of its per-round ratios to the default's run of
+# the same round.
 # A second, short run of each (3 minibatches, `measure_memory=True`) measures its peak memory
 # (`RunResult.peak_state`: the terms the memory model counts) against what the table reports. The machine
 # is 2 shared cores: read the rounds.
@@ -298,8 +299,8 @@ if run_real:
         tables_here[name] = table
         # the shortlist (default, pick, fastest, next two) measured side by side: the choice by measurement
         model_fn, data_fn, loss_fn, batch = REAL[name]
-        confirmed = pl.planner.confirm(table, model_fn, functools.partial(data_fn, batch), loss_fn, accuracy.sgd,
-                                       rounds=confirm_rounds, steps=real_steps, progress=False)
+        confirmed = pl.planner.confirm(table, model_fn, functools.partial(data_fn, batch), loss_fn,
+                                       accuracy.sgd, rounds=confirm_rounds, steps=real_steps, progress=False)
         confirmations[name] = confirmed
         print(f"{name}: {confirmed.describe()}\n")
         # the same search over synchronous methods only (no stale weights): its pick, when it differs
@@ -364,9 +365,9 @@ real_table
 # Read it as the decision does: a pick other than the default had to be surely faster given each one's
 # error; the `error` column is how far the simulator was from the measurement on each variant, and
 # `measured vs default` is what the user gets: the median over the rounds of each round's ratio to the
-# default's run in the same round (`rounds vs default`). The `fastest` row (when there is one) is what the error
-# refused: a candidate the simulator ranked first but could not tell apart from the default or from a
-# simpler candidate.
+# default's run in the same round (`rounds vs default`). The `fastest` row (when there is one) is what
+# the error refused: a candidate the simulator ranked first but could not tell apart from the default or
+# from a simpler candidate.
 #
 # And the measured bubbles of the default run of the last model, split the same way as a simulated
 # trace's (the transfer part of a measured trace includes the runtime's receive overhead):
