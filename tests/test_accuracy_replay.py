@@ -58,3 +58,27 @@ def test_replay_takes_the_mean_so_rare_long_actions_count() -> None:
     late = [e.start_s for e in tr.compute_events() if e.kind == "F" and e.stage == 1]
     short = MeasuredActions(tr, cm, ranges, 4, window=(late[1] - 1e-9, late[3] + 1e-9))
     assert short.compute(w, Action(1, "F", 0), False) == pytest.approx(sorted(f1)[0])
+
+
+def test_the_planners_default_is_in_the_matrix_as_the_planner_builds_it() -> None:
+    """sim_accuracy's uniform split is the planner's default plan (1F1B, uniform, M = P), cut for cut."""
+    import pipelab as pl
+    from pipelab.reproduce.accuracy import default_configurations, plan_for
+
+    prof = Profile.synthetic([1e-3, 1e-3, 4e-3, 1e-3, 1e-3, 2e-3, 1e-3], out_bytes=[1000] * 7,
+                             param_bytes=[4000] * 7, batch_size=16)
+    for p in (2, 3):
+        cl = Cluster.flat(p, bandwidth=5e9, memory=2**30)
+        table = pl.plan(prof, cl, methods=["1f1b-flush"], compression=(None,), recompute=(False,))
+        want = table.candidate(int(table.default.name))
+        got = plan_for(prof, cl, "1f1b-flush", p, p, "uniform")
+        assert [(s.start, s.end) for s in got.stages] == [(s.start, s.end) for s in want.plan.stages]
+        assert want.microbatches == p
+    # the balanced split is GPipe's: here it moves the cut away from the heavy layer, unlike the uniform one
+    two = Cluster.flat(2)
+    balanced, uniform = (plan_for(prof, two, "1f1b-flush", 2, 2, s) for s in ("balanced", "uniform"))
+    assert [(s.start, s.end) for s in balanced.stages] != [(s.start, s.end) for s in uniform.stages]
+    assert default_configurations(["cnn"], (2, 3)) == [("cnn", "1f1b-flush", 2, 2, "uniform"),
+                                                       ("cnn", "1f1b-flush", 3, 3, "uniform")]
+    with pytest.raises(ValueError, match="split"):
+        plan_for(prof, Cluster.flat(2), "1f1b-flush", 2, 2, "even")

@@ -238,14 +238,36 @@ def configurations(
     return out
 
 
-def plan_for(prof: Profile, cluster: Cluster, method: str, workers: int, microbatches: int) -> Plan:
-    """The plan a method runs on ``workers``: data parallel for ``dp``, else a time-balanced straight
-    pipeline (GPipe's balance; for interleaving the simulator and :func:`run_plan` split it into
-    ``chunks x workers`` virtual stages, :func:`pipelab.sim.simulate.virtual_plan`)."""
+#: the splits a configuration's plan can take (:func:`plan_for`)
+SPLITS = ("balanced", "uniform")
+
+
+def plan_for(prof: Profile, cluster: Cluster, method: str, workers: int, microbatches: int,
+             split: str = "balanced") -> Plan:
+    """The plan a method runs on ``workers``: data parallel for ``dp``, else a straight pipeline,
+    time-balanced (``split="balanced"``: GPipe's balance) or with as many layers per stage as the
+    layer count allows (``"uniform"``: the planner's default split, the one torch or Megatron users
+    get); for interleaving the simulator and :func:`run_plan` split it into ``chunks x workers``
+    virtual stages (:func:`pipelab.sim.simulate.virtual_plan`)."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r}: use one of {SPLITS}")
     cl = cluster.with_workers(workers)
     if methods.get(method).partitioner == "dp":
         return partition(prof, cl, method="dp", allreduce_overlap="none")
+    if split == "uniform":
+        n = len(prof)
+        return Plan.from_boundaries(n, [round(i * n / workers) for i in range(1, workers)],
+                                    batch_size=prof.batch_size)
     return partition(prof, cl, method="gpipe", stages=workers, microbatches=max(microbatches, 1))
+
+
+def default_configurations(models: Sequence[str] | None = None,
+                           workers: Sequence[int] = (2,)) -> list[tuple[str, str, int, int, str]]:
+    """The planner's default per model and worker count, ``(model, "1f1b-flush", P, P, "uniform")``:
+    1F1B on a uniform layer split with ``M = P``, the plan every real-run decision of the planner is
+    compared with (:attr:`pipelab.planner.PlanTable.default`), so its measured error belongs in the
+    margins."""
+    return [(m, "1f1b-flush", p, p, "uniform") for m in (models or MODELS) for p in workers]
 
 
 def run_plan(plan: Plan, prof: Profile, method: str) -> Plan:
@@ -267,8 +289,9 @@ def run_one(
     timeout: float = 180.0,
     memory: bool = True,
     rounds: int = 3,
+    split: str = "balanced",
 ) -> dict[str, Any]:
-    """Simulate and run one configuration; a row of the accuracy table.
+    """Simulate and run one configuration; a row of the accuracy table (``split``: :func:`plan_for`).
 
     The real run is repeated ``rounds`` times: the measured rate is the median (a shared CPU's
     rounds differ), and its spread ``(max - min) / median`` is recorded beside it.
@@ -278,7 +301,7 @@ def run_one(
     """
     model_fn, data_fn, loss_fn, batch = MODELS[model]
     steps = steps or STEPS[model]
-    plan = plan_for(prof, cluster, method, workers, microbatches)
+    plan = plan_for(prof, cluster, method, workers, microbatches, split)
     prof = _as_simulated(prof, method, microbatches)
     opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
     run_opts = dict(METHODS[method])
@@ -336,6 +359,7 @@ def run_one(
         "workers": workers,
         "microbatches": microbatches,
         "config": plan.config,
+        "split": "dp" if methods.get(method).partitioner == "dp" else split,
         "steps": steps,
         "simulated": sim_tp,
         "measured": real_tp,
@@ -362,12 +386,13 @@ def _as_simulated(prof: Profile, method: str, microbatches: int) -> Profile:
 
 
 def predicted_on(model: str, method: str, workers: int, microbatches: int, *, prof: Profile,
-                 plan_cluster: Cluster, cluster: Cluster, steps: int | None = None) -> float:
+                 plan_cluster: Cluster, cluster: Cluster, steps: int | None = None,
+                 split: str = "balanced") -> float:
     """Samples/s the simulator predicts on ``cluster`` for the configuration :func:`run_one` ran with
     ``plan_cluster`` (the same plan, made on that cluster): one configuration under another
     calibration of the same machine."""
     steps = steps or STEPS[model]
-    plan = plan_for(prof, plan_cluster, method, workers, microbatches)
+    plan = plan_for(prof, plan_cluster, method, workers, microbatches, split)
     opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
     sim = simulate(plan, _as_simulated(prof, method, microbatches), cluster.with_workers(workers), method,
                    microbatches=microbatches, minibatches=steps, allreduce_overlap="none",
@@ -416,7 +441,8 @@ def method_table(df: Any) -> Any:
             "runs": len(part),
             "median |error|": float(err.median()),
             "worst |error|": float(err.max()),
-            "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}",
+            "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}"
+                        + (" uniform" if str(at.get("split", "")) == "uniform" else ""),
             "median |busy error|": float(part["busy_error_median"].abs().median()),
             **({"median |error| without duty": float(part["error_without_duty"].abs().median())}
                if "error_without_duty" in part else {}),
@@ -515,6 +541,7 @@ __all__ = [
     "MODELS",
     "busy_by_worker",
     "configurations",
+    "default_configurations",
     "method_table",
     "model_clusters",
     "plan_for",

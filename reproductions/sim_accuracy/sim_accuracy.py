@@ -34,6 +34,7 @@ rounds = 3                   # real runs per configuration: the median is compar
 cluster_path = None          # a calibrated cluster JSON; None: calibrate now
 model_factors = False        # also measure each model's compute factor inside a run (pl.calibrate_model)
 recalibrate = True           # calibrate again after the runs and compare its predictions too
+default_plan = True          # also the planner's default: 1f1b-flush on a uniform split, M = P
 second_cluster_path = None   # with recalibrate: a second calibrated cluster JSON; None: calibrate then
 out_dir = "."
 report = False
@@ -66,12 +67,15 @@ profiles = acc.profiles(models)
 clusters = acc.model_clusters(cluster, profiles) if model_factors else {m: cluster for m in models}
 for name, cl in clusters.items():
     print(name, {k: round(v, 3) for k, v in cl.calibration.compute_factor.items()})
-configs = acc.configurations(full=full, models=models, methods_=methods, workers=workers,
-                             microbatches=microbatches)
+configs = [(*c, "balanced") for c in acc.configurations(full=full, models=models, methods_=methods,
+                                                         workers=workers, microbatches=microbatches)]
+if default_plan and (methods is None or "1f1b-flush" in methods):
+    # the planner's default (1F1B, uniform split, M = P): what its real-run decisions are compared with
+    configs += acc.default_configurations(models, workers or ((2, 3, 4) if full else (2,)))
 rows = []
-for cfg in tqdm(configs, desc="simulate + run"):
-    rows.append(acc.run_one(*cfg, prof=profiles[cfg[0]], cluster=clusters[cfg[0]], steps=steps,
-                            rounds=rounds))
+for model, method, p, m, split in tqdm(configs, desc="simulate + run"):
+    rows.append(acc.run_one(model, method, p, m, prof=profiles[model], cluster=clusters[model], steps=steps,
+                            rounds=rounds, split=split))
 df = pd.DataFrame(rows)
 # a second calibration of the machine, after the runs: the same real runs against its predictions
 # (the same plans). A user calibrates once, so the simulator's error includes how far one calibration's
@@ -82,7 +86,8 @@ if recalibrate:
     print("second calibration:", cluster2.calibration.describe().splitlines()[0])
     df["simulated_recalibrated"] = [
         acc.predicted_on(r.model, r.method, int(r.workers), int(r.microbatches), prof=profiles[r.model],
-                         plan_cluster=clusters[r.model], cluster=cluster2, steps=int(r.steps))
+                         plan_cluster=clusters[r.model], cluster=cluster2, steps=int(r.steps),
+                         split="balanced" if r.split == "dp" else str(r.split))
         for r in df.itertuples()]
     df["error_recalibrated"] = (df["simulated_recalibrated"] - df["measured"]) / df["measured"]
     shift = df["simulated_recalibrated"] / df["simulated"]
