@@ -285,6 +285,9 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     assert ((df["simulated_recalibrated"] - df["measured"]) / df["measured"]).tolist() == \
         pytest.approx(df["error_recalibrated"].tolist())
     assert "recalibrated" in (tmp_path / "results.md").read_text()
+    # and on a second profile of the model, taken after the runs
+    assert (df["simulated_reprofiled"] > 0).all()
+    assert "error_reprofiled" in (tmp_path / "results.md").read_text()
     # what make reproduce also writes: the planner's per-method margins from these results
     from pipelab.planner.decide import load_errors
     assert set(load_errors(tmp_path / "sim_errors.json")) >= {"gpipe", "pipedream"}

@@ -387,14 +387,16 @@ def _as_simulated(prof: Profile, method: str, microbatches: int) -> Profile:
 
 def predicted_on(model: str, method: str, workers: int, microbatches: int, *, prof: Profile,
                  plan_cluster: Cluster, cluster: Cluster, steps: int | None = None,
-                 split: str = "balanced") -> float:
+                 split: str = "balanced", sim_prof: Profile | None = None) -> float:
     """Samples/s the simulator predicts on ``cluster`` for the configuration :func:`run_one` ran with
-    ``plan_cluster`` (the same plan, made on that cluster): one configuration under another
-    calibration of the same machine."""
+    ``plan_cluster`` and ``prof`` (the same plan, made on that cluster from that profile): one
+    configuration under another calibration of the same machine, and with ``sim_prof``, under
+    another profile of the same model as well."""
     steps = steps or STEPS[model]
     plan = plan_for(prof, plan_cluster, method, workers, microbatches, split)
     opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
-    sim = simulate(plan, _as_simulated(prof, method, microbatches), cluster.with_workers(workers), method,
+    on = sim_prof if sim_prof is not None else prof
+    sim = simulate(plan, _as_simulated(on, method, microbatches), cluster.with_workers(workers), method,
                    microbatches=microbatches, minibatches=steps, allreduce_overlap="none",
                    optimizer=OPTIMIZER, **opts)
     return steady_throughput(sim.trace, sim.schedule, MODELS[model][3])

@@ -91,6 +91,19 @@ if recalibrate:
         for r in df.itertuples()]
     df["error_recalibrated"] = (df["simulated_recalibrated"] - df["measured"]) / df["measured"]
     shift = df["simulated_recalibrated"] / df["simulated"]
+    # and each model profiled again after the runs: the same plans on the second calibration and the
+    # second profile, to tell how much of the move between the two is the profile's
+    profiles2 = acc.profiles(models)
+    df["simulated_reprofiled"] = [
+        acc.predicted_on(r.model, r.method, int(r.workers), int(r.microbatches), prof=profiles[r.model],
+                         plan_cluster=clusters[r.model], cluster=cluster2, steps=int(r.steps),
+                         split="balanced" if r.split == "dp" else str(r.split), sim_prof=profiles2[r.model])
+        for r in df.itertuples()]
+    df["error_reprofiled"] = (df["simulated_reprofiled"] - df["measured"]) / df["measured"]
+    reshift = df["simulated_reprofiled"] / df["simulated_recalibrated"]
+    print(f"second profile / first (on the second calibration), simulated throughput: median "
+          f"{reshift.median():.3f}, range {reshift.min():.3f}-{reshift.max():.3f}; median |error| "
+          f"{df['error_reprofiled'].abs().median():.1%}, worst {df['error_reprofiled'].abs().max():.1%}")
     again = df["error_recalibrated"].abs()
     print(f"second calibration / first, simulated throughput: median {shift.median():.3f}, range "
           f"{shift.min():.3f}-{shift.max():.3f}; median |error| {again.median():.1%}, "
@@ -114,7 +127,12 @@ factors = "\n".join(f"  {n}: {factors_of(c) or 'not measured (model_factors=Fals
                     for n, c in clusters.items())
 second = (f"second calibration, after the runs (error_recalibrated): {cluster2.calibration.describe()}\n"
           f"its simulated throughput / the first's: median {shift.median():.3f}, range {shift.min():.3f}-"
-          f"{shift.max():.3f}\n") if recalibrate else ""
+          f"{shift.max():.3f}\n"
+          f"with each model profiled again after the runs too (error_reprofiled): simulated throughput / "
+          f"the second calibration's with the first profiles: median {reshift.median():.3f}, range "
+          f"{reshift.min():.3f}-{reshift.max():.3f}; median |error| "
+          f"{df['error_reprofiled'].abs().median():.1%}, worst {df['error_reprofiled'].abs().max():.1%}\n") \
+    if recalibrate else ""
 atomic_write_text(out / "results.md", f"{md}\n\nmachine: {cluster.calibration.describe()}\n{second}"
                   f"compute inside a run / profile, per model (calibrate_model):\n{factors}\n")
 svg = acc.svg_scatter(df, title="simulated vs measured samples/s (log-log; band: ±10%)")
