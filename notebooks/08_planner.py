@@ -260,8 +260,6 @@ if run_real:
     from pipelab.calibrate import calibrate  # noqa: E402
     from pipelab.models import demo  # noqa: E402
     from pipelab.reproduce import accuracy  # noqa: E402
-    from pipelab.runtime.launch import train  # noqa: E402
-    from pipelab.sim.simulate import virtual_plan  # noqa: E402
 
     REAL = {**accuracy.MODELS,   # name -> (model_fn, data_fn, loss_fn, batch)
             "unbalanced": (functools.partial(demo.tiny_transformer, vocab=3000, d_model=64, heads=2, depth=4,
@@ -285,12 +283,9 @@ if run_real:
 
     def run_variant(name, table, row, steps, **more):
         """Train the candidate of ``row`` for real: (measured steady samples/s, the run)."""
-        c = table.candidate(row)
         model_fn, data_fn, loss_fn, batch = REAL[name]
-        plan = virtual_plan(c.plan, table.profile, c.chunks) if c.chunks else c.plan
-        run = train(model_fn, plan, method=c.method, data=functools.partial(data_fn, batch), loss_fn=loss_fn,
-                    optimizer=accuracy.sgd, steps=steps, microbatches=c.microbatches, backend="gloo",
-                    progress=False, **c.options(), **more)
+        run = table.train(row, model_fn, functools.partial(data_fn, batch), loss_fn, accuracy.sgd,
+                          steps=steps, backend="gloo", progress=False, **more)
         return accuracy.steady_throughput(run.trace, run.schedule, batch), run
 
     runs, tables_here, confirmations = {}, {}, {}

@@ -60,6 +60,13 @@ def _split(costs: Sequence[float], partitions: int) -> list[int]:
     return sizes
 
 
+def uniform_cuts(layers: int, stages: int) -> list[int]:
+    """Where a uniform split of ``layers`` layers into ``stages`` stages cuts (the first layer of each
+    stage after the first): as many layers per stage as the count allows, what torch's or Megatron's
+    users get by default."""
+    return [round(i * layers / stages) for i in range(1, stages)]
+
+
 def balance_by_time(partitions: int, times: Sequence[float]) -> list[int]:
     """Layers per partition so that the slowest partition's total time is as small as possible."""
     return _split(times, partitions)

@@ -62,7 +62,7 @@ import pipelab.methods as registry
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition import partition
-from pipelab.partition.balance import balance_by_time
+from pipelab.partition.balance import balance_by_time, uniform_cuts
 from pipelab.partition.plan import Plan
 from pipelab.planner.decide import (
     ONE_STAGE_ASYNC,
@@ -177,6 +177,20 @@ class PlanTable:
         kw.setdefault("allreduce_overlap", self.allreduce_overlap)
         return _simulate(c, self.profile, self.cluster, self.optimizer, **kw)
 
+    def train(self, row: int | None, model_fn: Callable[[], Any], data: Callable[[], Iterable[Any]],
+              loss_fn: Callable[[Any, Any], Any], optimizer: Callable[[Any], Any], *, steps: int,
+              **options: Any) -> Any:
+        """Train the candidate of table index ``row`` (default: the best) for real with
+        :func:`pipelab.train`: its plan (split into virtual stages where it has chunks), method,
+        microbatches and options; ``options`` go to ``train`` as well (``backend``, ``timeout``, ...).
+        Returns the :class:`~pipelab.runtime.launch.RunResult`."""
+        from pipelab.runtime.launch import train  # the planner itself never starts a process
+
+        c = self.candidate(row)
+        plan = virtual_plan(c.plan, self.profile, c.chunks) if c.chunks else c.plan
+        return train(model_fn, plan, method=c.method, data=data, loss_fn=loss_fn, optimizer=optimizer,
+                     steps=steps, microbatches=c.microbatches, **{**c.options(), **options})
+
     def describe(self, top: int = 10) -> str:
         """The top rows as text."""
         cols = ["rank", "method", "partitioner", "config", "microbatches", "chunks", "recompute",
@@ -250,7 +264,7 @@ def _plans(profile: Profile, cluster: Cluster, cm: CostModel, need: set[str], op
         times = [ly.fwd_s + ly.bwd_s for ly in profile.layers]
         for S in _stage_counts(W, n):
             reps = [W // S] * S if W % S == 0 else [1] * S
-            cuts: dict[str, list[int]] = {"uniform": [round(i * n / S) for i in range(1, S)]}
+            cuts: dict[str, list[int]] = {"uniform": uniform_cuts(n, S)}
             sizes = balance_by_time(S, times)
             cuts["balanced"] = [sum(sizes[:i]) for i in range(1, S)]
             try:

@@ -116,9 +116,6 @@ def confirm(table: PlanTable, model_fn: Callable[[], torch.nn.Module], data: Cal
     default's failing raises. Returns :class:`Confirmed`; its ``row`` is the plan table's index of
     the choice (``table.candidate(row)``).
     """
-    from pipelab.runtime.launch import train
-    from pipelab.sim.simulate import virtual_plan
-
     if rounds < 1:
         raise ValueError(f"rounds={rounds} must be >= 1")
     if steps is not None and steps < 4:
@@ -156,13 +153,9 @@ def confirm(table: PlanTable, model_fn: Callable[[], torch.nn.Module], data: Cal
                 bar.update(1)
                 if r in failed:
                     continue
-                c = table.candidate(r)
-                plan = virtual_plan(c.plan, table.profile, c.chunks) if c.chunks else c.plan
                 try:
-                    run = train(model_fn, plan, method=c.method, data=data, loss_fn=loss_fn,
-                                optimizer=optimizer, steps=plan_steps[r], microbatches=c.microbatches,
-                                backend=backend, timeout=timeout, progress=False,
-                                **{**c.options(), **train_options})
+                    run = table.train(r, model_fn, data, loss_fn, optimizer, steps=plan_steps[r],
+                                      backend=backend, timeout=timeout, progress=False, **train_options)
                 except Exception as e:   # a candidate that cannot run is reported, not chosen
                     if role == "default":
                         raise
@@ -174,10 +167,12 @@ def confirm(table: PlanTable, model_fn: Callable[[], torch.nn.Module], data: Cal
 
     default_row = chosen_rows[0][0]
     base = got[default_row]
+    # each candidate's rounds against the default's run of the same round (none for a failed one)
+    ratios = {r: [x / d for x, d in zip(got[r], base)] for r, _ in chosen_rows if r not in failed}
     out = []
     for r, role in chosen_rows:
         row = table.table.loc[r]
-        paired = [x / d for x, d in zip(got[r], base)] if r not in failed else []
+        paired = ratios.get(r, [])
         meas = statistics.median(got[r]) if paired else math.nan
         out.append({"row": r, "method": row["method"], "partitioner": row["partitioner"],
                     "config": row["config"], "microbatches": int(str(row["microbatches"])),
@@ -190,8 +185,7 @@ def confirm(table: PlanTable, model_fn: Callable[[], torch.nn.Module], data: Cal
                     "per_round": list(got[r]),
                     "chosen": False, "status": failed.get(r, "measured")})
     df = pd.DataFrame(out, columns=list(COLUMNS))
-    pick = choose({r: [x / d for x, d in zip(got[r], base)] for r, _ in chosen_rows if r not in failed},
-                  default_row)
+    pick = choose(ratios, default_row)
     df["chosen"] = df["row"] == pick
     return Confirmed(df, pick, rounds)
 

@@ -29,6 +29,7 @@ from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.models import demo
 from pipelab.partition import partition
+from pipelab.partition.balance import uniform_cuts
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.profile.records import Profile
@@ -255,9 +256,7 @@ def plan_for(prof: Profile, cluster: Cluster, method: str, workers: int, microba
     if methods.get(method).partitioner == "dp":
         return partition(prof, cl, method="dp", allreduce_overlap="none")
     if split == "uniform":
-        n = len(prof)
-        return Plan.from_boundaries(n, [round(i * n / workers) for i in range(1, workers)],
-                                    batch_size=prof.batch_size)
+        return Plan.from_boundaries(len(prof), uniform_cuts(len(prof), workers), batch_size=prof.batch_size)
     return partition(prof, cl, method="gpipe", stages=workers, microbatches=max(microbatches, 1))
 
 
@@ -302,13 +301,11 @@ def run_one(
     model_fn, data_fn, loss_fn, batch = MODELS[model]
     steps = steps or STEPS[model]
     plan = plan_for(prof, cluster, method, workers, microbatches, split)
-    prof = _as_simulated(prof, method, microbatches)
-    opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
+    opts = _sim_options(method)
     run_opts = dict(METHODS[method])
     cl = cluster.with_workers(workers)
     def simulated(minibatches: int, on: Cluster = cl) -> Any:
-        return simulate(plan, prof, on, method, microbatches=microbatches, minibatches=minibatches,
-                        allreduce_overlap="none", optimizer=OPTIMIZER, **opts)
+        return _simulated(plan, prof, on, method, microbatches, minibatches)
 
     def measured(minibatches: int, **more: Any) -> Any:
         return train(model_fn, run_plan(plan, prof, method), method=method,
@@ -343,7 +340,7 @@ def run_one(
             f"{model} {method}: the runtime and the simulator ran different schedules: {diff}"
         )
     sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
-    replay_tp = replay_throughput(run, sim, plan, prof, cl, batch)
+    replay_tp = replay_throughput(run, sim, plan, _as_simulated(prof, method, microbatches), cl, batch)
     real_tp = statistics.median(rates)
     sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
@@ -385,6 +382,20 @@ def _as_simulated(prof: Profile, method: str, microbatches: int) -> Profile:
     return prof
 
 
+def _sim_options(method: str) -> dict[str, Any]:
+    """The method's options the simulator takes (:data:`METHODS`, less the runtime's own)."""
+    return {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
+
+
+def _simulated(plan: Plan, prof: Profile, cluster: Cluster, method: str, microbatches: int,
+               minibatches: int) -> Any:
+    """The simulation of a configuration's ``plan`` on ``cluster`` (already of the plan's worker
+    count), as :func:`run_one` compares it with the runtime."""
+    return simulate(plan, _as_simulated(prof, method, microbatches), cluster, method,
+                    microbatches=microbatches, minibatches=minibatches, allreduce_overlap="none",
+                    optimizer=OPTIMIZER, **_sim_options(method))
+
+
 def predicted_on(model: str, method: str, workers: int, microbatches: int, *, prof: Profile,
                  plan_cluster: Cluster, cluster: Cluster, steps: int | None = None,
                  split: str = "balanced", sim_prof: Profile | None = None) -> float:
@@ -392,13 +403,9 @@ def predicted_on(model: str, method: str, workers: int, microbatches: int, *, pr
     ``plan_cluster`` and ``prof`` (the same plan, made on that cluster from that profile): one
     configuration under another calibration of the same machine, and with ``sim_prof``, under
     another profile of the same model as well."""
-    steps = steps or STEPS[model]
     plan = plan_for(prof, plan_cluster, method, workers, microbatches, split)
-    opts = {k: v for k, v in METHODS[method].items() if k != "warmup_steps"}
-    on = sim_prof if sim_prof is not None else prof
-    sim = simulate(plan, _as_simulated(on, method, microbatches), cluster.with_workers(workers), method,
-                   microbatches=microbatches, minibatches=steps, allreduce_overlap="none",
-                   optimizer=OPTIMIZER, **opts)
+    sim = _simulated(plan, sim_prof if sim_prof is not None else prof, cluster.with_workers(workers), method,
+                     microbatches, steps or STEPS[model])
     return steady_throughput(sim.trace, sim.schedule, MODELS[model][3])
 
 
