@@ -259,6 +259,7 @@ if run_real:
     import pipelab.methods as registry  # noqa: E402
     from pipelab.calibrate import calibrate  # noqa: E402
     from pipelab.models import demo  # noqa: E402
+    from pipelab.planner.decide import bounds_of  # noqa: E402
     from pipelab.reproduce import accuracy  # noqa: E402
 
     REAL = {**accuracy.MODELS,   # name -> (model_fn, data_fn, loss_fn, batch)
@@ -339,11 +340,15 @@ if run_real:
             # machine does to both in a round cancels): the median of those ratios
             base = next(got[u] for u in got if u.startswith("default"))
             paired = [x / d for x, d in zip(got[v], base)]
+            # the simulator's measured error range for this row's method (the margin the pick was
+            # made with): is this run's error inside it?
+            err = (predicted[v] - meas) / meas
+            lo, hi = bounds_of(tb.margin, r["method"], r["equivalent"])
             real.append({"model": name, "variant": v, "confirmed": tb is table and row == confirmed.row,
                          "plan": f"{r['method']} · {r['partitioner']} {r['config']} · M={r['microbatches']}"
                                  + (f" ({r['equivalent']})" if r["equivalent"] else ""),
                          "measured samples/s": meas, "predicted samples/s": predicted[v],
-                         "error": (predicted[v] - meas) / meas,
+                         "error": err, "error range": f"{lo:+.0%}..{hi:+.0%}", "in range": lo <= err <= hi,
                          "rounds": ", ".join(f"{m:.0f}" for m in got[v]),
                          "measured vs default": statistics.median(paired),
                          "rounds vs default": ", ".join(f"{x:.2f}" for x in paired),
