@@ -35,6 +35,7 @@ from pipelab.profile.measure import profile as measure_profile
 from pipelab.profile.records import Profile
 from pipelab.runtime.launch import train
 from pipelab.schedules.actions import Action
+from pipelab.schedules.crossing import crossed_actions
 from pipelab.sim.simulate import ProfileCosts, simulate, simulate_schedule, virtual_plan
 from pipelab.trace import Trace
 
@@ -128,6 +129,31 @@ def busy_by_worker(trace: Trace, schedule: Any) -> dict[int, float]:
     start, end, n = steady_window(trace, schedule)
     busy = metrics.busy_time(trace.compute_events(), range(schedule.num_workers), start, end)
     return {w: b / n for w, b in busy.items()}
+
+
+def crossings(trace: Trace, schedule: Any) -> tuple[float, float]:
+    """(crossed actions per minibatch, mean extra seconds of a crossed action over a quiet one of the
+    same worker and kind) over :func:`steady_window`: the crossing stall as a trace has it
+    (:func:`pipelab.schedules.crossing.crossed_actions`; ``F``/``B`` only; the extra is NaN where no
+    action crossed or none of that worker and kind was quiet)."""
+    start, end, n = steady_window(trace, schedule)
+    comp = [e for e in trace.compute_events() if e.kind in ("F", "B")]
+    crossed = crossed_actions(schedule, comp)        # over the whole trace: no edge effect at the window
+    groups: dict[tuple[int, str, bool], list[float]] = {}
+    count = 0
+    for e in comp:
+        if not start <= e.start_s < end:
+            continue
+        hit = (e.worker, Action(e.stage, e.kind, e.microbatch)) in crossed
+        count += hit
+        groups.setdefault((e.worker, e.kind, hit), []).append(e.end_s - e.start_s)
+    num = den = 0.0
+    for (w, kind, hit), ts in groups.items():
+        quiet = groups.get((w, kind, False))
+        if hit and quiet:
+            num += len(ts) * (statistics.fmean(ts) - statistics.fmean(quiet))
+            den += len(ts)
+    return (count / n if n else math.nan), (num / den if den else math.nan)
 
 
 # ------------------------------------------------------------ which term: a replay with measured actions
@@ -344,6 +370,8 @@ def run_one(
     real_tp = statistics.median(rates)
     sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
+    cross_real, extra_real = crossings(run.trace, run.schedule)
+    cross_sim, _ = crossings(sim.trace, sim.schedule)
     mem_err: dict[int, float] = {}
     if memory:
         short = simulated(3)
@@ -364,6 +392,12 @@ def run_one(
         "error_without_duty": (flat_tp - real_tp) / real_tp,
         # the same schedule with the real run's action durations: what messages and waiting leave
         "replay_error": (replay_tp - real_tp) / real_tp,
+        # the crossing stall: crossed actions per minibatch in the real run and in the simulation, and
+        # what a crossed action took beyond a quiet one in the real run (the simulation adds the
+        # calibration's Calibration.message_s["cross"] to each it finds)
+        "crossed_real": cross_real,
+        "crossed_sim": cross_sim,
+        "crossing_extra_real_us": extra_real * 1e6,
         "rounds": rounds,
         "measured_spread": (max(rates) - min(rates)) / real_tp,
         "busy_error_max": max(busy_err.values(), key=abs) if busy_err else math.nan,
