@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import statistics
 import time
 
@@ -31,6 +30,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+
+from pipelab.runtime.job import free_port  # noqa: E402
 
 HOLD_S = 10e-3
 
@@ -76,9 +77,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trips", type=int, default=200)
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, port, args.trips, queue)) for r in range(2)]
