@@ -40,7 +40,10 @@ class Calibration:
       (``reproductions/sim_accuracy/README.md``); ``"cross"``, how much longer an
       action takes when its message crosses the peer's in the opposite direction
       (:mod:`pipelab.schedules.crossing`; the simulator adds it to the actions a first pass finds
-      crossed; absent, nothing, in older files); ``"arrive"``, how much longer an action takes when
+      crossed; absent, nothing, in older files); ``"cross_interleaved"``, the same measured in an
+      interleaved run (:func:`pipelab.calibrate.interleaved_crossing`), which interleaved schedules
+      take instead (a crossed action pays about half as much there; absent in files before
+      2026-11-26 06:30, where they take ``"cross"``); ``"arrive"``, how much longer an action takes when
       a message to its worker arrives while it computes and it did not cross (added the same way;
       absent in files before 2026-11-26);
     * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed

@@ -187,6 +187,11 @@ def test_calibrate_command_measures_this_machine(tmp_path: Path) -> None:
     assert duties == sorted(duties) and len(duties) == 3 and all(0 < d < 1 for d in duties)
     fs = [f for _, f in cal.duty_slowdown]
     assert all(f >= 1.0 for f in fs) and fs == sorted(fs, reverse=True)
+    # the crossing stall of an interleaved run: the median of its rounds, each a mean extra >= 0
+    rounds = cal.samples["cross_interleaved"]
+    assert len(rounds) >= 2 and all(r >= 0 for r in rounds)
+    assert cal.message_s["cross_interleaved"] == pytest.approx(statistics.median(rounds))
+    assert math.isfinite(cal.spread["message_s.cross_interleaved"])
 
 
 def test_message_work_lands_on_the_actions_that_send_and_receive() -> None:

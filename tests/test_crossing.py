@@ -149,3 +149,57 @@ def test_the_replay_with_measured_durations_adds_no_stall() -> None:
 
     assert MeasuredActions.crossing_s(object.__new__(MeasuredActions)) == 0.0
     assert MeasuredActions.arrival_s(object.__new__(MeasuredActions)) == 0.0
+    assert MeasuredActions.crossing_for(object.__new__(MeasuredActions), "interleaved-1f1b") == 0.0
+
+
+def test_an_interleaved_schedule_takes_its_own_crossing_stall() -> None:
+    """Oracle: costs whose stall is STALL but STALL / 4 for an interleaved schedule. The interleaved
+    simulation adds exactly STALL / 4 to each action its first pass finds crossed; 1F1B keeps STALL;
+    the Stalled second pass and the delegating costs pass the schedule's figure on, once."""
+    @dataclasses.dataclass(frozen=True)
+    class PerSchedule(UnitCosts):
+        def crossing_s(self) -> float:
+            return STALL
+
+        def crossing_for(self, method: str) -> float:
+            return STALL / 4 if method.startswith("interleaved") else STALL
+
+    sch = build("interleaved-1f1b", 2, microbatches=4, minibatches=2, chunks=2)
+    first = [e for e in run(sch, UnitCosts()) if e.kind in ("F", "B", "W", "U")]
+    crossed = crossed_actions(sch, first)
+    assert crossed, "interleaving crosses"
+    base = UnitCosts()
+    for e in simulate_schedule(sch, PerSchedule()).trace.compute_events():
+        a = Action(e.stage, e.kind, e.microbatch)
+        want = base.compute(e.worker, a, False) + (STALL / 4 if (e.worker, a) in crossed else 0.0)
+        assert e.end_s - e.start_s == pytest.approx(want), (e.worker, a)
+    flat = build("1f1b-flush", 2, microbatches=8, minibatches=2)
+    assert simulate_schedule(flat, PerSchedule()).time_per_minibatch == \
+        pytest.approx(simulate_schedule(flat, StallingUnitCosts()).time_per_minibatch)
+    st = Stalled(PerSchedule(), crossed, STALL / 4)
+    assert st.crossing_for("interleaved-1f1b") == 0.0 and st.crossing_for("1f1b-flush") == 0.0
+
+
+def test_a_calibrated_cluster_prices_an_interleaved_crossing_with_its_own_figure() -> None:
+    """``ProfileCosts.crossing_for``: ``message_s["cross_interleaved"]`` for an interleaved schedule
+    where the calibration has it, ``message_s["cross"]`` otherwise and in older files."""
+    from pipelab.calibration import Calibration
+    from pipelab.cluster import Cluster
+    from pipelab.costs import CostModel
+    from pipelab.profile.records import Profile
+    from pipelab.sim.simulate import ProfileCosts
+
+    def costs(message_s: dict[str, float]) -> ProfileCosts:
+        cal = Calibration(host="h", backend="gloo", device="cpu", date="d", torch="t", cores=2, workers=2,
+                          p2p_latency_s=1e-5, p2p_bandwidth=1e9, allreduce_latency_s=1e-5,
+                          allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={}, memory_bandwidth=1e10,
+                          message_s=message_s)
+        cl = dataclasses.replace(Cluster.flat(2), calibration=cal)
+        prof = Profile.synthetic([1e-3, 1e-3], out_bytes=[64, 64], batch_size=4)
+        return ProfileCosts(CostModel(prof, cl), [(0, 1), (1, 2)], 1)
+
+    both = costs({"cross": 1e-3, "cross_interleaved": 4e-4})
+    assert both.crossing_for("interleaved-1f1b") == pytest.approx(4e-4)
+    assert both.crossing_for("1f1b-flush") == pytest.approx(1e-3) == both.crossing_s()
+    older = costs({"cross": 1e-3})
+    assert older.crossing_for("interleaved-1f1b") == pytest.approx(1e-3)

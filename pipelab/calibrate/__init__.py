@@ -297,6 +297,30 @@ def _crossings(run: Any, pooled: dict[tuple[int, str, str], list[float]], cross_
     return crossed, arrived
 
 
+def interleaved_crossing(repeats: int, backend: str = "gloo", steps: int = 48) -> list[float]:
+    """The crossing extra (:func:`_crossings`) of an interleaved schedule, one figure per round: a
+    two-worker ``interleaved-1f1b`` run (two chunks a worker, 4 microbatches) of
+    :func:`tiny.medium_model` cut in four. The stall a crossed action pays depends on the schedule
+    (measured in real runs, 2026-11-26: 400-420 us per crossed action in interleaved 1F1B, 730-840 us in
+    1F1B-flush, against one constant of about 1 ms from the tiny model's ``1f1b-flush`` run that
+    :func:`message_overhead` makes); the medium model's interleaved run gave 409-516 us. Interleaving
+    crosses on most actions, so a round holds hundreds of crossings."""
+    x = next(iter(medium_data()))[0]
+    n = len(measure_profile(medium_model(), x, progress=False, repeats=1))
+    plan = Plan.from_boundaries(n, [n // 4, n // 2, 3 * n // 4], batch_size=64)
+    out: list[float] = []
+    for _ in range(repeats):
+        run = train(medium_model, plan, method="interleaved-1f1b", data=medium_data, loss_fn=tiny_loss,
+                    optimizer=tiny_sgd, steps=steps, microbatches=4, backend=backend, progress=False,
+                    timeout=120, chunks=2)
+        pooled: dict[tuple[int, str, str], list[float]] = {}
+        rounds: list[float] = []
+        _crossings(run, pooled, rounds, [])
+        if any(k[2] == "crossed" for k in pooled):
+            out.append(rounds[-1])
+    return out
+
+
 def compute_slowdown(
     repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 48
 ) -> list[float]:
@@ -386,6 +410,7 @@ def calibrate(
         ("pipemare weights", lambda: probes.in_worker("pipemare_policy", [1 << 16, 1 << 20, 1 << 22],
                                                        max(repeats, 5))),
         ("duty cycle", lambda: probes.duty_cycle(max(repeats, 3))),
+        ("crossings, interleaved", lambda: interleaved_crossing(max(repeats // 2, 2), backend)),
     ]
     bar = tqdm(total=len(steps) + 1, desc="calibrating", disable=not progress, leave=False)
     got: dict[str, Any] = {}
@@ -505,6 +530,10 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if "arrive" in msg:
         sp["message_s.arrive"] = arrive_spread
     sp["compute_slowdown"] = spread(slow)
+    inter = got.get("crossings, interleaved") or []
+    if inter:
+        msg["cross_interleaved"] = [statistics.median(inter)]
+        sp["message_s.cross_interleaved"] = spread(inter)
     by_duty: dict[float, list[float]] = {}
     for _, d, ratio in got.get("duty cycle") or []:
         by_duty.setdefault(d, []).append(ratio)
@@ -540,6 +569,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
             "allreduce_latency_in_run": ar_in_run,
             "optimizer": {k: [list(x) for x in v] for k, v in opt.items()},
             "duty_cycle": [list(x) for x in got.get("duty cycle") or []],
+            "cross_interleaved": list(got.get("crossings, interleaved") or []),
         },
     )
 

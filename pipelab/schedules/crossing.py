@@ -111,6 +111,10 @@ class Stalled(Delegating):
         """Already applied: no second stall."""
         return 0.0
 
+    def crossing_for(self, method: str) -> float:
+        """Already applied: no second stall."""
+        return 0.0
+
     def arrival_s(self) -> float:
         """Already applied: no second extra."""
         return 0.0

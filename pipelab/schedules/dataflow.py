@@ -99,6 +99,11 @@ class Costs:
         it in a second pass."""
         return 0.0
 
+    def crossing_for(self, method: str) -> float:
+        """:meth:`crossing_s` for a schedule of ``method`` (default: the same for every schedule; a
+        backend whose stall depends on the schedule overrides it)."""
+        return self.crossing_s()
+
     def arrival_s(self) -> float:
         """Seconds an action pays when a message to its worker arrives while it computes (and it did
         not cross: :mod:`pipelab.schedules.crossing`; 0: no such cost). Applied with the crossings."""
@@ -157,6 +162,10 @@ class Delegating(Costs):
     def crossing_s(self) -> float:
         """As the base costs."""
         return self.base.crossing_s()
+
+    def crossing_for(self, method: str) -> float:
+        """As the base costs."""
+        return self.base.crossing_for(method)
 
     def arrival_s(self) -> float:
         """As the base costs."""

@@ -222,6 +222,14 @@ class ProfileCosts(Costs):
         cal = self.model.cluster.calibration
         return float(cal.message_s.get("cross", 0.0)) if cal is not None else 0.0
 
+    def crossing_for(self, method: str) -> float:
+        """On a calibrated cluster: for an interleaved schedule, the extra measured in an interleaved run
+        (``Calibration.message_s["cross_interleaved"]``, where the file has it), else :meth:`crossing_s`."""
+        cal = self.model.cluster.calibration
+        if cal is not None and method.startswith("interleaved") and "cross_interleaved" in cal.message_s:
+            return float(cal.message_s["cross_interleaved"])
+        return self.crossing_s()
+
     def arrival_s(self) -> float:
         """On a calibrated cluster: the measured extra of an action during which a message to its
         worker arrived (``Calibration.message_s["arrive"]``; :mod:`pipelab.schedules.crossing`)."""
@@ -286,7 +294,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
         # passes until each worker's compute is scaled by the factor of its own utilization
         # (pipelab.schedules.duty; nothing runs again where the costs have no such factor)
         costs, events, _ = settle(costs, schedule.num_workers, events, lambda c: run(schedule, c))
-        stall, arrive = costs.crossing_s(), costs.arrival_s()
+        stall, arrive = costs.crossing_for(schedule.method), costs.arrival_s()
         if stall > 0 or arrive > 0:   # one more pass with the crossed actions' stall and the arrivals'
             comp = metrics.compute_events(events)       # extra (pipelab.schedules.crossing)
             crossed = crossed_actions(schedule, comp) if stall > 0 else set()
