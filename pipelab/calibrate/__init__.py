@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from pipelab.calibrate import probes
+from pipelab.calibrate.crossings import _crossings, _extra, interleaved_crossing
 from pipelab.calibrate.fit import fit_alpha_beta, fit_ring, fit_step, spread
 from pipelab.calibrate.tiny import (
     BATCH,
@@ -63,7 +64,6 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.runtime import train
 from pipelab.schedules.actions import Action
-from pipelab.schedules.crossing import arrived_actions, crossed_actions
 
 BACKENDS = ("gloo", "nccl")
 #: message sizes of the point-to-point and all-reduce sweeps (bytes): 4 KiB .. 4 MiB
@@ -257,67 +257,6 @@ def message_overhead(
                 out[k].append(max(statistics.median(ts), 0.0))
     out["cross"] = [_extra(pooled, "crossed")]
     out["arrive"] = [_extra(pooled, "arrived")]
-    return out
-
-
-def _extra(durations: dict[tuple[int, str, str], list[float]], cls: str) -> float:
-    """Mean extra seconds of an action of class ``cls`` (``"crossed"``, ``"arrived"``) over a quiet
-    one of the same worker and kind, weighted by the counts of ``cls`` (0 where there are none)."""
-    num = den = 0.0
-    for (w, kind, c), ts in durations.items():
-        quiet = durations.get((w, kind, "quiet"))
-        if c == cls and ts and quiet:
-            num += len(ts) * max(statistics.fmean(ts) - statistics.fmean(quiet), 0.0)
-            den += len(ts)
-    return num / den if den else 0.0
-
-
-def _crossings(run: Any, pooled: dict[tuple[int, str, str], list[float]], cross_rounds: list[float],
-               arrive_rounds: list[float]) -> tuple[set[tuple[int, Action]], set[tuple[int, Action]]]:
-    """Durations of the run's ``F``/``B`` past its first quarter (start-up), split into those whose
-    message crossed the peer's (:func:`pipelab.schedules.crossing.crossed_actions`; sending actions),
-    those during which a message arrived (:func:`~pipelab.schedules.crossing.arrived_actions`) and the
-    quiet rest: added to ``pooled``, and this round's two extras appended to ``cross_rounds`` and
-    ``arrive_rounds``; returns ``(crossed, arrived but not crossed)``."""
-    comp = list(run.trace.compute_events())
-    t0, t1 = min(e.start_s for e in comp), max(e.end_s for e in comp)
-    crossed = crossed_actions(run.schedule, comp)
-    arrived = arrived_actions(run.schedule, comp) - crossed
-    mine: dict[tuple[int, str, str], list[float]] = {}
-    for e in comp:
-        a = (e.worker, Action(e.stage, e.kind, e.microbatch))
-        if e.start_s < t0 + 0.25 * (t1 - t0) or e.kind not in ("F", "B"):
-            continue
-        c = "crossed" if a in crossed else "arrived" if a in arrived else "quiet"
-        mine.setdefault((e.worker, e.kind, c), []).append(e.end_s - e.start_s)
-    for k, v in mine.items():
-        pooled.setdefault(k, []).extend(v)
-    cross_rounds.append(_extra(mine, "crossed"))
-    arrive_rounds.append(_extra(mine, "arrived"))
-    return crossed, arrived
-
-
-def interleaved_crossing(repeats: int, backend: str = "gloo", steps: int = 48) -> list[float]:
-    """The crossing extra (:func:`_crossings`) of an interleaved schedule, one figure per round: a
-    two-worker ``interleaved-1f1b`` run (two chunks a worker, 4 microbatches) of
-    :func:`tiny.medium_model` cut in four. The stall a crossed action pays depends on the schedule
-    (measured in real runs, 2026-11-26: 400-420 us per crossed action in interleaved 1F1B, 730-840 us in
-    1F1B-flush, against one constant of about 1 ms from the tiny model's ``1f1b-flush`` run that
-    :func:`message_overhead` makes); the medium model's interleaved run gave 409-516 us. Interleaving
-    crosses on most actions, so a round holds hundreds of crossings."""
-    x = next(iter(medium_data()))[0]
-    n = len(measure_profile(medium_model(), x, progress=False, repeats=1))
-    plan = Plan.from_boundaries(n, [n // 4, n // 2, 3 * n // 4], batch_size=64)
-    out: list[float] = []
-    for _ in range(repeats):
-        run = train(medium_model, plan, method="interleaved-1f1b", data=medium_data, loss_fn=tiny_loss,
-                    optimizer=tiny_sgd, steps=steps, microbatches=4, backend=backend, progress=False,
-                    timeout=120, chunks=2)
-        pooled: dict[tuple[int, str, str], list[float]] = {}
-        rounds: list[float] = []
-        _crossings(run, pooled, rounds, [])
-        if any(k[2] == "crossed" for k in pooled):
-            out.append(rounds[-1])
     return out
 
 
