@@ -21,7 +21,7 @@ from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.schedules.actions import Action
-from pipelab.schedules.crossing import crossed_actions
+from pipelab.schedules.crossing import NoStalls, crossed_actions
 from pipelab.sim.simulate import ProfileCosts, simulate_schedule, virtual_plan
 from pipelab.trace import Trace
 
@@ -75,7 +75,7 @@ def crossings(trace: Trace, schedule: Any) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------ which term: a replay with measured actions
-class MeasuredActions(ProfileCosts):
+class MeasuredActions(NoStalls, ProfileCosts):
     """The simulator's transfers, but every compute action takes what it took in the real run (the
     mean per worker, stage and kind over ``window``; an all-reduce what the run's ``allreduce``
     events say, :meth:`allreduce`):
@@ -114,18 +114,6 @@ class MeasuredActions(ProfileCosts):
     def compute(self, worker: int, action: Action, split: bool) -> float:
         """The measured mean duration of this worker's actions of this stage and kind."""
         return self.durations[(worker, action.stage, action.kind)]
-
-    def crossing_s(self) -> float:
-        """Nothing: the measured durations already hold the crossed actions' stalls."""
-        return 0.0
-
-    def crossing_for(self, method: str) -> float:
-        """Nothing, for every schedule: the measured durations already hold the stalls."""
-        return 0.0
-
-    def arrival_s(self) -> float:
-        """Nothing: the measured durations already hold what arrivals cost."""
-        return 0.0
 
     def duty_factor(self, worker: int, utilization: float) -> float:
         """1: the measured durations already are those of the run's duty cycle."""

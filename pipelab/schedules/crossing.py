@@ -89,7 +89,24 @@ def arrived_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int,
     return out
 
 
-class Stalled(Delegating):
+class NoStalls:
+    """Mixin for costs whose durations already hold what crossings and arrivals cost (a second pass,
+    a replay with measured durations): no further stall, for any schedule."""
+
+    def crossing_s(self) -> float:
+        """Already in the durations: no stall."""
+        return 0.0
+
+    def crossing_for(self, method: str) -> float:
+        """Already in the durations: no stall, for any schedule."""
+        return 0.0
+
+    def arrival_s(self) -> float:
+        """Already in the durations: no extra."""
+        return 0.0
+
+
+class Stalled(NoStalls, Delegating):
     """``base``'s costs, with ``extra`` seconds added to each ``(worker, action)`` of ``crossed`` and
     ``arrive_extra`` to each of ``arrived`` that is not also crossed."""
 
@@ -107,17 +124,5 @@ class Stalled(Delegating):
             return t + self.extra
         return t + self.arrive_extra if (worker, action) in self.arrived else t
 
-    def crossing_s(self) -> float:
-        """Already applied: no second stall."""
-        return 0.0
 
-    def crossing_for(self, method: str) -> float:
-        """Already applied: no second stall."""
-        return 0.0
-
-    def arrival_s(self) -> float:
-        """Already applied: no second extra."""
-        return 0.0
-
-
-__all__ = ["Stalled", "arrived_actions", "crossed_actions"]
+__all__ = ["NoStalls", "Stalled", "arrived_actions", "crossed_actions"]
