@@ -22,16 +22,26 @@ from pipelab.schedules.actions import Action
 from pipelab.schedules.crossing import arrived_actions, crossed_actions
 
 
-def _extra(durations: dict[tuple[int, str, str], list[float]], cls: str) -> float:
-    """Mean extra seconds of an action of class ``cls`` (``"crossed"``, ``"arrived"``) over a quiet
-    one of the same worker and kind, weighted by the counts of ``cls`` (0 where there are none)."""
-    num = den = 0.0
+def extras_over_quiet(durations: dict[tuple[int, str, str], list[float]], cls: str
+                      ) -> list[tuple[int, float]]:
+    """``(count, mean extra seconds)`` per worker and kind of the actions of class ``cls``
+    (``"crossed"``, ``"arrived"``) in ``durations`` (keyed ``(worker, kind, class)``) over the
+    ``"quiet"`` ones of the same worker and kind; pairs without a quiet twin are left out."""
+    out = []
     for (w, kind, c), ts in durations.items():
         quiet = durations.get((w, kind, "quiet"))
         if c == cls and ts and quiet:
-            num += len(ts) * max(statistics.fmean(ts) - statistics.fmean(quiet), 0.0)
-            den += len(ts)
-    return num / den if den else 0.0
+            out.append((len(ts), statistics.fmean(ts) - statistics.fmean(quiet)))
+    return out
+
+
+def _extra(durations: dict[tuple[int, str, str], list[float]], cls: str) -> float:
+    """Mean extra seconds of an action of class ``cls`` (``"crossed"``, ``"arrived"``) over a quiet
+    one of the same worker and kind, weighted by the counts of ``cls`` (0 where there are none); a
+    cost, so each worker and kind's extra counts at least 0."""
+    pairs = extras_over_quiet(durations, cls)
+    den = sum(n for n, _ in pairs)
+    return sum(n * max(d, 0.0) for n, d in pairs) / den if den else 0.0
 
 
 def _crossings(run: Any, pooled: dict[tuple[int, str, str], list[float]], cross_rounds: list[float],
@@ -82,4 +92,4 @@ def interleaved_crossing(repeats: int, backend: str = "gloo", steps: int = 48) -
     return out
 
 
-__all__ = ["interleaved_crossing"]
+__all__ = ["extras_over_quiet", "interleaved_crossing"]

@@ -16,6 +16,7 @@ import statistics
 from typing import Any
 
 import pipelab.metrics as metrics
+from pipelab.calibrate.crossings import extras_over_quiet
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
@@ -57,21 +58,18 @@ def crossings(trace: Trace, schedule: Any) -> tuple[float, float]:
     start, end, n = steady_window(trace, schedule)
     comp = [e for e in trace.compute_events() if e.kind in ("F", "B")]
     crossed = crossed_actions(schedule, comp)        # over the whole trace: no edge effect at the window
-    groups: dict[tuple[int, str, bool], list[float]] = {}
+    groups: dict[tuple[int, str, str], list[float]] = {}
     count = 0
     for e in comp:
         if not start <= e.start_s < end:
             continue
         hit = (e.worker, Action(e.stage, e.kind, e.microbatch)) in crossed
         count += hit
-        groups.setdefault((e.worker, e.kind, hit), []).append(e.end_s - e.start_s)
-    num = den = 0.0
-    for (w, kind, hit), ts in groups.items():
-        quiet = groups.get((w, kind, False))
-        if hit and quiet:
-            num += len(ts) * (statistics.fmean(ts) - statistics.fmean(quiet))
-            den += len(ts)
-    return (count / n if n else math.nan), (num / den if den else math.nan)
+        groups.setdefault((e.worker, e.kind, "crossed" if hit else "quiet"), []).append(e.end_s - e.start_s)
+    # as the calibration pairs them (calibrate.crossings), but signed: a diagnostic, not a cost
+    pairs = extras_over_quiet(groups, "crossed")
+    den = sum(k for k, _ in pairs)
+    return (count / n if n else math.nan), (sum(k * d for k, d in pairs) / den if den else math.nan)
 
 
 # ------------------------------------------------------------ which term: a replay with measured actions
