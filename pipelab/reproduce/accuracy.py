@@ -221,20 +221,21 @@ def run_one(
                      timeout=timeout, **more)
 
     sim = simulated(steps)
-    # the same simulation without the duty-cycle term: its effect, paired with the same real runs
     cal = cl.calibration
-    sim_flat = sim
-    if cal is not None and cal.duty_slowdown:
-        flat = dataclasses.replace(cl, calibration=dataclasses.replace(cal, duty_slowdown=()))
-        sim_flat = simulated(steps, flat)
-    flat_tp = steady_throughput(sim_flat.trace, sim_flat.schedule, batch)
-    # and with the 1F1B run's crossing extra for every schedule (the term before the interleaved one)
-    one_tp = math.nan
-    if cal is not None and "cross_interleaved" in cal.message_s:
-        msg = {k: v for k, v in cal.message_s.items() if k != "cross_interleaved"}
-        one = dataclasses.replace(cl, calibration=dataclasses.replace(cal, message_s=msg))
-        sim_one = simulated(steps, one)
-        one_tp = steady_throughput(sim_one.trace, sim_one.schedule, batch)
+
+    def without(**fields: Any) -> float:
+        """Samples/s of the same simulation with those calibration fields replaced: one term's
+        effect, paired with the same real runs."""
+        assert cal is not None
+        alt = simulated(steps, dataclasses.replace(cl, calibration=dataclasses.replace(cal, **fields)))
+        return steady_throughput(alt.trace, alt.schedule, batch)
+
+    # without the duty-cycle term (where there is none, the simulation itself)
+    flat_tp = (without(duty_slowdown=()) if cal is not None and cal.duty_slowdown
+               else steady_throughput(sim.trace, sim.schedule, batch))
+    # with the 1F1B run's crossing extra for every schedule (the term before the interleaved one)
+    one_tp = (without(message_s={k: v for k, v in cal.message_s.items() if k != "cross_interleaved"})
+              if cal is not None and "cross_interleaved" in cal.message_s else math.nan)
     t0 = time.perf_counter()
     runs = [measured(steps, **run_opts) for _ in range(rounds)]
     wall = time.perf_counter() - t0
