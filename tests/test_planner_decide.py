@@ -15,12 +15,21 @@ import pytest
 
 import pipelab as pl
 from pipelab.cluster import Calibration
-from pipelab.planner import COLUMNS, SIM_ERRORS, SIM_RANGES, decide, margin_from_accuracy, plan
+from pipelab.planner import (
+    COLUMNS,
+    SIM_ERRORS,
+    SIM_RANGES,
+    SIM_RELATIVE_RANGES,
+    decide,
+    margin_from_accuracy,
+    plan,
+)
 from pipelab.planner.decide import (
     ERRORS_FILE,
     ONE_STAGE_ASYNC,
     ONE_STAGE_SYNC,
     bounds_of,
+    less_shift,
     load_errors,
     load_ranges,
     ranges_from_accuracy,
@@ -149,7 +158,8 @@ def test_a_calibrated_cluster_defaults_to_the_simulators_measured_error() -> Non
                       overhead_s={"F": 1e-4, "B": 2e-4, "W": 3e-5, "U": 4e-4},
                       optimizer_s={"sgd-momentum": (5e-5, 1e-10)}, memory_bandwidth=1e10)
     cl = dataclasses.replace(pl.Cluster.flat(4, bandwidth=5e9, memory=2**30), calibration=cal)
-    assert plan(_profile(), cl, **KW).margin == SIM_RANGES
+    # the candidates and the default are predicted on one calibration: the ranges less the run's shift
+    assert plan(_profile(), cl, **KW).margin == SIM_RELATIVE_RANGES
 
 
 def test_the_default_errors_are_no_smaller_than_sim_accuracys_measured_ones() -> None:
@@ -288,13 +298,55 @@ def test_the_committed_ranges_hold_every_measured_configuration() -> None:
             assert SIM_RANGES["ALL"][0] <= e <= SIM_RANGES["ALL"][1]
 
 
+def test_relative_ranges_take_each_calibrations_shift_off() -> None:
+    # three configurations, errors +10%, +30%, +20%: the run's shift is +20% (the median), and the
+    # errors less it are 1.1/1.2 - 1, 1.3/1.2 - 1 and 0; the second calibration predicts every
+    # configuration at half (errors -45%, -35%, -40%): its own shift, -40%, takes that off again
+    df = pd.DataFrame({"method": ["a", "a", "b"], "error": [0.1, 0.3, 0.2],
+                       "error_recalibrated": [-0.45, -0.35, -0.4]})
+    assert less_shift(df["error"]).tolist() == pytest.approx([1.1 / 1.2 - 1, 1.3 / 1.2 - 1, 0.0])
+    got = ranges_from_accuracy(df, relative=True)
+    assert got["a"] == pytest.approx((1.1 / 1.2 - 1, 1.3 / 1.2 - 1))
+    assert got["b"] == pytest.approx((0.0, 0.0))
+    # absolute ranges keep the shifts: they cover both calibrations' errors as they are
+    assert ranges_from_accuracy(df)["a"] == pytest.approx((-0.45, 0.3))
+    # a shift common to every configuration moves no relative range
+    moved = df.assign(error=(1 + df["error"]) * 1.5 - 1,
+                      error_recalibrated=(1 + df["error_recalibrated"]) * 0.7 - 1)
+    again = ranges_from_accuracy(moved, relative=True)
+    assert set(again) == set(got) and all(again[k] == pytest.approx(got[k]) for k in got)
+
+
+def test_the_committed_relative_ranges_hold_every_measured_configuration() -> None:
+    """SIM_RELATIVE_RANGES is the committed results' errors less their calibration's shift, rounded
+    outwards; and the decision rule with them is exact for two candidates of one calibration: the
+    measured ratio lies inside what their predicted ratio and ranges allow."""
+    df = pd.read_csv(REPO / "reproductions" / "sim_accuracy" / "results.csv")
+    assert load_ranges(ERRORS_FILE, relative=True) == SIM_RELATIVE_RANGES
+    rel = less_shift(df["error"])
+    for m, e in zip(df["method"], rel):
+        lo, hi = SIM_RELATIVE_RANGES[m]
+        assert lo <= e <= hi, (m, e, SIM_RELATIVE_RANGES[m])
+    for i in df.index:
+        for j in df.index:
+            if df.loc[i, "model"] != df.loc[j, "model"]:
+                continue
+            lo_i, hi_i = SIM_RELATIVE_RANGES[df.loc[i, "method"]]
+            lo_j, hi_j = SIM_RELATIVE_RANGES[df.loc[j, "method"]]
+            pred = df.loc[i, "simulated"] / df.loc[j, "simulated"]
+            meas = df.loc[i, "measured"] / df.loc[j, "measured"]
+            assert pred * (1 + lo_j) / (1 + hi_i) - 1e-9 <= meas <= pred * (1 + hi_j) / (1 + lo_i) + 1e-9
+
+
 def test_ranges_file_round_trip_and_old_files(tmp_path: Path) -> None:
     df = pd.DataFrame({"method": ["a", "a"], "error": [0.101, 0.301], "measured_spread": [0.0, 0.0]})
     f = tmp_path / "e.json"
     write_errors(df, f, source="test")
     assert load_ranges(f) == {"a": (0.1, 0.31), "ALL": (0.1, 0.31)}
+    # less the run's shift (+20%, the median of the two): 1.101/1.201 - 1 and 1.301/1.201 - 1
+    assert load_ranges(f, relative=True) == {"a": (-0.09, 0.09), "ALL": (-0.09, 0.09)}
     f.write_text('{"errors": {"a": 0.2}}')          # a file from before the ranges: symmetric
-    assert load_ranges(f) == {"a": (-0.2, 0.2)}
+    assert load_ranges(f) == {"a": (-0.2, 0.2)} == load_ranges(f, relative=True)
     f.write_text('{"errors": {"a": 0.2}, "ranges": {"a": [0.5, 0.1]}}')
     with pytest.raises(ValueError, match="lo <= hi"):
         load_ranges(f)

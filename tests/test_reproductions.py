@@ -278,7 +278,8 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
         tmp_path / "cluster2.json")
     _papermill(REPRO / "sim_accuracy" / "sim_accuracy.ipynb", tmp_path, models=["cnn"],
                methods=["gpipe", "pipedream"], steps=6, rounds=1, cluster_path=str(path),
-               second_cluster_path=str(path2), planner_errors=str(tmp_path / "sim_errors.json"))
+               second_cluster_path=str(path2), planner_errors=str(tmp_path / "sim_errors.json"),
+               pair_model_factors=False)
     df = pd.read_csv(tmp_path / "results.csv")
     # the same runs against the second calibration: slower actions, slower predictions, same plans
     assert (df["simulated_recalibrated"] < df["simulated"]).all()
@@ -296,5 +297,12 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     # the duty-cycle term only ever slows compute: with it, no prediction is faster than without it
     assert (df["error"] <= df["error_without_duty"] + 1e-9).all()
     assert "ALL" in (tmp_path / "results.md").read_text()
+    # a profile taken right before each configuration's runs, paired; no model factors asked for
+    assert (df["error_fresh_profile"].abs() < 10).all() and df["error_model_factor"].isna().all()
+    # less the run's common shift: the median of the rescaled errors is 0 by construction
+    from pipelab.reproduce.accuracy import less_shift, shift_of
+    assert shift_of(df) == pytest.approx(df["error"].median())
+    assert less_shift(df).median() == pytest.approx(0.0, abs=1e-12)
+    assert "common shift" in (tmp_path / "results.md").read_text()
     assert "without duty" in (tmp_path / "results.md").read_text()
     ET.parse(tmp_path / "scatter.svg")

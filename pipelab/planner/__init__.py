@@ -28,9 +28,11 @@ activations (added to the simulated peak).
 The decision is honest about the simulator's error. The default (what a torch or Megatron user gets:
 1F1B on a uniform layer split, ``M = P``) is always simulated; a candidate replaces it only when it
 is surely faster given ``margin``, the simulator's relative throughput error per method (by default,
-on a calibrated cluster whose predictions are meant to be compared with real runs, :data:`SIM_RANGES`,
-the signed range of errors ``reproductions/sim_accuracy`` measured per method; 0 on an analytic preset,
-whose error is unknown): ``predicted / (1 + hi)`` of the candidate above ``predicted / (1 + lo)`` of the
+on a calibrated cluster whose predictions are meant to be compared with real runs,
+:data:`SIM_RELATIVE_RANGES`, the signed range of errors ``reproductions/sim_accuracy`` measured per
+method less each run's common shift, since the candidate and the default are predicted on one
+calibration; :data:`SIM_RANGES` keeps the errors themselves; 0 on an analytic preset, whose error is
+unknown): ``predicted / (1 + hi)`` of the candidate above ``predicted / (1 + lo)`` of the
 default (with one number ``e``: ``predicted / (1 + e)`` above ``predicted / (1 - e)``). The table
 shows the rule: ``vs_default`` (predicted throughput over the default's),
 ``within_error`` (the simulator cannot tell the row from the default) and ``pick`` (the chosen row,
@@ -69,6 +71,7 @@ from pipelab.planner.decide import (
     ONE_STAGE_SYNC,
     SIM_ERRORS,
     SIM_RANGES,
+    SIM_RELATIVE_RANGES,
     Margin,
     check_margin,
     decide,
@@ -427,8 +430,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     ``allreduce_overlap``: as :func:`pipelab.sim.simulate` (``"none"`` to model pipelab's runtime).
     ``prune=False`` simulates every candidate. ``margin``: the simulator's relative throughput error,
     one number or a mapping method -> error; a candidate replaces the default only when surely faster
-    given it (module docstring; default :data:`SIM_RANGES` on a calibrated cluster, 0 on an analytic
-    one; :func:`margin_from_accuracy` reads sim_accuracy's results). ``progress``: a progress bar
+    given it (module docstring; default :data:`SIM_RELATIVE_RANGES` on a calibrated cluster, 0 on an
+    analytic one; :func:`margin_from_accuracy` reads sim_accuracy's results). ``progress``: a progress bar
     (tqdm), or a callback ``(done, total)``. Returns a :class:`PlanTable`.
     """
     if not isinstance(profile, Profile):
@@ -448,8 +451,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
             raise ValueError(f"memory_limit has {len(limit)} entries but cluster {cl.name!r} has {W} workers")
     if any(x <= 0 for x in limit):
         raise ValueError(f"memory_limit must be positive bytes per worker; got {memory_limit!r}")
-    margin = check_margin((dict(SIM_RANGES) if cl.calibration is not None else 0.0) if margin is None
-                          else margin)
+    measured = dict(SIM_RELATIVE_RANGES) if cl.calibration is not None else 0.0
+    margin = check_margin(measured if margin is None else margin)
     hetero = len({cl.speed(w) for w in range(W)}) > 1
     names = tuple(methods) if methods is not None else DEFAULT_METHODS + (("hetpipe",) if hetero else ())
     for name in names:
@@ -570,5 +573,5 @@ def _rank(table: pd.DataFrame) -> pd.DataFrame:
 
 from pipelab.planner.confirmation import Confirmed, confirm  # noqa: E402  (measures a PlanTable's shortlist)
 
-__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "SIM_RANGES", "Candidate", "Confirmed", "PlanTable",
-           "confirm", "decide", "margin_from_accuracy", "plan"]
+__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "SIM_RANGES", "SIM_RELATIVE_RANGES", "Candidate",
+           "Confirmed", "PlanTable", "confirm", "decide", "margin_from_accuracy", "plan"]

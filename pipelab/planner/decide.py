@@ -9,10 +9,13 @@ the two intervals do not overlap, i.e. when it is sure to be faster:
     predicted_c / (1 + hi_c)  >  predicted_default / (1 + lo_default)
 
 ``margin`` gives each row's method its range: one number ``e`` for every method, or a mapping method ->
-``e`` or ``(lo, hi)``. The default on a calibrated cluster, :data:`SIM_RANGES`, is what
-``reproductions/sim_accuracy`` last measured per method (:func:`ranges_from_accuracy`: the signed errors
-of its configurations, widened by the spread of their real rounds): on this project's machine the
-simulator's error differs per method in size and in sign, which a
+``e`` or ``(lo, hi)``. What ``reproductions/sim_accuracy`` last measured per method is kept two ways
+(:func:`ranges_from_accuracy`: the signed errors of its configurations, widened by the spread of their
+real rounds): :data:`SIM_RANGES`, the errors themselves, how far one prediction lies from its
+measurement; and :data:`SIM_RELATIVE_RANGES`, the errors less their run's common shift
+(:func:`less_shift`), how far two predictions of one calibration lie from their measurements relative
+to each other, which is what the comparison above needs and the default on a calibrated cluster. On
+this project's machine the simulator's error differs per method in size and in sign, which a
 symmetric bound (:data:`SIM_ERRORS`, the worst ``|e|``) cannot say. A pipelining method on one
 replicated stage is data parallelism and takes ``dp``'s range.
 Among the candidates that qualify, those whose interval reaches the lower end of the fastest's are a
@@ -49,11 +52,13 @@ def _read(path: str | Path, values: Callable[[dict[str, Any]], dict[str, Any]]) 
     return out
 
 
-def load_ranges(path: str | Path = ERRORS_FILE) -> dict[str, tuple[float, float]]:
+def load_ranges(path: str | Path = ERRORS_FILE, *, relative: bool = False) -> dict[str, tuple[float, float]]:
     """The per-method signed error ranges of a file :func:`write_errors` wrote (``"ranges"``; a file
-    with only ``"errors"`` gives ``(-e, e)``)."""
+    with only ``"errors"`` gives ``(-e, e)``); with ``relative``, the ranges of the errors less each
+    run's common shift (``"relative_ranges"``; a file without them gives the absolute ranges)."""
     def ranges(doc: dict[str, Any]) -> dict[str, tuple[float, float]]:
-        raw = doc.get("ranges") or {k: (-float(v), float(v)) for k, v in doc["errors"].items()}
+        raw = ((doc.get("relative_ranges") if relative else None) or doc.get("ranges")
+               or {k: (-float(v), float(v)) for k, v in doc["errors"].items()})
         return {str(k): (float(v[0]), float(v[1])) for k, v in raw.items()}
     out: dict[str, tuple[float, float]] = _read(path, ranges)
     return out
@@ -70,11 +75,15 @@ def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
     """Write the per-method errors of a sim_accuracy results table (:func:`margin_from_accuracy`, each
     rounded up to 0.01 and at most 0.99, the largest error a margin can be) and their signed ranges
     (:func:`ranges_from_accuracy`, rounded outwards to 0.01) to ``path`` atomically, with ``source``
-    (what was measured, where, when). Returns the errors."""
+    (what was measured, where, when), and the ranges of the errors less each run's common shift
+    (``relative=True``). Returns the errors."""
     errors = {m: min(math.ceil(e * 100 - 1e-9) / 100, 0.99) for m, e in margin_from_accuracy(results).items()}
-    ranges = {m: [math.floor(lo * 100 + 1e-9) / 100, math.ceil(hi * 100 - 1e-9) / 100]
-              for m, (lo, hi) in ranges_from_accuracy(results).items()}
-    doc = {"source": source, "errors": errors, "ranges": ranges}
+    def outwards(got: dict[str, tuple[float, float]]) -> dict[str, list[float]]:
+        return {m: [math.floor(lo * 100 + 1e-9) / 100, math.ceil(hi * 100 - 1e-9) / 100]
+                for m, (lo, hi) in got.items()}
+
+    doc = {"source": source, "errors": errors, "ranges": outwards(ranges_from_accuracy(results)),
+           "relative_ranges": outwards(ranges_from_accuracy(results, relative=True))}
     atomic_write_text(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return errors
 
@@ -203,16 +212,34 @@ def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
     return {**{str(k): float(v) for k, v in worst.items()}, "ALL": float(worst.max())}
 
 
-def _both_calibrations(df: pd.DataFrame) -> pd.DataFrame:
+def less_shift(errors: pd.Series) -> pd.Series:
+    """Signed errors relative to their common shift, the median: ``(1 + e) / (1 + median) - 1``.
+
+    The configurations of one ``reproductions/sim_accuracy`` run are predicted from one calibration
+    and one profile per model and run minutes later on the same machine, so whatever the machine's
+    speed did in between moves all their errors together (the run's shift: -9% to +14% over the
+    runs of 2026-11-26). Comparing two candidates on one calibration, as the planner does, that shift
+    cancels: if ``e = (1 + s)(1 + r) - 1``, then ``measured_c / measured_d = (predicted_c /
+    predicted_d) (1 + r_d) / (1 + r_c)``, whatever ``s``."""
+    return (1 + errors) / (1 + float(errors.median())) - 1
+
+
+def _both_calibrations(df: pd.DataFrame, relative: bool = False) -> pd.DataFrame:
     """``df`` with each configuration twice where it has ``error_recalibrated`` (the same real runs
-    against a second calibration's prediction): once with each error in column ``error``."""
+    against a second calibration's prediction): once with each error in column ``error``; with
+    ``relative``, each column's errors less that calibration's shift (:func:`less_shift`)."""
+    def rel(col: pd.Series) -> pd.Series:
+        return less_shift(col) if relative and col.notna().any() else col
+
+    df = df.assign(error=rel(df["error"]))
     if "error_recalibrated" not in df or df["error_recalibrated"].dropna().empty:
         return df
-    again = df.dropna(subset=["error_recalibrated"]).assign(error=lambda d: d["error_recalibrated"])
+    again = df.dropna(subset=["error_recalibrated"]).assign(error=lambda d: rel(d["error_recalibrated"]))
     return pd.concat([df, again], ignore_index=True)
 
 
-def ranges_from_accuracy(results: pd.DataFrame | str) -> dict[str, tuple[float, float]]:
+def ranges_from_accuracy(results: pd.DataFrame | str, *,
+                         relative: bool = False) -> dict[str, tuple[float, float]]:
     """Per method, the signed range ``(lo, hi)`` of ``(simulated - measured) / measured`` over a
     ``reproductions/sim_accuracy`` results table (columns ``method``, ``error`` and, when present,
     ``measured_spread``), and ``"ALL"``, the union: a measured ``margin`` for
@@ -220,12 +247,14 @@ def ranges_from_accuracy(results: pd.DataFrame | str) -> dict[str, tuple[float, 
     rounds, ``(max - min) / median`` taken as ``median x (1 +- spread / 2)`` (at most +-90%). Where
     the table has ``error_recalibrated`` (the same runs against a second calibration's prediction), a
     configuration's range covers both errors: a user calibrates once, and one calibration's
-    predictions lie several percent from the next's on a shared machine."""
+    predictions lie several percent from the next's on a shared machine. With ``relative``, each
+    error is taken less its calibration's common shift first (:func:`less_shift`): the range a
+    comparison of two predictions of one calibration needs (:data:`SIM_RELATIVE_RANGES`)."""
     df = pd.read_csv(results) if isinstance(results, str) else results
     if "error" not in df or "method" not in df or df["error"].dropna().empty:
         raise ValueError("ranges_from_accuracy needs sim_accuracy's results with columns 'method' and "
                          "'error' (reproductions/sim_accuracy/results.csv)")
-    df = _both_calibrations(df).dropna(subset=["error"])
+    df = _both_calibrations(df, relative).dropna(subset=["error"])
     half = (df["measured_spread"].fillna(0.0).clip(lower=0.0) / 2).clip(upper=0.9) \
         if "measured_spread" in df else pd.Series(0.0, index=df.index)
     lo = (1 + df["error"]) / (1 + half) - 1
@@ -248,6 +277,12 @@ SIM_ERRORS: dict[str, float] = load_errors()
 #: :func:`pipelab.planner.plan` on a calibrated cluster
 SIM_RANGES: dict[str, tuple[float, float]] = load_ranges()
 
-__all__ = ["ERRORS_FILE", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "SIM_ERRORS", "SIM_RANGES", "bounds_of",
-           "check_margin", "decide", "error_of", "load_errors", "load_ranges", "margin_from_accuracy",
-           "ranges_from_accuracy", "write_errors"]
+#: the same measurement less each calibration's common shift (:func:`less_shift`): how far apart two
+#: predictions of one calibration can lie from their measurements, relative to each other. The
+#: default ``margin`` of :func:`pipelab.planner.plan` on a calibrated cluster, whose decision compares
+#: each candidate with the default on one calibration
+SIM_RELATIVE_RANGES: dict[str, tuple[float, float]] = load_ranges(relative=True)
+
+__all__ = ["ERRORS_FILE", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "SIM_ERRORS", "SIM_RANGES",
+           "SIM_RELATIVE_RANGES", "bounds_of", "check_margin", "decide", "error_of", "less_shift",
+           "load_errors", "load_ranges", "margin_from_accuracy", "ranges_from_accuracy", "write_errors"]

@@ -196,8 +196,16 @@ def run_one(
     memory: bool = True,
     rounds: int = 3,
     split: str = "balanced",
+    factor_cluster: Cluster | None = None,
+    fresh: Callable[[], Profile] | None = None,
 ) -> dict[str, Any]:
     """Simulate and run one configuration; a row of the accuracy table (``split``: :func:`plan_for`).
+
+    ``factor_cluster``: ``cluster`` with the model's compute factors measured in runs of its own
+    (:func:`model_clusters`); the same plan simulated on it is paired with the same real runs
+    (``error_model_factor``; NaN without it). ``fresh`` profiles the model again right before the real
+    runs; the same plan simulated on that profile is paired with them too (``error_fresh_profile``:
+    what the machine's drift between ``prof`` and these runs adds; NaN without it).
 
     The real run is repeated ``rounds`` times: the measured rate is the median (a shared CPU's
     rounds differ), and its spread ``(max - min) / median`` is recorded beside it.
@@ -236,6 +244,15 @@ def run_one(
     # with the 1F1B run's crossing extra for every schedule (the term before the interleaved one)
     one_tp = (without(message_s={k: v for k, v in cal.message_s.items() if k != "cross_interleaved"})
               if cal is not None and "cross_interleaved" in cal.message_s else math.nan)
+    # the same plan with the model's own compute factors (measured in runs of its own), paired
+    fac_tp = math.nan
+    if factor_cluster is not None:
+        fac = simulated(steps, factor_cluster.with_workers(workers))
+        fac_tp = steady_throughput(fac.trace, fac.schedule, batch)
+    fresh_tp = math.nan
+    if fresh is not None:
+        now = _simulated(plan, fresh(), cl, method, microbatches, steps)
+        fresh_tp = steady_throughput(now.trace, now.schedule, batch)
     t0 = time.perf_counter()
     runs = [measured(steps, **run_opts) for _ in range(rounds)]
     wall = time.perf_counter() - t0
@@ -280,6 +297,8 @@ def run_one(
         "error": (sim_tp - real_tp) / real_tp,
         "error_without_duty": (flat_tp - real_tp) / real_tp,
         "error_one_crossing": (one_tp - real_tp) / real_tp,
+        "error_model_factor": (fac_tp - real_tp) / real_tp,
+        "error_fresh_profile": (fresh_tp - real_tp) / real_tp,
         # the same schedule with the real run's action durations: what messages and waiting leave
         "replay_error": (replay_tp - real_tp) / real_tp,
         # the crossing stall: crossed actions per minibatch in the real run and in the simulation, and
@@ -358,12 +377,32 @@ def model_clusters(cluster: Cluster, profs: dict[str, Profile], *, repeats: int 
 
 
 # ---------------------------------------------------------------------- summaries and the figure
+def shift_of(df: Any) -> float:
+    """The run's common shift: the median signed throughput error over its configurations. Every
+    configuration of one run is predicted from the same calibration and profiles, and runs on the
+    same machine minutes later, so what the machine's speed did in between moves them together
+    (today's runs: -6% to +14%), while a term the model lacks moves the configurations it concerns."""
+    return float(df["error"].median())
+
+
+def less_shift(df: Any) -> Any:
+    """Each configuration's error relative to the run's common shift (:func:`shift_of`):
+    ``(1 + error) / (1 + shift) - 1``, what is left once the run's predictions are rescaled as one
+    (:func:`pipelab.planner.decide.less_shift`, whose ranges the planner decides with)."""
+    from pipelab.planner.decide import less_shift as relative
+
+    return relative(df["error"])
+
+
 def method_table(df: Any) -> Any:
     """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
     was), median |busy-time error|, the median |error| the same runs give without the duty-cycle
-    term and the median and worst under a second calibration (where the table has them), worst
-    |peak-memory error|."""
+    term, with the models' own compute factors and on a profile taken right before the runs, the
+    median and worst under a second calibration (where the table has them), median and worst |error|
+    less the run's common shift (:func:`less_shift`), worst |peak-memory error|."""
     import pandas as pd
+
+    rel = less_shift(df).abs()
 
     def row(name: str, part: Any) -> dict[str, Any]:
         err = part["error"].abs()
@@ -379,9 +418,17 @@ def method_table(df: Any) -> Any:
             "median |busy error|": float(part["busy_error_median"].abs().median()),
             **({"median |error| without duty": float(part["error_without_duty"].abs().median())}
                if "error_without_duty" in part else {}),
+            **({"median |error| with model factors": float(part["error_model_factor"].abs().median()),
+                "worst |error| with model factors": float(part["error_model_factor"].abs().max())}
+               if "error_model_factor" in part and part["error_model_factor"].notna().any() else {}),
+            **({"median |error| fresh profile": float(part["error_fresh_profile"].abs().median()),
+                "worst |error| fresh profile": float(part["error_fresh_profile"].abs().max())}
+               if "error_fresh_profile" in part and part["error_fresh_profile"].notna().any() else {}),
             **({"median |error| recalibrated": float(part["error_recalibrated"].abs().median()),
                 "worst |error| recalibrated": float(part["error_recalibrated"].abs().max())}
                if "error_recalibrated" in part and part["error_recalibrated"].notna().any() else {}),
+            "median |error| less the run's shift": float(rel[part.index].median()),
+            "worst |error| less the run's shift": float(rel[part.index].max()),
             "worst |memory error|": float(mem.max()) if mem.notna().any() else math.nan,
         }
 
@@ -477,6 +524,8 @@ __all__ = [
     "crossings",
     "default_configurations",
     "method_table",
+    "shift_of",
+    "less_shift",
     "model_clusters",
     "plan_for",
     "predicted_on",

@@ -32,7 +32,9 @@ microbatches = None          # None: (4,) by default, (1, 2, 4, 8) with full
 steps = None                 # minibatches per run (None: about a second of steady state per run)
 rounds = 3                   # real runs per configuration: the median is compared, the spread kept
 cluster_path = None          # a calibrated cluster JSON; None: calibrate now
-model_factors = False        # also measure each model's compute factor inside a run (pl.calibrate_model)
+model_factors = False        # predict with each model's compute factor inside a run (pl.calibrate_model)
+pair_model_factors = True    # measure those factors anyway and report the same runs' error with them
+fresh_profiles = True        # also profile each model again right before each configuration's runs
 recalibrate = True           # calibrate again after the runs and compare its predictions too
 default_plan = True          # also the planner's default: 1f1b-flush on a uniform split, M = P
 second_cluster_path = None   # with recalibrate: a second calibrated cluster JSON; None: calibrate then
@@ -64,8 +66,11 @@ profiles = acc.profiles(models)
 # with model_factors: per model, the factor by which its layers compute slower inside a run than
 # profiled, measured in two-worker runs of its own (pl.calibrate_model), not in the runs below
 # (README: measured, it lowered the CNN's backward by 17% and made the matrix's error larger)
-clusters = acc.model_clusters(cluster, profiles) if model_factors else {m: cluster for m in models}
-for name, cl in clusters.items():
+# with pair_model_factors they are measured either way and each row also carries the error the same
+# real runs give with them (error_model_factor), so their effect is read off paired, in one run
+factored = acc.model_clusters(cluster, profiles) if model_factors or pair_model_factors else None
+clusters = factored if model_factors and factored else {m: cluster for m in models}
+for name, cl in (factored or clusters).items():
     print(name, {k: round(v, 3) for k, v in cl.calibration.compute_factor.items()})
 configs = [(*c, "balanced") for c in acc.configurations(full=full, models=models, methods_=methods,
                                                          workers=workers, microbatches=microbatches)]
@@ -75,7 +80,9 @@ if default_plan and (methods is None or "1f1b-flush" in methods):
 rows = []
 for model, method, p, m, split in tqdm(configs, desc="simulate + run"):
     rows.append(acc.run_one(model, method, p, m, prof=profiles[model], cluster=clusters[model], steps=steps,
-                            rounds=rounds, split=split))
+                            rounds=rounds, split=split,
+                            factor_cluster=factored[model] if factored and not model_factors else None,
+                            fresh=(lambda m=model: acc.profiles([m])[m]) if fresh_profiles else None))
 df = pd.DataFrame(rows)
 # a second calibration of the machine, after the runs: the same real runs against its predictions
 # (the same plans). A user calibrates once, so the simulator's error includes how far one calibration's
@@ -114,8 +121,8 @@ if planner_errors:
     write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "
                  f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}")
 df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
-    "replay_error", "crossed_real", "crossed_sim", "crossing_extra_real_us", "busy_error_median",
-    "memory_error_max"]]
+    "error_model_factor", "error_fresh_profile", "replay_error", "crossed_real", "crossed_sim",
+    "crossing_extra_real_us", "busy_error_median", "memory_error_max"]]
 
 # %%
 table = acc.method_table(df)
@@ -125,7 +132,8 @@ def factors_of(c):
 
 
 factors = "\n".join(f"  {n}: {factors_of(c) or 'not measured (model_factors=False)'}"
-                    for n, c in clusters.items())
+                    + ("" if model_factors or not factored else " (paired only: error_model_factor)")
+                    for n, c in (factored or clusters).items())
 second = (f"second calibration, after the runs (error_recalibrated): {cluster2.calibration.describe()}\n"
           f"its simulated throughput / the first's: median {shift.median():.3f}, range {shift.min():.3f}-"
           f"{shift.max():.3f}\n"
@@ -134,10 +142,14 @@ second = (f"second calibration, after the runs (error_recalibrated): {cluster2.c
           f"{reshift.min():.3f}-{reshift.max():.3f}; median |error| "
           f"{df['error_reprofiled'].abs().median():.1%}, worst {df['error_reprofiled'].abs().max():.1%}\n") \
     if recalibrate else ""
-atomic_write_text(out / "results.md", f"{md}\n\nmachine: {cluster.calibration.describe()}\n{second}"
+shift = (f"the run's common shift (median signed error): {acc.shift_of(df):+.1%}; less it, median |error| "
+         f"{acc.less_shift(df).abs().median():.1%}, worst {acc.less_shift(df).abs().max():.1%}\n")
+atomic_write_text(out / "results.md", f"{md}\n\n{shift}machine: {cluster.calibration.describe()}\n{second}"
                   f"compute inside a run / profile, per model (calibrate_model):\n{factors}\n")
 svg = acc.svg_scatter(df, title="simulated vs measured samples/s (log-log; band: ±10%)")
 atomic_write_text(out / "scatter.svg", svg)
 display(Markdown(md), SVG(svg))
+rel = acc.less_shift(df).abs()
 print(f"median |error| {df['error'].abs().median():.1%}, worst {df['error'].abs().max():.1%} over "
-      f"{len(df)} runs; {time.perf_counter() - t_start:.0f} s in all")
+      f"{len(df)} runs; the run's common shift {acc.shift_of(df):+.1%}, and less it median "
+      f"{rel.median():.1%}, worst {rel.max():.1%}; {time.perf_counter() - t_start:.0f} s in all")
