@@ -73,6 +73,13 @@ class Calibration:
       a profile is taken on a busy core). The simulator scales each worker's compute by
       :meth:`duty_factor` of the utilization a first pass gives it. Empty (factor 1) in older files.
 
+    * ``allreduce_after``: ``(compute seconds, latency seconds)`` points, the ring's per-step latency
+      measured inside ``dp`` runs whose replicas compute that long between two all-reduces
+      (:func:`pipelab.calibrate.allreduce_in_run` at two batch sizes): on this project's VM an
+      all-reduce after a long compute waits several times longer than after a short one
+      (``reproductions/benchmarks/allreduce_after_compute.py``). :meth:`allreduce_latency`
+      interpolates it; empty (``allreduce_latency_s`` whatever the compute) in older files.
+
     ``spread`` holds, per figure, the relative spread of the repeats ((max - min) / median);
     ``residual`` the relative RMS error of each fit; ``samples`` the raw sweeps (small lists).
     """
@@ -97,6 +104,7 @@ class Calibration:
     compute_factor: dict[str, float] = field(default_factory=dict)
     compute_model: str = ""
     duty_slowdown: tuple[tuple[float, float], ...] = ()
+    allreduce_after: tuple[tuple[float, float], ...] = ()
     spread: dict[str, float] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)
@@ -134,6 +142,14 @@ class Calibration:
                                  "factor > 0)")
             pts.append((float(pt[0]), float(pt[1])))
         object.__setattr__(self, "duty_slowdown", tuple(sorted(pts)))
+        after = []
+        for pt in self.allreduce_after:
+            ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in pt)
+            if len(pt) != 2 or not ok:
+                raise ValueError(f"calibration: allreduce_after point {tuple(pt)!r} must be (compute seconds "
+                                 ">= 0, latency seconds >= 0)")
+            after.append((float(pt[0]), float(pt[1])))
+        object.__setattr__(self, "allreduce_after", tuple(sorted(after)))
         bad = sorted(set(self.compute_factor) - set(FACTOR_KINDS))
         if bad:
             raise ValueError(f"calibration: compute_factor has kinds {bad}; use {', '.join(FACTOR_KINDS)}")
@@ -208,6 +224,21 @@ class Calibration:
                 return f0 + (f1 - f0) * (utilization - u0) / (u1 - u0)
         return 1.0
 
+    def allreduce_latency(self, compute_s: float | None = None) -> float:
+        """The ring's per-step latency for an all-reduce whose replicas computed ``compute_s``
+        seconds since the last one: :attr:`allreduce_after` interpolated linearly, its end points'
+        values outside them (no extrapolation); :attr:`allreduce_latency_s` where ``compute_s`` is
+        None or nothing was measured."""
+        pts = self.allreduce_after
+        if compute_s is None or not pts:
+            return self.allreduce_latency_s
+        if compute_s <= pts[0][0]:
+            return pts[0][1]
+        for (c0, a0), (c1, a1) in zip(pts, pts[1:]):
+            if compute_s <= c1:
+                return a0 + (a1 - a0) * (compute_s - c0) / (c1 - c0) if c1 > c0 else a1
+        return pts[-1][1]
+
     def new_version_s(self, param_bytes: float, tensors: float) -> float:
         """Seconds a stashing method's ``U`` spends making a new weight version of ``param_bytes``
         in ``tensors`` tensors while the old one is still read (:attr:`stash_s`' ``version_*``
@@ -239,7 +270,9 @@ class Calibration:
                 f"{self.cores} cores, torch {self.torch}) at {self.date}\n"
                 f"  p2p: {self.p2p_latency_s * 1e6:.0f} us + n / {self.p2p_bandwidth / 1e9:.3g} GB/s; "
                 f"all-reduce: {self.allreduce_latency_s * 1e6:.0f} us/step, "
-                f"{self.allreduce_bandwidth / 1e9:.3g} GB/s\n"
+                f"{self.allreduce_bandwidth / 1e9:.3g} GB/s"
+                + "".join(f"; after {c * 1e3:.1f} ms of compute {a * 1e6:.0f} us/step"
+                          for c, a in self.allreduce_after) + "\n"
                 f"  per action: {ov}\n  optimizer step: {opt}\n"
                 f"  memory: {self.memory_bandwidth / 1e9:.3g} GB/s; layers compute "
                 f"{self.compute_slowdown:.2f}x slower inside a run than alone{fac}")
@@ -249,6 +282,7 @@ class Calibration:
         d = asdict(self)
         d["optimizer_s"] = {k: list(v) for k, v in self.optimizer_s.items()}
         d["duty_slowdown"] = [list(p) for p in self.duty_slowdown]
+        d["allreduce_after"] = [list(p) for p in self.allreduce_after]
         return d
 
     @classmethod
@@ -257,7 +291,8 @@ class Calibration:
         again = "re-create it with `pipelab calibrate`"
         try:
             return cls(**{**d, "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()},
-                          "duty_slowdown": tuple(tuple(p) for p in d.get("duty_slowdown", ()))})
+                          "duty_slowdown": tuple(tuple(p) for p in d.get("duty_slowdown", ())),
+                          "allreduce_after": tuple(tuple(p) for p in d.get("allreduce_after", ()))})
         except KeyError as exc:
             raise ValueError(f"calibration lacks field {exc}; {again}") from None
         except TypeError as exc:

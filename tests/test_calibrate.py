@@ -182,6 +182,9 @@ def test_calibrate_command_measures_this_machine(tmp_path: Path) -> None:
     assert len(cal.samples["allreduce_latency_in_run"]) == 5
     in_run = cal.samples["allreduce_latency_in_run"]
     assert cal.allreduce_latency_s == pytest.approx(statistics.median(in_run))
+    # and at a longer compute: two points, the compute before each all-reduce growing with the batch
+    (c0, a0), (c1, a1) = cal.allreduce_after
+    assert 0 < c0 < c1 and a0 >= 0 and a1 >= 0 and a0 == pytest.approx(cal.allreduce_latency_s)
     # the duty cycle's curve: every probed duty below 1, factors >= 1 that never fall as duty falls
     duties = [d for d, _ in cal.duty_slowdown]
     assert duties == sorted(duties) and len(duties) == 3 and all(0 < d < 1 for d in duties)

@@ -32,6 +32,7 @@ one made on another host, or using it for another backend, warns naming where it
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import socket
@@ -135,30 +136,38 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
     return out
 
 
-def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 96) -> list[tuple[int, float]]:
-    """``(gradient bytes, mean seconds of a U)`` per round of a two-replica ``dp`` run of
-    :func:`tiny.medium_model` (about 1 MB of gradients) through the real runtime: the all-reduce as a
-    run has it, with the step's optimizer and the runtime's own ``U`` work (taken off in
-    :func:`_assemble`); a U's time is its ``allreduce`` event and its step's event together. The
-    mean, not the median: a run pays every all-reduce, and after compute one takes either about a
-    millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where the probe's sweep fits
-    1.2 ms). 96 steps a round (the first quarter left out): three calibrations' medians per U were
-    2.7, 3.5 and 2.7 ms with 16 steps, 2.6, 2.2 and 2.4 ms with 48, 2.22, 2.14 and 2.14 ms with 96,
-    for 2.6 s against 1.9 s a calibration (process start-up dominates)."""
+def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 96,
+                     rows: int = 64) -> list[tuple[int, float, float]]:
+    """``(gradient bytes, mean seconds of a U, mean seconds a replica computed before it)`` per round
+    of a two-replica ``dp`` run of :func:`tiny.medium_model` (about 1 MB of gradients) on minibatches
+    of ``rows`` through the real runtime: the all-reduce as a run has it, with the step's optimizer
+    and the runtime's own ``U`` work (taken off in :func:`_assemble`); a U's time is its
+    ``allreduce`` event and its step's event together, the compute its replica's ``F`` and ``B``
+    since the last one. The mean, not the median: a run pays every all-reduce, and after compute one
+    takes either about a millisecond or several (measured here at 1 MB: means of 2.1-3.5 ms where
+    the probe's sweep fits 1.2 ms). 96 steps a round (the first quarter left out): three
+    calibrations' medians per U were 2.7, 3.5 and 2.7 ms with 16 steps, 2.6, 2.2 and 2.4 ms with 48,
+    2.22, 2.14 and 2.14 ms with 96, for 2.6 s against 1.9 s a calibration (process start-up
+    dominates). :func:`calibrate` runs it at 64 rows (about 1.4 ms of compute a step) and at 512
+    (about 5.4 ms), since the all-reduce after a long compute takes longer on this project's VM
+    (``Calibration.allreduce_after``)."""
     model = medium_model()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     layers = len(layer_nodes(trace(model)))     # the plan needs the count only: no profile
     out = []
     for _ in range(repeats):
-        run = _run(medium_model, medium_data, Plan.from_boundaries(layers, [], [2], batch_size=64), "dp",
-                   steps, 2, backend)
+        run = _run(medium_model, functools.partial(medium_data, rows),
+                   Plan.from_boundaries(layers, [], [2], batch_size=rows), "dp", steps, 2, backend)
         # a U of a replicated stage is two events, the all-reduce and then the step: one U's time
         per: dict[tuple[int, int], float] = {}
+        work: dict[tuple[int, int], float] = {}
         for e in run.trace.events:
-            if e.kind in ("allreduce", "U"):
-                per[(e.worker, e.microbatch)] = per.get((e.worker, e.microbatch), 0.0) + e.end_s - e.start_s
+            into = per if e.kind in ("allreduce", "U") else work if e.kind in ("F", "B") else None
+            if into is not None:
+                into[(e.worker, e.microbatch)] = into.get((e.worker, e.microbatch), 0.0) + e.end_s - e.start_s
         us = [per[k] for k in sorted(per, key=lambda k: (k[1], k[0]))]
-        out.append((nbytes, statistics.fmean(us[len(us) // 4:])))
+        cs = [work[k] for k in sorted(work, key=lambda k: (k[1], k[0]))]
+        out.append((nbytes, statistics.fmean(us[len(us) // 4:]), statistics.fmean(cs[len(cs) // 4:])))
     return out
 
 
@@ -334,6 +343,7 @@ def calibrate(
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("point to point and all-reduce", lambda: probes.p2p_and_allreduce(workers, backend, sizes, repeats)),
         ("all-reduce inside a run", lambda: allreduce_in_run(repeats, backend)),
+        ("all-reduce after a longer compute", lambda: allreduce_in_run(repeats, backend, 48, rows=512)),
         ("runtime overhead", lambda: runtime_overhead(repeats, backend, prof=tiny)),
         ("message overhead", lambda: message_overhead(repeats, _medians(got["runtime overhead"]), backend,
                                                       prof=tiny)),
@@ -405,6 +415,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     opt = got["optimizer step"]
     opt_fit = {k: fit_step(rows) for k, rows in opt.items()}
     ar_in_run: list[float] = []
+    after: list[tuple[float, float]] = []
     if got.get("all-reduce inside a run") and ar_beta != float("inf"):
         # the latency that makes the ring model give what a dp run's U took, less that U's optimizer
         # step (SGD, as the run's) and the runtime's own U work; the sweep's fit keeps the bandwidth
@@ -413,8 +424,12 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         step = sgd[0] + sgd[1] * sum(p.numel() * p.element_size() for p in params) + sgd[2] * len(params)
         u_over = statistics.median(got["runtime overhead"].get("U") or [0.0])
         ar_in_run = [ring_latency_of(t - step - u_over, n, ar_beta)
-                     for n, t in got["all-reduce inside a run"]]
+                     for n, t, _ in got["all-reduce inside a run"]]
         ar_alpha = statistics.median(ar_in_run)
+        # the same at a longer compute: the latency against the compute before it (allreduce_after)
+        after = [(statistics.median(c for _, _, c in got[k]),
+                  statistics.median(ring_latency_of(t - step - u_over, n, ar_beta) for n, t, _ in got[k]))
+                 for k in ("all-reduce inside a run", "all-reduce after a longer compute") if got.get(k)]
     over = got["runtime overhead"]
     msg = dict(got["message overhead"])
     # the latency a message has inside a pipeline run (the receiver blocked in its wait, woken by
@@ -499,6 +514,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         memory_bandwidth=statistics.median(mem),
         compute_slowdown=statistics.median(slow),
         duty_slowdown=duty,
+        allreduce_after=tuple(after),
         spread=sp,
         residual=res,
         samples={

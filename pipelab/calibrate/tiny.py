@@ -45,8 +45,8 @@ def medium_model() -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def medium_data() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Deterministic ``(inputs, class targets)`` minibatches of 64 rows for :func:`medium_model`."""
+def medium_data(rows: int = 64) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Deterministic ``(inputs, class targets)`` minibatches of ``rows`` rows for :func:`medium_model`."""
     g = torch.Generator().manual_seed(0)
     for _ in range(16):
-        yield torch.randn(64, MEDIUM, generator=g), torch.randint(0, MEDIUM, (64,), generator=g)
+        yield torch.randn(rows, MEDIUM, generator=g), torch.randint(0, MEDIUM, (rows,), generator=g)

@@ -364,9 +364,11 @@ class Prices:
         return max(t for _, t in terms)
 
     # ------------------------------------------------------------------ all-reduce
-    def allreduce_coeffs(self, workers: Sequence[int]) -> tuple[float, float]:
+    def allreduce_coeffs(self, workers: Sequence[int], compute_s: float | None = None) -> tuple[float, float]:
         """``(seconds per byte, fixed seconds)`` of a hierarchical ring all-reduce over ``workers``
-        (at ``allreduce_bandwidth`` per link where it is set)."""
+        (at ``allreduce_bandwidth`` per link where it is set). On a calibrated cluster, ``compute_s``
+        (what each replica computed since the last all-reduce) picks the ring's latency
+        (:meth:`~pipelab.calibration.Calibration.allreduce_latency`; None: the calibration's one)."""
         ws = sorted(set(int(w) for w in workers))
         for w in ws:
             self.cluster.speed(w)
@@ -377,7 +379,7 @@ class Prices:
             # the calibrated ring: 2 (p - 1) steps of latency, 2 (p - 1) / p of the data per link
             p = len(ws)
             bw = cal.allreduce_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
-            return 2.0 * (p - 1) / p / bw, 2.0 * (p - 1) * cal.allreduce_latency_s
+            return 2.0 * (p - 1) / p / bw, 2.0 * (p - 1) * cal.allreduce_latency(compute_s)
         per_byte, fixed = 0.0, 0.0
         for k, lv in enumerate(self.cluster.levels):
             inner, outer = self.cluster.block_size(k - 1), self.cluster.block_size(k)
@@ -395,9 +397,10 @@ class Prices:
             fixed += 2.0 * (p - 1) * lv.latency
         return per_byte, fixed
 
-    def allreduce_s(self, nbytes: int, workers: Sequence[int]) -> float:
-        """Seconds of a hierarchical ring all-reduce of ``nbytes`` over ``workers`` (0 for one worker)."""
-        kappa, fixed = self.allreduce_coeffs(workers)
+    def allreduce_s(self, nbytes: int, workers: Sequence[int], compute_s: float | None = None) -> float:
+        """Seconds of a hierarchical ring all-reduce of ``nbytes`` over ``workers`` (0 for one worker),
+        after ``compute_s`` of compute on each replica (:meth:`allreduce_coeffs`)."""
+        kappa, fixed = self.allreduce_coeffs(workers, compute_s)
         if kappa == 0.0 or nbytes == 0:
             return 0.0
         staged = 0.0 if self.host_staging_bandwidth is None else 2.0 * nbytes / self.host_staging_bandwidth
@@ -420,13 +423,15 @@ class Prices:
         if not ws:
             raise ValueError("replica_time_s needs at least one worker")
         speed = min(self.cluster.speed(w) for w in ws)
-        kappa, fixed = self.allreduce_coeffs(ws)
         f = (self.pf[end] - self.pf[start]) / speed + sum(self.runtime_work_s(start, end))
+        # the replica computes the range's forward and backward between two all-reduces
+        kappa, fixed = self.allreduce_coeffs(ws, float(f + (self.pb[end] - self.pb[start]) / speed))
         if kappa == 0.0:
             return float(f + (self.pb[end] - self.pb[start]) / speed)
         if self.allreduce_overlap == "none":
             return float(f + (self.pb[end] - self.pb[start]) / speed
-                         + self.allreduce_s(int(self.pp[end] - self.pp[start]), ws))
+                         + self.allreduce_s(int(self.pp[end] - self.pp[start]), ws,
+                                            float(f + (self.pb[end] - self.pb[start]) / speed)))
         ls = np.arange(start, end)
         tail = (self.pb[end] - self.pb[ls]) / speed + kappa * (self.pp[ls + 1] - self.pp[start])
         return float(f + tail.max() + (fixed if self.pp[end] > self.pp[start] else 0.0))

@@ -241,6 +241,9 @@ def run_one(
     # without the duty-cycle term (where there is none, the simulation itself)
     flat_tp = (without(duty_slowdown=()) if cal is not None and cal.duty_slowdown
                else steady_throughput(sim.trace, sim.schedule, batch))
+    # with the all-reduce's one latency, whatever the compute before it (the term before allreduce_after)
+    flat_ar_tp = (without(allreduce_after=()) if cal is not None and cal.allreduce_after
+                  else steady_throughput(sim.trace, sim.schedule, batch))
     # with the 1F1B run's crossing extra for every schedule (the term before the interleaved one)
     one_tp = (without(message_s={k: v for k, v in cal.message_s.items() if k != "cross_interleaved"})
               if cal is not None and "cross_interleaved" in cal.message_s else math.nan)
@@ -297,6 +300,7 @@ def run_one(
         "error": (sim_tp - real_tp) / real_tp,
         "error_without_duty": (flat_tp - real_tp) / real_tp,
         "error_one_crossing": (one_tp - real_tp) / real_tp,
+        "error_one_allreduce_latency": (flat_ar_tp - real_tp) / real_tp,
         "error_model_factor": (fac_tp - real_tp) / real_tp,
         "error_fresh_profile": (fresh_tp - real_tp) / real_tp,
         # the same schedule with the real run's action durations: what messages and waiting leave
@@ -418,6 +422,9 @@ def method_table(df: Any) -> Any:
             "median |busy error|": float(part["busy_error_median"].abs().median()),
             **({"median |error| without duty": float(part["error_without_duty"].abs().median())}
                if "error_without_duty" in part else {}),
+            **({"worst |error| with one all-reduce latency":
+                float(part["error_one_allreduce_latency"].abs().max())}
+               if "error_one_allreduce_latency" in part else {}),
             **({"median |error| with model factors": float(part["error_model_factor"].abs().median()),
                 "worst |error| with model factors": float(part["error_model_factor"].abs().max())}
                if "error_model_factor" in part and part["error_model_factor"].notna().any() else {}),

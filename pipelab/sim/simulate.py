@@ -258,17 +258,20 @@ class ProfileCosts(Costs):
         cm = self.model
         nbytes = cm.param_bytes(a, e)
         phys = [self._w(w) for w in workers]
-        kappa, fixed = cm.allreduce_coeffs(phys)
+        slowest = min(phys, key=cm.cluster.speed)
+        # what a replica computes between two all-reduces: its share of the minibatch's microbatches
+        f, b = cm.compute_s(a, e, slowest, microbatches=self.M)
+        work = -(-self.M // len(phys)) * (f + b)
+        kappa, fixed = cm.allreduce_coeffs(phys, work)
         if kappa == 0.0 or nbytes == 0:
             return grad_s, 0.0, nbytes
         if cm.allreduce_overlap == "none":
-            comm = cm.allreduce_s(nbytes, phys)
+            comm = cm.allreduce_s(nbytes, phys, work)
             return grad_s + comm, comm, nbytes
-        slowest = min(phys, key=cm.cluster.speed)
         # one microbatch's backward of layers [ly, e) on the slowest replica, then the all-reduce of [a, ly]
         tail = max(cm.compute_s(ly, e, slowest, microbatches=self.M)[1] + kappa * (cm.pp[ly + 1] - cm.pp[a])
                    for ly in range(a, e))
-        return max(grad_s, float(tail) + fixed), cm.allreduce_s(nbytes, phys), nbytes
+        return max(grad_s, float(tail) + fixed), cm.allreduce_s(nbytes, phys, work), nbytes
 
 
 def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_size: int = 1,

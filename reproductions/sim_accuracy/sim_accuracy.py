@@ -121,8 +121,8 @@ if planner_errors:
     write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "
                  f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}")
 df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
-    "error_model_factor", "error_fresh_profile", "replay_error", "crossed_real", "crossed_sim",
-    "crossing_extra_real_us", "busy_error_median", "memory_error_max"]]
+    "error_one_allreduce_latency", "error_model_factor", "error_fresh_profile", "replay_error",
+    "crossed_real", "crossed_sim", "crossing_extra_real_us", "busy_error_median", "memory_error_max"]]
 
 # %%
 table = acc.method_table(df)
