@@ -7,9 +7,9 @@ simulator's data-parallel all-reduce event, each at the latency of the replica's
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
+from _calibrations import bare_calibration
 
 import pipelab as pl
 from pipelab.calibration import Calibration
@@ -18,14 +18,7 @@ from pipelab.costs import CostModel
 
 
 def _cal(**kw: object) -> Calibration:
-    base: dict[str, object] = dict(
-        host=socket.gethostname(), backend="gloo", device="cpu:test", date="2026-11-26T00:00:00+00:00",
-        torch="2.14.1", cores=2, workers=2, p2p_latency_s=50e-6, p2p_bandwidth=2e9,
-        allreduce_latency_s=1e-3, allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={},
-        memory_bandwidth=1e10,
-    )
-    base.update(kw)
-    return Calibration(**base)  # type: ignore[arg-type]
+    return bare_calibration(**{"allreduce_latency_s": 1e-3, **kw})
 
 
 def test_latency_interpolates_in_the_compute_and_holds_its_end_points() -> None:

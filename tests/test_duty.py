@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import socket
 
 import pytest
+from _calibrations import bare_calibration
 
 from pipelab.calibrate import duty_points
 from pipelab.calibrate.probes import duty_cycle
@@ -24,14 +24,7 @@ from pipelab.sim import simulate_schedule
 
 
 def _cal(**kw: object) -> Calibration:
-    base: dict[str, object] = dict(
-        host=socket.gethostname(), backend="gloo", device="cpu:test", date="2026-11-25T00:00:00+00:00",
-        torch="2.14.1", cores=2, workers=2, p2p_latency_s=50e-6, p2p_bandwidth=2e9,
-        allreduce_latency_s=80e-6, allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={},
-        memory_bandwidth=1e10,
-    )
-    base.update(kw)
-    return Calibration(**base)  # type: ignore[arg-type]
+    return bare_calibration(**kw)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,20 +24,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from _pair import run_pair, spin  # noqa: E402  (this folder's helper: two processes, reaped)
 
 from pipelab.runtime.affinity import pin_worker  # noqa: E402
-from pipelab.runtime.job import free_port  # noqa: E402
 
 SIZES = (150_000, 860_000)          # bytes: the digits CNN's gradients, the transformer stack's
 COMPUTE_S = (0.0005, 0.002, 0.008)  # a step's compute before its all-reduce
-
-
-def _spin(seconds: float) -> None:
-    a = torch.full((64, 64), 0.01)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a = torch.tanh(a @ a)
 
 
 def _worker(rank: int, port: int, steps: int, queue: object) -> None:
@@ -50,7 +42,7 @@ def _worker(rank: int, port: int, steps: int, queue: object) -> None:
         for c in COMPUTE_S:
             times = []
             for _ in range(steps + 5):
-                _spin(c)
+                spin(c)
                 t0 = time.perf_counter()
                 dist.all_reduce(buf)
                 times.append(time.perf_counter() - t0)
@@ -64,19 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, args.steps, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = dict(queue.get(timeout=300) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    got = dict(run_pair(_worker, args.steps))
     print(f"{'bytes':>8s} {'compute':>8s} {'mean':>8s} {'median':>8s}   (us, the slower rank's all-reduce)")
     for key in got[0]:
         slower = [max(a, b) for a, b in zip(got[0][key], got[1][key])]

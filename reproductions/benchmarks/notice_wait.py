@@ -29,18 +29,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-from pipelab.runtime.job import free_port  # noqa: E402
+from _pair import run_pair, spin  # noqa: E402  (this folder's helper: two processes, reaped)
 
 HOLD_S = 10e-3
-
-
-def _spin(seconds: float) -> None:
-    a = torch.full((64, 64), 0.01)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a = torch.tanh(a @ a)
 
 
 def _worker(rank: int, port: int, trips: int, queue: object) -> None:
@@ -57,7 +48,7 @@ def _worker(rank: int, port: int, trips: int, queue: object) -> None:
         if rank == 0:
             work = dist.isend(buf, 1)
             if mode == "busy":
-                _spin(HOLD_S)
+                spin(HOLD_S)
             else:
                 time.sleep(HOLD_S)
             work.wait()
@@ -77,19 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trips", type=int, default=200)
     args = ap.parse_args()
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, args.trips, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = queue.get(timeout=300)
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    got = run_pair(_worker, args.trips, reports=1)[0]     # rank 1 reports its receives
     idle = sorted(t for m, t in got if m == "idle")
     busy = sorted(t for m, t in got if m == "busy")
     base = statistics.median(idle)
