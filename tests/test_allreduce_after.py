@@ -93,3 +93,26 @@ def test_the_simulated_all_reduce_of_data_parallelism_takes_the_replicas_latency
     ars = [e for e in res.trace.events if e.kind == "allreduce"]
     assert all(e.end_s - e.start_s == pytest.approx(2 * 1.125e-3 + 2e6 / 1e9, rel=1e-6) for e in ars), \
         [e.end_s - e.start_s for e in ars]
+
+
+@pytest.mark.parametrize("overlap", ["none", "ddp"])
+def test_the_partitioners_matrix_takes_each_ranges_own_latency(overlap: str) -> None:
+    # four layers of different weights and times, runtime work per action and per message: every
+    # range's entry of the matrix is replica_time_s of that range, whose all-reduce latency is read
+    # at the range's own compute
+    prof = pl.Profile.synthetic([1e-3, 3e-3, 0.5e-3, 2e-3], param_bytes=[10**6, 0, 3 * 10**5, 2 * 10**6],
+                                out_bytes=[100, 100, 100, 100])
+    cal = _cal(allreduce_after=((1e-3, 1e-3), (8e-3, 3e-3)), overhead_s={"F": 1e-4, "B": 2e-4},
+               message_s={"send": 5e-5, "recv": 3e-5})
+    cm = CostModel(prof, _cluster(cal), allreduce_overlap=overlap)
+    ws = [0, 1]
+    steps = cm.allreduce_latency_steps(ws)
+    assert steps == 2.0 and CostModel(prof, _cluster(_cal())).allreduce_latency_steps(ws) == 0.0
+    M = cm.replica_time_matrix(1.0, *cm.allreduce_coeffs(ws), steps)
+    for a in range(4):
+        for b in range(a + 1, 5):
+            assert M[a, b] == pytest.approx(cm.replica_time_s(a, b, ws), rel=1e-12), (a, b)
+    # the latency does move: the whole model (about 20 ms of compute) pays the last point's 3 ms a step,
+    # the one-latency matrix the calibration's 1 ms
+    flat = cm.replica_time_matrix(1.0, *cm.allreduce_coeffs(ws))
+    assert M[0, 4] - flat[0, 4] == pytest.approx(2 * (3e-3 - 1e-3), rel=1e-9)

@@ -397,6 +397,17 @@ class Prices:
             fixed += 2.0 * (p - 1) * lv.latency
         return per_byte, fixed
 
+    def allreduce_latency_steps(self, workers: Sequence[int]) -> float:
+        """How many ring latencies the all-reduce over ``workers`` pays, ``2 (p - 1)``, where the
+        latency depends on the compute before it (a calibrated cluster with
+        ``Calibration.allreduce_after``); 0 elsewhere, where :meth:`allreduce_coeffs`' fixed part
+        holds whatever the compute."""
+        cal = self.cluster.calibration
+        p = len(set(int(w) for w in workers))
+        if cal is None or not cal.allreduce_after or len(self.cluster.levels) != 1 or p <= 1:
+            return 0.0
+        return 2.0 * (p - 1)
+
     def allreduce_s(self, nbytes: int, workers: Sequence[int], compute_s: float | None = None) -> float:
         """Seconds of a hierarchical ring all-reduce of ``nbytes`` over ``workers`` (0 for one worker),
         after ``compute_s`` of compute on each replica (:meth:`allreduce_coeffs`)."""
@@ -437,10 +448,12 @@ class Prices:
         return float(f + tail.max() + (fixed if self.pp[end] > self.pp[start] else 0.0))
 
     def replica_time_matrix(
-        self, speed: float, kappa: float, fixed: float, *, transpose: bool = False
+        self, speed: float, kappa: float, fixed: float, steps: float = 0.0, *, transpose: bool = False
     ) -> np.ndarray:
         """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges at once
-        (``inf`` where ``j <= i``).
+        (``inf`` where ``j <= i``). ``steps`` > 0 (:meth:`allreduce_latency_steps`): the all-reduce's
+        fixed part is ``steps`` latencies at the range's own compute, as :meth:`replica_time_s` takes
+        it, instead of ``fixed``.
 
         Vectorised: ``max_l`` over ``[i, j)`` is a running maximum along each row of a triangular
         matrix, one ``np.maximum.accumulate`` call (``allreduce_overlap="ddp"``; with ``"none"`` it
@@ -451,11 +464,21 @@ class Prices:
         pf, pb, pp = self.pf / speed, self.pb / speed, self.pp
         i = np.arange(n + 1)[:, None]
         j = np.arange(n + 1)[None, :]
+        per_cut = self.message_s("send") + self.message_s("recv")
+        cal = self.cluster.calibration
+        if steps > 0 and cal is not None and cal.allreduce_after:
+            # each range's compute between two all-reduces, as replica_time_s has it
+            work = ((pf + pb)[None, :] - (pf + pb)[:, None] + self.overhead_s("F") + self.overhead_s("B")
+                    + ((i > 0).astype(float) + (j < n).astype(float)) * per_cut)
+            cs, alphas = zip(*cal.allreduce_after)
+            fixed_m: float | np.ndarray = steps * np.interp(work, cs, alphas)
+        else:
+            fixed_m = fixed
         if kappa == 0.0:
             out = (pf + pb)[None, :] - (pf + pb)[:, None]
         elif self.allreduce_overlap == "none":
             out = (pf + pb + kappa * pp)[None, :] - (pf + pb + kappa * pp)[:, None]
-            out += np.where(pp[None, :] > pp[:, None], fixed, 0.0)
+            out += np.where(pp[None, :] > pp[:, None], fixed_m, 0.0)
         else:
             g = kappa * pp[1:] - pb[:-1]          # g[l] = kappa * P[0..l] - B[0..l)
             run = np.where(j[:, 1:] > i, g[None, :], -np.inf)   # [i, l], l < n
@@ -463,9 +486,9 @@ class Prices:
             out = np.empty((n + 1, n + 1))
             out[:, 0] = np.inf
             out[:, 1:] = (pf[None, 1:] - pf[:, None]) + pb[None, 1:] - kappa * pp[:, None] + run
-            out[:, 1:] += np.where(pp[None, 1:] > pp[:, None], fixed, 0.0)
+            fx = fixed_m[:, 1:] if isinstance(fixed_m, np.ndarray) else fixed_m
+            out[:, 1:] += np.where(pp[None, 1:] > pp[:, None], fx, 0.0)
         out += self.overhead_s("F") + self.overhead_s("B")
-        per_cut = self.message_s("send") + self.message_s("recv")
         if per_cut:
             out += ((i > 0).astype(float) + (j < n).astype(float)) * per_cut
         out[j <= i] = np.inf

@@ -108,7 +108,7 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
     inp = np.concatenate([[float(cm.profile.input_bytes)], cm.cuts, [0.0]])
     idx = np.arange(n + 1)
     cap = max(4, int(3e8 // (8 * (n + 1) ** 2)))   # cached T matrices (about 300 MB at most)
-    cache: dict[tuple[float, float, float], np.ndarray] = {}
+    cache: dict[tuple[float, float, float, float], np.ndarray] = {}
     penalties: dict[tuple[int, float], np.ndarray | None] = {}
     # row chunks of j so that only the triangle i < j is scanned
     step = max(32, (n + 1) // 8)
@@ -152,7 +152,8 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
         for m in range(1, W - w + 1):
             if straight and m > 1:
                 break
-            key = (min(speeds[w:w + m]), *cm.allreduce_coeffs(phys(w, m)))
+            ws = phys(w, m)
+            key = (min(speeds[w:w + m]), *cm.allreduce_coeffs(ws), cm.allreduce_latency_steps(ws))
             TT = cache.get(key)
             if TT is None:
                 if len(cache) >= cap:
