@@ -484,6 +484,9 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if "arrive" in msg:
         sp["message_s.arrive"] = arrive_spread
     sp["compute_slowdown"] = spread(slow)
+    if len(after) > 1 and ar_beta != float("inf"):     # the longer compute's latency, round by round
+        sp["allreduce_after.long"] = spread([ring_latency_of(t - step - u_over, n, ar_beta)
+                                            for n, t, _ in got["all-reduce after a longer compute"]])
     inter = got.get("crossings, interleaved") or []
     if inter:
         msg["cross_interleaved"] = [statistics.median(inter)]

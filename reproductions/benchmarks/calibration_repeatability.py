@@ -54,6 +54,10 @@ def main(repeats: int | None = None) -> None:
         (f"duty_slowdown at {d:g}", f, second.get(d, float("nan")), a.spread.get(f"duty_slowdown.{d:g}", 0.0))
         for d, f in a.duty_slowdown
     ]
+    # the all-reduce's latency after the longer compute (Calibration.allreduce_after's last point)
+    if a.allreduce_after and b.allreduce_after:
+        rows.append(("allreduce_after, longer compute", a.allreduce_after[-1][1], b.allreduce_after[-1][1],
+                     a.spread.get("allreduce_after.long", 0.0)))
     inside = 0
     for name, x, y, sp in rows:
         diff = abs(y - x) / x if x else 0.0
