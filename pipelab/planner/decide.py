@@ -71,19 +71,55 @@ def load_errors(path: str | Path = ERRORS_FILE) -> dict[str, float]:
 
 
 def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
-                 source: str = "") -> dict[str, float]:
+                 source: str = "", host: str | None = None, history: int = 5) -> dict[str, float]:
     """Write the per-method errors of a sim_accuracy results table (:func:`margin_from_accuracy`, each
     rounded up to 0.01 and at most 0.99, the largest error a margin can be) and their signed ranges
     (:func:`ranges_from_accuracy`, rounded outwards to 0.01) to ``path`` atomically, with ``source``
     (what was measured, where, when), and the ranges of the errors less each run's common shift
-    (``relative=True``). Returns the errors."""
-    errors = {m: min(math.ceil(e * 100 - 1e-9) / 100, 0.99) for m, e in margin_from_accuracy(results).items()}
+    (``relative=True``). Returns the errors written.
+
+    With ``host`` (the calibrated machine's name), the file keeps the last ``history`` runs of that
+    host (``"runs"``) and its errors and ranges are their union: one run's ranges do not hold the next
+    run's errors on a shared machine (the planner notebook picked PipeMare on the CNN at 0.85x the
+    default under the ranges of one run, 2026-11-26). A file of another host, or without runs, starts
+    the history anew."""
+    if not isinstance(history, int) or isinstance(history, bool) or history < 1:
+        raise ValueError(f"history={history!r} must be an int >= 1 (runs kept per host)")
+
     def outwards(got: dict[str, tuple[float, float]]) -> dict[str, list[float]]:
         return {m: [math.floor(lo * 100 + 1e-9) / 100, math.ceil(hi * 100 - 1e-9) / 100]
                 for m, (lo, hi) in got.items()}
 
-    doc = {"source": source, "errors": errors, "ranges": outwards(ranges_from_accuracy(results)),
+    run = {"source": source,
+           "errors": {m: min(math.ceil(e * 100 - 1e-9) / 100, 0.99)
+                      for m, e in margin_from_accuracy(results).items()},
+           "ranges": outwards(ranges_from_accuracy(results)),
            "relative_ranges": outwards(ranges_from_accuracy(results, relative=True))}
+    runs: list[dict[str, Any]] = []
+    if host is not None and Path(path).exists():
+        try:
+            old = json.loads(Path(path).read_text())
+            if old.get("host") == host and isinstance(old.get("runs"), list):
+                runs = [r for r in old["runs"] if isinstance(r, dict) and {"errors", "ranges"} <= set(r)]
+        except (OSError, ValueError, AttributeError):
+            runs = []
+    runs = [*runs, run][-history:]
+
+    def union(key: str) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for r in runs:
+            for m, (lo, hi) in (r.get(key) or r["ranges"]).items():
+                was = out.get(m, [lo, hi])
+                out[m] = [min(was[0], lo), max(was[1], hi)]
+        return out
+
+    names = {k for r in runs for k in r["errors"]}
+    errors = {m: max(r["errors"][m] for r in runs if m in r["errors"]) for m in names}
+    doc: dict[str, Any] = {"source": source, "errors": errors, "ranges": union("ranges"),
+                           "relative_ranges": union("relative_ranges")}
+    if host is not None:
+        doc.update(host=host, runs=runs)
+    check_margin({m: tuple(v) for m, v in doc["ranges"].items()})
     atomic_write_text(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return errors
 

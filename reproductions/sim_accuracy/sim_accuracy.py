@@ -118,8 +118,10 @@ if recalibrate:
 write_table(df, out / "results.csv")
 if planner_errors:
     from pipelab.planner.decide import write_errors
+    # pooled with this host's last runs (one run's ranges do not hold the next run's errors)
     write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "
-                 f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}")
+                 f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}",
+                 host=cluster.calibration.host)
 df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
     "error_one_allreduce_latency", "error_model_factor", "error_fresh_profile", "replay_error",
     "crossed_real", "crossed_sim", "crossing_extra_real_us", "busy_error_median", "memory_error_max"]]
