@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 #: the action kinds whose layers' compute a calibration may scale (``Calibration.compute_factor``)
 FACTOR_KINDS = ("F", "B")
 
@@ -226,18 +228,21 @@ class Calibration:
 
     def allreduce_latency(self, compute_s: float | None = None) -> float:
         """The ring's per-step latency for an all-reduce whose replicas computed ``compute_s``
-        seconds since the last one: :attr:`allreduce_after` interpolated linearly, its end points'
-        values outside them (no extrapolation); :attr:`allreduce_latency_s` where ``compute_s`` is
-        None or nothing was measured."""
-        pts = self.allreduce_after
-        if compute_s is None or not pts:
+        seconds since the last one (:meth:`allreduce_latencies`); :attr:`allreduce_latency_s` where
+        ``compute_s`` is None or nothing was measured."""
+        if compute_s is None or not self.allreduce_after:
             return self.allreduce_latency_s
-        if compute_s <= pts[0][0]:
-            return pts[0][1]
-        for (c0, a0), (c1, a1) in zip(pts, pts[1:]):
-            if compute_s <= c1:
-                return a0 + (a1 - a0) * (compute_s - c0) / (c1 - c0) if c1 > c0 else a1
-        return pts[-1][1]
+        return float(self.allreduce_latencies(np.asarray(compute_s, dtype=float)))
+
+    def allreduce_latencies(self, compute_s: np.ndarray) -> np.ndarray:
+        """:meth:`allreduce_latency` of every element of ``compute_s`` at once (the partitioners'
+        matrix of ranges): :attr:`allreduce_after` interpolated linearly, its end points' values
+        outside them (no extrapolation); :attr:`allreduce_latency_s` everywhere where nothing was
+        measured."""
+        if not self.allreduce_after:
+            return np.full(np.shape(compute_s), self.allreduce_latency_s)
+        cs, alphas = zip(*self.allreduce_after)
+        return np.interp(compute_s, cs, alphas)
 
     def new_version_s(self, param_bytes: float, tensors: float) -> float:
         """Seconds a stashing method's ``U`` spends making a new weight version of ``param_bytes``

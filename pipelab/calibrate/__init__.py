@@ -416,6 +416,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     opt_fit = {k: fit_step(rows) for k, rows in opt.items()}
     ar_in_run: list[float] = []
     after: list[tuple[float, float]] = []
+    latencies: dict[str, list[float]] = {}
     if got.get("all-reduce inside a run") and ar_beta != float("inf"):
         # the latency that makes the ring model give what a dp run's U took, less that U's optimizer
         # step (SGD, as the run's) and the runtime's own U work; the sweep's fit keeps the bandwidth
@@ -423,13 +424,13 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         params = list(medium_model().parameters())
         step = sgd[0] + sgd[1] * sum(p.numel() * p.element_size() for p in params) + sgd[2] * len(params)
         u_over = statistics.median(got["runtime overhead"].get("U") or [0.0])
-        ar_in_run = [ring_latency_of(t - step - u_over, n, ar_beta)
-                     for n, t, _ in got["all-reduce inside a run"]]
+        # per round, at each length of compute: the latency against the compute before it (allreduce_after)
+        latencies = {k: [ring_latency_of(t - step - u_over, n, ar_beta) for n, t, _ in got[k]]
+                     for k in ("all-reduce inside a run", "all-reduce after a longer compute") if got.get(k)}
+        ar_in_run = latencies["all-reduce inside a run"]
         ar_alpha = statistics.median(ar_in_run)
-        # the same at a longer compute: the latency against the compute before it (allreduce_after)
-        after = [(statistics.median(c for _, _, c in got[k]),
-                  statistics.median(ring_latency_of(t - step - u_over, n, ar_beta) for n, t, _ in got[k]))
-                 for k in ("all-reduce inside a run", "all-reduce after a longer compute") if got.get(k)]
+        after = [(statistics.median(c for _, _, c in got[k]), statistics.median(ls))
+                 for k, ls in latencies.items()]
     over = got["runtime overhead"]
     msg = dict(got["message overhead"])
     # the latency a message has inside a pipeline run (the receiver blocked in its wait, woken by
@@ -484,9 +485,8 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if "arrive" in msg:
         sp["message_s.arrive"] = arrive_spread
     sp["compute_slowdown"] = spread(slow)
-    if len(after) > 1 and ar_beta != float("inf"):     # the longer compute's latency, round by round
-        sp["allreduce_after.long"] = spread([ring_latency_of(t - step - u_over, n, ar_beta)
-                                            for n, t, _ in got["all-reduce after a longer compute"]])
+    if len(after) > 1:     # the longer compute's latency, round by round
+        sp["allreduce_after.long"] = spread(latencies["all-reduce after a longer compute"])
     inter = got.get("crossings, interleaved") or []
     if inter:
         msg["cross_interleaved"] = [statistics.median(inter)]

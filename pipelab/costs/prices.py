@@ -436,13 +436,12 @@ class Prices:
         speed = min(self.cluster.speed(w) for w in ws)
         f = (self.pf[end] - self.pf[start]) / speed + sum(self.runtime_work_s(start, end))
         # the replica computes the range's forward and backward between two all-reduces
-        kappa, fixed = self.allreduce_coeffs(ws, float(f + (self.pb[end] - self.pb[start]) / speed))
+        work = float(f + (self.pb[end] - self.pb[start]) / speed)
+        kappa, fixed = self.allreduce_coeffs(ws, work)
         if kappa == 0.0:
-            return float(f + (self.pb[end] - self.pb[start]) / speed)
+            return work
         if self.allreduce_overlap == "none":
-            return float(f + (self.pb[end] - self.pb[start]) / speed
-                         + self.allreduce_s(int(self.pp[end] - self.pp[start]), ws,
-                                            float(f + (self.pb[end] - self.pb[start]) / speed)))
+            return work + self.allreduce_s(int(self.pp[end] - self.pp[start]), ws, work)
         ls = np.arange(start, end)
         tail = (self.pb[end] - self.pb[ls]) / speed + kappa * (self.pp[ls + 1] - self.pp[start])
         return float(f + tail.max() + (fixed if self.pp[end] > self.pp[start] else 0.0))
@@ -470,8 +469,7 @@ class Prices:
             # each range's compute between two all-reduces, as replica_time_s has it
             work = ((pf + pb)[None, :] - (pf + pb)[:, None] + self.overhead_s("F") + self.overhead_s("B")
                     + ((i > 0).astype(float) + (j < n).astype(float)) * per_cut)
-            cs, alphas = zip(*cal.allreduce_after)
-            fixed_m: float | np.ndarray = steps * np.interp(work, cs, alphas)
+            fixed_m: float | np.ndarray = steps * cal.allreduce_latencies(work)
         else:
             fixed_m = fixed
         if kappa == 0.0:

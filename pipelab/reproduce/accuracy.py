@@ -238,12 +238,11 @@ def run_one(
         alt = simulated(steps, dataclasses.replace(cl, calibration=dataclasses.replace(cal, **fields)))
         return steady_throughput(alt.trace, alt.schedule, batch)
 
+    sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
     # without the duty-cycle term (where there is none, the simulation itself)
-    flat_tp = (without(duty_slowdown=()) if cal is not None and cal.duty_slowdown
-               else steady_throughput(sim.trace, sim.schedule, batch))
+    flat_tp = without(duty_slowdown=()) if cal is not None and cal.duty_slowdown else sim_tp
     # with the all-reduce's one latency, whatever the compute before it (the term before allreduce_after)
-    flat_ar_tp = (without(allreduce_after=()) if cal is not None and cal.allreduce_after
-                  else steady_throughput(sim.trace, sim.schedule, batch))
+    flat_ar_tp = without(allreduce_after=()) if cal is not None and cal.allreduce_after else sim_tp
     # with the 1F1B run's crossing extra for every schedule (the term before the interleaved one)
     one_tp = (without(message_s={k: v for k, v in cal.message_s.items() if k != "cross_interleaved"})
               if cal is not None and "cross_interleaved" in cal.message_s else math.nan)
@@ -274,7 +273,6 @@ def run_one(
         raise AssertionError(
             f"{model} {method}: the runtime and the simulator ran different schedules: {diff}"
         )
-    sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
     replay_tp = replay_throughput(run, sim, plan, _as_simulated(prof, method, microbatches), cl, batch)
     real_tp = statistics.median(rates)
     sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
