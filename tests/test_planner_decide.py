@@ -30,6 +30,7 @@ from pipelab.planner.decide import (
     ONE_STAGE_ASYNC,
     ONE_STAGE_SYNC,
     bounds_of,
+    held_out,
     less_shift,
     load_errors,
     load_ranges,
@@ -73,6 +74,32 @@ def test_a_candidate_beyond_the_error_replaces_the_default() -> None:
     got = decide(t, 0, 0.30)                      # 190 / 1.3 = 146.2 > 142.9
     assert _pick(got) == 1
     assert got["within_error"].tolist() == [True, False, False]   # 50 / 0.7 = 71.4 < 100 / 1.3: surely slower
+
+
+def test_needs_vs_default_is_the_gain_that_clears_both_errors() -> None:
+    """needs_vs_default = (1 + hi_row) / (1 + lo_default); a lone candidate is picked exactly when its
+    predicted gain exceeds it."""
+    margin = {"1f1b-flush": (-0.2, 0.1), "pipedream": (-0.1, 0.35)}
+    need = 1.35 / 0.8
+    for gain, picked in ((need * 0.99, 0), (need * 1.01, 1)):
+        t = _table(_row(throughput=100.0), _row("pipedream", 100.0 * gain, microbatches=1))
+        got = decide(t, 0, margin)
+        assert got["needs_vs_default"].tolist() == pytest.approx([1.1 / 0.8, need])
+        assert _pick(got) == picked
+    # no default that fits: nothing to compare with
+    got = decide(_table(_row(throughput=100.0, fits=False), _row("pipedream", 150.0)), 0, margin)
+    assert got["needs_vs_default"].isna().all()
+
+
+def test_held_out_counts_a_runs_errors_less_its_shift_inside_a_margin() -> None:
+    # errors +10%, +30%, +20%: the shift is +20%; less it -8.3%, +8.3%, 0
+    df = pd.DataFrame({"method": ["a", "a", "b"], "error": [0.1, 0.3, 0.2]})
+    got = held_out(df, {"a": (-0.05, 0.1), "b": (0.01, 0.2)})
+    assert got["error"].tolist() == pytest.approx([1.1 / 1.2 - 1, 1.3 / 1.2 - 1, 0.0])
+    assert got["inside"].tolist() == [False, True, False]
+    assert held_out(df, 0.1)["inside"].all()          # one number: +-10%
+    with pytest.raises(ValueError, match="'method' and 'error'"):
+        held_out(pd.DataFrame({"x": [1]}), 0.1)
 
 
 def test_the_error_is_per_method_and_one_stage_rows_take_dps() -> None:
@@ -370,6 +397,10 @@ def test_errors_of_one_host_are_pooled_over_its_last_runs(tmp_path: Path) -> Non
     assert load_ranges(f, relative=True)["a"] == (-0.3, 0.05)
     doc = json.loads(f.read_text())
     assert [r["source"] for r in doc["runs"]] == ["run 1", "run 2"] and doc["host"] == "vm"
+    # run 2 held out against run 1's relative ranges (a: -4.3%..+4.3%, b: 0..0): of its errors less
+    # its shift (0%), a's -30% and 0% and b's +15%, only a's 0% is inside
+    assert "held_out" not in doc["runs"][0]
+    assert doc["runs"][1]["held_out"] == {"inside": 1, "of": 3, "runs_before": 1}
     # at most `history` runs: the oldest goes
     write_errors(two, f, source="run 3", host="vm", history=2)
     assert [r["source"] for r in json.loads(f.read_text())["runs"]] == ["run 2", "run 3"]

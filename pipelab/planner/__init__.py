@@ -34,7 +34,8 @@ method less each run's common shift, since the candidate and the default are pre
 calibration; :data:`SIM_RANGES` keeps the errors themselves; 0 on an analytic preset, whose error is
 unknown): ``predicted / (1 + hi)`` of the candidate above ``predicted / (1 + lo)`` of the
 default (with one number ``e``: ``predicted / (1 + e)`` above ``predicted / (1 - e)``). The table
-shows the rule: ``vs_default`` (predicted throughput over the default's),
+shows the rule: ``vs_default`` (predicted throughput over the default's), ``needs_vs_default`` (the
+``vs_default`` the row would need to be surely faster: ``(1 + hi) / (1 + lo_default)``),
 ``within_error`` (the simulator cannot tell the row from the default) and ``pick`` (the chosen row,
 :attr:`PlanTable.best`). Among the candidates that qualify, those tied with the fastest within the
 error go to the simpler plan (synchronous, fewer stages, ``dp`` itself, no chunks, no recomputation,
@@ -90,7 +91,7 @@ SPLITS = ("uniform", "balanced", "prefix-sum")
 COLUMNS = ("rank", "method", "synchronous", "partitioner", "config", "stages", "workers", "microbatches",
            "chunks", "recompute", "compression", "throughput", "time_per_minibatch_s", "bound_s",
            "peak_memory", "fits", "bubble_fraction", "versions", "delay", "staleness_risk", "pareto",
-           "vs_default", "within_error", "pick", "equivalent", "status")
+           "vs_default", "needs_vs_default", "within_error", "pick", "equivalent", "status")
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,8 @@ class PlanTable:
     def describe(self, top: int = 10) -> str:
         """The top rows as text."""
         cols = ["rank", "method", "partitioner", "config", "microbatches", "chunks", "recompute",
-                "compression", "throughput", "vs_default", "within_error", "pick", "peak_memory", "fits",
-                "bubble_fraction", "staleness_risk"]
+                "compression", "throughput", "vs_default", "needs_vs_default", "within_error", "pick",
+                "peak_memory", "fits", "bubble_fraction", "staleness_risk"]
         sim = self.table[self.table["status"] == "simulated"]
         head = sim.assign(_k=sim["rank"].where(sim["rank"] > 0, len(sim) + 1)).sort_values(
             ["_k", "throughput"], ascending=[True, False])
@@ -206,7 +207,8 @@ class PlanTable:
         t["peak_memory"] = (t["peak_memory"] / 2**30).map("{:.2f} GiB".format)
         t["throughput"] = t["throughput"].map("{:.1f}".format)
         t["bubble_fraction"] = t["bubble_fraction"].map("{:.1%}".format)
-        t["vs_default"] = t["vs_default"].map("{:.2f}x".format)
+        for c in ("vs_default", "needs_vs_default"):
+            t[c] = t[c].map("{:.2f}x".format)
         m = self.margin
         shown = ", ".join(f"{k} {_shown(v)}" for k, v in m.items()) if isinstance(m, Mapping) else _shown(m)
         head_line = f"simulator error (margin): {shown}\n"

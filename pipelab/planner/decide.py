@@ -103,15 +103,15 @@ def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
                 runs = [r for r in old["runs"] if isinstance(r, dict) and {"errors", "ranges"} <= set(r)]
         except (OSError, ValueError, AttributeError):
             runs = []
+    if runs:
+        # this run against the margin pooled from the runs before it: the coverage the planner had
+        before = {m: (v[0], v[1]) for m, v in _union(runs, "relative_ranges").items()}
+        got = held_out(results, before)
+        run["held_out"] = {"inside": int(got["inside"].sum()), "of": len(got), "runs_before": len(runs)}
     runs = [*runs, run][-history:]
 
     def union(key: str) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
-        for r in runs:
-            for m, (lo, hi) in (r.get(key) or r["ranges"]).items():
-                was = out.get(m, [lo, hi])
-                out[m] = [min(was[0], lo), max(was[1], hi)]
-        return out
+        return _union(runs, key)
 
     names = {k for r in runs for k in r["errors"]}
     errors = {m: max(r["errors"][m] for r in runs if m in r["errors"]) for m in names}
@@ -122,6 +122,16 @@ def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
     check_margin({m: tuple(v) for m, v in doc["ranges"].items()})
     atomic_write_text(Path(path), json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return errors
+
+
+def _union(runs: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
+    """Per method, the union of the ranges ``key`` of ``runs`` (records of :func:`write_errors`)."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        for m, (lo, hi) in (r.get(key) or r["ranges"]).items():
+            was = out.get(m, [lo, hi])
+            out[m] = [min(was[0], lo), max(was[1], hi)]
+    return out
 
 
 #: what a one-stage candidate of a pipelining method is (column ``equivalent``)
@@ -193,9 +203,12 @@ def _simpler(table: pd.DataFrame, i: Any) -> tuple[Any, ...]:
 
 
 def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataFrame:
-    """Columns ``vs_default``, ``within_error`` and ``pick`` of a ranked table (module docstring).
+    """Columns ``vs_default``, ``needs_vs_default``, ``within_error`` and ``pick`` of a ranked table
+    (module docstring).
 
-    ``vs_default``: predicted throughput over the default's (row ``default``); ``within_error``: the
+    ``vs_default``: predicted throughput over the default's (row ``default``); ``needs_vs_default``:
+    the ``vs_default`` the row would need to be surely faster than the default given both errors,
+    ``(1 + hi_row) / (1 + lo_default)`` (NaN without a default that fits); ``within_error``: the
     row's interval of measured throughput overlaps the default's (the simulator cannot tell them
     apart); ``pick``: the one chosen row. Candidates are the simulated rows that fit; when the default
     is one of them it stays unless a candidate is surely faster; among those that are (or among all
@@ -215,8 +228,12 @@ def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataF
     table["vs_default"] = thr / base
     default_ok = default is not None and bool(ok.get(default, False))
     d_low, d_high = math.nan, math.nan
+    bounds_lo_default = math.nan
     if default_ok and default is not None:
         d_low, d_high = float(low.loc[default]), float(high.loc[default])
+        bounds_lo_default = float(lo_err.loc[default])
+    # the predicted gain over the default a row needs to be surely faster: low > d_high
+    table["needs_vs_default"] = (1 + hi_err) / (1 + float(bounds_lo_default)) if default_ok else math.nan
     table["within_error"] = ok & (high >= d_low) & (low <= d_high) if default_ok else False
     table["pick"] = False
     slack = 1 + 1e-9    # float noise is no gain
@@ -246,6 +263,26 @@ def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
     df = _both_calibrations(df)
     worst = df.dropna(subset=["error"]).assign(e=lambda d: d["error"].abs()).groupby("method")["e"].max()
     return {**{str(k): float(v) for k, v in worst.items()}, "ALL": float(worst.max())}
+
+
+def held_out(results: pd.DataFrame | str, margin: Margin) -> pd.DataFrame:
+    """How a ``reproductions/sim_accuracy`` run's errors fall in a margin written before it: one row
+    per configuration with ``method``, ``error`` less the run's shift (:func:`less_shift`; the errors
+    of the same runs against the run's second calibration, less that calibration's shift, as more rows
+    where the table has them), the margin's ``lo`` and ``hi`` for the method, and ``inside``. With the
+    margin of the runs before (what the planner decided with), the share inside is the margin's
+    measured coverage of a run it never saw."""
+    df = pd.read_csv(results) if isinstance(results, str) else results
+    if "error" not in df or "method" not in df or df["error"].dropna().empty:
+        raise ValueError("held_out needs sim_accuracy's results with columns 'method' and 'error' "
+                         "(reproductions/sim_accuracy/results.csv)")
+    margin = check_margin(margin)
+    df = _both_calibrations(df, relative=True).dropna(subset=["error"])
+    bounds = [bounds_of(margin, str(m)) for m in df["method"]]
+    out = pd.DataFrame({"method": df["method"].astype(str).to_numpy(), "error": df["error"].to_numpy(),
+                        "lo": [lo for lo, _ in bounds], "hi": [hi for _, hi in bounds]})
+    out["inside"] = (out["lo"] <= out["error"]) & (out["error"] <= out["hi"])
+    return out
 
 
 def less_shift(errors: pd.Series) -> pd.Series:
@@ -320,5 +357,5 @@ SIM_RANGES: dict[str, tuple[float, float]] = load_ranges()
 SIM_RELATIVE_RANGES: dict[str, tuple[float, float]] = load_ranges(relative=True)
 
 __all__ = ["ERRORS_FILE", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "SIM_ERRORS", "SIM_RANGES",
-           "SIM_RELATIVE_RANGES", "bounds_of", "check_margin", "decide", "error_of", "less_shift",
+           "SIM_RELATIVE_RANGES", "bounds_of", "check_margin", "decide", "error_of", "held_out", "less_shift",
            "load_errors", "load_ranges", "margin_from_accuracy", "ranges_from_accuracy", "write_errors"]

@@ -44,6 +44,7 @@ planner_errors = None        # a path: also write each method's worst error ther
                              # margin, pipelab/data/sim_errors.json; make reproduce passes it)
 
 # %%
+import json
 import time
 from pathlib import Path
 
@@ -122,6 +123,14 @@ if planner_errors:
     write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "
                  f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}",
                  host=cluster.calibration.host)
+    # this run held out: its errors less the shift against the margin of the host's runs before it
+    held = json.loads(Path(planner_errors).read_text())["runs"][-1].get("held_out")
+    held_line = (f"held out: {held['inside']} of {held['of']} errors less the shift (both calibrations) "
+                 f"inside the planner's margin pooled from this host's {held['runs_before']} runs before "
+                 "this one\n") if held else "held out: no earlier run of this host to check against\n"
+    print(held_line, end="")
+else:
+    held_line = ""
 df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
     "error_one_allreduce_latency", "error_model_factor", "error_fresh_profile", "replay_error",
     "crossed_real", "crossed_sim", "crossing_extra_real_us", "busy_error_median", "memory_error_max"]]
@@ -146,7 +155,8 @@ second = (f"second calibration, after the runs (error_recalibrated): {cluster2.c
     if recalibrate else ""
 shift = (f"the run's common shift (median signed error): {acc.shift_of(df):+.1%}; less it, median |error| "
          f"{acc.less_shift(df).abs().median():.1%}, worst {acc.less_shift(df).abs().max():.1%}\n")
-atomic_write_text(out / "results.md", f"{md}\n\n{shift}machine: {cluster.calibration.describe()}\n{second}"
+atomic_write_text(out / "results.md", f"{md}\n\n{shift}{held_line}"
+                  f"machine: {cluster.calibration.describe()}\n{second}"
                   f"compute inside a run / profile, per model (calibrate_model):\n{factors}\n")
 svg = acc.svg_scatter(df, title="simulated vs measured samples/s (log-log; band: ±10%)")
 atomic_write_text(out / "scatter.svg", svg)
