@@ -36,9 +36,10 @@
 #   of its runs' common shift (one calibration's predictions all move together with what the machine
 #   did since, and that shift cancels when two of them are compared; `pl.planner.SIM_RANGES` keeps the
 #   errors as they are); 0 on an analytic preset, whose error nobody measured.
-#   Columns `vs_default`, `within_error` and `pick` show the rule; `equivalent` names what a degenerate
-#   candidate is (a pipelining method on one replicated stage is data parallelism, and takes `dp`'s
-#   error; an asynchronous one there is collapsed, not ranked).
+#   Columns `vs_default`, `needs_vs_default` (the predicted gain a row would need to be surely faster
+#   than the default, `(1 + hi) / (1 + lo_default)`), `within_error` and `pick` show the rule;
+#   `equivalent` names what a degenerate candidate is (a pipelining method on one replicated stage is
+#   data parallelism, and takes `dp`'s error; an asynchronous one there is collapsed, not ranked).
 # * Where the cluster is the machine you are on, `pl.planner.confirm(table, model_fn, data, loss_fn,
 #   optimizer)` trains the shortlist (the default, the pick, the fastest prediction, the next two) side by
 #   side and keeps the default unless a candidate beat it in most rounds: the simulator searches, the
@@ -371,6 +372,36 @@ if run_real:
     print(tables_here[real_models[0]].describe(0).splitlines()[0] + f"; load average {load}")
 real_table = pd.DataFrame(real)
 real_table
+
+# %% [markdown]
+# **The planner's answer on this machine, per model**: the choice by measurement of the shortlist the
+# search produced (`pl.planner.confirm`, its own 3 rounds), then measured again in this notebook's later
+# rounds side by side with the default (`measured vs default`, independent of the rounds that chose it),
+# its prediction's error less this notebook's shift against the margin, and its peak memory against the
+# table. Beside it, what the simulation alone would have done: the fastest prediction, its predicted gain,
+# and the gain the margin needs for it to be surely faster (`needs_vs_default`). On 2 workers no plan can
+# gain much more than 2x, so where the margin needs about 2x the simulator alone keeps the default.
+
+# %%
+goal = pd.DataFrame()
+if run_real:
+    summary = []
+    for name in real_models:
+        sub = real_table[real_table["model"] == name]
+        c = sub[sub["confirmed"]].iloc[0]
+        tb, f = tables_here[name], tables_here[name].fastest
+        summary.append({
+            "model": name, "planner's choice (measured shortlist)": c["plan"],
+            "measured vs default": c["measured vs default"], "rounds vs default": c["rounds vs default"],
+            "predicted vs default": c["predicted vs default"], "error less shift": c["error less shift"],
+            "relative range": c["relative range"], "in relative range": c["in relative range"],
+            "memory error": c["memory error"],
+            "simulation only": "the default" if tb.best.name == tb.default.name else
+                               f"{tb.best['method']} · {tb.best['partitioner']} {tb.best['config']}",
+            "fastest predicted": f"{f['method']} · {f['partitioner']} {f['config']} · M={f['microbatches']}",
+            "its predicted gain": f["vs_default"], "gain it needs": f["needs_vs_default"]})
+    goal = pd.DataFrame(summary)
+goal
 
 # %% [markdown]
 # Read it as the decision does: a pick other than the default had to be surely faster given each one's
