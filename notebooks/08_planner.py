@@ -373,6 +373,32 @@ if run_real:
 real_table = pd.DataFrame(real)
 real_table
 
+
+# %% [markdown]
+# Read it as the decision does: a pick other than the default had to be surely faster given each one's
+# error; the `error` column is how far the simulator was from the measurement on each variant (inside
+# `SIM_RANGES`, what sim_accuracy measured, or not: `in range`), `error less shift` the same less this
+# notebook's own common shift (the median error of its variants: this calibration's predictions all
+# moved with what the machine did since), checked against the margin the pick was made with (`relative
+# range`, `in relative range`), and
+# `measured vs default` is what the user gets: the median over the rounds of each round's ratio to the
+# default's run in the same round (`rounds vs default`). The `fastest` row (when there is one) is what
+# the error refused: a candidate the simulator ranked first but could not tell apart from the default or
+# from a simpler candidate.
+#
+# And the measured bubbles of the default run of the last model, split the same way as a simulated
+# trace's (the transfer part of a measured trace includes the runtime's receive overhead):
+
+# %%
+measured_bubbles = None   # the figure (a bare expression inside `if` would not be displayed)
+if run_real:
+    last = real_models[-1]
+    run = next(r for (m, v), r in runs.items() if m == last and v.startswith("default"))
+    measured = pl.explain(run.trace, run.schedule)
+    print(f"{last}, default, measured: {measured.summary()}")
+    measured_bubbles = pl.views.bubbles(measured, title=f"{last}: measured run of the default")
+measured_bubbles
+
 # %% [markdown]
 # **The planner's answer on this machine, per model**: the choice by measurement of the shortlist the
 # search produced (`pl.planner.confirm`, its own 3 rounds), then measured again in this notebook's later
@@ -402,26 +428,3 @@ if run_real:
             "its predicted gain": f["vs_default"], "gain it needs": f["needs_vs_default"]})
     goal = pd.DataFrame(summary)
 goal
-
-# %% [markdown]
-# Read it as the decision does: a pick other than the default had to be surely faster given each one's
-# error; the `error` column is how far the simulator was from the measurement on each variant (inside
-# `SIM_RANGES`, what sim_accuracy measured, or not: `in range`), `error less shift` the same less this
-# notebook's own common shift (the median error of its variants: this calibration's predictions all
-# moved with what the machine did since), checked against the margin the pick was made with (`relative
-# range`, `in relative range`), and
-# `measured vs default` is what the user gets: the median over the rounds of each round's ratio to the
-# default's run in the same round (`rounds vs default`). The `fastest` row (when there is one) is what
-# the error refused: a candidate the simulator ranked first but could not tell apart from the default or
-# from a simpler candidate.
-#
-# And the measured bubbles of the default run of the last model, split the same way as a simulated
-# trace's (the transfer part of a measured trace includes the runtime's receive overhead):
-
-# %%
-if run_real:
-    last = real_models[-1]
-    run = next(r for (m, v), r in runs.items() if m == last and v.startswith("default"))
-    measured = pl.explain(run.trace, run.schedule)
-    print(f"{last}, default, measured: {measured.summary()}")
-    pl.views.bubbles(measured, title=f"{last}: measured run of the default")
