@@ -290,7 +290,7 @@ def less_shift(errors: pd.Series) -> pd.Series:
 
     The configurations of one ``reproductions/sim_accuracy`` run are predicted from one calibration
     and one profile per model and run minutes later on the same machine, so whatever the machine's
-    speed did in between moves all their errors together (the run's shift: -9% to +14% over the
+    speed did in between moves all their errors together (the run's shift: -11% to +24% over the
     runs of 2026-11-26). Comparing two candidates on one calibration, as the planner does, that shift
     cancels: if ``e = (1 + s)(1 + r) - 1``, then ``measured_c / measured_d = (predicted_c /
     predicted_d) (1 + r_d) / (1 + r_c)``, whatever ``s``."""
