@@ -463,12 +463,14 @@ class Prices:
         pf, pb, pp = self.pf / speed, self.pb / speed, self.pp
         i = np.arange(n + 1)[:, None]
         j = np.arange(n + 1)[None, :]
+        # per range, besides its layers: the runtime's F and B overheads, a message at each cut
+        overheads = self.overhead_s("F") + self.overhead_s("B")
         per_cut = self.message_s("send") + self.message_s("recv")
+        cuts = ((i > 0).astype(float) + (j < n).astype(float)) * per_cut if per_cut else 0.0
         cal = self.cluster.calibration
         if steps > 0 and cal is not None and cal.allreduce_after:
             # each range's compute between two all-reduces, as replica_time_s has it
-            work = ((pf + pb)[None, :] - (pf + pb)[:, None] + self.overhead_s("F") + self.overhead_s("B")
-                    + ((i > 0).astype(float) + (j < n).astype(float)) * per_cut)
+            work = (pf + pb)[None, :] - (pf + pb)[:, None] + overheads + cuts
             fixed_m: float | np.ndarray = steps * cal.allreduce_latencies(work)
         else:
             fixed_m = fixed
@@ -486,9 +488,9 @@ class Prices:
             out[:, 1:] = (pf[None, 1:] - pf[:, None]) + pb[None, 1:] - kappa * pp[:, None] + run
             fx = fixed_m[:, 1:] if isinstance(fixed_m, np.ndarray) else fixed_m
             out[:, 1:] += np.where(pp[None, 1:] > pp[:, None], fx, 0.0)
-        out += self.overhead_s("F") + self.overhead_s("B")
+        out += overheads
         if per_cut:
-            out += ((i > 0).astype(float) + (j < n).astype(float)) * per_cut
+            out += cuts
         out[j <= i] = np.inf
         return np.ascontiguousarray(out.T) if transpose else out
 

@@ -85,6 +85,8 @@ def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
     the history anew."""
     if not isinstance(history, int) or isinstance(history, bool) or history < 1:
         raise ValueError(f"history={history!r} must be an int >= 1 (runs kept per host)")
+    if isinstance(results, str):
+        results = pd.read_csv(results)      # once, for the errors, both ranges and the held-out check
 
     def outwards(got: dict[str, tuple[float, float]]) -> dict[str, list[float]]:
         return {m: [math.floor(lo * 100 + 1e-9) / 100, math.ceil(hi * 100 - 1e-9) / 100]
@@ -109,14 +111,10 @@ def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
         got = held_out(results, before)
         run["held_out"] = {"inside": int(got["inside"].sum()), "of": len(got), "runs_before": len(runs)}
     runs = [*runs, run][-history:]
-
-    def union(key: str) -> dict[str, list[float]]:
-        return _union(runs, key)
-
     names = {k for r in runs for k in r["errors"]}
     errors = {m: max(r["errors"][m] for r in runs if m in r["errors"]) for m in names}
-    doc: dict[str, Any] = {"source": source, "errors": errors, "ranges": union("ranges"),
-                           "relative_ranges": union("relative_ranges")}
+    doc: dict[str, Any] = {"source": source, "errors": errors, "ranges": _union(runs, "ranges"),
+                           "relative_ranges": _union(runs, "relative_ranges")}
     if host is not None:
         doc.update(host=host, runs=runs)
     check_margin({m: tuple(v) for m, v in doc["ranges"].items()})
@@ -228,12 +226,11 @@ def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataF
     table["vs_default"] = thr / base
     default_ok = default is not None and bool(ok.get(default, False))
     d_low, d_high = math.nan, math.nan
-    bounds_lo_default = math.nan
+    table["needs_vs_default"] = math.nan
     if default_ok and default is not None:
         d_low, d_high = float(low.loc[default]), float(high.loc[default])
-        bounds_lo_default = float(lo_err.loc[default])
-    # the predicted gain over the default a row needs to be surely faster: low > d_high
-    table["needs_vs_default"] = (1 + hi_err) / (1 + float(bounds_lo_default)) if default_ok else math.nan
+        # the predicted gain over the default a row needs to be surely faster: low > d_high
+        table["needs_vs_default"] = (1 + hi_err) / (1 + float(lo_err.loc[default]))
     table["within_error"] = ok & (high >= d_low) & (low <= d_high) if default_ok else False
     table["pick"] = False
     slack = 1 + 1e-9    # float noise is no gain

@@ -153,15 +153,15 @@ second = (f"second calibration, after the runs (error_recalibrated): {cluster2.c
           f"{reshift.min():.3f}-{reshift.max():.3f}; median |error| "
           f"{df['error_reprofiled'].abs().median():.1%}, worst {df['error_reprofiled'].abs().max():.1%}\n") \
     if recalibrate else ""
-shift = (f"the run's common shift (median signed error): {acc.shift_of(df):+.1%}; less it, median |error| "
-         f"{acc.less_shift(df).abs().median():.1%}, worst {acc.less_shift(df).abs().max():.1%}\n")
-atomic_write_text(out / "results.md", f"{md}\n\n{shift}{held_line}"
+rel = acc.less_shift(df).abs()
+shift_line = (f"the run's common shift (median signed error): {acc.shift_of(df):+.1%}; less it, median "
+              f"|error| {rel.median():.1%}, worst {rel.max():.1%}\n")
+atomic_write_text(out / "results.md", f"{md}\n\n{shift_line}{held_line}"
                   f"machine: {cluster.calibration.describe()}\n{second}"
                   f"compute inside a run / profile, per model (calibrate_model):\n{factors}\n")
 svg = acc.svg_scatter(df, title="simulated vs measured samples/s (log-log; band: ±10%)")
 atomic_write_text(out / "scatter.svg", svg)
 display(Markdown(md), SVG(svg))
-rel = acc.less_shift(df).abs()
 print(f"median |error| {df['error'].abs().median():.1%}, worst {df['error'].abs().max():.1%} over "
       f"{len(df)} runs; the run's common shift {acc.shift_of(df):+.1%}, and less it median "
       f"{rel.median():.1%}, worst {rel.max():.1%}; {time.perf_counter() - t_start:.0f} s in all")
