@@ -53,6 +53,7 @@ from typing import Any
 from pipelab._io import read_record, write_record
 from pipelab.calibration import Calibration
 from pipelab.transports import (
+    GLOO_ALLREDUCE_BUS_BANDWIDTH,
     HOST_COPY_BYTES_PER_S,
     transport_levels,
 )
@@ -395,7 +396,8 @@ class Cluster:
 
     def with_transport(self, pipeline: str = "link", allreduce: str = "link", *,
                        host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
-                       allreduce_bus_bandwidth: dict[str, float] | None = None) -> Cluster:
+                       allreduce_bus_bandwidth: dict[str, float] | None = None,
+                       gloo_allreduce_bandwidth: float = GLOO_ALLREDUCE_BUS_BANDWIDTH) -> Cluster:
         """This cluster with its transfers priced by a transport (same devices and links;
         :func:`pipelab.transports.transport_levels`).
 
@@ -408,11 +410,15 @@ class Cluster:
         ``"nccl-ring"`` sets the ``allreduce_bandwidth`` of every level named in
         ``allreduce_bus_bandwidth`` (default :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`, the
         Ethernet levels) to NCCL's measured bus bandwidth; levels inside a server keep their link's.
-        ``"gloo-ring"`` sets every level's to the gloo path's rate (as ``"gloo-host"``'s transfers).
-        ``"link"`` leaves a level as it is.
+        ``"gloo-ring"`` sets every level's to gloo's ring on the host: the slower of the level's path
+        (its Ethernet across servers, ``host_copy_bandwidth`` for the loopback inside one) and
+        ``gloo_allreduce_bandwidth`` (default :data:`pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`,
+        gloo's published ring rate); the copies to and from the host happen once per bucket, behind
+        other buckets' rings, and are not priced. ``"link"`` leaves a level as it is.
         """
         levels = transport_levels(self.levels, pipeline, allreduce, host_copy_bandwidth=host_copy_bandwidth,
-                                  allreduce_bus_bandwidth=allreduce_bus_bandwidth)
+                                  allreduce_bus_bandwidth=allreduce_bus_bandwidth,
+                                  gloo_allreduce_bandwidth=gloo_allreduce_bandwidth)
         tag = "" if (pipeline, allreduce) == ("link", "link") else f"[{pipeline},{allreduce}]"
         return replace(self, name=self.name + tag, levels=tuple(levels))
 

@@ -19,8 +19,9 @@ from typing import Any
 PIPELINE_TRANSPORTS = ("link", "gloo-host")
 #: all-reduce transports: ``"link"`` (the ring at each level's link bandwidth), ``"nccl-ring"``
 #: (NCCL's ring at the bus bandwidth NCCL achieves over TCP on the Ethernet levels; PipeDream's
-#: data-parallel runs, ``distributed_backend: nccl``) or ``"gloo-ring"`` (gloo's ring through host
-#: memory, every step at the gloo path's store-and-forward rate; PipeDream's replicated stages, whose
+#: data-parallel runs, ``distributed_backend: nccl``) or ``"gloo-ring"`` (gloo's ring on the host,
+#: each link at the slower of the level's path and gloo's host-side rate,
+#: :data:`GLOO_ALLREDUCE_BUS_BANDWIDTH`; PipeDream's replicated stages, whose
 #: DistributedDataParallel groups take the runs' default backend, gloo)
 ALLREDUCE_TRANSPORTS = ("link", "nccl-ring", "gloo-ring")
 #: bytes/s of one host<->device or host memory copy on the gloo path: PCIe 3 x16 at the 10 GB/s that
@@ -35,6 +36,19 @@ HOST_COPY_BYTES_PER_S = 10 * 1e9
 #: 10 Gbps measurement was found, so the fraction is carried over. Fixed from these sources before
 #: any comparison with PipeDream's Table 1.
 NCCL_TCP_BUS_BANDWIDTH: dict[str, float] = {"ethernet-10g": 0.6 * 10 * 1e9 / 8, "ethernet-25g": 1.7e9}
+#: gloo's all-reduce bus bandwidth on the host (bytes/s), ``2 (n - 1) / n * S / t``: its ring
+#: (``allreduce_ring_chunked``, TCP) over 4 machines on 40 GbE reduced 5,000,000 floats (20 MB) in
+#: 10,608 us at the median, 2.83 GB/s, 57% of the wire (gloo's README, "Example output (running on 4
+#: machines with a 40GbE network)"). PyTorch's gloo process group all-reduces a CUDA tensor by copying
+#: it to pinned host memory once, running gloo's ring on the host and copying it back once
+#: (``ProcessGroupGloo.cpp``, ``AsyncAllreduceCUDAWork``); DistributedDataParallel's buckets overlap one
+#: bucket's copies with another's ring, so the ring's per-link rate is the slower of the level's path
+#: and this. The default of ``"gloo-ring"``.
+GLOO_ALLREDUCE_BUS_BANDWIDTH = 2 * 3 / 4 * 20e6 / 10_608e-6
+#: the same benchmark with each of 2 processes pinned to one core of a Xeon E5-2620 v4 (2.1 GHz), 40 GbE,
+#: 20 MB: 1.073 GB/s on average, not rising with the size (pytorch/gloo issue #248, 2020): one core's
+#: rate, a cited alternative to :data:`GLOO_ALLREDUCE_BUS_BANDWIDTH` (PipeDream's processes were not pinned)
+GLOO_ALLREDUCE_ONE_CORE = 1.073e9
 
 
 def nccl_flat_ring(levels: Sequence[Any]) -> tuple[Any, ...]:
@@ -62,7 +76,8 @@ def nccl_flat_ring(levels: Sequence[Any]) -> tuple[Any, ...]:
 
 def transport_levels(levels: Sequence[Any], pipeline: str = "link", allreduce: str = "link", *,
                      host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
-                     allreduce_bus_bandwidth: dict[str, float] | None = None) -> tuple[Any, ...]:
+                     allreduce_bus_bandwidth: dict[str, float] | None = None,
+                     gloo_allreduce_bandwidth: float = GLOO_ALLREDUCE_BUS_BANDWIDTH) -> tuple[Any, ...]:
     """``levels`` (a cluster's :class:`~pipelab.cluster.Level` records, innermost first) with
     ``p2p_bandwidth`` and ``allreduce_bandwidth`` set for the transports (see
     :meth:`pipelab.cluster.Cluster.with_transport`)."""
@@ -70,9 +85,10 @@ def transport_levels(levels: Sequence[Any], pipeline: str = "link", allreduce: s
         raise ValueError(f"pipeline={pipeline!r} is not one of {PIPELINE_TRANSPORTS}")
     if allreduce not in ALLREDUCE_TRANSPORTS:
         raise ValueError(f"allreduce={allreduce!r} is not one of {ALLREDUCE_TRANSPORTS}")
-    if not (math.isfinite(host_copy_bandwidth) and host_copy_bandwidth > 0):
-        raise ValueError(f"host_copy_bandwidth={host_copy_bandwidth!r} must be a finite number of "
-                         f"bytes/s > 0")
+    for label, v in (("host_copy_bandwidth", host_copy_bandwidth),
+                     ("gloo_allreduce_bandwidth", gloo_allreduce_bandwidth)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ValueError(f"{label}={v!r} must be a finite number of bytes/s > 0")
     bus = NCCL_TCP_BUS_BANDWIDTH if allreduce_bus_bandwidth is None else dict(allreduce_bus_bandwidth)
     multi_gpu_servers = len(levels) > 1
     out: list[Any] = []
@@ -85,6 +101,6 @@ def transport_levels(levels: Sequence[Any], pipeline: str = "link", allreduce: s
         if allreduce == "nccl-ring" and lv.name in bus:
             changes["allreduce_bandwidth"] = float(bus[lv.name])
         elif allreduce == "gloo-ring":
-            changes["allreduce_bandwidth"] = via_host
+            changes["allreduce_bandwidth"] = min(net, float(gloo_allreduce_bandwidth))
         out.append(replace(lv, **changes))
     return tuple(out)

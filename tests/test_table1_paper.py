@@ -14,7 +14,12 @@ from pipelab.costs import CostModel
 from pipelab.partition.pipedream_conf import available, load_config, plan_from_pipedream, stage_bounds
 from pipelab.reproduce import table1_paper as tp
 from pipelab.reproduce.table1 import TABLE1, simulate_plan
-from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH, nccl_flat_ring
+from pipelab.transports import (
+    GLOO_ALLREDUCE_BUS_BANDWIDTH,
+    GLOO_ALLREDUCE_ONE_CORE,
+    NCCL_TCP_BUS_BANDWIDTH,
+    nccl_flat_ring,
+)
 
 RESULTS = Path(__file__).resolve().parents[1] / "reproductions" / "pipedream_table1" / "results.csv"
 
@@ -26,7 +31,17 @@ def test_gloo_host_and_nccl_ring_rates_by_hand() -> None:
     # gloo: device->host copy, TCP (loopback = a host copy inside a server; Ethernet across), host->device
     assert gloo.levels[0].transfer_bandwidth == pytest.approx(1 / (3 / 10e9))
     assert gloo.levels[1].transfer_bandwidth == pytest.approx(1 / (2 / 10e9 + 8 / 10e9))
-    assert gloo.levels[1].ring_bandwidth == pytest.approx(1 / (2 / 10e9 + 8 / 10e9))
+    # gloo's all-reduce: the ring on the host at the slower of the path (loopback priced as a host copy
+    # inside; the Ethernet across) and gloo's published host-side rate, 2 * 3/4 * 20 MB in 10,608 us
+    assert GLOO_ALLREDUCE_BUS_BANDWIDTH == pytest.approx(2.828e9, rel=1e-3)
+    assert gloo.levels[0].ring_bandwidth == pytest.approx(GLOO_ALLREDUCE_BUS_BANDWIDTH)
+    assert gloo.levels[1].ring_bandwidth == pytest.approx(10e9 / 8)
+    one_core = base.with_transport("gloo-host", "gloo-ring", gloo_allreduce_bandwidth=GLOO_ALLREDUCE_ONE_CORE)
+    assert [lv.ring_bandwidth for lv in one_core.levels] == [1.073e9, 1.073e9]
+    assert one_core.levels[1].transfer_bandwidth == gloo.levels[1].transfer_bandwidth   # sends unchanged
+    for bad in (0.0, math.inf, "fast"):
+        with pytest.raises(ValueError, match="gloo_allreduce_bandwidth"):
+            base.with_transport("gloo-host", "gloo-ring", gloo_allreduce_bandwidth=bad)  # type: ignore[arg-type]
     assert nccl.levels[1].ring_bandwidth == NCCL_TCP_BUS_BANDWIDTH["ethernet-10g"] == pytest.approx(0.75e9)
     assert nccl.levels[0].ring_bandwidth == 10e9
     assert nccl.levels[1].transfer_bandwidth == base.levels[1].bandwidth
@@ -189,3 +204,51 @@ def test_sensitivity_default_cell_is_the_table() -> None:
     assert list(cell["config"]) == list(table["config"])
     assert list(cell["simulated_speedup"]) == pytest.approx(list(table["simulated_speedup"]))
     assert list(cell["paper_config_error"]) == pytest.approx(list(table["paper_config_error"]))
+    # alternatives.csv: its "defaults" records are the table too, and every alternative covers every row
+    alt = pd.read_csv(RESULTS.with_name("alternatives.csv"))
+    assert set(alt["alternative"]) == set(tp.ALTERNATIVES)
+    assert (alt.groupby("alternative")["key"].count() == len(TABLE1)).all()
+    d = alt[alt["alternative"] == "defaults"]
+    assert list(d["config"]) == list(table["config"])
+    assert list(d["error"]) == pytest.approx(list(table["error"]))
+
+
+def test_alternatives_change_only_their_term() -> None:
+    # each cited alternative differs from the defaults in one term: the tree on two servers moves only the
+    # two-server rows' DP baseline (to the ring per level, whose Ethernet hop carries each byte once), the
+    # one-core gloo rate only plans with replicated stages, and the defaults' records are the table
+    rows = [TABLE1[1], TABLE1[2], TABLE1[4]]      # VGG-16 B 2x8, ResNet-50 A 4x4, GNMT-8 A 1x4
+    df = pd.DataFrame(tp.alternatives(["defaults", "nccl-tree-two-servers", "gloo-one-core"], rows=rows,
+                                      minibatches=16))
+    by = {(r.alternative, r.key): r for r in df.itertuples()}
+    for row in rows:
+        d = tp.simulate_row(row, tp.PaperSetting(), minibatches=16)
+        assert by[("defaults", row.key)].error == d["error"]
+        assert by[("defaults", row.key)].sim_dp_ms == d["sim_dp_ms"]
+    vgg_b, rn_a, gnmt_a = (r.key for r in rows)
+    hier = tp.simulate_row(rows[0], tp.PaperSetting(nccl_ring="hierarchical"), minibatches=16)
+    assert by[("nccl-tree-two-servers", vgg_b)].sim_dp_ms == hier["sim_dp_ms"] \
+        < by[("defaults", vgg_b)].sim_dp_ms
+    for key in (rn_a, gnmt_a):      # four servers and one server: NCCL's flat ring as in the defaults
+        assert by[("nccl-tree-two-servers", key)].sim_dp_ms == by[("defaults", key)].sim_dp_ms
+    # GNMT-8's straight pipeline has no replicated stage: gloo's all-reduce rate does not touch it
+    assert by[("gloo-one-core", gnmt_a)].sim_plan_ms == by[("defaults", gnmt_a)].sim_plan_ms
+    md = tp.alternatives_markdown(df)
+    assert "| defaults |" in md and "nccl-tree-two-servers" in md
+    with pytest.raises(ValueError, match="unknown alternative"):
+        tp.alternatives(["faster"])
+
+
+def test_optimizer_is_pipedreams_per_model() -> None:
+    # PipeDream trained the image models with momentum SGD and GNMT with Adam; Adam's two moments make
+    # a stage's optimizer step stream 5 parameter bytes per byte where momentum streams 4
+    s = tp.PaperSetting()
+    assert [s.optimizer_of(m) for m in ("vgg16", "resnet50", "gnmt8", "gnmt16")] == \
+        ["sgd-momentum", "sgd-momentum", "adam", "adam"]
+    assert tp.PaperSetting(optimizer="sgd").optimizer_of("gnmt8") == "sgd"
+    prof = pl.Profile.synthetic([1.0, 1.0], param_bytes=[10**9, 0])
+    cl = pl.Cluster.preset("pipedream-a", servers=1, gpus_per_server=4)
+    adam = CostModel(prof, cl, optimizer="adam").update_s(0, 2, 0)
+    sgd = CostModel(prof, cl, optimizer="sgd-momentum").update_s(0, 2, 0)
+    assert adam / sgd == pytest.approx(5 / 4)
+    assert tp.simulate_row(TABLE1[4], s, minibatches=16)["optimizer"] == "adam"

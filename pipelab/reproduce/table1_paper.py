@@ -7,6 +7,10 @@ replicated stages' DistributedDataParallel groups inherit gloo: ``runtime/runtim
 tensor between stages through host memory (``runtime/communication.py``: ``tensor.cpu()``, send,
 ``.cuda()``). The configuration each pipelined run used is a file (:mod:`pipelab.partition.pipedream_conf`).
 
+The optimizer is PipeDream's own per model: momentum SGD for the image models
+(``runtime/image_classification/main_with_runtime.py``), Adam for GNMT (``use_adam_optimizer = True`` in
+``runtime/translation/main_with_runtime.py``): :data:`PAPER_OPTIMIZERS`.
+
 The two parameters PipeDream does not state are cited, not fitted (see the Table 1 README):
 
 * the profiling GPU's speed relative to the paper's V100: :data:`V100_RESNET50_IMAGES_PER_S` (a
@@ -32,7 +36,12 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.reproduce.report import svg_heatmap
 from pipelab.reproduce.table1 import TABLE1, PaperRow, config_shape, simulate_plan
-from pipelab.transports import NCCL_TCP_BUS_BANDWIDTH, nccl_flat_ring
+from pipelab.transports import (
+    GLOO_ALLREDUCE_BUS_BANDWIDTH,
+    GLOO_ALLREDUCE_ONE_CORE,
+    NCCL_TCP_BUS_BANDWIDTH,
+    nccl_flat_ring,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,6 +52,13 @@ PAPER_BATCH = 64
 #: PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance: NVIDIA DGX-1 16GB
 #: (8x V100 16GB)" (pytorch-21.03 container). Fixed before any comparison with Table 1.
 V100_RESNET50_IMAGES_PER_S = 367.0
+
+#: the optimizer of PipeDream's runs per model, as the cost model names it: SGD with momentum for the image
+#: models, Adam (two moments per weight: more memory, a longer step) for GNMT
+PAPER_OPTIMIZERS: dict[str, str] = {"vgg16": "sgd-momentum", "resnet50": "sgd-momentum",
+                                    "gnmt8": "adam", "gnmt16": "adam"}
+#: ``PaperSetting.nccl_ring`` values
+NCCL_RINGS = ("flat", "hierarchical", "two-server-tree")
 
 #: the configuration PipeDream ran for each Table 1 row: a shipped PipeDream configuration, or "dp".
 #: The driver configs name a config per GPU count and list cluster A's machines (v401..v407, four
@@ -70,12 +86,17 @@ def profiling_gpu_speed(v100_images_per_s: float = V100_RESNET50_IMAGES_PER_S) -
 
 @dataclass(frozen=True)
 class PaperSetting:
-    """How a row is run: batch per worker, V100 speed, NCCL bus bandwidth per Ethernet level, transports,
-    the shape of NCCL's ring and how pipelab's choice is made.
+    """How a row is run: batch per worker, V100 speed, NCCL bus bandwidth per Ethernet level, gloo's
+    all-reduce rate, transports, the shape of NCCL's ring, the optimizer and how pipelab's choice is made.
 
     ``nccl_ring``: ``"flat"`` (default) prices the DP baseline's all-reduce as NCCL runs it, one ring
     through every rank at the slowest level's bus bandwidth (:func:`pipelab.transports.nccl_flat_ring`);
-    ``"hierarchical"`` as the cost model's ring per level (the earlier model). ``choose``:
+    ``"hierarchical"`` as the cost model's ring per level (the earlier model); ``"two-server-tree"``
+    the flat ring except on two servers, where NCCL 2.4 ran its tree (NVIDIA/nccl issue #235), whose
+    network carries each byte once each way: priced as the ring per level, whose Ethernet hop moves
+    ``2 (p - 1) / p = 1`` of the bytes for ``p = 2``. ``gloo_allreduce_bandwidth``: gloo's host-side
+    ring rate for the replicated stages (None: :data:`~pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`).
+    ``optimizer``: None for PipeDream's per model (:data:`PAPER_OPTIMIZERS`). ``choose``:
     ``"simulate"`` (default) takes, of the partitioner's plan, the best straight pipeline and DP, the one
     the simulator finds fastest; ``"predict"`` keeps the partitioner's plan unless DP is predicted at
     least as fast (the earlier rule)."""
@@ -84,12 +105,18 @@ class PaperSetting:
     device_speed: float | None = None           # None: profiling_gpu_speed()
     nccl_bus_bandwidth: dict[str, float] | None = None   # None: NCCL_TCP_BUS_BANDWIDTH
     transports: str = "pipedream"               # "pipedream" (gloo pipelines, NCCL DP) | "link"
-    nccl_ring: str = "flat"                     # "flat" (NCCL's) | "hierarchical"
+    nccl_ring: str = "flat"                     # "flat" (NCCL's) | "hierarchical" | "two-server-tree"
     choose: str = "simulate"                    # "simulate" | "predict"
+    gloo_allreduce_bandwidth: float | None = None   # None: GLOO_ALLREDUCE_BUS_BANDWIDTH
+    optimizer: str | None = None                # None: PipeDream's per model (PAPER_OPTIMIZERS)
 
     def speed(self) -> float:
         """The device speed used."""
         return profiling_gpu_speed() if self.device_speed is None else float(self.device_speed)
+
+    def optimizer_of(self, model: str) -> str:
+        """The optimizer a row of ``model`` trains with."""
+        return self.optimizer if self.optimizer is not None else PAPER_OPTIMIZERS.get(model, "sgd-momentum")
 
     def clusters(self, row: PaperRow) -> tuple[Cluster, Cluster]:
         """(the pipelined runs' cluster, the data-parallel baseline's cluster) for ``row``."""
@@ -100,27 +127,31 @@ class PaperSetting:
         if self.transports != "pipedream":
             raise ValueError(f"transports={self.transports!r} must be 'pipedream' or 'link'")
         dp = base.with_transport("link", "nccl-ring", allreduce_bus_bandwidth=self.nccl_bus_bandwidth)
-        if self.nccl_ring == "flat":
+        if self.nccl_ring not in NCCL_RINGS:
+            raise ValueError(f"nccl_ring={self.nccl_ring!r} must be one of {NCCL_RINGS}")
+        tree = self.nccl_ring == "two-server-tree" and row.servers == 2
+        if self.nccl_ring != "hierarchical" and not tree:
             dp = replace(dp, name=dp.name + "[flat]", levels=nccl_flat_ring(dp.levels))
-        elif self.nccl_ring != "hierarchical":
-            raise ValueError(f"nccl_ring={self.nccl_ring!r} must be 'flat' or 'hierarchical'")
-        return base.with_transport("gloo-host", "gloo-ring"), dp
+        gloo = GLOO_ALLREDUCE_BUS_BANDWIDTH if self.gloo_allreduce_bandwidth is None \
+            else float(self.gloo_allreduce_bandwidth)
+        return base.with_transport("gloo-host", "gloo-ring", gloo_allreduce_bandwidth=gloo), dp
 
     def profile(self, model: str) -> Profile:
         """PipeDream's profile of ``model`` at this batch size."""
         return pipedream_profile(model).at_batch_size(self.batch_size)
 
 
-def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit: float | None = None
-                ) -> tuple[Plan, Plan, bool]:
+def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit: float | None = None,
+                optimizer: str = "sgd-momentum") -> tuple[Plan, Plan, bool]:
     """pipelab's choice for a row: ``(chosen, dp, is_dp)``. PipeDream's dynamic program on the pipelined
     runs' cluster; data parallelism (on its own, NCCL, cluster) instead when it is predicted faster."""
-    dp = partition(prof, dp_cl, method="dp", memory_limit=math.inf)
+    dp = partition(prof, dp_cl, method="dp", memory_limit=math.inf, optimizer=optimizer)
     try:
         if memory_limit is None:
-            plan = partition(prof, pipe_cl, method="pipedream")
+            plan = partition(prof, pipe_cl, method="pipedream", optimizer=optimizer)
         else:
-            plan = partition(prof, pipe_cl, method="pipedream", memory_limit=memory_limit)
+            plan = partition(prof, pipe_cl, method="pipedream", memory_limit=memory_limit,
+                             optimizer=optimizer)
     except ValueError:
         return dp, dp, True
     if plan.num_stages == 1 or plan.time_per_minibatch >= dp.time_per_minibatch:
@@ -129,7 +160,8 @@ def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit
 
 
 def choose_simulated(prof: Profile, pipe_cl: Cluster, dp: Plan, sim_dp: float,
-                     sim_time: Callable[[Plan], float]) -> tuple[Plan, float, bool]:
+                     sim_time: Callable[[Plan], float], *, optimizer: str = "sgd-momentum"
+                     ) -> tuple[Plan, float, bool]:
     """pipelab's choice by simulation, as its planner ranks candidates (``pl.plan``: closed forms to
     prune, the simulator to rank): of PipeDream's dynamic program's plan, the best straight pipeline
     (PipeDream's optimizer's ``--straight_pipeline``) and data parallelism, the fastest simulated.
@@ -137,7 +169,7 @@ def choose_simulated(prof: Profile, pipe_cl: Cluster, dp: Plan, sim_dp: float,
     best: tuple[Plan, float, bool] = (dp, float(sim_dp), True)
     for straight in (False, True):
         try:
-            plan = partition(prof, pipe_cl, method="pipedream", straight=straight)
+            plan = partition(prof, pipe_cl, method="pipedream", straight=straight, optimizer=optimizer)
         except ValueError:
             continue
         if plan.num_stages == 1:
@@ -148,27 +180,31 @@ def choose_simulated(prof: Profile, pipe_cl: Cluster, dp: Plan, sim_dp: float,
     return best
 
 
-def paper_plan(row: PaperRow, prof: Profile, pipe_cl: Cluster) -> Plan | None:
+def paper_plan(row: PaperRow, prof: Profile, pipe_cl: Cluster, *, optimizer: str = "sgd-momentum"
+               ) -> Plan | None:
     """The configuration PipeDream ran for ``row`` as a pipelab plan on the pipelined cluster (``None``
     for data parallelism)."""
     name = PAPER_CONFIGS.get(row.key, "dp")
     if name == "dp":
         return None
-    return plan_from_pipedream(prof, name, CostModel(prof, pipe_cl))
+    return plan_from_pipedream(prof, name, CostModel(prof, pipe_cl, optimizer=optimizer))
 
 
 def row_choice(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, setting: PaperSetting, *,
-               minibatches: int = 64) -> tuple[Plan, Plan, bool, float, float]:
+               minibatches: int = 64, optimizer: str = "sgd-momentum"
+               ) -> tuple[Plan, Plan, bool, float, float]:
     """pipelab's choice for a row as ``setting.choose`` says: ``(chosen, dp, is_dp, simulated seconds
-    per minibatch of the chosen plan, of DP)``."""
-    chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl)
-    sim_dp = float(simulate_plan(dp, prof, dp_cl, minibatches=minibatches).time_per_minibatch)
+    per minibatch of the chosen plan, of DP)``; every plan trains with ``optimizer``."""
+    chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl, optimizer=optimizer)
+    sim_dp = float(simulate_plan(dp, prof, dp_cl, minibatches=minibatches,
+                                 optimizer=optimizer).time_per_minibatch)
 
     def sim_time(plan: Plan) -> float:
-        return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches).time_per_minibatch)
+        return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches,
+                                   optimizer=optimizer).time_per_minibatch)
 
     if setting.choose == "simulate":
-        chosen, t_chosen, is_dp = choose_simulated(prof, pipe_cl, dp, sim_dp, sim_time)
+        chosen, t_chosen, is_dp = choose_simulated(prof, pipe_cl, dp, sim_dp, sim_time, optimizer=optimizer)
     elif setting.choose == "predict":
         t_chosen = sim_dp if is_dp else sim_time(chosen)
     else:
@@ -182,17 +218,20 @@ def simulate_row(row: PaperRow, setting: PaperSetting = PaperSetting(), *, minib
     each over data parallelism on the same GPUs (NCCL), beside the paper. Deterministic."""
     prof = setting.profile(row.model)
     pipe_cl, dp_cl = setting.clusters(row)
-    chosen, dp, is_dp, t_chosen, sim_dp = row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches)
+    opt = setting.optimizer_of(row.model)
+    chosen, dp, is_dp, t_chosen, sim_dp = row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches,
+                                                     optimizer=opt)
 
     def sim_time(plan: Plan) -> float:
-        return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches).time_per_minibatch)
+        return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches,
+                                   optimizer=opt).time_per_minibatch)
 
-    pp = paper_plan(row, prof, pipe_cl)
+    pp = paper_plan(row, prof, pipe_cl, optimizer=opt)
     t_paper = sim_dp if pp is None else (t_chosen if (not is_dp and pp.config == chosen.config
                                                        and _same_bounds(pp, chosen)) else sim_time(pp))
     out: dict[str, Any] = {
         "model": row.model, "cluster": row.cluster, "servers_x_gpus": f"{row.servers}x{row.gpus_per_server}",
-        "batch_size": prof.batch_size, "device_speed": round(setting.speed(), 3),
+        "batch_size": prof.batch_size, "optimizer": opt, "device_speed": round(setting.speed(), 3),
         "config": chosen.config, "stages": chosen.num_stages,
         "predicted_speedup": round(dp.time_per_minibatch / chosen.time_per_minibatch, 3),
         "simulated_speedup": round(sim_dp / t_chosen, 3),
@@ -223,7 +262,7 @@ def predicted_row(row: PaperRow, setting: PaperSetting) -> dict[str, Any]:
     """The partitioner's prediction for a row (no simulation; what the sensitivity grid uses)."""
     prof = setting.profile(row.model)
     pipe_cl, dp_cl = setting.clusters(row)
-    chosen, dp, _ = choose_plan(prof, pipe_cl, dp_cl)
+    chosen, dp, _ = choose_plan(prof, pipe_cl, dp_cl, optimizer=setting.optimizer_of(row.model))
     sp = dp.time_per_minibatch / chosen.time_per_minibatch
     err = sp / row.speedup - 1.0 if row.speedup else float("nan")
     shape = config_shape(chosen.config) == config_shape(row.config)
@@ -260,6 +299,66 @@ def sensitivity(speeds: Sequence[float] | None = None, nccl_scales: Sequence[flo
                             "paper_config_error": r["paper_config_error"],
                             "paper_config_ok": r["paper_config_within_25pct"]})
     return out
+
+
+#: cited alternatives to the defaults' terms, each simulated over the whole table (:func:`alternatives`):
+#: name -> (how it differs from the defaults, its source, the setting)
+ALTERNATIVES: dict[str, tuple[str, str, PaperSetting]] = {
+    "defaults": ("the cited defaults", "README", PaperSetting()),
+    "gloo-one-core": (
+        "the replicated stages' gloo all-reduce at one pinned core's rate, 1.07 GB/s, not gloo's 2.83 GB/s",
+        "pytorch/gloo issue #248 (2020)", PaperSetting(gloo_allreduce_bandwidth=GLOO_ALLREDUCE_ONE_CORE)),
+    "nccl-tree-two-servers": (
+        "DP's all-reduce on two servers as NCCL 2.4's tree (the network carries each byte once each way), "
+        "not the flat ring", "NVIDIA/nccl issues #235 (2019), #946; nccl-tests #22",
+        PaperSetting(nccl_ring="two-server-tree")),
+    "sgd-for-gnmt": (
+        "GNMT trained with momentum SGD (pipelab's earlier choice), not PipeDream's Adam",
+        "runtime/translation/main_with_runtime.py", PaperSetting(optimizer="sgd-momentum")),
+}
+
+
+def alternatives(names: Sequence[str] | None = None, *, rows: Sequence[PaperRow] = TABLE1,
+                 minibatches: int = 64) -> list[dict[str, Any]]:
+    """Every row under each cited alternative of :data:`ALTERNATIVES` (all of them by default), simulated
+    as :func:`simulate_row` does: one record per (alternative, row) with pipelab's choice, its error,
+    whether it counts for the goal (``ok``: the paper's shape, within 25%) and the paper configuration's
+    error. The ``"defaults"`` records are the table."""
+    out = []
+    for name in (ALTERNATIVES if names is None else names):
+        if name not in ALTERNATIVES:
+            raise ValueError(f"unknown alternative {name!r}; choose from {', '.join(ALTERNATIVES)}")
+        what, source, setting = ALTERNATIVES[name]
+        for row in rows:
+            r = simulate_row(row, setting, minibatches=minibatches)
+            out.append({"alternative": name, "what": what, "source": source, "key": row.key,
+                        "config": r["config"], "simulated_speedup": r["simulated_speedup"],
+                        "paper_speedup": row.speedup, "error": r["error"],
+                        "ok": bool(r["shape_matches"] and r["within_25pct"]),
+                        "paper_config_error": r["paper_config_error"],
+                        "paper_config_ok": bool(r["paper_config_within_25pct"]),
+                        "sim_dp_ms": r["sim_dp_ms"], "sim_plan_ms": r["sim_plan_ms"]})
+    return out
+
+
+def alternatives_markdown(df: pd.DataFrame) -> str:
+    """:func:`alternatives`' records as markdown: per alternative, rows within 25% with the paper's shape
+    (and the paper's configurations within 25%), then each row's error under each alternative."""
+    names = list(dict.fromkeys(df["alternative"]))
+    lines = ["| alternative | what differs from the defaults | source | rows (paper's configurations) |",
+             "|---|---|---|---|"]
+    for name in names:
+        part = df[df["alternative"] == name]
+        lines.append(f"| {name} | {part['what'].iloc[0]} | {part['source'].iloc[0]} | "
+                     f"{int(part['ok'].sum())} ({int(part['paper_config_ok'].sum())}) |")
+    lines += ["", "| row | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key in dict.fromkeys(df["key"]):
+        cells = []
+        for name in names:
+            r = df[(df["alternative"] == name) & (df["key"] == key)].iloc[0]
+            cells.append(f"{float(r['error']):+.0%} ({r['config']})")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def default_wire_fractions() -> dict[str, float]:

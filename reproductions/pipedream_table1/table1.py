@@ -98,7 +98,8 @@ row_spec = paper or rp.PaperRow(model, cluster, servers, gpus_per_server, "", No
 # to it is a cited parameter (`tp.profiling_gpu_speed()`: a V100's published ResNet-50 training
 # throughput over the one PipeDream's ResNet-50 profile implies), and so is NCCL's bus bandwidth over
 # TCP (`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`). The pipelined runs' cluster prices transfers and replica
-# all-reduces as gloo does (through host memory), the DP baseline's all-reduce as NCCL's ring.
+# all-reduces as gloo does (transfers through host memory; a replicated stage's all-reduce as gloo's ring
+# on the host), the DP baseline's all-reduce as NCCL's ring; each model trains with PipeDream's optimizer.
 
 # %%
 bus = None
@@ -106,6 +107,7 @@ if nccl_wire_fraction:
     bus = {"ethernet-10g": nccl_wire_fraction * 10e9 / 8, "ethernet-25g": nccl_wire_fraction * 25e9 / 8}
 setting = tp.PaperSetting(batch_size=batch_size, device_speed=device_speed or None, nccl_bus_bandwidth=bus,
                           transports=transports)
+opt = setting.optimizer_of(model)   # PipeDream's: momentum SGD for the image models, Adam for GNMT
 if profile_source == "pipedream":
     prof = setting.profile(model)
 elif profile_source == "measured":
@@ -135,12 +137,14 @@ print("data-parallel baseline:", dp_cl.describe())
 # %%
 if profile_source == "pipedream":
     row = tp.simulate_row(row_spec, setting, minibatches=minibatches)
-    plan, dp_plan, is_dp, _, _ = tp.row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches)
+    plan, dp_plan, is_dp, _, _ = tp.row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches,
+                                               optimizer=opt)
 else:   # a measured profile: no paper configuration to map; pipelab's choice only
-    plan, dp_plan, is_dp = tp.choose_plan(prof, pipe_cl, dp_cl)
-    t_dp = rp.simulate_plan(dp_plan, prof, dp_cl, minibatches=minibatches).time_per_minibatch
+    plan, dp_plan, is_dp = tp.choose_plan(prof, pipe_cl, dp_cl, optimizer=opt)
+    t_dp = rp.simulate_plan(dp_plan, prof, dp_cl, minibatches=minibatches, optimizer=opt).time_per_minibatch
     t_plan = (t_dp if is_dp else
-              rp.simulate_plan(plan, prof, pipe_cl, minibatches=minibatches).time_per_minibatch)
+              rp.simulate_plan(plan, prof, pipe_cl, minibatches=minibatches,
+                               optimizer=opt).time_per_minibatch)
     row = {"model": model, "cluster": cluster, "servers_x_gpus": f"{servers}x{gpus_per_server}",
            "config": plan.config, "simulated_speedup": round(t_dp / t_plan, 3)}
 row["profile"] = profile_source
@@ -173,7 +177,8 @@ row["dp_exposed_comm_share"] = round(float(t["exposed_comm_ms"] / t["replica_ms"
 # backward (hatched) pass, coloured by minibatch; thin grey bars are transfers.
 
 # %%
-short = rp.simulate_plan(plan, prof, dp_cl if is_dp else pipe_cl, minibatches=gantt_minibatches)
+short = rp.simulate_plan(plan, prof, dp_cl if is_dp else pipe_cl, minibatches=gantt_minibatches,
+                         optimizer=opt)
 show(pl.views.gantt(short.trace, title=f"{model} on {cluster} {servers}x{gpus_per_server}: "
                                          f"{plan.config} (simulated)"))
 
