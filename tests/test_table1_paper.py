@@ -252,3 +252,23 @@ def test_optimizer_is_pipedreams_per_model() -> None:
     sgd = CostModel(prof, cl, optimizer="sgd-momentum").update_s(0, 2, 0)
     assert adam / sgd == pytest.approx(5 / 4)
     assert tp.simulate_row(TABLE1[4], s, minibatches=16)["optimizer"] == "adam"
+
+
+def test_gnmt_profiles_record_one_batchs_sentence_length() -> None:
+    # PipeDream's translation profiler reads activation sizes off one batch: the first embedding's output
+    # is S x batch x 1024 floats, S = 48 tokens in GNMT-8's profile (batch 32), 25 in GNMT-16's (batch 128)
+    assert tp.profiled_tokens("gnmt8") == 48 and tp.profiled_tokens("gnmt16") == 25
+    with pytest.raises(ValueError, match="no embedding"):
+        tp.profiled_tokens("vgg16")
+    prof = tp.PaperSetting().profile("gnmt8")
+    short = tp.PaperSetting(activation_tokens={"gnmt8": 24}).profile("gnmt8")
+    assert [la.fwd_s for la in short.layers] == [la.fwd_s for la in prof.layers]          # times as profiled
+    assert [la.param_bytes for la in short.layers] == [la.param_bytes for la in prof.layers]
+    assert [la.out_bytes for la in short.layers] == [round(la.out_bytes / 2) for la in prof.layers]
+    assert list(short.cut_bytes) == [round(c / 2) for c in prof.cut_bytes]
+    assert short.input_bytes == round(prof.input_bytes / 2)
+    assert "from 48 to 24 tokens" in short.source
+    vgg = tp.PaperSetting(activation_tokens={"gnmt8": 24}).profile("vgg16")
+    assert vgg == tp.PaperSetting().profile("vgg16")
+    with pytest.raises(ValueError, match="factor="):
+        tp.with_activation_scale(prof, 0.0, "none")

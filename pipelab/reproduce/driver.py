@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sens = pd.DataFrame(sensitivity())
                 write_table(sens, t1 / "sensitivity.csv")
                 atomic_write_text(t1 / "sensitivity.svg", sensitivity_svg(sens))
-                bar.set_postfix_str("table1 alternatives")   # 40 simulated rows, about 20 s
+                bar.set_postfix_str("table1 alternatives")   # 50 simulated rows, about 25 s
                 write_table(pd.DataFrame(alternatives()), t1 / "alternatives.csv")
         if measure is not None:
             write_table(measure, t1 / "measure.csv")

@@ -77,6 +77,46 @@ PAPER_CONFIGS: dict[str, str] = {
 }
 
 
+#: GNMT's vocabulary in PipeDream's profiles (both graph files: ``Embedding(32320, 1024, padding_idx=0)``)
+GNMT_VOCAB = 32320
+
+
+def profiled_tokens(model: str) -> int:
+    """Tokens per sentence of the one batch whose activation sizes a GNMT profile records.
+
+    PipeDream's translation profiler averages every layer's times over 101 training steps of bucketed
+    batches but reads the activation sizes off one batch, the loader's first (``torchsummary`` in
+    ``profiler/translation/seq2seq/train/trainer.py``). The first embedding's output of that batch is
+    ``S x B x hidden`` floats, so ``S`` = its bytes / (batch x hidden x 4), the hidden size read off the
+    embedding's weights (:data:`GNMT_VOCAB` x hidden floats): 48 for GNMT-8's profile, 25 for GNMT-16's."""
+    prof = pipedream_profile(model)
+    emb = next((layer for layer in prof.layers if layer.kind == "Embedding"), None)
+    if emb is None:
+        raise ValueError(f"{model!r} has no embedding layer: token counts are for the GNMT profiles")
+    hidden, rest = divmod(emb.param_bytes, GNMT_VOCAB * 4)
+    if rest or not hidden:
+        raise ValueError(f"{model!r}: the embedding's {emb.param_bytes} bytes are not "
+                         f"{GNMT_VOCAB} x hidden floats")
+    return round(emb.out_bytes / (prof.batch_size * hidden * 4))
+
+
+def with_activation_scale(prof: Profile, factor: float, note: str) -> Profile:
+    """``prof`` with every activation byte count (outputs, saved activations, cuts, inputs, the loss's)
+    scaled by ``factor`` and times and weights unchanged, e.g. a sequence model's activations at another
+    sentence length than the profiled batch's; ``note`` is recorded in ``source``."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor={factor!r} must be a finite number > 0")
+
+    def b(v: int) -> int:
+        return int(round(v * factor))
+
+    layers = tuple(replace(layer, out_bytes=b(layer.out_bytes), saved_bytes=b(layer.saved_bytes))
+                   for layer in prof.layers)
+    return replace(prof, layers=layers, cut_bytes=tuple(b(c) for c in prof.cut_bytes),
+                   input_bytes=b(prof.input_bytes), loss_saved_bytes=b(prof.loss_saved_bytes),
+                   source=f"{prof.source}; {note}" if prof.source else note)
+
+
 def profiling_gpu_speed(v100_images_per_s: float = V100_RESNET50_IMAGES_PER_S) -> float:
     """A V100's speed relative to the GPU that measured PipeDream's profiles: the published V100
     throughput of ResNet-50 over the one PipeDream's ResNet-50 profile implies (batch / (fwd + bwd))."""
@@ -96,7 +136,9 @@ class PaperSetting:
     network carries each byte once each way: priced as the ring per level, whose Ethernet hop moves
     ``2 (p - 1) / p = 1`` of the bytes for ``p = 2``. ``gloo_allreduce_bandwidth``: gloo's host-side
     ring rate for the replicated stages (None: :data:`~pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`).
-    ``optimizer``: None for PipeDream's per model (:data:`PAPER_OPTIMIZERS`). ``choose``:
+    ``optimizer``: None for PipeDream's per model (:data:`PAPER_OPTIMIZERS`). ``activation_tokens``:
+    for a GNMT model, the sentence length its activation bytes are scaled to from the profiled batch's
+    (:func:`profiled_tokens`; None: as profiled). ``choose``:
     ``"simulate"`` (default) takes, of the partitioner's plan, the best straight pipeline and DP, the one
     the simulator finds fastest; ``"predict"`` keeps the partitioner's plan unless DP is predicted at
     least as fast (the earlier rule)."""
@@ -109,6 +151,7 @@ class PaperSetting:
     choose: str = "simulate"                    # "simulate" | "predict"
     gloo_allreduce_bandwidth: float | None = None   # None: GLOO_ALLREDUCE_BUS_BANDWIDTH
     optimizer: str | None = None                # None: PipeDream's per model (PAPER_OPTIMIZERS)
+    activation_tokens: dict[str, int] | None = None  # model -> tokens per sentence of its activation bytes
 
     def speed(self) -> float:
         """The device speed used."""
@@ -137,8 +180,14 @@ class PaperSetting:
         return base.with_transport("gloo-host", "gloo-ring", gloo_allreduce_bandwidth=gloo), dp
 
     def profile(self, model: str) -> Profile:
-        """PipeDream's profile of ``model`` at this batch size."""
-        return pipedream_profile(model).at_batch_size(self.batch_size)
+        """PipeDream's profile of ``model`` at this batch size (and ``activation_tokens``' length)."""
+        prof = pipedream_profile(model).at_batch_size(self.batch_size)
+        tokens = (self.activation_tokens or {}).get(model)
+        if tokens is None:
+            return prof
+        was = profiled_tokens(model)
+        return with_activation_scale(prof, tokens / was, f"activations scaled from {was} to {tokens} tokens "
+                                                           f"per sentence")
 
 
 def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit: float | None = None,
@@ -312,6 +361,14 @@ ALTERNATIVES: dict[str, tuple[str, str, PaperSetting]] = {
         "DP's all-reduce on two servers as NCCL 2.4's tree (the network carries each byte once each way), "
         "not the flat ring", "NVIDIA/nccl issues #235 (2019), #946; nccl-tests #22",
         PaperSetting(nccl_ring="two-server-tree")),
+    "gnmt8-at-25-tokens": (
+        "GNMT-8's activation bytes at 25 tokens per sentence (GNMT-16's profiled batch), not its profiled "
+        "batch's 48; times unchanged (both are means over 101 batches)",
+        "profiler/translation/seq2seq/train/trainer.py; the two profiles' embedding outputs",
+        PaperSetting(activation_tokens={"gnmt8": 25})),
+    "gloo-one-core+gnmt8-at-25-tokens": (
+        "gloo-one-core and gnmt8-at-25-tokens together", "as those two",
+        PaperSetting(gloo_allreduce_bandwidth=GLOO_ALLREDUCE_ONE_CORE, activation_tokens={"gnmt8": 25})),
     "sgd-for-gnmt": (
         "GNMT trained with momentum SGD (pipelab's earlier choice), not PipeDream's Adam",
         "runtime/translation/main_with_runtime.py", PaperSetting(optimizer="sgd-momentum")),
