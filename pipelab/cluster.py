@@ -60,6 +60,8 @@ from pipelab.transports import (
 
 GB = 1e9
 Gbps = 1e9 / 8
+#: :attr:`Cluster.allreduce_ring` values
+ALLREDUCE_RINGS = ("hierarchical", "flat")
 CLUSTER_SCHEMA = 1
 
 
@@ -185,10 +187,18 @@ class Cluster:
     devices: tuple[Device, ...]
     #: what :func:`pipelab.calibrate.calibrate` measured, when the cluster is a calibrated machine
     calibration: Calibration | None = None
+    #: how a group's all-reduce runs (:data:`ALLREDUCE_RINGS`): ``"hierarchical"``, a ring per level, each
+    #: over that level's links; ``"flat"``, one ring through the group's workers in rank order (gloo's, set
+    #: by ``with_transport(allreduce="gloo-ring")``), every worker moving ``2 (p - 1) / p`` of the bytes
+    #: over the slowest level the group crosses
+    allreduce_ring: str = "hierarchical"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(self.levels))
         object.__setattr__(self, "devices", tuple(self.devices))
+        if self.allreduce_ring not in ALLREDUCE_RINGS:
+            raise ValueError(f"cluster {self.name!r}: allreduce_ring={self.allreduce_ring!r} must be one of "
+                             f"{ALLREDUCE_RINGS}")
         if not self.devices:
             raise ValueError(f"cluster {self.name!r} has zero workers; give at least one device")
         if not self.levels:
@@ -275,7 +285,7 @@ class Cluster:
         if math.prod(lv.size for lv in levels) != len(ws):
             raise ValueError(f"workers {ws} are not a regular sub-grid of cluster {self.name!r}; "
                              f"choose the same number of GPUs in each chosen server")
-        return Cluster(f"{self.name}[{len(ws)}]", tuple(levels), devices)
+        return Cluster(f"{self.name}[{len(ws)}]", tuple(levels), devices, allreduce_ring=self.allreduce_ring)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -413,14 +423,16 @@ class Cluster:
         ``"gloo-ring"`` sets every level's to gloo's ring on the host: the slower of the level's path
         (its Ethernet across servers, ``host_copy_bandwidth`` for the loopback inside one) and
         ``gloo_allreduce_bandwidth`` (default :data:`pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`,
-        gloo's published ring rate); the copies to and from the host happen once per bucket, behind
+        gloo's published ring rate), and the cluster's ``allreduce_ring`` to ``"flat"``: gloo runs one
+        ring through the group's ranks; the copies to and from the host happen once per bucket, behind
         other buckets' rings, and are not priced. ``"link"`` leaves a level as it is.
         """
         levels = transport_levels(self.levels, pipeline, allreduce, host_copy_bandwidth=host_copy_bandwidth,
                                   allreduce_bus_bandwidth=allreduce_bus_bandwidth,
                                   gloo_allreduce_bandwidth=gloo_allreduce_bandwidth)
         tag = "" if (pipeline, allreduce) == ("link", "link") else f"[{pipeline},{allreduce}]"
-        return replace(self, name=self.name + tag, levels=tuple(levels))
+        ring = "flat" if allreduce == "gloo-ring" else self.allreduce_ring
+        return replace(self, name=self.name + tag, levels=tuple(levels), allreduce_ring=ring)
 
     # ------------------------------------------------------------------ output
     @property
@@ -445,6 +457,8 @@ class Cluster:
                 via += f", all-reduce bus {lv.allreduce_bandwidth / GB:.3g} GB/s"
             lines.append(f"  level {k} {lv.name}: {lv.size} per block, {lv.bandwidth / GB:.3g} GB/s "
                          f"({lv.bandwidth * 8 / 1e9:.3g} Gbps), latency {lv.latency * 1e6:.3g} us{up}{via}")
+        if self.allreduce_ring == "flat":
+            lines.append("  all-reduce: one flat ring through a group's workers (slowest level crossed)")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -453,6 +467,8 @@ class Cluster:
                              "devices": [asdict(dv) for dv in self.devices]}
         if self.calibration is not None:
             d["calibration"] = self.calibration.to_dict()
+        if self.allreduce_ring != "hierarchical":
+            d["allreduce_ring"] = self.allreduce_ring
         return d
 
     @classmethod
@@ -462,7 +478,8 @@ class Cluster:
             cal = d.get("calibration")
             return cls(d["name"], tuple(Level(**lv) for lv in d["levels"]),
                        tuple(Device(**dv) for dv in d["devices"]),
-                       Calibration.from_dict(cal) if cal is not None else None)
+                       Calibration.from_dict(cal) if cal is not None else None,
+                       allreduce_ring=d.get("allreduce_ring", "hierarchical"))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed cluster dict ({exc}); produce it with Cluster.to_dict()") from None
 

@@ -4,6 +4,7 @@ and the committed simulated table against what the code writes now."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -272,3 +273,29 @@ def test_gnmt_profiles_record_one_batchs_sentence_length() -> None:
     assert vgg == tp.PaperSetting().profile("vgg16")
     with pytest.raises(ValueError, match="factor="):
         tp.with_activation_scale(prof, 0.0, "none")
+
+
+def test_gloo_all_reduce_is_one_flat_ring_through_the_group() -> None:
+    # gloo runs one ring through a replica group's ranks: every rank moves 2 (P - 1) / P of the bytes, the
+    # ring at its slowest crossed link; the hierarchical ring per level stays the default elsewhere
+    base = pl.Cluster.preset("pipedream-a", servers=4, gpus_per_server=4)
+    gloo = base.with_transport("gloo-host", "gloo-ring")
+    assert gloo.allreduce_ring == "flat" and base.allreduce_ring == "hierarchical"
+    assert base.with_transport("link", "nccl-ring").allreduce_ring == "hierarchical"
+    prof = pl.Profile.synthetic([1.0, 1.0], param_bytes=[10**8, 0])
+    cm = CostModel(prof, gloo)
+    lat = base.levels[1].latency
+    kappa, fixed = cm.allreduce_coeffs(range(12))             # three servers of four
+    assert kappa == pytest.approx(2 * 11 / 12 / (10e9 / 8)) and fixed == pytest.approx(2 * 11 * lat)
+    inside = cm.allreduce_coeffs(range(4))                     # one server: the loopback at gloo's rate
+    assert inside == pytest.approx((2 * 3 / 4 / GLOO_ALLREDUCE_BUS_BANDWIDTH, 2 * 3 * base.levels[0].latency))
+    hier = CostModel(prof, replace(gloo, allreduce_ring="hierarchical")).allreduce_coeffs(range(12))
+    assert hier[0] == pytest.approx(2 * 3 / 4 / GLOO_ALLREDUCE_BUS_BANDWIDTH + 2 * 2 / 3 / (10e9 / 8))
+    assert kappa < hier[0]
+    # kept by save/load and by sub-clusters (the partitioners' blocks), checked on construction
+    assert pl.Cluster.from_dict(gloo.to_dict()) == gloo
+    assert "allreduce_ring" not in base.to_dict()
+    assert gloo.subset(range(8)).allreduce_ring == "flat"
+    assert "flat ring" in gloo.describe()
+    with pytest.raises(ValueError, match="allreduce_ring="):
+        replace(base, allreduce_ring="tree")

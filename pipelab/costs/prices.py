@@ -366,7 +366,8 @@ class Prices:
     # ------------------------------------------------------------------ all-reduce
     def allreduce_coeffs(self, workers: Sequence[int], compute_s: float | None = None) -> tuple[float, float]:
         """``(seconds per byte, fixed seconds)`` of a hierarchical ring all-reduce over ``workers``
-        (at ``allreduce_bandwidth`` per link where it is set). On a calibrated cluster, ``compute_s``
+        (at ``allreduce_bandwidth`` per link where it is set), or of one flat ring through them where the
+        cluster's ``allreduce_ring`` is ``"flat"``. On a calibrated cluster, ``compute_s``
         (what each replica computed since the last all-reduce) picks the ring's latency
         (:meth:`~pipelab.calibration.Calibration.allreduce_latency`; None: the calibration's one)."""
         ws = sorted(set(int(w) for w in workers))
@@ -381,6 +382,7 @@ class Prices:
             bw = cal.allreduce_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
             return 2.0 * (p - 1) / p / bw, 2.0 * (p - 1) * cal.allreduce_latency(compute_s)
         per_byte, fixed = 0.0, 0.0
+        crossed = []
         for k, lv in enumerate(self.cluster.levels):
             inner, outer = self.cluster.block_size(k - 1), self.cluster.block_size(k)
             groups: dict[int, set[int]] = {}
@@ -393,8 +395,15 @@ class Prices:
                 continue
             links = min(lv.uplinks, max(members.values()))
             bw = lv.ring_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+            crossed.append((bw, lv.latency))
             per_byte += 2.0 * (p - 1) / p / (bw * links)
             fixed += 2.0 * (p - 1) * lv.latency
+        if self.cluster.allreduce_ring == "flat" and crossed:
+            # one ring through all the group's workers: each moves 2 (P - 1) / P of the bytes, the ring as
+            # fast as its slowest link, every step one latency of the slowest-latency level crossed
+            n = len(ws)
+            return (2.0 * (n - 1) / n / min(bw for bw, _ in crossed),
+                    2.0 * (n - 1) * max(lat for _, lat in crossed))
         return per_byte, fixed
 
     def allreduce_latency_steps(self, workers: Sequence[int]) -> float:
