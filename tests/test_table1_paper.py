@@ -299,3 +299,19 @@ def test_gloo_all_reduce_is_one_flat_ring_through_the_group() -> None:
     assert "flat ring" in gloo.describe()
     with pytest.raises(ValueError, match="allreduce_ring="):
         replace(base, allreduce_ring="tree")
+
+
+def test_pipedream_partition_refines_from_the_straight_optimum_too() -> None:
+    # GNMT-8 on one server of 4 with its activations at 40 tokens: the DP's bounds [10, 23, 41] tie on its
+    # stage-additive objective with the prefix-sum optimum, and their one-boundary-at-a-time refinement
+    # stopped at [14, 23, 41] (42.2 ms), while [9, 27, 40] fits and takes 39.4 ms by the same steady state
+    # (the plan of the 48-token profile): the returned plan must be no slower than that witness
+    setting = tp.PaperSetting(activation_tokens={"gnmt8": 40})
+    prof = setting.profile("gnmt8")
+    pipe, _ = setting.clusters(TABLE1[4])
+    plan = pl.partition(prof, pipe, method="pipedream", optimizer="adam")
+    cm = CostModel(prof, pipe, optimizer="adam")
+    cuts = [0, 9, 27, 40, len(prof)]
+    witness = cm.steady_state(list(zip(cuts[:-1], cuts[1:])), [[0], [1], [2], [3]], in_flight=[4, 3, 2, 1])
+    assert plan.config == "straight"
+    assert plan.time_per_minibatch <= witness.time_s * (1 + 1e-9)

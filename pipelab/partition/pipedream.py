@@ -27,8 +27,11 @@ stage's NIC; round-robin spreads them over the stage's ports). Stages over memor
 (``(versions + 1 + optimizer) * params + in_flight * activations`` above the limit) are excluded.
 The plan's prediction is then the full :meth:`CostModel.steady_state`, which also sums ports that
 several stages share and bounds the round trip over the minibatches in flight and the 1F1B cycles of
-adjacent unreplicated stages; among the layouts searched (flat and per block) the one with the best
-prediction wins.
+adjacent unreplicated stages; each layout's boundaries are first moved one at a time to where that
+steady state is smallest (:func:`~pipelab.partition._evaluate.refine_bounds`, a local search), for the
+straight pipeline from two starts, the DP's bounds and the exact prefix-sum optimum (they tie on the
+DP's objective yet can end in different local optima); among the layouts searched (flat and per
+block) the one with the best prediction wins.
 
 Differences from PipeDream's own optimizer, on purpose: compute and communication overlap (``max``
 rather than sum, as the paper's formula says but not every term of its code does); activation and
@@ -272,8 +275,19 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
             for m in reps:
                 stage_ws.append(list(range(w, w + m)))
                 w += m
-            bounds = refine_bounds(cm2, bounds, stage_ws, memory_limit=memory_limit)
-            plan = build_plan(cm2, bounds, reps, method="pipedream", schedule="async", notes=notes)
+            # the refinement is a local search from the DP's bounds; a straight pipeline's DP optimum
+            # ties with others of the same bottleneck, so the exact prefix-sum optimum is a second start
+            starts = [list(bounds)]
+            if strt and len(reps) == Wall:
+                try:
+                    sbounds = list(straight_solve(cm2, memory_limit=memory_limit, buffers=None)[1])
+                except ValueError:
+                    sbounds = starts[0]
+                if sbounds != starts[0]:
+                    starts.append(sbounds)
+            plan = min((build_plan(cm2, refine_bounds(cm2, b, stage_ws, memory_limit=memory_limit), reps,
+                                   method="pipedream", schedule="async", notes=notes) for b in starts),
+                       key=lambda p: p.time_per_minibatch)
         else:
             copies = Wall // block
             ranks_of, w, stage_ws = [], 0, []
