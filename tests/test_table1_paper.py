@@ -16,9 +16,11 @@ from pipelab.partition.pipedream_conf import available, load_config, plan_from_p
 from pipelab.reproduce import table1_paper as tp
 from pipelab.reproduce.table1 import TABLE1, simulate_plan
 from pipelab.transports import (
+    DDP_BUCKET_BYTES,
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
     GLOO_ALLREDUCE_ONE_CORE,
     NCCL_TCP_BUS_BANDWIDTH,
+    nccl24_tree_threshold,
     nccl_flat_ring,
 )
 
@@ -315,3 +317,24 @@ def test_pipedream_partition_refines_from_the_straight_optimum_too() -> None:
     witness = cm.steady_state(list(zip(cuts[:-1], cuts[1:])), [[0], [1], [2], [3]], in_flight=[4, 3, 2, 1])
     assert plan.config == "straight"
     assert plan.time_per_minibatch <= witness.time_s * (1 + 1e-9)
+
+
+def test_nccl24_picks_its_tree_on_cluster_b_and_its_ring_on_cluster_a() -> None:
+    # NCCL 2.4's ncclTreeThreshold by hand: ring 6 us per step, tree 15 us per node level + 4 us per rank
+    # in a node; tree bandwidth 2/3 of the ring's on PCIe, 3/4 with NVLink, doubled on two NVLink nodes
+    assert nccl24_tree_threshold(2, 16, nvlink=True, channels=4) == math.inf     # cluster B: always the tree
+    ring, tree = 5000.0, 5000.0 * 2 / 3
+    assert nccl24_tree_threshold(4, 16, nvlink=False) == pytest.approx(
+        ring * tree / (ring - tree) * (6 * 15 - (15 * 2 + 4 * 3)))                 # cluster A 4x4: 480 kB
+    assert nccl24_tree_threshold(3, 12, nvlink=False) == pytest.approx(
+        ring * tree / (ring - tree) * (6 * 11 - (15 * 1 + 4 * 3)))                 # A 3x4: 390 kB
+    assert nccl24_tree_threshold(1, 4, nvlink=False) == 0.0                       # one server: the ring
+    assert max(nccl24_tree_threshold(4, 16, False), nccl24_tree_threshold(3, 12, False)) < DDP_BUCKET_BYTES
+    with pytest.raises(ValueError, match="nodes="):
+        nccl24_tree_threshold(0, 4, nvlink=False)
+    # the alternative applies the tree exactly where NCCL 2.4 would for DDP's 25 MiB buckets: cluster B
+    tree = tp.PaperSetting(nccl_ring="two-server-tree")
+    flat = tp.PaperSetting()
+    for row in TABLE1:
+        same = tree.clusters(row)[1].levels == flat.clusters(row)[1].levels
+        assert same == (row.cluster != "pipedream-b"), row.key

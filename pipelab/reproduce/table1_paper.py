@@ -37,9 +37,11 @@ from pipelab.profile.records import Profile
 from pipelab.reproduce.report import svg_heatmap
 from pipelab.reproduce.table1 import TABLE1, PaperRow, config_shape, simulate_plan
 from pipelab.transports import (
+    DDP_BUCKET_BYTES,
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
     GLOO_ALLREDUCE_ONE_CORE,
     NCCL_TCP_BUS_BANDWIDTH,
+    nccl24_tree_threshold,
     nccl_flat_ring,
 )
 
@@ -132,9 +134,10 @@ class PaperSetting:
     ``nccl_ring``: ``"flat"`` (default) prices the DP baseline's all-reduce as NCCL runs it, one ring
     through every rank at the slowest level's bus bandwidth (:func:`pipelab.transports.nccl_flat_ring`);
     ``"hierarchical"`` as the cost model's ring per level (the earlier model); ``"two-server-tree"``
-    the flat ring except on two servers, where NCCL 2.4 ran its tree (NVIDIA/nccl issue #235), whose
-    network carries each byte once each way: priced as the ring per level, whose Ethernet hop moves
-    ``2 (p - 1) / p = 1`` of the bytes for ``p = 2``. ``gloo_allreduce_bandwidth``: gloo's host-side
+    the flat ring except where NCCL 2.4 chose its tree for DistributedDataParallel's buckets
+    (:func:`pipelab.transports.nccl24_tree_threshold`: on two NVLink servers, cluster B), whose network
+    carries each byte once each way on two servers: priced as the ring per level, whose Ethernet hop
+    moves ``2 (p - 1) / p = 1`` of the bytes for ``p = 2``. ``gloo_allreduce_bandwidth``: gloo's host-side
     ring rate for the replicated stages (None: :data:`~pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`).
     ``optimizer``: None for PipeDream's per model (:data:`PAPER_OPTIMIZERS`). ``activation_tokens``:
     for a GNMT model, the sentence length its activation bytes are scaled to from the profiled batch's
@@ -172,7 +175,9 @@ class PaperSetting:
         dp = base.with_transport("link", "nccl-ring", allreduce_bus_bandwidth=self.nccl_bus_bandwidth)
         if self.nccl_ring not in NCCL_RINGS:
             raise ValueError(f"nccl_ring={self.nccl_ring!r} must be one of {NCCL_RINGS}")
-        tree = self.nccl_ring == "two-server-tree" and row.servers == 2
+        nvlink = base.levels[0].name.startswith("nvlink")
+        tree = (self.nccl_ring == "two-server-tree" and row.servers == 2
+                and nccl24_tree_threshold(row.servers, base.num_workers, nvlink) > DDP_BUCKET_BYTES)
         if self.nccl_ring != "hierarchical" and not tree:
             dp = replace(dp, name=dp.name + "[flat]", levels=nccl_flat_ring(dp.levels))
         gloo = GLOO_ALLREDUCE_BUS_BANDWIDTH if self.gloo_allreduce_bandwidth is None \
@@ -359,7 +364,7 @@ ALTERNATIVES: dict[str, tuple[str, str, PaperSetting]] = {
         "pytorch/gloo issue #248 (2020)", PaperSetting(gloo_allreduce_bandwidth=GLOO_ALLREDUCE_ONE_CORE)),
     "nccl-tree-two-servers": (
         "DP's all-reduce on two servers as NCCL 2.4's tree (the network carries each byte once each way), "
-        "not the flat ring", "NVIDIA/nccl issues #235 (2019), #946; nccl-tests #22",
+        "not the flat ring", "NCCL 2.4 src/init.cu (ncclTreeThreshold); NVIDIA/nccl #235, #946",
         PaperSetting(nccl_ring="two-server-tree")),
     "gnmt8-at-25-tokens": (
         "GNMT-8's activation bytes at 25 tokens per sentence (GNMT-16's profiled batch), not its profiled "
