@@ -67,8 +67,13 @@ def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:
 
 
 def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None = None,
-          max_stages: int | None = None, block: int | None = None) -> tuple[float, list[int], list[int]]:
+          max_stages: int | None = None, block: int | None = None,
+          straight_bounds: Sequence[int] | None = None) -> tuple[float, list[int], list[int]]:
     """The DP itself: ``(time per minibatch, stage boundaries, replicas per stage)``.
+
+    ``straight_bounds``: the best straight pipeline's boundaries (Lv et al.'s prefix-sum search with
+    the same ``memory_limit``) where the caller has them; without ``block`` they bound the search,
+    and are computed here when not given.
 
     With ``block`` (the worker count of one block of some level, e.g. a server), the DP lays a
     pipeline over the ``block`` workers of one block and replicates it in every block
@@ -130,11 +135,13 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
     if block is None and 1 < W <= n:
         # the best straight pipeline (Lv et al.'s exact prefix-sum search, same cost terms) is
         # also a plan of this DP's space; usually a much tighter bound when pipelining wins
-        try:
-            sbounds = straight_solve(cm, memory_limit=memory_limit, buffers=None)[1]
-        except ValueError:
-            pass
-        else:
+        sbounds = straight_bounds
+        if sbounds is None:
+            try:
+                sbounds = straight_solve(cm, memory_limit=memory_limit, buffers=None)[1]
+            except ValueError:
+                pass
+        if sbounds is not None:
             comp, port = search_objective(cm, sbounds, [1] * W)
             U = min(U, max(*comp, *port) * (1 + 1e-9))
     pc = cm.pf + cm.pb
@@ -261,11 +268,19 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
     searches: list[tuple[int | None, bool]] = [(b, straight) for b in blocks]
     if not straight and 1 < Wall <= cm2.num_layers:
         searches.append((None, True))
+    # the best straight pipeline, once: the flat searches' bound and the straight refinement's second start
+    sbounds: list[int] | None = None
+    if 1 < Wall <= cm2.num_layers:
+        try:
+            sbounds = list(straight_solve(cm2, memory_limit=memory_limit, buffers=None)[1])
+        except ValueError:
+            pass
     best: Plan | None = None
     errors = []
     for block, strt in searches:
         try:
-            total, bounds, reps = solve(cm2, straight=strt, memory_limit=memory_limit, block=block)
+            total, bounds, reps = solve(cm2, straight=strt, memory_limit=memory_limit, block=block,
+                                        straight_bounds=sbounds)
         except ValueError as exc:
             errors.append(exc)
             continue
@@ -278,13 +293,8 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
             # the refinement is a local search from the DP's bounds; a straight pipeline's DP optimum
             # ties with others of the same bottleneck, so the exact prefix-sum optimum is a second start
             starts = [list(bounds)]
-            if strt and len(reps) == Wall:
-                try:
-                    sbounds = list(straight_solve(cm2, memory_limit=memory_limit, buffers=None)[1])
-                except ValueError:
-                    sbounds = starts[0]
-                if sbounds != starts[0]:
-                    starts.append(sbounds)
+            if strt and len(reps) == Wall and sbounds is not None and sbounds != starts[0]:
+                starts.append(sbounds)
             plan = min((build_plan(cm2, refine_bounds(cm2, b, stage_ws, memory_limit=memory_limit), reps,
                                    method="pipedream", schedule="async", notes=notes) for b in starts),
                        key=lambda p: p.time_per_minibatch)
