@@ -100,11 +100,13 @@ def test_choice_by_simulation_takes_the_fastest_candidate() -> None:
         prof = setting.profile(row.model)
         pipe_cl, dp_cl = setting.clusters(row)
         chosen, dp, is_dp, t, t_dp = tp.row_choice(prof, pipe_cl, dp_cl, setting, minibatches=16)
+        opt = setting.optimizer_of(row.model)     # the row's own, as row_choice takes it
         times = [t_dp]
         for straight in (False, True):
-            plan = pl.partition(prof, pipe_cl, method="pipedream", straight=straight)
+            plan = pl.partition(prof, pipe_cl, method="pipedream", straight=straight, optimizer=opt)
             if plan.num_stages > 1:
-                times.append(simulate_plan(plan, prof, pipe_cl, minibatches=16).time_per_minibatch)
+                times.append(simulate_plan(plan, prof, pipe_cl, minibatches=16,
+                                           optimizer=opt).time_per_minibatch)
         assert t == pytest.approx(min(times))
         assert is_dp == (t == t_dp) and (chosen is dp) == is_dp
     with pytest.raises(ValueError, match="choose="):

@@ -245,10 +245,13 @@ def paper_plan(row: PaperRow, prof: Profile, pipe_cl: Cluster, *, optimizer: str
 
 
 def row_choice(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, setting: PaperSetting, *,
-               minibatches: int = 64, optimizer: str = "sgd-momentum"
+               minibatches: int = 64, optimizer: str | None = None
                ) -> tuple[Plan, Plan, bool, float, float]:
     """pipelab's choice for a row as ``setting.choose`` says: ``(chosen, dp, is_dp, simulated seconds
-    per minibatch of the chosen plan, of DP)``; every plan trains with ``optimizer``."""
+    per minibatch of the chosen plan, of DP)``; every plan trains with ``optimizer`` (None: the
+    setting's for the profile's model, :meth:`PaperSetting.optimizer_of`)."""
+    if optimizer is None:
+        optimizer = setting.optimizer_of(prof.model)
     chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl, optimizer=optimizer)
     sim_dp = float(simulate_plan(dp, prof, dp_cl, minibatches=minibatches,
                                  optimizer=optimizer).time_per_minibatch)
@@ -273,8 +276,7 @@ def simulate_row(row: PaperRow, setting: PaperSetting = PaperSetting(), *, minib
     prof = setting.profile(row.model)
     pipe_cl, dp_cl = setting.clusters(row)
     opt = setting.optimizer_of(row.model)
-    chosen, dp, is_dp, t_chosen, sim_dp = row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches,
-                                                     optimizer=opt)
+    chosen, dp, is_dp, t_chosen, sim_dp = row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches)
 
     def sim_time(plan: Plan) -> float:
         return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches,
