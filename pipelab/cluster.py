@@ -27,7 +27,10 @@ hetpipe        TITAN V/RTX, 2060,  4 (1 type    PCIe 3 x16, ~10 GB/s            
 
 Sources: clusters A, B, C are PipeDream (Narayanan et al., SOSP'19) §5.1 "Clusters" (A: 4 V100 per
 server, PCIe inside, 10 Gbps across; B: 8 V100 per server (AWS p3.16xlarge), NVLink inside, 25 Gbps
-across; C: one Titan X per server, 40 Gbps); the 10 GB/s PCIe figure is the issue's. The V100
+across; C: one Titan X per server, 40 Gbps); A's servers were Azure NCv3 VMs (V100 PCIe: PipeDream's
+driver configs pull their image from an Azure registry, ``fiddlev3.azurecr.io``, and a reading of the
+paper lists "Azure NC24 v3"); the 10 GB/s PCIe figure is the issue's (NCCL's measured rate on NCv3 is
+:data:`pipelab.transports.NCCL_NCV3_PCIE_BUS_BANDWIDTH`). The V100
 NVLink point-to-point figure (2 NVLink-2 bricks of 25 GB/s between most GPU pairs of a p3.16xlarge /
 DGX-1 hybrid cube mesh) and the H100/A100 figures are NVIDIA's data sheets (DGX H100: 900 GB/s
 bidirectional NVLink 4 per GPU and one 400 Gbps ConnectX-7 per GPU; DGX A100: 600 GB/s

@@ -19,6 +19,7 @@ from pipelab.transports import (
     DDP_BUCKET_BYTES,
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
     GLOO_ALLREDUCE_ONE_CORE,
+    NCCL_NCV3_PCIE_BUS_BANDWIDTH,
     NCCL_TCP_BUS_BANDWIDTH,
     nccl24_tree_threshold,
     nccl_flat_ring,
@@ -340,3 +341,55 @@ def test_nccl24_picks_its_tree_on_cluster_b_and_its_ring_on_cluster_a() -> None:
     for row in TABLE1:
         same = tree.clusters(row)[1].levels == flat.clusters(row)[1].levels
         assert same == (row.cluster != "pipedream-b"), row.key
+
+
+def test_dp_inside_a_cluster_a_server_runs_at_nccls_rate_measured_on_ncv3() -> None:
+    # NCCL's ring inside an Azure NCv3 server (cluster A): the measured 6.88 GB/s bus bandwidth, not the PCIe
+    # link's 10 GB/s; the Ethernet levels keep NCCL's TCP rates, cluster B's NVLink its link rate
+    assert NCCL_NCV3_PCIE_BUS_BANDWIDTH == 6.88e9 < pl.Cluster.preset("pipedream-a").levels[0].bandwidth
+    assert tp.PAPER_NCCL_BUS_BANDWIDTH == {**NCCL_TCP_BUS_BANDWIDTH, "pcie": 6.88e9}
+    one = next(r for r in TABLE1 if r.key == "gnmt8/pipedream-a/1x4")
+    (lv,) = tp.PaperSetting().clusters(one)[1].levels
+    assert lv.size == 4 and lv.ring_bandwidth == 6.88e9
+    n = 775_000_000
+    prof = pl.Profile.synthetic([1.0, 1.0], out_bytes=[n, 0], param_bytes=[n, 0])
+    dp = tp.PaperSetting().clusters(one)[1]
+    want_s = 2 * 3 / 4 * n / 6.88e9 + 2 * 3 * lv.latency
+    assert CostModel(prof, dp).allreduce_s(n, range(4)) == pytest.approx(want_s)
+    # the replaced default, kept as a cited alternative: the link's rate
+    (old,) = tp.ALTERNATIVES["pcie-link-rate"][2].clusters(one)[1].levels
+    assert old.ring_bandwidth == 10e9
+    # it moves only one-server rows: across servers the flat ring runs at the Ethernet's slower rate
+    link_rate = tp.ALTERNATIVES["pcie-link-rate"][2]
+    for row in TABLE1:
+        same = link_rate.clusters(row)[1].levels == tp.PaperSetting().clusters(row)[1].levels
+        assert same == (row.servers > 1 or row.cluster != "pipedream-a"), row.key
+    # the sensitivity grid scales NCCL's TCP rates only
+    grid = tp.sensitivity([tp.profiling_gpu_speed()], [0.5], rows=[one], minibatches=16)
+    half = {k: v / 2 for k, v in NCCL_TCP_BUS_BANDWIDTH.items()}
+    want = tp.simulate_row(one, tp.PaperSetting(nccl_bus_bandwidth={**tp.PAPER_NCCL_BUS_BANDWIDTH, **half}),
+                           minibatches=16)
+    default = tp.simulate_row(one, minibatches=16)
+    assert grid[0]["simulated_speedup"] == want["simulated_speedup"] == default["simulated_speedup"]
+
+
+def test_cluster_a_runs_v100_pcie_cards_at_the_datasheets_ratio() -> None:
+    # the cited speed is a DGX-1's (SXM2) V100; cluster A's PCIe cards run at 14 / 15.7 of it, cluster B's
+    # SXM2 modules at it
+    assert tp.V100_PCIE_OVER_SXM2 == pytest.approx(14 / 15.7)
+    sxm2 = tp.profiling_gpu_speed()
+    a = next(r for r in TABLE1 if r.key == "resnet50/pipedream-a/4x4")
+    b = next(r for r in TABLE1 if r.key == "resnet50/pipedream-b/2x8")
+    s = tp.PaperSetting()
+    assert s.speed_of(a) == pytest.approx(sxm2 * 14 / 15.7) and s.speed_of(b) == sxm2
+    for cl in s.clusters(a):
+        assert cl.speed(0) == pytest.approx(sxm2 * 14 / 15.7)
+    assert s.clusters(b)[0].speed(0) == pytest.approx(sxm2)
+    # per model, 1 for a model the dict does not name; the earlier default is a cited alternative
+    per = tp.PaperSetting(pcie_v100_factor={"resnet50": 0.85})
+    assert per.speed_of(a) == pytest.approx(0.85 * sxm2)
+    assert per.speed_of(next(r for r in TABLE1 if r.key == "gnmt8/pipedream-a/1x4")) == sxm2
+    assert tp.ALTERNATIVES["v100-sxm2-on-a"][2].speed_of(a) == sxm2
+    for bad in (0.0, -1.0, math.inf, True, {"vgg16": 0.0}):
+        with pytest.raises(ValueError, match="pcie_v100_factor"):
+            tp.PaperSetting(pcie_v100_factor=bad).speed_of(b)  # type: ignore[arg-type]

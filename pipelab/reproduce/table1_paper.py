@@ -14,10 +14,15 @@ The optimizer is PipeDream's own per model: momentum SGD for the image models
 The two parameters PipeDream does not state are cited, not fitted (see the Table 1 README):
 
 * the profiling GPU's speed relative to the paper's V100: :data:`V100_RESNET50_IMAGES_PER_S` (a
-  V100-16GB's published FP32 PyTorch training throughput of ResNet-50) over the throughput PipeDream's
-  own ResNet-50 profile implies (:func:`profiling_gpu_speed`);
+  V100-16GB's published FP32 PyTorch training throughput of ResNet-50, an SXM2 module) over the throughput
+  PipeDream's own ResNet-50 profile implies (:func:`profiling_gpu_speed`); cluster A's V100s are PCIe
+  cards, at :data:`V100_PCIE_OVER_SXM2` of that (NVIDIA's datasheet);
 * NCCL's all-reduce bus bandwidth over TCP on 10 and 25 Gbps Ethernet:
   :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`.
+
+NCCL's bus bandwidth inside a cluster-A server is a measurement on that instance family (Azure NCv3,
+V100 PCIe), :data:`pipelab.transports.NCCL_NCV3_PCIE_BUS_BANDWIDTH`, not the PCIe link's rate:
+:data:`PAPER_NCCL_BUS_BANDWIDTH`.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pipelab.transports import (
     DDP_BUCKET_BYTES,
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
     GLOO_ALLREDUCE_ONE_CORE,
+    NCCL_NCV3_PCIE_BUS_BANDWIDTH,
     NCCL_TCP_BUS_BANDWIDTH,
     nccl24_tree_threshold,
     nccl_flat_ring,
@@ -54,6 +60,18 @@ PAPER_BATCH = 64
 #: PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance: NVIDIA DGX-1 16GB
 #: (8x V100 16GB)" (pytorch-21.03 container). Fixed before any comparison with Table 1.
 V100_RESNET50_IMAGES_PER_S = 367.0
+#: a V100 PCIe card's speed relative to a V100 SXM2 module's: NVIDIA's Tesla V100 datasheet gives 14 TFLOPS
+#: FP32 for the PCIe card (250 W) against 15.7 for the SXM2 module (300 W), the same 5,120 CUDA cores at
+#: boost clocks of 1380 and 1530 MHz. :data:`V100_RESNET50_IMAGES_PER_S` was measured on a DGX-1 (SXM2);
+#: cluster A's GPUs are PCIe cards (PipeDream's §5.1: a shared PCIe interconnect between them; Azure NCv3
+#: VMs, whose GPUs are "Tesla V100-PCIE-16GB"), cluster B's SXM2 (AWS p3.16xlarge)
+V100_PCIE_OVER_SXM2 = 14.0 / 15.7
+
+#: NCCL's all-reduce bus bandwidth (bytes/s) by level name for the DP baseline: over TCP on the Ethernet
+#: levels (:data:`~pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`) and inside cluster A's servers, whose level
+#: is ``"pcie"`` (Azure NCv3: :data:`~pipelab.transports.NCCL_NCV3_PCIE_BUS_BANDWIDTH`); cluster B's NVLink
+#: keeps its link rate (its DP is bound by the Ethernet)
+PAPER_NCCL_BUS_BANDWIDTH: dict[str, float] = {**NCCL_TCP_BUS_BANDWIDTH, "pcie": NCCL_NCV3_PCIE_BUS_BANDWIDTH}
 
 #: the optimizer of PipeDream's runs per model, as the cost model names it: SGD with momentum for the image
 #: models, Adam (two moments per weight: more memory, a longer step) for GNMT
@@ -128,8 +146,11 @@ def profiling_gpu_speed(v100_images_per_s: float = V100_RESNET50_IMAGES_PER_S) -
 
 @dataclass(frozen=True)
 class PaperSetting:
-    """How a row is run: batch per worker, V100 speed, NCCL bus bandwidth per Ethernet level, gloo's
-    all-reduce rate, transports, the shape of NCCL's ring, the optimizer and how pipelab's choice is made.
+    """How a row is run: batch per worker, V100 speed, NCCL bus bandwidth per level, gloo's all-reduce
+    rate, transports, the shape of NCCL's ring, the optimizer and how pipelab's choice is made.
+
+    ``nccl_bus_bandwidth``: NCCL's bus bandwidth by level name for the DP baseline (None:
+    :data:`PAPER_NCCL_BUS_BANDWIDTH`); a level it does not name keeps its link's rate.
 
     ``nccl_ring``: ``"flat"`` (default) prices the DP baseline's all-reduce as NCCL runs it, one ring
     through every rank at the slowest level's bus bandwidth (:func:`pipelab.transports.nccl_flat_ring`);
@@ -141,24 +162,40 @@ class PaperSetting:
     ring rate for the replicated stages (None: :data:`~pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`).
     ``optimizer``: None for PipeDream's per model (:data:`PAPER_OPTIMIZERS`). ``activation_tokens``:
     for a GNMT model, the sentence length its activation bytes are scaled to from the profiled batch's
-    (:func:`profiled_tokens`; None: as profiled). ``choose``:
+    (:func:`profiled_tokens`; None: as profiled). ``pcie_v100_factor``: cluster A's V100 PCIe cards' speed
+    over the SXM2 modules' that ``device_speed`` describes (:data:`V100_PCIE_OVER_SXM2`; a dict: per model),
+    applied by :meth:`speed_of`. ``choose``:
     ``"simulate"`` (default) takes, of the partitioner's plan, the best straight pipeline and DP, the one
     the simulator finds fastest; ``"predict"`` keeps the partitioner's plan unless DP is predicted at
     least as fast (the earlier rule)."""
 
     batch_size: int = PAPER_BATCH
-    device_speed: float | None = None           # None: profiling_gpu_speed()
-    nccl_bus_bandwidth: dict[str, float] | None = None   # None: NCCL_TCP_BUS_BANDWIDTH
+    device_speed: float | None = None           # None: profiling_gpu_speed() (a V100 SXM2's)
+    nccl_bus_bandwidth: dict[str, float] | None = None   # None: PAPER_NCCL_BUS_BANDWIDTH
     transports: str = "pipedream"               # "pipedream" (gloo pipelines, NCCL DP) | "link"
     nccl_ring: str = "flat"                     # "flat" (NCCL's) | "hierarchical" | "two-server-tree"
     choose: str = "simulate"                    # "simulate" | "predict"
     gloo_allreduce_bandwidth: float | None = None   # None: GLOO_ALLREDUCE_BUS_BANDWIDTH
     optimizer: str | None = None                # None: PipeDream's per model (PAPER_OPTIMIZERS)
     activation_tokens: dict[str, int] | None = None  # model -> tokens per sentence of its activation bytes
+    pcie_v100_factor: float | dict[str, float] = V100_PCIE_OVER_SXM2   # cluster A's V100 PCIe / SXM2
 
     def speed(self) -> float:
         """The device speed used."""
         return profiling_gpu_speed() if self.device_speed is None else float(self.device_speed)
+
+    def speed_of(self, row: PaperRow) -> float:
+        """The devices' speed on ``row``'s cluster: :meth:`speed` (a V100 SXM2's: cluster B), times
+        ``pcie_v100_factor`` on cluster A, whose V100s are PCIe cards (a dict: per model, 1 for one it
+        does not name)."""
+        f = self.pcie_v100_factor
+        for v in (f.values() if isinstance(f, dict) else (f,)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"pcie_v100_factor={f!r}: the V100 PCIe card's speed over the SXM2 module's "
+                                 "must be a finite number > 0 (or a dict of them by model)")
+        if row.cluster != "pipedream-a":
+            return self.speed()
+        return self.speed() * float(f.get(row.model, 1.0) if isinstance(f, dict) else f)
 
     def optimizer_of(self, model: str) -> str:
         """The optimizer a row of ``model`` trains with."""
@@ -167,12 +204,13 @@ class PaperSetting:
     def clusters(self, row: PaperRow) -> tuple[Cluster, Cluster]:
         """(the pipelined runs' cluster, the data-parallel baseline's cluster) for ``row``."""
         base = Cluster.preset(row.cluster, servers=row.servers, gpus_per_server=row.gpus_per_server,
-                              speed=self.speed())
+                              speed=self.speed_of(row))
         if self.transports == "link":
             return base, base
         if self.transports != "pipedream":
             raise ValueError(f"transports={self.transports!r} must be 'pipedream' or 'link'")
-        dp = base.with_transport("link", "nccl-ring", allreduce_bus_bandwidth=self.nccl_bus_bandwidth)
+        bus = PAPER_NCCL_BUS_BANDWIDTH if self.nccl_bus_bandwidth is None else self.nccl_bus_bandwidth
+        dp = base.with_transport("link", "nccl-ring", allreduce_bus_bandwidth=bus)
         if self.nccl_ring not in NCCL_RINGS:
             raise ValueError(f"nccl_ring={self.nccl_ring!r} must be one of {NCCL_RINGS}")
         nvlink = base.levels[0].name.startswith("nvlink")
@@ -287,7 +325,7 @@ def simulate_row(row: PaperRow, setting: PaperSetting = PaperSetting(), *, minib
                                                        and _same_bounds(pp, chosen)) else sim_time(pp))
     out: dict[str, Any] = {
         "model": row.model, "cluster": row.cluster, "servers_x_gpus": f"{row.servers}x{row.gpus_per_server}",
-        "batch_size": prof.batch_size, "optimizer": opt, "device_speed": round(setting.speed(), 3),
+        "batch_size": prof.batch_size, "optimizer": opt, "device_speed": round(setting.speed_of(row), 3),
         "config": chosen.config, "stages": chosen.num_stages,
         "predicted_speedup": round(dp.time_per_minibatch / chosen.time_per_minibatch, 3),
         "simulated_speedup": round(sim_dp / t_chosen, 3),
@@ -336,15 +374,17 @@ def sensitivity(speeds: Sequence[float] | None = None, nccl_scales: Sequence[flo
                 *, rows: Sequence[PaperRow] = TABLE1, batch_size: int = PAPER_BATCH,
                 minibatches: int = 64) -> list[dict[str, Any]]:
     """Every row over a grid of the two unknowns, simulated as :func:`simulate_row` does: the V100's
-    speed relative to the profiling GPU and NCCL's bus bandwidth as a multiple of the cited one (both
-    Ethernet levels scaled alike). ``ok``: pipelab's choice has the paper's shape and is within 25%;
-    ``paper_config_ok``: the paper's configuration is within 25%. The default cell is the table."""
+    speed relative to the profiling GPU and NCCL's bus bandwidth over TCP as a multiple of the cited one
+    (both Ethernet levels scaled alike; inside a server it stays at :data:`PAPER_NCCL_BUS_BANDWIDTH`'s).
+    ``ok``: pipelab's choice has the paper's shape and is within 25%; ``paper_config_ok``: the paper's
+    configuration is within 25%. The default cell is the table."""
     if speeds is None:
         speeds = sorted({*SENSITIVITY_SPEEDS, profiling_gpu_speed()})
     out = []
     for speed in speeds:
         for scale in nccl_scales:
-            bus = {k: v * scale for k, v in NCCL_TCP_BUS_BANDWIDTH.items()}
+            tcp = {k: v * scale for k, v in NCCL_TCP_BUS_BANDWIDTH.items()}
+            bus = {**PAPER_NCCL_BUS_BANDWIDTH, **tcp}
             setting = PaperSetting(batch_size=batch_size, device_speed=speed, nccl_bus_bandwidth=bus)
             for row in rows:
                 r = simulate_row(row, setting, minibatches=minibatches)
@@ -376,6 +416,22 @@ ALTERNATIVES: dict[str, tuple[str, str, PaperSetting]] = {
     "gloo-one-core+gnmt8-at-25-tokens": (
         "gloo-one-core and gnmt8-at-25-tokens together", "as those two",
         PaperSetting(gloo_allreduce_bandwidth=GLOO_ALLREDUCE_ONE_CORE, activation_tokens={"gnmt8": 25})),
+    "pcie-link-rate": (
+        "DP's NCCL all-reduce inside a cluster-A server at the PCIe link's 10 GB/s (the earlier default), "
+        "not the 6.88 GB/s measured on Azure NCv3", "marconetto/azadventures chapter18 (the measurement "
+        "replaced)", PaperSetting(nccl_bus_bandwidth=dict(NCCL_TCP_BUS_BANDWIDTH))),
+    "v100-sxm2-on-a": (
+        "cluster A's V100s at the SXM2 module's speed (the earlier default), not the PCIe card's 14/15.7",
+        "the DGX-1 throughput the speed is cited from", PaperSetting(pcie_v100_factor=1.0)),
+    "v100-pcie-launch-spec": (
+        "cluster A's V100 PCIe at 14/15 of the SXM2's, the modules' launch FP32 peak (15 TFLOPS at "
+        "1455 MHz), not the datasheet's 14/15.7", "NVIDIA's V100 announcement (2017)",
+        PaperSetting(pcie_v100_factor=14 / 15)),
+    "v100-pcie-tbd": (
+        "cluster A's V100 PCIe at TBD's measured single-GPU FP32 training speeds: image classification about "
+        "15% below the SXM2's, translation (LSTM) at par",
+        "TBD benchmark suite (U. Toronto), Hardware Sensitivity",
+        PaperSetting(pcie_v100_factor={"vgg16": 0.85, "resnet50": 0.85, "gnmt8": 1.0, "gnmt16": 1.0})),
     "sgd-for-gnmt": (
         "GNMT trained with momentum SGD (pipelab's earlier choice), not PipeDream's Adam",
         "runtime/translation/main_with_runtime.py", PaperSetting(optimizer="sgd-momentum")),

@@ -39,7 +39,7 @@ servers = 4
 gpus_per_server = 4
 batch_size = 64              # per-worker minibatch (every Table 1 driver config: batch_size 64)
 transports = "pipedream"     # "pipedream": gloo pipelines, NCCL DP; "link": every transfer at the link rate
-device_speed = 0.0           # V100 speed / profiling GPU's; 0: the cited default (profiling_gpu_speed())
+device_speed = 0.0           # V100 SXM2 speed / profiling GPU's (cluster A's PCIe cards: x 14/15.7); 0: cited
 nccl_wire_fraction = 0.0     # NCCL bus bandwidth / Ethernet wire speed; 0: the cited defaults
 profile_source = "pipedream" # "pipedream": PipeDream's shipped profiles; "measured": pl.profile on `device`
 mode = "simulate"            # "simulate" | "measure" (real runtime at reduced scale on this machine)
@@ -96,15 +96,18 @@ row_spec = paper or rp.PaperRow(model, cluster, servers, gpus_per_server, "", No
 # them to the runs' 64 (times through the affine model, activation and cut bytes linearly; the profile's
 # `source` records it). A device of speed 1.0 is the GPU that measured them; the V100's speed relative
 # to it is a cited parameter (`tp.profiling_gpu_speed()`: a V100's published ResNet-50 training
-# throughput over the one PipeDream's ResNet-50 profile implies), and so is NCCL's bus bandwidth over
-# TCP (`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`). The pipelined runs' cluster prices transfers and replica
+# throughput over the one PipeDream's ResNet-50 profile implies; an SXM2 module's, and cluster A's PCIe
+# cards run at `tp.V100_PCIE_OVER_SXM2` of it, NVIDIA's datasheet), and so is NCCL's bus bandwidth over
+# TCP (`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`) and inside a cluster-A server, measured on its Azure NCv3
+# instance family (`tp.PAPER_NCCL_BUS_BANDWIDTH`). The pipelined runs' cluster prices transfers and replica
 # all-reduces as gloo does (transfers through host memory; a replicated stage's all-reduce as gloo's ring
 # on the host), the DP baseline's all-reduce as NCCL's ring; each model trains with PipeDream's optimizer.
 
 # %%
 bus = None
 if nccl_wire_fraction:
-    bus = {"ethernet-10g": nccl_wire_fraction * 10e9 / 8, "ethernet-25g": nccl_wire_fraction * 25e9 / 8}
+    bus = {**tp.PAPER_NCCL_BUS_BANDWIDTH, "ethernet-10g": nccl_wire_fraction * 10e9 / 8,
+           "ethernet-25g": nccl_wire_fraction * 25e9 / 8}
 setting = tp.PaperSetting(batch_size=batch_size, device_speed=device_speed or None, nccl_bus_bandwidth=bus,
                           transports=transports)
 opt = setting.optimizer_of(model)   # PipeDream's: momentum SGD for the image models, Adam for GNMT
