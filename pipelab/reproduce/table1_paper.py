@@ -238,12 +238,9 @@ def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit
     """pipelab's choice for a row: ``(chosen, dp, is_dp)``. PipeDream's dynamic program on the pipelined
     runs' cluster; data parallelism (on its own, NCCL, cluster) instead when it is predicted faster."""
     dp = partition(prof, dp_cl, method="dp", memory_limit=math.inf, optimizer=optimizer)
+    limit: dict[str, Any] = {} if memory_limit is None else {"memory_limit": memory_limit}
     try:
-        if memory_limit is None:
-            plan = partition(prof, pipe_cl, method="pipedream", optimizer=optimizer)
-        else:
-            plan = partition(prof, pipe_cl, method="pipedream", memory_limit=memory_limit,
-                             optimizer=optimizer)
+        plan = partition(prof, pipe_cl, method="pipedream", optimizer=optimizer, **limit)
     except ValueError:
         return dp, dp, True
     if plan.num_stages == 1 or plan.time_per_minibatch >= dp.time_per_minibatch:
@@ -282,6 +279,12 @@ def paper_plan(row: PaperRow, prof: Profile, pipe_cl: Cluster, *, optimizer: str
     return plan_from_pipedream(prof, name, CostModel(prof, pipe_cl, optimizer=optimizer))
 
 
+def _sim_s(plan: Plan, prof: Profile, cluster: Cluster, minibatches: int, optimizer: str) -> float:
+    """Simulated seconds per minibatch of ``plan`` on ``cluster``."""
+    return float(simulate_plan(plan, prof, cluster, minibatches=minibatches,
+                               optimizer=optimizer).time_per_minibatch)
+
+
 def row_choice(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, setting: PaperSetting, *,
                minibatches: int = 64, optimizer: str | None = None
                ) -> tuple[Plan, Plan, bool, float, float]:
@@ -291,12 +294,10 @@ def row_choice(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, setting: PaperSe
     if optimizer is None:
         optimizer = setting.optimizer_of(prof.model)
     chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl, optimizer=optimizer)
-    sim_dp = float(simulate_plan(dp, prof, dp_cl, minibatches=minibatches,
-                                 optimizer=optimizer).time_per_minibatch)
+    sim_dp = _sim_s(dp, prof, dp_cl, minibatches, optimizer)
 
     def sim_time(plan: Plan) -> float:
-        return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches,
-                                   optimizer=optimizer).time_per_minibatch)
+        return _sim_s(plan, prof, pipe_cl, minibatches, optimizer)
 
     if setting.choose == "simulate":
         chosen, t_chosen, is_dp = choose_simulated(prof, pipe_cl, dp, sim_dp, sim_time, optimizer=optimizer)
@@ -315,14 +316,10 @@ def simulate_row(row: PaperRow, setting: PaperSetting = PaperSetting(), *, minib
     pipe_cl, dp_cl = setting.clusters(row)
     opt = setting.optimizer_of(row.model)
     chosen, dp, is_dp, t_chosen, sim_dp = row_choice(prof, pipe_cl, dp_cl, setting, minibatches=minibatches)
-
-    def sim_time(plan: Plan) -> float:
-        return float(simulate_plan(plan, prof, pipe_cl, minibatches=minibatches,
-                                   optimizer=opt).time_per_minibatch)
-
     pp = paper_plan(row, prof, pipe_cl, optimizer=opt)
     t_paper = sim_dp if pp is None else (t_chosen if (not is_dp and pp.config == chosen.config
-                                                       and _same_bounds(pp, chosen)) else sim_time(pp))
+                                                       and _same_bounds(pp, chosen))
+                                         else _sim_s(pp, prof, pipe_cl, minibatches, opt))
     out: dict[str, Any] = {
         "model": row.model, "cluster": row.cluster, "servers_x_gpus": f"{row.servers}x{row.gpus_per_server}",
         "batch_size": prof.batch_size, "optimizer": opt, "device_speed": round(setting.speed_of(row), 3),
