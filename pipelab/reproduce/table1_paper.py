@@ -180,6 +180,13 @@ class PaperSetting:
     activation_tokens: dict[str, int] | None = None  # model -> tokens per sentence of its activation bytes
     pcie_v100_factor: float | dict[str, float] = V100_PCIE_OVER_SXM2   # cluster A's V100 PCIe / SXM2
 
+    def __post_init__(self) -> None:
+        f = self.pcie_v100_factor
+        for v in (f.values() if isinstance(f, dict) else (f,)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise ValueError(f"pcie_v100_factor={f!r}: the V100 PCIe card's speed over the SXM2 module's "
+                                 "must be a finite number > 0 (or a dict of them by model)")
+
     def speed(self) -> float:
         """The device speed used."""
         return profiling_gpu_speed() if self.device_speed is None else float(self.device_speed)
@@ -189,10 +196,6 @@ class PaperSetting:
         ``pcie_v100_factor`` on cluster A, whose V100s are PCIe cards (a dict: per model, 1 for one it
         does not name)."""
         f = self.pcie_v100_factor
-        for v in (f.values() if isinstance(f, dict) else (f,)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-                raise ValueError(f"pcie_v100_factor={f!r}: the V100 PCIe card's speed over the SXM2 module's "
-                                 "must be a finite number > 0 (or a dict of them by model)")
         if row.cluster != "pipedream-a":
             return self.speed()
         return self.speed() * float(f.get(row.model, 1.0) if isinstance(f, dict) else f)
@@ -233,39 +236,47 @@ class PaperSetting:
                                                            f"per sentence")
 
 
-def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit: float | None = None,
-                optimizer: str = "sgd-momentum") -> tuple[Plan, Plan, bool]:
-    """pipelab's choice for a row: ``(chosen, dp, is_dp)``. PipeDream's dynamic program on the pipelined
-    runs' cluster; data parallelism (on its own, NCCL, cluster) instead when it is predicted faster."""
-    dp = partition(prof, dp_cl, method="dp", memory_limit=math.inf, optimizer=optimizer)
+def _dynamic_program(prof: Profile, pipe_cl: Cluster, optimizer: str, *, straight: bool = False,
+                     memory_limit: float | None = None) -> Plan | None:
+    """PipeDream's dynamic program on the pipelined runs' cluster (``straight``: its best straight
+    pipeline); None where no plan fits."""
     limit: dict[str, Any] = {} if memory_limit is None else {"memory_limit": memory_limit}
     try:
-        plan = partition(prof, pipe_cl, method="pipedream", optimizer=optimizer, **limit)
+        return partition(prof, pipe_cl, method="pipedream", straight=straight, optimizer=optimizer, **limit)
     except ValueError:
-        return dp, dp, True
-    if plan.num_stages == 1 or plan.time_per_minibatch >= dp.time_per_minibatch:
+        return None
+
+
+def choose_plan(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, *, memory_limit: float | None = None,
+                optimizer: str = "sgd-momentum", plan: Plan | None = None) -> tuple[Plan, Plan, bool]:
+    """pipelab's choice for a row: ``(chosen, dp, is_dp)``. PipeDream's dynamic program on the pipelined
+    runs' cluster (``plan``, where the caller has it); data parallelism (on its own, NCCL, cluster) instead
+    when it is predicted faster."""
+    dp = partition(prof, dp_cl, method="dp", memory_limit=math.inf, optimizer=optimizer)
+    if plan is None:
+        plan = _dynamic_program(prof, pipe_cl, optimizer, memory_limit=memory_limit)
+    if plan is None or plan.num_stages == 1 or plan.time_per_minibatch >= dp.time_per_minibatch:
         return dp, dp, True
     return plan, dp, False
 
 
 def choose_simulated(prof: Profile, pipe_cl: Cluster, dp: Plan, sim_dp: float,
-                     sim_time: Callable[[Plan], float], *, optimizer: str = "sgd-momentum"
-                     ) -> tuple[Plan, float, bool]:
+                     sim_time: Callable[[Plan], float], *, optimizer: str = "sgd-momentum",
+                     plan: Plan | None = None) -> tuple[Plan, float, bool]:
     """pipelab's choice by simulation, as its planner ranks candidates (``pl.plan``: closed forms to
     prune, the simulator to rank): of PipeDream's dynamic program's plan, the best straight pipeline
     (PipeDream's optimizer's ``--straight_pipeline``) and data parallelism, the fastest simulated.
+    ``plan``: the dynamic program's plan, where the caller has it (computed here otherwise).
     Returns ``(plan, simulated seconds per minibatch, is_dp)``; ties go to DP, then to the DP's plan."""
     best: tuple[Plan, float, bool] = (dp, float(sim_dp), True)
     for straight in (False, True):
-        try:
-            plan = partition(prof, pipe_cl, method="pipedream", straight=straight, optimizer=optimizer)
-        except ValueError:
+        cand = plan if (plan is not None and not straight) else _dynamic_program(prof, pipe_cl, optimizer,
+                                                                                  straight=straight)
+        if cand is None or cand.num_stages == 1:
             continue
-        if plan.num_stages == 1:
-            continue
-        t = sim_time(plan)
+        t = sim_time(cand)
         if t < best[1]:
-            best = (plan, t, False)
+            best = (cand, t, False)
     return best
 
 
@@ -293,14 +304,17 @@ def row_choice(prof: Profile, pipe_cl: Cluster, dp_cl: Cluster, setting: PaperSe
     setting's for the profile's model, :meth:`PaperSetting.optimizer_of`)."""
     if optimizer is None:
         optimizer = setting.optimizer_of(prof.model)
-    chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl, optimizer=optimizer)
+    # the dynamic program's plan once, for the prediction's choice and the simulation's candidates
+    plan = _dynamic_program(prof, pipe_cl, optimizer)
+    chosen, dp, is_dp = choose_plan(prof, pipe_cl, dp_cl, optimizer=optimizer, plan=plan)
     sim_dp = _sim_s(dp, prof, dp_cl, minibatches, optimizer)
 
     def sim_time(plan: Plan) -> float:
         return _sim_s(plan, prof, pipe_cl, minibatches, optimizer)
 
     if setting.choose == "simulate":
-        chosen, t_chosen, is_dp = choose_simulated(prof, pipe_cl, dp, sim_dp, sim_time, optimizer=optimizer)
+        chosen, t_chosen, is_dp = choose_simulated(prof, pipe_cl, dp, sim_dp, sim_time, optimizer=optimizer,
+                                                   plan=plan)
     elif setting.choose == "predict":
         t_chosen = sim_dp if is_dp else sim_time(chosen)
     else:
@@ -415,8 +429,8 @@ ALTERNATIVES: dict[str, tuple[str, str, PaperSetting]] = {
         PaperSetting(gloo_allreduce_bandwidth=GLOO_ALLREDUCE_ONE_CORE, activation_tokens={"gnmt8": 25})),
     "pcie-link-rate": (
         "DP's NCCL all-reduce inside a cluster-A server at the PCIe link's 10 GB/s (the earlier default), "
-        "not the 6.88 GB/s measured on Azure NCv3", "marconetto/azadventures chapter18 (the measurement "
-        "replaced)", PaperSetting(nccl_bus_bandwidth=dict(NCCL_TCP_BUS_BANDWIDTH))),
+        "not the 6.88 GB/s measured on Azure NCv3", "the cluster preset's PCIe link rate",
+        PaperSetting(nccl_bus_bandwidth=dict(NCCL_TCP_BUS_BANDWIDTH))),
     "v100-sxm2-on-a": (
         "cluster A's V100s at the SXM2 module's speed (the earlier default), not the PCIe card's 14/15.7",
         "the DGX-1 throughput the speed is cited from", PaperSetting(pcie_v100_factor=1.0)),
