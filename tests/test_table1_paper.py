@@ -349,11 +349,11 @@ def test_dp_inside_a_cluster_a_server_runs_at_nccls_rate_measured_on_ncv3() -> N
     assert NCCL_NCV3_PCIE_BUS_BANDWIDTH == 6.88e9 < pl.Cluster.preset("pipedream-a").levels[0].bandwidth
     assert tp.PAPER_NCCL_BUS_BANDWIDTH == {**NCCL_TCP_BUS_BANDWIDTH, "pcie": 6.88e9}
     one = next(r for r in TABLE1 if r.key == "gnmt8/pipedream-a/1x4")
-    (lv,) = tp.PaperSetting().clusters(one)[1].levels
+    dp = tp.PaperSetting().clusters(one)[1]
+    (lv,) = dp.levels
     assert lv.size == 4 and lv.ring_bandwidth == 6.88e9
     n = 775_000_000
     prof = pl.Profile.synthetic([1.0, 1.0], out_bytes=[n, 0], param_bytes=[n, 0])
-    dp = tp.PaperSetting().clusters(one)[1]
     want_s = 2 * 3 / 4 * n / 6.88e9 + 2 * 3 * lv.latency
     assert CostModel(prof, dp).allreduce_s(n, range(4)) == pytest.approx(want_s)
     # the replaced default, kept as a cited alternative: the link's rate
