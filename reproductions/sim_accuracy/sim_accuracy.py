@@ -40,8 +40,8 @@ default_plan = True          # also the planner's default: 1f1b-flush on a unifo
 second_cluster_path = None   # with recalibrate: a second calibrated cluster JSON; None: calibrate then
 out_dir = "."
 report = False
-planner_errors = None        # a path: also write each method's worst error there (the planner's default
-                             # margin, pipelab/data/sim_errors.json; make reproduce passes it)
+planner_errors = "sim_errors.json"   # where this machine's per-method errors go (relative to out_dir; None:
+                             # not written): pass it to pl.plan(..., margin=...) or `pipelab plan --margin`
 
 # %%
 import json
@@ -119,6 +119,7 @@ if recalibrate:
 write_table(df, out / "results.csv")
 if planner_errors:
     from pipelab.planner.decide import write_errors
+    planner_errors = out / planner_errors
     # pooled with this host's last runs (one run's ranges do not hold the next run's errors)
     write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "
                  f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}",
