@@ -1,7 +1,8 @@
 """The stashed forward's extra cost (issue 14): the runtime's ``Reparametrizer`` on a stashed weight
 version costs more than the plain module call, per call and per parameter tensor. Oracles: the cost
 model's closed form, the simulated trace of a stashing method against the same run without the term,
-JSON round-trips (old files without the term load neutral)."""
+JSON round-trips (old files without the term load neutral). A host effect
+(``Calibration.host_effects``), applied only where asked (``pipelab.sim.host_effects``)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import socket
 import pytest
 
 from pipelab.calibrate import probes
-from pipelab.calibration import Calibration
+from pipelab.calibration import Calibration, HostEffects
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Layer, Profile
-from pipelab.sim.simulate import simulate
+from pipelab.schedules.actions import Action
+from pipelab.sim.host_effects import HostCosts
+from pipelab.sim.simulate import ProfileCosts, simulate
 
 CALL, TENSOR = 9e-6, 3.5e-6
 
@@ -29,10 +32,11 @@ def _cal(**kw: object) -> Calibration:
         allreduce_latency_s=80e-6, allreduce_bandwidth=1e9,
         overhead_s={"F": 1e-4, "B": 2e-4, "W": 3e-5, "U": 4e-4},
         optimizer_s={"sgd-momentum": (5e-5, 1e-10, 6e-6)},
-        memory_bandwidth=1e10, stash_s={"call": CALL, "tensor": TENSOR},
+        memory_bandwidth=1e10,
     )
+    stash = kw.pop("stash_s", {"call": CALL, "tensor": TENSOR})
     base.update(kw)
-    return Calibration(**base)  # type: ignore[arg-type]
+    return Calibration(**base, host_effects=HostEffects(stash_s=stash))  # type: ignore[arg-type]
 
 
 def _cluster(workers: int, **kw: object) -> Cluster:
@@ -50,15 +54,23 @@ def _profile(tensors: tuple[int, ...] = (2, 0, 4, 2)) -> Profile:
     return Profile(layers=layers, cut_bytes=(4096,) * (len(layers) - 1), batch_size=32)
 
 
+def _costs(prof: Profile, cl: Cluster, ranges: list[tuple[int, int]], stashed: bool) -> HostCosts:
+    assert cl.calibration is not None
+    core = ProfileCosts(CostModel(prof, cl, optimizer="sgd-momentum"), ranges, 4)
+    return HostCosts(core, cl.calibration.host_effects, stashed=stashed)
+
+
 def test_a_stashed_forward_pays_per_call_and_per_tensor_and_the_backward_nothing() -> None:
     prof, cl = _profile(), _cluster(2)
-    plain, stashed = CostModel(prof, cl), CostModel(prof, cl, stashed_weights=True)
-    for a, b in [(0, 1), (1, 3), (0, 4), (1, 2)]:
+    ranges = [(0, 1), (1, 3), (0, 4), (1, 2)]
+    plain, stashed = _costs(prof, cl, ranges, False), _costs(prof, cl, ranges, True)
+    for s, (a, b) in enumerate(ranges):
         n = sum(la.param_tensors or 0 for la in prof.layers[a:b])
-        pf, pb = plain.compute_s(a, b, 0, microbatches=4)
-        sf, sb = stashed.compute_s(a, b, 0, microbatches=4)
-        assert sf - pf == pytest.approx(CALL + TENSOR * n, rel=1e-9)
-        assert sb == pb
+        f, bw = Action(s, "F", 0), Action(s, "B", 0)
+        assert stashed.compute(0, f, False) - plain.compute(0, f, False) == pytest.approx(CALL + TENSOR * n,
+                                                                                          rel=1e-9)
+        assert stashed.compute(0, bw, False) == plain.compute(0, bw, False) == \
+            plain.core.compute(0, bw, False)
 
 
 def test_stashing_methods_simulate_the_extra_on_every_forward_and_others_do_not() -> None:
@@ -67,7 +79,8 @@ def test_stashing_methods_simulate_the_extra_on_every_forward_and_others_do_not(
     n = [2 + 0, 4 + 2]     # tensors of stage 0 and stage 1
     for method, extra, M in [("pipedream", True, 1), ("2bw", True, 4), ("gpipe", False, 4),
                              ("1f1b-flush", False, 4)]:
-        runs = [simulate(plan, prof, _cluster(2, stash_s=s), method, microbatches=M, minibatches=8)
+        runs = [simulate(plan, prof, _cluster(2, stash_s=s), method, microbatches=M, minibatches=8,
+                         host_effects=True)
                 for s in ({"call": CALL, "tensor": TENSOR}, {})]
         f = [{(e.stage, e.microbatch, e.step): e.end_s - e.start_s for e in r.trace.compute_events()
               if e.kind == "F"} for r in runs]
@@ -85,12 +98,16 @@ def test_the_probe_reports_each_depth_with_its_tensor_count() -> None:
 def test_calibration_round_trips_the_stash_term_and_old_files_load_without_it() -> None:
     cal = _cal()
     again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
-    assert again == cal and again.stashed_forward_s(10) == pytest.approx(CALL + 10 * TENSOR)
+    assert again == cal and again.host_effects.stashed_forward_s(10) == pytest.approx(CALL + 10 * TENSOR)
     assert "stashed forward" in again.describe()
     d = cal.to_dict()
-    del d["stash_s"]
+    del d["host_effects"]["stash_s"]
     old = Calibration.from_dict(d)
-    assert old.stash_s == {} and old.stashed_forward_s(10) == 0.0
+    assert old.host_effects.stash_s == {} and old.host_effects.stashed_forward_s(10) == 0.0
+    # a file from before HostEffects kept the terms at the top level: they load into the record
+    older = {k: v for k, v in cal.to_dict().items() if k != "host_effects"}
+    older["stash_s"] = {"call": CALL, "tensor": TENSOR}
+    assert Calibration.from_dict(older).host_effects == dataclasses.replace(cal.host_effects, post_ahead=4)
 
 
 # ---------------------------------------------------------------- a stashing U's new weight version
@@ -101,16 +118,18 @@ VERSION = {"call": CALL, "tensor": TENSOR, "version_call": V_CALL, "version_byte
 
 def test_a_stashing_update_pays_the_new_versions_copy_and_others_do_not() -> None:
     prof, cl = _profile(), _cluster(2, stash_s=VERSION)
-    plain, stashed = CostModel(prof, cl, optimizer="sgd-momentum"), \
-        CostModel(prof, cl, optimizer="sgd-momentum", stashed_weights=True)
-    for a, b in [(0, 1), (1, 3), (0, 4)]:
+    ranges = [(0, 1), (1, 3), (0, 4)]
+    plain, stashed = _costs(prof, cl, ranges, False), _costs(prof, cl, ranges, True)
+    for s, (a, b) in enumerate(ranges):
         nbytes = sum(la.param_bytes for la in prof.layers[a:b])
         n = sum(la.param_tensors or 0 for la in prof.layers[a:b])
-        assert stashed.update_s(a, b, 0) - plain.update_s(a, b, 0) == pytest.approx(
+        u = Action(s, "U", 0)
+        assert stashed.compute(0, u, False) - plain.compute(0, u, False) == pytest.approx(
             V_CALL + V_BYTE * nbytes + V_TENSOR * n, rel=1e-9)
     # a file from before the term: the same U as without stashing
-    old = CostModel(prof, _cluster(2), optimizer="sgd-momentum", stashed_weights=True)
-    assert old.update_s(0, 4, 0) == pytest.approx(plain.update_s(0, 4, 0), rel=1e-12)
+    old = _costs(prof, _cluster(2), ranges, True)
+    u = Action(2, "U", 0)
+    assert old.compute(0, u, False) == pytest.approx(plain.compute(0, u, False), rel=1e-12)
 
 
 def test_stashing_methods_simulate_the_new_version_at_every_update() -> None:
@@ -120,7 +139,8 @@ def test_stashing_methods_simulate_the_new_version_at_every_update() -> None:
     tensors = [2, 6]
     for method, extra, M in [("pipedream", True, 1), ("2bw", True, 4), ("1f1b-flush", False, 4)]:
         runs = [simulate(plan, prof, _cluster(2, stash_s=s), method, microbatches=M, minibatches=8,
-                         optimizer="sgd-momentum") for s in (VERSION, {"call": CALL, "tensor": TENSOR})]
+                         optimizer="sgd-momentum", host_effects=True)
+                for s in (VERSION, {"call": CALL, "tensor": TENSOR})]
         u = [{(e.stage, e.microbatch, e.step): e.end_s - e.start_s for e in r.trace.compute_events()
               if e.kind == "U"} for r in runs]
         assert u[0].keys() == u[1].keys() and u[0]
@@ -157,10 +177,10 @@ def test_the_eviction_between_steps_is_the_last_level_cache_read_from_sysfs(tmp_
 
 def test_calibration_round_trips_the_version_terms_and_describes_them() -> None:
     cal = _cal(stash_s=VERSION)
-    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))).host_effects
     assert again.new_version_s(1000, 4) == pytest.approx(V_CALL + 1000 * V_BYTE + 4 * V_TENSOR)
     assert "a new version at U" in again.describe()
-    assert _cal().new_version_s(1000, 4) == 0.0            # a file with only the forward's terms
+    assert _cal().host_effects.new_version_s(1000, 4) == 0.0            # a file with only the forward's terms
 
 
 # ---------------------------------------------------------------- PipeMare's weight policy
@@ -178,8 +198,8 @@ def test_pipemare_simulates_its_weight_average_at_every_update_and_corrected_wei
     plan = Plan.from_boundaries(len(prof), [2], batch_size=prof.batch_size)
     nbytes = [sum(la.param_bytes for la in prof.layers[:2]), sum(la.param_bytes for la in prof.layers[2:])]
     tensors = [2, 6]
-    runs = [simulate(plan, prof, _cluster(2, stash_s=s), "pipemare", minibatches=8, optimizer="sgd-momentum")
-            for s in (PIPEMARE, {})]
+    runs = [simulate(plan, prof, _cluster(2, stash_s=s), "pipemare", minibatches=8, optimizer="sgd-momentum",
+                     host_effects=True) for s in (PIPEMARE, {})]
     dur = [{(e.stage, e.kind, e.microbatch): e.end_s - e.start_s for e in r.trace.compute_events()}
            for r in runs]
     assert dur[0].keys() == dur[1].keys()
@@ -192,8 +212,8 @@ def test_pipemare_simulates_its_weight_average_at_every_update_and_corrected_wei
         assert d - dur[1][(stage, kind, m)] == pytest.approx(extra, abs=1e-12), (stage, kind, m)
     # another method on the same calibration pays none of it
     flush = [simulate(plan, prof, _cluster(2, stash_s=s), "1f1b-flush", microbatches=4, minibatches=4,
-                      optimizer="sgd-momentum").time_per_minibatch for s in (PIPEMARE, {"call": CALL,
-                                                                                         "tensor": TENSOR})]
+                      optimizer="sgd-momentum", host_effects=True).time_per_minibatch
+             for s in (PIPEMARE, {"call": CALL, "tensor": TENSOR})]
     assert flush[0] == pytest.approx(flush[1], rel=1e-12)
 
 
@@ -206,8 +226,9 @@ def test_the_pipemare_probe_runs_the_policy_in_a_worker_like_process() -> None:
 
 
 def test_calibration_round_trips_the_pipemare_terms_and_describes_them() -> None:
-    again = Calibration.from_dict(json.loads(json.dumps(_cal(stash_s=PIPEMARE).to_dict())))
+    again = Calibration.from_dict(json.loads(json.dumps(_cal(stash_s=PIPEMARE).to_dict()))).host_effects
     assert again.delta_average_s(1000, 4) == pytest.approx(D_CALL + 1000 * D_BYTE + 4 * D_TENSOR)
     assert again.corrected_weights_s(1000, 4) == pytest.approx(C_CALL + 1000 * C_BYTE + 4 * C_TENSOR)
     assert "PipeMare's U" in again.describe()
-    assert _cal().delta_average_s(1000, 4) == 0.0 and _cal().corrected_weights_s(1000, 4) == 0.0
+    bare = _cal().host_effects
+    assert bare.delta_average_s(1000, 4) == 0.0 and bare.corrected_weights_s(1000, 4) == 0.0

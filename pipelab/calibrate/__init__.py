@@ -23,6 +23,12 @@ What is measured (``repeats`` rounds of each; medians kept, spreads recorded):
 7. how much slower a core computes when it is busy only part of the time (the duty cycle,
    :mod:`pipelab.schedules.duty`).
 
+Items 1-5 and the runtime's own per-action and per-message seconds are the core model's terms; the
+late busy sender's message, the crossing and arrival extras, the receives posted ahead, the stashed
+versions' extra work (6) and the duty cycle (7) describe this host and go into one record,
+``Calibration.host_effects`` (:class:`~pipelab.calibration.HostEffects`), which the simulator applies
+only where asked (:mod:`pipelab.sim.host_effects`).
+
 The result is a one-switch cluster of ``workers`` devices of speed 1.0 (the profile must be
 measured on this machine too: ``pl.profile``), whose link is the measured point-to-point path.
 Written atomically, with provenance (host, backend, device, date, torch version, cores); loading
@@ -57,7 +63,7 @@ from pipelab.calibrate.tiny import (
     tiny_model,
     tiny_sgd,
 )
-from pipelab.calibration import Calibration
+from pipelab.calibration import Calibration, HostEffects
 from pipelab.cluster import Cluster, Device, Level
 from pipelab.costs import CostModel
 from pipelab.graph import layer_nodes, trace
@@ -65,6 +71,7 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.runtime import train
 from pipelab.schedules.actions import Action
+from pipelab.schedules.dataflow import POST_AHEAD
 
 BACKENDS = ("gloo", "nccl")
 #: message sizes of the point-to-point and all-reduce sweeps (bytes): 4 KiB .. 4 MiB
@@ -477,24 +484,30 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         "memory_bandwidth": spread(mem),
     }
     sp.update({f"overhead_s.{k}": spread(v) for k, v in over.items()})
+    # the host effects (HostEffects): what this machine adds beyond the core terms
+    host_msg = {k: msg.pop(k) for k in ("busy_sender", "cross", "arrive") if k in msg}
     sp.update({f"message_s.{k}": spread(v) for k, v in msg.items()})
     if busy:
-        sp["message_s.busy_sender"] = busy_spread
-    if "cross" in msg:
-        sp["message_s.cross"] = cross_spread
-    if "arrive" in msg:
-        sp["message_s.arrive"] = arrive_spread
+        sp["host_effects.busy_sender_s"] = busy_spread
+    if "cross" in host_msg:
+        sp["host_effects.cross_s"] = cross_spread
+    if "arrive" in host_msg:
+        sp["host_effects.arrive_s"] = arrive_spread
     sp["compute_slowdown"] = spread(slow)
     if len(after) > 1:     # the longer compute's latency, round by round
         sp["allreduce_after.long"] = spread(latencies["all-reduce after a longer compute"])
     inter = got.get("crossings, interleaved") or []
     if inter:
-        msg["cross_interleaved"] = [statistics.median(inter)]
-        sp["message_s.cross_interleaved"] = spread(inter)
+        sp["host_effects.cross_interleaved_s"] = spread(inter)
     by_duty: dict[float, list[float]] = {}
     for _, d, ratio in got.get("duty cycle") or []:
         by_duty.setdefault(d, []).append(ratio)
-    sp.update({f"duty_slowdown.{d:g}": spread(v) for d, v in by_duty.items()})
+    sp.update({f"host_effects.duty_slowdown.{d:g}": spread(v) for d, v in by_duty.items()})
+    host_med = _medians(host_msg)
+    host = HostEffects(cross_s=host_med.get("cross", 0.0), arrive_s=host_med.get("arrive", 0.0),
+                       busy_sender_s=host_med.get("busy_sender", 0.0),
+                       cross_interleaved_s=statistics.median(inter) if inter else None,
+                       post_ahead=POST_AHEAD, duty_slowdown=duty, stash_s=stash)
     res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[3] for k, f in opt_fit.items()}}
     cpu = platform.processor() or platform.machine() or "cpu"
     device = torch.cuda.get_device_name() if backend == "nccl" else cpu
@@ -512,11 +525,10 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
         overhead_s=_medians(over),
         message_s=_medians(msg),
-        stash_s=stash,
+        host_effects=host,
         optimizer_s={k: (a, b, c) for k, (a, b, c, _) in opt_fit.items()},
         memory_bandwidth=statistics.median(mem),
         compute_slowdown=statistics.median(slow),
-        duty_slowdown=duty,
         allreduce_after=tuple(after),
         spread=sp,
         residual=res,
@@ -533,7 +545,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
 
 
 def duty_points(rows: Sequence[tuple[int, float, float]]) -> tuple[tuple[float, float], ...]:
-    """``Calibration.duty_slowdown`` from :func:`probes.duty_cycle`'s ``(round, duty, ratio)`` rows:
+    """``HostEffects.duty_slowdown`` from :func:`probes.duty_cycle`'s ``(round, duty, ratio)`` rows:
     per duty the median ratio over the rounds, at least 1 (a core that idles does not compute
     faster: a ratio below 1 is the noise of the measurement) and at least the factor of every
     higher duty (the less a core computes, the slower it wakes)."""

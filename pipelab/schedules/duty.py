@@ -2,16 +2,13 @@
 
 A profile times each layer on a core kept busy. Inside a pipeline, a worker waits between its
 actions (fill and drain, a slower neighbour, a message, an all-reduce), and on a virtual machine
-or a CPU with frequency scaling a core that keeps going idle computes slower when it wakes:
-measured on this project's 2-core VM, the digits CNN's forward and backward took 22-25% longer
-with the core busy a third of the time, the same ratio data parallelism's replicas showed inside
-a run against the profile (``reproductions/sim_accuracy/README.md``).
+or a CPU with frequency scaling a core that keeps going idle may compute slower when it wakes. That
+is a host effect (:class:`pipelab.calibration.HostEffects`), applied only where asked.
 
 :func:`pipelab.calibrate.probes.duty_cycle` measures the factor against the duty
-(``Calibration.duty_slowdown``), :meth:`Costs.duty_factor <pipelab.schedules.dataflow.Costs.duty_factor>`
-reads it, and the simulator (:func:`pipelab.sim.simulate.simulate_schedule`) finds each worker's
-utilization with a first pass, scales that worker's compute by its factor (:class:`Scaled`) and
-simulates again, until the factors settle (:func:`settle`).
+(``HostEffects.duty_slowdown``), and the host-effects layer (:mod:`pipelab.sim.host_effects`) finds
+each worker's utilization with a first pass, scales that worker's compute by its factor
+(:class:`Scaled`) and simulates again, until the factors settle (:func:`settle`).
 """
 
 from __future__ import annotations
@@ -50,17 +47,14 @@ class Scaled(Delegating):
         """The base cost times the worker's factor."""
         return self.base.compute(worker, action, split) * self.factors.get(worker, 1.0)
 
-    def duty_factor(self, worker: int, utilization: float) -> float:
-        """Already applied: 1."""
-        return 1.0
 
-
-def settle(costs: Costs, workers: int, first: list[Any],
-           run: Callable[[Costs], list[Any]]) -> tuple[Costs, list[Any], dict[int, float]]:
+def settle(costs: Costs, workers: int, first: list[Any], run: Callable[[Costs], list[Any]],
+           factor: Callable[[float], float]) -> tuple[Costs, list[Any], dict[int, float]]:
     """The costs, events and per-worker factors once each worker's compute is scaled by
-    ``costs.duty_factor`` of the utilization it has under those very factors.
+    ``factor`` of the utilization it has under those very factors.
 
-    ``first`` is the events of a pass with ``costs`` as they are; ``run(c)`` simulates under ``c``.
+    ``first`` is the events of a pass with ``costs`` as they are; ``run(c)`` simulates under ``c``;
+    ``factor(u)``: how much longer compute takes at utilization ``u`` (``HostEffects.duty_factor``).
     Each pass takes the factors of the previous pass's utilization; with no effect (every factor 1)
     nothing runs again."""
     events = first
@@ -68,7 +62,7 @@ def settle(costs: Costs, workers: int, first: list[Any],
     scaled: Costs = costs
     for _ in range(MAX_PASSES):
         util = utilization(events, workers)
-        new = {w: costs.duty_factor(w, u) for w, u in util.items()}
+        new = {w: factor(u) for w, u in util.items()}
         if all(abs(new[w] - factors[w]) <= TOLERANCE * factors[w] for w in new):
             break
         factors = new
