@@ -262,6 +262,7 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     import dataclasses
     import socket
 
+    from pipelab.calibration import HostEffects
     from pipelab.cluster import Calibration, Cluster
 
     cal = Calibration(host=socket.gethostname(), backend="gloo", device="cpu:test", date="2026-11-25",
@@ -269,7 +270,7 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
                       allreduce_latency_s=1e-4, allreduce_bandwidth=1e9,
                       overhead_s={"F": 1e-4, "B": 1e-4, "W": 1e-4, "U": 1e-4},
                       optimizer_s={"sgd-momentum": (5e-5, 1e-10)}, memory_bandwidth=1e10,
-                      duty_slowdown=((0.3, 1.2),))
+                      host_effects=HostEffects(duty_slowdown=((0.3, 1.2),)))
     path = dataclasses.replace(Cluster.flat(2, bandwidth=2e9, latency=1e-4), calibration=cal).save(
         tmp_path / "cluster.json")
     # the second calibration, after the runs: every compute action's overhead ten times larger
