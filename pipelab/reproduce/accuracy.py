@@ -410,9 +410,9 @@ def less_shift(df: Any) -> Any:
 
 def method_table(df: Any) -> Any:
     """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
-    was), median |busy-time error|, the median |error| the same runs give without the duty-cycle
-    term, with the models' own compute factors and on a profile taken right before the runs, the
-    median and worst under a second calibration (where the table has them), median and worst |error|
+    was), median |busy-time error|, the median |error| the same runs give without each host effect
+    and with the core model alone, with the models' own compute factors and on a profile taken right
+    before the runs, the median and worst under a second calibration (where the table has them), median and worst |error|
     less the run's common shift (:func:`less_shift`), worst |peak-memory error|."""
     import pandas as pd
 
@@ -432,6 +432,11 @@ def method_table(df: Any) -> Any:
             "median |busy error|": float(part["busy_error_median"].abs().median()),
             **({"median |error| without duty": float(part["error_without_duty"].abs().median())}
                if "error_without_duty" in part else {}),
+            # each other host effect left out, and the core model alone (pipelab.sim.host_effects)
+            **{f"median |error| without {t}": float(part[f"error_without_{t}"].abs().median())
+               for t in HOST_TERMS if t != "duty" and f"error_without_{t}" in part},
+            **({"median |error| core": float(part["error_core"].abs().median()),
+                "worst |error| core": float(part["error_core"].abs().max())} if "error_core" in part else {}),
             **({"worst |error| with one all-reduce latency":
                 float(part["error_one_allreduce_latency"].abs().max())}
                if "error_one_allreduce_latency" in part else {}),

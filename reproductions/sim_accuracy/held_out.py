@@ -116,48 +116,41 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3, help="paired rounds of real runs (default 3)")
-    ap.add_argument("--steps", type=int, default=40, help="minibatches per real run (default 40)")
-    ap.add_argument("--fitted", action="store_true", help="also the fitted models (cnn, transformer)")
-    ap.add_argument("--cluster", default=None, help="a calibrated cluster JSON (default: calibrate now)")
-    ap.add_argument("--out", default=str(HERE), help="where to write held_out.csv and held_out.md")
-    args = ap.parse_args(argv)
-    if args.rounds < 1 or args.steps < 8:
-        ap.error("--rounds must be >= 1 and --steps >= 8 (a steady window needs minibatches)")
-    t0 = time.perf_counter()
-    load0 = _load()
-    cluster = (pl.Cluster.load(args.cluster) if args.cluster else pl.calibrate(workers=2)).with_workers(2)
+def run(cluster: pl.Cluster, groups: tuple[str, ...] = ("held-out",), *, rounds: int = 3,
+        steps: int = 40) -> pd.DataFrame:
+    """One row per configuration and round: the measured steady-state rate and every prediction
+    (``pred_<variant>``: :func:`variants`), the models of ``groups`` (:data:`GROUPS`) profiled and
+    planned as the quickstart does, every configuration run once per round, in turn."""
     cal = cluster.calibration
     if cal is None:
-        raise SystemExit(f"{args.cluster}: not a calibrated cluster; write one with `pipelab calibrate -o`")
-    print(cal.describe())
-    groups = {g: GROUPS[g] for g in (("held-out", "fitted") if args.fitted else ("held-out",))}
-    cases = []   # (group, model, spec, method, m, plan, profile, predictions)
-    for group, models in groups.items():
-        for name, spec in models.items():
+        raise ValueError("held_out.run needs a calibrated cluster (pl.calibrate)")
+    cases = []
+    for group in groups:
+        for name, spec in GROUPS[group].items():
             profs = profiles_of(name, spec)
             plan = pl.partition(profs[4], cluster, method="pipedream", straight=True)
             for method, m in CONFIGS:
-                pred = predict(profs[m], cluster, plan, method, m, args.steps, spec[3], cal.host_effects)
+                pred = predict(profs[m], cluster, plan, method, m, steps, spec[3], cal.host_effects)
                 cases.append((group, name, spec, method, m, plan, pred))
     rows = []
-    for r in range(args.rounds):
+    for r in range(rounds):
         for group, name, spec, method, m, plan, pred in cases:
-            meas = measure(spec, plan, method, m, args.steps)
+            meas = measure(spec, plan, method, m, steps)
             rows.append({"group": group, "model": name, "method": method, "microbatches": m, "round": r,
                          "config": plan.config, "measured": meas,
                          **{f"pred_{k}": v for k, v in pred.items()}})
-        print(f"round {r + 1}/{args.rounds} done, load {_load()}", flush=True)
-    df = pd.DataFrame(rows)
-    out = Path(args.out)
-    df.to_csv(out / "held_out.csv", index=False, float_format="%.6g")
+        print(f"round {r + 1}/{rounds} done, load {_load()}", flush=True)
+    return pd.DataFrame(rows)
+
+
+def report(df: pd.DataFrame, cluster: pl.Cluster, head: str = "") -> str:
+    """The markdown of :func:`summary` and of every configuration's errors, under ``head``."""
+    cal = cluster.calibration
+    assert cal is not None
     table = summary(df)
-    lines = [f"# Host effects on fitted and held-out models ({args.rounds} paired rounds, "
-             f"{args.steps} minibatches per run)", "", f"machine: {cal.describe().splitlines()[0]}",
-             f"host effects measured: {cal.host_effects.describe()}",
-             f"load average before {load0}, after {_load()}; {time.perf_counter() - t0:.0f} s in all", ""]
+    lines = [f"# Host effects on {' and '.join(df['group'].unique())} models ({df['round'].nunique()} paired "
+             "rounds)", "", f"machine: {cal.describe().splitlines()[0]}",
+             f"host effects measured: {cal.host_effects.describe()}", head, ""]
     shown = table.copy()
     for c in [c for c in table.columns if "error" in c or c.startswith("round_")]:
         shown[c] = table[c].map("{:+.1%}".format if "signed" in c else "{:.1%}".format)
@@ -172,13 +165,38 @@ def main(argv: list[str] | None = None) -> int:
     errs = per.drop(columns=[c for c in per.columns if c.startswith("pred_")])
     lines += ["", "Per configuration (samples/s; error against the median of the rounds; spread = "
               "(max - min) / median):", "", markdown_table(errs)]
-    (out / "held_out.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
     held = table[(table["group"] == "held-out") & (table["variant"] == "core")]
     if not held.empty:
         med, worst = float(held["median_abs_error"].iloc[0]), float(held["worst_abs_error"].iloc[0])
-        print(f"held-out, core model: median |error| {med:.1%}, worst {worst:.1%} "
-              f"(target <= 10%, <= 20%){'' if med <= 0.10 and worst <= 0.20 else ': target not met'}")
+        lines += ["", f"held-out, core model: median |error| {med:.1%}, worst {worst:.1%} (target <= 10%, "
+                  f"<= 20%{'' if med <= 0.10 and worst <= 0.20 else ': not met'})"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="paired rounds of real runs (default 3)")
+    ap.add_argument("--steps", type=int, default=40, help="minibatches per real run (default 40)")
+    ap.add_argument("--fitted", action="store_true", help="also the fitted models (cnn, transformer)")
+    ap.add_argument("--cluster", default=None, help="a calibrated cluster JSON (default: calibrate now)")
+    ap.add_argument("--out", default=str(HERE), help="where to write held_out.csv and held_out.md")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.steps < 8:
+        ap.error("--rounds must be >= 1 and --steps >= 8 (a steady window needs minibatches)")
+    t0 = time.perf_counter()
+    load0 = _load()
+    cluster = (pl.Cluster.load(args.cluster) if args.cluster else pl.calibrate(workers=2)).with_workers(2)
+    if cluster.calibration is None:
+        ap.error(f"{args.cluster}: not a calibrated cluster; write one with `pipelab calibrate -o`")
+    print(cluster.calibration.describe())
+    df = run(cluster, ("held-out", "fitted") if args.fitted else ("held-out",), rounds=args.rounds,
+             steps=args.steps)
+    out = Path(args.out)
+    df.to_csv(out / "held_out.csv", index=False, float_format="%.6g")
+    md = report(df, cluster, f"{args.steps} minibatches per run; load average before {load0}, after "
+                f"{_load()}; {time.perf_counter() - t0:.0f} s in all")
+    (out / "held_out.md").write_text(md)
+    print(md)
     return 0 if math.isfinite(df["measured"].sum()) and statistics.median(df["measured"]) > 0 else 1
 
 

@@ -40,6 +40,8 @@ default_plan = True          # also the planner's default: 1f1b-flush on a unifo
 second_cluster_path = None   # with recalibrate: a second calibrated cluster JSON; None: calibrate then
 out_dir = "."
 report = False
+held_out_rounds = 3          # paired rounds of the held-out models (held_out.py; 0: skip them)
+held_out_steps = 40          # minibatches per held-out run
 planner_errors = "sim_errors.json"   # where this machine's per-method errors go (relative to out_dir; None:
                              # not written): pass it to pl.plan(..., margin=...) or `pipelab plan --margin`
 
@@ -166,3 +168,22 @@ display(Markdown(md), SVG(svg))
 print(f"median |error| {df['error'].abs().median():.1%}, worst {df['error'].abs().max():.1%} over "
       f"{len(df)} runs; the run's common shift {acc.shift_of(df):+.1%}, and less it median "
       f"{rel.median():.1%}, worst {rel.max():.1%}; {time.perf_counter() - t_start:.0f} s in all")
+
+# %% [markdown]
+# ## Held-out models: which host effects earn their place
+#
+# The two models above are the ones the project's tests, notebooks and earlier calibration work use.
+# `held_out.py` runs two models used nowhere else (a residual conv net, a GRU; `held_out_models.py`)
+# under the quickstart's recipe, each configuration predicted by the core model alone, with every
+# host effect of this calibration, and with all but each one, in paired rounds (see `README.md`).
+# The longer run, fitted models included: `python reproductions/sim_accuracy/held_out.py --fitted --rounds 5`.
+
+# %%
+if held_out_rounds:
+    import held_out
+
+    ho = held_out.run(cluster, ("held-out",), rounds=held_out_rounds, steps=held_out_steps)
+    write_table(ho, out / "held_out.csv")
+    md_ho = held_out.report(ho, cluster, f"{held_out_steps} minibatches per run (the sim_accuracy notebook)")
+    atomic_write_text(out / "held_out.md", md_ho)
+    display(Markdown(md_ho))
