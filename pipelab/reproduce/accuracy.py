@@ -412,8 +412,9 @@ def method_table(df: Any) -> Any:
     """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
     was), median |busy-time error|, the median |error| the same runs give without each host effect
     and with the core model alone, with the models' own compute factors and on a profile taken right
-    before the runs, the median and worst under a second calibration (where the table has them), median and worst |error|
-    less the run's common shift (:func:`less_shift`), worst |peak-memory error|."""
+    before the runs, the median and worst under a second calibration (where the table has them),
+    median and worst |error| less the run's common shift (:func:`less_shift`), worst |peak-memory
+    error|."""
     import pandas as pd
 
     rel = less_shift(df).abs()
