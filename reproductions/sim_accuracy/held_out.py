@@ -97,7 +97,8 @@ def measure(spec: tuple[Any, Any, Any, int], plan: Any, method: str, m: int, ste
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per group and variant: median and worst |error| over the configurations (each configuration's
-    error against the median of its rounds), and the range of the per-round median |error|."""
+    error against the median of its rounds), the same less the group's common shift, and the range of
+    the per-round median |error|."""
     rows = []
     preds = [c[len("pred_"):] for c in df.columns if c.startswith("pred_")]
     for group, part in df.groupby("group", sort=False):
@@ -108,10 +109,15 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
             err = (pred - meas) / meas
             by_round = [((r[f"pred_{v}"] - r["measured"]) / r["measured"]).abs().median()
                         for _, r in part.groupby("round")]
+            # less the group's common shift (the median signed error): what a shared machine's load
+            # does to every run alike cancels, and what is left is how the variant orders configurations
+            rel = (1 + err) / (1 + float(err.median())) - 1
             rows.append({"group": group, "variant": v, "configs": len(err),
                          "median_abs_error": float(err.abs().median()),
                          "worst_abs_error": float(err.abs().max()),
                          "median_signed_error": float(err.median()),
+                         "median_abs_less_shift": float(rel.abs().median()),
+                         "worst_abs_less_shift": float(rel.abs().max()),
                          "round_median_lo": float(min(by_round)), "round_median_hi": float(max(by_round))})
     return pd.DataFrame(rows)
 
@@ -152,7 +158,7 @@ def report(df: pd.DataFrame, cluster: pl.Cluster, head: str = "") -> str:
              "rounds)", "", f"machine: {cal.describe().splitlines()[0]}",
              f"host effects measured: {cal.host_effects.describe()}", head, ""]
     shown = table.copy()
-    for c in [c for c in table.columns if "error" in c or c.startswith("round_")]:
+    for c in [c for c in table.columns if "error" in c or "shift" in c or c.startswith("round_")]:
         shown[c] = table[c].map("{:+.1%}".format if "signed" in c else "{:.1%}".format)
     lines.append(markdown_table(shown))
     per = df.groupby(["group", "model", "method", "microbatches"], sort=False).agg(
