@@ -36,7 +36,7 @@ def test_each_variant_is_scored_against_the_median_of_the_rounds() -> None:
     assert got.loc["core", "round_median_lo"] == pytest.approx(0.155)
     assert got.loc["core", "round_median_hi"] == pytest.approx(0.26875)
     assert set(got["configs"]) == {2}
-    # less the shift: core's errors +0.1 and +0.3 about their median +0.2: 1.1/1.2 - 1 and 1.3/1.2 - 1
+    # less the model's shift: core's errors +0.1 and +0.3 about their median +0.2
     assert got.loc["core", "worst_abs_less_shift"] == pytest.approx(1.3 / 1.2 - 1)
     assert got.loc["core", "median_abs_less_shift"] == pytest.approx(((1 - 1.1 / 1.2) + (1.3 / 1.2 - 1)) / 2)
 

@@ -97,8 +97,8 @@ def measure(spec: tuple[Any, Any, Any, int], plan: Any, method: str, m: int, ste
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per group and variant: median and worst |error| over the configurations (each configuration's
-    error against the median of its rounds), the same less the group's common shift, and the range of
-    the per-round median |error|."""
+    error against the median of its rounds), the same less each model's common shift, and the range
+    of the per-round median |error|."""
     rows = []
     preds = [c[len("pred_"):] for c in df.columns if c.startswith("pred_")]
     for group, part in df.groupby("group", sort=False):
@@ -109,9 +109,11 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
             err = (pred - meas) / meas
             by_round = [((r[f"pred_{v}"] - r["measured"]) / r["measured"]).abs().median()
                         for _, r in part.groupby("round")]
-            # less the group's common shift (the median signed error): what a shared machine's load
-            # does to every run alike cancels, and what is left is how the variant orders configurations
-            rel = (1 + err) / (1 + float(err.median())) - 1
+            # less each model's common shift (the median signed error of its configurations): what a
+            # shared machine's load, or the model's one profile, does to all its runs alike cancels, and
+            # what is left is how the variant orders the configurations, which is what the planner uses
+            shift = err.groupby(level="model").transform("median")
+            rel = (1 + err) / (1 + shift) - 1
             rows.append({"group": group, "variant": v, "configs": len(err),
                          "median_abs_error": float(err.abs().median()),
                          "worst_abs_error": float(err.abs().max()),
