@@ -8,7 +8,7 @@ And :class:`HostEffects`, one record of what this machine adds beyond them (a st
 cross, a core that wakes slowly, ...), which the simulator applies only when asked
 (:mod:`pipelab.sim.host_effects`). JSON round-trip through ``to_dict`` / ``from_dict``; files written
 before a term existed load with that term's neutral value, and older files' host terms (kept then in
-``message_s``, ``duty_slowdown``, ``stash_s``) load into :class:`HostEffects`.
+``message_s``) load into :class:`HostEffects`.
 """
 
 from __future__ import annotations
@@ -23,17 +23,19 @@ import numpy as np
 FACTOR_KINDS = ("F", "B")
 
 #: the terms of :class:`HostEffects`, by the name :meth:`HostEffects.without` takes
-HOST_TERMS = ("cross", "arrive", "busy_sender", "rendezvous", "duty", "stash")
+HOST_TERMS = ("cross", "busy_sender")
 
 #: ``message_s`` keys of older files that are host effects (moved into :class:`HostEffects`)
 _OLD_HOST_MESSAGE_KEYS = {"cross": "cross_s", "cross_interleaved": "cross_interleaved_s",
-                          "arrive": "arrive_s", "busy_sender": "busy_sender_s"}
+                          "busy_sender": "busy_sender_s"}
 
 #: what each term's neutral value is (:meth:`HostEffects.without`)
 _NEUTRAL: dict[str, dict[str, Any]] = {
-    "cross": {"cross_s": 0.0, "cross_interleaved_s": None}, "arrive": {"arrive_s": 0.0},
-    "busy_sender": {"busy_sender_s": 0.0}, "rendezvous": {"post_ahead": None}, "duty": {"duty_slowdown": ()},
-    "stash": {"stash_s": {}}}
+    "cross": {"cross_s": 0.0, "cross_interleaved_s": None}, "busy_sender": {"busy_sender_s": 0.0}}
+
+#: terms older files may hold that no longer are any (measured not to earn their place on models they
+#: were not fitted on: reproductions/sim_accuracy/README.md); they load as nothing
+_RETIRED = ("duty_slowdown", "arrive_s", "post_ahead", "stash_s")
 
 
 def _finite(v: Any) -> bool:
@@ -51,27 +53,15 @@ class HostEffects:
     * ``cross_s``: seconds an ``F``/``B`` takes longer when its message crosses the peer's in the
       opposite direction (:mod:`pipelab.schedules.crossing`); ``cross_interleaved_s`` the same measured
       in an interleaved run, which schedules with virtual stages take instead (None: ``cross_s``);
-    * ``arrive_s``: seconds an action takes longer when a message to its worker arrives during it;
     * ``busy_sender_s``: seconds a message waits to leave when its sender starts its next action at once;
-    * ``post_ahead``: a rendezvous transport: a message moves only once its receive is posted, which the
-      runtime does this many actions ahead (None: data flows as soon as it exists);
-    * ``duty_slowdown``: ``(duty, factor)`` points, how much longer compute takes on a core busy only
-      ``duty`` of the time (:mod:`pipelab.schedules.duty`);
-    * ``stash_s``: the weight policies' extra work, per call, parameter byte and tensor: a forward on a
-      stashed version (``call``, ``tensor``), a stashing ``U``'s new version (``version_*``), PipeMare's
-      ``U`` (``delta_*``) and ``B`` (``correct_*``).
     """
 
     cross_s: float = 0.0
     cross_interleaved_s: float | None = None
-    arrive_s: float = 0.0
     busy_sender_s: float = 0.0
-    post_ahead: int | None = None
-    duty_slowdown: tuple[tuple[float, float], ...] = ()
-    stash_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("cross_s", "arrive_s", "busy_sender_s"):
+        for name in ("cross_s", "busy_sender_s"):
             v = getattr(self, name)
             if not (_finite(v) and v >= 0):
                 raise ValueError(f"host effects: {name}={v!r} must be a finite number >= 0 seconds")
@@ -79,19 +69,6 @@ class HostEffects:
         if ci is not None and not (_finite(ci) and ci >= 0):
             raise ValueError(f"host effects: cross_interleaved_s={ci!r} must be None or a number >= 0 "
                              "seconds")
-        pa = self.post_ahead
-        if pa is not None and (isinstance(pa, bool) or not isinstance(pa, int) or pa < 1):
-            raise ValueError(f"host effects: post_ahead={pa!r} must be None or an int >= 1 (actions)")
-        pts = []
-        for pt in self.duty_slowdown:
-            if len(pt) != 2 or not all(_finite(v) for v in pt) or not (0 < pt[0] < 1) or pt[1] <= 0:
-                raise ValueError(f"host effects: duty_slowdown point {tuple(pt)!r} must be (duty in (0, 1), "
-                                 "factor > 0)")
-            pts.append((float(pt[0]), float(pt[1])))
-        object.__setattr__(self, "duty_slowdown", tuple(sorted(pts)))
-        for k, v in self.stash_s.items():
-            if not _finite(v):
-                raise ValueError(f"host effects: stash_s[{k!r}]={v!r} must be a finite number")
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -114,53 +91,6 @@ class HostEffects:
             return float(self.cross_interleaved_s)
         return float(self.cross_s)
 
-    def duty_factor(self, utilization: float) -> float:
-        """How much longer compute takes on a worker busy ``utilization`` of the time than on a busy
-        core: :attr:`duty_slowdown` interpolated linearly, 1 at full utilization, the lowest measured
-        duty's factor below it (no extrapolation); 1 where not measured."""
-        if not self.duty_slowdown or utilization >= 1.0:
-            return 1.0
-        pts = [*self.duty_slowdown, (1.0, 1.0)]
-        if utilization <= pts[0][0]:
-            return pts[0][1]
-        for (u0, f0), (u1, f1) in zip(pts, pts[1:]):
-            if utilization <= u1:
-                return f0 + (f1 - f0) * (utilization - u0) / (u1 - u0)
-        return 1.0
-
-    def stashed_forward_s(self, tensors: int) -> float:
-        """Seconds a forward over ``tensors`` parameter tensors pays for running on a stashed weight
-        version beyond the plain module call (:attr:`stash_s`' ``call`` and ``tensor``)."""
-        if not self.stash_s:
-            return 0.0
-        return float(self.stash_s.get("call", 0.0)) + float(self.stash_s.get("tensor", 0.0)) * max(tensors, 0)
-
-    def _affine(self, key: str, param_bytes: float, tensors: float) -> float:
-        """``key_call + key_byte * bytes + key_tensor * tensors`` of :attr:`stash_s` (0 where absent)."""
-        if param_bytes <= 0 or not self.stash_s:
-            return 0.0
-        return (float(self.stash_s.get(f"{key}_call", 0.0))
-                + float(self.stash_s.get(f"{key}_byte", 0.0)) * float(param_bytes)
-                + float(self.stash_s.get(f"{key}_tensor", 0.0)) * float(tensors))
-
-    def _affine_text(self, key: str) -> str:
-        """:meth:`_affine`'s three terms of ``key`` for humans."""
-        return (f"{self.stash_s.get(f'{key}_call', 0.0) * 1e6:.0f} us + "
-                f"{self.stash_s.get(f'{key}_byte', 0.0) * 1e12:.0f} ps/B + "
-                f"{self.stash_s.get(f'{key}_tensor', 0.0) * 1e6:.1f} us/tensor")
-
-    def new_version_s(self, param_bytes: float, tensors: float) -> float:
-        """Seconds a stashing method's ``U`` spends making a new weight version (``version_*``)."""
-        return self._affine("version", param_bytes, tensors)
-
-    def delta_average_s(self, param_bytes: float, tensors: float) -> float:
-        """Seconds PipeMare's ``U`` spends beyond the optimizer step (its weight-change average)."""
-        return self._affine("delta", param_bytes, tensors)
-
-    def corrected_weights_s(self, param_bytes: float, tensors: float) -> float:
-        """Seconds each PipeMare ``B`` spends building its discrepancy-corrected weights."""
-        return self._affine("correct", param_bytes, tensors)
-
     def describe(self) -> str:
         """One line for humans: the terms that have an effect."""
         parts = []
@@ -168,35 +98,18 @@ class HostEffects:
             parts.append(f"crossed action +{self.cross_s * 1e6:.0f} us"
                          + (f" ({self.cross_interleaved_s * 1e6:.0f} us interleaved)"
                             if self.cross_interleaved_s is not None else ""))
-        if self.arrive_s:
-            parts.append(f"an arrival +{self.arrive_s * 1e6:.0f} us")
         if self.busy_sender_s:
             parts.append(f"a busy sender's message +{self.busy_sender_s * 1e6:.0f} us")
-        if self.post_ahead is not None:
-            parts.append(f"rendezvous, receives posted {self.post_ahead} actions ahead")
-        if self.duty_slowdown:
-            parts.append("a core busy " + ", ".join(f"{u:.0%} of the time computes {f:.2f}x"
-                                                    for u, f in self.duty_slowdown))
-        if self.stash_s:
-            parts.append(f"a stashed forward +{self.stash_s.get('call', 0.0) * 1e6:.0f} us + "
-                         f"{self.stash_s.get('tensor', 0.0) * 1e6:.1f} us/tensor")
-            if "version_call" in self.stash_s:
-                parts.append(f"a new version at U {self._affine_text('version')}")
-            if "delta_call" in self.stash_s:
-                parts.append(f"PipeMare's U +{self._affine_text('delta')}, "
-                             f"its B +{self._affine_text('correct')}")
         return "; ".join(parts) if parts else "none"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
-        d = asdict(self)
-        d["duty_slowdown"] = [list(p) for p in self.duty_slowdown]
-        return d
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostEffects:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**{**d, "duty_slowdown": tuple(tuple(p) for p in d.get("duty_slowdown", ()))})
+        """Inverse of :meth:`to_dict` (a retired term of an older file loads as nothing)."""
+        return cls(**{k: v for k, v in d.items() if k not in _RETIRED})
 
 
 @dataclass(frozen=True)
@@ -389,19 +302,16 @@ class Calibration:
         again = "re-create it with `pipelab calibrate`"
         try:
             d = dict(d)
-            old_file = "host_effects" not in d
             msg = dict(d.pop("message_s", {}) or {})
             host = dict(d.pop("host_effects", {}) or {})
-            # files from before HostEffects: their host terms sat in message_s, duty_slowdown, stash_s
+            # files from before HostEffects: their host terms sat in message_s (and stash_s and
+            # duty_slowdown, terms since retired)
             for old, new in _OLD_HOST_MESSAGE_KEYS.items():
                 if old in msg:
                     host.setdefault(new, msg.pop(old))
-            if "duty_slowdown" in d:
-                host.setdefault("duty_slowdown", d.pop("duty_slowdown"))
-            if "stash_s" in d:
-                host.setdefault("stash_s", d.pop("stash_s"))
-            if old_file:
-                host["post_ahead"] = 4   # what the runtime posted ahead when those files were written
+            msg.pop("arrive", None)
+            d.pop("duty_slowdown", None)
+            d.pop("stash_s", None)
             return cls(**{**d, "message_s": msg, "host_effects": HostEffects.from_dict(host),
                           "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()},
                           "allreduce_after": tuple(tuple(p) for p in d.get("allreduce_after", ()))})

@@ -118,23 +118,6 @@ def test_an_action_has_an_arrival_when_a_message_to_its_worker_is_sent_during_it
                                             (0, Action(0, "U", 0))}
 
 
-def test_the_second_pass_adds_the_arrivals_extra_where_no_crossing_is() -> None:
-    sch = build("1f1b-flush", 2, microbatches=8, minibatches=2)
-    first = [e for e in run(sch, UnitCosts()) if e.kind in ("F", "B", "W", "U")]
-    crossed = crossed_actions(sch, first)
-    arrived = arrived_actions(sch, first) - crossed
-    assert crossed and arrived
-    base = UnitCosts()
-    for e in _stalled(sch, HostEffects(cross_s=STALL, arrive_s=STALL / 5)).trace.compute_events():
-        a = Action(e.stage, e.kind, e.microbatch)
-        extra = STALL if (e.worker, a) in crossed else STALL / 5 if (e.worker, a) in arrived else 0.0
-        assert e.end_s - e.start_s == pytest.approx(base.compute(e.worker, a, False) + extra), (e.worker, a)
-    st = Stalled(base, {(0, Action(0, "F", 0))}, STALL, {(0, Action(0, "F", 0)), (1, Action(1, "F", 0))}, 0.1)
-    assert st.compute(0, Action(0, "F", 0), False) == base.compute(0, Action(0, "F", 0), False) + STALL
-    assert st.compute(1, Action(1, "F", 0), False) == base.compute(1, Action(1, "F", 0), False) + 0.1
-
-
-
 def test_an_interleaved_schedule_takes_its_own_crossing_stall() -> None:
     """Oracle: a host whose stall is STALL but STALL / 4 in a schedule with virtual stages. The
     interleaved simulation adds exactly STALL / 4 to each action its first pass finds crossed; 1F1B
@@ -163,8 +146,7 @@ def test_the_core_simulation_has_no_host_effect_unless_asked() -> None:
     from pipelab.profile.records import Profile
     from pipelab.sim import simulate
 
-    host = HostEffects(cross_s=1e-3, arrive_s=2e-4, busy_sender_s=3e-4, post_ahead=4,
-                       duty_slowdown=((0.3, 1.3),))
+    host = HostEffects(cross_s=1e-3, busy_sender_s=3e-4)
     cal = Calibration(host="h", backend="gloo", device="cpu", date="d", torch="t", cores=2, workers=2,
                       p2p_latency_s=1e-5, p2p_bandwidth=1e9, allreduce_latency_s=1e-5,
                       allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={}, memory_bandwidth=1e10,
@@ -176,8 +158,8 @@ def test_the_core_simulation_has_no_host_effect_unless_asked() -> None:
     assert neutral.time_per_minibatch == core.time_per_minibatch
     with_host = simulate(2, prof, cl, "1f1b-flush", microbatches=4, minibatches=3, host_effects=True)
     assert with_host.time_per_minibatch > core.time_per_minibatch
-    assert host.without(*host.terms).terms == () and set(host.terms) == {"cross", "arrive", "busy_sender",
-                                                                          "rendezvous", "duty"}
+    assert host.without(*host.terms).terms == () and set(host.terms) == {"cross", "busy_sender"}
+    assert host.without("busy_sender") == HostEffects(cross_s=1e-3)
     with pytest.raises(ValueError, match="not calibrated"):
         simulate(2, prof, Cluster.flat(2), "1f1b-flush", microbatches=4, host_effects=True)
     with pytest.raises(ValueError, match="unknown host terms"):

@@ -42,7 +42,7 @@ def test_each_variant_is_scored_against_the_median_of_the_rounds() -> None:
 
 
 def test_every_term_of_the_record_gets_its_left_out_variant() -> None:
-    host = HostEffects(cross_s=1e-3, duty_slowdown=((0.3, 1.2),))
+    host = HostEffects(cross_s=1e-3, busy_sender_s=2e-4)
     got = held_out.variants(host)
-    assert set(got) == {"core", "all", "without_cross", "without_duty"}
-    assert got["core"] is False and got["without_cross"] == HostEffects(duty_slowdown=((0.3, 1.2),))
+    assert set(got) == {"core", "all", "without_cross", "without_busy_sender"}
+    assert got["core"] is False and got["without_cross"] == HostEffects(busy_sender_s=2e-4)

@@ -247,7 +247,6 @@ def run_one(
     host_tp = {t: rate(simulated(steps, host=host.without(t))) if t in host.terms else sim_tp
                for t in HOST_TERMS}
     core_tp = rate(simulated(steps, host=False)) if host.terms else sim_tp
-    flat_tp = host_tp["duty"]
     # with the all-reduce's one latency, whatever the compute before it (the term before allreduce_after)
     flat_ar_tp = without(allreduce_after=()) if cal is not None and cal.allreduce_after else sim_tp
     # with the 1F1B run's crossing extra for every schedule (the term before the interleaved one)
@@ -303,8 +302,7 @@ def run_one(
         "simulated": sim_tp,
         "measured": real_tp,
         "error": (sim_tp - real_tp) / real_tp,
-        "error_without_duty": (flat_tp - real_tp) / real_tp,
-        **{f"error_without_{t}": (host_tp[t] - real_tp) / real_tp for t in HOST_TERMS if t != "duty"},
+        **{f"error_without_{t}": (host_tp[t] - real_tp) / real_tp for t in HOST_TERMS},
         "error_core": (core_tp - real_tp) / real_tp,
         "error_one_crossing": (one_tp - real_tp) / real_tp,
         "error_one_allreduce_latency": (flat_ar_tp - real_tp) / real_tp,
@@ -431,11 +429,9 @@ def method_table(df: Any) -> Any:
             "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}"
                         + (" uniform" if str(at.get("split", "")) == "uniform" else ""),
             "median |busy error|": float(part["busy_error_median"].abs().median()),
-            **({"median |error| without duty": float(part["error_without_duty"].abs().median())}
-               if "error_without_duty" in part else {}),
             # each other host effect left out, and the core model alone (pipelab.sim.host_effects)
             **{f"median |error| without {t}": float(part[f"error_without_{t}"].abs().median())
-               for t in HOST_TERMS if t != "duty" and f"error_without_{t}" in part},
+               for t in HOST_TERMS if f"error_without_{t}" in part},
             **({"median |error| core": float(part["error_core"].abs().median()),
                 "worst |error| core": float(part["error_core"].abs().max())} if "error_core" in part else {}),
             **({"worst |error| with one all-reduce latency":

@@ -17,8 +17,8 @@ crossed (:class:`Stalled`), then simulates again.
 Arrivals: a message that arrives while its receiver computes costs that action time too (gloo's I/O
 thread takes the bytes in on the receiver's core), whatever the action sends.
 :func:`arrived_actions` says which actions of a trace had one (by the same clock as the crossings:
-the sending action's end); the calibration measures the extra (``HostEffects.arrive_s``) and
-:class:`Stalled` adds it to arrivals that did not cross.
+the sending action's end), so that the calibration leaves them out of the quiet actions it compares
+with; an arrival's extra is no term of the model (it did not earn its place on held-out models).
 """
 
 from __future__ import annotations
@@ -88,22 +88,16 @@ def arrived_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int,
 
 
 class Stalled(Delegating):
-    """``base``'s costs, with ``extra`` seconds added to each ``(worker, action)`` of ``crossed`` and
-    ``arrive_extra`` to each of ``arrived`` that is not also crossed."""
+    """``base``'s costs, with ``extra`` seconds added to each ``(worker, action)`` of ``crossed``."""
 
-    def __init__(self, base: Costs, crossed: set[tuple[int, Action]], extra: float,
-                 arrived: set[tuple[int, Action]] | None = None, arrive_extra: float = 0.0) -> None:
+    def __init__(self, base: Costs, crossed: set[tuple[int, Action]], extra: float) -> None:
         super().__init__(base)
         self.crossed, self.extra = crossed, float(extra)
-        self.arrived, self.arrive_extra = (arrived or set()), float(arrive_extra)
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
-        """The base cost, plus the stall when this action crossed, else the arrival's extra when a
-        message arrived during it."""
+        """The base cost, plus the stall when this action crossed."""
         t = self.base.compute(worker, action, split)
-        if (worker, action) in self.crossed:
-            return t + self.extra
-        return t + self.arrive_extra if (worker, action) in self.arrived else t
+        return t + self.extra if (worker, action) in self.crossed else t
 
 
 __all__ = ["Stalled", "arrived_actions", "crossed_actions"]

@@ -105,8 +105,7 @@ class Costs:
 
 class Delegating(Costs):
     """``base``'s costs in every respect; subclasses change one (the host effects,
-    :mod:`pipelab.sim.host_effects`, and their later passes: :class:`pipelab.schedules.crossing.Stalled`,
-    :class:`pipelab.schedules.duty.Scaled`)."""
+    :mod:`pipelab.sim.host_effects`, and its later pass: :class:`pipelab.schedules.crossing.Stalled`)."""
 
     def __init__(self, base: Costs) -> None:
         self.base = base

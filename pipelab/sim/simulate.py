@@ -40,14 +40,8 @@ from pipelab.schedules import build
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
-from pipelab.schedules.facts import stage_delays
 from pipelab.sim.host_effects import HostCosts, HostEffects, run_with
 from pipelab.trace import Event, Trace
-
-#: the runtime weight policies (``Method.weights``) whose every forward runs on a stashed version
-#: through ``runtime.reparam.Reparametrizer`` (``runtime/policies``: the stash and delay policies'
-#: ``weights``)
-STASHING_POLICIES = ("stash", "delay")
 
 
 def _synchronous(method: str) -> bool:
@@ -117,8 +111,7 @@ class ProfileCosts(Costs):
         minibatch; ``workers[r]`` is the cluster worker of schedule rank ``r`` (default identity, see
         ``plan.notes["workers"]`` of HetPipe plans); ``recompute_forward``: every ``B`` first runs
         its stage's forward again (methods whose backward reads the newest weights, not the ones its
-        forward read: naive-async, PipeMare). What a weight policy adds beyond that (a stashed
-        version, PipeMare's corrected weights) is a host effect (:mod:`pipelab.sim.host_effects`)."""
+        forward read: naive-async, PipeMare)."""
         self.model = model
         self.recompute_forward = recompute_forward
         self.ranges = ranges
@@ -222,9 +215,9 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     bytes per microbatch; bytes of one extra weight version[; bytes of buffers always held[; bytes
     of the output gradient a split B keeps for W]]) to get a
     memory timeline (:func:`_memory`); without it memory is reported as 0. ``host_effects``: also
-    apply that record's passes, duty cycle and crossings (:func:`pipelab.sim.host_effects.run_with`;
-    its per-action and per-message terms come with ``costs``, a
-    :class:`~pipelab.sim.host_effects.HostCosts`); None: the core model alone.
+    apply that record's crossing pass (:func:`pipelab.sim.host_effects.run_with`; its per-message
+    term comes with ``costs``, a :class:`~pipelab.sim.host_effects.HostCosts`); None: the core model
+    alone.
     """
     costs = costs if costs is not None else UnitCosts()
     try:
@@ -404,19 +397,14 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
     ratio = compression_ratio_of(compression, compression_ratio)
     spec = methods.METHODS.get(sch.method)
-    # the runtime's stash and delay policies run every forward on a stashed version (Reparametrizer)
-    stashed = spec is not None and spec.weights in STASHING_POLICIES
     cm = CostModel(profile, cluster, compression_ratio=ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
                    host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     # the backward reads the newest weights, not its forward's: the runtime recomputes the forward
     recompute = spec is not None and spec.versions == "latest"
-    pipemare = None
-    if spec is not None and spec.weights == "pipemare" and sch.versions is not None:
-        pipemare = frozenset(s for s, (tf, tb) in stage_delays(sch).items() if tf != tb)
     core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
-    costs: Costs = core if host is None else HostCosts(core, host, stashed=stashed, pipemare=pipemare)
+    costs: Costs = core if host is None else HostCosts(core, host)
     mem: dict[int, tuple[int, ...]] = {}
     # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare.py)
     # (a schedule of no registered method, e.g. one imported from torch, keeps its forward's weights)
