@@ -252,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "sim_accuracy" in parts:
         aparams: dict[str, Any] = {"report": True}
         if quick:
-            aparams.update(models=["cnn"], methods=["gpipe", "pipedream"], steps=6, rounds=1)
+            aparams.update(models=["cnn"], methods=["gpipe", "pipedream"], steps=6, rounds=1,
+                           held_out_rounds=0)
         nb = REPRODUCTIONS / "sim_accuracy" / "sim_accuracy.ipynb"
         jobs["sim_accuracy"] = [Job("simulator accuracy", nb, aparams, out_of("sim_accuracy"))]
 
