@@ -28,6 +28,8 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
   ``torch.cuda.max_memory_allocated``); ``RunResult.peak_memory`` is the peak per worker.
 * ``pin_cores``: pin each CPU worker process to a core of its own (:mod:`pipelab.runtime.affinity`);
   ``None`` (default) when this host's workers fit its cores, ``True`` always, ``False`` never.
+* ``shared_memory=True``: with gloo and every worker on one host, move point-to-point messages through
+  shared memory (:mod:`pipelab.runtime.shm`) instead of gloo's point-to-point path (the default).
 * ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
   stages (weights, optimizer, weight versions, RNG) and the last writer seals the manifest
   (:mod:`pipelab.runtime.checkpoint`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
@@ -103,7 +105,7 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device={dev!r} needs a CUDA GPU but torch.cuda.is_available() is False "
                              "on this machine; leave device= out to compute on the CPU")
-    for k in ("coalesce_wgrad", "measure_memory", "pin_cores"):
+    for k in ("coalesce_wgrad", "measure_memory", "pin_cores", "shared_memory"):
         if rt.get(k) is not None and not isinstance(rt[k], bool):
             raise ValueError(f"{k}={rt[k]!r} must be True or False")
     n = rt.get("checkpoint_every")
@@ -143,6 +145,7 @@ class RuntimeOptions:
     device: str | None = None     # where stages compute under gloo: None/"cpu", "cuda", "cuda:N"
     measure_memory: bool = False  # count each worker's memory after every action (runtime/memory.py)
     pin_cores: bool | None = None  # one core per CPU worker process (runtime/affinity.py)
+    shared_memory: bool | None = None  # p2p through shared memory on one host (runtime/shm.py)
     method: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -170,6 +173,7 @@ class RuntimeOptions:
             device=None if options.get("device") is None else str(options["device"]),
             measure_memory=bool(options.get("measure_memory") or False),
             pin_cores=None if options.get("pin_cores") is None else bool(options["pin_cores"]),
+            shared_memory=None if options.get("shared_memory") is None else bool(options["shared_memory"]),
             method=dict(own),
         )
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipelab.runtime import shm
 from pipelab.runtime.affinity import pin_worker
 from pipelab.runtime.comm import MATCH_MODES, DistComm, grad_specs, peer_orders
 from pipelab.runtime.job import Job
@@ -172,6 +173,29 @@ def stage_device(job: Job, rank: int, local_rank: int | None = None) -> torch.de
     return torch.device(want)
 
 
+def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups: dict[int, Any], mode: str,
+              orders: Any, carried: Callable[[Any], bool]) -> DistComm:
+    """This worker's transport (a collective: every rank calls it): point-to-point messages through
+    shared memory (:class:`~pipelab.runtime.shm.ShmComm`) with ``job.runtime.shared_memory`` (gloo, every
+    worker on this host); else over the process group."""
+    through_host = device.type == "cuda" and job.backend != "nccl"
+    want = bool(job.runtime.shared_memory)
+    if want and shm.available(job.backend) and shm.same_host(job.world_size):
+        incoming: dict[int, list[Any]] = {}
+        for i in range(len(worker.actions)):
+            for r in worker.recvs(i):
+                if r.src != rank:
+                    incoming.setdefault(r.src, []).append(r.specs)
+        sends, _ = peer_orders(job.schedule, rank, carried)
+        outgoing = sorted(d for d, seq in sends.items() if d != rank and seq)
+        return shm.ShmComm.open(rank, job.world_size, device, groups, incoming, outgoing, timeout=job.timeout,
+                                match=mode, orders=orders, through_host=through_host)
+    if want:
+        raise RuntimeError(f"shared_memory=True needs the gloo backend on one x86-64 Linux host (backend "
+                           f"{job.backend!r} here, or the workers run on several hosts); leave it out")
+    return DistComm(rank, device, groups, match=mode, orders=orders, through_host=through_host)
+
+
 def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
                     local_rank: int | None = None, gather: bool = False,
                     wsp_conn: Any = None, match: str | None = None) -> tuple[WorkerResult, list[Any]]:
@@ -191,6 +215,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
     init = init_method or f"tcp://{job.master_addr}:{job.master_port}"
     dist.init_process_group(job.backend, init_method=init, rank=rank, world_size=world,
                             timeout=timedelta(seconds=job.timeout))
+    comm: DistComm | None = None
     try:
         groups = {
             s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)
@@ -206,8 +231,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             return bool(msg.kind == "act" or grad_specs(job.specs[msg.stage - 1]))
 
         orders = peer_orders(job.schedule, rank, carried) if mode == "order" else None
-        comm = DistComm(rank, device, groups, match=mode, orders=orders,
-                        through_host=device.type == "cuda" and job.backend != "nccl")
+        comm = open_comm(job, worker, rank, device, groups, mode, orders, carried)
         torch.set_rng_state(worker.rng_state)
         if worker.meter is not None:
             worker.meter.messages = comm.held
@@ -243,6 +267,8 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             dist.barrier()
         return result, everything
     finally:
+        if comm is not None and hasattr(comm, "close"):
+            comm.close()
         try:
             dist.destroy_process_group()
         except Exception:

@@ -1,0 +1,320 @@
+"""Point-to-point messages through shared memory, for workers on one host (the gloo backend).
+
+Every ordered pair of workers that exchanges messages gets a *ring*: a file in shared memory, mapped by
+both, with ``K`` slots as large as the pair's largest message. The sender copies message ``k`` of the
+pair's sequence into slot ``k % K`` and then stamps the slot with ``k + 1``; the receiver waits for that
+stamp, copies the message out and counts it consumed; the sender reuses a slot only once its earlier
+message was consumed (until then the message waits in the sender's queue, written at its next call).
+Matching is therefore by order per pair, which is what the schedule's validator proves
+(:mod:`pipelab.schedules.messages`); each slot also carries the message's tag, and a receive that finds
+another tag raises :class:`~pipelab.runtime.comm.OrderError`. ``match="order"`` checks every send and
+receive against the schedule's per-pair sequences as :class:`~pipelab.runtime.comm.DistComm` does.
+
+Waiting. A receiver whose message is not there yet sleeps on the ring's *bell*, a counter in the
+ring that the sender raises after each stamp (a futex: the kernel sleeps the receiver only while the
+counter still reads what it read, so no ring is missed, and wakes it without the hint a pipe's or a
+socket's wake-up carries, that would queue it behind the still-computing sender). It never depends on
+another thread. gloo's
+point-to-point path costs every message a rendezvous (the receiver announces the posted receive, the
+sender's I/O thread takes the notice, the receiver's I/O thread takes the bytes); with every core busy
+computing, each of those thread wake-ups waits for the scheduler, and gloo's I/O thread spins while the
+computing thread holds the connection's lock. Here a message costs two copies and, only when the
+receiver already waits, one wake-up.
+
+Invariants: the files are unlinked once every worker has mapped them (nothing is left behind, even
+when a worker dies); stamps are written after the payload and read before it, which x86-64's store
+order makes safe (:func:`available` refuses other machines, which keep gloo's point-to-point path);
+all-reduces still go through the process group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import shutil
+import socket
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipelab.runtime.comm import DistComm, OrderError, Recv, Send, TensorSpec, empty_for, pack, unpack
+
+HEADER = 64            # bytes before the first slot: consumed count, K, slot size, bell
+_SYS_FUTEX, _FUTEX_WAIT, _FUTEX_WAKE = 202, 0, 1     # x86-64 Linux; shared (not private) futexes
+_libc = ctypes.CDLL(None, use_errno=True) if platform.system() == "Linux" else None
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+SLOT_HEADER = 64       # per slot: stamp (k + 1), tag, payload bytes
+MAX_RING_BYTES = 64 << 20   # K shrinks so one ring stays under this (a full ring queues at the sender)
+MAX_SLOTS = 64
+
+
+def available(backend: str) -> bool:
+    """Whether this machine can use shared-memory messages (gloo on x86-64 Linux)."""
+    return (backend == "gloo" and _libc is not None
+            and platform.machine().lower() in ("x86_64", "amd64"))
+
+
+def same_host(world: int) -> bool:
+    """Whether every rank of the process group runs on this host (a collective: every rank calls it)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            me = socket.gethostname() + "/" + f.read().strip()
+    except OSError:
+        me = socket.gethostname()
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, me)
+    return len(set(hosts)) == 1
+
+
+def message_nbytes(specs: Sequence[TensorSpec]) -> int:
+    """Bytes of the packed message of ``specs`` (as :func:`pipelab.runtime.comm.pack` lays it out)."""
+    if len(specs) == 1:
+        return specs[0].nbytes
+    return sum((s.nbytes + 7) // 8 * 8 for s in specs)
+
+
+class _Ring:
+    """One direction of one pair: ``K`` slots of ``slot`` bytes in a mapped file."""
+
+    def __init__(self, path: str, create: tuple[int, int] | None = None) -> None:
+        if create is not None:
+            k, slot = create
+            size = HEADER + k * (SLOT_HEADER + slot)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.ftruncate(fd, size)
+        else:
+            fd = os.open(path, os.O_RDWR)
+            size = os.fstat(fd).st_size
+        self.map = mmap.mmap(fd, size)
+        os.close(fd)
+        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.words = self.bytes.view(torch.int64)
+        if create is not None:
+            self.words[1], self.words[2] = create
+        self.k, self.slot = int(self.words[1]), int(self.words[2])
+        self.stride = (SLOT_HEADER + self.slot) // 8
+
+    def _word(self, j: int) -> int:
+        return HEADER // 8 + j * self.stride
+
+    def consumed(self) -> int:
+        return int(self.words[0])
+
+    def stamp(self, k: int) -> int:
+        return int(self.words[self._word(k % self.k)])
+
+    def bell(self) -> int:
+        """The bell's count (low 32 bits: the futex word)."""
+        return int(self.words[3]) & 0xFFFFFFFF
+
+    def ring(self) -> None:
+        """Raise the bell and wake a receiver sleeping on it."""
+        self.words[3] = (int(self.words[3]) + 1) & 0xFFFFFFFF
+        assert _libc is not None
+        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.bytes.data_ptr() + 24), _FUTEX_WAKE, 1, None, None, 0)
+
+    def sleep(self, seen: int, seconds: float) -> None:
+        """Sleep while the bell still reads ``seen`` (at most ``seconds``)."""
+        ts = _Timespec(int(seconds), int((seconds % 1) * 1e9))
+        assert _libc is not None
+        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.bytes.data_ptr() + 24), _FUTEX_WAIT,
+                      ctypes.c_uint32(seen), ctypes.byref(ts), None, 0)
+
+    def write(self, k: int, tag: int, buf: torch.Tensor) -> None:
+        """Copy message ``k`` into its slot, then stamp it (the stamp last)."""
+        w = self._word(k % self.k)
+        n = buf.numel() * buf.element_size()
+        start = w * 8 + SLOT_HEADER
+        if n:
+            self.bytes[start:start + n].copy_(buf.reshape(-1).view(torch.uint8))
+        self.words[w + 1], self.words[w + 2] = tag, n
+        self.words[w] = k + 1
+
+    def read(self, k: int, out: torch.Tensor) -> tuple[int, int]:
+        """Copy message ``k`` (stamped) into ``out``; count it consumed; return its (tag, bytes)."""
+        w = self._word(k % self.k)
+        t, n = int(self.words[w + 1]), int(self.words[w + 2])
+        want = out.numel() * out.element_size()
+        if n == want and n:
+            start = w * 8 + SLOT_HEADER
+            out.reshape(-1).view(torch.uint8).copy_(self.bytes[start:start + n])
+        if n == want:
+            self.words[0] = k + 1
+        return t, n
+
+    def close(self) -> None:
+        del self.words, self.bytes
+        self.map.close()
+
+
+class ShmComm(DistComm):
+    """:class:`~pipelab.runtime.comm.DistComm` whose point-to-point messages go through shared memory
+    (module doc); all-reduces, hand-offs between a worker's own stages, the order checks and the
+    staging of CUDA messages through host memory are :class:`DistComm`'s.
+
+    Build it with :meth:`open` (a collective). ``incoming``: per source worker, the specs of the
+    messages it sends here, in order; ``outgoing``: the workers this one sends to.
+    """
+
+    def __init__(self, rank: int, device: torch.device, groups: dict[int, Any], *, timeout: float,
+                 **kwargs: Any) -> None:
+        super().__init__(rank, device, groups, **kwargs)
+        self.timeout = timeout
+        self._in: dict[int, _Ring] = {}
+        self._out: dict[int, _Ring] = {}
+        self._recv_k: dict[int, int] = {}
+        self._send_k: dict[int, int] = {}
+        self._queued: dict[int, deque[tuple[int, int, torch.Tensor]]] = {}
+        self._want: dict[tuple[int, int], tuple[int, list[TensorSpec]]] = {}
+
+    @classmethod
+    def open(cls, rank: int, world: int, device: torch.device, groups: dict[int, Any],
+             incoming: dict[int, list[list[TensorSpec]]], outgoing: Sequence[int], *, timeout: float,
+             **kwargs: Any) -> ShmComm:
+        """Create this worker's incoming rings, map its outgoing ones (every rank calls it at once)."""
+        comm = cls(rank, device, groups, timeout=timeout, **kwargs)
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        where = [tempfile.mkdtemp(prefix="pipelab-p2p-", dir=base) if rank == 0 else None]
+        dist.broadcast_object_list(where, src=0)
+        folder = str(where[0])
+        try:
+            for src, msgs in incoming.items():
+                slot = max(8, (max(message_nbytes(m) for m in msgs) + 63) // 64 * 64)
+                k = max(1, min(len(msgs), MAX_SLOTS, MAX_RING_BYTES // (SLOT_HEADER + slot)))
+                comm._in[src] = _Ring(os.path.join(folder, f"ring{src}-{rank}"), create=(k, slot))
+            dist.barrier()
+            for dst in outgoing:
+                comm._out[dst] = _Ring(os.path.join(folder, f"ring{rank}-{dst}"))
+            dist.barrier()
+        finally:
+            if rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+        return comm
+
+    # ------------------------------------------------------------------ receive
+    def post(self, r: Recv) -> None:
+        """Assign ``r`` its place in the pair's sequence (no I/O: the message lands in the ring)."""
+        key = (r.src, r.tag)
+        if r.src == self.rank or key in self._want:
+            return
+        self._in_order(1, r.src, r.tag)
+        k = self._recv_k.get(r.src, 0)
+        self._recv_k[r.src] = k + 1
+        self._want[key] = (k, r.specs)
+
+    def wait(self, r: Recv) -> list[torch.Tensor]:
+        """Block until ``r``'s message is in its slot; return a copy of its tensors."""
+        key = (r.src, r.tag)
+        if r.src == self.rank:
+            return self._local.pop(key)
+        if key not in self._want:
+            self.post(r)
+        k, specs = self._want.pop(key)
+        ring = self._in[r.src]
+        deadline = None
+        while True:
+            seen = ring.bell()
+            if ring.stamp(k) == k + 1:
+                break
+            self._pump()
+            if deadline is None:
+                deadline = time.monotonic() + self.timeout
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"worker {self.rank}: message #{k} from worker {r.src} (tag {r.tag}) did "
+                                   f"not arrive within {self.timeout:.0f} s")
+            ring.sleep(seen, 0.05 if self._queued_any() else 1.0)
+        buf = empty_for(specs, self.wire)
+        got, n = ring.read(k, buf)
+        if got != r.tag or n != buf.numel() * buf.element_size():
+            raise OrderError(f"worker {self.rank}: message #{k} from worker {r.src} has tag {got} ({n} B) "
+                             f"but this receive expects tag {r.tag} ({buf.numel() * buf.element_size()} "
+                             "bytes); the two workers disagree on their pair's message sequence")
+        if buf.device != self.device:
+            buf = buf.to(self.device)
+        return unpack(buf, specs)
+
+    # ------------------------------------------------------------------ send
+    def send(self, s: Send) -> int:
+        """Copy ``s`` into its slot (or queue it while the slot is taken); returns its payload bytes."""
+        nbytes = sum(t.numel() * t.element_size() for t in s.tensors)
+        if s.dst == self.rank:
+            self._local[(self.rank, s.tag)] = [t.detach() for t in s.tensors]
+            return nbytes
+        self._in_order(0, s.dst, s.tag)
+        ring = self._out.get(s.dst)
+        if ring is None:
+            raise OrderError(f"worker {self.rank} sends to worker {s.dst}, which the schedule gives no "
+                             "message from it")
+        buf = pack(s.tensors)
+        if buf.device.type != "cpu":
+            buf = buf.cpu()
+        if buf.numel() * buf.element_size() > ring.slot:
+            n = buf.numel() * buf.element_size()
+            raise ValueError(f"worker {self.rank}: a {n}-byte message to worker {s.dst} is larger than the "
+                             f"{ring.slot} bytes its layout allows")
+        k = self._send_k.get(s.dst, 0)
+        self._send_k[s.dst] = k + 1
+        q = self._queued.setdefault(s.dst, deque())
+        q.append((k, s.tag, buf))     # held as gloo holds a send's buffer: nothing writes to it again
+        self._pump(s.dst)
+        return nbytes
+
+    def _pump(self, only: int | None = None) -> None:
+        """Write the queued messages whose slots are free, ringing the receivers' bells."""
+        for dst in ([only] if only is not None else list(self._queued)):
+            q = self._queued.get(dst)
+            if not q:
+                continue
+            ring, wrote = self._out[dst], False
+            while q and ring.consumed() > q[0][0] - ring.k:
+                k, t, buf = q.popleft()
+                ring.write(k, t, buf)
+                wrote = True
+            if wrote:
+                ring.ring()
+
+    def _queued_any(self) -> bool:
+        return any(self._queued.values())
+
+    def retire(self, keys: Sequence[tuple[int, int]]) -> None:
+        """Nothing waits on a written message; write what is queued."""
+        if self._queued_any():
+            self._pump()
+
+    def held(self) -> list[torch.Tensor]:
+        """The message buffers this worker holds: queued sends and local hand-offs."""
+        out = [buf for q in self._queued.values() for _, _, buf in q]
+        return out + [t for ts in self._local.values() for t in ts]
+
+    def flush(self) -> None:
+        """Write every queued message (waiting for the receivers to free their slots)."""
+        deadline = time.monotonic() + self.timeout
+        while self._queued_any():
+            self._pump()
+            if not self._queued_any():
+                break
+            if time.monotonic() > deadline:
+                late = sorted(d for d, q in self._queued.items() if q)
+                raise TimeoutError(f"worker {self.rank}: messages to workers {late} were not taken within "
+                                   f"{self.timeout:.0f} s")
+            time.sleep(0.0005)
+
+    def close(self) -> None:
+        """Unmap the rings."""
+        for ring in list(self._in.values()) + list(self._out.values()):
+            try:
+                ring.close()
+            except BufferError:     # a tensor still views the map: it goes when the process does
+                pass
+        self._in.clear()
+        self._out.clear()
