@@ -87,11 +87,13 @@ def predict(prof: pl.Profile, cluster: pl.Cluster, plan: Any, method: str, m: in
     return got
 
 
-def measure(spec: tuple[Any, Any, Any, int], plan: Any, method: str, m: int, steps: int) -> float:
-    """Steady-state samples/s of one real run on 2 gloo processes."""
+def measure(spec: tuple[Any, Any, Any, int], plan: Any, method: str, m: int, steps: int,
+            **options: Any) -> float:
+    """Steady-state samples/s of one real run on 2 gloo processes (``options`` go to ``pl.train``)."""
     model_fn, data_fn, loss_fn, batch = spec
     run = pl.train(model_fn, plan, method=method, data=functools.partial(data_fn, batch), loss_fn=loss_fn,
-                   optimizer=sgd, steps=steps, microbatches=m, backend="gloo", progress=False, timeout=300)
+                   optimizer=sgd, steps=steps, microbatches=m, backend="gloo", progress=False, timeout=300,
+                   **options)
     return float(run.trace.steady_throughput(batch))
 
 
@@ -125,10 +127,11 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def run(cluster: pl.Cluster, groups: tuple[str, ...] = ("held-out",), *, rounds: int = 3,
-        steps: int = 40) -> pd.DataFrame:
+        steps: int = 40, **options: Any) -> pd.DataFrame:
     """One row per configuration and round: the measured steady-state rate and every prediction
     (``pred_<variant>``: :func:`variants`), the models of ``groups`` (:data:`GROUPS`) profiled and
-    planned as the quickstart does, every configuration run once per round, in turn."""
+    planned as the quickstart does, every configuration run once per round, in turn (``options``: to
+    ``pl.train``, e.g. ``shared_memory=True``)."""
     cal = cluster.calibration
     if cal is None:
         raise ValueError("held_out.run needs a calibrated cluster (pl.calibrate)")
@@ -143,7 +146,7 @@ def run(cluster: pl.Cluster, groups: tuple[str, ...] = ("held-out",), *, rounds:
     rows = []
     for r in range(rounds):
         for group, name, spec, method, m, plan, pred in cases:
-            meas = measure(spec, plan, method, m, steps)
+            meas = measure(spec, plan, method, m, steps, **options)
             rows.append({"group": group, "model": name, "method": method, "microbatches": m, "round": r,
                          "config": plan.config, "measured": meas,
                          **{f"pred_{k}": v for k, v in pred.items()}})
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fitted", action="store_true", help="also the fitted models (cnn, transformer)")
     ap.add_argument("--cluster", default=None, help="a calibrated cluster JSON (default: calibrate now)")
     ap.add_argument("--out", default=str(HERE), help="where to write held_out.csv and held_out.md")
+    ap.add_argument("--shared-memory", action="store_true",
+                    help="real runs with train(shared_memory=True): messages through shared memory, not gloo")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.steps < 8:
         ap.error("--rounds must be >= 1 and --steps >= 8 (a steady window needs minibatches)")
@@ -197,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     if cluster.calibration is None:
         ap.error(f"{args.cluster}: not a calibrated cluster; write one with `pipelab calibrate -o`")
     print(cluster.calibration.describe())
+    extra = {"shared_memory": True} if args.shared_memory else {}
     df = run(cluster, ("held-out", "fitted") if args.fitted else ("held-out",), rounds=args.rounds,
-             steps=args.steps)
+             steps=args.steps, **extra)
     out = Path(args.out)
     df.to_csv(out / "held_out.csv", index=False, float_format="%.6g")
-    md = report(df, cluster, f"{args.steps} minibatches per run; load average before {load0}, after "
+    md = report(df, cluster, f"{args.steps} minibatches per run{', shared memory' if extra else ''}; load "
+                f"average before {load0}, after "
                 f"{_load()}; {time.perf_counter() - t0:.0f} s in all")
     (out / "held_out.md").write_text(md)
     print(md)
