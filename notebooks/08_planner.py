@@ -31,11 +31,11 @@
 #   lies in `[p/(1+hi), p/(1+lo)]` (one number `e`: `[p/(1+e), p/(1-e)]`); a candidate replaces the
 #   default (1F1B on a uniform layer split) only when its interval lies wholly above the default's, and
 #   candidates whose intervals reach the fastest's go to the simplest (synchronous, fewer stages, data
-#   parallelism itself, ...). The range is `margin=`: on a calibrated cluster,
-#   `pl.planner.SIM_RELATIVE_RANGES`, what `reproductions/sim_accuracy` measured here per method less each
-#   of its runs' common shift (one calibration's predictions all move together with what the machine
-#   did since, and that shift cancels when two of them are compared; `pl.planner.SIM_RANGES` keeps the
-#   errors as they are); 0 on an analytic preset, whose error nobody measured.
+#   parallelism itself, ...). The range is `margin=`, measured on the machine the plans are for: the
+#   `sim_errors.json` that `reproductions/sim_accuracy` writes there (its errors per method less each
+#   run's common shift: one calibration's predictions all move together with what the machine did
+#   since, and that shift cancels when two of them are compared), or a plain number. No machine's
+#   errors ship as a default: without a margin the planner says so and ranks by prediction alone.
 #   Columns `vs_default`, `needs_vs_default` (the predicted gain a row would need to be surely faster
 #   than the default, `(1 + hi) / (1 + lo_default)`), `within_error` and `pick` show the rule;
 #   `equivalent` names what a degenerate candidate is (a pipelining method on one replicated stage is
@@ -57,6 +57,9 @@ real_steps = None                                  # minibatches per real run (N
                                                    # steady state, as reproductions/sim_accuracy runs)
 real_rounds = 5                                    # rounds, variants interleaved; medians quoted
 confirm_rounds = 3                                 # rounds of pl.planner.confirm (its own runs)
+margin_file = None                                 # this machine's sim_errors.json, which
+                                                   # reproductions/sim_accuracy writes; None: ranked
+                                                   # by prediction alone
 
 # %%
 import functools
@@ -238,20 +241,20 @@ for method in ("gpipe", "1f1b-flush"):
 # uniform split by layer count puts most of the work on the last worker. The planner searches with
 # `allreduce_overlap="none"` (pipelab's runtime all-reduces after the backward) and without compression or
 # recomputation (which would only cost time on CPUs with memory to spare); on this calibrated cluster its
-# margin is `SIM_RELATIVE_RANGES`. Each variant is trained for real on 2 gloo processes: the **default**
-# (1F1B, uniform split, `M = P`), the planner's **pick**, where the error made them differ the **fastest**
-# predicted candidate, and the **sync pick** of the same search over synchronous methods only (no stale
-# weights) where it is neither the default nor the pick. Before that, `pl.planner.confirm` measures the
-# planner's shortlist (the default, the pick, the fastest prediction and the next two that fit) in runs of
-# its own, side by side, and chooses by measurement: a candidate replaces the default only when it was
-# faster than the default's run of the same round in most rounds (column `confirmed`; a **confirmed**
-# variant where that is none of the others). On this shared 2-core machine the same plan measures ±15% from
-# one minute to the next and a calibration's predictions shift as a whole by as much, so a predicted gain
-# inside that noise is for the machine, not the model, to decide. Variants are interleaved round by round,
-# each run about a second of steady state as in `reproductions/sim_accuracy`, and measured over the
-# steady-state window the simulator uses (`reproduce.accuracy.steady_throughput`); figures are medians, and
-# a variant's gain over the default is the median of its per-round ratios to the default's run of the same
-# round.
+# margin is `margin_file`'s (none given: ranked by prediction alone). Each variant is trained for real
+# on 2 gloo processes: the **default** (1F1B, uniform split, `M = P`), the planner's **pick**, where the
+# error made them differ the **fastest** predicted candidate, and the **sync pick** of the same search over
+# synchronous methods only (no stale weights) where it is neither the default nor the pick. Before that,
+# `pl.planner.confirm` measures the planner's shortlist (the default, the pick, the fastest prediction and
+# the next two that fit) in runs of its own, side by side, and chooses by measurement: a candidate replaces
+# the default only when it was faster than the default's run of the same round in most rounds (column
+# `confirmed`; a **confirmed** variant where that is none of the others). On this shared 2-core machine the
+# same plan measures ±15% from one minute to the next and a calibration's predictions shift as a whole by as
+# much, so a predicted gain inside that noise is for the machine, not the model, to decide. Variants are
+# interleaved round by round, each run about a second of steady state as in `reproductions/sim_accuracy`, and
+# measured over the steady-state window the simulator uses (`reproduce.accuracy.steady_throughput`); figures
+# are medians, and a variant's gain over the default is the median of its per-round ratios to the default's
+# run of the same round.
 # A second, short run of each (3 minibatches, `measure_memory=True`) measures its peak memory
 # (`RunResult.peak_state`: the terms the memory model counts) against what the table reports. The machine
 # is 2 shared cores: read the rounds.
@@ -259,11 +262,16 @@ for method in ("gpipe", "1f1b-flush"):
 # %%
 real = []
 if run_real:
+    import math  # noqa: E402
+
     import pipelab.methods as registry  # noqa: E402
     from pipelab.calibrate import calibrate  # noqa: E402
     from pipelab.models import demo  # noqa: E402
-    from pipelab.planner.decide import bounds_of, less_shift  # noqa: E402
+    from pipelab.planner.decide import bounds_of, less_shift, load_ranges  # noqa: E402
     from pipelab.reproduce import accuracy  # noqa: E402
+
+    # the errors as measured (not less the shift), to check this notebook's own errors against
+    absolute = load_ranges(margin_file) if margin_file else None
 
     REAL = {**accuracy.MODELS,   # name -> (model_fn, data_fn, loss_fn, batch)
             "unbalanced": (functools.partial(demo.tiny_transformer, vocab=3000, d_model=64, heads=2, depth=4,
@@ -294,7 +302,8 @@ if run_real:
 
     runs, tables_here, confirmations = {}, {}, {}
     for name, prof in profs.items():
-        table = pl.plan(prof, here, compression=(None,), recompute=(False,), allreduce_overlap="none")
+        table = pl.plan(prof, here, compression=(None,), recompute=(False,), allreduce_overlap="none",
+                        margin=margin_file)
         tables_here[name] = table
         # the shortlist (default, pick, fastest, next two) measured side by side: the choice by measurement
         model_fn, data_fn, loss_fn, batch = REAL[name]
@@ -304,7 +313,7 @@ if run_real:
         print(f"{name}: {confirmed.describe()}\n")
         # the same search over synchronous methods only (no stale weights): its pick, when it differs
         sync_table = pl.plan(prof, here, methods=SYNC, compression=(None,), recompute=(False,),
-                             allreduce_overlap="none")
+                             allreduce_overlap="none", margin=margin_file)
         variants = {"default": (table, int(table.default.name))}
         if table.best.name != table.default.name:
             variants["pick"] = (table, int(table.best.name))
@@ -343,11 +352,11 @@ if run_real:
             # machine does to both in a round cancels): the median of those ratios
             base = next(got[u] for u in got if u.startswith("default"))
             paired = [x / d for x, d in zip(got[v], base)]
-            # the simulator's measured error range for this row's method (SIM_RANGES): is this run's
+            # the simulator's measured error range for this row's method (margin_file's): is this run's
             # error inside it? And the range less the run's shift (the margin the pick was made with),
             # which the error less this notebook's own shift is checked against below
             err = (predicted[v] - meas) / meas
-            lo, hi = bounds_of(pl.planner.SIM_RANGES, r["method"], r["equivalent"])
+            lo, hi = bounds_of(absolute, r["method"], r["equivalent"]) if absolute else (math.nan, math.nan)
             rlo, rhi = bounds_of(tb.margin, r["method"], r["equivalent"])
             real.append({"model": name, "variant": v, "confirmed": tb is table and row == confirmed.row,
                          "plan": f"{r['method']} · {r['partitioner']} {r['config']} · M={r['microbatches']}"
@@ -377,10 +386,10 @@ real_table
 # %% [markdown]
 # Read it as the decision does: a pick other than the default had to be surely faster given each one's
 # error; the `error` column is how far the simulator was from the measurement on each variant (inside
-# `SIM_RANGES`, what sim_accuracy measured, or not: `in range`), `error less shift` the same less this
-# notebook's own common shift (the median error of its variants: this calibration's predictions all
-# moved with what the machine did since), checked against the margin the pick was made with (`relative
-# range`, `in relative range`), and
+# `margin_file`'s ranges, what sim_accuracy measured here, or not: `in range`), `error less shift` the
+# same less this notebook's own common shift (the median error of its variants: this calibration's
+# predictions all moved with what the machine did since), checked against the margin the pick was made with
+# (`relative range`, `in relative range`), and
 # `measured vs default` is what the user gets: the median over the rounds of each round's ratio to the
 # default's run in the same round (`rounds vs default`). The `fastest` row (when there is one) is what
 # the error refused: a candidate the simulator ranked first but could not tell apart from the default or

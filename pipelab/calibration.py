@@ -1,21 +1,115 @@
 """The :class:`Calibration` record: what :func:`pipelab.calibrate.calibrate` measured on one machine.
 
-A :class:`~pipelab.cluster.Cluster` may carry one (``Cluster.calibration``); the cost model
-(:mod:`pipelab.costs.prices`) reads every term from it. JSON round-trip through ``to_dict`` /
-``from_dict``; files written before a term existed load with that term's neutral value (stated per
-field below).
+A :class:`~pipelab.cluster.Cluster` may carry one (``Cluster.calibration``). Its terms are of two
+kinds. The core's (:mod:`pipelab.costs.prices` reads them): message latency and bandwidth, the ring
+all-reduce, the runtime's own seconds per action and per message, the optimizer step, memory
+bandwidth, compute inside a run: mechanisms every machine has, each with its measured value here.
+And :class:`HostEffects`, one record of what this machine adds beyond them (a stall when messages
+cross, a core that wakes slowly, ...), which the simulator applies only when asked
+(:mod:`pipelab.sim.host_effects`). JSON round-trip through ``to_dict`` / ``from_dict``; files written
+before a term existed load with that term's neutral value, and older files' host terms (kept then in
+``message_s``) load into :class:`HostEffects`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 #: the action kinds whose layers' compute a calibration may scale (``Calibration.compute_factor``)
 FACTOR_KINDS = ("F", "B")
+
+#: the terms of :class:`HostEffects`, by the name :meth:`HostEffects.without` takes
+HOST_TERMS = ("cross", "busy_sender")
+
+#: ``message_s`` keys of older files that are host effects (moved into :class:`HostEffects`)
+_OLD_HOST_MESSAGE_KEYS = {"cross": "cross_s", "cross_interleaved": "cross_interleaved_s",
+                          "busy_sender": "busy_sender_s"}
+
+#: what each term's neutral value is (:meth:`HostEffects.without`)
+_NEUTRAL: dict[str, dict[str, Any]] = {
+    "cross": {"cross_s": 0.0, "cross_interleaved_s": None}, "busy_sender": {"busy_sender_s": 0.0}}
+
+#: terms older files may hold that no longer are any (measured not to earn their place on models they
+#: were not fitted on: reproductions/sim_accuracy/README.md); they load as nothing
+_RETIRED = ("duty_slowdown", "arrive_s", "post_ahead", "stash_s")
+
+
+def _finite(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class HostEffects:
+    """What one machine adds to the core model, measured by :func:`pipelab.calibrate.calibrate`;
+    applied only where asked (``pl.simulate(..., host_effects=True)``, :mod:`pipelab.sim.host_effects`).
+
+    Each term names a behaviour of one host (its scheduler, its gloo build, its idle cores), not a
+    mechanism every machine has. Neutral values (0, None, empty) mean no effect.
+
+    * ``cross_s``: seconds an ``F``/``B`` takes longer when its message crosses the peer's in the
+      opposite direction (:mod:`pipelab.schedules.crossing`); ``cross_interleaved_s`` the same measured
+      in an interleaved run, which schedules with virtual stages take instead (None: ``cross_s``);
+    * ``busy_sender_s``: seconds a message waits to leave when its sender starts its next action at once;
+    """
+
+    cross_s: float = 0.0
+    cross_interleaved_s: float | None = None
+    busy_sender_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("cross_s", "busy_sender_s"):
+            v = getattr(self, name)
+            if not (_finite(v) and v >= 0):
+                raise ValueError(f"host effects: {name}={v!r} must be a finite number >= 0 seconds")
+        ci = self.cross_interleaved_s
+        if ci is not None and not (_finite(ci) and ci >= 0):
+            raise ValueError(f"host effects: cross_interleaved_s={ci!r} must be None or a number >= 0 "
+                             "seconds")
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The names (:data:`HOST_TERMS`) of the terms that have an effect."""
+        return tuple(t for t in HOST_TERMS if replace(self, **_NEUTRAL[t]) != self)
+
+    def without(self, *terms: str) -> HostEffects:
+        """This record with the named terms (:data:`HOST_TERMS`) neutral: one term's effect, paired."""
+        bad = sorted(set(terms) - set(HOST_TERMS))
+        if bad:
+            raise ValueError(f"unknown host terms {bad}; use {', '.join(HOST_TERMS)}")
+        neutral: dict[str, Any] = {}
+        for t in terms:
+            neutral.update(_NEUTRAL[t])
+        return replace(self, **neutral)
+
+    def crossing_s(self, interleaved: bool = False) -> float:
+        """The crossing stall of a schedule (``interleaved``: one with virtual stages)."""
+        if interleaved and self.cross_interleaved_s is not None:
+            return float(self.cross_interleaved_s)
+        return float(self.cross_s)
+
+    def describe(self) -> str:
+        """One line for humans: the terms that have an effect."""
+        parts = []
+        if self.cross_s or self.cross_interleaved_s:
+            parts.append(f"crossed action +{self.cross_s * 1e6:.0f} us"
+                         + (f" ({self.cross_interleaved_s * 1e6:.0f} us interleaved)"
+                            if self.cross_interleaved_s is not None else ""))
+        if self.busy_sender_s:
+            parts.append(f"a busy sender's message +{self.busy_sender_s * 1e6:.0f} us")
+        return "; ".join(parts) if parts else "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HostEffects:
+        """Inverse of :meth:`to_dict` (a retired term of an older file loads as nothing)."""
+        return cls(**{k: v for k, v in d.items() if k not in _RETIRED})
 
 
 @dataclass(frozen=True)
@@ -35,33 +129,12 @@ class Calibration:
     * ``overhead_s``: the runtime's own seconds per action of each kind (``F``, ``B``, ``W``,
       ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
     * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
-      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking); and
-      ``"busy_sender"``, how late a late message is (one sent before its receiver began to wait and
-      still not there), which the simulator adds to every message whose sender computes on at once:
-      a proxy, since such a sender's messages to a receiver already waiting are only 1-8 us late
-      (``reproductions/sim_accuracy/README.md``); ``"cross"``, how much longer an
-      action takes when its message crosses the peer's in the opposite direction
-      (:mod:`pipelab.schedules.crossing`; the simulator adds it to the actions a first pass finds
-      crossed; absent, nothing, in older files); ``"cross_interleaved"``, the same measured in an
-      interleaved run (:func:`pipelab.calibrate.interleaved_crossing`), which interleaved schedules
-      take instead (a crossed action pays about half as much there; absent in files before
-      2026-11-26 06:30, where they take ``"cross"``); ``"arrive"``, how much longer an action takes when
-      a message to its worker arrives while it computes and it did not cross (added the same way;
-      absent in files before 2026-11-26);
+      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking);
     * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
       seconds, seconds per parameter byte, seconds per parameter tensor)`` of one ``step()`` (torch's
       CPU optimizers loop over the tensors: a stage of many small tensors pays per tensor; a file
       written before the third term loads with 0 for it);
     * ``memory_bandwidth``: bytes per second of a large copy (read plus write);
-    * ``stash_s``: ``{"call": seconds, "tensor": seconds}``, what a forward through
-      the runtime's ``Reparametrizer`` on a dict of weights (how it runs a stashed weight
-      version: ``pipedream``, ``2bw``) costs beyond the plain module call, per call and per parameter
-      tensor; and (``version_call``, ``version_byte``, ``version_tensor``) what a stashing method's
-      ``U`` pays beyond the optimizer step to keep the version in flight (the copy-on-write of the
-      master into a new version: per call, per parameter byte, per parameter tensor); and
-      PipeMare's weight policy (``delta_*``: what its ``U`` adds, the weight-change average;
-      ``correct_*``: what each ``B`` adds, the discrepancy-corrected weights; per call, byte, tensor);
-      empty or without the ``version_*``, ``delta_*``, ``correct_*`` keys (nothing) in older files;
     * ``compute_slowdown``: how much slower layers compute inside a two-worker run than the profiler
       measured them alone (the cluster's devices get speed ``1 / compute_slowdown``);
     * ``compute_factor``: per action kind (``F``, ``B``; ``W`` takes ``B``'s), how much longer the
@@ -69,11 +142,7 @@ class Calibration:
       profile says, the runtime's own work taken off first
       (:func:`pipelab.calibrate.model.calibrate_model`); the cost model multiplies the profile's
       times by it. Empty (every factor 1) until that model is calibrated, and in older files;
-    * ``duty_slowdown``: ``(duty, factor)`` points, how much longer the same compute takes on a core
-      that computes only the fraction ``duty`` of the time (idling between bursts, as a pipeline
-      worker waits between actions) than on one kept busy (:func:`pipelab.calibrate.probes.duty_cycle`;
-      a profile is taken on a busy core). The simulator scales each worker's compute by
-      :meth:`duty_factor` of the utilization a first pass gives it. Empty (factor 1) in older files.
+    * ``host_effects``: the :class:`HostEffects` measured here, applied only where asked;
 
     * ``allreduce_after``: ``(compute seconds, latency seconds)`` points, the ring's per-step latency
       measured inside ``dp`` runs whose replicas compute that long between two all-reduces
@@ -101,11 +170,10 @@ class Calibration:
     optimizer_s: dict[str, tuple[float, ...]]
     memory_bandwidth: float
     message_s: dict[str, float] = field(default_factory=dict)
-    stash_s: dict[str, float] = field(default_factory=dict)
     compute_slowdown: float = 1.0
     compute_factor: dict[str, float] = field(default_factory=dict)
     compute_model: str = ""
-    duty_slowdown: tuple[tuple[float, float], ...] = ()
+    host_effects: HostEffects = field(default_factory=lambda: HostEffects())
     allreduce_after: tuple[tuple[float, float], ...] = ()
     spread: dict[str, float] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
@@ -136,14 +204,12 @@ class Calibration:
                 raise ValueError(f"calibration: optimizer_s[{k!r}]={terms!r} must be numbers >= 0")
             opt[k] = terms
         object.__setattr__(self, "optimizer_s", opt)
-        pts = []
-        for pt in self.duty_slowdown:
-            if len(pt) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in pt) \
-                    or not (0 < pt[0] < 1) or pt[1] <= 0:
-                raise ValueError(f"calibration: duty_slowdown point {tuple(pt)!r} must be (duty in (0, 1), "
-                                 "factor > 0)")
-            pts.append((float(pt[0]), float(pt[1])))
-        object.__setattr__(self, "duty_slowdown", tuple(sorted(pts)))
+        bad = sorted(set(self.message_s) - {"send", "recv"})
+        if bad:
+            raise ValueError(f"calibration: message_s has {bad}; it holds the runtime's 'send' and 'recv' "
+                             "(a host effect goes in host_effects=HostEffects(...))")
+        if not isinstance(self.host_effects, HostEffects):
+            raise ValueError(f"calibration: host_effects={self.host_effects!r} must be a HostEffects record")
         after = []
         for pt in self.allreduce_after:
             ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in pt)
@@ -176,55 +242,10 @@ class Calibration:
             return 0.0
         return fixed + per_byte * float(param_bytes) + per_tensor * float(tensors)
 
-    def stashed_forward_s(self, tensors: int) -> float:
-        """Seconds a forward over ``tensors`` parameter tensors pays for running on a stashed weight
-        version (the runtime's ``Reparametrizer``) beyond the plain module call (:attr:`stash_s`)."""
-        if tensors <= 0:
-            return float(self.stash_s.get("call", 0.0)) if self.stash_s else 0.0
-        return float(self.stash_s.get("call", 0.0)) + float(self.stash_s.get("tensor", 0.0)) * tensors
-
     def factor(self, kind: str) -> float:
         """How much longer the layers of ``kind`` (``F``, ``B``; ``W`` takes ``B``'s) compute inside a
         run than profiled (:attr:`compute_factor`; 1.0 where not measured)."""
         return float(self.compute_factor.get("B" if kind == "W" else kind, 1.0))
-
-    def _affine(self, key: str, param_bytes: float, tensors: float) -> float:
-        """``key_call + key_byte * bytes + key_tensor * tensors`` of :attr:`stash_s` (0 where absent)."""
-        if param_bytes <= 0 or not self.stash_s:
-            return 0.0
-        return (float(self.stash_s.get(f"{key}_call", 0.0))
-                + float(self.stash_s.get(f"{key}_byte", 0.0)) * float(param_bytes)
-                + float(self.stash_s.get(f"{key}_tensor", 0.0)) * float(tensors))
-
-    def _affine_text(self, key: str) -> str:
-        """:meth:`_affine`'s three terms of ``key`` for humans."""
-        return (f"{self.stash_s.get(f'{key}_call', 0.0) * 1e6:.0f} us + "
-                f"{self.stash_s.get(f'{key}_byte', 0.0) * 1e12:.0f} ps/B + "
-                f"{self.stash_s.get(f'{key}_tensor', 0.0) * 1e6:.1f} us/tensor")
-
-    def delta_average_s(self, param_bytes: float, tensors: float) -> float:
-        """Seconds PipeMare's ``U`` spends beyond the optimizer step on ``param_bytes`` in ``tensors``
-        tensors (its weight-change average, :attr:`stash_s`' ``delta_*``; 0 where not measured)."""
-        return self._affine("delta", param_bytes, tensors)
-
-    def corrected_weights_s(self, param_bytes: float, tensors: float) -> float:
-        """Seconds each PipeMare ``B`` spends building the discrepancy-corrected weights it recomputes
-        with (:attr:`stash_s`' ``correct_*``; 0 where not measured)."""
-        return self._affine("correct", param_bytes, tensors)
-
-    def duty_factor(self, utilization: float) -> float:
-        """How much longer compute takes on a worker busy ``utilization`` of the time than on a busy
-        core: :attr:`duty_slowdown` interpolated linearly, 1 at full utilization, the lowest measured
-        duty's factor below it (no extrapolation); 1 where not measured."""
-        if not self.duty_slowdown or utilization >= 1.0:
-            return 1.0
-        pts = [*self.duty_slowdown, (1.0, 1.0)]
-        if utilization <= pts[0][0]:
-            return pts[0][1]
-        for (u0, f0), (u1, f1) in zip(pts, pts[1:]):
-            if utilization <= u1:
-                return f0 + (f1 - f0) * (utilization - u0) / (u1 - u0)
-        return 1.0
 
     def allreduce_latency(self, compute_s: float | None = None) -> float:
         """The ring's per-step latency for an all-reduce whose replicas computed ``compute_s``
@@ -244,23 +265,10 @@ class Calibration:
         cs, alphas = zip(*self.allreduce_after)
         return np.interp(compute_s, cs, alphas)
 
-    def new_version_s(self, param_bytes: float, tensors: float) -> float:
-        """Seconds a stashing method's ``U`` spends making a new weight version of ``param_bytes``
-        in ``tensors`` tensors while the old one is still read (:attr:`stash_s`' ``version_*``
-        terms; 0 where not measured)."""
-        return self._affine("version", param_bytes, tensors)
-
     def describe(self) -> str:
         """A few lines for humans: provenance and the fitted terms."""
         ov = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in sorted(self.overhead_s.items()))
         ov += "".join(f", {k} {v * 1e6:.0f} us/message" for k, v in sorted(self.message_s.items()))
-        if self.stash_s:
-            ov += (f"; a stashed forward +{self.stash_s.get('call', 0.0) * 1e6:.0f} us + "
-                   f"{self.stash_s.get('tensor', 0.0) * 1e6:.1f} us/tensor")
-            if "version_call" in self.stash_s:
-                ov += f"; a new version at U {self._affine_text('version')}"
-            if "delta_call" in self.stash_s:
-                ov += f"; PipeMare's U +{self._affine_text('delta')}, its B +{self._affine_text('correct')}"
         opt = ", ".join(f"{k} {a * 1e6:.0f} us + {b * 1e12:.0f} ps/B + {c * 1e6:.1f} us/tensor"
                         for k, (a, b, c) in self.optimizer_s.items())
         fac = ""
@@ -268,9 +276,6 @@ class Calibration:
             fac = (f"; {self.compute_model or 'the model'} computes inside a run "
                    + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(self.compute_factor.items()))
                    + " its profile")
-        if self.duty_slowdown:
-            fac += "; a core busy " + ", ".join(f"{u:.0%} of the time computes {f:.2f}x"
-                                                for u, f in self.duty_slowdown)
         return (f"calibrated on {self.host} ({self.device}, {self.backend}, {self.workers} workers on "
                 f"{self.cores} cores, torch {self.torch}) at {self.date}\n"
                 f"  p2p: {self.p2p_latency_s * 1e6:.0f} us + n / {self.p2p_bandwidth / 1e9:.3g} GB/s; "
@@ -280,13 +285,14 @@ class Calibration:
                           for c, a in self.allreduce_after) + "\n"
                 f"  per action: {ov}\n  optimizer step: {opt}\n"
                 f"  memory: {self.memory_bandwidth / 1e9:.3g} GB/s; layers compute "
-                f"{self.compute_slowdown:.2f}x slower inside a run than alone{fac}")
+                f"{self.compute_slowdown:.2f}x slower inside a run than alone{fac}\n"
+                f"  host effects (applied only where asked): {self.host_effects.describe()}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
         d = asdict(self)
         d["optimizer_s"] = {k: list(v) for k, v in self.optimizer_s.items()}
-        d["duty_slowdown"] = [list(p) for p in self.duty_slowdown]
+        d["host_effects"] = self.host_effects.to_dict()
         d["allreduce_after"] = [list(p) for p in self.allreduce_after]
         return d
 
@@ -295,8 +301,19 @@ class Calibration:
         """Inverse of :meth:`to_dict`; raises ``ValueError`` naming a missing or bad field."""
         again = "re-create it with `pipelab calibrate`"
         try:
-            return cls(**{**d, "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()},
-                          "duty_slowdown": tuple(tuple(p) for p in d.get("duty_slowdown", ())),
+            d = dict(d)
+            msg = dict(d.pop("message_s", {}) or {})
+            host = dict(d.pop("host_effects", {}) or {})
+            # files from before HostEffects: their host terms sat in message_s (and stash_s and
+            # duty_slowdown, terms since retired)
+            for old, new in _OLD_HOST_MESSAGE_KEYS.items():
+                if old in msg:
+                    host.setdefault(new, msg.pop(old))
+            msg.pop("arrive", None)
+            d.pop("duty_slowdown", None)
+            d.pop("stash_s", None)
+            return cls(**{**d, "message_s": msg, "host_effects": HostEffects.from_dict(host),
+                          "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()},
                           "allreduce_after": tuple(tuple(p) for p in d.get("allreduce_after", ()))})
         except KeyError as exc:
             raise ValueError(f"calibration lacks field {exc}; {again}") from None
@@ -304,4 +321,4 @@ class Calibration:
             raise ValueError(f"malformed calibration ({exc}); {again}") from None
 
 
-__all__ = ["FACTOR_KINDS", "Calibration"]
+__all__ = ["FACTOR_KINDS", "HOST_TERMS", "Calibration", "HostEffects"]

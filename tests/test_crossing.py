@@ -1,5 +1,6 @@
 """Crossing sends (``pipelab.schedules.crossing``): which actions' messages cross the peer's, the
-simulator's second pass that adds their stall, and the calibration's measure of it. Oracles: hand-made
+host-effects layer's second pass that adds their stall (``pipelab.sim.host_effects``), and the
+calibration's measure of it. Oracles: hand-made
 events, GPipe (whose two directions never overlap: no crossing), the first pass's durations plus
 exactly the stall, and the closed form of the weighted mean extra."""
 
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipelab.calibrate import _extra
+from pipelab.calibration import HostEffects
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action
 from pipelab.schedules.crossing import Stalled, arrived_actions, crossed_actions
@@ -19,14 +21,12 @@ from pipelab.schedules.messages import sent_by
 from pipelab.sim import simulate_schedule
 
 STALL = 0.25
+#: a host whose crossing sends stall ``STALL`` seconds
+STALLING = HostEffects(cross_s=STALL)
 
 
-@dataclasses.dataclass(frozen=True)
-class StallingUnitCosts(UnitCosts):
-    """Unit costs on a backend whose crossing sends stall ``STALL`` seconds."""
-
-    def crossing_s(self) -> float:
-        return STALL
+def _stalled(sch, host: HostEffects = STALLING):  # type: ignore[no-untyped-def]
+    return simulate_schedule(sch, UnitCosts(), host_effects=host)
 
 
 def _ev(worker: int, stage: int, kind: str, mb: int, start: float, end: float) -> SimpleNamespace:
@@ -63,7 +63,7 @@ def test_gpipe_never_crosses_and_its_simulation_is_unchanged(P: int) -> None:
     plain = run(sch, UnitCosts())
     assert crossed_actions(sch, [e for e in plain if e.kind in "FBWU"]) == set()
     a = simulate_schedule(sch, UnitCosts())
-    b = simulate_schedule(sch, StallingUnitCosts())
+    b = _stalled(sch)
     assert a.time_per_minibatch == b.time_per_minibatch
 
 
@@ -72,22 +72,21 @@ def test_the_second_pass_adds_the_stall_to_exactly_the_crossed_actions() -> None
     first = [e for e in run(sch, UnitCosts()) if e.kind in ("F", "B", "W", "U")]
     crossed = crossed_actions(sch, first)
     assert crossed, "1F1B's steady state has both workers send to each other at once"
-    second = [e for e in simulate_schedule(sch, StallingUnitCosts()).trace.compute_events()]
+    second = [e for e in _stalled(sch).trace.compute_events()]
     base = UnitCosts()
     for e in second:
         a = Action(e.stage, e.kind, e.microbatch)
         want = base.compute(e.worker, a, False) + (STALL if (e.worker, a) in crossed else 0.0)
         assert e.end_s - e.start_s == pytest.approx(want), (e.worker, a)
-    assert simulate_schedule(sch, StallingUnitCosts()).time_per_minibatch > \
+    assert _stalled(sch).time_per_minibatch > \
         simulate_schedule(sch, UnitCosts()).time_per_minibatch
 
 
 def test_stalled_costs_apply_once_and_delegate_the_rest() -> None:
-    base = StallingUnitCosts()
+    base = UnitCosts()
     st = Stalled(base, {(0, Action(0, "F", 0))}, STALL)
     assert st.compute(0, Action(0, "F", 0), False) == base.compute(0, Action(0, "F", 0), False) + STALL
     assert st.compute(1, Action(0, "F", 0), False) == base.compute(1, Action(0, "F", 0), False)
-    assert st.crossing_s() == 0.0
     assert st.send(0, 1, Action(0, "F", 0)) == base.send(0, 1, Action(0, "F", 0))
     assert st.post_ahead() == base.post_ahead() and st.busy_sender_s(0) == base.busy_sender_s(0)
 
@@ -119,87 +118,49 @@ def test_an_action_has_an_arrival_when_a_message_to_its_worker_is_sent_during_it
                                             (0, Action(0, "U", 0))}
 
 
-def test_the_second_pass_adds_the_arrivals_extra_where_no_crossing_is() -> None:
-    @dataclasses.dataclass(frozen=True)
-    class ArrivingUnitCosts(UnitCosts):
-        def crossing_s(self) -> float:
-            return STALL
-
-        def arrival_s(self) -> float:
-            return STALL / 5
-
-    sch = build("1f1b-flush", 2, microbatches=8, minibatches=2)
-    first = [e for e in run(sch, UnitCosts()) if e.kind in ("F", "B", "W", "U")]
-    crossed = crossed_actions(sch, first)
-    arrived = arrived_actions(sch, first) - crossed
-    assert crossed and arrived
-    base = UnitCosts()
-    for e in simulate_schedule(sch, ArrivingUnitCosts()).trace.compute_events():
-        a = Action(e.stage, e.kind, e.microbatch)
-        extra = STALL if (e.worker, a) in crossed else STALL / 5 if (e.worker, a) in arrived else 0.0
-        assert e.end_s - e.start_s == pytest.approx(base.compute(e.worker, a, False) + extra), (e.worker, a)
-    st = Stalled(base, {(0, Action(0, "F", 0))}, STALL, {(0, Action(0, "F", 0)), (1, Action(1, "F", 0))}, 0.1)
-    assert st.compute(0, Action(0, "F", 0), False) == base.compute(0, Action(0, "F", 0), False) + STALL
-    assert st.compute(1, Action(1, "F", 0), False) == base.compute(1, Action(1, "F", 0), False) + 0.1
-    assert st.arrival_s() == 0.0 and st.crossing_s() == 0.0
-
-
-def test_the_replay_with_measured_durations_adds_no_stall() -> None:
-    from pipelab.reproduce.accuracy import MeasuredActions
-
-    assert MeasuredActions.crossing_s(object.__new__(MeasuredActions)) == 0.0
-    assert MeasuredActions.arrival_s(object.__new__(MeasuredActions)) == 0.0
-    assert MeasuredActions.crossing_for(object.__new__(MeasuredActions), "interleaved-1f1b") == 0.0
-
-
 def test_an_interleaved_schedule_takes_its_own_crossing_stall() -> None:
-    """Oracle: costs whose stall is STALL but STALL / 4 for an interleaved schedule. The interleaved
-    simulation adds exactly STALL / 4 to each action its first pass finds crossed; 1F1B keeps STALL;
-    the Stalled second pass and the delegating costs pass the schedule's figure on, once."""
-    @dataclasses.dataclass(frozen=True)
-    class PerSchedule(UnitCosts):
-        def crossing_s(self) -> float:
-            return STALL
-
-        def crossing_for(self, method: str) -> float:
-            return STALL / 4 if method.startswith("interleaved") else STALL
-
+    """Oracle: a host whose stall is STALL but STALL / 4 in a schedule with virtual stages. The
+    interleaved simulation adds exactly STALL / 4 to each action its first pass finds crossed; 1F1B
+    keeps STALL; a host without the interleaved figure gives both STALL."""
+    host = HostEffects(cross_s=STALL, cross_interleaved_s=STALL / 4)
     sch = build("interleaved-1f1b", 2, microbatches=4, minibatches=2, chunks=2)
     first = [e for e in run(sch, UnitCosts()) if e.kind in ("F", "B", "W", "U")]
     crossed = crossed_actions(sch, first)
     assert crossed, "interleaving crosses"
     base = UnitCosts()
-    for e in simulate_schedule(sch, PerSchedule()).trace.compute_events():
+    for e in _stalled(sch, host).trace.compute_events():
         a = Action(e.stage, e.kind, e.microbatch)
         want = base.compute(e.worker, a, False) + (STALL / 4 if (e.worker, a) in crossed else 0.0)
         assert e.end_s - e.start_s == pytest.approx(want), (e.worker, a)
     flat = build("1f1b-flush", 2, microbatches=8, minibatches=2)
-    assert simulate_schedule(flat, PerSchedule()).time_per_minibatch == \
-        pytest.approx(simulate_schedule(flat, StallingUnitCosts()).time_per_minibatch)
-    st = Stalled(PerSchedule(), crossed, STALL / 4)
-    assert st.crossing_for("interleaved-1f1b") == 0.0 and st.crossing_for("1f1b-flush") == 0.0
+    assert _stalled(flat, host).time_per_minibatch == pytest.approx(_stalled(flat).time_per_minibatch)
+    assert host.crossing_s(interleaved=True) == STALL / 4 and host.crossing_s() == STALL
+    assert STALLING.crossing_s(interleaved=True) == STALL
 
 
-def test_a_calibrated_cluster_prices_an_interleaved_crossing_with_its_own_figure() -> None:
-    """``ProfileCosts.crossing_for``: ``message_s["cross_interleaved"]`` for an interleaved schedule
-    where the calibration has it, ``message_s["cross"]`` otherwise and in older files."""
+def test_the_core_simulation_has_no_host_effect_unless_asked() -> None:
+    """A calibrated cluster's host effects apply only with host_effects=True (or a record): the
+    default simulation is the core model's, and a neutral record gives exactly the same result."""
     from pipelab.calibration import Calibration
     from pipelab.cluster import Cluster
-    from pipelab.costs import CostModel
     from pipelab.profile.records import Profile
-    from pipelab.sim.simulate import ProfileCosts
+    from pipelab.sim import simulate
 
-    def costs(message_s: dict[str, float]) -> ProfileCosts:
-        cal = Calibration(host="h", backend="gloo", device="cpu", date="d", torch="t", cores=2, workers=2,
-                          p2p_latency_s=1e-5, p2p_bandwidth=1e9, allreduce_latency_s=1e-5,
-                          allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={}, memory_bandwidth=1e10,
-                          message_s=message_s)
-        cl = dataclasses.replace(Cluster.flat(2), calibration=cal)
-        prof = Profile.synthetic([1e-3, 1e-3], out_bytes=[64, 64], batch_size=4)
-        return ProfileCosts(CostModel(prof, cl), [(0, 1), (1, 2)], 1)
-
-    both = costs({"cross": 1e-3, "cross_interleaved": 4e-4})
-    assert both.crossing_for("interleaved-1f1b") == pytest.approx(4e-4)
-    assert both.crossing_for("1f1b-flush") == pytest.approx(1e-3) == both.crossing_s()
-    older = costs({"cross": 1e-3})
-    assert older.crossing_for("interleaved-1f1b") == pytest.approx(1e-3)
+    host = HostEffects(cross_s=1e-3, busy_sender_s=3e-4)
+    cal = Calibration(host="h", backend="gloo", device="cpu", date="d", torch="t", cores=2, workers=2,
+                      p2p_latency_s=1e-5, p2p_bandwidth=1e9, allreduce_latency_s=1e-5,
+                      allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={}, memory_bandwidth=1e10,
+                      host_effects=host)
+    cl = dataclasses.replace(Cluster.flat(2), calibration=cal)
+    prof = Profile.synthetic([1e-3] * 4, out_bytes=[4096] * 4, batch_size=8)
+    core = simulate(2, prof, cl, "1f1b-flush", microbatches=4, minibatches=3)
+    neutral = simulate(2, prof, cl, "1f1b-flush", microbatches=4, minibatches=3, host_effects=HostEffects())
+    assert neutral.time_per_minibatch == core.time_per_minibatch
+    with_host = simulate(2, prof, cl, "1f1b-flush", microbatches=4, minibatches=3, host_effects=True)
+    assert with_host.time_per_minibatch > core.time_per_minibatch
+    assert host.without(*host.terms).terms == () and set(host.terms) == {"cross", "busy_sender"}
+    assert host.without("busy_sender") == HostEffects(cross_s=1e-3)
+    with pytest.raises(ValueError, match="not calibrated"):
+        simulate(2, prof, Cluster.flat(2), "1f1b-flush", microbatches=4, host_effects=True)
+    with pytest.raises(ValueError, match="unknown host terms"):
+        host.without("crossing")

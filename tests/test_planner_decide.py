@@ -18,23 +18,22 @@ import pipelab as pl
 from pipelab.cluster import Calibration
 from pipelab.planner import (
     COLUMNS,
-    SIM_ERRORS,
-    SIM_RANGES,
-    SIM_RELATIVE_RANGES,
     decide,
     margin_from_accuracy,
     plan,
 )
 from pipelab.planner.decide import (
-    ERRORS_FILE,
+    NO_MARGIN,
     ONE_STAGE_ASYNC,
     ONE_STAGE_SYNC,
     bounds_of,
     held_out,
     less_shift,
     load_errors,
+    load_margin,
     load_ranges,
     ranges_from_accuracy,
+    resolve_margin,
     write_errors,
 )
 
@@ -163,8 +162,10 @@ KW = dict(methods=["gpipe", "1f1b-flush", "zb-h1", "pipedream", "2bw", "pipemare
 
 def test_plan_applies_the_margin_and_shows_it() -> None:
     cl = pl.Cluster.flat(4, bandwidth=5e9, memory=2**30)
-    free = plan(_profile(), cl, **KW)
-    assert free.margin == 0.0                          # an analytic cluster: no measured error
+    with pytest.warns(UserWarning, match="ranked by prediction alone"):
+        free = plan(_profile(), cl, **KW)
+    assert free.margin == 0.0                          # no margin given: no measured error
+    assert NO_MARGIN in free.describe(5)
     assert free.best.name == free.fastest.name
     gain = free.fastest["throughput"] / free.default["throughput"]
     assert gain > 1.05
@@ -179,30 +180,51 @@ def test_plan_applies_the_margin_and_shows_it() -> None:
     assert plan(_profile(), cl, margin=edge + 0.01, **KW).table.equals(tight.table)
 
 
-def test_a_calibrated_cluster_defaults_to_the_simulators_measured_error() -> None:
+def _calibrated() -> pl.Cluster:
     cal = Calibration(host="test", backend="gloo", device="cpu:test", date="2026-11-25T00:00:00+00:00",
                       torch="2", cores=2, workers=4, p2p_latency_s=50e-6, p2p_bandwidth=5e9,
                       allreduce_latency_s=80e-6, allreduce_bandwidth=1e9,
                       overhead_s={"F": 1e-4, "B": 2e-4, "W": 3e-5, "U": 4e-4},
                       optimizer_s={"sgd-momentum": (5e-5, 1e-10)}, memory_bandwidth=1e10)
-    cl = dataclasses.replace(pl.Cluster.flat(4, bandwidth=5e9, memory=2**30), calibration=cal)
-    # the candidates and the default are predicted on one calibration: the ranges less the run's shift
-    assert plan(_profile(), cl, **KW).margin == SIM_RELATIVE_RANGES
+    return dataclasses.replace(pl.Cluster.flat(4, bandwidth=5e9, memory=2**30), calibration=cal)
 
 
-def test_the_default_errors_are_no_smaller_than_sim_accuracys_measured_ones() -> None:
-    """The default margin is the committed sim_accuracy results' worst error per method (rounded up):
-    rewriting the errors file from results.csv gives the file make reproduce committed beside it."""
-    measured = margin_from_accuracy(str(REPO / "reproductions" / "sim_accuracy" / "results.csv"))
-    assert set(measured) <= set(SIM_ERRORS)
-    # rounded up to 0.01, at most 0.99 (the largest error a symmetric margin can be), and the worst of
-    # the runs the file pools (this host's last ones, the committed run the newest)
-    assert all(min(e, 0.99) <= SIM_ERRORS[m] for m, e in measured.items()), (measured, SIM_ERRORS)
-    doc = json.loads(ERRORS_FILE.read_text())
-    runs = doc.get("runs") or [doc]
-    assert SIM_ERRORS == {m: max(r["errors"][m] for r in runs if m in r["errors"]) for m in SIM_ERRORS}
-    assert all(min(e + 0.01, 0.99) >= runs[-1]["errors"][m] for m, e in measured.items())
-    assert load_errors(ERRORS_FILE) == SIM_ERRORS
+def test_no_host_margin_ships_a_calibrated_cluster_ranks_by_prediction_and_says_so() -> None:
+    """No margin is a default of any machine's: without one the planner warns, ranks by prediction
+    alone (the pick is the fastest that fits) and the table says so."""
+    cl = _calibrated()
+    with pytest.warns(UserWarning, match="no simulator error given"):
+        got = plan(_profile(), cl, **KW)
+    assert got.margin == 0.0 and got.margin_source == NO_MARGIN
+    assert got.best.name == got.fastest.name
+    assert NO_MARGIN in got.describe(3)
+    import pipelab.planner.decide as decide_mod
+    assert not any(hasattr(decide_mod, n) for n in ("SIM_ERRORS", "SIM_RANGES", "SIM_RELATIVE_RANGES",
+                                                     "ERRORS_FILE"))
+    assert not (REPO / "pipelab" / "data" / "sim_errors.json").exists()
+
+
+def test_a_margin_file_of_the_users_run_is_read_as_its_relative_ranges(tmp_path: Path) -> None:
+    """margin= the errors file a sim_accuracy run wrote (or its results.csv): the ranges less each
+    run's shift, shown with where they came from; a missing file is refused with what to pass."""
+    df = pd.DataFrame({"method": ["1f1b-flush", "1f1b-flush", "gpipe", "pipedream"],
+                       "error": [0.1, 0.3, 0.2, 0.25], "measured_spread": [0.0] * 4})
+    f = tmp_path / "sim_errors.json"
+    write_errors(df, f, source="test")
+    cl = _calibrated()
+    got = plan(_profile(), cl, margin=str(f), **KW)
+    assert got.margin == load_margin(f) == load_ranges(f, relative=True)
+    assert str(f) in got.describe(3)
+    csv = tmp_path / "results.csv"
+    df.to_csv(csv, index=False)
+    m, source = resolve_margin(csv)
+    assert m == ranges_from_accuracy(df, relative=True) and str(csv) in source
+    assert resolve_margin(0.2) == (0.2, "given")
+    with pytest.raises(ValueError, match="no such file"):
+        plan(_profile(), cl, margin=str(tmp_path / "missing.json"), **KW)
+
+
+def test_margin_from_accuracy_is_the_worst_error_per_method() -> None:
     df = pd.DataFrame({"method": ["a", "a", "b", "b"], "error": [0.1, -0.5, 0.2, math.nan]})
     assert margin_from_accuracy(df) == pytest.approx({"a": 0.5, "b": 0.2, "ALL": 0.5})
     with pytest.raises(ValueError, match="error"):
@@ -268,6 +290,11 @@ def test_cli_auto_takes_the_margin(tmp_path, capsys) -> None:  # type: ignore[no
     # an error of 90% lets nothing be surely faster: the pick is the default, 1F1B on a uniform split
     assert "pick: 1f1b-flush on uniform straight" in text and "(pick 1.00x" in text
     assert main(args + ["--margin", "2"]) == 2
+    errors = tmp_path / "sim_errors.json"
+    write_errors(pd.DataFrame({"method": ["1f1b-flush", "gpipe"], "error": [0.1, 0.2]}), errors, source="t")
+    assert main(args + ["--margin", str(errors)]) == 0
+    assert f"measured: {errors}" in capsys.readouterr().out
+    assert main(args + ["--margin", str(tmp_path / "none.json")]) == 2
 
 
 # ------------------------------------------------------------------ signed error ranges
@@ -317,17 +344,19 @@ def test_a_second_calibrations_errors_widen_the_ranges_and_margins() -> None:
     assert ranges_from_accuracy(df)["b"] == pytest.approx((-0.2, -0.2))
 
 
-def test_the_committed_ranges_hold_every_measured_configuration() -> None:
-    """SIM_RANGES is the committed sim_accuracy results' signed ranges, rounded outwards: every
+def test_the_written_ranges_hold_every_measured_configuration(tmp_path: Path) -> None:
+    """The ranges write_errors writes from a sim_accuracy results table, rounded outwards: every
     configuration's error lies inside its method's range (and 'ALL')."""
     df = pd.read_csv(REPO / "reproductions" / "sim_accuracy" / "results.csv")
-    assert load_ranges(ERRORS_FILE) == SIM_RANGES
+    f = tmp_path / "e.json"
+    write_errors(df, f, source="test")
+    ranges = load_ranges(f)
     cols = ["error"] + (["error_recalibrated"] if "error_recalibrated" in df else [])
     for col in cols:
         for m, e in zip(df["method"], df[col]):
-            lo, hi = SIM_RANGES[m]
-            assert lo <= e <= hi, (col, m, e, SIM_RANGES[m])
-            assert SIM_RANGES["ALL"][0] <= e <= SIM_RANGES["ALL"][1]
+            lo, hi = ranges[m]
+            assert lo <= e <= hi, (col, m, e, ranges[m])
+            assert ranges["ALL"][0] <= e <= ranges["ALL"][1]
 
 
 def test_relative_ranges_take_each_calibrations_shift_off() -> None:
@@ -349,22 +378,24 @@ def test_relative_ranges_take_each_calibrations_shift_off() -> None:
     assert set(again) == set(got) and all(again[k] == pytest.approx(got[k]) for k in got)
 
 
-def test_the_committed_relative_ranges_hold_every_measured_configuration() -> None:
-    """SIM_RELATIVE_RANGES is the committed results' errors less their calibration's shift, rounded
+def test_the_written_relative_ranges_hold_every_measured_configuration(tmp_path: Path) -> None:
+    """load_margin of a written file is the results' errors less their calibration's shift, rounded
     outwards; and the decision rule with them is exact for two candidates of one calibration: the
     measured ratio lies inside what their predicted ratio and ranges allow."""
     df = pd.read_csv(REPO / "reproductions" / "sim_accuracy" / "results.csv")
-    assert load_ranges(ERRORS_FILE, relative=True) == SIM_RELATIVE_RANGES
+    f = tmp_path / "e.json"
+    write_errors(df, f, source="test")
+    rel_ranges = load_margin(f)
     rel = less_shift(df["error"])
     for m, e in zip(df["method"], rel):
-        lo, hi = SIM_RELATIVE_RANGES[m]
-        assert lo <= e <= hi, (m, e, SIM_RELATIVE_RANGES[m])
+        lo, hi = rel_ranges[m]
+        assert lo <= e <= hi, (m, e, rel_ranges[m])
     for i in df.index:
         for j in df.index:
             if df.loc[i, "model"] != df.loc[j, "model"]:
                 continue
-            lo_i, hi_i = SIM_RELATIVE_RANGES[df.loc[i, "method"]]
-            lo_j, hi_j = SIM_RELATIVE_RANGES[df.loc[j, "method"]]
+            lo_i, hi_i = rel_ranges[df.loc[i, "method"]]
+            lo_j, hi_j = rel_ranges[df.loc[j, "method"]]
             pred = df.loc[i, "simulated"] / df.loc[j, "simulated"]
             meas = df.loc[i, "measured"] / df.loc[j, "measured"]
             assert pred * (1 + lo_j) / (1 + hi_i) - 1e-9 <= meas <= pred * (1 + hi_j) / (1 + lo_i) + 1e-9

@@ -17,11 +17,11 @@ What is measured (``repeats`` rounds of each; medians kept, spreads recorded):
 4. the optimizer step's cost for SGD, SGD with momentum and Adam (fixed seconds plus seconds per
    parameter byte plus seconds per parameter tensor);
 5. host memory bandwidth (a large copy);
-6. what running on a stashed weight version costs: the forward through the runtime's
-   ``Reparametrizer`` beyond the plain call, and a stashing ``U``'s copy-on-write into a new version;
-   and what PipeMare's weight policy adds to its ``U`` and ``B``;
-7. how much slower a core computes when it is busy only part of the time (the duty cycle,
-   :mod:`pipelab.schedules.duty`).
+
+Items 1-5 and the runtime's own per-action and per-message seconds are the core model's terms; a
+busy sender's late message and the crossing stall (3) describe this host and go into one record,
+``Calibration.host_effects`` (:class:`~pipelab.calibration.HostEffects`), which the simulator applies
+only where asked (:mod:`pipelab.sim.host_effects`).
 
 The result is a one-switch cluster of ``workers`` devices of speed 1.0 (the profile must be
 measured on this machine too: ``pl.profile``), whose link is the measured point-to-point path.
@@ -42,7 +42,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pipelab.calibrate import probes
@@ -57,7 +56,7 @@ from pipelab.calibrate.tiny import (
     tiny_model,
     tiny_sgd,
 )
-from pipelab.calibration import Calibration
+from pipelab.calibration import Calibration, HostEffects
 from pipelab.cluster import Cluster, Device, Level
 from pipelab.costs import CostModel
 from pipelab.graph import layer_nodes, trace
@@ -353,12 +352,6 @@ def calibrate(
             backend)),
         ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
-        ("stashed forward", lambda: probes.stashed_forward(max(repeats, 5))),
-        ("new weight version", lambda: probes.in_worker("new_version", [1 << 16, 1 << 20, 1 << 22],
-                                                         max(repeats, 5))),
-        ("pipemare weights", lambda: probes.in_worker("pipemare_policy", [1 << 16, 1 << 20, 1 << 22],
-                                                       max(repeats, 5))),
-        ("duty cycle", lambda: probes.duty_cycle(max(repeats, 3))),
         ("crossings, interleaved", lambda: interleaved_crossing(max(repeats // 2, 2), backend)),
     ]
     bar = tqdm(total=len(steps) + 1, desc="calibrating", disable=not progress, leave=False)
@@ -439,7 +432,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     if in_run:
         alpha = statistics.median(in_run)
     cross_spread = spread(msg.pop("cross_rounds", []))
-    arrive_spread = spread(msg.pop("arrive_rounds", []))
+    msg.pop("arrive_rounds", None)
     busy = msg.pop("busy", [])
     pooled = msg.pop("busy_all", [])
     busy_spread = spread(busy)
@@ -449,25 +442,6 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         msg["busy_sender"] = [statistics.median(pooled)] if pooled else busy
     mem = got["memory bandwidth"]
     slow = got.get("compute inside a run") or [1.0]
-    stash: dict[str, float] = {}
-    if got.get("stashed forward"):     # per call and per tensor: the affine fit of the medians
-        by_n: dict[int, list[float]] = {}
-        for n, t in got["stashed forward"]:
-            by_n.setdefault(n, []).append(t)
-        ns = sorted(by_n)
-        # a difference of two timings, which can come out at or below 0 where the extra is nil: an
-        # unweighted least-squares line (the relative fit needs positive timings), clipped at 0
-        per_tensor, call = (float(v) for v in np.polyfit(ns, [statistics.median(by_n[n]) for n in ns], 1))
-        stash = {"call": max(call, 0.0), "tensor": max(per_tensor, 0.0)}
-    if got.get("new weight version"):  # a stashing U's copy-on-write: per call, byte and tensor
-        v_call, v_byte, v_tensor, _ = fit_step(got["new weight version"])
-        stash.update(version_call=v_call, version_byte=v_byte, version_tensor=v_tensor)
-    if got.get("pipemare weights"):   # PipeMare's U and B beyond the plain ones: per call, byte, tensor
-        rows = got["pipemare weights"]
-        for key, col in (("delta", 2), ("correct", 3)):
-            c, b, t, _ = fit_step([(r[0], r[1], r[col]) for r in rows])
-            stash.update({f"{key}_call": c, f"{key}_byte": b, f"{key}_tensor": t})
-    duty = duty_points(got.get("duty cycle") or [])
     finite = [b for _, b, _ in rounds if b != float("inf")]
     sp = {
         "p2p_latency_s": spread(in_run or [a for a, _, _ in rounds]),
@@ -477,24 +451,25 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         "memory_bandwidth": spread(mem),
     }
     sp.update({f"overhead_s.{k}": spread(v) for k, v in over.items()})
+    # the host effects (HostEffects): what this machine adds beyond the core terms
+    host_msg = {k: msg.pop(k) for k in ("busy_sender", "cross") if k in msg}
+    msg.pop("arrive", None)    # the message probe's arrival extra: not a term (held-out models)
     sp.update({f"message_s.{k}": spread(v) for k, v in msg.items()})
     if busy:
-        sp["message_s.busy_sender"] = busy_spread
-    if "cross" in msg:
-        sp["message_s.cross"] = cross_spread
-    if "arrive" in msg:
-        sp["message_s.arrive"] = arrive_spread
+        sp["host_effects.busy_sender_s"] = busy_spread
+    if "cross" in host_msg:
+        sp["host_effects.cross_s"] = cross_spread
     sp["compute_slowdown"] = spread(slow)
     if len(after) > 1:     # the longer compute's latency, round by round
         sp["allreduce_after.long"] = spread(latencies["all-reduce after a longer compute"])
     inter = got.get("crossings, interleaved") or []
     if inter:
-        msg["cross_interleaved"] = [statistics.median(inter)]
-        sp["message_s.cross_interleaved"] = spread(inter)
-    by_duty: dict[float, list[float]] = {}
-    for _, d, ratio in got.get("duty cycle") or []:
-        by_duty.setdefault(d, []).append(ratio)
-    sp.update({f"duty_slowdown.{d:g}": spread(v) for d, v in by_duty.items()})
+        sp["host_effects.cross_interleaved_s"] = spread(inter)
+    host_med = _medians(host_msg)
+    host = HostEffects(cross_s=host_med.get("cross", 0.0),
+                       busy_sender_s=host_med.get("busy_sender", 0.0),
+                       cross_interleaved_s=statistics.median(inter) if inter else None,
+)
     res = {"p2p": res_p2p, "allreduce": res_ar, **{f"optimizer.{k}": f[3] for k, f in opt_fit.items()}}
     cpu = platform.processor() or platform.machine() or "cpu"
     device = torch.cuda.get_device_name() if backend == "nccl" else cpu
@@ -512,11 +487,10 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         allreduce_bandwidth=ar_beta if ar_beta != float("inf") else 1e12,
         overhead_s=_medians(over),
         message_s=_medians(msg),
-        stash_s=stash,
+        host_effects=host,
         optimizer_s={k: (a, b, c) for k, (a, b, c, _) in opt_fit.items()},
         memory_bandwidth=statistics.median(mem),
         compute_slowdown=statistics.median(slow),
-        duty_slowdown=duty,
         allreduce_after=tuple(after),
         spread=sp,
         residual=res,
@@ -526,26 +500,9 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
             "p2p_latency_in_run": in_run,
             "allreduce_latency_in_run": ar_in_run,
             "optimizer": {k: [list(x) for x in v] for k, v in opt.items()},
-            "duty_cycle": [list(x) for x in got.get("duty cycle") or []],
             "cross_interleaved": list(got.get("crossings, interleaved") or []),
         },
     )
-
-
-def duty_points(rows: Sequence[tuple[int, float, float]]) -> tuple[tuple[float, float], ...]:
-    """``Calibration.duty_slowdown`` from :func:`probes.duty_cycle`'s ``(round, duty, ratio)`` rows:
-    per duty the median ratio over the rounds, at least 1 (a core that idles does not compute
-    faster: a ratio below 1 is the noise of the measurement) and at least the factor of every
-    higher duty (the less a core computes, the slower it wakes)."""
-    by: dict[float, list[float]] = {}
-    for _, d, ratio in rows:
-        by.setdefault(float(d), []).append(float(ratio))
-    out: list[tuple[float, float]] = []
-    worst = 1.0
-    for d in sorted(by, reverse=True):
-        worst = max(worst, statistics.median(by[d]))
-        out.append((d, worst))
-    return tuple(sorted(out))
 
 
 def check(cluster: Cluster, *, backend: str | None = None) -> None:
@@ -580,4 +537,4 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None) -> Cluster
 from pipelab.calibrate.model import calibrate_model  # noqa: E402
 
 __all__ = ["BACKENDS", "DEFAULT_SIZES", "allreduce_in_run", "calibrate", "calibrate_model", "check",
-           "duty_points", "load", "ring_latency_of", "runtime_overhead"]
+           "load", "ring_latency_of", "runtime_overhead"]

@@ -6,7 +6,7 @@ actions crossed or had an arrival; these functions price them).
   model's ``1f1b-flush`` run);
 * :func:`_extra`: the mean extra of one class over the quiet actions of the same worker and kind;
 * :func:`interleaved_crossing`: the same extra in an interleaved run, which interleaved schedules
-  take (``Calibration.message_s["cross_interleaved"]``).
+  take (``HostEffects.cross_interleaved_s``).
 """
 
 from __future__ import annotations

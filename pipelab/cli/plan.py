@@ -50,9 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--methods", default=None,
                     help="--auto: comma-separated methods to search (default: all but the ablations)")
     ap.add_argument("--top", type=int, default=10, help="--auto: rows to print")
-    ap.add_argument("--margin", type=float, default=None,
-                    help="--auto: the simulator's relative throughput error, for every method "
-                         "(default: sim_accuracy's per method on a calibrated cluster, 0 on a preset)")
+    ap.add_argument("--margin", default=None,
+                    help="--auto: the simulator's relative throughput error on this machine: a number for "
+                         "every method, or the sim_errors.json (or results.csv) reproductions/sim_accuracy "
+                         "wrote here (default: none known; ranked by prediction alone)")
     ap.add_argument("--table", default=None, help="--auto: write the whole ranked table as CSV here")
     ap.add_argument("--no-progress", action="store_true", help="--auto: no progress bar")
     ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
@@ -91,8 +92,13 @@ def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster) -> int:
     """``--auto``: run the planner, print its table, default and Pareto front; write what was asked."""
     names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     limit = args.memory_limit_gb * 2**30 if args.memory_limit_gb is not None else None
+    margin: float | str | None = args.margin
+    try:
+        margin = float(args.margin) if args.margin is not None else None
+    except ValueError:
+        pass                                   # a path: the errors file of a sim_accuracy run
     table = auto_plan(prof, cluster, memory_limit=limit, methods=names, optimizer=args.optimizer,
-                      margin=args.margin, progress=not args.no_progress)
+                      margin=margin, progress=not args.no_progress)
     print(table.describe(args.top))
     try:
         best = table.best

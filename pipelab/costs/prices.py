@@ -73,11 +73,6 @@ class Prices:
     #: then pays a device-to-host copy at the sender and a host-to-device copy at the receiver around the
     #: host transfer, and an all-reduce the same two copies of the gradients. None: no staging (NCCL, CPU)
     host_staging_bandwidth: float | None = None
-    #: the runtime runs every forward on a stashed weight version (``runtime.reparam.Reparametrizer``:
-    #: methods whose weight policy stashes, ``pipedream``, ``2bw``): each ``F`` pays the calibration's
-    #: ``stash_s`` per call and per parameter tensor, and each ``U`` the new version's copy-on-write
-    #: (``stash_s``' ``version_*`` terms)
-    stashed_weights: bool = False
     # prefix sums over layers (index i = total of layers [0, i)), filled in __post_init__
     pf: np.ndarray = field(init=False, repr=False, compare=False)
     pb: np.ndarray = field(init=False, repr=False, compare=False)
@@ -195,14 +190,10 @@ class Prices:
         """The runtime's own seconds in the forward and in the backward of stage ``[start, end)`` on
         a calibrated cluster (0 otherwise): per action, plus per message. A stage with a neighbour
         receives its input and sends its output (forward), and the other way round for gradients
-        (backward). With ``stashed_weights``, the forward also pays the reparametrized call on the
-        stashed version (:meth:`~pipelab.calibration.Calibration.stashed_forward_s`)."""
+        (backward)."""
         into, out = start > 0, end < self.num_layers
         send, recv = self.message_s("send"), self.message_s("recv")
-        cal = self.cluster.calibration
-        stash = cal.stashed_forward_s(self.param_tensors(start, end)) \
-            if self.stashed_weights and cal is not None else 0.0
-        return (self.overhead_s("F") + into * recv + out * send + stash,
+        return (self.overhead_s("F") + into * recv + out * send,
                 self.overhead_s("B") + out * recv + into * send)
 
     def message_s(self, role: str) -> float:
@@ -250,9 +241,7 @@ class Prices:
         """Seconds of the optimizer step of ``[start, end)``.
 
         On a calibrated cluster: the measured step of :attr:`optimizer` (fixed seconds, plus seconds
-        per parameter byte, plus seconds per parameter tensor) plus the runtime's ``U`` overhead;
-        with :attr:`stashed_weights`, plus the new weight version's copy-on-write
-        (:meth:`~pipelab.calibration.Calibration.new_version_s`).
+        per parameter byte, plus seconds per parameter tensor) plus the runtime's ``U`` overhead.
         Otherwise the step streams weights, gradients and optimizer state once through device
         memory, ``param_bytes * (3 + state) / memory_bandwidth``, scaled by the worker's speed
         (default bandwidth: the calibrated host's, else a V100's HBM2).
@@ -266,8 +255,6 @@ class Prices:
         step = cal.optimizer_step_s(self.optimizer, nbytes, self.param_tensors(start, end)) \
             if cal is not None else None
         if step is not None:
-            if self.stashed_weights:   # the copy-on-write of the master into a new version
-                step += cal.new_version_s(nbytes, self.param_tensors(start, end))  # type: ignore[union-attr]
             return step / self.cluster.speed(worker) + self.overhead_s("U")
         return nbytes * (3 + self.state_factor) / (memory_bandwidth * self.cluster.speed(worker)) \
             + self.overhead_s("U")

@@ -27,17 +27,15 @@ activations (added to the simulated peak).
 
 The decision is honest about the simulator's error. The default (what a torch or Megatron user gets:
 1F1B on a uniform layer split, ``M = P``) is always simulated; a candidate replaces it only when it
-is surely faster given ``margin``, the simulator's relative throughput error per method (by default,
-on a calibrated cluster whose predictions are meant to be compared with real runs,
-:data:`SIM_RELATIVE_RANGES`, the signed range of errors ``reproductions/sim_accuracy`` measured per
-method less each run's common shift, since the candidate and the default are predicted on one
-calibration; :data:`SIM_RANGES` keeps the errors themselves; 0 on an analytic preset, whose error is
-unknown): ``predicted / (1 + hi)`` of the candidate above ``predicted / (1 + lo)`` of the
-default (with one number ``e``: ``predicted / (1 + e)`` above ``predicted / (1 - e)``). The table
-shows the rule: ``vs_default`` (predicted throughput over the default's), ``needs_vs_default`` (the
-``vs_default`` the row would need to be surely faster: ``(1 + hi) / (1 + lo_default)``),
-``within_error`` (the simulator cannot tell the row from the default) and ``pick`` (the chosen row,
-:attr:`PlanTable.best`). Among the candidates that qualify, those tied with the fastest within the
+is surely faster given ``margin``, the simulator's relative throughput error per method, an input
+measured on the machine the plans are for (the errors file ``reproductions/sim_accuracy`` writes,
+:func:`~pipelab.planner.decide.load_margin`, or a plain number; without one the planner says so and
+ranks by prediction alone, :data:`~pipelab.planner.decide.NO_MARGIN`): ``predicted / (1 + hi)`` of
+the candidate above ``predicted / (1 + lo)`` of the default (with one number ``e``: ``predicted / (1 + e)``
+above ``predicted / (1 - e)``). The table shows the rule: ``vs_default`` (predicted throughput over the
+default's), ``needs_vs_default`` (the ``vs_default`` the row would need to be surely faster: ``(1 + hi) / (1
++ lo_default)``), ``within_error`` (the simulator cannot tell the row from the default) and ``pick`` (the
+chosen row, :attr:`PlanTable.best`). Among the candidates that qualify, those tied with the fastest within the
 error go to the simpler plan (synchronous, fewer stages, ``dp`` itself, no chunks, no recomputation,
 no compression, fewer microbatches, less memory, then table order): deterministic
 (:mod:`pipelab.planner.decide`).
@@ -55,8 +53,10 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -68,15 +68,14 @@ from pipelab.partition import partition
 from pipelab.partition.balance import balance_by_time, uniform_cuts
 from pipelab.partition.plan import Plan
 from pipelab.planner.decide import (
+    NO_MARGIN,
     ONE_STAGE_ASYNC,
     ONE_STAGE_SYNC,
-    SIM_ERRORS,
-    SIM_RANGES,
-    SIM_RELATIVE_RANGES,
     Margin,
-    check_margin,
     decide,
+    load_margin,
     margin_from_accuracy,
+    resolve_margin,
 )
 from pipelab.profile.records import Layer, Profile
 from pipelab.schedules._common import ScheduleError
@@ -137,6 +136,7 @@ class PlanTable:
     allreduce_overlap: str = "ddp"
     default_row: int | None = None   # what torch or Megatron users get: 1F1B on a uniform layer split
     margin: Margin = 0.0             # the simulator's relative error, one or per method (plan())
+    margin_source: str = NO_MARGIN   # where the margin came from (plan()), shown by describe()
 
     @property
     def default(self) -> pd.Series:
@@ -211,7 +211,8 @@ class PlanTable:
             t[c] = t[c].map("{:.2f}x".format)
         m = self.margin
         shown = ", ".join(f"{k} {_shown(v)}" for k, v in m.items()) if isinstance(m, Mapping) else _shown(m)
-        head_line = f"simulator error (margin): {shown}\n"
+        head_line = (f"simulator error (margin): {shown} ({self.margin_source})\n"
+                     if self.margin_source != NO_MARGIN else f"simulator error (margin): {NO_MARGIN}\n")
         return head_line + t.to_string()
 
 
@@ -422,7 +423,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
          chunks: Sequence[int] = (2, 4), recompute: Sequence[bool] = (False, True),
          compression: Sequence[str | None] = (None, "fp16"), optimizer: str = "sgd-momentum",
          memory_bandwidth: float | None = None, allreduce_overlap: str = "ddp", prune: bool = True,
-         margin: Margin | None = None, progress: bool | Callable[[int, int], None] = False) -> PlanTable:
+         margin: Margin | str | Path | None = None,
+         progress: bool | Callable[[int, int], None] = False) -> PlanTable:
     """Search methods x partitions x microbatches x chunks x recomputation x compression (module docstring).
 
     ``memory_limit``: bytes per worker (one number, or one per worker; default each device's
@@ -430,10 +432,12 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     ``hetpipe`` on a cluster of mixed devices). ``microbatches``: counts to try for methods that
     pipeline microbatches (default P, 2P, 4P per stage count P, at most the minibatch's samples).
     ``allreduce_overlap``: as :func:`pipelab.sim.simulate` (``"none"`` to model pipelab's runtime).
-    ``prune=False`` simulates every candidate. ``margin``: the simulator's relative throughput error,
-    one number or a mapping method -> error; a candidate replaces the default only when surely faster
-    given it (module docstring; default :data:`SIM_RELATIVE_RANGES` on a calibrated cluster, 0 on an
-    analytic one; :func:`margin_from_accuracy` reads sim_accuracy's results). ``progress``: a progress bar
+    ``prune=False`` simulates every candidate. ``margin``: the simulator's relative throughput error on
+    this machine, one number, a mapping method -> error or signed range, or the path of the errors file
+    (or ``results.csv``) a ``reproductions/sim_accuracy`` run wrote here; a candidate replaces the
+    default only when surely faster given it (module docstring). None: no error is known, which the
+    table says (:data:`~pipelab.planner.decide.NO_MARGIN`, a warning once) and it ranks by prediction
+    alone. ``progress``: a progress bar
     (tqdm), or a callback ``(done, total)``. Returns a :class:`PlanTable`.
     """
     if not isinstance(profile, Profile):
@@ -453,8 +457,9 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
             raise ValueError(f"memory_limit has {len(limit)} entries but cluster {cl.name!r} has {W} workers")
     if any(x <= 0 for x in limit):
         raise ValueError(f"memory_limit must be positive bytes per worker; got {memory_limit!r}")
-    measured = dict(SIM_RELATIVE_RANGES) if cl.calibration is not None else 0.0
-    margin = check_margin(measured if margin is None else margin)
+    margin, margin_source = resolve_margin(margin)
+    if margin_source == NO_MARGIN:
+        warnings.warn(NO_MARGIN, UserWarning, stacklevel=2)
     hetero = len({cl.speed(w) for w in range(W)}) > 1
     names = tuple(methods) if methods is not None else DEFAULT_METHODS + (("hetpipe",) if hetero else ())
     for name in names:
@@ -524,7 +529,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     table = decide(_rank(table), default, margin)
     return PlanTable(table=table[list(COLUMNS)], candidates=tuple(cands), profile=profile, cluster=cl,
                      memory_limit=limit, optimizer=optimizer, allreduce_overlap=allreduce_overlap,
-                     default_row=default, margin=margin)
+                     default_row=default, margin=margin, margin_source=margin_source)
 
 
 def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int, int]]]:
@@ -575,5 +580,5 @@ def _rank(table: pd.DataFrame) -> pd.DataFrame:
 
 from pipelab.planner.confirmation import Confirmed, confirm  # noqa: E402  (measures a PlanTable's shortlist)
 
-__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "SIM_RANGES", "SIM_RELATIVE_RANGES", "Candidate",
-           "Confirmed", "PlanTable", "confirm", "decide", "margin_from_accuracy", "plan"]
+__all__ = ["COLUMNS", "DEFAULT_METHODS", "NO_MARGIN", "Candidate",
+           "Confirmed", "PlanTable", "confirm", "decide", "load_margin", "margin_from_accuracy", "plan"]

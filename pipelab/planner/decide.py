@@ -9,15 +9,13 @@ the two intervals do not overlap, i.e. when it is sure to be faster:
     predicted_c / (1 + hi_c)  >  predicted_default / (1 + lo_default)
 
 ``margin`` gives each row's method its range: one number ``e`` for every method, or a mapping method ->
-``e`` or ``(lo, hi)``. What ``reproductions/sim_accuracy`` last measured per method is kept two ways
-(:func:`ranges_from_accuracy`: the signed errors of its configurations, widened by the spread of their
-real rounds): :data:`SIM_RANGES`, the errors themselves, how far one prediction lies from its
-measurement; and :data:`SIM_RELATIVE_RANGES`, the errors less their run's common shift
-(:func:`less_shift`), how far two predictions of one calibration lie from their measurements relative
-to each other, which is what the comparison above needs and the default on a calibrated cluster. On
-this project's machine the simulator's error differs per method in size and in sign, which a
-symmetric bound (:data:`SIM_ERRORS`, the worst ``|e|``) cannot say. A pipelining method on one
-replicated stage is data parallelism and takes ``dp``'s range.
+``e`` or ``(lo, hi)``. It is an input, measured on the machine the plans are for: the errors file a
+``reproductions/sim_accuracy``-style run writes there (:func:`write_errors`; :func:`load_margin` reads
+it as the signed ranges of its errors less each run's common shift, :func:`less_shift`, which is what
+comparing two predictions of one calibration needs), or a plain number. No host's measurements ship
+as a default: without a margin the planner says so (:data:`NO_MARGIN`) and ranks by prediction alone
+(``margin = 0``). A pipelining method on one replicated stage is data parallelism and takes ``dp``'s
+range.
 Among the candidates that qualify, those whose interval reaches the lower end of the fastest's are a
 tie the simulator cannot break, and the simplest of them wins (:func:`_simpler`). ``margin = 0`` picks
 the fastest. Pure functions of a table.
@@ -35,9 +33,10 @@ import pandas as pd
 
 from pipelab._io import atomic_write_text
 
-#: where :data:`SIM_ERRORS` is kept: written by ``reproductions/sim_accuracy`` (``make reproduce``) from
-#: the results it commits, so the planner's margin is the error last measured, never a copy of it
-ERRORS_FILE = Path(__file__).resolve().parent.parent / "data" / "sim_errors.json"
+#: what the planner says when it was given no margin (:func:`resolve_margin`)
+NO_MARGIN = ("no simulator error given (margin=None): ranked by prediction alone. Measure the simulator "
+             "on this machine (reproductions/sim_accuracy writes sim_errors.json) and pass margin= that "
+             "file, or a relative error such as 0.2")
 
 
 def _read(path: str | Path, values: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
@@ -52,7 +51,7 @@ def _read(path: str | Path, values: Callable[[dict[str, Any]], dict[str, Any]]) 
     return out
 
 
-def load_ranges(path: str | Path = ERRORS_FILE, *, relative: bool = False) -> dict[str, tuple[float, float]]:
+def load_ranges(path: str | Path, *, relative: bool = False) -> dict[str, tuple[float, float]]:
     """The per-method signed error ranges of a file :func:`write_errors` wrote (``"ranges"``; a file
     with only ``"errors"`` gives ``(-e, e)``); with ``relative``, the ranges of the errors less each
     run's common shift (``"relative_ranges"``; a file without them gives the absolute ranges)."""
@@ -64,13 +63,13 @@ def load_ranges(path: str | Path = ERRORS_FILE, *, relative: bool = False) -> di
     return out
 
 
-def load_errors(path: str | Path = ERRORS_FILE) -> dict[str, float]:
+def load_errors(path: str | Path) -> dict[str, float]:
     """The per-method errors of a file :func:`write_errors` wrote (``{"errors": {method: error}}``)."""
     out: dict[str, float] = _read(path, lambda doc: {str(k): float(v) for k, v in doc["errors"].items()})
     return out
 
 
-def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
+def write_errors(results: pd.DataFrame | str, path: str | Path, *,
                  source: str = "", host: str | None = None, history: int = 5) -> dict[str, float]:
     """Write the per-method errors of a sim_accuracy results table (:func:`margin_from_accuracy`, each
     rounded up to 0.01 and at most 0.99, the largest error a margin can be) and their signed ranges
@@ -80,9 +79,7 @@ def write_errors(results: pd.DataFrame | str, path: str | Path = ERRORS_FILE, *,
 
     With ``host`` (the calibrated machine's name), the file keeps the last ``history`` runs of that
     host (``"runs"``) and its errors and ranges are their union: one run's ranges do not hold the next
-    run's errors on a shared machine (the planner notebook picked PipeMare on the CNN at 0.85x the
-    default under the ranges of one run, 2026-11-26). A file of another host, or without runs, starts
-    the history anew."""
+    run's errors on a shared machine). A file of another host, or without runs, starts the history anew."""
     if not isinstance(history, int) or isinstance(history, bool) or history < 1:
         raise ValueError(f"history={history!r} must be an int >= 1 (runs kept per host)")
     if isinstance(results, str):
@@ -159,7 +156,8 @@ def check_margin(margin: Any) -> Margin:
     if not values or any(not (_is_error(v) or (mapping and _is_range(v))) for v in values):
         raise ValueError(f"margin={margin!r} must be a relative error in [0, 1) (0.3: predictions within "
                          f"30% of measurements), or a mapping method -> such or -> a signed range (lo, hi) "
-                         f"of (predicted - measured) / measured with -1 < lo <= hi (see planner.SIM_RANGES)")
+                         f"of (predicted - measured) / measured with -1 < lo <= hi (see "
+                         f"planner.decide.load_margin)")
     if not mapping:
         return float(margin)
     return {str(k): (float(v[0]), float(v[1])) if isinstance(v, (tuple, list)) else float(v)
@@ -287,10 +285,10 @@ def less_shift(errors: pd.Series) -> pd.Series:
 
     The configurations of one ``reproductions/sim_accuracy`` run are predicted from one calibration
     and one profile per model and run minutes later on the same machine, so whatever the machine's
-    speed did in between moves all their errors together (the run's shift: -11% to +24% over the
-    runs of 2026-11-26). Comparing two candidates on one calibration, as the planner does, that shift
-    cancels: if ``e = (1 + s)(1 + r) - 1``, then ``measured_c / measured_d = (predicted_c /
-    predicted_d) (1 + r_d) / (1 + r_c)``, whatever ``s``."""
+    speed did in between moves all their errors together (the run's shift). Comparing two
+    candidates on one calibration, as the planner does, that shift cancels: if
+    ``e = (1 + s)(1 + r) - 1``, then ``measured_c / measured_d = (predicted_c / predicted_d)
+    (1 + r_d) / (1 + r_c)``, whatever ``s``."""
     return (1 + errors) / (1 + float(errors.median())) - 1
 
 
@@ -319,7 +317,7 @@ def ranges_from_accuracy(results: pd.DataFrame | str, *,
     configuration's range covers both errors: a user calibrates once, and one calibration's
     predictions lie several percent from the next's on a shared machine. With ``relative``, each
     error is taken less its calibration's common shift first (:func:`less_shift`): the range a
-    comparison of two predictions of one calibration needs (:data:`SIM_RELATIVE_RANGES`)."""
+    comparison of two predictions of one calibration needs (:func:`load_margin`)."""
     df = pd.read_csv(results) if isinstance(results, str) else results
     if "error" not in df or "method" not in df or df["error"].dropna().empty:
         raise ValueError("ranges_from_accuracy needs sim_accuracy's results with columns 'method' and "
@@ -335,24 +333,34 @@ def ranges_from_accuracy(results: pd.DataFrame | str, *,
     return out
 
 
-#: the calibrated simulator's relative throughput error per method: the worst |error| that
-#: ``reproductions/sim_accuracy`` last measured for it (the digits CNN and a transformer stack on 2 gloo
-#: workers of this project's 2-core machine; :data:`ERRORS_FILE`), ``"ALL"`` the worst of all, for a
-#: method the matrix did not run. The default ``margin`` of :func:`pipelab.planner.plan` on a calibrated
-#: cluster; :func:`margin_from_accuracy` reads another results table.
-SIM_ERRORS: dict[str, float] = load_errors()
+def load_margin(path: str | Path) -> dict[str, tuple[float, float]]:
+    """The margin an errors file of :func:`write_errors` gives the planner: per method, the signed
+    ranges of its errors less each run's common shift (``load_ranges(path, relative=True)``)."""
+    return load_ranges(path, relative=True)
 
-#: the same measurement as signed ranges ``(lo, hi)`` of ``(predicted - measured) / measured`` per
-#: method (:func:`ranges_from_accuracy`, widened by the real rounds' spread): the default ``margin`` of
-#: :func:`pipelab.planner.plan` on a calibrated cluster
-SIM_RANGES: dict[str, tuple[float, float]] = load_ranges()
 
-#: the same measurement less each calibration's common shift (:func:`less_shift`): how far apart two
-#: predictions of one calibration can lie from their measurements, relative to each other. The
-#: default ``margin`` of :func:`pipelab.planner.plan` on a calibrated cluster, whose decision compares
-#: each candidate with the default on one calibration
-SIM_RELATIVE_RANGES: dict[str, tuple[float, float]] = load_ranges(relative=True)
+def resolve_margin(margin: Margin | str | Path | None) -> tuple[Margin, str]:
+    """``(margin, where it came from)`` of what :func:`pipelab.planner.plan` was given: ``None`` is 0
+    with :data:`NO_MARGIN`; a path is an errors file of :func:`write_errors` (:func:`load_margin`), or a
+    sim_accuracy ``results.csv`` (:func:`ranges_from_accuracy`, relative); a number or a mapping is
+    checked as it is (:func:`check_margin`)."""
+    if margin is None:
+        return 0.0, NO_MARGIN
+    if isinstance(margin, (str, Path)):
+        path = Path(margin)
+        if not path.is_file():
+            raise ValueError(f"margin={str(margin)!r}: no such file; pass the sim_errors.json (or "
+                             "results.csv) that reproductions/sim_accuracy wrote on this machine, or a "
+                             "number")
+        if path.suffix == ".csv":
+            got: Margin = check_margin(ranges_from_accuracy(str(path), relative=True))
+        else:
+            got = load_margin(path)
+        return got, f"measured: {path}"
+    got = check_margin(margin)
+    return got, "given"
 
-__all__ = ["ERRORS_FILE", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "SIM_ERRORS", "SIM_RANGES",
-           "SIM_RELATIVE_RANGES", "bounds_of", "check_margin", "decide", "error_of", "held_out", "less_shift",
-           "load_errors", "load_ranges", "margin_from_accuracy", "ranges_from_accuracy", "write_errors"]
+
+__all__ = ["NO_MARGIN", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "bounds_of", "check_margin", "decide",
+           "error_of", "held_out", "less_shift", "load_errors", "load_margin", "load_ranges",
+           "margin_from_accuracy", "ranges_from_accuracy", "resolve_margin", "write_errors"]

@@ -24,6 +24,7 @@ from torch import nn
 
 import pipelab.methods as methods
 from pipelab.calibrate.model import calibrate_model
+from pipelab.calibration import HOST_TERMS, HostEffects
 from pipelab.cluster import Cluster
 from pipelab.models import demo
 from pipelab.partition import partition
@@ -219,8 +220,8 @@ def run_one(
     opts = _sim_options(method)
     run_opts = dict(METHODS[method])
     cl = cluster.with_workers(workers)
-    def simulated(minibatches: int, on: Cluster = cl) -> Any:
-        return _simulated(plan, prof, on, method, microbatches, minibatches)
+    def simulated(minibatches: int, on: Cluster = cl, host: HostEffects | bool = True) -> Any:
+        return _simulated(plan, prof, on, method, microbatches, minibatches, host)
 
     def measured(minibatches: int, **more: Any) -> Any:
         return train(model_fn, run_plan(plan, prof, method), method=method,
@@ -231,21 +232,26 @@ def run_one(
     sim = simulated(steps)
     cal = cl.calibration
 
+    def rate(res: Any) -> float:
+        return steady_throughput(res.trace, res.schedule, batch)
+
     def without(**fields: Any) -> float:
         """Samples/s of the same simulation with those calibration fields replaced: one term's
         effect, paired with the same real runs."""
         assert cal is not None
-        alt = simulated(steps, dataclasses.replace(cl, calibration=dataclasses.replace(cal, **fields)))
-        return steady_throughput(alt.trace, alt.schedule, batch)
+        return rate(simulated(steps, dataclasses.replace(cl, calibration=dataclasses.replace(cal, **fields))))
 
-    sim_tp = steady_throughput(sim.trace, sim.schedule, batch)
-    # without the duty-cycle term (where there is none, the simulation itself)
-    flat_tp = without(duty_slowdown=()) if cal is not None and cal.duty_slowdown else sim_tp
+    host = cal.host_effects if cal is not None else HostEffects()
+    sim_tp = rate(sim)
+    # each host term left out (HostEffects.without), and all of them: the core model alone
+    host_tp = {t: rate(simulated(steps, host=host.without(t))) if t in host.terms else sim_tp
+               for t in HOST_TERMS}
+    core_tp = rate(simulated(steps, host=False)) if host.terms else sim_tp
     # with the all-reduce's one latency, whatever the compute before it (the term before allreduce_after)
     flat_ar_tp = without(allreduce_after=()) if cal is not None and cal.allreduce_after else sim_tp
     # with the 1F1B run's crossing extra for every schedule (the term before the interleaved one)
-    one_tp = (without(message_s={k: v for k, v in cal.message_s.items() if k != "cross_interleaved"})
-              if cal is not None and "cross_interleaved" in cal.message_s else math.nan)
+    one_tp = (rate(simulated(steps, host=dataclasses.replace(host, cross_interleaved_s=None)))
+              if host.cross_interleaved_s is not None else math.nan)
     # the same plan with the model's own compute factors (measured in runs of its own), paired
     fac_tp = math.nan
     if factor_cluster is not None:
@@ -296,7 +302,8 @@ def run_one(
         "simulated": sim_tp,
         "measured": real_tp,
         "error": (sim_tp - real_tp) / real_tp,
-        "error_without_duty": (flat_tp - real_tp) / real_tp,
+        **{f"error_without_{t}": (host_tp[t] - real_tp) / real_tp for t in HOST_TERMS},
+        "error_core": (core_tp - real_tp) / real_tp,
         "error_one_crossing": (one_tp - real_tp) / real_tp,
         "error_one_allreduce_latency": (flat_ar_tp - real_tp) / real_tp,
         "error_model_factor": (fac_tp - real_tp) / real_tp,
@@ -305,7 +312,7 @@ def run_one(
         "replay_error": (replay_tp - real_tp) / real_tp,
         # the crossing stall: crossed actions per minibatch in the real run and in the simulation, and
         # what a crossed action took beyond a quiet one in the real run (the simulation adds the
-        # calibration's Calibration.message_s["cross"] to each it finds)
+        # calibration's HostEffects.cross_s to each it finds)
         "crossed_real": cross_real,
         "crossed_sim": cross_sim,
         "crossing_extra_real_us": extra_real * 1e6,
@@ -333,12 +340,15 @@ def _sim_options(method: str) -> dict[str, Any]:
 
 
 def _simulated(plan: Plan, prof: Profile, cluster: Cluster, method: str, microbatches: int,
-               minibatches: int) -> Any:
+               minibatches: int, host_effects: HostEffects | bool = True) -> Any:
     """The simulation of a configuration's ``plan`` on ``cluster`` (already of the plan's worker
-    count), as :func:`run_one` compares it with the runtime."""
+    count), as :func:`run_one` compares it with the runtime (``host_effects``: as
+    :func:`pipelab.sim.simulate`; by default the calibration's record where it has one)."""
+    if host_effects is True and cluster.calibration is None:
+        host_effects = False
     return simulate(plan, _as_simulated(prof, method, microbatches), cluster, method,
                     microbatches=microbatches, minibatches=minibatches, allreduce_overlap="none",
-                    optimizer=OPTIMIZER, **_sim_options(method))
+                    optimizer=OPTIMIZER, host_effects=host_effects, **_sim_options(method))
 
 
 def predicted_on(model: str, method: str, workers: int, microbatches: int, *, prof: Profile,
@@ -398,10 +408,11 @@ def less_shift(df: Any) -> Any:
 
 def method_table(df: Any) -> Any:
     """Per method (and ``ALL``): runs, median and worst |throughput error| (and where the worst
-    was), median |busy-time error|, the median |error| the same runs give without the duty-cycle
-    term, with the models' own compute factors and on a profile taken right before the runs, the
-    median and worst under a second calibration (where the table has them), median and worst |error|
-    less the run's common shift (:func:`less_shift`), worst |peak-memory error|."""
+    was), median |busy-time error|, the median |error| the same runs give without each host effect
+    and with the core model alone, with the models' own compute factors and on a profile taken right
+    before the runs, the median and worst under a second calibration (where the table has them),
+    median and worst |error| less the run's common shift (:func:`less_shift`), worst |peak-memory
+    error|."""
     import pandas as pd
 
     rel = less_shift(df).abs()
@@ -418,8 +429,11 @@ def method_table(df: Any) -> Any:
             "worst at": f"{at['model']} P={int(at['workers'])} M={int(at['microbatches'])}"
                         + (" uniform" if str(at.get("split", "")) == "uniform" else ""),
             "median |busy error|": float(part["busy_error_median"].abs().median()),
-            **({"median |error| without duty": float(part["error_without_duty"].abs().median())}
-               if "error_without_duty" in part else {}),
+            # each other host effect left out, and the core model alone (pipelab.sim.host_effects)
+            **{f"median |error| without {t}": float(part[f"error_without_{t}"].abs().median())
+               for t in HOST_TERMS if f"error_without_{t}" in part},
+            **({"median |error| core": float(part["error_core"].abs().median()),
+                "worst |error| core": float(part["error_core"].abs().max())} if "error_core" in part else {}),
             **({"worst |error| with one all-reduce latency":
                 float(part["error_one_allreduce_latency"].abs().max())}
                if "error_one_allreduce_latency" in part else {}),

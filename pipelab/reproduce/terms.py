@@ -22,7 +22,7 @@ from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.schedules.actions import Action
-from pipelab.schedules.crossing import NoStalls, crossed_actions
+from pipelab.schedules.crossing import crossed_actions
 from pipelab.sim.simulate import ProfileCosts, simulate_schedule, virtual_plan
 from pipelab.trace import Trace
 
@@ -73,7 +73,7 @@ def crossings(trace: Trace, schedule: Any) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------ which term: a replay with measured actions
-class MeasuredActions(NoStalls, ProfileCosts):
+class MeasuredActions(ProfileCosts):
     """The simulator's transfers, but every compute action takes what it took in the real run (the
     mean per worker, stage and kind over ``window``; an all-reduce what the run's ``allreduce``
     events say, :meth:`allreduce`):
@@ -112,10 +112,6 @@ class MeasuredActions(NoStalls, ProfileCosts):
     def compute(self, worker: int, action: Action, split: bool) -> float:
         """The measured mean duration of this worker's actions of this stage and kind."""
         return self.durations[(worker, action.stage, action.kind)]
-
-    def duty_factor(self, worker: int, utilization: float) -> float:
-        """1: the measured durations already are those of the run's duty cycle."""
-        return 1.0
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """The measured all-reduce of the stage (the mean over the window of each step's shortest

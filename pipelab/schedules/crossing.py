@@ -1,26 +1,24 @@
 """Crossing sends: an action that sends to a worker while that worker's own message to it leaves.
 
-On pipelab's gloo runtime on a machine with as many busy compute threads as cores, an action whose
-message crosses one in the opposite direction on the same pair of workers takes longer, often by a
-scheduler slice (measured on 2 cores, the CNN's ``1f1b-flush``: the last stage's backward 3.1 ms
-median when the first stage's activation left during it, 0.29 ms otherwise; ``gpipe``, whose two
-directions never overlap, never crosses; ``reproductions/sim_accuracy/README.md``).
+On a host where gloo's I/O threads compete with the compute threads for as many cores as there are
+workers, an action whose message crosses one in the opposite direction on the same pair of workers
+can take longer (``gpipe``, whose two directions never overlap, never crosses). This is a host effect
+(:class:`pipelab.calibration.HostEffects`), applied only where asked (:mod:`pipelab.sim.host_effects`);
+``reproductions/sim_accuracy/README.md`` measures whether it earns its place.
 
 :func:`crossed_actions` says which actions of a trace crossed, by one rule for a measured and a
 simulated trace: an ``F``/``B`` whose output goes to another worker, during which (start to end,
 inclusive) an action of that worker whose output comes back to this one ended (who sends what to whom:
 :func:`pipelab.schedules.messages.sent_by`).
 :func:`pipelab.calibrate.message_overhead` measures the extra on a real run with it
-(``Calibration.message_s["cross"]``), and the simulator adds it to the actions a first pass finds
+(``HostEffects.cross_s``), and the host-effects layer adds it to the actions a first pass finds
 crossed (:class:`Stalled`), then simulates again.
 
 Arrivals: a message that arrives while its receiver computes costs that action time too (gloo's I/O
-thread, pinned to the receiver's core, takes the bytes in), whatever the action sends. Measured on
-2 cores in real runs: the CNN's ``1f1b-flush`` stage-0 ``B`` 801 against 582 us, stage-1 ``F`` 580
-against 379 us, a ``U`` 503 against 375 us in ``pipedream`` (medians, with against without an arrival
-during the action). :func:`arrived_actions` says which actions of a trace had one (by the same clock
-as the crossings: the sending action's end); the calibration measures the extra
-(``Calibration.message_s["arrive"]``) and :class:`Stalled` adds it to arrivals that did not cross.
+thread takes the bytes in on the receiver's core), whatever the action sends.
+:func:`arrived_actions` says which actions of a trace had one (by the same clock as the crossings:
+the sending action's end), so that the calibration leaves them out of the quiet actions it compares
+with; an arrival's extra is no term of the model (it did not earn its place on held-out models).
 """
 
 from __future__ import annotations
@@ -89,40 +87,17 @@ def arrived_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int,
     return out
 
 
-class NoStalls:
-    """Mixin for costs whose durations already hold what crossings and arrivals cost (a second pass,
-    a replay with measured durations): no further stall, for any schedule."""
+class Stalled(Delegating):
+    """``base``'s costs, with ``extra`` seconds added to each ``(worker, action)`` of ``crossed``."""
 
-    def crossing_s(self) -> float:
-        """Already in the durations: no stall."""
-        return 0.0
-
-    def crossing_for(self, method: str) -> float:
-        """Already in the durations: no stall, for any schedule."""
-        return 0.0
-
-    def arrival_s(self) -> float:
-        """Already in the durations: no extra."""
-        return 0.0
-
-
-class Stalled(NoStalls, Delegating):
-    """``base``'s costs, with ``extra`` seconds added to each ``(worker, action)`` of ``crossed`` and
-    ``arrive_extra`` to each of ``arrived`` that is not also crossed."""
-
-    def __init__(self, base: Costs, crossed: set[tuple[int, Action]], extra: float,
-                 arrived: set[tuple[int, Action]] | None = None, arrive_extra: float = 0.0) -> None:
+    def __init__(self, base: Costs, crossed: set[tuple[int, Action]], extra: float) -> None:
         super().__init__(base)
         self.crossed, self.extra = crossed, float(extra)
-        self.arrived, self.arrive_extra = (arrived or set()), float(arrive_extra)
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
-        """The base cost, plus the stall when this action crossed, else the arrival's extra when a
-        message arrived during it."""
+        """The base cost, plus the stall when this action crossed."""
         t = self.base.compute(worker, action, split)
-        if (worker, action) in self.crossed:
-            return t + self.extra
-        return t + self.arrive_extra if (worker, action) in self.arrived else t
+        return t + self.extra if (worker, action) in self.crossed else t
 
 
-__all__ = ["NoStalls", "Stalled", "arrived_actions", "crossed_actions"]
+__all__ = ["Stalled", "arrived_actions", "crossed_actions"]

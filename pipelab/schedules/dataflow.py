@@ -79,8 +79,9 @@ class Costs:
 
     def post_ahead(self) -> int | None:
         """Rendezvous: a message moves only once its receiver has posted the receive, which a worker
-        does for its next ``post_ahead()`` actions when it starts each action (pipelab's runtime over
-        gloo: 4). ``None`` (the default): data flows as soon as it is produced."""
+        does for its next ``post_ahead()`` actions when it starts each action. ``None`` (the default):
+        data flows as soon as it is produced. This and the next two are hooks of the engine for a
+        transport's behaviour; only the host effects (:mod:`pipelab.sim.host_effects`) set them."""
         return None
 
     def busy_sender_s(self, src: int) -> float:
@@ -93,28 +94,6 @@ class Costs:
         its receive to be posted."""
         return 0.0
 
-    def crossing_s(self) -> float:
-        """Seconds an action pays when its message crosses one in the opposite direction on the same
-        pair of workers (:mod:`pipelab.schedules.crossing`; 0: no such stall). The simulator applies
-        it in a second pass."""
-        return 0.0
-
-    def crossing_for(self, method: str) -> float:
-        """:meth:`crossing_s` for a schedule of ``method`` (default: the same for every schedule; a
-        backend whose stall depends on the schedule overrides it)."""
-        return self.crossing_s()
-
-    def arrival_s(self) -> float:
-        """Seconds an action pays when a message to its worker arrives while it computes (and it did
-        not cross: :mod:`pipelab.schedules.crossing`; 0: no such cost). Applied with the crossings."""
-        return 0.0
-
-    def duty_factor(self, worker: int, utilization: float) -> float:
-        """How much longer ``worker``'s compute takes when it computes only ``utilization`` of the
-        time (a core that idles between actions wakes slower; 1.0: no such effect). The simulator
-        applies it in further passes, from the utilization a pass gives each worker."""
-        return 1.0
-
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """(tail, comm seconds, bytes) of stage ``stage``'s gradient all-reduce over ``workers``.
 
@@ -125,8 +104,8 @@ class Costs:
 
 
 class Delegating(Costs):
-    """``base``'s costs in every respect; subclasses change one (a later pass of the simulator:
-    :class:`pipelab.schedules.crossing.Stalled`, :class:`pipelab.schedules.duty.Scaled`)."""
+    """``base``'s costs in every respect; subclasses change one (the host effects,
+    :mod:`pipelab.sim.host_effects`, and its later pass: :class:`pipelab.schedules.crossing.Stalled`)."""
 
     def __init__(self, base: Costs) -> None:
         self.base = base
@@ -158,22 +137,6 @@ class Delegating(Costs):
     def rendezvous_s(self, src: int, dst: int) -> float:
         """As the base costs."""
         return self.base.rendezvous_s(src, dst)
-
-    def crossing_s(self) -> float:
-        """As the base costs."""
-        return self.base.crossing_s()
-
-    def crossing_for(self, method: str) -> float:
-        """As the base costs."""
-        return self.base.crossing_for(method)
-
-    def arrival_s(self) -> float:
-        """As the base costs."""
-        return self.base.arrival_s()
-
-    def duty_factor(self, worker: int, utilization: float) -> float:
-        """As the base costs."""
-        return self.base.duty_factor(worker, utilization)
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """As the base costs."""

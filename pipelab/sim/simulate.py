@@ -39,16 +39,9 @@ from pipelab.partition.plan import Plan
 from pipelab.schedules import build
 from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.schedules.crossing import Stalled, arrived_actions, crossed_actions
-from pipelab.schedules.dataflow import POST_AHEAD, Costs, Deadlock, UnitCosts, run
-from pipelab.schedules.duty import settle
-from pipelab.schedules.facts import stage_delays
+from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
+from pipelab.sim.host_effects import HostCosts, HostEffects, run_with
 from pipelab.trace import Event, Trace
-
-#: the runtime weight policies (``Method.weights``) whose every forward runs on a stashed version
-#: through ``runtime.reparam.Reparametrizer`` (``runtime/policies``: the stash and delay policies'
-#: ``weights``)
-STASHING_POLICIES = ("stash", "delay")
 
 
 def _synchronous(method: str) -> bool:
@@ -113,24 +106,19 @@ class ProfileCosts(Costs):
 
     def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
                  memory_bandwidth: float | None = None, workers: list[int] | None = None,
-                 recompute_forward: bool = False, pipemare: frozenset[int] | None = None) -> None:
+                 recompute_forward: bool = False) -> None:
         """``ranges[s]`` = stage ``s``'s layers; one microbatch is 1/``microbatches`` of the profile's
         minibatch; ``workers[r]`` is the cluster worker of schedule rank ``r`` (default identity, see
         ``plan.notes["workers"]`` of HetPipe plans); ``recompute_forward``: every ``B`` first runs
         its stage's forward again (methods whose backward reads the newest weights, not the ones its
-        forward read: naive-async, PipeMare); ``pipemare``: the run's weight policy is PipeMare's,
-        whose every ``U`` also averages the weight change and whose ``B`` of the stages listed (those
-        with discrepancy correction: forward and backward delays differ) builds corrected weights and
-        recomputes through them (priced from the calibration; None: another method)."""
+        forward read: naive-async, PipeMare)."""
         self.model = model
         self.recompute_forward = recompute_forward
         self.ranges = ranges
         self.M = microbatches
         self.memory_bandwidth = memory_bandwidth
         self.phys = workers
-        self.pipemare = pipemare
         self._cache: dict[tuple[int, int], tuple[float, float]] = {}
-        self._extra: dict[tuple[int, str], float] = {}     # PipeMare's per stage and kind
         self._sends: dict[tuple[int, int, int, str], tuple[float, int]] = {}
         self._channels: dict[tuple[int, int], tuple[Hashable, ...]] = {}
 
@@ -159,29 +147,9 @@ class ProfileCosts(Costs):
             if self.recompute_forward:
                 a, e = self.ranges[action.stage]
                 b += self.model.layers_s(a, e, self._w(worker), microbatches=self.M)[0]
-            if self.pipemare and action.stage in self.pipemare:
-                b += self._pipemare_s(action.stage, "B")
             return b
         a, e = self.ranges[action.stage]
-        u = self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
-        return u + self._pipemare_s(action.stage, "U") if self.pipemare is not None else u
-
-    def _pipemare_s(self, stage: int, kind: str) -> float:
-        """What PipeMare's weight policy adds to a ``U`` (the weight-change average) or a ``B`` (the
-        corrected weights, and the recompute's call through them) of ``stage``, as calibrated."""
-        hit = self._extra.get((stage, kind))
-        if hit is None:
-            cal = self.model.cluster.calibration
-            a, e = self.ranges[stage]
-            nbytes, tensors = self.model.param_bytes(a, e), self.model.param_tensors(a, e)
-            if cal is None:
-                hit = 0.0
-            elif kind == "U":
-                hit = cal.delta_average_s(nbytes, tensors)
-            else:
-                hit = cal.corrected_weights_s(nbytes, tensors) + cal.stashed_forward_s(tensors)
-            self._extra[(stage, kind)] = hit
-        return hit
+        return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         """See :meth:`Costs.send`."""
@@ -202,49 +170,6 @@ class ProfileCosts(Costs):
         if hit is None:
             hit = self._channels[(src, dst)] = self.model.ports(self._w(src), self._w(dst))
         return hit
-
-    def post_ahead(self) -> int | None:
-        """On a calibrated cluster (pipelab's own runtime over gloo on the machine at hand): gloo moves
-        a message once its receive is posted, :data:`~pipelab.schedules.dataflow.POST_AHEAD` actions
-        ahead (measured: a 4 MiB message whose receive is posted 20 ms after its send still takes its
-        whole transfer, 1.6-2.4 ms, after the posting). Elsewhere data flows as soon as it exists."""
-        return POST_AHEAD if self.model.cluster.calibration is not None else None
-
-    def busy_sender_s(self, src: int) -> float:
-        """On a calibrated cluster: the measured delay of a message whose sender computes on at once
-        (``Calibration.message_s["busy_sender"]``: gloo's I/O thread waits for a core)."""
-        cal = self.model.cluster.calibration
-        return float(cal.message_s.get("busy_sender", 0.0)) if cal is not None else 0.0
-
-    def crossing_s(self) -> float:
-        """On a calibrated cluster: the measured extra of an action whose message crosses the peer's
-        (``Calibration.message_s["cross"]``; :mod:`pipelab.schedules.crossing`)."""
-        cal = self.model.cluster.calibration
-        return float(cal.message_s.get("cross", 0.0)) if cal is not None else 0.0
-
-    def crossing_for(self, method: str) -> float:
-        """On a calibrated cluster: for an interleaved schedule, the extra measured in an interleaved run
-        (``Calibration.message_s["cross_interleaved"]``, where the file has it), else :meth:`crossing_s`."""
-        cal = self.model.cluster.calibration
-        if cal is not None and method.startswith("interleaved") and "cross_interleaved" in cal.message_s:
-            return float(cal.message_s["cross_interleaved"])
-        return self.crossing_s()
-
-    def arrival_s(self) -> float:
-        """On a calibrated cluster: the measured extra of an action during which a message to its
-        worker arrived (``Calibration.message_s["arrive"]``; :mod:`pipelab.schedules.crossing`)."""
-        cal = self.model.cluster.calibration
-        return float(cal.message_s.get("arrive", 0.0)) if cal is not None else 0.0
-
-    def duty_factor(self, worker: int, utilization: float) -> float:
-        """On a calibrated cluster: how much longer compute takes on a core busy ``utilization`` of
-        the time than on the busy core the profile was taken on (``Calibration.duty_factor``)."""
-        cal = self.model.cluster.calibration
-        return cal.duty_factor(utilization) if cal is not None else 1.0
-
-    def rendezvous_s(self, src: int, dst: int) -> float:
-        """The receiver's ready notice: one latency of the link."""
-        return self.model.cluster.link(self._w(src), self._w(dst)).latency if src != dst else 0.0
 
     def channel_slots(self, channel: Hashable) -> int:
         """A port has ``Level.uplinks`` independent links (:meth:`CostModel.port_slots`)."""
@@ -276,7 +201,7 @@ class ProfileCosts(Costs):
 
 def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_size: int = 1,
                       memory: Mapping[int, tuple[int, ...]] | None = None,
-                      minibatch_scale: int = 1) -> SimResult:
+                      minibatch_scale: int = 1, host_effects: HostEffects | None = None) -> SimResult:
     """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it.
 
     ``time_per_minibatch`` is the steady-state seconds per schedule minibatch divided by
@@ -289,21 +214,14 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     ``memory`` maps stage -> (static bytes: weights, gradient buffer and optimizer state; activation
     bytes per microbatch; bytes of one extra weight version[; bytes of buffers always held[; bytes
     of the output gradient a split B keeps for W]]) to get a
-    memory timeline (:func:`_memory`); without it memory is reported as 0.
+    memory timeline (:func:`_memory`); without it memory is reported as 0. ``host_effects``: also
+    apply that record's crossing pass (:func:`pipelab.sim.host_effects.run_with`; its per-message
+    term comes with ``costs``, a :class:`~pipelab.sim.host_effects.HostCosts`); None: the core model
+    alone.
     """
     costs = costs if costs is not None else UnitCosts()
     try:
-        events = run(schedule, costs)
-        # passes until each worker's compute is scaled by the factor of its own utilization
-        # (pipelab.schedules.duty; nothing runs again where the costs have no such factor)
-        costs, events, _ = settle(costs, schedule.num_workers, events, lambda c: run(schedule, c))
-        stall, arrive = costs.crossing_for(schedule.method), costs.arrival_s()
-        if stall > 0 or arrive > 0:   # one more pass with the crossed actions' stall and the arrivals'
-            comp = metrics.compute_events(events)       # extra (pipelab.schedules.crossing)
-            crossed = crossed_actions(schedule, comp) if stall > 0 else set()
-            arrived = arrived_actions(schedule, comp) - crossed if arrive > 0 else set()
-            if crossed or arrived:
-                events = run(schedule, Stalled(costs, crossed, stall, arrived, arrive))
+        events = run(schedule, costs) if host_effects is None else run_with(schedule, costs, host_effects)
     except Deadlock as exc:
         raise ScheduleError(f"{exc}\n{schedule.grid(mark=exc.stuck[0][:2], max_steps=26)}") from None
     trace = Trace.from_events(events, method=schedule.method, microbatches=schedule.microbatches,
@@ -397,6 +315,21 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
     return out
 
 
+def _host_effects_of(host_effects: HostEffects | bool, cluster: Cluster) -> HostEffects | None:
+    """The record ``simulate(host_effects=...)`` asks for (None: the core model alone)."""
+    if isinstance(host_effects, HostEffects):
+        return host_effects
+    if host_effects is True:
+        if cluster.calibration is None:
+            raise ValueError(f"host_effects=True takes the calibrated host's record, but cluster "
+                             f"{cluster.name!r} is not calibrated: calibrate it (pl.calibrate) or pass a "
+                             "HostEffects")
+        return cluster.calibration.host_effects
+    if host_effects is False or host_effects is None:
+        return None
+    raise ValueError(f"host_effects={host_effects!r} must be True, False or a HostEffects record")
+
+
 def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
     """Split ``profile``'s layers into ``chunks * P`` stages of balanced compute for interleaved 1F1B
     (exact min-max split, :func:`pipelab.partition.balance.balance_by_time`)."""
@@ -417,7 +350,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
              optimizer: str = "sgd-momentum", memory_bandwidth: float | None = None,
              allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
              schedule: Schedule | None = None, host_staging_bandwidth: float | None = None,
-             **options: Any) -> SimResult:
+             host_effects: HostEffects | bool = False, **options: Any) -> SimResult:
     """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
 
     ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan). For
@@ -431,8 +364,12 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     the links' bandwidth inside an all-reduce where it differs from point-to-point (None: the
     cluster's). ``host_staging_bandwidth`` (bytes/s of a device-host copy) prices CUDA stages
     over gloo (``train(device="cuda")``): each message and all-reduce adds a device-to-host and a
-    host-to-device copy (:meth:`~pipelab.costs.prices.Prices.staging_s`). Returns a :class:`SimResult`.
+    host-to-device copy (:meth:`~pipelab.costs.prices.Prices.staging_s`). ``host_effects``: what one
+    machine adds to the core model (:mod:`pipelab.sim.host_effects`): ``True`` for the cluster's
+    calibrated record (``Calibration.host_effects``), a :class:`~pipelab.calibration.HostEffects` of
+    one's own, ``False`` (default) for the core model alone. Returns a :class:`SimResult`.
     """
+    host = _host_effects_of(host_effects, cluster)
     if not isinstance(plan, Plan):
         if isinstance(plan, bool) or not isinstance(plan, int):
             raise ScheduleError(f"plan must be a pipelab Plan or an int (stages); got {plan!r}")
@@ -460,19 +397,14 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
     ratio = compression_ratio_of(compression, compression_ratio)
     spec = methods.METHODS.get(sch.method)
-    # the runtime's stash and delay policies run every forward on a stashed version (Reparametrizer)
-    stashed = spec is not None and spec.weights in STASHING_POLICIES
     cm = CostModel(profile, cluster, compression_ratio=ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
-                   host_staging_bandwidth=host_staging_bandwidth, stashed_weights=stashed)
+                   host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     # the backward reads the newest weights, not its forward's: the runtime recomputes the forward
     recompute = spec is not None and spec.versions == "latest"
-    pipemare = None
-    if spec is not None and spec.weights == "pipemare" and sch.versions is not None:
-        pipemare = frozenset(s for s, (tf, tb) in stage_delays(sch).items() if tf != tb)
-    costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute,
-                         pipemare=pipemare)
+    core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
+    costs: Costs = core if host is None else HostCosts(core, host)
     mem: dict[int, tuple[int, ...]] = {}
     # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare.py)
     # (a schedule of no registered method, e.g. one imported from torch, keeps its forward's weights)
@@ -486,7 +418,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
         mem[s] = ((2 + cm.state_factor) * p, cm.activation_bytes(a, e, micro, recompute=recompute), p,
                   buffers * p, gout)
     res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,
-                            minibatch_scale=sch.microbatches if is_dp else 1)
+                            minibatch_scale=sch.microbatches if is_dp else 1, host_effects=host)
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
     return res
 

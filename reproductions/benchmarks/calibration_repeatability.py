@@ -48,11 +48,11 @@ def main(repeats: int | None = None) -> None:
     rows += [
         (f"optimizer {k} per byte", a.optimizer_s[k][1], b.optimizer_s[k][1], 0.0) for k in a.optimizer_s
     ]
-    # the duty cycle's factors, at the duties both measured
-    second = dict(b.duty_slowdown)
+    # the host effects' scalar terms (Calibration.host_effects)
     rows += [
-        (f"duty_slowdown at {d:g}", f, second.get(d, float("nan")), a.spread.get(f"duty_slowdown.{d:g}", 0.0))
-        for d, f in a.duty_slowdown
+        (f"host_effects.{k}", getattr(a.host_effects, k), getattr(b.host_effects, k),
+         a.spread.get(f"host_effects.{k}", 0.0))
+        for k in ("cross_s", "busy_sender_s")
     ]
     # the all-reduce's latency after the longer compute (Calibration.allreduce_after's last point)
     if a.allreduce_after and b.allreduce_after:

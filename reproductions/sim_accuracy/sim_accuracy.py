@@ -40,8 +40,10 @@ default_plan = True          # also the planner's default: 1f1b-flush on a unifo
 second_cluster_path = None   # with recalibrate: a second calibrated cluster JSON; None: calibrate then
 out_dir = "."
 report = False
-planner_errors = None        # a path: also write each method's worst error there (the planner's default
-                             # margin, pipelab/data/sim_errors.json; make reproduce passes it)
+held_out_rounds = 3          # paired rounds of the held-out models (held_out.py; 0: skip them)
+held_out_steps = 40          # minibatches per held-out run
+planner_errors = "sim_errors.json"   # where this machine's per-method errors go (relative to out_dir; None:
+                             # not written): pass it to pl.plan(..., margin=...) or `pipelab plan --margin`
 
 # %%
 import json
@@ -119,6 +121,7 @@ if recalibrate:
 write_table(df, out / "results.csv")
 if planner_errors:
     from pipelab.planner.decide import write_errors
+    planner_errors = out / planner_errors
     # pooled with this host's last runs (one run's ranges do not hold the next run's errors)
     write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "
                  f"{rounds} rounds; {cluster.calibration.describe().splitlines()[0]}",
@@ -165,3 +168,22 @@ display(Markdown(md), SVG(svg))
 print(f"median |error| {df['error'].abs().median():.1%}, worst {df['error'].abs().max():.1%} over "
       f"{len(df)} runs; the run's common shift {acc.shift_of(df):+.1%}, and less it median "
       f"{rel.median():.1%}, worst {rel.max():.1%}; {time.perf_counter() - t_start:.0f} s in all")
+
+# %% [markdown]
+# ## Held-out models: which host effects earn their place
+#
+# The two models above are the ones the project's tests, notebooks and earlier calibration work use.
+# `held_out.py` runs two models used nowhere else (a residual conv net, a GRU; `held_out_models.py`)
+# under the quickstart's recipe, each configuration predicted by the core model alone, with every
+# host effect of this calibration, and with all but each one, in paired rounds (see `README.md`).
+# The longer run, fitted models included: `python reproductions/sim_accuracy/held_out.py --fitted --rounds 5`.
+
+# %%
+if held_out_rounds:
+    import held_out
+
+    ho = held_out.run(cluster, ("held-out",), rounds=held_out_rounds, steps=held_out_steps)
+    write_table(ho, out / "held_out.csv")
+    md_ho = held_out.report(ho, cluster, f"{held_out_steps} minibatches per run (the sim_accuracy notebook)")
+    atomic_write_text(out / "held_out.md", md_ho)
+    display(Markdown(md_ho))
