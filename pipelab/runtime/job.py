@@ -4,7 +4,7 @@
 checked before a process starts, so that bad input gives a clear error instead of a hang: the plan
 matches the model's layer count, the schedule matches the plan, the first minibatch has the shape
 the model accepts and divides into microbatches, ``data()`` is deterministic, the backend exists,
-the rendezvous port is free. It also computes each cut's message layout once (see
+a given rendezvous port is a port. It also computes each cut's message layout once (see
 :func:`pipelab.runtime.comm.boundary_specs`).
 
 Callables (``model_fn``, ``data``, ``loss_fn``, ``optimizer``) are pickled by reference to spawn
@@ -20,7 +20,7 @@ import importlib
 import json
 import os
 import pickle
-import socket
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +31,10 @@ import torch
 import pipelab.methods as methods
 from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
-from pipelab.runtime.checkpoint import check_compatible
+from pipelab.runtime.checkpoint import check_compatible, choose_resume
 from pipelab.runtime.coalesce import check_method
 from pipelab.runtime.comm import TensorSpec, boundary_specs
+from pipelab.runtime.lifeline import check_port
 from pipelab.runtime.options import RuntimeOptions, split_options
 from pipelab.runtime.policies import policy_for
 from pipelab.schedules import build
@@ -67,6 +68,7 @@ class Job:
     master_port: int = 0
     trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
     state_keys: tuple[str, ...] = ()             # model_fn().state_dict() keys, in order
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])   # names this run's checkpoints
 
     @property
     def method(self) -> str:
@@ -110,20 +112,12 @@ def resolve(spec: Any) -> Callable[..., Any]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``."""
+    """A TCP port that is free right now on ``host`` (for tools; a job's launcher binds its own)."""
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def check_port(port: int, host: str = "127.0.0.1") -> None:
-    """Raise ``ValueError`` if ``port`` is in use on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            raise ValueError(f"port {port} on {host} is in use (another job or program holds it); pass a "
-                             "free port, or leave port=None to let pipelab pick one") from None
 
 
 def stage_ranges(plan: Plan, schedule: Schedule) -> tuple[tuple[int, int], ...]:
@@ -222,6 +216,9 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     the_method = method or (schedule.method if schedule is not None else None)
     method_options, rt_options = split_options(the_method, method_options)
     runtime = RuntimeOptions.from_options(the_method, rt_options)
+    if runtime.resume:    # the one step folder every worker loads, its files' hashes checked here
+        runtime = dataclasses.replace(runtime, resume=str(choose_resume(runtime.resume,
+                                                                        fallback=runtime.resume_fallback)))
     schedule, steps, start = resolve_schedule(plan, method, schedule, steps=steps, microbatches=microbatches,
                                               method_options=method_options, runtime=runtime)
     if start:
@@ -237,11 +234,8 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     ranges = stage_ranges(plan, schedule)
     batch, specs = cut_layouts(gm, data, loss_fn, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
 
-    if backend != "local" and check_rendezvous:
-        if port is None:
-            port = free_port(master_addr)
-        else:
-            check_port(port, master_addr)
+    if backend != "local" and check_rendezvous and port is not None:
+        check_port(port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
     return Job(model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer, plan=plan,
                schedule=schedule, ranges=ranges, specs=specs, steps=steps, microbatches=microbatches,
                batch_size=batch, seed=seed, backend=backend, timeout=float(timeout), options=options,
