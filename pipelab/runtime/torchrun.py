@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -18,22 +19,28 @@ from typing import Any
 import torch
 
 from pipelab._io import atomic_write_bytes, atomic_write_text
+from pipelab.runtime.guards import json_losses
 from pipelab.runtime.job import load_job_file, prepare
 from pipelab.runtime.launch import assemble
 from pipelab.runtime.process import run_distributed
 
 
 def save_outputs(out: Path, result: Any) -> None:
-    """Write a run's ``trace.jsonl``, ``state_dict.pt`` and ``losses.json`` into ``out`` (atomically)."""
+    """Write a run's ``trace.jsonl``, ``state_dict.pt`` and ``losses.json`` into ``out`` (atomically).
+
+    ``losses.json`` is strict JSON: a non-finite loss is ``null``, its step listed in ``nonfinite_steps``.
+    """
 
     out.mkdir(parents=True, exist_ok=True)
     result.trace.save_jsonl(out / "trace.jsonl")
     buf = io.BytesIO()
     torch.save(result.state_dict(), buf)
     atomic_write_bytes(out / "state_dict.pt", buf.getvalue())
+    losses, bad = json_losses(result.losses)
+    thr = result.throughput if math.isfinite(result.throughput) else None
     atomic_write_text(out / "losses.json", json.dumps({
-        "losses": result.losses, "throughput": result.throughput,
-        "versions_held": {str(k): v for k, v in result.versions_held.items()}}, indent=1) + "\n")
+        "losses": losses, "nonfinite_steps": bad, "throughput": thr,
+        "versions_held": {str(k): v for k, v in result.versions_held.items()}}, indent=1, allow_nan=False) + "\n")
 
 
 class _ListSink:
