@@ -1,4 +1,4 @@
-"""Importable data, optimizers, oracles and process probes for the fault tests (workers import this module)."""
+"""Importable data, optimizers, oracles and process probes for the fault tests (workers import it)."""
 
 from __future__ import annotations
 

@@ -71,7 +71,8 @@ evs = iter(run.events)
 while sum(e.kind == "U" for e in run.events_so_far()) < 4:
     next(evs)
 from multiprocessing import forkserver, resource_tracker
-helpers = [getattr(forkserver._forkserver, "_forkserver_pid", None), getattr(resource_tracker._resource_tracker, "_pid", None)]
+helpers = [getattr(forkserver._forkserver, "_forkserver_pid", None),
+           getattr(resource_tracker._resource_tracker, "_pid", None)]
 print(json.dumps({{"workers": run.pids, "helpers": [p for p in helpers if p]}}), flush=True)
 time.sleep(600)
 """

@@ -117,6 +117,11 @@ def save_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, st
     return write_worker(checkpoint_dir, step, rank, state, plan=plan, method=method)[0]
 
 
+def sha256_of(path: Path) -> str:
+    """The sha256 of the file at ``path`` (hex)."""
+    return _sha256(path)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
