@@ -236,3 +236,33 @@ def test_a_hung_worker_is_stopped_at_the_deadline() -> None:
         assert not left
     finally:
         F.kill_all(pids)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_wsp_server_ignores_ctrl_c() -> None:
+    import multiprocessing as mp
+
+    import torch
+
+    from pipelab.runtime import wsp
+
+    ctx = mp.get_context("forkserver")
+    a, b = ctx.Pipe()
+    res_r, res_w = ctx.Pipe(duplex=False)
+    shards = {0: {"w": torch.zeros(2).numpy()}}
+    proc = ctx.Process(target=wsp.serve_process_main, args=([b], shards, 1, 0, res_w))
+    proc.start()
+    try:
+        cl = wsp.WSPClient(a, 0, 0, timeout=60)
+        cl.pull()                           # the server is up and serving
+        os.kill(proc.pid, signal.SIGINT)
+        cl.push({"w": torch.ones(2)})
+        w, _ = cl.pull()                    # still serving after Ctrl-C
+        assert torch.equal(w["w"], torch.ones(2)) and proc.is_alive()
+        cl.stop()
+        proc.join(30)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()

@@ -10,10 +10,16 @@ Layout of a checkpoint folder::
 
 Each worker writes its own file with :func:`save_worker` (``torch.save`` into memory, then
 :func:`pipelab._io.atomic_write_bytes`: temp file, fsync, rename), so a file is either absent or
-complete. Once every worker's file is in, one process calls :func:`write_manifest`; a checkpoint
-*exists* only when its manifest does. A run killed while writing therefore leaves the previous
-checkpoint as :func:`latest`, intact. :func:`load_worker` refuses a checkpoint written for another
-plan or method, and one whose file does not match the manifest's hash.
+complete. Each worker reports its file's sha256 to the run's one coordinator, a :class:`Sealer`
+(the launcher; rank 0 under torchrun), which calls :func:`write_manifest` once every worker's file
+is in, with the run's identity; a checkpoint *exists* only when its manifest does. A run killed
+while writing therefore leaves the previous checkpoint as :func:`latest`, intact, and the next run
+removes the unsealed folder and temp files (:func:`clean`) while holding the folder's
+:class:`FolderLock` (one run per folder). Renames are followed by an fsync of the folder.
+:func:`choose_resume` picks the step a run resumes from once, verifying every file's hash, and
+falls back to the previous sealed checkpoint when the newest is damaged. :func:`load_worker`
+refuses a checkpoint written for another plan or method, and one whose file does not match the
+manifest's hash or run.
 
 What a worker saves is up to the runtime; by convention a dict with ``"stages"`` (stage index ->
 module state_dict, optimizer state, the weight policy's own state), ``"step"``, ``"data_position"``

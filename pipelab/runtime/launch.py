@@ -3,13 +3,16 @@ reference executor.
 
 :func:`launch` checks the arguments (:func:`pipelab.runtime.job.prepare`), starts the workers and
 returns a :class:`Run` handle at once; :func:`train` launches and waits with a progress bar.
-Workers stream their events to the parent through a multiprocessing queue while they run, so
-``Run.events`` yields them live (a notebook's live Gantt chart reads it).
+Each worker streams its events to the parent over its own pipe while it runs, so ``Run.events``
+yields them live (a notebook's live Gantt chart reads it).
 
-Faults end the whole job: when a worker raises, the parent receives its traceback, kills every
-worker of the job and raises :class:`WorkerError` naming the rank, stage and action. ``cancel()``,
-Ctrl-C (KeyboardInterrupt) in ``train``/``wait`` and the ``timeout`` do the same. Workers ignore
-SIGINT themselves and ask the kernel to kill them if the parent dies, so none outlives the job.
+Faults end the whole job: the parent waits on the pipes, which read EOF when a worker dies, even
+mid-message; the first error raised (each is stamped and sent before its worker tears its
+connections down), or a worker that died without a word, is named in a :class:`WorkerError` with
+its rank, stage and action, and every worker is killed. ``cancel()``, Ctrl-C in ``train``/``wait``
+and the ``timeout`` (a timer outside the reads) do the same. Workers ignore SIGINT and exit as soon
+as their launcher is gone (:mod:`pipelab.runtime.lifeline`), so none outlives the job. The run
+holds its checkpoint folder locked and seals its checkpoints (:class:`~pipelab.runtime.checkpoint.Sealer`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pipelab.runtime.checkpoint import FolderLock, global_weights
 from pipelab.runtime.checkpoint import clean as clean_checkpoints
 from pipelab.runtime.checkpointing import sealer_for
 from pipelab.runtime.job import Job, prepare
-from pipelab.runtime.lifeline import Rendezvous
+from pipelab.runtime.lifeline import Rendezvous, signal_name
 from pipelab.runtime.local import run_local
 from pipelab.runtime.process import p2p_match, process_main
 from pipelab.runtime.worker import WorkerResult
@@ -498,7 +501,7 @@ class Run:
             noticed = (f"; worker {first[1]} noticed it ({first[3]}):\n{first[4]}" if first is not None
                        else ". Run from a script? Worker processes re-import it, so put the call under "
                             '`if __name__ == "__main__":`')
-            return WorkerError(f"worker {d_rank} died with exit code {code}{_signal_name(code)} without "
+            return WorkerError(f"worker {d_rank} died with exit code {code}{signal_name(code)} without "
                                f"reporting an error (killed, out of memory, or it could not start){noticed}",
                                rank=d_rank, worker_traceback=first[4] if first else "")
         assert first is not None
@@ -517,18 +520,6 @@ class Run:
             p.join(2.0)
             return rank, -1 if p.exitcode is None else int(p.exitcode)
         return None
-
-
-def _signal_name(code: int) -> str:
-    """`` (SIGKILL)`` for a process ended by a signal (a negative exit code), else ``""``."""
-    if code >= 0:
-        return ""
-    import signal
-
-    try:
-        return f" ({signal.Signals(-code).name})"
-    except ValueError:
-        return ""
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:

@@ -110,3 +110,13 @@ def use_loopback() -> None:
     lo = loopback_interface()
     if lo is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = lo
+
+
+def signal_name(code: int) -> str:
+    """`` (SIGKILL)`` for a process ended by a signal (a negative exit code), else ``""``."""
+    import signal
+
+    try:
+        return f" ({signal.Signals(-code).name})" if code < 0 else ""
+    except ValueError:
+        return ""

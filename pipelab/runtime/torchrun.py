@@ -118,9 +118,9 @@ def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
     watch_launcher()
     args, extra = load_job_file(job_path, trust=trust)
     job = prepare(check_rendezvous=False, **args)
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id:      # one identity for every rank's files and the manifest
-        job = dataclasses.replace(job, run_id=run_id)
+    # one identity for every rank's files and the manifest: the same in every process of this run
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "{MASTER_ADDR}:{MASTER_PORT}".format(**os.environ)
+    job = dataclasses.replace(job, run_id=run_id)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != job.world_size:
         print(f"torchrun started {world} processes but the plan has {job.world_size} workers; "
