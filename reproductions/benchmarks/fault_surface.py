@@ -55,9 +55,16 @@ def finite_latest(root: Path) -> str:
     return f"{last.name} loads, finite"
 
 
+#: where the workers stamp the time of their fault (set before the fork server starts: it keeps its
+#: environment; worker processes re-import this module and keep the launcher's)
+if "PIPELAB_FAULT_CLOCK" not in os.environ:
+    os.environ["PIPELAB_FAULT_CLOCK"] = str(Path(tempfile.mkdtemp(prefix="pipelab-faults-")) / "clock")
+CLOCK = Path(os.environ["PIPELAB_FAULT_CLOCK"])
+
+
 def in_process(kind: str, tmp: Path) -> tuple[float, int, str]:
-    clock = tmp / "clock"
-    os.environ["PIPELAB_FAULT_CLOCK"] = str(clock)
+    clock = CLOCK
+    clock.unlink(missing_ok=True)
     loss = {"raise": FX.raising_loss, "nan": FX.nan_loss}.get(kind, torch.nn.functional.cross_entropy)
     run = pl.launch(FX.mlp, PLAN, method="1f1b-flush", data=FX.data, loss_fn=loss, optimizer=FX.sgd,
                     steps=300, microbatches=4, timeout=120, checkpoint_every=1, checkpoint_dir=tmp / "ck")
