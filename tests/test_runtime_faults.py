@@ -224,14 +224,13 @@ def test_runs_started_at_the_same_instant_all_finish_right() -> None:
 @pytest.mark.timeout(120)
 def test_a_hung_worker_is_stopped_at_the_deadline() -> None:
     run = pl.launch(H.slow_mlp, pl.Plan.from_boundaries(5, [2]), method="1f1b-flush", data=H.long_data,
-                    loss_fn=H.loss_fn, optimizer=H.sgd, steps=200, microbatches=2, timeout=8)
+                    loss_fn=H.loss_fn, optimizer=H.sgd, steps=200, microbatches=2, timeout=4)
     pids = run.pids
     try:
-        next(iter(run.events))
-        os.kill(pids[1], signal.SIGSTOP)        # alive, silent, maybe in the middle of a message
-        with pytest.raises(WorkerError, match="did not finish within timeout=8"):
+        os.kill(pids[1], signal.SIGSTOP)        # alive and silent (starting up, or in the middle of a message)
+        with pytest.raises(WorkerError, match="did not finish within timeout=4"):
             run.wait()
-        assert time.time() - run._t0 < 8 + 6
+        assert time.time() - run._t0 < 4 + 6
         _, left = F.wait_gone(pids, 5.0)
         assert not left
     finally:

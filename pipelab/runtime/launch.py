@@ -392,7 +392,7 @@ class Run:
         for p in procs:
             if p.is_alive():
                 p.terminate()
-        deadline = time.time() + 3
+        deadline = time.time() + 1.0   # SIGTERM, then SIGKILL: a stopped or stuck process ignores the first
         for p in procs:
             p.join(max(0.0, deadline - time.time()))
             if p.is_alive():
