@@ -227,7 +227,7 @@ def test_a_hung_worker_is_stopped_at_the_deadline() -> None:
                     loss_fn=H.loss_fn, optimizer=H.sgd, steps=200, microbatches=2, timeout=4)
     pids = run.pids
     try:
-        os.kill(pids[1], signal.SIGSTOP)        # alive and silent (starting up, or in the middle of a message)
+        os.kill(pids[1], signal.SIGSTOP)    # alive and silent (starting up, or in the middle of a message)
         with pytest.raises(WorkerError, match="did not finish within timeout=4"):
             run.wait()
         assert time.time() - run._t0 < 4 + 6
