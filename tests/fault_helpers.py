@@ -107,3 +107,21 @@ def listening(pids: Iterable[int]) -> list[tuple[str, int]]:
                 addr = {"0" * 32: "::", "0" * 31 + "1": "::1"}.get(addr, addr)
             out.append((addr, int(hexport, 16)))
     return out
+
+
+def stuck_mid_message(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A loss that, in a worker process, leaves its pipe in the middle of a 1 MiB message and hangs."""
+    import gc
+    import struct
+    import warnings
+
+    from pipelab.runtime.process import PipeSink
+
+    with warnings.catch_warnings():    # isinstance on every object touches deprecated torch aliases
+        warnings.simplefilter("ignore")
+        sink = next((o for o in gc.get_objects() if isinstance(o, PipeSink)), None)
+    if sink is None:          # the parent's checks in prepare: no worker pipe here
+        return H.loss_fn(out, y)
+    sink.conn._send(struct.pack("!i", 1 << 20) + b"the first bytes of a large message")
+    time.sleep(600)
+    return H.loss_fn(out, y)

@@ -238,6 +238,22 @@ def test_a_hung_worker_is_stopped_at_the_deadline() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_worker_stuck_mid_message_cannot_hang_the_monitor() -> None:
+    run = pl.launch(H.mlp, pl.Plan.from_boundaries(5, [2]), method="1f1b-flush", data=H.mlp_data,
+                    loss_fn=F.stuck_mid_message, optimizer=H.sgd, steps=2, microbatches=2, timeout=5)
+    pids = run.pids
+    try:
+        with pytest.raises(WorkerError, match="did not finish within timeout=5"):
+            run.wait()
+        assert time.time() - run._t0 < 5 + 6
+        _, left = F.wait_gone(pids, 5.0)
+        assert not left
+    finally:
+        F.kill_all(pids)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_wsp_server_ignores_ctrl_c() -> None:
     import multiprocessing as mp
