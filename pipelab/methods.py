@@ -183,6 +183,10 @@ COMMON_RUNTIME_OPTIONS: tuple[Option, ...] = (
     Option("checkpoint_dir", "path", None, "where checkpoints go", where="runtime"),
     Option("checkpoint_keep", "int", 2, "how many checkpoints to keep", where="runtime", minimum=1),
     Option("resume", "path", None, "resume from this checkpoint folder", where="runtime"),
+    Option("resume_fallback", "bool", True, "a damaged newest checkpoint falls back to the previous sealed "
+           "one, with a warning (False: refuse)", where="runtime"),
+    Option("on_nonfinite", "str", "raise", "a NaN/inf loss or gradient: 'raise', 'warn' or 'skip' (the "
+           "update)", where="runtime"),
 )
 
 _IN_FLIGHT = Option("extra_in_flight", "int", 0, "rounds of minibatches admitted beyond NOAM", minimum=0)

@@ -10,10 +10,16 @@ Layout of a checkpoint folder::
 
 Each worker writes its own file with :func:`save_worker` (``torch.save`` into memory, then
 :func:`pipelab._io.atomic_write_bytes`: temp file, fsync, rename), so a file is either absent or
-complete. Once every worker's file is in, one process calls :func:`write_manifest`; a checkpoint
-*exists* only when its manifest does. A run killed while writing therefore leaves the previous
-checkpoint as :func:`latest`, intact. :func:`load_worker` refuses a checkpoint written for another
-plan or method, and one whose file does not match the manifest's hash.
+complete. Each worker reports its file's sha256 to the run's one coordinator, a :class:`Sealer`
+(the launcher; rank 0 under torchrun), which calls :func:`write_manifest` once every worker's file
+is in, with the run's identity; a checkpoint *exists* only when its manifest does. A run killed
+while writing therefore leaves the previous checkpoint as :func:`latest`, intact, and the next run
+removes the unsealed folder and temp files (:func:`clean`) while holding the folder's
+:class:`FolderLock` (one run per folder). Renames are followed by an fsync of the folder.
+:func:`choose_resume` picks the step a run resumes from once, verifying every file's hash, and
+falls back to the previous sealed checkpoint when the newest is damaged. :func:`load_worker`
+refuses a checkpoint written for another plan or method, and one whose file does not match the
+manifest's hash or run.
 
 What a worker saves is up to the runtime; by convention a dict with ``"stages"`` (stage index ->
 module state_dict, optimizer state, the weight policy's own state), ``"step"``, ``"data_position"``
@@ -72,9 +78,23 @@ def step_dir(checkpoint_dir: str | os.PathLike[str], step: int) -> Path:
     return Path(checkpoint_dir) / f"step-{int(step):08d}"
 
 
-def save_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, state: dict[str, Any], *,
-                plan: Any, method: str) -> Path:
-    """Write worker ``rank``'s ``state`` for ``step`` atomically; returns the file's path."""
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the entries of folder ``path`` (a rename into it) durable (POSIX; a no-op elsewhere)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, state: dict[str, Any], *,
+                 plan: Any, method: str, run_id: str = "") -> tuple[Path, str]:
+    """Write worker ``rank``'s ``state`` for ``step`` atomically; returns the file's path and sha256."""
     buf = io.BytesIO()
     torch.save(
         {
@@ -84,11 +104,28 @@ def save_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, st
             "step": int(step),
             "plan_fingerprint": plan_fingerprint(plan),
             "method": method,
+            "run": run_id,
             "state": state,
         },
         buf,
     )
-    return atomic_write_bytes(step_dir(checkpoint_dir, step) / f"rank-{int(rank)}.pt", buf.getvalue())
+    data = buf.getvalue()
+    d = step_dir(checkpoint_dir, step)
+    path = atomic_write_bytes(d / f"rank-{int(rank)}.pt", data)
+    fsync_dir(d)
+    fsync_dir(d.parent)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+def save_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, state: dict[str, Any], *,
+                plan: Any, method: str) -> Path:
+    """Write worker ``rank``'s ``state`` for ``step`` atomically; returns the file's path."""
+    return write_worker(checkpoint_dir, step, rank, state, plan=plan, method=method)[0]
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of the file at ``path`` (hex)."""
+    return _sha256(path)
 
 
 def _sha256(path: Path) -> str:
@@ -101,10 +138,12 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(checkpoint_dir: str | os.PathLike[str], step: int, *, plan: Any, method: str,
                    num_workers: int | None = None, extra: dict[str, Any] | None = None,
-                   keep: int | None = 2) -> Path:
+                   keep: int | None = 2, hashes: dict[int, str] | None = None, run_id: str = "") -> Path:
     """Seal the checkpoint of ``step`` once every worker's file is written; prune to ``keep`` newest.
 
-    Raises ``FileNotFoundError`` naming the missing ranks if a worker's file is absent.
+    ``hashes`` (rank -> sha256 of the bytes it wrote, as :class:`Sealer` gathers them) saves reading
+    the files again; ``run_id`` names the run that wrote them. Raises ``FileNotFoundError`` naming
+    the missing ranks if a worker's file is absent.
     """
     d = step_dir(checkpoint_dir, step)
     n = int(num_workers if num_workers is not None else plan.num_workers)
@@ -112,11 +151,12 @@ def write_manifest(checkpoint_dir: str | os.PathLike[str], step: int, *, plan: A
     if missing:
         raise FileNotFoundError(f"checkpoint {d} lacks the files of ranks {missing}; every worker must call "
                                 "save_worker before the manifest is written")
-    files = {f"rank-{r}.pt": _sha256(d / f"rank-{r}.pt") for r in range(n)}
+    files = {f"rank-{r}.pt": (hashes or {}).get(r) or _sha256(d / f"rank-{r}.pt") for r in range(n)}
     path = write_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION,
                         {"step": int(step), "plan_fingerprint": plan_fingerprint(plan), "method": method,
                          "num_workers": n, "plan_config": getattr(plan, "config", ""), "files": files,
-                         "extra": extra or {}})
+                         "run": run_id, "extra": extra or {}})
+    fsync_dir(d)
     if keep is not None and keep > 0:
         for old in list_checkpoints(checkpoint_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -191,6 +231,9 @@ def load_worker(path: str | os.PathLike[str], rank: int, *, plan: Any, method: s
         raise ValueError(f"{f} does not match its manifest hash (modified or corrupt); use an older "
                          "checkpoint")
     doc = torch.load(f, map_location="cpu", weights_only=True)
+    if man.get("run") and doc.get("run", man["run"]) != man["run"]:
+        raise ValueError(f"{f} was written by run {doc.get('run')}, its manifest by run {man['run']} (two "
+                         "runs wrote into one folder); use another checkpoint")
     if doc.get("rank") != rank or doc.get("step") != man["step"]:
         raise ValueError(f"{f} holds rank {doc.get('rank')} step {doc.get('step')}, expected rank {rank} "
                          f"step {man['step']}")
@@ -221,3 +264,135 @@ def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
         assert ref is not None
         out[s] = ref
     return out
+
+
+class Sealer:
+    """The one writer of a run's manifests: each worker reports ``(step, rank, sha256)`` of the file it
+    wrote (:meth:`report`); once every rank of a step has, the step is sealed with those hashes and
+    the run's identity, and older checkpoints are pruned to ``keep``."""
+
+    def __init__(self, checkpoint_dir: str | os.PathLike[str], *, plan: Any, method: str, num_workers: int,
+                 run_id: str, extra: dict[str, Any] | None = None, keep: int | None = 2) -> None:
+        self.root, self.plan, self.method, self.n = Path(checkpoint_dir), plan, method, int(num_workers)
+        self.run_id, self.extra, self.keep = run_id, dict(extra or {}), keep
+        self.pending: dict[int, dict[int, str]] = {}
+        self.sealed: list[int] = []
+
+    def report(self, step: int, rank: int, sha256: str) -> None:
+        """Record rank ``rank``'s file of ``step``; seal the step once every rank's is in."""
+        got = self.pending.setdefault(int(step), {})
+        got[int(rank)] = sha256
+        if len(got) < self.n:
+            return
+        del self.pending[int(step)]
+        write_manifest(self.root, step, plan=self.plan, method=self.method, num_workers=self.n,
+                       extra=self.extra, keep=self.keep, hashes=got, run_id=self.run_id)
+        self.sealed.append(int(step))
+
+
+class CheckpointBusy(OSError):
+    """Another live process holds the checkpoint folder (``checkpoint_dir in use by pid N``)."""
+
+
+class FolderLock:
+    """An exclusive lock on a checkpoint folder for the life of a run (``fcntl.flock`` of ``.lock``).
+
+    The kernel drops it when the holder dies, so a killed run never leaves the folder locked.
+    """
+
+    NAME = ".lock"
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.root / self.NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            import fcntl
+        except ImportError:     # not POSIX: no lock
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(self._fd)
+            self._fd = None
+            raise CheckpointBusy(f"checkpoint_dir in use by pid {pid}: {self.root} is locked by another run "
+                                 "(a second writer or resumer would mix two runs' files); wait for it to "
+                                 "end, stop it, or use another folder") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def clean(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
+    """Remove what a killed run left half-written: step folders without a manifest, and temp files.
+
+    Call it only while holding the folder's :class:`FolderLock`. Returns what was removed.
+    """
+    root = Path(checkpoint_dir)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and _STEP_RE.match(p.name):
+            if not (p / "manifest.json").exists():
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+                continue
+            for tmp in p.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp)
+    if removed:
+        fsync_dir(root)
+    return removed
+
+
+def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of step folder ``path`` after checking every rank file against its hash.
+
+    Raises ``ValueError`` naming the file that is missing or does not match.
+    """
+    d = Path(path)
+    man = read_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION)
+    for name, sha in man["files"].items():
+        f = d / name
+        if not f.is_file():
+            raise ValueError(f"{f} is missing (the manifest lists it); the checkpoint is damaged")
+        if _sha256(f) != sha:
+            raise ValueError(f"{f} does not match its manifest hash (modified or corrupt)")
+    return man
+
+
+def choose_resume(path: str | os.PathLike[str], *, fallback: bool = True) -> Path:
+    """The step folder a run resumes from, its files verified (:func:`verify`), chosen once.
+
+    ``path`` is a step folder (used as it is) or a checkpoint root: then its newest sealed
+    checkpoint, or with ``fallback`` the newest one whose files are intact, warning about each
+    damaged one skipped. Raises ``ValueError`` naming the damaged file otherwise.
+    """
+    import warnings
+
+    p = Path(path)
+    if (p / "manifest.json").exists():
+        verify(p)
+        return p
+    cps = list_checkpoints(p)
+    if not cps:
+        raise FileNotFoundError(f"{p} holds no complete checkpoint (no step-*/manifest.json); pass a folder "
+                                "written with checkpoint_every=..., checkpoint_dir=...")
+    for i, d in enumerate(reversed(cps)):
+        try:
+            verify(d)
+            return d
+        except ValueError as exc:
+            if not fallback or i == len(cps) - 1:
+                extra = "" if fallback else "; resume_fallback=True resumes from the previous sealed one"
+                raise ValueError(f"cannot resume from {d}: {exc}{extra}") from None
+            warnings.warn(f"checkpoint {d} is damaged ({exc}); resuming from the previous sealed checkpoint, "
+                          f"{cps[-2 - i]}", RuntimeWarning, stacklevel=2)
+    raise AssertionError("unreachable")

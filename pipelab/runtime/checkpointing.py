@@ -7,12 +7,14 @@ which actions are checkpoint points is :func:`pipelab.schedules.facts.checkpoint
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from pipelab.runtime import checkpoint as ckpt
 from pipelab.runtime.checkpoint import load_worker
+from pipelab.runtime.guards import NonFiniteError, nonfinite_tensors
 from pipelab.runtime.job import Job
 from pipelab.runtime.stage import StageState
 from pipelab.schedules.facts import checkpoint_points
@@ -25,7 +27,10 @@ class Checkpointing:
     rank: int
     stages: dict[int, StageState]
     rng_state: torch.Tensor
+    warn: Callable[[str], None]
     _ckpt_points: dict[int, int] | None = None
+    #: the run's coordinator: ``on_saved(step, rank, sha256)`` once this worker's file is written
+    on_saved: Callable[[int, int, str], None] | None = None
 
     def checkpoint_state(self) -> dict[str, Any]:
         """This worker's state at a drained point: per stage weights, optimizer, policy state; its RNG.
@@ -64,6 +69,10 @@ class Checkpointing:
         the data restart at the checkpoint's step (``Feed`` adds ``resume_step``).
         """
         state = load_worker(path, self.rank, plan=self.job.plan, method=self.job.schedule.method)
+        want = self.job.runtime.resume_step
+        if int(state.get("step", want)) != want:
+            raise ValueError(f"the checkpoint at {path} holds step {state.get('step')} but this run was "
+                             f"planned to resume from step {want}; was the folder changed while it started?")
         for s, st in self.stages.items():
             saved = state["stages"].get(s)
             if saved is None:
@@ -107,7 +116,10 @@ class Checkpointing:
             p.after_pull = pulled  # type: ignore[attr-defined]
 
     def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
-        """Write this worker's file of checkpoint ``step``; the last worker to write seals it.
+        """Write this worker's file of checkpoint ``step`` and report it to the run's coordinator
+        (``on_saved``, a :class:`~pipelab.runtime.checkpoint.Sealer`), which seals it once every
+        worker's file is in. A state holding a NaN or inf is not written (the step is then never
+        sealed, so the newest sealed checkpoint stays a finite one); ``on_nonfinite="raise"`` raises.
 
         The manifest records ``drain_every`` so that a resumed asynchronous run keeps the same
         drained segments (and so the same trajectory).
@@ -116,13 +128,40 @@ class Checkpointing:
         assert root is not None     # RuntimeOptions.from_options requires it with checkpoint_every
         plan, method = self.job.plan, self.job.schedule.method
         state = self.checkpoint_state()
+        bad = nonfinite_tensors(state["stages"], "stages")
+        if bad:
+            msg = (f"checkpoint of step {step} not written: worker {self.rank}'s state holds non-finite "
+                   f"values ({', '.join(bad[:3])}); the newest sealed checkpoint is the last finite one")
+            if self.job.runtime.on_nonfinite == "raise":
+                raise NonFiniteError(msg)
+            self.warn(msg)
+            return
         state["rng"] = rng
         state["step"] = state["data_position"] = step     # minibatches consumed; data() resumes there
-        ckpt.save_worker(root, step, self.rank, state, plan=plan, method=method)
-        # the last worker to write its file seals the checkpoint (two doing it write the same manifest)
+        _, sha = ckpt.write_worker(root, step, self.rank, state, plan=plan, method=method,
+                                   run_id=self.job.run_id)
+        if self.on_saved is not None:
+            self.on_saved(step, self.rank, sha)
+            return
+        # no coordinator (a Worker used on its own): the last worker to write its file seals the checkpoint
         d = ckpt.step_dir(root, step)
         if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
-            every = self.job.runtime.checkpoint_every
-            extra = {"drain_every": every} if self.job.schedule.options.get("segments") else {}
             ckpt.write_manifest(root, step, plan=plan, method=method, num_workers=self.job.world_size,
-                                extra=extra, keep=self.job.runtime.checkpoint_keep)
+                                extra=manifest_extra(self.job), keep=self.job.runtime.checkpoint_keep,
+                                run_id=self.job.run_id)
+
+
+def manifest_extra(job: Job) -> dict[str, Any]:
+    """What a manifest records beyond the files: ``drain_every`` of a drained asynchronous schedule."""
+    every = job.runtime.checkpoint_every
+    return {"drain_every": every} if job.schedule.options.get("segments") else {}
+
+
+def sealer_for(job: Job) -> ckpt.Sealer | None:
+    """The coordinator that seals ``job``'s checkpoints (``None`` when it takes none)."""
+    rt = job.runtime
+    if not rt.checkpoint_every or rt.checkpoint_dir is None:
+        return None
+    return ckpt.Sealer(rt.checkpoint_dir, plan=job.plan, method=job.schedule.method,
+                       num_workers=job.world_size, run_id=job.run_id, extra=manifest_extra(job),
+                       keep=rt.checkpoint_keep)

@@ -4,7 +4,7 @@
 checked before a process starts, so that bad input gives a clear error instead of a hang: the plan
 matches the model's layer count, the schedule matches the plan, the first minibatch has the shape
 the model accepts and divides into microbatches, ``data()`` is deterministic, the backend exists,
-the rendezvous port is free. It also computes each cut's message layout once (see
+a given rendezvous port is a port. It also computes each cut's message layout once (see
 :func:`pipelab.runtime.comm.boundary_specs`).
 
 Callables (``model_fn``, ``data``, ``loss_fn``, ``optimizer``) are pickled by reference to spawn
@@ -17,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import json
 import os
 import pickle
-import socket
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +32,10 @@ import torch
 import pipelab.methods as methods
 from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
-from pipelab.runtime.checkpoint import check_compatible
+from pipelab.runtime.checkpoint import check_compatible, choose_resume
 from pipelab.runtime.coalesce import check_method
 from pipelab.runtime.comm import TensorSpec, boundary_specs
+from pipelab.runtime.lifeline import check_port
 from pipelab.runtime.options import RuntimeOptions, split_options
 from pipelab.runtime.policies import policy_for
 from pipelab.schedules import build
@@ -67,6 +69,7 @@ class Job:
     master_port: int = 0
     trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
     state_keys: tuple[str, ...] = ()             # model_fn().state_dict() keys, in order
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])   # names this run's checkpoints
 
     @property
     def method(self) -> str:
@@ -91,8 +94,42 @@ class Job:
         return self.schedule.num_workers
 
 
-def resolve(spec: Any) -> Callable[..., Any]:
-    """A callable from ``"module:function"`` or ``{"fn": "module:function", "kwargs": {...}}``."""
+#: modules a job file may name factories from without ``trust`` (besides its own folder and the project)
+ALLOWED_PREFIXES = ("torch.optim", "torch.nn", "torchvision.models", "pipelab.models", "pipelab.data")
+#: never a factory, trusted or not: they run commands, touch files or load code
+REFUSED_MODULES = frozenset({
+    "builtins", "os", "posix", "nt", "subprocess", "_posixsubprocess", "sys", "shutil", "importlib",
+    "runpy", "pickle", "marshal", "shelve", "ctypes", "socket", "signal", "pty", "code", "codeop", "pydoc",
+    "io", "_io",
+    "pathlib", "tempfile", "glob", "multiprocessing", "threading", "asyncio", "webbrowser", "urllib", "http",
+    "ftplib", "smtplib", "zipfile", "tarfile", "sqlite3", "torch.hub", "torch.serialization",
+    "torch.utils.cpp_extension", "torch.jit", "torch.package", "functools", "operator", "types", "inspect",
+})
+#: job-file keys (top level or in ``options``) that are paths: relative to the job, inside its folder
+PATH_KEYS = ("out", "checkpoint_dir", "resume")
+
+
+def _refused(module: str) -> bool:
+    parts = module.split(".")
+    return any(".".join(parts[:i]) in REFUSED_MODULES for i in range(1, len(parts) + 1))
+
+
+def _inside(path: str | None, roots: Sequence[Path]) -> bool:
+    if not path:
+        return False
+    p = Path(path).resolve()
+    return any(p == r or r in p.parents for r in roots)
+
+
+def resolve(spec: Any, *, trust: bool = True,
+            roots: Sequence[str | os.PathLike[str]] = ()) -> Callable[..., Any]:
+    """A callable from ``"module:function"`` or ``{"fn": "module:function", "kwargs": {...}}``.
+
+    Untrusted (``trust=False``, how a job file is read unless ``--trust``), the module must live in
+    one of ``roots`` (the job file's folder, the current project) or start with one of
+    :data:`ALLOWED_PREFIXES`; modules of :data:`REFUSED_MODULES` (``os``, ``subprocess``,
+    ``builtins``, ...) are refused always, also where the name is only re-exported.
+    """
     if callable(spec):
         return spec
     kwargs: dict[str, Any] = {}
@@ -102,28 +139,47 @@ def resolve(spec: Any) -> Callable[..., Any]:
     if not isinstance(spec, str) or ":" not in spec:
         raise ValueError(f"{spec!r} is not a callable reference; write 'package.module:function'")
     mod, _, name = spec.partition(":")
+    if not name.isidentifier() or name.startswith("_"):
+        raise ValueError(f"{spec!r}: name a public top-level function or class of the module (no dots, no "
+                         "leading underscore)")
+    if _refused(mod):
+        raise ValueError(f"{spec!r}: module {mod!r} is never a factory of a job (it can run commands or "
+                         "touch files); name a model, data, loss or optimizer function")
+    if not trust and not any(mod == p or mod.startswith(p + ".") for p in ALLOWED_PREFIXES):
+        top = mod.split(".")[0]
+        try:
+            found = importlib.util.find_spec(top)     # locates the package without running it
+        except (ImportError, ValueError):
+            found = None
+        where = None if found is None else (found.origin if found.origin not in (None, "namespace") else
+                                            next(iter(found.submodule_search_locations or []), None))
+        if not _inside(where, [Path(r).resolve() for r in roots]):
+            raise ValueError(
+                f"{spec!r}: module {mod!r} ({where or 'not found'}) is outside the job file's folder and the "
+                f"current project and not one of {', '.join(ALLOWED_PREFIXES)}; a job file is data: pass "
+                "--trust (trust=True) to let it name any importable function")
     try:
         fn = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot import {spec!r} ({exc}); check the module is on PYTHONPATH") from None
+    import inspect
+
+    owner = getattr(fn, "__module__", None) if inspect.isroutine(fn) or inspect.isclass(fn) else None
+    if isinstance(owner, str) and _refused(owner):
+        raise ValueError(f"{spec!r} is {owner}.{getattr(fn, '__qualname__', name)}, which is never a factory "
+                         "of a job")
+    if not callable(fn):
+        raise ValueError(f"{spec!r} is a {type(fn).__name__}, not a function or class")
     return functools.partial(fn, **kwargs) if kwargs else fn
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``."""
+    """A TCP port that is free right now on ``host`` (for tools; a job's launcher binds its own)."""
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def check_port(port: int, host: str = "127.0.0.1") -> None:
-    """Raise ``ValueError`` if ``port`` is in use on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            raise ValueError(f"port {port} on {host} is in use (another job or program holds it); pass a "
-                             "free port, or leave port=None to let pipelab pick one") from None
 
 
 def stage_ranges(plan: Plan, schedule: Schedule) -> tuple[tuple[int, int], ...]:
@@ -222,6 +278,9 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     the_method = method or (schedule.method if schedule is not None else None)
     method_options, rt_options = split_options(the_method, method_options)
     runtime = RuntimeOptions.from_options(the_method, rt_options)
+    if runtime.resume:    # the one step folder every worker loads, its files' hashes checked here
+        runtime = dataclasses.replace(runtime, resume=str(choose_resume(runtime.resume,
+                                                                        fallback=runtime.resume_fallback)))
     schedule, steps, start = resolve_schedule(plan, method, schedule, steps=steps, microbatches=microbatches,
                                               method_options=method_options, runtime=runtime)
     if start:
@@ -237,11 +296,8 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     ranges = stage_ranges(plan, schedule)
     batch, specs = cut_layouts(gm, data, loss_fn, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
 
-    if backend != "local" and check_rendezvous:
-        if port is None:
-            port = free_port(master_addr)
-        else:
-            check_port(port, master_addr)
+    if backend != "local" and check_rendezvous and port is not None:
+        check_port(port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
     return Job(model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer, plan=plan,
                schedule=schedule, ranges=ranges, specs=specs, steps=steps, microbatches=microbatches,
                batch_size=batch, seed=seed, backend=backend, timeout=float(timeout), options=options,
@@ -402,34 +458,58 @@ def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[A
     return batch, specs
 
 
-def load_job_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_job_file(path: str | os.PathLike[str], *,
+                  trust: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read a ``job.json``: returns (arguments for :func:`prepare`, extra settings).
 
     Keys: ``model_fn``, ``data``, ``loss_fn``, ``optimizer`` (callable references), ``plan`` (a plan
     dict or a path to a saved plan), ``method``, ``steps``, ``microbatches``, ``seed``, ``backend``,
     ``timeout``, ``options`` (method options), ``out`` (output folder, default beside the job file).
+
+    A job file is data, not code, unless ``trust``: its callables must come from modules in the job
+    file's folder or the current project (the working directory), or under
+    :data:`ALLOWED_PREFIXES` (``torch.optim``, ``torch.nn``, ...); ``os``, ``subprocess``,
+    ``builtins`` and the like (:data:`REFUSED_MODULES`) are refused even when trusted; and its
+    paths (``out``, ``checkpoint_dir``, ``resume``) are resolved relative to the job file and must
+    stay inside its folder. ``trust=True`` (``pipelab train --trust``) lifts the folder rules.
     """
     p = Path(path)
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read job file {p}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"job file {p} must hold a JSON object; see pipelab.runtime.job.load_job_file")
     missing = [
         k for k in ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps") if k not in doc
     ]
     if missing:
         raise ValueError(f"job file {p} lacks {missing}; see pipelab.runtime.job.load_job_file for the keys")
+    here = p.resolve().parent
+    roots = (here, Path.cwd().resolve())
+
+    def inside(key: str, value: Any) -> Path:
+        q = Path(str(value))
+        q = (q if q.is_absolute() else here / q).resolve()
+        if not trust and q != here and here not in q.parents:
+            raise ValueError(f"job file {p}: {key}={str(value)!r} is outside the job's folder {here}; a job "
+                             "file is data: pass --trust (trust=True) to let it write elsewhere")
+        return q
+
+    callables = {k: resolve(doc[k], trust=trust, roots=roots)
+                 for k in ("model_fn", "data", "loss_fn", "optimizer")}
     plan_spec = doc["plan"]
     if isinstance(plan_spec, str):
         plan_path = Path(plan_spec) if Path(plan_spec).is_absolute() else p.parent / plan_spec
         plan = Plan.load(plan_path)
     else:
         plan = Plan.from_dict(plan_spec)
+    options = dict(doc.get("options", {}))
+    for k in PATH_KEYS:
+        if options.get(k) is not None:
+            options[k] = str(inside(f"options.{k}", options[k]))
     args: dict[str, Any] = {
-        "model_fn": resolve(doc["model_fn"]),
-        "data": resolve(doc["data"]),
-        "loss_fn": resolve(doc["loss_fn"]),
-        "optimizer": resolve(doc["optimizer"]),
+        **callables,
         "plan": plan,
         "method": doc["method"],
         "steps": int(doc["steps"]),
@@ -437,11 +517,9 @@ def load_job_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[st
         "seed": int(doc.get("seed", 0)),
         "backend": doc.get("backend", "gloo"),
         "timeout": float(doc.get("timeout", 300.0)),
-        **dict(doc.get("options", {})),
+        **options,
     }
-    out = Path(doc.get("out", p.parent / (p.stem + ".out")))
-    if not out.is_absolute():
-        out = p.parent / out
+    out = inside("out", doc["out"]) if "out" in doc else here / (p.stem + ".out")
     return args, {"out": out}
 
 

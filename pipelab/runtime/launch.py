@@ -3,21 +3,25 @@ reference executor.
 
 :func:`launch` checks the arguments (:func:`pipelab.runtime.job.prepare`), starts the workers and
 returns a :class:`Run` handle at once; :func:`train` launches and waits with a progress bar.
-Workers stream their events to the parent through a multiprocessing queue while they run, so
-``Run.events`` yields them live (a notebook's live Gantt chart reads it).
+Each worker streams its events to the parent over its own pipe while it runs, so ``Run.events``
+yields them live (a notebook's live Gantt chart reads it).
 
-Faults end the whole job: when a worker raises, the parent receives its traceback, kills every
-worker of the job and raises :class:`WorkerError` naming the rank, stage and action. ``cancel()``,
-Ctrl-C (KeyboardInterrupt) in ``train``/``wait`` and the ``timeout`` do the same. Workers ignore
-SIGINT themselves and ask the kernel to kill them if the parent dies, so none outlives the job.
+Faults end the whole job: the parent waits on the pipes, which read EOF when a worker dies, even
+mid-message; the first error raised (each is stamped and sent before its worker tears its
+connections down), or a worker that died without a word, is named in a :class:`WorkerError` with
+its rank, stage and action, and every worker is killed. ``cancel()``, Ctrl-C in ``train``/``wait``
+and the ``timeout`` (a timer outside the reads) do the same. Workers ignore SIGINT and exit as soon
+as their launcher is gone (:mod:`pipelab.runtime.lifeline`), so none outlives the job. The run
+holds its checkpoint folder locked and seals its checkpoints (:class:`~pipelab.runtime.checkpoint.Sealer`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
-import queue as queue_mod
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +33,11 @@ import pipelab.methods as methods
 import pipelab.metrics as metrics
 from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
-from pipelab.runtime.checkpoint import global_weights
+from pipelab.runtime.checkpoint import FolderLock, global_weights
+from pipelab.runtime.checkpoint import clean as clean_checkpoints
+from pipelab.runtime.checkpointing import sealer_for
 from pipelab.runtime.job import Job, prepare
+from pipelab.runtime.lifeline import Rendezvous, signal_name
 from pipelab.runtime.local import run_local
 from pipelab.runtime.process import p2p_match, process_main
 from pipelab.runtime.worker import WorkerResult
@@ -150,15 +157,31 @@ class Run:
         self._error: BaseException | None = None
         self._result: RunResult | None = None
         self._cancel = threading.Event()
+        self._expired = False
         self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._locks: list[FolderLock] = []
+        self._rendezvous: Rendezvous | None = None
+        self._timer: threading.Timer | None = None
         self._t0 = time.time()
         self._bar = _progress_bar(job.steps, progress)
         self._last_stage_steps: set[int] = set()
-        if job.backend == "local":
-            self._thread = threading.Thread(target=self._run_local, daemon=True, name="pipelab-local")
-        else:
-            self._start_processes()
-            self._thread = threading.Thread(target=self._monitor, daemon=True, name="pipelab-monitor")
+        self._take_checkpoint_folders()
+        try:
+            self._sealer = sealer_for(job)
+            if job.backend == "local":
+                self._thread = threading.Thread(target=self._run_local, daemon=True, name="pipelab-local")
+            else:
+                self._start_processes()
+                self._thread = threading.Thread(target=self._monitor, daemon=True, name="pipelab-monitor")
+                # the deadline is a timer outside the monitor's reads: it kills the workers, whose
+                # pipes then close, so no read can outlast it
+                self._timer = threading.Timer(max(0.0, self._t0 + job.timeout - time.time()), self._expire)
+                self._timer.daemon = True
+                self._timer.start()
+        except BaseException:
+            self._release()
+            raise
         self._thread.start()
 
     # ------------------------------------------------------------------ public
@@ -222,6 +245,35 @@ class Run:
             self._fail(WorkerError("the job was cancelled"))
 
     # ------------------------------------------------------------------ internals
+    def _take_checkpoint_folders(self) -> None:
+        """Lock the checkpoint folder (and the one resumed from) for the whole run; clean what a killed
+        run left half-written there."""
+        rt = self.job.runtime
+        roots = []
+        if rt.checkpoint_dir is not None:
+            roots.append(Path(rt.checkpoint_dir).resolve())
+        if rt.resume is not None:
+            roots.append(Path(rt.resume).resolve().parent)
+        try:
+            for root in dict.fromkeys(roots):
+                self._locks.append(FolderLock(root))
+            if rt.checkpoint_dir is not None:
+                clean_checkpoints(rt.checkpoint_dir)
+        except BaseException:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        """Give back what the run holds: the folder locks, the rendezvous, the deadline timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+        for lock in self._locks:
+            lock.release()
+        self._locks = []
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
+
     def _add(self, evs: list[Event]) -> None:
         with self._cond:
             self._events.extend(evs)
@@ -238,6 +290,7 @@ class Run:
         self._end()
 
     def _end(self) -> None:
+        self._release()
         if self._bar is not None:
             self._bar.close()
         with self._cond:
@@ -254,7 +307,8 @@ class Run:
                 self._add(buf[:])
                 buf.clear()
         try:
-            results = run_local(self.job, emit, should_stop=self._cancel.is_set)
+            on_saved = None if self._sealer is None else self._sealer.report
+            results = run_local(self.job, emit, should_stop=self._cancel.is_set, on_saved=on_saved)
             self._add(buf)
             self._result = assemble(self.job, self._events, results, time.time() - self._t0, self.trace_path)
             self._end()
@@ -266,7 +320,6 @@ class Run:
     def _start_processes(self) -> None:
         import torch.multiprocessing as mp
 
-
         # A fork server imports torch (and torch._dynamo, which the first optimizer pulls in: seconds)
         # once per parent process; every later job forks its workers from it at once. Spawn where
         # there is no fork server (not POSIX).
@@ -276,21 +329,26 @@ class Run:
             ctx.set_forkserver_preload(["pipelab.runtime.process", "torch._dynamo"])
         else:
             ctx = mp.get_context("spawn")
-        self._queue = ctx.Queue()
+        # the store listens on loopback, on the port it was bound to here (no race with another run)
+        self._rendezvous = Rendezvous(self.job.master_addr, self.job.master_port or None, self.job.timeout)
+        self.job = dataclasses.replace(self.job, master_port=self._rendezvous.port)
         conns: list[Any] = [None] * self.job.world_size
         match = p2p_match(self.job.backend)   # read here: a fork server keeps the environment it started with
         try:
             if methods.get(self.job.method).weights == "wsp":   # HetPipe: start the parameter server
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
+                r, w = ctx.Pipe(duplex=False)
                 p = ctx.Process(
                     target=process_main,
-                    args=(self.job, rank, self._queue, conns[rank], match, self.stream),
+                    args=(self.job, rank, w, conns[rank], match, self.stream),
                     daemon=True,
                     name=f"pipelab-worker-{rank}",
                 )
                 p.start()
+                w.close()    # the worker's end only: its pipe reads EOF once it is gone
                 self._procs.append(p)
+                self._conns.append(r)
         except BaseException:
             self._kill()
             raise
@@ -314,107 +372,38 @@ class Run:
                           args=([b for _, b in pairs], shards, len(job.schedule.stage_ranks[0]),
                                 int(job.options.get("D", 0)), res_w))
         srv.start()
+        res_w.close()
+        for _, b in pairs:
+            b.close()
         self._wsp_proc = srv
         return [a for a, _ in pairs]
 
+    def _expire(self) -> None:
+        """The deadline passed: stop every worker (the monitor then reports the timeout)."""
+        if not self._finished:
+            self._expired = True
+            self._kill()
+
     def _kill(self) -> None:
+        procs = list(self._procs)
         wsp_proc = getattr(self, "_wsp_proc", None)
-        if wsp_proc is not None and wsp_proc.is_alive():
-            wsp_proc.terminate()
-            wsp_proc.join(3)
-        for p in self._procs:
+        if wsp_proc is not None:
+            procs.append(wsp_proc)
+        for p in procs:
             if p.is_alive():
                 p.terminate()
-        deadline = time.time() + 3
-        for p in self._procs:
+        deadline = time.time() + 1.0   # SIGTERM, then SIGKILL: a stopped or stuck process ignores the first
+        for p in procs:
             p.join(max(0.0, deadline - time.time()))
             if p.is_alive():
                 p.kill()
                 p.join(5)
 
-    def _died_silently(self, exclude: int, results: dict[int, WorkerResult],
-                       wait_s: float = 2.0) -> tuple[int, int] | None:
-        """A worker other than ``exclude`` that ended by a signal or a hard crash (not the exit code 1
-        of a reported error), waiting up to ``wait_s`` for its exit to show: ``(rank, exit code)``."""
-        deadline = time.time() + wait_s
-        while True:
-            for rank, p in enumerate(self._procs):
-                code = p.exitcode
-                if rank != exclude and rank not in results and code is not None and code not in (0, 1):
-                    return rank, code
-            if time.time() > deadline:
-                return None
-            time.sleep(0.05)
-
     def _monitor(self) -> None:
-        results: dict[int, WorkerResult] = {}
-        world = self.job.world_size
-        deadline = self._t0 + self.job.timeout
-        dead_since: dict[int, float] = {}
         try:
-            while len(results) < world:
-                if self._cancel.is_set():
-                    return
-                try:
-                    msg = self._queue.get(timeout=0.2)
-                except queue_mod.Empty:
-                    msg = None
-                if msg is not None:
-                    kind, rank, payload = msg
-                    if kind == "events":
-                        self._add(list(payload))
-                    elif kind == "done":
-                        results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
-                    elif kind == "error":
-                        stage, action, tb = payload
-                        dead = self._died_silently(exclude=rank, results=results)
-                        self._kill()
-                        if dead is not None:   # the error is a peer noticing the dead one: name the dead
-                            d_rank, code = dead
-                            self._fail(WorkerError(
-                                f"worker {d_rank} died with exit code {code}{_signal_name(code)} without "
-                                f"reporting an error (killed, or out of memory); worker {rank} noticed it "
-                                f"({action}):\n{tb}", rank=d_rank, worker_traceback=tb))
-                            return
-                        where = f"stage {stage}, action {action}" if stage >= 0 else action
-                        self._fail(
-                            WorkerError(
-                                f"worker {rank} ({where}) failed:\n{tb}",
-                                rank=rank,
-                                stage=stage,
-                                action=action,
-                                worker_traceback=tb,
-                            )
-                        )
-                        return
-                    continue
-                now = time.time()
-                for rank, p in enumerate(self._procs):
-                    if rank not in results and p.exitcode is not None:
-                        # give its last message time to arrive before calling it a silent death
-                        if now - dead_since.setdefault(rank, now) > 2.0:
-                            self._kill()
-                            self._fail(
-                                WorkerError(
-                                    f"worker {rank} exited with code {p.exitcode}{_signal_name(p.exitcode)} "
-                                    "without reporting an error: killed, out of memory, or it could not "
-                                    "start. Run from a "
-                                    "script? Worker "
-                                    "processes re-import it, so put the call under "
-                                    '`if __name__ == "__main__":`',
-                                    rank=rank,
-                                )
-                            )
-                            return
-                if now > deadline:
-                    self._kill()
-                    self._fail(
-                        WorkerError(
-                            f"the job did not finish within timeout={self.job.timeout} s; every "
-                            "worker was stopped (raise timeout= for longer runs)"
-                        )
-                    )
-                    return
+            results = self._collect()
+            if results is None:
+                return
             if getattr(self, "_wsp_proc", None) is not None and self._wsp_result.poll(30):
                 results[0].wsp_log = self._wsp_result.recv()
             for p in self._procs:
@@ -427,17 +416,110 @@ class Run:
             self._kill()
             self._fail(exc)
 
+    def _collect(self) -> dict[int, WorkerResult] | None:
+        """Read every worker's pipe until each has sent its result; on a fault, end the job and return
+        ``None``. Waits on the pipes and the processes' sentinels together, so a worker that dies,
+        even in the middle of a message, is seen at once (its pipe reads EOF)."""
+        from multiprocessing.connection import wait
 
-def _signal_name(code: int) -> str:
-    """`` (SIGKILL)`` for a process ended by a signal (a negative exit code), else ``""``."""
-    if code >= 0:
-        return ""
-    import signal
+        results: dict[int, WorkerResult] = {}
+        errors: list[tuple[float, int, int, str, str]] = []    # (time raised, rank, stage, action, traceback)
+        open_conns: dict[Any, int] = {c: rank for rank, c in enumerate(self._conns)}
+        ended: set[int] = set()     # ranks whose pipe is closed
+        while len(results) < self.job.world_size:
+            if self._cancel.is_set():
+                return None
+            if self._expired:
+                break
+            ready: list[Any] = wait(list(open_conns), timeout=0.5)
+            for c in ready:
+                rank = open_conns[c]
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    del open_conns[c]
+                    ended.add(rank)
+                    continue
+                self._handle(msg, results, errors)
+            if self._cancel.is_set():
+                return None
+            if self._expired:   # the timer killed the workers: not their fault
+                break
+            if errors or any(r not in results for r in ended):
+                # a fault: what is already in the pipes came before it; read it all, then name the cause
+                self._drain(open_conns, results, errors, ended)
+                self._kill()
+                self._fail(self._cause(errors, results, ended))
+                return None
+        if self._expired or len(results) < self.job.world_size:
+            self._kill()
+            self._fail(WorkerError(f"the job did not finish within timeout={self.job.timeout} s; every "
+                                   "worker was stopped (raise timeout= for longer runs)"))
+            return None
+        return results
 
-    try:
-        return f" ({signal.Signals(-code).name})"
-    except ValueError:
-        return ""
+    def _handle(self, msg: Any, results: dict[int, WorkerResult], errors: list[Any]) -> None:
+        kind, rank, payload = msg
+        if kind == "events":
+            self._add(list(payload))
+        elif kind == "done":
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+        elif kind == "error":
+            stage, action, tb, t = payload
+            errors.append((t, rank, stage, action, tb))
+        elif kind == "saved":
+            if self._sealer is not None:
+                step, sha = payload
+                self._sealer.report(step, rank, sha)
+        elif kind == "warning":
+            warnings.warn(f"worker {rank}: {payload}", RuntimeWarning, stacklevel=1)
+
+    def _drain(self, open_conns: dict[Any, int], results: dict[int, WorkerResult], errors: list[Any],
+               ended: set[int], quiet_s: float = 0.2) -> None:
+        """Read whatever the workers have already written, until the pipes are quiet for ``quiet_s``."""
+        from multiprocessing.connection import wait
+
+        end = time.time() + 2.0
+        while open_conns and time.time() < end:
+            ready: list[Any] = wait(list(open_conns), timeout=quiet_s)
+            if not ready:
+                return
+            for c in ready:
+                try:
+                    self._handle(c.recv(), results, errors)
+                except (EOFError, OSError):
+                    ended.add(open_conns.pop(c))
+
+    def _cause(self, errors: list[Any], results: dict[int, WorkerResult], ended: set[int]) -> WorkerError:
+        """The first fault: a worker that died without a word (a signal, out of memory), else the error
+        raised first (each is stamped before its worker tears its connections down, so a peer's
+        "connection closed" is always later)."""
+        dead = self._died_silently(ended, {e[1] for e in errors}, results)
+        first = min(errors, default=None)
+        if dead is not None:
+            d_rank, code = dead
+            noticed = (f"; worker {first[1]} noticed it ({first[3]}):\n{first[4]}" if first is not None
+                       else ". Run from a script? Worker processes re-import it, so put the call under "
+                            '`if __name__ == "__main__":`')
+            return WorkerError(f"worker {d_rank} died with exit code {code}{signal_name(code)} without "
+                               f"reporting an error (killed, out of memory, or it could not start){noticed}",
+                               rank=d_rank, worker_traceback=first[4] if first else "")
+        assert first is not None
+        _, rank, stage, action, tb = first
+        where = f"stage {stage}, action {action}" if stage >= 0 else action
+        last = tb.strip().splitlines()[-1] if tb.strip() else ""
+        return WorkerError(f"worker {rank} ({where}) failed: {last}\n{tb}", rank=rank, stage=stage,
+                           action=action, worker_traceback=tb)
+
+    def _died_silently(self, ended: set[int], reported: set[int],
+                       results: dict[int, WorkerResult]) -> tuple[int, int] | None:
+        """A worker whose pipe closed without a result or an error (a signal, a hard crash, or it could
+        not start), waiting up to 2 s for its exit code to show: ``(rank, exit code)``."""
+        for rank in sorted(ended - reported - set(results)):
+            p = self._procs[rank]
+            p.join(2.0)
+            return rank, -1 if p.exitcode is None else int(p.exitcode)
+        return None
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:

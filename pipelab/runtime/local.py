@@ -26,22 +26,26 @@ from pipelab.trace import Event
 
 
 def run_local(job: Job, emit: Callable[[Event], None] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> list[WorkerResult]:
+              should_stop: Callable[[], bool] | None = None,
+              on_saved: Callable[[int, int, str], None] | None = None) -> list[WorkerResult]:
     """Execute ``job`` in this process; returns each rank's :meth:`Worker.result`.
 
     ``emit`` receives one :class:`~pipelab.trace.Event` per action (times in seconds since the start);
     ``should_stop`` is polled between actions (cancellation). The caller's random state is left
-    as it was.
+    as it was. ``on_saved(step, rank, sha256)`` is the run's checkpoint coordinator (see
+    :class:`~pipelab.runtime.checkpoint.Sealer`; by default the last worker to write seals).
     """
     with torch.random.fork_rng(devices=[]):
-        return _run_local(job, emit, should_stop)
+        return _run_local(job, emit, should_stop, on_saved)
 
 
-def _run_local(job: Job, emit: Callable[[Event], None] | None,
-               should_stop: Callable[[], bool] | None) -> list[WorkerResult]:
+def _run_local(job: Job, emit: Callable[[Event], None] | None, should_stop: Callable[[], bool] | None,
+               on_saved: Callable[[int, int, str], None] | None) -> list[WorkerResult]:
     sched = job.schedule
     device = job.runtime.device or "cpu"     # device="cuda": every stage on the GPU
     workers = [Worker(job, r, device) for r in range(sched.num_workers)]
+    for w in workers:
+        w.on_saved = on_saved
     box = Mailbox()
     for w in workers:
         if w.meter is not None:   # one process: the storage count, never the CUDA allocator's shared peak

@@ -31,7 +31,7 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
 * ``shared_memory=True``: with gloo and every worker on one host, move point-to-point messages through
   shared memory (:mod:`pipelab.runtime.shm`) instead of gloo's point-to-point path (the default).
 * ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
-  stages (weights, optimizer, weight versions, RNG) and the last writer seals the manifest
+  stages (weights, optimizer, weight versions, RNG) and one coordinator seals the manifest
   (:mod:`pipelab.runtime.checkpoint`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
   continues a run from the newest complete checkpoint under ``path`` (or a given ``step-*`` folder)
   up to ``steps`` minibatches in all (``RunResult.losses`` then covers the resumed steps only).
@@ -40,6 +40,11 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
   one pipeline fill and drain per ``N`` minibatches), so each checkpoint is a cut with nothing in
   flight, and a resumed run keeps the manifest's ``N``. HetPipe checkpoints need ``D=0``: the cut
   is right after a wave's pull, where every virtual worker holds the parameter server's weights.
+  The step to resume from is chosen once, in ``prepare``, after checking its files' hashes; a
+  damaged newest checkpoint falls back to the previous sealed one with a warning
+  (``resume_fallback=False`` refuses instead). A run holds a lock on its checkpoint folder.
+* ``on_nonfinite``: what a NaN or inf loss or gradient does: ``"raise"`` (default), ``"warn"``,
+  ``"skip"`` the update (:mod:`pipelab.runtime.guards`).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import torch
 
 import pipelab.methods as methods
 from pipelab.runtime.compress import check_codec
+from pipelab.runtime.guards import ON_NONFINITE
 
 
 def runtime_option_names(method: str | None) -> frozenset[str]:
@@ -105,7 +111,11 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device={dev!r} needs a CUDA GPU but torch.cuda.is_available() is False "
                              "on this machine; leave device= out to compute on the CPU")
-    for k in ("coalesce_wgrad", "measure_memory", "pin_cores", "shared_memory"):
+    mode = rt.get("on_nonfinite")
+    if mode is not None and mode not in ON_NONFINITE:
+        raise ValueError(f"on_nonfinite={mode!r}; use one of {ON_NONFINITE} (what a NaN or inf loss or "
+                         "gradient does)")
+    for k in ("coalesce_wgrad", "measure_memory", "pin_cores", "resume_fallback", "shared_memory"):
         if rt.get(k) is not None and not isinstance(rt[k], bool):
             raise ValueError(f"{k}={rt[k]!r} must be True or False")
     n = rt.get("checkpoint_every")
@@ -146,6 +156,8 @@ class RuntimeOptions:
     measure_memory: bool = False  # count each worker's memory after every action (runtime/memory.py)
     pin_cores: bool | None = None  # one core per CPU worker process (runtime/affinity.py)
     shared_memory: bool | None = None  # p2p through shared memory on one host (runtime/shm.py)
+    on_nonfinite: str = "raise"    # a NaN/inf loss or gradient: "raise", "warn", "skip" (runtime/guards.py)
+    resume_fallback: bool = True   # a damaged newest checkpoint: fall back to the previous sealed one
     method: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -174,6 +186,8 @@ class RuntimeOptions:
             measure_memory=bool(options.get("measure_memory") or False),
             pin_cores=None if options.get("pin_cores") is None else bool(options["pin_cores"]),
             shared_memory=None if options.get("shared_memory") is None else bool(options["shared_memory"]),
+            on_nonfinite=str(options.get("on_nonfinite") or "raise"),
+            resume_fallback=bool(options.get("resume_fallback", True)),
             method=dict(own),
         )
 

@@ -3,13 +3,13 @@
 :func:`process_main` is what ``pl.train`` spawns (torch.multiprocessing); :func:`run_distributed`
 joins the process group and runs :func:`execute`, which moves a :class:`~pipelab.runtime.worker.Worker`'s
 messages over :class:`~pipelab.runtime.comm.DistComm` and emits one :class:`~pipelab.trace.Event`
-per action (and per noticeable wait on a receive); :class:`QueueSink` batches them to the parent.
+per action (and per noticeable wait on a receive); :class:`PipeSink` sends them to the parent over
+the worker's own pipe.
 Under torchrun, :mod:`pipelab.runtime.torchrun` calls :func:`run_distributed` instead.
 """
 
 from __future__ import annotations
 
-import ctypes
 import io
 import math
 import os
@@ -28,6 +28,7 @@ from pipelab.runtime import shm
 from pipelab.runtime.affinity import pin_worker
 from pipelab.runtime.comm import MATCH_MODES, DistComm, grad_specs, peer_orders
 from pipelab.runtime.job import Job
+from pipelab.runtime.lifeline import ORPHANED_EXIT, use_loopback, watch_launcher
 from pipelab.runtime.options import tune_malloc
 from pipelab.runtime.worker import Worker, WorkerResult
 from pipelab.runtime.wsp import WSPClient
@@ -49,14 +50,25 @@ class Clock:
         return time.perf_counter() - self.base + self.offset
 
 
-class QueueSink:
-    """Streams events to the parent in batches (a put per ~32 events or 0.1 s)."""
+class PipeSink:
+    """Streams events to the parent over this worker's own pipe, in batches (~32 events or 0.1 s).
 
-    def __init__(self, queue: Any, rank: int, batch: int = 32, every_s: float = 0.1) -> None:
-        self.queue, self.rank, self.batch, self.every_s = queue, rank, batch, every_s
+    Every message is written before the call returns (no feeder thread): an error is in the pipe
+    before the worker tears its connections down, so the parent reads the cause before any peer's
+    "connection closed", and nothing queued can hold the process at exit.
+    """
+
+    def __init__(self, conn: Any, rank: int, batch: int = 32, every_s: float = 0.1) -> None:
+        self.conn, self.rank, self.batch, self.every_s = conn, rank, batch, every_s
         self.buf: list[Event] = []
         self.last = time.perf_counter()
         self.reported = False
+
+    def _send(self, msg: Any) -> None:
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError, EOFError):   # the launcher is gone
+            os._exit(ORPHANED_EXIT)
 
     def emit(self, ev: Event) -> None:
         """Queue one event; send the batch when it is big or old enough."""
@@ -67,25 +79,33 @@ class QueueSink:
     def flush(self) -> None:
         """Send what is buffered."""
         if self.buf:
-            self.queue.put(("events", self.rank, self.buf))
+            self._send(("events", self.rank, self.buf))
             self.buf = []
         self.last = time.perf_counter()
 
     def done(self, result: WorkerResult) -> None:
-        """Send the final result (as bytes: tensors in a queue would go through shared memory that
-        vanishes when this process exits before the parent reads them)."""
+        """Send the final result (as bytes: tensors would go through shared memory that vanishes
+        when this process exits before the parent reads them)."""
         self.flush()
         buf = io.BytesIO()
         torch.save(result, buf)
-        self.queue.put(("done", self.rank, buf.getvalue()))
+        self._send(("done", self.rank, buf.getvalue()))
 
     def error(self, stage: int, action: str, tb: str) -> None:
-        """Report a failure (once)."""
+        """Report a failure (once), stamped with the wall time it was raised at."""
         if self.reported:
             return
         self.reported = True
         self.flush()
-        self.queue.put(("error", self.rank, (stage, action, tb)))
+        self._send(("error", self.rank, (stage, action, tb, time.time())))
+
+    def saved(self, step: int, rank: int, sha256: str) -> None:
+        """Tell the coordinator this worker's file of checkpoint ``step`` is written."""
+        self._send(("saved", rank, (step, sha256)))
+
+    def warn(self, text: str) -> None:
+        """A warning for the parent to issue (``on_nonfinite="warn"``)."""
+        self._send(("warning", self.rank, text))
 
 
 def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event], None]) -> None:
@@ -130,15 +150,6 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
         emit(Event(worker.rank, a.stage, a.kind, a.microbatch, start, clock.now(), nbytes, version, i, -1))
         worker.measure(i)
     comm.flush()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (no orphaned workers)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-        except OSError:
-            pass
 
 
 def p2p_match(backend: str, requested: str | None = None) -> str:
@@ -212,15 +223,23 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
     else:   # before the process group starts its I/O threads, which inherit the core
         local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if local_rank is not None else world
         pin_worker(rank if local_rank is None else local_rank, local_workers, job.runtime.pin_cores)
-    init = init_method or f"tcp://{job.master_addr}:{job.master_port}"
-    dist.init_process_group(job.backend, init_method=init, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=job.timeout))
+    if init_method is None:   # the launcher's store (pipelab.runtime.lifeline.Rendezvous)
+        store = dist.TCPStore(job.master_addr, job.master_port, world_size=world, is_master=False,
+                              timeout=timedelta(seconds=job.timeout))
+        dist.init_process_group(job.backend, store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=job.timeout))
+    else:
+        dist.init_process_group(job.backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=job.timeout))
     comm: DistComm | None = None
     try:
         groups = {
             s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)
         }
         worker = Worker(job, rank, device)
+        worker.warn = getattr(sink, "warn", worker.warn)
+        if hasattr(sink, "saved"):
+            worker.on_saved = sink.saved
         clients: list[Any] = []
         if wsp_conn is not None:    # HetPipe: this worker's end of the parameter server
             def endpoint(stage: int, vw: int) -> Any:
@@ -266,6 +285,9 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             # called without an active exception", SIGABRT; 1 of 10 torchrun runs here)
             dist.barrier()
         return result, everything
+    except BaseException:    # reported before the teardown below, so the parent reads the cause first
+        sink.error(-1, "start-up", traceback.format_exc())
+        raise
     finally:
         if comm is not None and hasattr(comm, "close"):
             comm.close()
@@ -275,23 +297,26 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             pass
 
 
-def process_main(job: Job, rank: int, queue: Any, wsp_conn: Any = None, match: str | None = None,
+def process_main(job: Job, rank: int, conn: Any, wsp_conn: Any = None, match: str | None = None,
                  stream: bool = True) -> None:
-    """Entry point of a spawned worker process (torch.multiprocessing); ``match`` as in
-    :func:`run_distributed` (the parent reads ``PIPELAB_P2P_MATCH``: a fork server keeps the
-    environment it started with); ``stream=False`` sends the events once, at the end, instead of in
-    batches while the job runs."""
-    _die_with_parent()
+    """Entry point of a spawned worker process (torch.multiprocessing); ``conn`` is this worker's pipe
+    to the parent; ``match`` as in :func:`run_distributed` (the parent reads ``PIPELAB_P2P_MATCH``: a
+    fork server keeps the environment it started with); ``stream=False`` sends the events once, at
+    the end, instead of in batches while the job runs. The process ends with ``os._exit`` once its
+    last message is written, and at once if the launcher dies (:func:`watch_launcher`)."""
+    watch_launcher()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    use_loopback()
     torch.set_num_threads(1)
-    sink = QueueSink(queue, rank) if stream else QueueSink(queue, rank, batch=sys.maxsize, every_s=math.inf)
+    sink = PipeSink(conn, rank) if stream else PipeSink(conn, rank, batch=sys.maxsize, every_s=math.inf)
+    code = 0
     try:
         result, _ = run_distributed(job, rank, sink, wsp_conn=wsp_conn, match=match)
+        sink.done(result)
     except BaseException:
         sink.error(-1, "start-up", traceback.format_exc())
-        sink.flush()
-        time.sleep(0.2)   # let the queue's feeder thread deliver the error
-        os._exit(1)
-    sink.done(result)
-    time.sleep(0.05)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -8,32 +8,78 @@ program lands here too.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import math
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipelab._io import atomic_write_bytes, atomic_write_text
+from pipelab.runtime import checkpoint as ckpt
+from pipelab.runtime.checkpoint import FolderLock
+from pipelab.runtime.checkpoint import clean as clean_checkpoints
+from pipelab.runtime.checkpointing import sealer_for
+from pipelab.runtime.guards import json_losses
 from pipelab.runtime.job import load_job_file, prepare
 from pipelab.runtime.launch import assemble
+from pipelab.runtime.lifeline import watch_launcher
 from pipelab.runtime.process import run_distributed
 
 
 def save_outputs(out: Path, result: Any) -> None:
-    """Write a run's ``trace.jsonl``, ``state_dict.pt`` and ``losses.json`` into ``out`` (atomically)."""
+    """Write a run's ``trace.jsonl``, ``state_dict.pt`` and ``losses.json`` into ``out`` (atomically).
+
+    ``losses.json`` is strict JSON: a non-finite loss is ``null``, its step listed in ``nonfinite_steps``.
+    """
 
     out.mkdir(parents=True, exist_ok=True)
     result.trace.save_jsonl(out / "trace.jsonl")
     buf = io.BytesIO()
     torch.save(result.state_dict(), buf)
     atomic_write_bytes(out / "state_dict.pt", buf.getvalue())
+    losses, bad = json_losses(result.losses)
+    thr = result.throughput if math.isfinite(result.throughput) else None
     atomic_write_text(out / "losses.json", json.dumps({
-        "losses": result.losses, "throughput": result.throughput,
-        "versions_held": {str(k): v for k, v in result.versions_held.items()}}, indent=1) + "\n")
+        "losses": losses, "nonfinite_steps": bad, "throughput": thr,
+        "versions_held": {str(k): v for k, v in result.versions_held.items()}},
+        indent=1, allow_nan=False) + "\n")
+
+
+class _FileSealer:
+    """Rank 0's checkpoint coordinator under torchrun: once every rank's file of a step is on disk
+    (each appears complete, by an atomic rename), it hashes them and seals the step."""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+        self.sealer = sealer_for(job)
+        self.threads: list[threading.Thread] = []
+
+    def saved(self, step: int, rank: int, sha256: str) -> None:
+        t = threading.Thread(target=self._seal, args=(step,), daemon=True, name=f"pipelab-seal-{step}")
+        t.start()
+        self.threads.append(t)
+
+    def _seal(self, step: int) -> None:
+        d = ckpt.step_dir(self.job.runtime.checkpoint_dir, step)
+        deadline = time.time() + self.job.timeout
+        while time.time() < deadline:
+            if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
+                assert self.sealer is not None
+                for r in range(self.job.world_size):
+                    self.sealer.report(step, r, ckpt.sha256_of(d / f"rank-{r}.pt"))
+                return
+            time.sleep(0.05)
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(self.job.timeout)
 
 
 class _ListSink:
@@ -41,6 +87,11 @@ class _ListSink:
 
     def __init__(self) -> None:
         self.events: list[Any] = []
+        self.sealer: _FileSealer | None = None
+
+    def saved(self, step: int, rank: int, sha256: str) -> None:
+        if self.sealer is not None:     # rank 0 coordinates; other ranks' files are found on disk
+            self.sealer.saved(step, rank, sha256)
 
     def emit(self, ev: Any) -> None:
         self.events.append(ev)
@@ -53,8 +104,9 @@ class _ListSink:
               file=sys.stderr)
 
 
-def run_torchrun_worker(job_path: str) -> int:
-    """One torchrun process: execute this rank's actions; rank 0 writes the outputs."""
+def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
+    """One torchrun process: execute this rank's actions; rank 0 writes the outputs and seals the
+    checkpoints (holding the checkpoint folder's lock); every process dies with torchrun's agent."""
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if k not in os.environ:
             print(
@@ -63,16 +115,31 @@ def run_torchrun_worker(job_path: str) -> int:
             )
             return 2
     torch.set_num_threads(1)
-    args, extra = load_job_file(job_path)
+    watch_launcher()
+    args, extra = load_job_file(job_path, trust=trust)
     job = prepare(check_rendezvous=False, **args)
+    # one identity for every rank's files and the manifest: the same in every process of this run
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "{MASTER_ADDR}:{MASTER_PORT}".format(**os.environ)
+    job = dataclasses.replace(job, run_id=run_id)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != job.world_size:
         print(f"torchrun started {world} processes but the plan has {job.world_size} workers; "
               f"use --nproc-per-node/--nnodes for {job.world_size}", file=sys.stderr)
         return 2
     sink = _ListSink()
-    _, gathered = run_distributed(job, rank, sink, init_method="env://",
-                                  local_rank=int(os.environ.get("LOCAL_RANK", rank)), gather=True)
+    lock = None
+    if rank == 0 and job.runtime.checkpoint_every and job.runtime.checkpoint_dir:
+        lock = FolderLock(job.runtime.checkpoint_dir)
+        clean_checkpoints(job.runtime.checkpoint_dir)
+        sink.sealer = _FileSealer(job)
+    try:
+        _, gathered = run_distributed(job, rank, sink, init_method="env://",
+                                      local_rank=int(os.environ.get("LOCAL_RANK", rank)), gather=True)
+        if sink.sealer is not None:
+            sink.sealer.join()
+    finally:
+        if lock is not None:
+            lock.release()
     if rank == 0:
         results = [r for r, _ in gathered]
         events = [e for _, evs in gathered for e in evs]
@@ -85,11 +152,14 @@ def run_torchrun_worker(job_path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelab.runtime.torchrun job.json`` under torchrun (reads RANK, WORLD_SIZE, ...)."""
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    trust = "--trust" in args
+    args = [a for a in args if a != "--trust"]
     if len(args) != 1:
-        print("usage: python -m pipelab.runtime.torchrun job.json   (under torchrun)", file=sys.stderr)
+        print("usage: python -m pipelab.runtime.torchrun job.json [--trust]   (under torchrun)",
+              file=sys.stderr)
         return 2
-    return run_torchrun_worker(args[0])
+    return run_torchrun_worker(args[0], trust=trust)
 
 
 if __name__ == "__main__":

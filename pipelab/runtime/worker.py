@@ -61,6 +61,7 @@ from pipelab.runtime.comm import (
     tag,
 )
 from pipelab.runtime.compress import decode_message, encode_message, message_specs
+from pipelab.runtime.guards import check_grads, check_loss, warn
 from pipelab.runtime.job import Job
 from pipelab.runtime.memory import MemoryMeter
 from pipelab.runtime.options import run_maybe_checkpointed
@@ -127,6 +128,7 @@ class Worker(Checkpointing):
         self._retire = self._retire_plan()
         self.u_pair, self.u_divisor = update_pairs(sched, rank, self.stages, job.syncs, job.microbatches)
         self.current: Action | None = None
+        self.warn: Callable[[str], None] = warn    # a driver may send warnings to its parent instead
         # measure_memory: the executor samples after every action (Worker.measure) and names the
         # message buffers it holds for this worker (meter.messages)
         self.meter = MemoryMeter(self.stages) if job.runtime.measure_memory else None
@@ -290,6 +292,8 @@ class Worker(Checkpointing):
         st.policy.forward_done(m, v)
         if st.is_last:
             k = m // self.job.microbatches
+            check_loss(outputs[0], step=k + self.start_step, stage=st.index, action=str(self.current),
+                       mode=self.job.runtime.on_nonfinite, warn=self.warn)
             st.losses[k] = st.losses.get(k, 0) + outputs[0].detach()
             return [], v
         out = self._encode([o.detach() for o in outputs])
@@ -401,11 +405,15 @@ class Worker(Checkpointing):
         if div != 1.0:
             for p in params:
                 p.grad.div_(div)  # type: ignore[union-attr]
+        steps = check_grads([p.grad for p in params if p.grad is not None],
+                            step=a.microbatch + self.start_step, stage=a.stage, action=str(a),
+                            mode=self.job.runtime.on_nonfinite, warn=self.warn)
         if st.optimizer is not None:
             st.policy.before_step(st.optimizer)
         st.policy.about_to_update()
         if st.optimizer is not None:
-            st.optimizer.step()
+            if steps:    # on_nonfinite="skip" drops an update whose gradients are not finite
+                st.optimizer.step()
             st.optimizer.zero_grad(set_to_none=True)
         st.policy.updated()
         self.maybe_checkpoint(i)

@@ -241,17 +241,16 @@ def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.T
 
 def serve_process_main(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, np.ndarray]],
                        num_virtual_workers: int, staleness: int, result: Connection | None = None) -> None:
-    """Entry point of the parameter-server process: ``serve`` and send the log back on ``result``."""
-    import sys
+    """Entry point of the parameter-server process: ``serve`` and send the log back on ``result``.
 
-    if sys.platform.startswith("linux"):   # die with the parent: never outlive the job
-        import ctypes
-        import signal
+    It dies with its launcher (:func:`pipelab.runtime.lifeline.watch_launcher`) and ignores Ctrl-C,
+    as the workers do: the launcher decides, and stops it with the job."""
+    import signal
 
-        try:
-            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    from pipelab.runtime.lifeline import watch_launcher
+
+    watch_launcher()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     log = serve(conns, {s: _from_wire(p) for s, p in shards.items()}, num_virtual_workers, staleness)
     if result is not None:

@@ -1,0 +1,122 @@
+"""What ties a job's worker processes to the process that launched them, and keeps its rendezvous closed.
+
+Invariants:
+
+* A worker never outlives its launcher. :func:`watch_launcher` starts a thread that waits on the
+  launcher's lifeline (``multiprocessing.parent_process().sentinel``: the launcher's end of the
+  pipe it started the worker through, which closes when the launcher dies, also under a fork
+  server, whose children's OS parent is the fork server and not the launcher) and ends the worker
+  with ``os._exit`` the moment it closes. Under torchrun, whose agent starts each worker with
+  ``subprocess``, the thread watches the OS parent instead (``os.getppid()`` changes when it dies).
+* A single-host rendezvous listens on loopback only: the launcher binds the TCPStore's socket to
+  ``127.0.0.1`` itself, on a port the kernel picks (or the one asked for), hands that socket to the
+  store (``master_listen_fd``) and the bound port to the workers, so no other run can take the port
+  between a check and a bind; gloo is told to use the loopback interface (``GLOO_SOCKET_IFNAME``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from datetime import timedelta
+from typing import Any
+
+#: the launcher died: a worker's exit code when its lifeline closes (128 + SIGHUP, as a shell reports it)
+ORPHANED_EXIT = 129
+
+
+def watch_launcher(poll_s: float = 0.5) -> threading.Thread:
+    """End this process (``os._exit``) as soon as the process that launched it is gone."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    sentinel = getattr(parent, "sentinel", None)
+    if sentinel is not None:
+        from multiprocessing.connection import wait
+
+        def watch() -> None:
+            wait([sentinel])
+            os._exit(ORPHANED_EXIT)
+    else:      # started by subprocess (torchrun's agent): watch the OS parent
+        ppid = os.getppid()
+
+        def watch() -> None:
+            stop = threading.Event()
+            while os.getppid() == ppid:
+                stop.wait(poll_s)
+            os._exit(ORPHANED_EXIT)
+    t = threading.Thread(target=watch, daemon=True, name="pipelab-lifeline")
+    t.start()
+    return t
+
+
+def check_port(port: Any) -> int:
+    """``port`` as an int in 1..65535, else a ``ValueError`` saying what to pass."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port={port!r} is not a TCP port (1..65535); pass a free port, or leave port=None "
+                         "to let the kernel pick one")
+    return port
+
+
+class Rendezvous:
+    """The rendezvous store of a single-host job, listening on loopback only (see the module docstring).
+
+    ``port=None`` lets the kernel pick a free port atomically; a given port that is taken raises a
+    ``ValueError`` naming it. ``.port`` is the bound port the workers connect to; :meth:`close` stops it.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 300.0) -> None:
+        import torch.distributed as dist
+
+        want = 0 if port is None else check_port(port)
+        sk = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sk.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a port in TIME_WAIT, never one in use
+        try:
+            sk.bind((host, want))
+            sk.listen(1024)
+        except OSError as exc:
+            sk.close()
+            raise ValueError(f"port {want} on {host} is in use or not available ({exc.strerror}); pass a "
+                             "free port, or leave port=None to let pipelab pick one") from None
+        self.host, self.port = host, int(sk.getsockname()[1])
+        try:   # the store owns (and closes) a duplicate of the listening socket
+            self.store: Any = dist.TCPStore(host, self.port, is_master=True, wait_for_workers=False,
+                                            timeout=timedelta(seconds=timeout_s),
+                                            master_listen_fd=os.dup(sk.fileno()))
+        finally:
+            sk.close()
+
+    def close(self) -> None:
+        """Stop listening (idempotent)."""
+        self.store = None
+
+
+def loopback_interface() -> str | None:
+    """The name of this host's loopback network interface (``lo`` on Linux), or ``None``."""
+    try:
+        names = [n for _, n in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        return None
+    for n in names:
+        if n == "lo" or n.startswith("lo") and sys.platform == "darwin":
+            return n
+    return None
+
+
+def use_loopback() -> None:
+    """Make gloo (created after this call, in this process) listen on the loopback interface only."""
+    lo = loopback_interface()
+    if lo is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = lo
+
+
+def signal_name(code: int) -> str:
+    """`` (SIGKILL)`` for a process ended by a signal (a negative exit code), else ``""``."""
+    import signal
+
+    try:
+        return f" ({signal.Signals(-code).name})" if code < 0 else ""
+    except ValueError:
+        return ""
