@@ -66,7 +66,7 @@ import statistics
 import pandas as pd
 
 import pipelab as pl
-from pipelab.reproduce import table1
+from reproductions.pipedream_table1 import rows as table1
 
 # %% [markdown]
 # ## Profiles on today's GPUs: the assumption
@@ -263,7 +263,7 @@ if run_real:
     from pipelab.calibrate import calibrate  # noqa: E402
     from pipelab.models import demo  # noqa: E402
     from pipelab.planner.decide import bounds_of, less_shift  # noqa: E402
-    from pipelab.reproduce import accuracy  # noqa: E402
+    from reproductions.sim_accuracy import accuracy  # noqa: E402
 
     REAL = {**accuracy.MODELS,   # name -> (model_fn, data_fn, loss_fn, batch)
             "unbalanced": (functools.partial(demo.tiny_transformer, vocab=3000, d_model=64, heads=2, depth=4,

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelab.sim", "pipelab.runtime", "pipelab.torch_bridge", "pipelab.explain"),
     ("pipelab.views", "pipelab.calibrate", "pipelab.planner"),
     ("pipelab.widgets",),
-    ("pipelab.reproduce", "pipelab.cli"),
+    ("pipelab.cli",),
     ("pipelab",),
 )
 #: units of one layer that must not import each other at all

@@ -145,7 +145,7 @@ def test_the_second_pass_adds_the_arrivals_extra_where_no_crossing_is() -> None:
 
 
 def test_the_replay_with_measured_durations_adds_no_stall() -> None:
-    from pipelab.reproduce.accuracy import MeasuredActions
+    from reproductions.sim_accuracy.accuracy import MeasuredActions
 
     assert MeasuredActions.crossing_s(object.__new__(MeasuredActions)) == 0.0
     assert MeasuredActions.arrival_s(object.__new__(MeasuredActions)) == 0.0

@@ -13,8 +13,6 @@ import pytest
 import pipelab as pl
 from pipelab.costs import CostModel
 from pipelab.partition.pipedream_conf import available, load_config, plan_from_pipedream, stage_bounds
-from pipelab.reproduce import table1_paper as tp
-from pipelab.reproduce.table1 import TABLE1, simulate_plan
 from pipelab.transports import (
     DDP_BUCKET_BYTES,
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
@@ -24,6 +22,8 @@ from pipelab.transports import (
     nccl24_tree_threshold,
     nccl_flat_ring,
 )
+from reproductions.pipedream_table1 import paper as tp
+from reproductions.pipedream_table1.rows import TABLE1, simulate_plan
 
 RESULTS = Path(__file__).resolve().parents[1] / "reproductions" / "pipedream_table1" / "results.csv"
 

@@ -39,8 +39,6 @@ from pipelab.partition import partition
 from pipelab.partition.pipedream_conf import plan_from_pipedream
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
-from pipelab.reproduce.report import svg_heatmap
-from pipelab.reproduce.table1 import TABLE1, PaperRow, config_shape, simulate_plan
 from pipelab.transports import (
     DDP_BUCKET_BYTES,
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
@@ -50,6 +48,8 @@ from pipelab.transports import (
     nccl24_tree_threshold,
     nccl_flat_ring,
 )
+from reproductions._common.report import svg_heatmap
+from reproductions.pipedream_table1.rows import TABLE1, PaperRow, config_shape, simulate_plan
 
 if TYPE_CHECKING:
     import pandas as pd
