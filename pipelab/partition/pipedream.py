@@ -49,21 +49,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan, refine_bounds, search_objective
+from pipelab.partition._evaluate import block_workers, build_plan, refine_bounds, search_objective
 from pipelab.partition.dp import partition_dp
 from pipelab.partition.plan import Plan
 from pipelab.partition.prefix_sum import solve as straight_solve
-
-
-def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:
-    """Cluster workers of inner workers ``[w, w+m)`` in every copy of a ``block``-worker block.
-
-    Ordered block-minor (``x`` outer, copy ``c`` inner) so that replica ``k`` of every stage lies in
-    block ``k % copies``: round-robin (minibatch ``t`` to replica ``t % r``) then keeps minibatch
-    ``t`` inside block ``t % copies`` on every stage, as PipeDream's replicated pipelines do, and its
-    cuts never leave the block.
-    """
-    return [c * block + x for x in range(w, w + m) for c in range(cm.cluster.num_workers // block)]
 
 
 def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None = None,

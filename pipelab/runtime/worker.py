@@ -445,8 +445,3 @@ class Worker(Checkpointing):
                             memory_breakdown=dict(m.breakdown) if m else {},
                             memory_timeline=list(m.timeline) if m else [])
 
-
-if __name__ == "__main__":   # deprecated spelling of ``python -m pipelab.runtime.torchrun job.json``
-    from pipelab.runtime.torchrun import main
-
-    raise SystemExit(main())
