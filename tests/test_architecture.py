@@ -132,6 +132,66 @@ def test_no_upward_import_and_no_cycle() -> None:
     assert not bad, "layer contracts broken (see ARCHITECTURE.md, 'Layers'):\n" + "\n".join(bad)
 
 
+#: module circles left, each owned by another part of this round's work (see ARCHITECTURE.md)
+ALLOWED_MODULE_CYCLES: tuple[frozenset[str], ...] = (
+    frozenset({"pipelab.widgets", "pipelab.widgets.planner"}),   # widgets/__init__ keeps the package's body
+)
+
+
+def module_cycles(root: Path) -> list[list[str]]:
+    """Every set of modules under ``root`` that import one another in a circle (Tarjan's strongly
+    connected components of the module import graph, function-level imports included), sorted."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for src, dst, _ in imports(root):
+        if src != dst:
+            graph[src].add(dst)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return sorted(out)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    found = [c for c in module_cycles(PKG) if frozenset(c) not in ALLOWED_MODULE_CYCLES]
+    assert not found, "modules importing one another in a circle (move the shared part down):\n" + \
+        "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_cycle_finder_finds_a_planted_cycle(tmp_path: Path) -> None:
+    copy = tmp_path / "pipelab"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    target = copy / "partition" / "plan.py"
+    target.write_text(target.read_text(encoding="utf-8") + "\n\ndef _late():\n"
+                      "    from pipelab.partition.dp import partition_dp\n", encoding="utf-8")
+    pair = {"pipelab.partition.dp", "pipelab.partition.plan"}
+    assert any(pair <= set(c) for c in module_cycles(copy))
+    assert not any(pair <= set(c) for c in module_cycles(PKG))
+
+
 def test_every_module_is_in_a_layer_and_small() -> None:
     for path in PKG.rglob("*.py"):
         unit_of(_module_name(path, PKG))

@@ -320,10 +320,8 @@ def test_compression_lowers_cut_cost():
     a = partition(p, c, "prefix-sum", memory_limit=1e15)
     b = partition(p, c, "prefix-sum", memory_limit=1e15, compression=4.0)
     assert b.time_per_minibatch <= a.time_per_minibatch
-    # the old keyword still works, with a deprecation warning, and gives the same plan
-    with pytest.warns(DeprecationWarning, match="compression_ratio= is deprecated"):
-        old = partition(p, c, "prefix-sum", memory_limit=1e15, compression_ratio=4.0)
-    assert old.time_per_minibatch == b.time_per_minibatch and old.stages == b.stages
+    with pytest.raises(TypeError, match="compression_ratio"):   # the old keyword is gone
+        partition(p, c, "prefix-sum", memory_limit=1e15, compression_ratio=4.0)
     assert max(b.notes["cut_terms_s"]) < max(a.notes["cut_terms_s"]) or not a.notes["cut_terms_s"]
 
 

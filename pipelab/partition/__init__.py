@@ -31,9 +31,9 @@ __all__ = ["METHODS", "CostModel", "Plan", "Stage", "partition"]
 
 
 def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
-              compression: str | float | None = None, compression_ratio: float | None = None,
-              optimizer: str = "sgd-momentum", allreduce_overlap: str = "ddp",
-              allreduce_bandwidth: float | None = None, **options: Any) -> Plan:
+              compression: str | float | None = None, optimizer: str = "sgd-momentum",
+              allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
+              **options: Any) -> Plan:
     """Partition ``profile`` for ``cluster`` (a Cluster or a spec like ``"pipedream-a:4x4"``) by ``method``.
 
     Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``;
@@ -46,7 +46,7 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     :class:`~pipelab.costs.CostModel`); ``allreduce_bandwidth`` (bytes/s): the links' bandwidth
     inside an all-reduce where measured to differ from point-to-point (None: the cluster's).
     ``compression``: the activation compression as ``train`` names it (``"fp16"``, ``"int8"``) or a
-    ratio; ``compression_ratio=`` is its deprecated spelling.
+    ratio.
     """
     if not isinstance(profile, Profile):
         raise TypeError(f"partition() needs a pipelab Profile, got {type(profile).__name__}; "
@@ -54,7 +54,7 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     cl = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cl, Cluster):
         raise TypeError(f"cluster must be a Cluster or a preset spec string, got {type(cluster).__name__}")
-    ratio = compression_ratio_of(compression, compression_ratio)
+    ratio = compression_ratio_of(compression)
     cm = CostModel(profile, cl, compression_ratio=ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
     m = method.lower()

@@ -32,7 +32,7 @@ import pandas as pd
 if TYPE_CHECKING:
     import torch
 
-    from pipelab.planner import PlanTable
+    from pipelab.planner.search import PlanTable
 
 #: columns of :attr:`Confirmed.table`
 COLUMNS = ("row", "method", "partitioner", "config", "microbatches", "chunks", "role", "steps",

@@ -70,13 +70,10 @@ from pipelab.partition.plan import Plan
 from pipelab.planner.decide import (
     ONE_STAGE_ASYNC,
     ONE_STAGE_SYNC,
-    SIM_ERRORS,
-    SIM_RANGES,
     SIM_RELATIVE_RANGES,
     Margin,
     check_margin,
     decide,
-    margin_from_accuracy,
 )
 from pipelab.profile.records import Layer, Profile
 from pipelab.schedules._common import ScheduleError
@@ -456,7 +453,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     measured = dict(SIM_RELATIVE_RANGES) if cl.calibration is not None else 0.0
     margin = check_margin(measured if margin is None else margin)
     hetero = len({cl.speed(w) for w in range(W)}) > 1
-    names = tuple(methods) if methods is not None else DEFAULT_METHODS + (("hetpipe",) if hetero else ())
+    mixed = tuple(n for n in registry.names() if registry.get(n).heterogeneous) if hetero else ()
+    names = tuple(methods) if methods is not None else DEFAULT_METHODS + mixed
     for name in names:
         registry.get(name)   # an unknown name raises MethodError, listing the valid ones
     for comp in compression:
@@ -469,7 +467,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     if not cands:
         raise ValueError(f"no candidate for methods {list(names)} on {W} workers and {len(profile)} layers")
     bounds = [_bound(c, cms, memory_bandwidth) for c in cands]
-    uniform = [i for i, c in enumerate(cands) if c.method == "1f1b-flush" and c.partitioner == "uniform"
+    uniform = [i for i, c in enumerate(cands) if c.method == registry.BASELINE and c.partitioner == "uniform"
                and not c.recompute and c.compression is None and c.microbatches == c.plan.num_stages]
     default = max(uniform, key=lambda i: (cands[i].plan.num_stages, -cands[i].plan.num_workers), default=None)
     order = sorted(range(len(cands)), key=lambda i: (bounds[i][0], cands[i].key()))
@@ -571,9 +569,3 @@ def _rank(table: pd.DataFrame) -> pd.DataFrame:
             best = r["throughput"]
     table["pareto"] = table.index.isin(front)
     return table
-
-
-from pipelab.planner.confirmation import Confirmed, confirm  # noqa: E402  (measures a PlanTable's shortlist)
-
-__all__ = ["COLUMNS", "DEFAULT_METHODS", "SIM_ERRORS", "SIM_RANGES", "SIM_RELATIVE_RANGES", "Candidate",
-           "Confirmed", "PlanTable", "confirm", "decide", "margin_from_accuracy", "plan"]

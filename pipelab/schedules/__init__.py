@@ -21,8 +21,7 @@ Contract (stable; see also :mod:`pipelab.schedules.actions`):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import Any
 
 import pipelab.methods as _methods
@@ -35,11 +34,6 @@ from pipelab.schedules._common import ScheduleError, resolve_plan
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.torch_format import from_torch, to_torch_csv, to_torch_order
 from pipelab.schedules.validate import validate
-
-#: method name -> (synchronous?, one-line description); a read-only view of :mod:`pipelab.methods`
-#: (deprecated: use ``pipelab.methods.get(name)``, whose records say everything about a method)
-METHODS: Mapping[str, tuple[bool, str]] = MappingProxyType(
-    {m.name: (m.synchronous, m.description) for m in _methods.METHODS.values()})
 
 
 class MethodScheduleError(ScheduleError, MethodError):
@@ -214,7 +208,6 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
 __all__ = [
     "BUILDERS",
     "Action",
-    "METHODS",
     "MethodScheduleError",
     "Schedule",
     "ScheduleError",
