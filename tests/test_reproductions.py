@@ -309,3 +309,13 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     assert "common shift" in (tmp_path / "results.md").read_text()
     assert "without duty" in (tmp_path / "results.md").read_text()
     ET.parse(tmp_path / "scatter.svg")
+
+
+def test_reproduce_without_a_checkout_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelab.cli import main as cli_main
+    from pipelab.cli import reproduce
+
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)   # an installed package: no reproductions/ beside it
+    assert cli_main(["reproduce", "--quickstart"]) == 2
+    assert "clone it and run `make reproduce`" in capsys.readouterr().err
