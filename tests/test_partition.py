@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from pipelab.cluster import Cluster, Device, Level
 from pipelab.costs import CostModel
 from pipelab.partition import partition
-from pipelab.partition._evaluate import build_plan, search_objective
 from pipelab.partition.balance import balance_by_size, balance_by_time
 from pipelab.partition.hetero import hetpipe_time_s, partition_virtual_worker, virtual_workers
 from pipelab.partition.pipedream import solve
+from pipelab.partition.predict import build_plan, search_objective
 from pipelab.profile.records import Profile
 
 FREE = float("inf")   # infinite bandwidth, zero latency: communication is free

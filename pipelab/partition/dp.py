@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan, check_memory, dp_time_s
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import build_plan, check_memory, dp_time_s
 
 
 def partition_dp(

@@ -28,7 +28,7 @@ stage's NIC; round-robin spreads them over the stage's ports). Stages over memor
 The plan's prediction is then the full :meth:`CostModel.steady_state`, which also sums ports that
 several stages share and bounds the round trip over the minibatches in flight and the 1F1B cycles of
 adjacent unreplicated stages; each layout's boundaries are first moved one at a time to where that
-steady state is smallest (:func:`~pipelab.partition._evaluate.refine_bounds`, a local search), for the
+steady state is smallest (:func:`~pipelab.partition.predict.refine_bounds`, a local search), for the
 straight pipeline from two starts, the DP's bounds and the exact prefix-sum optimum (they tie on the
 DP's objective yet can end in different local optima); among the layouts searched (flat and per
 block) the one with the best prediction wins.
@@ -49,9 +49,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import block_workers, build_plan, refine_bounds, search_objective
 from pipelab.partition.dp import partition_dp
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import block_workers, build_plan, refine_bounds, search_objective
 from pipelab.partition.prefix_sum import solve as straight_solve
 
 

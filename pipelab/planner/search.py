@@ -76,8 +76,8 @@ from pipelab.planner.decide import (
     decide,
 )
 from pipelab.profile.records import Layer, Profile
-from pipelab.schedules._common import ScheduleError
-from pipelab.schedules.facts import stage_delays
+from pipelab.schedules.steps import ScheduleError
+from pipelab.schedules.worker_view import stage_delays
 from pipelab.sim.simulate import SimResult, simulate, virtual_plan
 
 #: methods searched by default: every registered one but the ablations (naive-async; buffered with

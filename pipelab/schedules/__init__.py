@@ -30,8 +30,8 @@ from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
 from pipelab.schedules import async_, segments, sync
 from pipelab.schedules import hetpipe as _hetpipe
-from pipelab.schedules._common import ScheduleError, resolve_plan
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.steps import ScheduleError, resolve_plan
 from pipelab.schedules.torch_format import from_torch, to_torch_csv, to_torch_order
 from pipelab.schedules.validate import validate
 

@@ -46,8 +46,8 @@ from typing import Any
 import pipelab.methods as _methods
 from pipelab._io import atomic_write_text
 from pipelab.schedules import torch_api
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.validate import validate as _validate
 
 #: torch letter -> pipelab kind (``B`` is handled apart: it depends on whether the stage splits)

@@ -37,12 +37,12 @@ from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
 from pipelab.schedules import build
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.crossing import Stalled, arrived_actions, crossed_actions
 from pipelab.schedules.dataflow import POST_AHEAD, Costs, Deadlock, UnitCosts, run
 from pipelab.schedules.duty import settle
-from pipelab.schedules.facts import stage_delays
+from pipelab.schedules.steps import ScheduleError
+from pipelab.schedules.worker_view import stage_delays
 from pipelab.trace import Event, Trace
 
 #: the runtime weight policies (``Method.weights``) whose every forward runs on a stashed version

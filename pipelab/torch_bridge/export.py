@@ -19,8 +19,8 @@ from torch import nn
 from pipelab.graph import StageModule, layer_nodes, trace
 from pipelab.partition.plan import Plan
 from pipelab.schedules import build, torch_api
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Schedule
+from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.torch_format import to_torch_order
 
 
