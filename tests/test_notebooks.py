@@ -70,8 +70,10 @@ def test_notebook_is_stored_clean(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_notebook_runs_under_papermill(name: str, tmp_path: Path) -> None:
+def test_notebook_runs_under_papermill(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     papermill = pytest.importorskip("papermill")
+    # the kernel imports pipelab and reproductions.* from this checkout (as `make lab` sets it)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
     t0 = time.perf_counter()
     out = tmp_path / f"{name}.out.ipynb"
     try:
