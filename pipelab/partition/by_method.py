@@ -1,6 +1,6 @@
-"""Partitioners: split a Profile's layers into pipeline stages for a Cluster, returning a Plan.
+"""``partition(profile, cluster, method=...)``: the one entry point of the partitioners, by name.
 
-``partition(profile, cluster, method=...)`` dispatches to:
+It dispatches to:
 
 * ``"pipedream"`` -- PipeDream's DP over stages and replica counts (:mod:`.pipedream`);
 * ``"prefix-sum"`` -- Lv et al.'s balanced straight pipeline, memory-aware (:mod:`.prefix_sum`);
@@ -21,13 +21,12 @@ from pipelab.partition.balance import partition_gpipe
 from pipelab.partition.dp import partition_dp
 from pipelab.partition.hetero import partition_hetpipe
 from pipelab.partition.pipedream import partition_pipedream
-from pipelab.partition.plan import Plan, Stage
+from pipelab.partition.plan import Plan
 from pipelab.partition.prefix_sum import partition_prefix_sum
 from pipelab.profile.records import Profile
 
 METHODS = ("pipedream", "prefix-sum", "gpipe", "hetpipe", "dp")
 
-__all__ = ["METHODS", "CostModel", "Plan", "Stage", "partition"]
 
 
 def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
