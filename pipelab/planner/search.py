@@ -1,54 +1,10 @@
-"""The planner: which method, partition, microbatches and options to run on a cluster, within memory.
+"""The planner's search: candidates priced by closed-form bounds, simulated in order of their bound.
 
-``plan(profile, cluster)`` enumerates candidates -- methods (the registry's) x partitions (a uniform
-layer split, GPipe's time balance and Lv et al.'s prefix sum at every stage count, straight or with
-the pipeline replicated over the remaining workers; PipeDream's DP plan with its own replication,
-and its best straight pipeline; data parallelism) x microbatches x interleaving chunks x
-recomputation x activation compression -- prices each with a closed-form lower bound (per minibatch,
-the busiest worker's compute and updates: no schedule can beat it), simulates them in increasing
-order of that bound (:func:`pipelab.sim.simulate`, the one simulator), and skips a candidate once
-a simulated one that fits in memory is at least as fast as its bound and no larger than its
-memory floor (weights, gradients and optimizer state): such a candidate cannot reach the Pareto
-front of throughput against memory, nor the top of the ranking.
-
-The result, :class:`PlanTable`, is a ranked pandas DataFrame, one row per candidate (skipped ones
-included, with why), with predicted throughput, peak memory per worker and whether it fits,
-bubble fraction, and for asynchronous methods the weight versions held and the staleness (most
-updates between the version a minibatch reads and the one its update changes) flagged as a
-statistical-efficiency risk. Deterministic: candidates are ordered by (bound, their key).
-
-A flushed method is simulated for one minibatch (its time per minibatch: never optimistic), and its
-peak memory gets the optimizer state the first update allocates, which every later minibatch holds
-(checked against a three-minibatch simulation in the tests). Recomputation is priced here (the
-simulator does not know it): each stage's backward re-runs its
-forward, and a stage keeps only its input per microbatch in flight (the profile is simulated with
-one byte saved per layer), plus, while one microbatch's backward runs, that microbatch's
-activations (added to the simulated peak).
-
-The decision is honest about the simulator's error. The default (what a torch or Megatron user gets:
-1F1B on a uniform layer split, ``M = P``) is always simulated; a candidate replaces it only when it
-is surely faster given ``margin``, the simulator's relative throughput error per method (by default,
-on a calibrated cluster whose predictions are meant to be compared with real runs,
-:data:`SIM_RELATIVE_RANGES`, the signed range of errors ``reproductions/sim_accuracy`` measured per
-method less each run's common shift, since the candidate and the default are predicted on one
-calibration; :data:`SIM_RANGES` keeps the errors themselves; 0 on an analytic preset, whose error is
-unknown): ``predicted / (1 + hi)`` of the candidate above ``predicted / (1 + lo)`` of the
-default (with one number ``e``: ``predicted / (1 + e)`` above ``predicted / (1 - e)``). The table
-shows the rule: ``vs_default`` (predicted throughput over the default's), ``needs_vs_default`` (the
-``vs_default`` the row would need to be surely faster: ``(1 + hi) / (1 + lo_default)``),
-``within_error`` (the simulator cannot tell the row from the default) and ``pick`` (the chosen row,
-:attr:`PlanTable.best`). Among the candidates that qualify, those tied with the fastest within the
-error go to the simpler plan (synchronous, fewer stages, ``dp`` itself, no chunks, no recomputation,
-no compression, fewer microbatches, less memory, then table order): deterministic
-(:mod:`pipelab.planner.decide`).
-
-Degenerate candidates are named for what they are (column ``equivalent``): a method that pipelines
-on a one-stage plan (its one stage replicated on every worker) runs no pipeline; a synchronous one is
-data parallelism with gradient accumulation over the microbatches each replica takes, and an
-asynchronous one is not simulated (status ``collapsed``): with one stage no weight is ever stale, its
-replicas take whole minibatches in turn, so it is data parallelism at ``replicas`` times the minibatch,
-which changes what is trained rather than how fast (the ``dp`` rows are data parallelism at the
-profile's minibatch).
+:func:`plan` enumerates methods x partitions x microbatches x chunks x recomputation x compression,
+skips a candidate once a simulated one that fits is at least as fast as its bound and no larger than
+its memory floor (it can reach neither the Pareto front nor the top), and returns a ranked
+:class:`PlanTable`. Deterministic: candidates are ordered by (bound, key). The decision rule is
+:mod:`pipelab.planner.decide`; docs/planner.md explains both.
 """
 
 from __future__ import annotations
