@@ -448,24 +448,17 @@ class Cluster:
                        host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
                        allreduce_bus_bandwidth: dict[str, float] | None = None,
                        gloo_allreduce_bandwidth: float = GLOO_ALLREDUCE_BUS_BANDWIDTH) -> Cluster:
-        """This cluster with its transfers priced by a transport (same devices and links;
-        :func:`pipelab.transports.transport_levels`).
+        """This cluster with its transfers priced by a transport (same devices and links).
 
-        ``pipeline`` (:data:`pipelab.transports.PIPELINE_TRANSPORTS`): ``"gloo-host"`` sets every
-        level's ``p2p_bandwidth`` to the store-and-forward rate of PipeDream's gloo path,
-        ``1 / (2 / host_copy_bandwidth + 1 / net)``: a device-to-host copy, the TCP transfer (``net``:
-        the level's own bandwidth across servers; a host memory copy, ``host_copy_bandwidth``, on the
-        innermost level of a multi-GPU server, where gloo's TCP runs over loopback) and a
-        host-to-device copy. ``allreduce`` (:data:`pipelab.transports.ALLREDUCE_TRANSPORTS`):
-        ``"nccl-ring"`` sets the ``allreduce_bandwidth`` of every level named in
-        ``allreduce_bus_bandwidth`` (default :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`, the
-        Ethernet levels) to NCCL's measured bus bandwidth; levels inside a server keep their link's.
-        ``"gloo-ring"`` sets every level's to gloo's ring on the host: the slower of the level's path
-        (its Ethernet across servers, ``host_copy_bandwidth`` for the loopback inside one) and
-        ``gloo_allreduce_bandwidth`` (default :data:`pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`,
-        gloo's published ring rate), and the cluster's ``allreduce_ring`` to ``"flat"``: gloo runs one
-        ring through the group's ranks; the copies to and from the host happen once per bucket, behind
-        other buckets' rings, and are not priced. ``"link"`` leaves a level as it is.
+        Args:
+            pipeline: ``"link"`` or ``"gloo-host"`` (PipeDream's gloo path: a device-to-host copy, the
+                TCP transfer, over loopback a host copy, and a host-to-device copy, store and forward).
+            allreduce: ``"link"``; ``"nccl-ring"`` (the levels named in ``allreduce_bus_bandwidth``,
+                default :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`, at NCCL's measured bus
+                bandwidth); or ``"gloo-ring"`` (one flat ring on the host at the slower of the level's
+                path and ``gloo_allreduce_bandwidth``; the host copies hide behind other buckets).
+
+        See :func:`pipelab.transports.transport_levels` for the rates.
         """
         levels = transport_levels(self.levels, pipeline, allreduce, host_copy_bandwidth=host_copy_bandwidth,
                                   allreduce_bus_bandwidth=allreduce_bus_bandwidth,

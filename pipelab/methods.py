@@ -91,20 +91,13 @@ _KIND_WORDS = {"int": "an int", "bool": "True or False", "float": "a number", "m
 class Method:
     """Everything pipelab knows about one method.
 
-    - ``synchronous``: flushes every minibatch, so all actions of a minibatch read one weight
-      version and the result equals plain minibatch SGD.
+    - ``synchronous``: flushes every minibatch, so the result equals plain minibatch SGD.
     - ``update``: ``"minibatch"`` (one ``U`` per stage per minibatch of ``M`` microbatches) or
-      ``"microbatch"`` (PipeDream-like: every microbatch is a minibatch, ``M = 1``, a ``U`` after
-      each backward).
-    - ``order``: key of the schedule builder in :mod:`pipelab.schedules`.
-    - ``versions``: the version rule of :func:`pipelab.schedules.versions.assign_versions`
-      (``"single"``, ``"stash"``, ``"latest"``, ``"delay"``); ``vertical_sync`` turns
-      ``"stash"`` into ``"vertical"``.
-    - ``weights``: key of the runtime's weight policy (:mod:`pipelab.runtime.policies`).
-    - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U`` (HetPipe's
-      virtual workers synchronize through a parameter server instead).
-    - ``coalesce_wgrad``: ``coalesce_wgrad=True`` is allowed (one weight version per minibatch, no
-      ``W`` actions of its own).
+      ``"microbatch"`` (PipeDream-like: ``M = 1``, a ``U`` after each backward).
+    - ``order``, ``weights``: keys of the schedule builder and of the runtime's weight policy.
+    - ``versions``: the rule of :func:`pipelab.schedules.versions.assign_versions`.
+    - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U``.
+    - ``coalesce_wgrad``: ``coalesce_wgrad=True`` is allowed.
     - ``partitioner``: the partitioner the CLI uses for it when none is named.
     - ``baseline``: the planner's default, what a torch or Megatron user gets (one method has it).
     - ``heterogeneous``: the planner searches it only on clusters of mixed devices.

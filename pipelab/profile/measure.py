@@ -13,11 +13,8 @@ PipeDream's profiler records forward time, backward time, output size and weight
   backward without hooks into the autograd engine;
 * whole passes (``whole=True``, the default): the model's forward with the loss and its backward,
   timed as a training step runs them; every layer's forward and backward times are scaled by one
-  factor each so that they add up to those. The layers' timers leave out what runs between layers
-  and the isolated backwards add autograd's set-up per call: measured here, a transformer stack's
-  layers added up to 85-88% of its forward, the digits CNN's to 110-114% of its backward; paired on
-  the same 16 real runs of ``reproductions/sim_accuracy``, the scaling took the simulator's median
-  |error| from 11.1% to 9.4% and its worst from 29% to 22%.
+  factor each so that they add up to those (the layers' timers leave out what runs between layers,
+  and the isolated backwards add autograd's set-up per call).
 
 The timer is ``time.perf_counter`` on CPU and CUDA events on a GPU; a layer's time is the median
 over ``repeats``. Besides times the profiler records output bytes (real dtypes), the bytes alive
@@ -127,8 +124,7 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
             whole: bool = True) -> Profile:
     """Measure ``model`` on ``sample_input`` (one minibatch) layer by layer.
 
-    The model runs in its current mode (``model.train()`` for training costs); buffers it updates are
-    restored afterwards; on ``device="cuda"`` a copy of the model is moved there.
+    The model runs in its current mode (``model.train()`` for training costs); its buffers are restored.
 
     Args:
         sample_input: a tensor or a tuple of the forward's positional inputs, batch dimension first;

@@ -100,20 +100,15 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
           **options: Any) -> Schedule:
     """Build ``method``'s schedule for ``plan`` (a Plan, or an int P: straight P stages).
 
-    ``microbatches`` M per minibatch (default: 1 for pipedream-like methods, the stage count for
-    pipelined ones, the worker count for ``dp``); ``minibatches`` K (default 1 for sync methods, three
-    times the input stage's in-flight minibatches for async ones, at least three replica rounds more than
-    twice that, a multiple of the replica counts). Options: ``chunks`` (interleaved-1f1b,
-    required; with an int P the plan gets ``chunks * P`` virtual stages), ``vertical_sync`` (pipedream),
-    ``extra_in_flight`` (pipedream, naive-async, pipemare: rounds of minibatches admitted beyond NOAM),
-    ``versions`` (buffered, K >= 2), ``D`` (hetpipe staleness bound).
-
-    ``drain_every=N`` (every method): asynchronous methods are built as consecutive complete
-    schedules of ``N`` minibatches (fill, steady state, drain; :mod:`pipelab.schedules.segments`),
-    so that the pipeline is empty after every ``N``-th minibatch and a checkpoint there resumes
-    exactly. The price is one fill and one drain per ``N`` minibatches. ``segments=[n0, n1, ...]``
-    gives the segment lengths instead (summing to ``minibatches``). Synchronous methods already
-    drain after every minibatch, so for them both change nothing.
+    Args:
+        microbatches: M per minibatch (default: 1 for pipedream-like methods, the stage count for
+            pipelined ones, the worker count for ``dp``).
+        minibatches: K (default 1 for sync methods; for async ones enough for a steady state, a
+            multiple of the replica counts).
+        options: the method's (``pipelab.methods``), e.g. ``chunks`` (interleaved-1f1b; with an int
+            P the plan gets ``chunks * P`` virtual stages), and every method's ``drain_every=N`` or
+            ``segments=[n0, ...]``: an asynchronous schedule built as complete segments (fill, steady
+            state, drain; :mod:`.segments`) so that a checkpoint after each resumes exactly.
     """
     try:
         spec = _methods.get(method)
