@@ -31,8 +31,8 @@ SMALL: dict[str, dict[str, Any]] = {
     "05_weight_versions": {"backend": "local", "steps": 8, "compare_steps": 30, "learning_rates": [0.1]},
     "06_heterogeneous": {"policies": ["ED", "NP"], "staleness_bounds": [0, 2], "minibatches": 8},
     "07_beyond_dnns": {"batches": 8},
-    "08_planner": {"models": ["gnmt16"], "clusters": ["pipedream-a:1x4"], "real_models": ["cnn"],
-                   "real_steps": 8, "real_rounds": 1, "confirm_rounds": 1},
+    "08_planner": {"full_search": False, "models": ["gnmt16"], "clusters": ["pipedream-a:1x4"],
+                   "real_models": ["cnn"], "real_steps": 8, "real_rounds": 1, "confirm_rounds": 1},
 }
 NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 
