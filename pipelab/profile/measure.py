@@ -1,10 +1,8 @@
 """The profiler: measure a model layer by layer and return a :class:`~pipelab.profile.records.Profile`.
 
-Layers are exactly the ones the runtime builds stages from (:func:`pipelab.graph.trace`,
-:func:`~pipelab.graph.layer_members`): a module together with the getitems that unpack its
-tuple output is one layer, timed as the module alone (unpacking a tuple computes nothing).
-PipeDream's profiler records forward time, backward time, output size and weight size per layer
-(Narayanan et al., SOSP'19, section 3.1); so does this one, measured two ways:
+Layers are the ones the runtime builds stages from (:func:`pipelab.graph.layer_members`: a module
+with the getitems that unpack its output). Like PipeDream's profiler (SOSP'19 §3.1) it records
+forward and backward time, output and weight bytes per layer, measured three ways:
 
 * forward: the traced graph runs node by node in whole forward passes (autograd on, as in
   training) with a timer around each layer;
@@ -137,13 +135,7 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
             each layer's part that does not shrink with the batch (``fwd_fixed_s``/``bwd_fixed_s``).
         whole: scale the layers' forward and backward times to whole training passes, timed too.
     """
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
-    if target is not None and loss_fn is None:
-        raise ValueError("target= is given without loss_fn=: pass the loss too (loss_fn(output, target), "
-                         "the function pl.train takes), or leave target out")
+    _check_counts(warmup, repeats, has_target=target is not None, has_loss=loss_fn is not None)
     dev = _resolve_device(device)
     name = model_name or type(model).__name__
     gm, args, buffers = _traced(model, sample_input, dev, name, leaf_modules, depth)
@@ -178,6 +170,17 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     return Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
                    source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved)
+
+
+def _check_counts(warmup: int, repeats: int, *, has_target: bool, has_loss: bool) -> None:
+    """Raise ``ValueError`` saying what to pass for a bad count, or a target without its loss."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+    if has_target and not has_loss:
+        raise ValueError("target= is given without loss_fn=: pass the loss too (loss_fn(output, target), "
+                         "the function pl.train takes), or leave target out")
 
 
 def _traced(model: nn.Module, sample_input: Any, dev: torch.device, name: str,
