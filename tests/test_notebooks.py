@@ -32,7 +32,8 @@ SMALL: dict[str, dict[str, Any]] = {
     "06_heterogeneous": {"policies": ["ED", "NP"], "staleness_bounds": [0, 2], "minibatches": 8},
     "07_beyond_dnns": {"batches": 8},
     "08_planner": {"full_search": False, "models": ["gnmt16"], "clusters": ["pipedream-a:1x4"],
-                   "real_models": ["cnn"], "real_steps": 8, "real_rounds": 1, "confirm_rounds": 1},
+                   "run_real": True, "real_models": ["cnn"], "real_steps": 8, "real_rounds": 1,
+                   "confirm_rounds": 1},
 }
 NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 
