@@ -245,3 +245,15 @@ def test_docstrings_are_short() -> None:
                     long.append(f"{rel}:{node.name} ({n} lines)")
     assert not long, "docstrings over 15 lines (keep a summary and Args/Returns; history goes to " \
         "CHANGELOG.md):\n" + "\n".join(long)
+
+
+def test_the_package_does_not_import_the_reproductions() -> None:
+    """The papers' code lives in reproductions/; the library never imports it (the CLI finds it by path)."""
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(PKG.parent)}:{node.lineno}" for n in names
+                      if n.split(".")[0] == "reproductions"]
+    assert not found, f"pipelab imports reproductions at {found}"
