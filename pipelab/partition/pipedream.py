@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -275,25 +276,12 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
     Searches plans on contiguous ranks and, with ``hierarchical`` (default), also pipelines laid
     over one block of each inner level (one server, ...) and replicated in every block, as
     PipeDream's level-by-level solution does, plus the best straight pipeline and data
-    parallelism; returns the one whose :meth:`CostModel.steady_state` is fastest. ``workers`` restricts the
-    plan
-    to a regular subset of the cluster (whole servers, or GPUs of one server); ``straight=True``
-    forbids replication (one worker per stage).
+    parallelism; returns the one whose :meth:`CostModel.steady_state` is fastest. ``workers``
+    restricts the plan to a regular subset of the cluster (whole servers, or GPUs of one server);
+    ``straight=True`` forbids replication (one worker per stage).
     """
-    from dataclasses import replace
-
     cm2 = replace(cm, cluster=cm.cluster.subset(workers)) if workers is not None else cm
-    cl = cm2.cluster
-    Wall = cl.num_workers
-    blocks: list[int | None] = [None]
-    if hierarchical and not straight:
-        blocks += sorted({cl.block_size(k) for k in range(len(cl.levels) - 1)} - {1, Wall})
-    # (block, straight) searches; the straight pipeline and the one-stage plan are in the flat
-    # search's space, but its stage-additive objective cannot see ports that several stages share,
-    # so their own optima are candidates too, judged like the rest by the full steady state
-    searches: list[tuple[int | None, bool]] = [(b, straight) for b in blocks]
-    if not straight and 1 < Wall <= cm2.num_layers:
-        searches.append((None, True))
+    Wall = cm2.cluster.num_workers
     # the best straight pipeline, once: the flat searches' bound and the straight refinement's second start
     sbounds: list[int] | None = None
     if 1 < Wall <= cm2.num_layers:
@@ -303,7 +291,7 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
             pass
     best: Plan | None = None
     errors = []
-    for block, strt in searches:
+    for block, strt in _searches(cm2, straight, hierarchical):
         try:
             total, bounds, reps = solve(cm2, straight=strt, memory_limit=memory_limit, block=block,
                                         straight_bounds=sbounds)
@@ -312,46 +300,81 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
             continue
         notes: dict[str, object] = {"dp_objective_s": total, "straight": straight, "dp_bounds": bounds}
         if block is None:
-            stage_ws, w = [], 0
-            for m in reps:
-                stage_ws.append(list(range(w, w + m)))
-                w += m
-            # the refinement is a local search from the DP's bounds; a straight pipeline's DP optimum
-            # ties with others of the same bottleneck, so the exact prefix-sum optimum is a second start
-            starts = [list(bounds)]
-            if strt and len(reps) == Wall and sbounds is not None and sbounds != starts[0]:
-                starts.append(sbounds)
-            plan = min((build_plan(cm2, refine_bounds(cm2, b, stage_ws, memory_limit=memory_limit), reps,
-                                   method="pipedream", schedule="async", notes=notes) for b in starts),
-                       key=lambda p: p.time_per_minibatch)
+            second = sbounds if strt and len(reps) == Wall else None
+            plan = _flat_plan(cm2, bounds, reps, notes, second, memory_limit)
         else:
-            copies = Wall // block
-            ranks_of, w, stage_ws = [], 0, []
-            for m in reps:
-                stage_ws.append(block_workers(cm2, block, w, m))
-                ranks_of += stage_ws[-1]
-                w += m
-            bounds = refine_bounds(cm2, bounds, stage_ws, memory_limit=memory_limit)
-            notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
-            plan = build_plan(cm2, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
-                              ranks_of=ranks_of, block=block, notes=notes)
+            plan = _block_plan(cm2, bounds, reps, notes, block, memory_limit)
         # the DP's objective is stage-additive; pick the plan whose full steady state is fastest
         if best is None or plan.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
             best = plan
-    if not straight and best is not None and len(best.stages) > 1:
-        try:
-            dp = partition_dp(cm2, memory_limit=memory_limit)
-        except ValueError:
-            pass
-        else:
-            if dp.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
-                best = build_plan(cm2, [], [Wall], method="pipedream", schedule="async",
-                                  notes={"dp_objective_s": dp.time_per_minibatch, "straight": False})
     if best is None:
         raise errors[0]
-    plan = best
-    if workers is not None:
-        ws = sorted(set(workers))
-        mapped = [ws[r] for r in plan.notes.get("workers", range(Wall))]
-        plan = plan.with_predictions(notes={**plan.notes, "workers": mapped})
-    return plan
+    if not straight and len(best.stages) > 1:
+        best = _or_data_parallel(cm2, best, memory_limit)
+    if workers is None:
+        return best
+    ws = sorted(set(workers))
+    mapped = [ws[r] for r in best.notes.get("workers", range(Wall))]
+    return best.with_predictions(notes={**best.notes, "workers": mapped})
+
+
+def _searches(cm: CostModel, straight: bool, hierarchical: bool) -> list[tuple[int | None, bool]]:
+    """The (block, straight) searches to run: flat, per block of each inner level, and straight.
+
+    The straight pipeline and the one-stage plan are in the flat search's space, but its
+    stage-additive objective cannot see ports that several stages share, so their own optima are
+    candidates too, judged like the rest by the full steady state."""
+    cl = cm.cluster
+    Wall = cl.num_workers
+    blocks: list[int | None] = [None]
+    if hierarchical and not straight:
+        blocks += sorted({cl.block_size(k) for k in range(len(cl.levels) - 1)} - {1, Wall})
+    searches: list[tuple[int | None, bool]] = [(b, straight) for b in blocks]
+    if not straight and 1 < Wall <= cm.num_layers:
+        searches.append((None, True))
+    return searches
+
+
+def _flat_plan(cm: CostModel, bounds: list[int], reps: list[int], notes: dict[str, object],
+               second: list[int] | None, memory_limit: float | None) -> Plan:
+    """The flat DP's plan, its bounds refined; ``second``: another start for a straight pipeline."""
+    stage_ws, w = [], 0
+    for m in reps:
+        stage_ws.append(list(range(w, w + m)))
+        w += m
+    # the refinement is a local search from the DP's bounds; a straight pipeline's DP optimum
+    # ties with others of the same bottleneck, so the exact prefix-sum optimum is a second start
+    starts = [list(bounds)]
+    if second is not None and second != starts[0]:
+        starts.append(second)
+    return min((build_plan(cm, refine_bounds(cm, b, stage_ws, memory_limit=memory_limit), reps,
+                           method="pipedream", schedule="async", notes=notes) for b in starts),
+               key=lambda p: p.time_per_minibatch)
+
+
+def _block_plan(cm: CostModel, bounds: list[int], reps: list[int], notes: dict[str, object], block: int,
+                memory_limit: float | None) -> Plan:
+    """A pipeline over ``block`` workers replicated in every block, its bounds refined."""
+    copies = cm.cluster.num_workers // block
+    ranks_of: list[int] = []
+    stage_ws, w = [], 0
+    for m in reps:
+        stage_ws.append(block_workers(cm, block, w, m))
+        ranks_of += stage_ws[-1]
+        w += m
+    bounds = refine_bounds(cm, bounds, stage_ws, memory_limit=memory_limit)
+    notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
+    return build_plan(cm, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
+                      ranks_of=ranks_of, block=block, notes=notes)
+
+
+def _or_data_parallel(cm: CostModel, best: Plan, memory_limit: float | None) -> Plan:
+    """``best``, or one stage on every worker where data parallelism is predicted faster."""
+    try:
+        dp = partition_dp(cm, memory_limit=memory_limit)
+    except ValueError:
+        return best
+    if dp.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
+        return build_plan(cm, [], [cm.cluster.num_workers], method="pipedream", schedule="async",
+                          notes={"dp_objective_s": dp.time_per_minibatch, "straight": False})
+    return best
