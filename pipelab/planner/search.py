@@ -396,16 +396,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     if not isinstance(cl, Cluster):
         raise TypeError(f"cluster must be a Cluster or a preset spec string, got {type(cluster).__name__}")
     W = cl.num_workers
-    if memory_limit is None:
-        limit = tuple(cl.memory(w) for w in range(W))
-    elif isinstance(memory_limit, (int, float)):
-        limit = (int(memory_limit),) * W
-    else:
-        limit = tuple(int(x) for x in memory_limit)
-        if len(limit) != W:
-            raise ValueError(f"memory_limit has {len(limit)} entries but cluster {cl.name!r} has {W} workers")
-    if any(x <= 0 for x in limit):
-        raise ValueError(f"memory_limit must be positive bytes per worker; got {memory_limit!r}")
+    limit = _limits(cl, memory_limit)
     measured = dict(SIM_RELATIVE_RANGES) if cl.calibration is not None else 0.0
     margin = check_margin(measured if margin is None else margin)
     hetero = len({cl.speed(w) for w in range(W)}) > 1
@@ -426,59 +417,100 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     uniform = [i for i, c in enumerate(cands) if c.method == registry.BASELINE and c.partitioner == "uniform"
                and not c.recompute and c.compression is None and c.microbatches == c.plan.num_stages]
     default = max(uniform, key=lambda i: (cands[i].plan.num_stages, -cands[i].plan.num_workers), default=None)
-    order = sorted(range(len(cands)), key=lambda i: (bounds[i][0], cands[i].key()))
+    sim = _Simulation(profile, cl, cms[False], optimizer, memory_bandwidth, allreduce_overlap, limit)
     rows: list[dict[str, Any]] = [{} for _ in cands]
     done_pts: list[tuple[float, int]] = []   # (time, peak) of simulated candidates that fit
     step = _progress(len(cands), progress)
+    order = sorted(range(len(cands)), key=lambda i: (bounds[i][0], cands[i].key()))
     for n_done, i in enumerate(order, 1):
         c = cands[i]
         b_time, b_mem = bounds[i]
-        row = rows[i]
-        row.update(method=c.method, synchronous=registry.get(c.method).synchronous,
-                   partitioner=c.partitioner, config=c.plan.config, stages=c.plan.num_stages,
-                   workers=c.plan.num_workers if registry.get(c.method).order != "dp" else W,
-                   microbatches=c.microbatches, chunks=c.chunks or 0, recompute=c.recompute,
-                   compression=c.compression or "none", bound_s=b_time, throughput=math.nan,
-                   time_per_minibatch_s=math.nan, peak_memory=math.nan, fits=False, bubble_fraction=math.nan,
-                   versions=0, delay=0, staleness_risk="", pareto=False, equivalent="")
-        one_stage = c.plan.num_stages == 1 and registry.get(c.method).order != "dp"
-        if one_stage:
-            row["equivalent"] = ONE_STAGE_SYNC if registry.get(c.method).synchronous else "dp"
-        if one_stage and not registry.get(c.method).synchronous:
+        row = rows[i] = _base_row(c, b_time, W)
+        spec = registry.get(c.method)
+        if c.plan.num_stages == 1 and spec.order != "dp" and not spec.synchronous:
             row["status"] = ONE_STAGE_ASYNC
         elif b_mem > max(limit):
             row["status"] = "skipped: weights and optimizer state alone exceed memory"
         elif prune and i != default and any(t <= b_time and m <= b_mem for t, m in done_pts):
             row["status"] = "skipped: dominated by its bound"
         else:
-            try:
-                res = _simulate(c, profile, cl, optimizer, memory_bandwidth=memory_bandwidth,
-                                allreduce_overlap=allreduce_overlap)
-            except (ScheduleError, ValueError) as exc:
-                row["status"] = f"error: {str(exc).splitlines()[0][:120]}"
-            else:
-                peak = list(res.peak_memory)
-                if registry.get(c.method).synchronous:
-                    peak = _with_optimizer_state(res, cms[False], c, peak)
-                if c.recompute:
-                    peak = _recompute_peak(res, cms[False], c, peak)
-                fits = all(p <= limit[w] for w, p in enumerate(peak) if w < W)
-                versions, delay = _staleness(res, registry.get(c.method).synchronous)
-                tpm = profile.batch_size / res.throughput   # dp's own time_per_minibatch is per microbatch
-                row.update(throughput=res.throughput, time_per_minibatch_s=tpm,
-                           peak_memory=max(peak), fits=fits,
-                           bubble_fraction=sum(res.bubble_fraction) / len(res.bubble_fraction),
-                           versions=versions, delay=delay, status="simulated",
-                           staleness_risk=(f"weights up to {delay} updates stale, {versions} versions held"
-                                           if delay > 0 else ""))
-                if fits:
-                    done_pts.append((tpm, max(peak)))
+            simulated, point = sim.row(c)
+            row.update(simulated)
+            if point is not None:
+                done_pts.append(point)
         step(n_done)
-    table = pd.DataFrame(rows)
-    table = decide(_rank(table), default, margin)
+    table = decide(_rank(pd.DataFrame(rows)), default, margin)
     return PlanTable(table=table[list(COLUMNS)], candidates=tuple(cands), profile=profile, cluster=cl,
                      memory_limit=limit, optimizer=optimizer, allreduce_overlap=allreduce_overlap,
                      default_row=default, margin=margin)
+
+
+def _limits(cl: Cluster, memory_limit: float | Sequence[float] | None) -> tuple[int, ...]:
+    """Bytes per worker: each device's memory, one number for all, or one per worker (checked)."""
+    W = cl.num_workers
+    if memory_limit is None:
+        limit = tuple(cl.memory(w) for w in range(W))
+    elif isinstance(memory_limit, (int, float)):
+        limit = (int(memory_limit),) * W
+    else:
+        limit = tuple(int(x) for x in memory_limit)
+        if len(limit) != W:
+            raise ValueError(f"memory_limit has {len(limit)} entries but cluster {cl.name!r} has {W} workers")
+    if any(x <= 0 for x in limit):
+        raise ValueError(f"memory_limit must be positive bytes per worker; got {memory_limit!r}")
+    return limit
+
+
+def _base_row(c: Candidate, bound_s: float, W: int) -> dict[str, Any]:
+    """A candidate's row before simulation: what it is, its bound, nothing measured."""
+    spec = registry.get(c.method)
+    row: dict[str, Any] = dict(
+        method=c.method, synchronous=spec.synchronous, partitioner=c.partitioner, config=c.plan.config,
+        stages=c.plan.num_stages, workers=c.plan.num_workers if spec.order != "dp" else W,
+        microbatches=c.microbatches, chunks=c.chunks or 0, recompute=c.recompute,
+        compression=c.compression or "none", bound_s=bound_s, throughput=math.nan,
+        time_per_minibatch_s=math.nan, peak_memory=math.nan, fits=False, bubble_fraction=math.nan,
+        versions=0, delay=0, staleness_risk="", pareto=False, equivalent="")
+    if c.plan.num_stages == 1 and spec.order != "dp":
+        row["equivalent"] = ONE_STAGE_SYNC if spec.synchronous else "dp"
+    return row
+
+
+@dataclass(frozen=True)
+class _Simulation:
+    """What every candidate of one search is simulated with."""
+
+    profile: Profile
+    cluster: Cluster
+    cm: CostModel
+    optimizer: str
+    memory_bandwidth: float | None
+    allreduce_overlap: str
+    limit: tuple[int, ...]
+
+    def row(self, c: Candidate) -> tuple[dict[str, Any], tuple[float, int] | None]:
+        """The simulated columns of ``c``'s row, and its (time per minibatch, peak) when it fits."""
+        try:
+            res = _simulate(c, self.profile, self.cluster, self.optimizer,
+                            memory_bandwidth=self.memory_bandwidth, allreduce_overlap=self.allreduce_overlap)
+        except (ScheduleError, ValueError) as exc:
+            return {"status": f"error: {str(exc).splitlines()[0][:120]}"}, None
+        synchronous = registry.get(c.method).synchronous
+        peak = list(res.peak_memory)
+        if synchronous:
+            peak = _with_optimizer_state(res, self.cm, c, peak)
+        if c.recompute:
+            peak = _recompute_peak(res, self.cm, c, peak)
+        W = self.cluster.num_workers
+        fits = all(p <= self.limit[w] for w, p in enumerate(peak) if w < W)
+        versions, delay = _staleness(res, synchronous)
+        tpm = self.profile.batch_size / res.throughput   # dp's own time_per_minibatch is per microbatch
+        cols = dict(throughput=res.throughput, time_per_minibatch_s=tpm, peak_memory=max(peak), fits=fits,
+                    bubble_fraction=sum(res.bubble_fraction) / len(res.bubble_fraction),
+                    versions=versions, delay=delay, status="simulated",
+                    staleness_risk=(f"weights up to {delay} updates stale, {versions} versions held"
+                                    if delay > 0 else ""))
+        return cols, ((tpm, max(peak)) if fits else None)
 
 
 def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int, int]]]:
