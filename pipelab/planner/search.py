@@ -376,18 +376,18 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
          compression: Sequence[str | None] = (None, "fp16"), optimizer: str = "sgd-momentum",
          memory_bandwidth: float | None = None, allreduce_overlap: str = "ddp", prune: bool = True,
          margin: Margin | None = None, progress: bool | Callable[[int, int], None] = False) -> PlanTable:
-    """Search methods x partitions x microbatches x chunks x recomputation x compression (module docstring).
+    """Search methods x partitions x microbatches x options for ``profile`` on ``cluster`` (docs/planner.md).
 
-    ``memory_limit``: bytes per worker (one number, or one per worker; default each device's
-    memory). ``methods``: names from :mod:`pipelab.methods` (default :data:`DEFAULT_METHODS`, plus
-    ``hetpipe`` on a cluster of mixed devices). ``microbatches``: counts to try for methods that
-    pipeline microbatches (default P, 2P, 4P per stage count P, at most the minibatch's samples).
-    ``allreduce_overlap``: as :func:`pipelab.sim.simulate` (``"none"`` to model pipelab's runtime).
-    ``prune=False`` simulates every candidate. ``margin``: the simulator's relative throughput error,
-    one number or a mapping method -> error; a candidate replaces the default only when surely faster
-    given it (module docstring; default :data:`SIM_RELATIVE_RANGES` on a calibrated cluster, 0 on an
-    analytic one; :func:`margin_from_accuracy` reads sim_accuracy's results). ``progress``: a progress bar
-    (tqdm), or a callback ``(done, total)``. Returns a :class:`PlanTable`.
+    Args:
+        memory_limit: bytes per worker, one number or one per worker (default: each device's memory).
+        methods: registry names (default :data:`DEFAULT_METHODS`; on mixed devices also the
+            heterogeneous ones).
+        microbatches: counts to try for pipelined methods (default P, 2P, 4P, at most the batch).
+        prune: skip candidates whose bound cannot reach the front (False: simulate every one).
+        margin: the simulator's relative error, one number or per method (default: measured on a
+            calibrated cluster, 0 on an analytic one); a candidate replaces the default only when it
+            is surely faster given it.
+        progress: a tqdm bar, or a callback ``(done, total)``.
     """
     if not isinstance(profile, Profile):
         raise TypeError(f"plan() needs a pipelab Profile, got {type(profile).__name__}; load one with "
@@ -399,11 +399,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     limit = _limits(cl, memory_limit)
     measured = dict(SIM_RELATIVE_RANGES) if cl.calibration is not None else 0.0
     margin = check_margin(measured if margin is None else margin)
-    hetero = len({cl.speed(w) for w in range(W)}) > 1
-    mixed = tuple(n for n in registry.names() if registry.get(n).heterogeneous) if hetero else ()
-    names = tuple(methods) if methods is not None else DEFAULT_METHODS + mixed
-    for name in names:
-        registry.get(name)   # an unknown name raises MethodError, listing the valid ones
+    names = _method_names(cl, methods)
     for comp in compression:
         compression_ratio_of(comp)
     cms = {rc: CostModel(_recompute_profile(profile) if rc else profile, cl, optimizer=optimizer,
@@ -414,22 +410,29 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     if not cands:
         raise ValueError(f"no candidate for methods {list(names)} on {W} workers and {len(profile)} layers")
     bounds = [_bound(c, cms, memory_bandwidth) for c in cands]
-    uniform = [i for i, c in enumerate(cands) if c.method == registry.BASELINE and c.partitioner == "uniform"
-               and not c.recompute and c.compression is None and c.microbatches == c.plan.num_stages]
-    default = max(uniform, key=lambda i: (cands[i].plan.num_stages, -cands[i].plan.num_workers), default=None)
+    default = _default_index(cands)
     sim = _Simulation(profile, cl, cms[False], optimizer, memory_bandwidth, allreduce_overlap, limit)
+    rows = _rows(cands, bounds, default, sim, prune, _progress(len(cands), progress))
+    table = decide(_rank(pd.DataFrame(rows)), default, margin)
+    return PlanTable(table=table[list(COLUMNS)], candidates=tuple(cands), profile=profile, cluster=cl,
+                     memory_limit=limit, optimizer=optimizer, allreduce_overlap=allreduce_overlap,
+                     default_row=default, margin=margin)
+
+
+def _rows(cands: Sequence[Candidate], bounds: Sequence[tuple[float, int]], default: int | None,
+          sim: _Simulation, prune: bool, step: Callable[[int], None]) -> list[dict[str, Any]]:
+    """Every candidate's row, simulated in order of its bound unless it is skipped (and why)."""
     rows: list[dict[str, Any]] = [{} for _ in cands]
     done_pts: list[tuple[float, int]] = []   # (time, peak) of simulated candidates that fit
-    step = _progress(len(cands), progress)
     order = sorted(range(len(cands)), key=lambda i: (bounds[i][0], cands[i].key()))
     for n_done, i in enumerate(order, 1):
         c = cands[i]
         b_time, b_mem = bounds[i]
-        row = rows[i] = _base_row(c, b_time, W)
+        row = rows[i] = _base_row(c, b_time, sim.cluster.num_workers)
         spec = registry.get(c.method)
         if c.plan.num_stages == 1 and spec.order != "dp" and not spec.synchronous:
             row["status"] = ONE_STAGE_ASYNC
-        elif b_mem > max(limit):
+        elif b_mem > max(sim.limit):
             row["status"] = "skipped: weights and optimizer state alone exceed memory"
         elif prune and i != default and any(t <= b_time and m <= b_mem for t, m in done_pts):
             row["status"] = "skipped: dominated by its bound"
@@ -439,10 +442,24 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
             if point is not None:
                 done_pts.append(point)
         step(n_done)
-    table = decide(_rank(pd.DataFrame(rows)), default, margin)
-    return PlanTable(table=table[list(COLUMNS)], candidates=tuple(cands), profile=profile, cluster=cl,
-                     memory_limit=limit, optimizer=optimizer, allreduce_overlap=allreduce_overlap,
-                     default_row=default, margin=margin)
+    return rows
+
+
+def _method_names(cl: Cluster, methods: Iterable[str] | None) -> tuple[str, ...]:
+    """The methods to search, each checked against the registry (an unknown one raises MethodError)."""
+    hetero = len({cl.speed(w) for w in range(cl.num_workers)}) > 1
+    mixed = tuple(n for n in registry.names() if registry.get(n).heterogeneous) if hetero else ()
+    names = tuple(methods) if methods is not None else DEFAULT_METHODS + mixed
+    for name in names:
+        registry.get(name)
+    return names
+
+
+def _default_index(cands: Sequence[Candidate]) -> int | None:
+    """The default's candidate: the baseline method on a uniform split over every worker, ``M = P``."""
+    uniform = [i for i, c in enumerate(cands) if c.method == registry.BASELINE and c.partitioner == "uniform"
+               and not c.recompute and c.compression is None and c.microbatches == c.plan.num_stages]
+    return max(uniform, key=lambda i: (cands[i].plan.num_stages, -cands[i].plan.num_workers), default=None)
 
 
 def _limits(cl: Cluster, memory_limit: float | Sequence[float] | None) -> tuple[int, ...]:
