@@ -33,9 +33,10 @@ test: $(STAMP) browser-deps
 reproduce: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pipelab.cli reproduce
 
-# --allow-root only where we are root (containers); a person's browser opens on the printed URL
+# --allow-root only where we are root (containers); a person's browser opens on the printed URL.
+# PYTHONPATH: the reproductions' notebooks import ``reproductions.*`` from the checkout's root.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
 
 # The notebooks' sources are the jupytext percent-format .py files beside them (jupytext.toml pairs
 # them); this rewrites each stored .ipynb from its source, keeping cell ids and leaving outputs out.

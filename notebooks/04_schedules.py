@@ -34,6 +34,7 @@ chunks = 2                 # v, virtual stages per worker for interleaved-1f1b
 microbatch_sweep = [1, 2, 4, 8, 16, 32]
 compare_backend = "gloo"   # the real run of "Simulated against measured": "gloo" processes or "local"
 compare_steps = 8          # its minibatches
+calibrate_here = False     # True: measure this machine with pl.calibrate first (a minute or more)
 
 # %%
 import pandas as pd
@@ -251,8 +252,9 @@ px.bar(pd.DataFrame(rows), x="worker", y="peak_MB", color="schedule", barmode="g
 # ## Simulated against measured
 #
 # The boxes above are predictions. Here one schedule (1F1B with flush, 2 stages, 4 microbatches) is
-# both simulated, from a profile of a small digits CNN on this machine calibrated by `pl.calibrate`, and
-# run for real in 2 processes; then
+# both simulated, from a profile of a small digits CNN on this machine (on a cluster measured by
+# `pl.calibrate` with `calibrate_here = True`, else a plain 2-worker one), and run for real in 2
+# processes; then
 # `pl.views.compare(sim.trace, run.trace)` draws the two Gantt charts on one time axis, each worker's
 # simulated row above its measured row, and colours both boxes of every action by the relative error of
 # its duration, `(measured − simulated) / simulated`: red where the run took longer than predicted, blue
@@ -270,7 +272,7 @@ digits = functools.partial(demo.batches, (images[:640], labels[:640]), 64)
 cnn_x, cnn_y = digits()[0]
 cnn_prof = pl.profile(demo.small_cnn(), cnn_x, loss_fn=torch.nn.functional.cross_entropy, target=cnn_y,
                       progress=False, small_batch=16)
-cnn_cluster = pl.calibrate(workers=2, progress=False)     # this machine, measured (about 20 s)
+cnn_cluster = pl.calibrate(workers=2, progress=False) if calibrate_here else pl.Cluster.flat(2)
 cnn_plan = pl.partition(cnn_prof, cnn_cluster, method="pipedream", straight=True)
 sim = pl.simulate(cnn_plan, cnn_prof, cnn_cluster, method="1f1b-flush", microbatches=4,
                   minibatches=compare_steps, allreduce_overlap="none")

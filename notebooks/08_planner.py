@@ -49,17 +49,25 @@
 #   the critical path.
 
 # %% tags=["parameters"]
-models = ["vgg16", "gnmt16"]                       # shipped PipeDream profiles
-clusters = ["pipedream-a:4x4", "pipedream-b:2x8", "dgx-h100:2x8", "a100-ib:2x8"]
-run_real = True                                    # run the planner's pick and the default for real here
-real_models = ["cnn", "transformer", "unbalanced"]  # digits CNN, transformer stack, one with a heavy head
+full_search = False             # True: both models on four 16-GPU clusters, three real models (many minutes)
+models = ["gnmt16"]                                # shipped PipeDream profiles
+clusters = ["pipedream-a:1x4", "dgx-h100:1x8"]
+run_real = False                                   # True: run the pick and the default for real (minutes)
+real_models = ["cnn"]                              # digits CNN; also "transformer", "unbalanced" (heavy head)
 real_steps = None                                  # minibatches per real run (None: about a second of
                                                    # steady state, as reproductions/sim_accuracy runs)
-real_rounds = 5                                    # rounds, variants interleaved; medians quoted
-confirm_rounds = 3                                 # rounds of pl.planner.confirm (its own runs)
+real_rounds = 3                                    # rounds, variants interleaved; medians quoted
+confirm_rounds = 1                                 # rounds of pl.planner.confirm (its own runs)
 margin_file = None                                 # this machine's sim_errors.json, which
                                                    # reproductions/sim_accuracy writes; None: ranked
                                                    # by prediction alone
+
+# %%
+if full_search:
+    models = ["vgg16", "gnmt16"]
+    clusters = ["pipedream-a:4x4", "pipedream-b:2x8", "dgx-h100:2x8", "a100-ib:2x8"]
+    real_models = ["cnn", "transformer", "unbalanced"]
+    run_real, real_rounds, confirm_rounds = True, 5, 3
 
 # %%
 import functools
@@ -69,7 +77,7 @@ import statistics
 import pandas as pd
 
 import pipelab as pl
-from pipelab.reproduce import table1
+from reproductions.pipedream_table1 import rows as table1
 
 # %% [markdown]
 # ## Profiles on today's GPUs: the assumption
@@ -234,13 +242,17 @@ for method in ("gpipe", "1f1b-flush"):
 # %% [markdown]
 # ## Run for real: the planner's pick against the default on this machine
 #
+# This part runs with `run_real = True` in the parameters cell (a few minutes: it calibrates the
+# machine, then trains every variant several times).
+#
 # `pl.calibrate` measures this machine (gloo point-to-point and all-reduce, the runtime's per-action
-# overhead, the optimizer step) and returns a calibrated 2-worker cluster; three models are profiled here:
-# the digits CNN, a transformer block stack, and an **unbalanced** one: the same stack with four blocks and
-# a 3,000-token vocabulary head, one layer about as heavy as the four blocks together at the very end, so a
-# uniform split by layer count puts most of the work on the last worker. The planner searches with
-# `allreduce_overlap="none"` (pipelab's runtime all-reduces after the backward) and without compression or
-# recomputation (which would only cost time on CPUs with memory to spare); on this calibrated cluster its
+# overhead, the optimizer step) and returns a calibrated 2-worker cluster; `real_models` are profiled here
+# (all three with `full_search = True`): the digits CNN, a transformer block stack, and an **unbalanced**
+# one: the same stack with four blocks and a 3,000-token vocabulary head, one layer about as heavy as the
+# four blocks together at the very end, so a uniform split by layer count puts most of the work on the last
+# worker. The planner searches with `allreduce_overlap="none"` (pipelab's runtime all-reduces after the
+# backward) and without compression or recomputation (which would only cost time on CPUs with memory to
+# spare); on this calibrated cluster its
 # margin is `margin_file`'s (none given: ranked by prediction alone). Each variant is trained for real
 # on 2 gloo processes: the **default** (1F1B, uniform split, `M = P`), the planner's **pick**, where the
 # error made them differ the **fastest** predicted candidate, and the **sync pick** of the same search over
@@ -251,13 +263,12 @@ for method in ("gpipe", "1f1b-flush"):
 # `confirmed`; a **confirmed** variant where that is none of the others). On this shared 2-core machine the
 # same plan measures ±15% from one minute to the next and a calibration's predictions shift as a whole by as
 # much, so a predicted gain inside that noise is for the machine, not the model, to decide. Variants are
-# interleaved round by round, each run about a second of steady state as in `reproductions/sim_accuracy`, and
-# measured over the steady-state window the simulator uses (`reproduce.accuracy.steady_throughput`); figures
-# are medians, and a variant's gain over the default is the median of its per-round ratios to the default's
-# run of the same round.
-# A second, short run of each (3 minibatches, `measure_memory=True`) measures its peak memory
-# (`RunResult.peak_state`: the terms the memory model counts) against what the table reports. The machine
-# is 2 shared cores: read the rounds.
+# interleaved round by round, each run about a second of steady state as in `reproductions/sim_accuracy`,
+# and measured over the steady-state window the simulator uses (sim_accuracy's
+# `accuracy.steady_throughput`); figures are medians, and a variant's gain over the default is the median of
+# its per-round ratios to the default's run of the same round. A second, short run of each (3 minibatches,
+# `measure_memory=True`) measures its peak memory (`RunResult.peak_state`: the terms the memory model
+# counts) against what the table reports. The machine is 2 shared cores: read the rounds.
 
 # %%
 real = []
@@ -268,7 +279,7 @@ if run_real:
     from pipelab.calibrate import calibrate  # noqa: E402
     from pipelab.models import demo  # noqa: E402
     from pipelab.planner.decide import bounds_of, less_shift, load_ranges  # noqa: E402
-    from pipelab.reproduce import accuracy  # noqa: E402
+    from reproductions.sim_accuracy import accuracy  # noqa: E402
 
     # the errors as measured (not less the shift), to check this notebook's own errors against
     absolute = load_ranges(margin_file) if margin_file else None

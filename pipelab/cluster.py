@@ -16,7 +16,7 @@ Presets (``Cluster.preset(name)`` or ``Cluster.parse("name:SxG")``; S servers of
 =============  ==================  ===========  ===============================  ======================
 preset         device              per server   inside a server                  across servers
 =============  ==================  ===========  ===============================  ======================
-pipedream-a    V100 16 GB          4            PCIe, 10 GB/s                    10 Gbps Ethernet
+pipedream-a    V100 PCIe 16 GB     4            PCIe, 10 GB/s                    10 Gbps Ethernet
 pipedream-b    V100 16 GB          8            NVLink (V100), 50 GB/s p2p       25 Gbps Ethernet
 pipedream-c    Titan X 12 GB       1            --                               40 Gbps Ethernet
 dgx-h100       H100 80 GB          8            NVLink 4, 450 GB/s per direction 400 Gbps IB per GPU
@@ -29,8 +29,9 @@ Sources: clusters A, B, C are PipeDream (Narayanan et al., SOSP'19) §5.1 "Clust
 server, PCIe inside, 10 Gbps across; B: 8 V100 per server (AWS p3.16xlarge), NVLink inside, 25 Gbps
 across; C: one Titan X per server, 40 Gbps); A's servers were Azure NCv3 VMs (V100 PCIe: PipeDream's
 driver configs pull their image from an Azure registry, ``fiddlev3.azurecr.io``, and a reading of the
-paper lists "Azure NC24 v3"); the 10 GB/s PCIe figure is the issue's (NCCL's measured rate on NCv3 is
-:data:`pipelab.transports.NCCL_NCV3_PCIE_BUS_BANDWIDTH`). The V100
+paper lists "Azure NC24 v3"), whose PCIe cards run at :data:`V100_PCIE_OVER_SXM2` of an SXM2
+module; the 10 GB/s PCIe figure is the link's, NCCL's measured rate there
+:data:`NCCL_NCV3_PCIE_BUS_BANDWIDTH`. The V100
 NVLink point-to-point figure (2 NVLink-2 bricks of 25 GB/s between most GPU pairs of a p3.16xlarge /
 DGX-1 hybrid cube mesh) and the H100/A100 figures are NVIDIA's data sheets (DGX H100: 900 GB/s
 bidirectional NVLink 4 per GPU and one 400 Gbps ConnectX-7 per GPU; DGX A100: 600 GB/s
@@ -41,6 +42,11 @@ there are the vendors' FP32 peak ratios to TITAN V (14.9, 16.3, 6.5, 5.3 TFLOPS)
 proxy; replace them with measured ratios when you have them.
 
 Latencies are round figures (about 5 us for PCIe/NVLink, 10-25 us for Ethernet, 2 us for IB).
+
+A preset's ``transport`` option prices a runtime's transports (:data:`PRESET_TRANSPORTS`): ``"link"``
+the raw links; ``"pipedream"`` PipeDream's pipelined runs (gloo: tensors through host memory, gloo's
+ring for replicated stages); ``"nccl"`` a data-parallel run on NCCL (one flat ring at NCCL's measured
+bus bandwidths, :data:`NCCL_MEASURED_BUS_BANDWIDTH` over the Ethernet defaults).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ from pipelab.calibration import Calibration
 from pipelab.transports import (
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
     HOST_COPY_BYTES_PER_S,
+    NCCL_TCP_BUS_BANDWIDTH,
+    nccl_flat_ring,
     transport_levels,
 )
 
@@ -137,6 +145,25 @@ class Level:
         return self.bandwidth if self.allreduce_bandwidth is None else float(self.allreduce_bandwidth)
 
 
+
+#: a V100 PCIe card's speed over a V100 SXM2 module's: 14 against 15.7 TFLOPS FP32, the same 5,120 CUDA
+#: cores at boost clocks of 1380 and 1530 MHz (NVIDIA's Tesla V100 datasheet). Cluster A's GPUs are PCIe
+#: cards (Azure NCv3: "Tesla V100-PCIE-16GB"), cluster B's SXM2 modules (AWS p3.16xlarge)
+V100_PCIE_OVER_SXM2 = 14.0 / 15.7
+#: NCCL all-reduce bus bandwidth (bytes/s) between V100 PCIe GPUs inside one of Azure's NCv3 VMs (the
+#: instance family of PipeDream's cluster A): nccl-tests' ``all_reduce_perf`` on a Standard_NC12s_v3,
+#: 2 x Tesla V100-PCIE-16GB, each GPU in its own PCI domain (``nvidia-smi topo -m``: NODE, one NUMA
+#: node), reached 6.88 GB/s of bus bandwidth from 64 MB to 2 GB (6.82 at 16 MB; 6.74 with P2P turned
+#: off, so NCCL's path through host memory) (marconetto/azadventures, ``chapter18/README.md``, a recent
+#: NCCL on driver 570). No 4-GPU or 2019 measurement on these VMs was found. Below the PCIe link's
+#: 10 GB/s: not a link rate but NCCL's measured rate on that machine.
+NCCL_NCV3_PCIE_BUS_BANDWIDTH = 6.88e9
+#: NCCL's measured all-reduce bus bandwidth by preset and level name, where it is not the link's rate
+NCCL_MEASURED_BUS_BANDWIDTH: dict[str, dict[str, float]] = {
+    "pipedream-a": {"pcie": NCCL_NCV3_PCIE_BUS_BANDWIDTH},
+}
+#: values of :meth:`Cluster.preset`'s ``transport``
+PRESET_TRANSPORTS = ("link", "pipedream", "nccl")
 
 # preset name -> (device, gpus per server, default servers, inner level (or None), outer level)
 _V100 = Device("V100-16GB", 1.0, 16 * 2**30)
@@ -304,12 +331,15 @@ class Cluster:
 
     @classmethod
     def preset(cls, name: str, *, servers: int | None = None, gpus_per_server: int | None = None,
-               speed: float | None = None, memory: int | None = None) -> Cluster:
+               speed: float | None = None, memory: int | None = None, transport: str = "link") -> Cluster:
         """A named cluster (see the module docstring for the table and sources).
 
-        ``speed`` overrides the device's relative speed (1.0 = the profile was measured on this
-        device type, the default for every homogeneous preset).
+        Args:
+            speed: the devices' speed relative to the profiled device (default 1.0: the same type).
+            transport: one of :data:`PRESET_TRANSPORTS` (see the module docstring).
         """
+        if transport not in PRESET_TRANSPORTS:
+            raise ValueError(f"transport={transport!r} is not one of {PRESET_TRANSPORTS}")
         key = name.lower()
         if key == "hetpipe":
             return cls.hetpipe(servers=servers or 4, gpus_per_server=gpus_per_server or 4)
@@ -336,7 +366,14 @@ class Cluster:
             levels.append(Level(inner.name, g, inner.bandwidth, inner.latency, inner.uplinks))
         levels.append(Level(outer.name, s, outer.bandwidth, outer.latency, min(outer.uplinks, g)))
         tag = f"{key}:{s}x{g}" if inner is not None else f"{key}:{s}"
-        return cls(tag, tuple(levels), (dev,) * (s * g))
+        cluster = cls(tag, tuple(levels), (dev,) * (s * g))
+        if transport == "pipedream":
+            return cluster.with_transport("gloo-host", "gloo-ring")
+        if transport == "nccl":
+            bus = {**NCCL_TCP_BUS_BANDWIDTH, **NCCL_MEASURED_BUS_BANDWIDTH.get(key, {})}
+            nccl = cluster.with_transport("link", "nccl-ring", allreduce_bus_bandwidth=bus)
+            return replace(nccl, name=nccl.name + "[flat]", levels=nccl_flat_ring(nccl.levels))
+        return cluster
 
     @staticmethod
     def presets() -> tuple[str, ...]:
@@ -411,24 +448,17 @@ class Cluster:
                        host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
                        allreduce_bus_bandwidth: dict[str, float] | None = None,
                        gloo_allreduce_bandwidth: float = GLOO_ALLREDUCE_BUS_BANDWIDTH) -> Cluster:
-        """This cluster with its transfers priced by a transport (same devices and links;
-        :func:`pipelab.transports.transport_levels`).
+        """This cluster with its transfers priced by a transport (same devices and links).
 
-        ``pipeline`` (:data:`pipelab.transports.PIPELINE_TRANSPORTS`): ``"gloo-host"`` sets every
-        level's ``p2p_bandwidth`` to the store-and-forward rate of PipeDream's gloo path,
-        ``1 / (2 / host_copy_bandwidth + 1 / net)``: a device-to-host copy, the TCP transfer (``net``:
-        the level's own bandwidth across servers; a host memory copy, ``host_copy_bandwidth``, on the
-        innermost level of a multi-GPU server, where gloo's TCP runs over loopback) and a
-        host-to-device copy. ``allreduce`` (:data:`pipelab.transports.ALLREDUCE_TRANSPORTS`):
-        ``"nccl-ring"`` sets the ``allreduce_bandwidth`` of every level named in
-        ``allreduce_bus_bandwidth`` (default :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`, the
-        Ethernet levels) to NCCL's measured bus bandwidth; levels inside a server keep their link's.
-        ``"gloo-ring"`` sets every level's to gloo's ring on the host: the slower of the level's path
-        (its Ethernet across servers, ``host_copy_bandwidth`` for the loopback inside one) and
-        ``gloo_allreduce_bandwidth`` (default :data:`pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`,
-        gloo's published ring rate), and the cluster's ``allreduce_ring`` to ``"flat"``: gloo runs one
-        ring through the group's ranks; the copies to and from the host happen once per bucket, behind
-        other buckets' rings, and are not priced. ``"link"`` leaves a level as it is.
+        Args:
+            pipeline: ``"link"`` or ``"gloo-host"`` (PipeDream's gloo path: a device-to-host copy, the
+                TCP transfer, over loopback a host copy, and a host-to-device copy, store and forward).
+            allreduce: ``"link"``; ``"nccl-ring"`` (the levels named in ``allreduce_bus_bandwidth``,
+                default :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`, at NCCL's measured bus
+                bandwidth); or ``"gloo-ring"`` (one flat ring on the host at the slower of the level's
+                path and ``gloo_allreduce_bandwidth``; the host copies hide behind other buckets).
+
+        See :func:`pipelab.transports.transport_levels` for the rates.
         """
         levels = transport_levels(self.levels, pipeline, allreduce, host_copy_bandwidth=host_copy_bandwidth,
                                   allreduce_bus_bandwidth=allreduce_bus_bandwidth,

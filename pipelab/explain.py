@@ -215,49 +215,13 @@ def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
     slower stage (imbalance). ``culprits``: also compute ``straggler_by_culprit`` (one replay per
     slowed worker).
     """
-    if schedule is None:
-        schedule = getattr(trace, "schedule", None)
-    if hasattr(trace, "trace"):
-        trace = trace.trace
-    if not isinstance(trace, Trace):
-        raise TypeError(f"explain() needs a pipelab Trace (or a result with .trace), "
-                        f"got {type(trace).__name__}")
-    if not isinstance(schedule, Schedule):
-        raise TypeError("explain() needs the Schedule the trace ran: pass schedule=, "
-                        "or a SimResult / run result")
-    if slowdown is None:
-        slowdown = {int(k): float(v) for k, v in (trace.meta.get("slowdown") or {}).items()}
-    for w, f in slowdown.items():
-        if f <= 0:
-            raise ValueError(f"slowdown[{w}] = {f}: factors must be > 0 (1 = normal speed)")
+    trace, schedule, slowdown = _inputs(trace, schedule, slowdown)
     nw = schedule.num_workers
-    comp: dict[_Key, Event] = {}
-    for e in trace.events:
-        if e.kind in COMPUTE_KINDS:
-            key = (e.worker, e.stage, e.kind, e.microbatch)
-            if key in comp:
-                raise ValueError(f"the trace has two {e.stage}{e.kind}{e.microbatch} actions on worker "
-                                 f"{e.worker}; explain() needs one event per action of the schedule")
-            comp[key] = e
-    missing = [f"w{w}:{a}" for w, lst in enumerate(schedule.actions) for a in lst
-               if (w, a.stage, a.kind, a.microbatch) not in comp]
-    if missing:
-        raise ValueError(f"the trace lacks {len(missing)} action(s) of the schedule (first: {missing[:3]}); "
-                         f"pass the schedule this trace ran")
+    comp = _compute_events(trace, schedule)
     actual = {k: e.end_s - e.start_s for k, e in comp.items()}
-    nominal = {k: d / slowdown.get(k[0], 1.0) for k, d in actual.items()}
-    by_sk: dict[tuple[int, str], list[float]] = {}
-    for (_w, s, kind, _m), d in nominal.items():
-        by_sk.setdefault((s, kind), []).append(d)
-    median = {sk: statistics.median(v) for sk, v in by_sk.items()}
-    by_kind: dict[str, list[float]] = {}
-    for (_s, kind), v in median.items():
-        by_kind.setdefault(kind, []).append(v)
-    mean_kind = {k: sum(v) / len(v) for k, v in by_kind.items()}
-    level0 = {k: mean_kind[k[2]] for k in comp}
-    level1 = {k: median[(k[1], k[2])] for k in comp}
+    level0, level1 = _typical_durations(actual, slowdown)
     # every action at its measured duration: slowed workers, and single stalls over their median
-    level2 = {k: actual[k] for k in comp}
+    level2 = actual
     lat = _latencies(trace, comp, schedule)
 
     def idle(durations: Mapping[_Key, float], transfers: bool) -> tuple[float, list[float]]:
@@ -265,10 +229,10 @@ def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
 
     levels = [idle(level0, False), idle(level1, False), idle(level2, False), idle(level2, True),
               _idle(trace.events, nw)]
-    rows = []
     busy = [0.0] * nw
     for e in comp.values():
         busy[e.worker] += e.end_s - e.start_s
+    rows = []
     for w in range(nw):
         row: dict[str, float] = {"busy": busy[w], "idle": levels[-1][1][w]}
         prev_idle = 0.0
@@ -287,6 +251,60 @@ def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
             by_culprit[j] = sum(idl[w] for w in range(nw) if w != j) - (base - levels[1][1][j])
     return BubbleBreakdown(table=table, makespan=levels[-1][0], straggler_by_culprit=by_culprit,
                            critical_path=critical_path(trace, schedule))
+
+
+def _inputs(trace: Trace | Any, schedule: Schedule | None, slowdown: Mapping[int, float] | None
+            ) -> tuple[Trace, Schedule, Mapping[int, float]]:
+    """The trace, its schedule and the slowed workers, checked."""
+    if schedule is None:
+        schedule = getattr(trace, "schedule", None)
+    if hasattr(trace, "trace"):
+        trace = trace.trace
+    if not isinstance(trace, Trace):
+        raise TypeError(f"explain() needs a pipelab Trace (or a result with .trace), "
+                        f"got {type(trace).__name__}")
+    if not isinstance(schedule, Schedule):
+        raise TypeError("explain() needs the Schedule the trace ran: pass schedule=, "
+                        "or a SimResult / run result")
+    if slowdown is None:
+        slowdown = {int(k): float(v) for k, v in (trace.meta.get("slowdown") or {}).items()}
+    for w, f in slowdown.items():
+        if f <= 0:
+            raise ValueError(f"slowdown[{w}] = {f}: factors must be > 0 (1 = normal speed)")
+    return trace, schedule, slowdown
+
+
+def _compute_events(trace: Trace, schedule: Schedule) -> dict[_Key, Event]:
+    """The trace's compute event of every action of the schedule (exactly one each)."""
+    comp: dict[_Key, Event] = {}
+    for e in trace.events:
+        if e.kind in COMPUTE_KINDS:
+            key = (e.worker, e.stage, e.kind, e.microbatch)
+            if key in comp:
+                raise ValueError(f"the trace has two {e.stage}{e.kind}{e.microbatch} actions on worker "
+                                 f"{e.worker}; explain() needs one event per action of the schedule")
+            comp[key] = e
+    missing = [f"w{w}:{a}" for w, lst in enumerate(schedule.actions) for a in lst
+               if (w, a.stage, a.kind, a.microbatch) not in comp]
+    if missing:
+        raise ValueError(f"the trace lacks {len(missing)} action(s) of the schedule (first: {missing[:3]}); "
+                         f"pass the schedule this trace ran")
+    return comp
+
+
+def _typical_durations(actual: Mapping[_Key, float], slowdown: Mapping[int, float]
+                       ) -> tuple[dict[_Key, float], dict[_Key, float]]:
+    """Every action at its kind's mean over stages, and at its stage and kind's median (slowdowns off)."""
+    nominal = {k: d / slowdown.get(k[0], 1.0) for k, d in actual.items()}
+    by_sk: dict[tuple[int, str], list[float]] = {}
+    for (_w, s, kind, _m), d in nominal.items():
+        by_sk.setdefault((s, kind), []).append(d)
+    median = {sk: statistics.median(v) for sk, v in by_sk.items()}
+    by_kind: dict[str, list[float]] = {}
+    for (_s, kind), v in median.items():
+        by_kind.setdefault(kind, []).append(v)
+    mean_kind = {k: sum(v) / len(v) for k, v in by_kind.items()}
+    return {k: mean_kind[k[2]] for k in actual}, {k: median[(k[1], k[2])] for k in actual}
 
 
 __all__ = ["PARTS", "BubbleBreakdown", "critical_path", "explain"]

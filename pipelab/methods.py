@@ -87,25 +87,20 @@ _KIND_WORDS = {"int": "an int", "bool": "True or False", "float": "a number", "m
                "str": "a string", "path": "a path", "list": "a list", "any": "a value"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Method:
     """Everything pipelab knows about one method.
 
-    - ``synchronous``: flushes every minibatch, so all actions of a minibatch read one weight
-      version and the result equals plain minibatch SGD.
+    - ``synchronous``: flushes every minibatch, so the result equals plain minibatch SGD.
     - ``update``: ``"minibatch"`` (one ``U`` per stage per minibatch of ``M`` microbatches) or
-      ``"microbatch"`` (PipeDream-like: every microbatch is a minibatch, ``M = 1``, a ``U`` after
-      each backward).
-    - ``order``: key of the schedule builder in :mod:`pipelab.schedules`.
-    - ``versions``: the version rule of :func:`pipelab.schedules.versions.assign_versions`
-      (``"single"``, ``"stash"``, ``"latest"``, ``"delay"``); ``vertical_sync`` turns
-      ``"stash"`` into ``"vertical"``.
-    - ``weights``: key of the runtime's weight policy (:mod:`pipelab.runtime.policies`).
-    - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U`` (HetPipe's
-      virtual workers synchronize through a parameter server instead).
-    - ``coalesce_wgrad``: ``coalesce_wgrad=True`` is allowed (one weight version per minibatch, no
-      ``W`` actions of its own).
+      ``"microbatch"`` (PipeDream-like: ``M = 1``, a ``U`` after each backward).
+    - ``order``, ``weights``: keys of the schedule builder and of the runtime's weight policy.
+    - ``versions``: the rule of :func:`pipelab.schedules.versions.assign_versions`.
+    - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U``.
+    - ``coalesce_wgrad``: ``coalesce_wgrad=True`` is allowed.
     - ``partitioner``: the partitioner the CLI uses for it when none is named.
+    - ``baseline``: the planner's default, what a torch or Megatron user gets (one method has it).
+    - ``heterogeneous``: the planner searches it only on clusters of mixed devices.
     """
 
     name: str
@@ -121,6 +116,8 @@ class Method:
     replicas_allreduce: bool = True
     coalesce_wgrad: bool = False
     partitioner: str = "pipedream"
+    baseline: bool = False
+    heterogeneous: bool = False
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -213,42 +210,55 @@ _SOURCES = {
 
 #: every method, by name (the order is the order menus and tables list them in)
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("dp", True, "minibatch", "dp", "single", "single",
-           "data parallel: one stage on every worker, all-reduce per minibatch", "baseline",
-           coalesce_wgrad=True, partitioner="dp"),
-    Method("gpipe", True, "minibatch", "gpipe", "single", "single",
-           "GPipe: fill-drain, flush per minibatch", _SOURCES["gpipe"], coalesce_wgrad=True,
-           partitioner="gpipe"),
-    Method("1f1b-flush", True, "minibatch", "1f1b-flush", "single", "single",
-           "1F1B with a flush per minibatch (PipeDream-Flush, Megatron)", _SOURCES["flush"],
-           coalesce_wgrad=True),
-    Method("interleaved-1f1b", True, "minibatch", "interleaved", "single", "single",
-           "Megatron interleaved 1F1B, option chunks=v", _SOURCES["megatron"],
+    Method(name="dp", synchronous=True, update="minibatch", order="dp", versions="single",
+           weights="single",
+           description="data parallel: one stage on every worker, all-reduce per minibatch",
+           source="baseline", coalesce_wgrad=True, partitioner="dp"),
+    Method(name="gpipe", synchronous=True, update="minibatch", order="gpipe", versions="single",
+           weights="single", description="GPipe: fill-drain, flush per minibatch",
+           source=_SOURCES["gpipe"], coalesce_wgrad=True, partitioner="gpipe"),
+    Method(name="1f1b-flush", synchronous=True, update="minibatch", order="1f1b-flush", versions="single",
+           weights="single", description="1F1B with a flush per minibatch (PipeDream-Flush, Megatron)",
+           source=_SOURCES["flush"], coalesce_wgrad=True, baseline=True),
+    Method(name="interleaved-1f1b", synchronous=True, update="minibatch", order="interleaved",
+           versions="single", weights="single", description="Megatron interleaved 1F1B, option chunks=v",
+           source=_SOURCES["megatron"],
            options=(Option("chunks", "int", None, "virtual stages per worker", minimum=1, required=True),),
            coalesce_wgrad=True),
-    Method("zb-h1", True, "minibatch", "zb-h1", "single", "single",
-           "zero-bubble ZB-H1: backward split into B (input grad) and W (weight grad)", _SOURCES["zb"]),
-    Method("pipedream", False, "microbatch", "async-1f1b", "stash", "stash",
-           "PipeDream: 1F1B, NOAM in flight, no flush, weight stashing; option vertical_sync",
-           _SOURCES["pipedream"],
+    Method(name="zb-h1", synchronous=True, update="minibatch", order="zb-h1", versions="single",
+           weights="single",
+           description="zero-bubble ZB-H1: backward split into B (input grad) and W (weight grad)",
+           source=_SOURCES["zb"]),
+    Method(name="pipedream", synchronous=False, update="microbatch", order="async-1f1b", versions="stash",
+           weights="stash",
+           description="PipeDream: 1F1B, NOAM in flight, no flush, weight stashing; option vertical_sync",
+           source=_SOURCES["pipedream"],
            options=(Option("vertical_sync", "bool", False, "every stage reads the input stage's version"),
                     _IN_FLIGHT)),
-    Method("naive-async", False, "microbatch", "async-1f1b", "latest", "latest",
-           "1F1B without flush and without stashing (PipeDream §3 ablation)", _SOURCES["pipedream"],
-           options=(_IN_FLIGHT,)),
-    Method("pipemare", False, "microbatch", "async-1f1b", "latest", "pipemare",
-           "PipeMare: no stash; LR rescheduling and discrepancy correction in the runtime",
-           _SOURCES["pipemare"], options=(_IN_FLIGHT,), runtime_options=_PIPEMARE_RUNTIME),
-    Method("2bw", False, "minibatch", "coalesced", "delay", "delay",
-           "PipeDream-2BW: two weight versions, gradient coalescing over M microbatches", _SOURCES["flush"]),
-    Method("buffered", False, "minibatch", "coalesced", "delay", "delay",
-           "bounded weight buffer of K versions (Lv et al.), option versions=K", _SOURCES["lv"],
+    Method(name="naive-async", synchronous=False, update="microbatch", order="async-1f1b",
+           versions="latest", weights="latest",
+           description="1F1B without flush and without stashing (PipeDream §3 ablation)",
+           source=_SOURCES["pipedream"], options=(_IN_FLIGHT,)),
+    Method(name="pipemare", synchronous=False, update="microbatch", order="async-1f1b", versions="latest",
+           weights="pipemare",
+           description="PipeMare: no stash; LR rescheduling and discrepancy correction in the runtime",
+           source=_SOURCES["pipemare"], options=(_IN_FLIGHT,), runtime_options=_PIPEMARE_RUNTIME),
+    Method(name="2bw", synchronous=False, update="minibatch", order="coalesced", versions="delay",
+           weights="delay",
+           description="PipeDream-2BW: two weight versions, gradient coalescing over M microbatches",
+           source=_SOURCES["flush"]),
+    Method(name="buffered", synchronous=False, update="minibatch", order="coalesced", versions="delay",
+           weights="delay",
+           description="bounded weight buffer of K versions (Lv et al.), option versions=K",
+           source=_SOURCES["lv"],
            options=(Option("versions", "int", 2, "weight versions kept (K >= 2; K = 2 is 2BW)", minimum=2),),
            partitioner="prefix-sum"),
-    Method("hetpipe", False, "microbatch", "hetpipe", "stash", "wsp",
-           "HetPipe: PipeDream inside virtual workers, WSP across them; option D", _SOURCES["hetpipe"],
+    Method(name="hetpipe", synchronous=False, update="microbatch", order="hetpipe", versions="stash",
+           weights="wsp",
+           description="HetPipe: PipeDream inside virtual workers, WSP across them; option D",
+           source=_SOURCES["hetpipe"],
            options=(Option("D", "int", 0, "WSP staleness bound in waves", minimum=0),),
-           replicas_allreduce=False, partitioner="hetpipe"),
+           replicas_allreduce=False, partitioner="hetpipe", heterogeneous=True),
 )}
 
 
@@ -270,5 +280,9 @@ def names(*, synchronous: bool | None = None) -> tuple[str, ...]:
     return tuple(n for n, m in METHODS.items() if synchronous is None or m.synchronous == synchronous)
 
 
-__all__ = ["COMMON_RUNTIME_OPTIONS", "COMMON_SCHEDULE_OPTIONS", "METHODS", "Method", "MethodError", "Option",
-           "get", "names"]
+#: the planner's default method (:attr:`Method.baseline`)
+BASELINE: str = next(n for n, m in METHODS.items() if m.baseline)
+
+
+__all__ = ["BASELINE", "COMMON_RUNTIME_OPTIONS", "COMMON_SCHEDULE_OPTIONS", "METHODS", "Method",
+           "MethodError", "Option", "get", "names"]

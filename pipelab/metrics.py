@@ -4,7 +4,7 @@ throughput over a span, the steady-state window of an asynchronous pipeline, and
 Pure functions over event records (anything with ``worker``, ``kind``, ``microbatch``, ``start_s``
 and ``end_s``, as :class:`~pipelab.trace.Event` has; this module sits below it), so the simulator
 (:mod:`pipelab.sim.simulate`), the
-runtime's results (:mod:`pipelab.runtime.launch`), measure mode (:mod:`pipelab.reproduce.measure`),
+runtime's results (:mod:`pipelab.runtime.launch`), Table 1's measure mode,
 :class:`~pipelab.trace.Trace` and the Gantt view compute each number the same way.
 
 * busy and idle time: compute actions (F, B, W, U) only; transfers and waits are idle time;

@@ -36,14 +36,6 @@ HOST_COPY_BYTES_PER_S = 10 * 1e9
 #: 10 Gbps measurement was found, so the fraction is carried over. Fixed from these sources before
 #: any comparison with PipeDream's Table 1.
 NCCL_TCP_BUS_BANDWIDTH: dict[str, float] = {"ethernet-10g": 0.6 * 10 * 1e9 / 8, "ethernet-25g": 1.7e9}
-#: NCCL all-reduce bus bandwidth (bytes/s) between V100 PCIe GPUs inside one of Azure's NCv3 VMs (the
-#: instance family of PipeDream's cluster A): nccl-tests' ``all_reduce_perf`` on a Standard_NC12s_v3,
-#: 2 x Tesla V100-PCIE-16GB, each GPU in its own PCI domain (``nvidia-smi topo -m``: NODE, one NUMA
-#: node), reached 6.88 GB/s of bus bandwidth from 64 MB to 2 GB (6.82 at 16 MB; 6.74 with P2P turned
-#: off, so NCCL's path through host memory) (marconetto/azadventures, ``chapter18/README.md``, a recent
-#: NCCL on driver 570). No 4-GPU or 2019 measurement on these VMs was found. Below the PCIe link's
-#: 10 GB/s: not a link rate but NCCL's measured rate on that machine.
-NCCL_NCV3_PCIE_BUS_BANDWIDTH = 6.88e9
 #: gloo's all-reduce bus bandwidth on the host (bytes/s), ``2 (n - 1) / n * S / t``: its ring
 #: (``allreduce_ring_chunked``, TCP) over 4 machines on 40 GbE reduced 5,000,000 floats (20 MB) in
 #: 10,608 us at the median, 2.83 GB/s, 57% of the wire (gloo's README, "Example output (running on 4
@@ -53,10 +45,6 @@ NCCL_NCV3_PCIE_BUS_BANDWIDTH = 6.88e9
 #: bucket's copies with another's ring, so the ring's per-link rate is the slower of the level's path
 #: and this. The default of ``"gloo-ring"``.
 GLOO_ALLREDUCE_BUS_BANDWIDTH = 2 * 3 / 4 * 20e6 / 10_608e-6
-#: the same benchmark with each of 2 processes pinned to one core of a Xeon E5-2620 v4 (2.1 GHz), 40 GbE,
-#: 20 MB: 1.073 GB/s on average, not rising with the size (pytorch/gloo issue #248, 2020): one core's
-#: rate, a cited alternative to :data:`GLOO_ALLREDUCE_BUS_BANDWIDTH` (PipeDream's processes were not pinned)
-GLOO_ALLREDUCE_ONE_CORE = 1.073e9
 
 
 #: bytes of one all-reduce call of PyTorch's DistributedDataParallel: its gradient buckets

@@ -23,9 +23,9 @@ from pipelab._io import atomic_write_text
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.partition import partition
-from pipelab.partition._evaluate import build_plan
 from pipelab.partition.dp import dp_time_s
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import build_plan
 from pipelab.profile.records import Profile
 
 # (model, preset, servers, gpus, paper config, paper speed-up) -- PipeDream SOSP'19 Table 1

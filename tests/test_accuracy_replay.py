@@ -1,4 +1,4 @@
-"""The sim_accuracy reproduction's replay (``pipelab.reproduce.accuracy.MeasuredActions``), by oracles:
+"""The sim_accuracy reproduction's replay (``accuracy.MeasuredActions``), by oracles:
 a simulated trace replayed with its own durations reproduces itself, and a trace whose actions of one
 kind are sometimes long replays with their mean (the worker's real busy time), not their median."""
 
@@ -13,10 +13,10 @@ from pipelab.costs import CostModel
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
-from pipelab.reproduce.accuracy import MeasuredActions
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action
 from pipelab.sim.simulate import ProfileCosts, simulate_schedule, virtual_plan
+from reproductions.sim_accuracy.accuracy import MeasuredActions
 
 
 def _setup() -> tuple[Profile, Cluster, Plan, list[tuple[int, int]]]:
@@ -63,7 +63,7 @@ def test_replay_takes_the_mean_so_rare_long_actions_count() -> None:
 def test_the_planners_default_is_in_the_matrix_as_the_planner_builds_it() -> None:
     """sim_accuracy's uniform split is the planner's default plan (1F1B, uniform, M = P), cut for cut."""
     import pipelab as pl
-    from pipelab.reproduce.accuracy import default_configurations, plan_for
+    from reproductions.sim_accuracy.accuracy import default_configurations, plan_for
 
     prof = Profile.synthetic([1e-3, 1e-3, 4e-3, 1e-3, 1e-3, 2e-3, 1e-3], out_bytes=[1000] * 7,
                              param_bytes=[4000] * 7, batch_size=16)
@@ -88,10 +88,10 @@ def test_crossings_counts_the_crossed_actions_and_their_extra_over_quiet_ones() 
     """Oracle: a unit-cost 1F1B trace whose quiet forwards and backwards are made 0.1 s shorter (their
     starts moved, so no crossing changes): the crossed actions take exactly 0.1 s more than the quiet
     ones of their worker and kind, and the count is the rule's own over the steady window."""
-    from pipelab.reproduce.accuracy import crossings, steady_window
     from pipelab.schedules.crossing import crossed_actions
     from pipelab.schedules.dataflow import UnitCosts
     from pipelab.trace import Trace
+    from reproductions.sim_accuracy.accuracy import crossings, steady_window
 
     sch = build("1f1b-flush", 2, microbatches=4, minibatches=6)
     sim = simulate_schedule(sch, UnitCosts(), batch_size=4)

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelab.sim", "pipelab.runtime", "pipelab.torch_bridge", "pipelab.explain"),
     ("pipelab.views", "pipelab.calibrate", "pipelab.planner"),
     ("pipelab.widgets",),
-    ("pipelab.reproduce", "pipelab.cli"),
+    ("pipelab.cli",),
     ("pipelab",),
 )
 #: units of one layer that must not import each other at all
@@ -132,6 +132,66 @@ def test_no_upward_import_and_no_cycle() -> None:
     assert not bad, "layer contracts broken (see ARCHITECTURE.md, 'Layers'):\n" + "\n".join(bad)
 
 
+#: module circles left, each owned by another part of this round's work (see ARCHITECTURE.md)
+ALLOWED_MODULE_CYCLES: tuple[frozenset[str], ...] = (
+    frozenset({"pipelab.widgets", "pipelab.widgets.planner"}),   # widgets/__init__ keeps the package's body
+)
+
+
+def module_cycles(root: Path) -> list[list[str]]:
+    """Every set of modules under ``root`` that import one another in a circle (Tarjan's strongly
+    connected components of the module import graph, function-level imports included), sorted."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for src, dst, _ in imports(root):
+        if src != dst:
+            graph[src].add(dst)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return sorted(out)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    found = [c for c in module_cycles(PKG) if frozenset(c) not in ALLOWED_MODULE_CYCLES]
+    assert not found, "modules importing one another in a circle (move the shared part down):\n" + \
+        "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_cycle_finder_finds_a_planted_cycle(tmp_path: Path) -> None:
+    copy = tmp_path / "pipelab"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    target = copy / "partition" / "plan.py"
+    target.write_text(target.read_text(encoding="utf-8") + "\n\ndef _late():\n"
+                      "    from pipelab.partition.dp import partition_dp\n", encoding="utf-8")
+    pair = {"pipelab.partition.dp", "pipelab.partition.plan"}
+    assert any(pair <= set(c) for c in module_cycles(copy))
+    assert not any(pair <= set(c) for c in module_cycles(PKG))
+
+
 def test_every_module_is_in_a_layer_and_small() -> None:
     for path in PKG.rglob("*.py"):
         unit_of(_module_name(path, PKG))
@@ -161,3 +221,39 @@ def test_checker_catches_an_upward_import(
         assert found == []
     else:
         assert found and expect in found[0], found
+
+
+#: docstrings over the limit in files other parts own this round (issues 32b, 36); to shorten there
+LONG_DOCSTRINGS_ELSEWHERE = frozenset({
+    "pipelab/calibrate/__init__.py:message_overhead", "pipelab/calibration.py:Calibration",
+    "pipelab/costs/bound.py:steady_state", "pipelab/sim/simulate.py:_memory",
+    "pipelab/views/gantt.py:schedule_trace",
+})
+
+
+def test_docstrings_are_short() -> None:
+    """A docstring is a summary plus Args/Returns: at most 15 lines, except a module's overview."""
+    long = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    ast.get_docstring(node) is not None:
+                first = node.body[0]
+                n = (first.end_lineno or first.lineno) - first.lineno + 1
+                if n > 15 and f"{rel}:{node.name}" not in LONG_DOCSTRINGS_ELSEWHERE:
+                    long.append(f"{rel}:{node.name} ({n} lines)")
+    assert not long, "docstrings over 15 lines (keep a summary and Args/Returns; history goes to " \
+        "CHANGELOG.md):\n" + "\n".join(long)
+
+
+def test_the_package_does_not_import_the_reproductions() -> None:
+    """The papers' code lives in reproductions/; the library never imports it (the CLI finds it by path)."""
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(PKG.parent)}:{node.lineno}" for n in names
+                      if n.split(".")[0] == "reproductions"]
+    assert not found, f"pipelab imports reproductions at {found}"

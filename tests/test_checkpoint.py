@@ -20,9 +20,9 @@ from pipelab.partition.plan import Plan
 from pipelab.runtime import checkpoint as ck
 from pipelab.runtime import train
 from pipelab.schedules import segments as seg
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import UnitCosts
+from pipelab.schedules.steps import ScheduleError
 
 PLAN = Plan.from_boundaries(4, [2])
 

@@ -27,8 +27,8 @@ from pipelab.graph import (
     trace,
 )
 from pipelab.models import gnmt, synthetic_translation
-from pipelab.reproduce.measure import cross_entropy, random_batches
 from pipelab.runtime.comm import boundary_specs
+from reproductions.pipedream_table1.measure import cross_entropy, random_batches
 
 pytestmark = pytest.mark.timeout(120)
 

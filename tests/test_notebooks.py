@@ -31,8 +31,9 @@ SMALL: dict[str, dict[str, Any]] = {
     "05_weight_versions": {"backend": "local", "steps": 8, "compare_steps": 30, "learning_rates": [0.1]},
     "06_heterogeneous": {"policies": ["ED", "NP"], "staleness_bounds": [0, 2], "minibatches": 8},
     "07_beyond_dnns": {"batches": 8},
-    "08_planner": {"models": ["gnmt16"], "clusters": ["pipedream-a:1x4"], "real_models": ["cnn"],
-                   "real_steps": 8, "real_rounds": 1, "confirm_rounds": 1},
+    "08_planner": {"full_search": False, "models": ["gnmt16"], "clusters": ["pipedream-a:1x4"],
+                   "run_real": True, "real_models": ["cnn"], "real_steps": 8, "real_rounds": 1,
+                   "confirm_rounds": 1},
 }
 NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 
@@ -70,8 +71,10 @@ def test_notebook_is_stored_clean(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_notebook_runs_under_papermill(name: str, tmp_path: Path) -> None:
+def test_notebook_runs_under_papermill(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     papermill = pytest.importorskip("papermill")
+    # the kernel imports pipelab and reproductions.* from this checkout (as `make lab` sets it)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
     t0 = time.perf_counter()
     out = tmp_path / f"{name}.out.ipynb"
     try:

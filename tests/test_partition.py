@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from pipelab.cluster import Cluster, Device, Level
 from pipelab.costs import CostModel
 from pipelab.partition import partition
-from pipelab.partition._evaluate import build_plan, search_objective
 from pipelab.partition.balance import balance_by_size, balance_by_time
 from pipelab.partition.hetero import hetpipe_time_s, partition_virtual_worker, virtual_workers
 from pipelab.partition.pipedream import solve
+from pipelab.partition.predict import build_plan, search_objective
 from pipelab.profile.records import Profile
 
 FREE = float("inf")   # infinite bandwidth, zero latency: communication is free
@@ -320,10 +320,8 @@ def test_compression_lowers_cut_cost():
     a = partition(p, c, "prefix-sum", memory_limit=1e15)
     b = partition(p, c, "prefix-sum", memory_limit=1e15, compression=4.0)
     assert b.time_per_minibatch <= a.time_per_minibatch
-    # the old keyword still works, with a deprecation warning, and gives the same plan
-    with pytest.warns(DeprecationWarning, match="compression_ratio= is deprecated"):
-        old = partition(p, c, "prefix-sum", memory_limit=1e15, compression_ratio=4.0)
-    assert old.time_per_minibatch == b.time_per_minibatch and old.stages == b.stages
+    with pytest.raises(TypeError, match="compression_ratio"):   # the old keyword is gone
+        partition(p, c, "prefix-sum", memory_limit=1e15, compression_ratio=4.0)
     assert max(b.notes["cut_terms_s"]) < max(a.notes["cut_terms_s"]) or not a.notes["cut_terms_s"]
 
 

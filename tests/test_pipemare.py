@@ -7,7 +7,7 @@ import torch
 
 from pipelab.runtime import pipemare as pm
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.schedules.facts import stage_delays
+from pipelab.schedules.worker_view import stage_delays
 
 
 def test_lr_scale_by_hand() -> None:

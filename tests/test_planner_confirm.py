@@ -11,7 +11,7 @@ import torch
 
 import pipelab as pl
 from pipelab.planner.confirmation import choose, shortlist, steps_for
-from pipelab.reproduce import accuracy
+from reproductions.sim_accuracy import accuracy
 
 
 def test_choose_needs_a_majority_of_rounds_and_a_median_above_one() -> None:

@@ -15,7 +15,10 @@ import nbformat
 import pandas as pd
 import pytest
 
-from pipelab import reproduce as rp
+from reproductions._common import driver, report
+from reproductions.hetpipe import virtual_workers
+from reproductions.pipedream_table1 import measure, rows
+from reproductions.weight_stashing import stashing
 
 REPO = Path(__file__).resolve().parents[1]
 REPRO = REPO / "reproductions"
@@ -23,7 +26,7 @@ NOTEBOOKS = sorted(REPRO.glob("*/*.ipynb"))
 
 
 def _papermill(nb: Path, out: Path, **params: object) -> nbformat.NotebookNode:
-    rp.run_notebook(nb, out / nb.name, {"out_dir": str(out), "report": True, **params}, cwd=nb.parent)
+    report.run_notebook(nb, out / nb.name, {"out_dir": str(out), "report": True, **params}, cwd=nb.parent)
     return nbformat.read(str(out / nb.name), as_version=4)
 
 
@@ -48,38 +51,38 @@ def test_notebooks_are_stored_clean_and_built_from_source() -> None:
 
 
 def test_paper_table_and_config_shapes() -> None:
-    row = rp.paper_row("vgg16", "pipedream-a", 4, 4)
+    row = rows.paper_row("vgg16", "pipedream-a", 4, 4)
     assert row is not None and (row.config, row.speedup) == ("15-1", 5.28)
-    assert rp.paper_row("vgg16", "pipedream-a", 1, 1) is None
-    assert {r.key for r in rp.TABLE1} >= {"gnmt8/pipedream-a/3x4", "gnmt16/pipedream-b/2x8",
+    assert rows.paper_row("vgg16", "pipedream-a", 1, 1) is None
+    assert {r.key for r in rows.TABLE1} >= {"gnmt8/pipedream-a/3x4", "gnmt16/pipedream-b/2x8",
                                           "resnet50/pipedream-b/2x8"}
-    assert rp.config_shape("15-1") == "replicated-front"
-    assert rp.config_shape("16") == "dp"
-    assert rp.config_shape("straight") == "straight"
-    assert rp.config_shape("1-3") == "hybrid"
+    assert rows.config_shape("15-1") == "replicated-front"
+    assert rows.config_shape("16") == "dp"
+    assert rows.config_shape("straight") == "straight"
+    assert rows.config_shape("1-3") == "hybrid"
     with pytest.raises(ValueError, match="notation"):
-        rp.config_shape("fifteen-one")
+        rows.config_shape("fifteen-one")
 
 
 def test_table1_row_error_and_shape() -> None:
     from pipelab.partition.plan import Plan
 
     plan = Plan.from_boundaries(10, [8], replicas=[15, 1])
-    row = rp.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4, plan=plan,
+    row = rows.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4, plan=plan,
                         predicted_speedup=5.0, simulated_speedup=4.224)
     assert row["config"] == "15-1" and row["shape_matches"] is True
     assert row["error"] == pytest.approx(4.224 / 5.28 - 1, abs=1e-3)
     assert row["within_25pct"] is True
-    straight = rp.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4,
+    straight = rows.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4,
                              plan=Plan.even(10, 4), predicted_speedup=2.0, simulated_speedup=2.0)
     assert straight["shape_matches"] is False and straight["within_25pct"] is False
     # the second baseline: DP with its all-reduce after backward, 3 s per minibatch against the plan's 1 s
-    row = rp.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4, plan=plan,
+    row = rows.table1_row(model="vgg16", cluster="pipedream-a", servers=4, gpus_per_server=4, plan=plan,
                         predicted_speedup=2.0, simulated_speedup=2.0, sim_ms=(1.0, 2.0),
                         sim_dp_no_overlap_s=3.0)
     assert row["simulated_speedup_dp_no_overlap"] == 3.0 and row["sim_dp_no_overlap_ms"] == 3000.0
     assert row["error_dp_no_overlap"] == pytest.approx(3.0 / 5.28 - 1, abs=1e-3)
-    md = rp.table1_markdown(pd.DataFrame([row]))
+    md = rows.table1_markdown(pd.DataFrame([row]))
     assert "sim. × over DP, no overlap" in md and "-43%" in md
 
 
@@ -88,7 +91,7 @@ def test_steady_throughput_typical_and_mean() -> None:
     (8 samples/s at 8 per minibatch), the mean rate 5 minibatches in 11 s."""
     from types import SimpleNamespace
 
-    from pipelab.reproduce.measure import _steady_throughput
+    from reproductions.pipedream_table1.measure import _steady_throughput
 
     ends = [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0]
     evs = [SimpleNamespace(kind="U", microbatch=k, end_s=t) for k, t in enumerate(ends)]
@@ -100,21 +103,21 @@ def test_steady_throughput_typical_and_mean() -> None:
 
 def test_gloo_loopback_needs_two_workers() -> None:
     with pytest.raises(ValueError, match="workers=1"):
-        rp.gloo_loopback(1)
+        measure.gloo_loopback(1)
 
 
 def test_wsp_timeline_by_hand() -> None:
     # two VWs, 1 s and 2 s per wave, push and pull 0.5 s each.
     # D = 0: wave k starts when every VW has pushed wave k-1, then a pull: 2 + 0.5 + 0.5 = 3.0, ...
-    assert rp.wsp_makespan([1.0, 2.0], waves=3, staleness=0, push_s=0.5, pull_s=0.5) == [
+    assert virtual_workers.wsp_makespan([1.0, 2.0], waves=3, staleness=0, push_s=0.5, pull_s=0.5) == [
         [1.0, 4.0, 7.0], [2.0, 5.0, 8.0]]
     # D = 1: the fast VW starts wave 1 at once (1.0 -> 2.0); wave 2 needs every push of wave 0 (2.5),
     # which it waits for and pulls (3.0 -> 4.0); the slow VW never waits (its own wave 0 push is
     # done before its wave 1 ends).
-    assert rp.wsp_makespan([1.0, 2.0], waves=3, staleness=1, push_s=0.5, pull_s=0.5) == [
+    assert virtual_workers.wsp_makespan([1.0, 2.0], waves=3, staleness=1, push_s=0.5, pull_s=0.5) == [
         [1.0, 2.0, 4.0], [2.0, 4.0, 6.0]]
     with pytest.raises(ValueError, match="D=-1"):
-        rp.wsp_makespan([1.0], waves=2, staleness=-1)
+        virtual_workers.wsp_makespan([1.0], waves=2, staleness=-1)
 
 
 def test_rebatch_scales_activations_not_weights() -> None:
@@ -122,7 +125,7 @@ def test_rebatch_scales_activations_not_weights() -> None:
 
     prof = Profile.synthetic([1.0, 2.0], [2.0, 4.0], out_bytes=[100, 40], param_bytes=[8, 16], batch_size=8,
                              input_bytes=64)
-    half = rp.rebatch(prof, 4)
+    half = virtual_workers.rebatch(prof, 4)
     assert half.batch_size == 4 and half.input_bytes == 32
     assert [layer.fwd_s for layer in half.layers] == [0.5, 1.0]
     assert [layer.out_bytes for layer in half.layers] == [50, 20]
@@ -131,9 +134,9 @@ def test_rebatch_scales_activations_not_weights() -> None:
 
 
 def test_parse_method() -> None:
-    assert rp.parse_method("pipedream+vertical_sync") == ("pipedream", {"vertical_sync": True})
-    assert rp.parse_method("buffered:3") == ("buffered", {"versions": 3})
-    assert rp.parse_method("dp") == ("dp", {})
+    assert stashing.parse_method("pipedream+vertical_sync") == ("pipedream", {"vertical_sync": True})
+    assert stashing.parse_method("buffered:3") == ("buffered", {"versions": 3})
+    assert stashing.parse_method("dp") == ("dp", {})
 
 
 def test_mean_over_seeds() -> None:
@@ -141,24 +144,24 @@ def test_mean_over_seeds() -> None:
                              "test_accuracy": [0.4, 0.8, 0.5, 0.9, 0.2, 0.6, 0.7, 0.9],
                              "train_loss": [1.0, 0.6, 1.0, 0.5, 1.0, 0.7, 1.0, 0.4],
                              "seed": [0] * 4 + [1] * 4})
-    mean = rp.mean_over_seeds(per_seed)
+    mean = stashing.mean_over_seeds(per_seed)
     assert list(mean["method"]) == ["pd", "pd", "dp", "dp"]      # first-seen order kept
     assert list(mean["test_accuracy"]) == pytest.approx([0.3, 0.7, 0.6, 0.9])
     assert list(mean["accuracy_spread"]) == pytest.approx([0.2, 0.2, 0.2, 0.0])
-    summary = rp.stash_summary(mean, last=2).set_index("method")
+    summary = stashing.stash_summary(mean, last=2).set_index("method")
     assert summary.loc["pd", "late_gap_to_dp_pts"] == pytest.approx(-25.0)
 
 
 def test_svg_chart_is_well_formed() -> None:
     df = pd.DataFrame({"epoch": [1, 2, 1, 2], "acc": [0.5, 0.9, 0.4, 0.6], "method": ["dp", "dp", "x", "x"]})
-    svg = rp.svg_curves(df, x="epoch", y="acc", color="method", title="t & <u>")
+    svg = report.svg_curves(df, x="epoch", y="acc", color="method", title="t & <u>")
     root = ET.fromstring(svg)
     assert len(root.findall("{http://www.w3.org/2000/svg}polyline")) == 2
 
 
 def test_markdown_table_without_tabulate() -> None:
     df = pd.DataFrame({"a": [1.5, math.nan], "b": ["x", None]})
-    assert rp.markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| 1.5 | x |", "|  |  |"]
+    assert report.markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| 1.5 | x |", "|  |  |"]
 
 
 def test_simulated_table1_row_is_deterministic() -> None:
@@ -167,8 +170,8 @@ def test_simulated_table1_row_is_deterministic() -> None:
     prof = pl.models.pipedream_profile("gnmt8")
     cl = pl.Cluster.preset("pipedream-a", servers=1, gpus_per_server=4)
     plan = pl.partition(prof, cl, method="pipedream")
-    a = rp.simulate_plan(plan, prof, cl, minibatches=16).throughput
-    b = rp.simulate_plan(pl.partition(prof, cl, method="pipedream"), prof, cl, minibatches=16).throughput
+    a = rows.simulate_plan(plan, prof, cl, minibatches=16).throughput
+    b = rows.simulate_plan(pl.partition(prof, cl, method="pipedream"), prof, cl, minibatches=16).throughput
     assert a == b and a > 0
 
 
@@ -242,7 +245,7 @@ def test_weight_buffer_notebook(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_driver_writes_table_and_offline_report(tmp_path: Path) -> None:
-    assert rp.main(["--only", "table1", "--quick", "--out", str(tmp_path)]) == 0
+    assert driver.main(["--only", "table1", "--quick", "--out", str(tmp_path)]) == 0
     out = tmp_path / "pipedream_table1"
     df = pd.read_csv(out / "results.csv")
     assert len(df) == 2 and set(df["paper_config"]) == {"15-1"}
@@ -303,9 +306,19 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     # a profile taken right before each configuration's runs, paired; no model factors asked for
     assert (df["error_fresh_profile"].abs() < 10).all() and df["error_model_factor"].isna().all()
     # less the run's common shift: the median of the rescaled errors is 0 by construction
-    from pipelab.reproduce.accuracy import less_shift, shift_of
+    from reproductions.sim_accuracy.accuracy import less_shift, shift_of
     assert shift_of(df) == pytest.approx(df["error"].median())
     assert less_shift(df).median() == pytest.approx(0.0, abs=1e-12)
     assert "common shift" in (tmp_path / "results.md").read_text()
     assert "without busy_sender" in (tmp_path / "results.md").read_text()
     ET.parse(tmp_path / "scatter.svg")
+
+
+def test_reproduce_without_a_checkout_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelab.cli import main as cli_main
+    from pipelab.cli import reproduce
+
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)   # an installed package: no reproductions/ beside it
+    assert cli_main(["reproduce", "--quickstart"]) == 2
+    assert "clone it and run `make reproduce`" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import torch
 from pipelab.partition.plan import Plan
 from pipelab.runtime import policies, train, wsp
 from pipelab.schedules import build
-from pipelab.schedules.facts import stage_delays as schedule_delays
+from pipelab.schedules.worker_view import stage_delays as schedule_delays
 
 PLAN2 = Plan.from_boundaries(5, [2])          # fc1 | relu fc2 relu fc3
 PLAN3 = Plan.from_boundaries(5, [1, 3])

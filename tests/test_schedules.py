@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pipelab.schedules as S
+from pipelab import methods
 from pipelab.partition.plan import Plan
-from pipelab.schedules import METHODS, ScheduleError, build, validate
+from pipelab.schedules import ScheduleError, build, validate
 from pipelab.schedules.actions import Action, Schedule
 
 PER_MB = ("pipedream", "naive-async", "pipemare", "hetpipe")
@@ -30,7 +30,7 @@ def _kw(method: str, P: int, M: int) -> dict[str, int] | None:
     return {"microbatches": M, "minibatches": 2}
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", methods.names())
 def test_every_builder_valid_over_grid(method: str) -> None:
     """P in 1..8, M in 1..16 (where the method applies): the validator accepts every schedule."""
     count = 0
@@ -215,7 +215,7 @@ def test_hetpipe_options() -> None:
     assert sch.options["virtual_workers"] == 2
     # worker 0 (VW 0, stage 0) holds the VW's 3 minibatches in flight
     assert sch.in_flight(0) == 3
-    assert S.METHODS["hetpipe"][0] is False
+    assert methods.get("hetpipe").synchronous is False
 
 
 def test_extra_in_flight() -> None:

@@ -16,9 +16,9 @@ import pytest
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.partition import partition
-from pipelab.partition._evaluate import build_plan
 from pipelab.partition.pipedream import block_workers, solve
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import build_plan
 from pipelab.profile.records import Profile
 from pipelab.sim import simulate
 

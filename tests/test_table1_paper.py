@@ -11,19 +11,19 @@ import pandas as pd
 import pytest
 
 import pipelab as pl
+from pipelab.cluster import NCCL_NCV3_PCIE_BUS_BANDWIDTH, V100_PCIE_OVER_SXM2
 from pipelab.costs import CostModel
+from pipelab.models import pipedream_profile
 from pipelab.partition.pipedream_conf import available, load_config, plan_from_pipedream, stage_bounds
-from pipelab.reproduce import table1_paper as tp
-from pipelab.reproduce.table1 import TABLE1, simulate_plan
 from pipelab.transports import (
     DDP_BUCKET_BYTES,
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
-    GLOO_ALLREDUCE_ONE_CORE,
-    NCCL_NCV3_PCIE_BUS_BANDWIDTH,
     NCCL_TCP_BUS_BANDWIDTH,
     nccl24_tree_threshold,
     nccl_flat_ring,
 )
+from reproductions.pipedream_table1 import paper as tp
+from reproductions.pipedream_table1.rows import TABLE1, simulate_plan
 
 RESULTS = Path(__file__).resolve().parents[1] / "reproductions" / "pipedream_table1" / "results.csv"
 
@@ -40,7 +40,8 @@ def test_gloo_host_and_nccl_ring_rates_by_hand() -> None:
     assert GLOO_ALLREDUCE_BUS_BANDWIDTH == pytest.approx(2.828e9, rel=1e-3)
     assert gloo.levels[0].ring_bandwidth == pytest.approx(GLOO_ALLREDUCE_BUS_BANDWIDTH)
     assert gloo.levels[1].ring_bandwidth == pytest.approx(10e9 / 8)
-    one_core = base.with_transport("gloo-host", "gloo-ring", gloo_allreduce_bandwidth=GLOO_ALLREDUCE_ONE_CORE)
+    one_core = base.with_transport("gloo-host", "gloo-ring",
+                                   gloo_allreduce_bandwidth=tp.GLOO_ALLREDUCE_ONE_CORE)
     assert [lv.ring_bandwidth for lv in one_core.levels] == [1.073e9, 1.073e9]
     assert one_core.levels[1].transfer_bandwidth == gloo.levels[1].transfer_bandwidth   # sends unchanged
     for bad in (0.0, math.inf, "fast"):
@@ -393,3 +394,27 @@ def test_cluster_a_runs_v100_pcie_cards_at_the_datasheets_ratio() -> None:
     for bad in (0.0, -1.0, math.inf, True, {"vgg16": 0.0}):
         with pytest.raises(ValueError, match="pcie_v100_factor"):
             tp.PaperSetting(pcie_v100_factor=bad).speed_of(b)  # type: ignore[arg-type]
+
+
+def test_plain_partition_and_simulate_on_the_preset_give_the_reproductions_row() -> None:
+    """VGG-16 on cluster A, 4 x 4: the preset with PipeDream's transports (gloo for the pipeline, NCCL for
+    the DP baseline) and V100 PCIe cards gives Table 1's row as the reproduction computes it (4.85x)."""
+    row = next(r for r in TABLE1 if r.key == "vgg16/pipedream-a/4x4")
+    speed = tp.profiling_gpu_speed() * V100_PCIE_OVER_SXM2   # PipeDream's profiling GPU -> V100 PCIe
+    pipe = pl.Cluster.preset("pipedream-a", servers=4, gpus_per_server=4, speed=speed, transport="pipedream")
+    dp_cl = pl.Cluster.preset("pipedream-a", servers=4, gpus_per_server=4, speed=speed, transport="nccl")
+    assert (pipe, dp_cl) == tp.PaperSetting().clusters(row)
+    prof = pipedream_profile("vgg16").at_batch_size(64)
+    plan = pl.partition(prof, pipe, method="pipedream", optimizer="sgd-momentum")
+    dp = pl.partition(prof, dp_cl, method="dp", memory_limit=math.inf, optimizer="sgd-momentum")
+    t = {}
+    for name, p, cl, method, mb in (("plan", plan, pipe, "pipedream", 64), ("dp", dp, dp_cl, "dp", 64)):
+        mb = -(-mb // math.lcm(*p.replicas)) * math.lcm(*p.replicas)
+        t[name] = pl.simulate(p, prof, cl, method=method, minibatches=mb, allreduce_overlap="ddp",
+                              optimizer="sgd-momentum").time_per_minibatch
+    committed = pd.read_csv(RESULTS).set_index(["model", "cluster", "servers_x_gpus"])
+    want = committed.loc[("vgg16", "pipedream-a", "4x4")]
+    assert plan.config == want["config"] == "15-1"
+    assert round(t["dp"] / t["plan"], 3) == want["simulated_speedup"] == 4.849
+    with pytest.raises(ValueError, match="transport="):
+        pl.Cluster.preset("pipedream-a", transport="gloo")

@@ -1,7 +1,7 @@
 """The ``pipelab`` command line: ``pipelab profile|plan|simulate|train|reproduce``.
 
 One module per sub-command in this package (``pipelab.cli.profile``, ``.plan``, ``.simulate``,
-``.train``; ``reproduce`` is :mod:`pipelab.reproduce.driver`); this module only dispatches, so that
+``.train``; ``reproduce`` runs the checkout's ``reproductions/``); this module only dispatches, so that
 ``pipelab --help`` stays fast (nothing heavy is imported until a sub-command runs).
 """
 
@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("pipelab.cli.simulate", "simulate a plan with a method"),
     "train": ("pipelab.cli.train", "run a job (job.json) on this machine or under torchrun"),
     "calibrate": ("pipelab.cli.calibrate", "measure this machine and write a calibrated cluster"),
-    "reproduce": ("pipelab.reproduce", "run the papers' reproductions (make reproduce)"),
+    "reproduce": ("pipelab.cli.reproduce", "run the papers' reproductions (make reproduce)"),
 }
 
 

@@ -14,11 +14,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pipelab import methods
 from pipelab.cluster import Cluster
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
-from pipelab.schedules import METHODS, ScheduleError
+from pipelab.schedules import ScheduleError
 from pipelab.sim.simulate import simulate
 
 _PARTITIONER = {"dp": "dp", "gpipe": "gpipe", "hetpipe": "hetpipe", "buffered": "prefix-sum"}
@@ -30,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pipelab simulate", description="simulate a plan with a method")
     p.add_argument("profile", help="profile JSON (Profile.save) or PipeDream graph.txt")
     p.add_argument("--cluster", default="pipedream-a:4x4", help="cluster spec, e.g. pipedream-a:4x4, flat:8")
-    p.add_argument("--method", default="pipedream", choices=list(METHODS))
+    p.add_argument("--method", default="pipedream", choices=list(methods.names()))
     p.add_argument("--plan", help="plan JSON (Plan.save); default: partition the profile")
     p.add_argument(
         "--partition", help="partitioner when no --plan (pipedream, prefix-sum, gpipe, hetpipe, dp)"

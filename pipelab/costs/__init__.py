@@ -30,14 +30,14 @@ Assumptions (stated once, used everywhere):
   - ``"none"``: one all-reduce of all the stage's gradients after the minibatch's backward is
     complete, ``F + B + kappa * P(start..end) + fixed``. This is what pipelab's own runtime does
     (its ``U`` action flattens every gradient and all-reduces them in one call), so a model of a
-    pipelab run uses it (:func:`pipelab.reproduce.measure.measure_row`).
+    pipelab run uses it (:func:`reproductions.pipedream_table1.measure.measure_row`).
 
   Both in :meth:`CostModel.replica_time_s` (and its matrix form) and in the simulator.
 * ``allreduce_bandwidth`` (bytes/s, default None: each level's ``bandwidth``) is what one link
   carries inside the ring all-reduce when that differs from a point-to-point transfer: on one
   CPU, gloo's loopback "links" are memory copies by the same cores, and an all-reduce, where every
   process sends and receives at once and also sums, moves data slower than a ping-pong (measure
-  mode measures both, :func:`pipelab.reproduce.measure.gloo_loopback`). It replaces the bandwidth
+  mode measures both, :func:`reproductions.pipedream_table1.measure.gloo_loopback`). It replaces the bandwidth
   of every level in the ring formula above (meant for flat clusters).
 * Ports (:meth:`CostModel.ports`): a transfer crossing level ``k`` occupies the sender's egress and
   the receiver's ingress port at that level, owned by their level-``k-1`` blocks (a GPU's PCIe/NVLink

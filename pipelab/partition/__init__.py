@@ -1,87 +1,12 @@
 """Partitioners: split a Profile's layers into pipeline stages for a Cluster, returning a Plan.
 
-``partition(profile, cluster, method=...)`` dispatches to:
-
-* ``"pipedream"`` -- PipeDream's DP over stages and replica counts (:mod:`.pipedream`);
-* ``"prefix-sum"`` -- Lv et al.'s balanced straight pipeline, memory-aware (:mod:`.prefix_sum`);
-* ``"gpipe"`` -- torchgpipe's balance by time or size, fill-drain schedule (:mod:`.balance`);
-* ``"hetpipe"`` -- HetPipe's virtual workers of heterogeneous GPUs (:mod:`.hetero`);
-* ``"dp"`` -- plain data parallelism, the baseline of every ``speedup_over_dp`` (:mod:`.dp`).
-
-All of them price stages with the one cost model, :class:`pipelab.costs.CostModel`.
+:func:`partition` (:mod:`.by_method`) picks one by name; each prices stages with the one cost model
+(:class:`pipelab.costs.CostModel`) and ends in :mod:`.predict`, which turns stage boundaries into a
+:class:`Plan` with its predictions.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
-from pipelab.cluster import Cluster
-from pipelab.costs import CostModel, compression_ratio_of
-from pipelab.partition.balance import partition_gpipe
-from pipelab.partition.dp import partition_dp
-from pipelab.partition.hetero import partition_hetpipe
-from pipelab.partition.pipedream import partition_pipedream
+from pipelab.costs import CostModel
+from pipelab.partition.by_method import METHODS, partition
 from pipelab.partition.plan import Plan, Stage
-from pipelab.partition.prefix_sum import partition_prefix_sum
-from pipelab.profile.records import Profile
-
-METHODS = ("pipedream", "prefix-sum", "gpipe", "hetpipe", "dp")
 
 __all__ = ["METHODS", "CostModel", "Plan", "Stage", "partition"]
-
-
-def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
-              compression: str | float | None = None, compression_ratio: float | None = None,
-              optimizer: str = "sgd-momentum", allreduce_overlap: str = "ddp",
-              allreduce_bandwidth: float | None = None, **options: Any) -> Plan:
-    """Partition ``profile`` for ``cluster`` (a Cluster or a spec like ``"pipedream-a:4x4"``) by ``method``.
-
-    Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``;
-    prefix-sum ``stages``, ``memory_limit``, ``buffers``, ``workers``;
-    gpipe ``stages``, ``microbatches``, ``by``,
-    ``memory_limit``; hetpipe ``policy``, ``memory_limit``; dp ``workers``, ``memory_limit``.
-    ``memory_limit`` (bytes per worker) defaults to each device's memory. ``allreduce_overlap``:
-    how a replicated stage's gradient all-reduce meets backward (``"ddp"``, the default: layer by
-    layer behind it; ``"none"``: after it, as pipelab's runtime does; see
-    :class:`~pipelab.costs.CostModel`); ``allreduce_bandwidth`` (bytes/s): the links' bandwidth
-    inside an all-reduce where measured to differ from point-to-point (None: the cluster's).
-    ``compression``: the activation compression as ``train`` names it (``"fp16"``, ``"int8"``) or a
-    ratio; ``compression_ratio=`` is its deprecated spelling.
-    """
-    if not isinstance(profile, Profile):
-        raise TypeError(f"partition() needs a pipelab Profile, got {type(profile).__name__}; "
-                        f"load one with Profile.load / Profile.from_pipedream or pl.profile(model, x)")
-    cl = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
-    if not isinstance(cl, Cluster):
-        raise TypeError(f"cluster must be a Cluster or a preset spec string, got {type(cluster).__name__}")
-    ratio = compression_ratio_of(compression, compression_ratio)
-    cm = CostModel(profile, cl, compression_ratio=ratio, optimizer=optimizer,
-                   allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)
-    m = method.lower()
-    if m not in METHODS:
-        raise ValueError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
-
-    def allowed(names: tuple[str, ...]) -> None:
-        bad = set(options) - set(names)
-        if bad:
-            raise TypeError(f"method {m!r} does not take option(s) {sorted(bad)}; it takes {list(names)}")
-
-    if m == "pipedream":
-
-        allowed(("straight", "memory_limit", "workers", "hierarchical"))
-        return partition_pipedream(cm, **options)
-    if m == "prefix-sum":
-
-        allowed(("stages", "memory_limit", "buffers", "workers"))
-        return partition_prefix_sum(cm, **options)
-    if m == "gpipe":
-
-        allowed(("stages", "microbatches", "by", "memory_limit"))
-        return partition_gpipe(cm, **options)
-    if m == "hetpipe":
-
-        allowed(("policy", "memory_limit"))
-        return partition_hetpipe(cm, **options)
-
-    allowed(("workers", "memory_limit"))
-    return partition_dp(cm, **options)

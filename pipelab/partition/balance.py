@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan, check_memory
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import build_plan, check_memory
 
 
 def _split(costs: Sequence[float], partitions: int) -> list[int]:

@@ -12,14 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan, check_memory
 from pipelab.partition.plan import Plan
-
-
-def dp_time_s(cm: CostModel, workers: Sequence[int]) -> float:
-    """Seconds per minibatch of plain data parallelism over ``workers``."""
-    ws = list(workers)
-    return cm.replica_time_s(0, cm.num_layers, ws) / len(ws)
+from pipelab.partition.predict import build_plan, check_memory, dp_time_s
 
 
 def partition_dp(

@@ -38,8 +38,8 @@ import numpy as np
 import pipelab.metrics as metrics
 from pipelab.cluster import Cluster, Device
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import build_plan
 
 POLICIES = ("ED", "NP", "HD")
 MAX_ORDER_SEARCH = 6      # GPUs per VW up to which every order along the pipeline is tried

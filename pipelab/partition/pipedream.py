@@ -28,7 +28,7 @@ stage's NIC; round-robin spreads them over the stage's ports). Stages over memor
 The plan's prediction is then the full :meth:`CostModel.steady_state`, which also sums ports that
 several stages share and bounds the round trip over the minibatches in flight and the 1F1B cycles of
 adjacent unreplicated stages; each layout's boundaries are first moved one at a time to where that
-steady state is smallest (:func:`~pipelab.partition._evaluate.refine_bounds`, a local search), for the
+steady state is smallest (:func:`~pipelab.partition.predict.refine_bounds`, a local search), for the
 straight pipeline from two starts, the DP's bounds and the exact prefix-sum optimum (they tie on the
 DP's objective yet can end in different local optima); among the layouts searched (flat and per
 block) the one with the best prediction wins.
@@ -45,25 +45,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan, refine_bounds, search_objective
 from pipelab.partition.dp import partition_dp
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import block_workers, build_plan, refine_bounds, search_objective
 from pipelab.partition.prefix_sum import solve as straight_solve
-
-
-def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:
-    """Cluster workers of inner workers ``[w, w+m)`` in every copy of a ``block``-worker block.
-
-    Ordered block-minor (``x`` outer, copy ``c`` inner) so that replica ``k`` of every stage lies in
-    block ``k % copies``: round-robin (minibatch ``t`` to replica ``t % r``) then keeps minibatch
-    ``t`` inside block ``t % copies`` on every stage, as PipeDream's replicated pipelines do, and its
-    cuts never leave the block.
-    """
-    return [c * block + x for x in range(w, w + m) for c in range(cm.cluster.num_workers // block)]
 
 
 def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None = None,
@@ -83,163 +73,200 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
     minibatch in one block), each copy of a port carrying ``1 / copies`` of the minibatches.
     Replica counts returned are per block (multiply by ``copies``).
     """
-    n = cm.num_layers
-    Wall = cm.cluster.num_workers
-    W = Wall if block is None else block
-    if block is not None and (block < 1 or Wall % block):
-        raise ValueError(f"block={block} must divide the {Wall} workers")
-    copies = Wall // W
+    search = _Search(cm, straight=straight, memory_limit=memory_limit, block=block)
+    search.band(search.upper_bound(straight_bounds))
+    search.fill()
+    return search.backtrack(max_stages)
 
-    def phys(w: int, m: int) -> list[int]:
-        return list(range(w, w + m)) if block is None else block_workers(cm, W, w, m)
-    if straight and W > n:
-        raise ValueError(f"a straight pipeline on {W} workers needs at least {W} layers, the model has {n}; "
-                         f"use fewer workers or straight=False")
-    inf = np.inf
-    A = np.full((n + 1, W + 1), inf)
-    A[0, 0] = 0.0
-    par_i = np.full((n + 1, W + 1), -1, dtype=np.int64)
-    par_w = np.full((n + 1, W + 1), -1, dtype=np.int64)
-    speeds = [min(cm.cluster.speed(x) for x in phys(w, 1)) for w in range(W)]
-    mems = [min(cm.cluster.memory(x) for x in phys(w, 1)) for w in range(W)]
-    # transfer seconds of the activation entering layer i over the link (w-1, w), per level
-    cut_bytes = np.concatenate([[0.0], np.floor(cm.cuts), [0.0]])  # index i: activation entering layer i
 
-    def cut_x(k: int) -> np.ndarray:
-        lv = cm.cluster.levels[k]
-        x = lv.latency + cut_bytes / cm.compression_ratio / lv.transfer_bandwidth
-        x[0] = x[n] = 0.0
+class _Search:
+    """The DP's table ``A[j, w]`` (best time of layers ``[0, j)`` on the first ``w`` workers), filled
+    stage by stage; ``par_i``/``par_w`` record each cell's last stage for the backtrack."""
+
+    def __init__(self, cm: CostModel, *, straight: bool, memory_limit: float | None,
+                 block: int | None) -> None:
+        n = cm.num_layers
+        Wall = cm.cluster.num_workers
+        W = Wall if block is None else block
+        if block is not None and (block < 1 or Wall % block):
+            raise ValueError(f"block={block} must divide the {Wall} workers")
+        if straight and W > n:
+            raise ValueError(f"a straight pipeline on {W} workers needs at least {W} layers, the model has "
+                             f"{n}; use fewer workers or straight=False")
+        self.cm, self.n, self.W, self.copies = cm, n, W, Wall // W
+        self.block, self.straight, self.memory_limit = block, straight, memory_limit
+        self.A = np.full((n + 1, W + 1), np.inf)
+        self.A[0, 0] = 0.0
+        self.par_i = np.full((n + 1, W + 1), -1, dtype=np.int64)
+        self.par_w = np.full((n + 1, W + 1), -1, dtype=np.int64)
+        self.speeds = [min(cm.cluster.speed(x) for x in self.phys(w, 1)) for w in range(W)]
+        self.mems = [min(cm.cluster.memory(x) for x in self.phys(w, 1)) for w in range(W)]
+        # transfer seconds of the activation entering layer i over a link of each level
+        self.cut_bytes = np.concatenate([[0.0], np.floor(cm.cuts), [0.0]])
+        self.xs = [self._cut_x(k) for k in range(len(cm.cluster.levels))]
+        self.lvl = [cm.cluster.level_between(w - 1, w) if 0 < w < W else -1 for w in range(W + 1)]
+        # memory of [i, j) with k in flight = g_k[j] - h_k[i]; feasible j form a prefix for each i
+        self.inp = np.concatenate([[float(cm.profile.input_bytes)], cm.cuts, [0.0]])
+        self.idx = np.arange(n + 1)
+        self.cap = max(4, int(3e8 // (8 * (n + 1) ** 2)))   # cached T matrices (about 300 MB at most)
+        self.cache: dict[tuple[float, float, float, float], np.ndarray] = {}
+        self.penalties: dict[tuple[int, float], np.ndarray | None] = {}
+        # row chunks of j so that only the triangle i < j is scanned
+        step = max(32, (n + 1) // 8)
+        self.chunks = [(a, min(a + step, n + 1)) for a in range(1, n + 1, step)]
+        self.buf = np.empty((n + 1, n + 1))
+        self.ilo = np.zeros(W + 1, dtype=np.int64)
+        self.ihi = np.full(W + 1, n, dtype=np.int64)
+
+    def phys(self, w: int, m: int) -> list[int]:
+        """Cluster workers of inner workers ``[w, w+m)`` (every block's copy with ``block``)."""
+        return list(range(w, w + m)) if self.block is None else block_workers(self.cm, self.W, w, m)
+
+    def _cut_x(self, k: int) -> np.ndarray:
+        lv = self.cm.cluster.levels[k]
+        x = lv.latency + self.cut_bytes / self.cm.compression_ratio / lv.transfer_bandwidth
+        x[0] = x[self.n] = 0.0
         return x
-    xs = [cut_x(k) for k in range(len(cm.cluster.levels))]
-    lvl = [cm.cluster.level_between(w - 1, w) if 0 < w < W else -1 for w in range(W + 1)]
-    # memory of [i, j) with k in flight = g_k[j] - h_k[i]; feasible j form a prefix for each i
-    inp = np.concatenate([[float(cm.profile.input_bytes)], cm.cuts, [0.0]])
-    idx = np.arange(n + 1)
-    cap = max(4, int(3e8 // (8 * (n + 1) ** 2)))   # cached T matrices (about 300 MB at most)
-    cache: dict[tuple[float, float, float, float], np.ndarray] = {}
-    penalties: dict[tuple[int, float], np.ndarray | None] = {}
-    # row chunks of j so that only the triangle i < j is scanned
-    step = max(32, (n + 1) // 8)
-    chunks = [(a, min(a + step, n + 1)) for a in range(1, n + 1, step)]
-    buf = np.empty((n + 1, n + 1))
-    # Pruning (exact): the one-stage plan bounds the optimum by U; a state (i, w) can lead to a
-    # plan within U only if layers [0, i) fit on w workers and [i, n) on the rest at the fastest
-    # speed with perfect balance (max_s C_s / r_s >= sum C_s / sum r_s), which bands i per w.
-    U = math.inf
-    if not straight or W == 1:
-        allw = phys(0, W)
-        mem1 = (2 + cm.state_factor) * (cm.pp[n] - cm.pp[0]) + cm.pa[n] - cm.pa[0] + inp[0]
-        lim1 = memory_limit if memory_limit is not None else min(mems)
-        if mem1 <= lim1:
-            U = cm.replica_time_s(0, n, allw) / (W * copies) * (1 + 1e-9)
-    if block is None and 1 < W <= n:
-        # the best straight pipeline (Lv et al.'s exact prefix-sum search, same cost terms) is
-        # also a plan of this DP's space; usually a much tighter bound when pipelining wins
-        sbounds = straight_bounds
-        if sbounds is None:
-            try:
-                sbounds = straight_solve(cm, memory_limit=memory_limit, buffers=None)[1]
-            except ValueError:
-                pass
-        if sbounds is not None:
-            comp, port = search_objective(cm, sbounds, [1] * W)
-            U = min(U, max(*comp, *port) * (1 + 1e-9))
-    pc = cm.pf + cm.pb
-    smax = max(speeds)
-    ilo = np.zeros(W + 1, dtype=np.int64)
-    ihi = np.full(W + 1, n, dtype=np.int64)
-    if math.isfinite(U):
+
+    def upper_bound(self, straight_bounds: Sequence[int] | None) -> float:
+        """A time some plan of this DP's space reaches: the one-stage plan's, or the best straight
+        pipeline's (Lv et al.'s exact prefix-sum search, same cost terms), whichever is lower."""
+        cm, n, W = self.cm, self.n, self.W
+        U = math.inf
+        if not self.straight or W == 1:
+            mem1 = (2 + cm.state_factor) * (cm.pp[n] - cm.pp[0]) + cm.pa[n] - cm.pa[0] + self.inp[0]
+            lim1 = self.memory_limit if self.memory_limit is not None else min(self.mems)
+            if mem1 <= lim1:
+                U = cm.replica_time_s(0, n, self.phys(0, W)) / (W * self.copies) * (1 + 1e-9)
+        if self.block is None and 1 < W <= n:
+            sbounds = straight_bounds
+            if sbounds is None:
+                try:
+                    sbounds = straight_solve(cm, memory_limit=self.memory_limit, buffers=None)[1]
+                except ValueError:
+                    pass
+            if sbounds is not None:
+                comp, port = search_objective(cm, sbounds, [1] * W)
+                U = min(U, max(*comp, *port) * (1 + 1e-9))
+        return U
+
+    def band(self, U: float) -> None:
+        """Pruning (exact): a state ``(i, w)`` leads to a plan within ``U`` only if layers ``[0, i)`` fit
+        on ``w`` workers and ``[i, n)`` on the rest at the fastest speed with perfect balance
+        (``max_s C_s / r_s >= sum C_s / sum r_s``), which bands ``i`` per ``w``."""
+        if not math.isfinite(U):
+            return
+        pc = self.cm.pf + self.cm.pb
+        n, W, smax = self.n, self.W, max(self.speeds)
         for w in range(W + 1):
-            cap_rest = U * (W - w) * copies * smax
-            ilo[w] = int(np.flatnonzero(pc[n] - pc <= cap_rest * (1 + 1e-12))[0])
-            ihi[w] = int(np.flatnonzero(pc <= U * w * copies * smax * (1 + 1e-12))[-1])
-    for w in range(W):
-        base = A[:, w].copy()
-        rows = np.flatnonzero(np.isfinite(base))
-        if rows.size == 0:
-            continue
-        lo = int(rows.min())
-        for m in range(1, W - w + 1):
-            if straight and m > 1:
-                break
-            ws = phys(w, m)
-            key = (min(speeds[w:w + m]), *cm.allreduce_coeffs(ws), cm.allreduce_latency_steps(ws))
-            TT = cache.get(key)
-            if TT is None:
-                if len(cache) >= cap:
-                    cache.pop(next(iter(cache)))
-                TT = cm.replica_time_matrix(*key, transpose=True)  # TT[j, i]
-                cache[key] = TT
-            k = math.ceil((W - w) / m)  # NOAM at this stage = weight versions stashed
-            lim = float(memory_limit if memory_limit is not None else min(mems[w:w + m]))
-            pkey = (k, lim)
-            if pkey not in penalties:
-                gk = (k + 1 + cm.state_factor) * cm.pp + k * cm.pa
-                hk = (k + 1 + cm.state_factor) * cm.pp + k * (cm.pa - inp)
-                jmax = np.searchsorted(gk, lim + hk, side="right") - 1   # last feasible j per i
-                if np.all(jmax >= n):
-                    penalties[pkey] = None
-                else:
-                    penalties[pkey] = np.where(idx[:, None] > jmax[None, :], np.inf, 0.0)  # [j, i]
-            pen = penalties[pkey]
-            bm = base * (m * copies)
-            # the stage's port term (CostModel.stage_port_s), times m * copies like the T matrix
-            kin, kout = lvl[w], lvl[w + m]
-            ws_in = range(w, w + m)
-            tin = xs[kin] * (cm.port_share(ws_in, kin) * m) if kin >= 0 else None
-            tout = xs[kout] * (cm.port_share(ws_in, kout) * m) if kout >= 0 else None
-            c0, c1 = max(lo, int(ilo[w])), int(ihi[w]) + 1        # columns i in [c0, c1)
-            r0, r1 = max(int(ilo[w + m]), c0 + 1), int(ihi[w + m]) + 1  # rows j in [r0, r1)
-            if c0 >= c1 or r0 >= r1:
+            cap_rest = U * (W - w) * self.copies * smax
+            self.ilo[w] = int(np.flatnonzero(pc[n] - pc <= cap_rest * (1 + 1e-12))[0])
+            self.ihi[w] = int(np.flatnonzero(pc <= U * w * self.copies * smax * (1 + 1e-12))[-1])
+
+    def fill(self) -> None:
+        """Relax every stage ``[i, j)`` on workers ``[w, w+m)`` from every reached ``(i, w)``."""
+        for w in range(self.W):
+            base = self.A[:, w].copy()
+            rows = np.flatnonzero(np.isfinite(base))
+            if rows.size == 0:
                 continue
-            for a, b in chunks:
-                a2, b2 = max(a, r0), min(b, r1)
-                if a2 >= b2:
-                    continue
-                e = min(b2 - 1, c1)
-                if e <= c0:
-                    continue
-                blk = buf[a2:b2, c0:e]
-                np.maximum(TT[a2:b2, c0:e], bm[None, c0:e], out=blk)
-                if tin is not None and tout is not None:
-                    if kin == kout:
-                        np.maximum(blk, tout[a2:b2, None] + tin[None, c0:e], out=blk)
-                    else:
-                        np.maximum(blk, np.maximum(tout[a2:b2, None], tin[None, c0:e]), out=blk)
-                elif tin is not None:
-                    np.maximum(blk, tin[None, c0:e], out=blk)
-                elif tout is not None:
-                    np.maximum(blk, tout[a2:b2, None], out=blk)
-                if pen is not None:
-                    blk += pen[a2:b2, c0:e]
-                arg = blk.argmin(axis=1)
-                best = blk[np.arange(b2 - a2), arg] / (m * copies)
-                tgt = A[a2:b2, w + m]
-                better = best < tgt
-                if better.any():
-                    js = np.flatnonzero(better)
-                    A[a2 + js, w + m] = best[js]
-                    par_i[a2 + js, w + m] = c0 + arg[js]
-                    par_w[a2 + js, w + m] = w
-    total = float(A[n, W])
-    if not math.isfinite(total):
-        raise ValueError(f"no pipedream plan of {cm.profile.model or 'this model'} fits in memory on "
-                         f"{cm.cluster.name} (limit "
-                         f"{(memory_limit if memory_limit is not None else min(mems)) / 2**30:.2f} GiB per "
-                         f"worker); use more workers, a smaller batch, or raise memory_limit")
-    bounds, reps = [], []
-    j, w = n, W
-    while j > 0:
-        i, pw = int(par_i[j, w]), int(par_w[j, w])
-        reps.append(w - pw)
-        if i > 0:
-            bounds.append(i)
-        j, w = i, pw
-    bounds.reverse()
-    reps.reverse()
-    if max_stages is not None and len(reps) > max_stages:
-        raise ValueError(f"the best plan has {len(reps)} stages, more than max_stages={max_stages}")
-    return total, bounds, reps
+            for m in range(1, self.W - w + 1):
+                if self.straight and m > 1:
+                    break
+                self._relax(w, m, base, int(rows.min()))
+
+    def _stage_times(self, w: int, m: int) -> np.ndarray:
+        """``TT[j, i]``: a replica's minibatch time of layers ``[i, j)`` on workers ``[w, w+m)`` (cached)."""
+        ws = self.phys(w, m)
+        cm = self.cm
+        key = (min(self.speeds[w:w + m]), *cm.allreduce_coeffs(ws), cm.allreduce_latency_steps(ws))
+        TT = self.cache.get(key)
+        if TT is None:
+            if len(self.cache) >= self.cap:
+                self.cache.pop(next(iter(self.cache)))
+            TT = self.cache[key] = cm.replica_time_matrix(*key, transpose=True)
+        return TT
+
+    def _memory_penalty(self, w: int, m: int) -> np.ndarray | None:
+        """``inf`` where stage ``[i, j)`` on workers ``[w, w+m)`` does not fit (None: every stage fits)."""
+        cm = self.cm
+        k = math.ceil((self.W - w) / m)  # NOAM at this stage = weight versions stashed
+        lim = float(self.memory_limit if self.memory_limit is not None else min(self.mems[w:w + m]))
+        pkey = (k, lim)
+        if pkey not in self.penalties:
+            gk = (k + 1 + cm.state_factor) * cm.pp + k * cm.pa
+            hk = (k + 1 + cm.state_factor) * cm.pp + k * (cm.pa - self.inp)
+            jmax = np.searchsorted(gk, lim + hk, side="right") - 1   # last feasible j per i
+            self.penalties[pkey] = (None if np.all(jmax >= self.n)
+                                    else np.where(self.idx[:, None] > jmax[None, :], np.inf, 0.0))  # [j, i]
+        return self.penalties[pkey]
+
+    def _relax(self, w: int, m: int, base: np.ndarray, lo: int) -> None:
+        TT = self._stage_times(w, m)
+        pen = self._memory_penalty(w, m)
+        bm = base * (m * self.copies)
+        # the stage's port term (CostModel.stage_port_s), times m * copies like the T matrix
+        kin, kout = self.lvl[w], self.lvl[w + m]
+        ws_in = range(w, w + m)
+        tin = self.xs[kin] * (self.cm.port_share(ws_in, kin) * m) if kin >= 0 else None
+        tout = self.xs[kout] * (self.cm.port_share(ws_in, kout) * m) if kout >= 0 else None
+        c0, c1 = max(lo, int(self.ilo[w])), int(self.ihi[w]) + 1                # columns i in [c0, c1)
+        r0, r1 = max(int(self.ilo[w + m]), c0 + 1), int(self.ihi[w + m]) + 1    # rows j in [r0, r1)
+        if c0 >= c1 or r0 >= r1:
+            return
+        A = self.A
+        for a, b in self.chunks:
+            a2, b2 = max(a, r0), min(b, r1)
+            if a2 >= b2:
+                continue
+            e = min(b2 - 1, c1)
+            if e <= c0:
+                continue
+            blk = self.buf[a2:b2, c0:e]
+            np.maximum(TT[a2:b2, c0:e], bm[None, c0:e], out=blk)
+            if tin is not None and tout is not None:
+                if kin == kout:
+                    np.maximum(blk, tout[a2:b2, None] + tin[None, c0:e], out=blk)
+                else:
+                    np.maximum(blk, np.maximum(tout[a2:b2, None], tin[None, c0:e]), out=blk)
+            elif tin is not None:
+                np.maximum(blk, tin[None, c0:e], out=blk)
+            elif tout is not None:
+                np.maximum(blk, tout[a2:b2, None], out=blk)
+            if pen is not None:
+                blk += pen[a2:b2, c0:e]
+            arg = blk.argmin(axis=1)
+            best = blk[np.arange(b2 - a2), arg] / (m * self.copies)
+            better = best < A[a2:b2, w + m]
+            if better.any():
+                js = np.flatnonzero(better)
+                A[a2 + js, w + m] = best[js]
+                self.par_i[a2 + js, w + m] = c0 + arg[js]
+                self.par_w[a2 + js, w + m] = w
+
+    def backtrack(self, max_stages: int | None) -> tuple[float, list[int], list[int]]:
+        """``(time per minibatch, boundaries, replicas per stage)`` of the best full plan."""
+        n, W = self.n, self.W
+        total = float(self.A[n, W])
+        if not math.isfinite(total):
+            lim = self.memory_limit if self.memory_limit is not None else min(self.mems)
+            model = self.cm.profile.model or "this model"
+            raise ValueError(f"no pipedream plan of {model} fits in memory on {self.cm.cluster.name} (limit "
+                             f"{lim / 2**30:.2f} GiB per worker); use more workers, a smaller batch, or "
+                             f"raise memory_limit")
+        bounds, reps = [], []
+        j, w = n, W
+        while j > 0:
+            i, pw = int(self.par_i[j, w]), int(self.par_w[j, w])
+            reps.append(w - pw)
+            if i > 0:
+                bounds.append(i)
+            j, w = i, pw
+        bounds.reverse()
+        reps.reverse()
+        if max_stages is not None and len(reps) > max_stages:
+            raise ValueError(f"the best plan has {len(reps)} stages, more than max_stages={max_stages}")
+        return total, bounds, reps
 
 
 def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: float | None = None,
@@ -249,25 +276,12 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
     Searches plans on contiguous ranks and, with ``hierarchical`` (default), also pipelines laid
     over one block of each inner level (one server, ...) and replicated in every block, as
     PipeDream's level-by-level solution does, plus the best straight pipeline and data
-    parallelism; returns the one whose :meth:`CostModel.steady_state` is fastest. ``workers`` restricts the
-    plan
-    to a regular subset of the cluster (whole servers, or GPUs of one server); ``straight=True``
-    forbids replication (one worker per stage).
+    parallelism; returns the one whose :meth:`CostModel.steady_state` is fastest. ``workers``
+    restricts the plan to a regular subset of the cluster (whole servers, or GPUs of one server);
+    ``straight=True`` forbids replication (one worker per stage).
     """
-    from dataclasses import replace
-
     cm2 = replace(cm, cluster=cm.cluster.subset(workers)) if workers is not None else cm
-    cl = cm2.cluster
-    Wall = cl.num_workers
-    blocks: list[int | None] = [None]
-    if hierarchical and not straight:
-        blocks += sorted({cl.block_size(k) for k in range(len(cl.levels) - 1)} - {1, Wall})
-    # (block, straight) searches; the straight pipeline and the one-stage plan are in the flat
-    # search's space, but its stage-additive objective cannot see ports that several stages share,
-    # so their own optima are candidates too, judged like the rest by the full steady state
-    searches: list[tuple[int | None, bool]] = [(b, straight) for b in blocks]
-    if not straight and 1 < Wall <= cm2.num_layers:
-        searches.append((None, True))
+    Wall = cm2.cluster.num_workers
     # the best straight pipeline, once: the flat searches' bound and the straight refinement's second start
     sbounds: list[int] | None = None
     if 1 < Wall <= cm2.num_layers:
@@ -277,7 +291,7 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
             pass
     best: Plan | None = None
     errors = []
-    for block, strt in searches:
+    for block, strt in _searches(cm2, straight, hierarchical):
         try:
             total, bounds, reps = solve(cm2, straight=strt, memory_limit=memory_limit, block=block,
                                         straight_bounds=sbounds)
@@ -286,46 +300,81 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
             continue
         notes: dict[str, object] = {"dp_objective_s": total, "straight": straight, "dp_bounds": bounds}
         if block is None:
-            stage_ws, w = [], 0
-            for m in reps:
-                stage_ws.append(list(range(w, w + m)))
-                w += m
-            # the refinement is a local search from the DP's bounds; a straight pipeline's DP optimum
-            # ties with others of the same bottleneck, so the exact prefix-sum optimum is a second start
-            starts = [list(bounds)]
-            if strt and len(reps) == Wall and sbounds is not None and sbounds != starts[0]:
-                starts.append(sbounds)
-            plan = min((build_plan(cm2, refine_bounds(cm2, b, stage_ws, memory_limit=memory_limit), reps,
-                                   method="pipedream", schedule="async", notes=notes) for b in starts),
-                       key=lambda p: p.time_per_minibatch)
+            second = sbounds if strt and len(reps) == Wall else None
+            plan = _flat_plan(cm2, bounds, reps, notes, second, memory_limit)
         else:
-            copies = Wall // block
-            ranks_of, w, stage_ws = [], 0, []
-            for m in reps:
-                stage_ws.append(block_workers(cm2, block, w, m))
-                ranks_of += stage_ws[-1]
-                w += m
-            bounds = refine_bounds(cm2, bounds, stage_ws, memory_limit=memory_limit)
-            notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
-            plan = build_plan(cm2, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
-                              ranks_of=ranks_of, block=block, notes=notes)
+            plan = _block_plan(cm2, bounds, reps, notes, block, memory_limit)
         # the DP's objective is stage-additive; pick the plan whose full steady state is fastest
         if best is None or plan.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
             best = plan
-    if not straight and best is not None and len(best.stages) > 1:
-        try:
-            dp = partition_dp(cm2, memory_limit=memory_limit)
-        except ValueError:
-            pass
-        else:
-            if dp.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
-                best = build_plan(cm2, [], [Wall], method="pipedream", schedule="async",
-                                  notes={"dp_objective_s": dp.time_per_minibatch, "straight": False})
     if best is None:
         raise errors[0]
-    plan = best
-    if workers is not None:
-        ws = sorted(set(workers))
-        mapped = [ws[r] for r in plan.notes.get("workers", range(Wall))]
-        plan = plan.with_predictions(notes={**plan.notes, "workers": mapped})
-    return plan
+    if not straight and len(best.stages) > 1:
+        best = _or_data_parallel(cm2, best, memory_limit)
+    if workers is None:
+        return best
+    ws = sorted(set(workers))
+    mapped = [ws[r] for r in best.notes.get("workers", range(Wall))]
+    return best.with_predictions(notes={**best.notes, "workers": mapped})
+
+
+def _searches(cm: CostModel, straight: bool, hierarchical: bool) -> list[tuple[int | None, bool]]:
+    """The (block, straight) searches to run: flat, per block of each inner level, and straight.
+
+    The straight pipeline and the one-stage plan are in the flat search's space, but its
+    stage-additive objective cannot see ports that several stages share, so their own optima are
+    candidates too, judged like the rest by the full steady state."""
+    cl = cm.cluster
+    Wall = cl.num_workers
+    blocks: list[int | None] = [None]
+    if hierarchical and not straight:
+        blocks += sorted({cl.block_size(k) for k in range(len(cl.levels) - 1)} - {1, Wall})
+    searches: list[tuple[int | None, bool]] = [(b, straight) for b in blocks]
+    if not straight and 1 < Wall <= cm.num_layers:
+        searches.append((None, True))
+    return searches
+
+
+def _flat_plan(cm: CostModel, bounds: list[int], reps: list[int], notes: dict[str, object],
+               second: list[int] | None, memory_limit: float | None) -> Plan:
+    """The flat DP's plan, its bounds refined; ``second``: another start for a straight pipeline."""
+    stage_ws, w = [], 0
+    for m in reps:
+        stage_ws.append(list(range(w, w + m)))
+        w += m
+    # the refinement is a local search from the DP's bounds; a straight pipeline's DP optimum
+    # ties with others of the same bottleneck, so the exact prefix-sum optimum is a second start
+    starts = [list(bounds)]
+    if second is not None and second != starts[0]:
+        starts.append(second)
+    return min((build_plan(cm, refine_bounds(cm, b, stage_ws, memory_limit=memory_limit), reps,
+                           method="pipedream", schedule="async", notes=notes) for b in starts),
+               key=lambda p: p.time_per_minibatch)
+
+
+def _block_plan(cm: CostModel, bounds: list[int], reps: list[int], notes: dict[str, object], block: int,
+                memory_limit: float | None) -> Plan:
+    """A pipeline over ``block`` workers replicated in every block, its bounds refined."""
+    copies = cm.cluster.num_workers // block
+    ranks_of: list[int] = []
+    stage_ws, w = [], 0
+    for m in reps:
+        stage_ws.append(block_workers(cm, block, w, m))
+        ranks_of += stage_ws[-1]
+        w += m
+    bounds = refine_bounds(cm, bounds, stage_ws, memory_limit=memory_limit)
+    notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
+    return build_plan(cm, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
+                      ranks_of=ranks_of, block=block, notes=notes)
+
+
+def _or_data_parallel(cm: CostModel, best: Plan, memory_limit: float | None) -> Plan:
+    """``best``, or one stage on every worker where data parallelism is predicted faster."""
+    try:
+        dp = partition_dp(cm, memory_limit=memory_limit)
+    except ValueError:
+        return best
+    if dp.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
+        return build_plan(cm, [], [cm.cluster.num_workers], method="pipedream", schedule="async",
+                          notes={"dp_objective_s": dp.time_per_minibatch, "straight": False})
+    return best

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import build_plan
 from pipelab.profile.pipedream_format import DATA_DIR
 from pipelab.profile.records import Profile
 

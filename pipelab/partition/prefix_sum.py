@@ -24,8 +24,8 @@ import numpy as np
 
 import pipelab.metrics as metrics
 from pipelab.costs import CostModel
-from pipelab.partition._evaluate import build_plan
 from pipelab.partition.plan import Plan
+from pipelab.partition.predict import build_plan
 
 
 class _Problem:

@@ -1,22 +1,12 @@
 """Confirm the planner's choice by measurement on the machine at hand: the shortlist, run side by side.
 
-The planner ranks thousands of candidates by simulation and keeps the default (1F1B on a uniform split)
-unless a candidate is surely faster given the simulator's measured error (:mod:`pipelab.planner.decide`).
-When the cluster is the machine you are on, there is a better referee for the few candidates that
-survive: run them. :func:`confirm` trains a shortlist of a :class:`~pipelab.planner.PlanTable` (the
-default, the planner's pick, the fastest prediction and the next best that fit) for real, round by
-round with the candidates interleaved, so that what the machine does during a round (another tenant,
-a frequency change) reaches all of them alike, and compares each candidate with the default's run of
-the same round. A candidate replaces the default only when it was faster than the default in more
-than half of the rounds; among those, the highest median ratio wins.
-
-Why not the simulation alone: on a shared 2-core CPU the same configuration measures ±15% from one
-minute to the next, and a calibration's predictions shift as a whole by as much
-(``reproductions/sim_accuracy/README.md``); a predicted gain of 1.3x that lies inside that noise can
-measure below 1 (``reproductions/benchmarks/README.md``: the planner's real runs). The simulator
-still does the search; the measurement only decides among the handful it shortlists, each
-measured over the steady-state window the simulator uses, so that the table also shows each
-candidate's prediction error.
+:func:`confirm` trains a shortlist of a :class:`~pipelab.planner.PlanTable` (the default, the
+planner's pick, the fastest prediction and the next best that fit) for real, round by round with the
+candidates interleaved, so that what the machine does during a round reaches all of them alike, and
+compares each candidate with the default's run of the same round. A candidate replaces the default
+only when it was faster in more than half of the rounds; among those, the highest median ratio wins.
+The simulator still does the search; a shared machine's noise (``reproductions/sim_accuracy``) is
+why the measurement decides among the few it shortlists.
 """
 
 from __future__ import annotations
@@ -32,7 +22,7 @@ import pandas as pd
 if TYPE_CHECKING:
     import torch
 
-    from pipelab.planner import PlanTable
+    from pipelab.planner.search import PlanTable
 
 #: columns of :attr:`Confirmed.table`
 COLUMNS = ("row", "method", "partitioner", "config", "microbatches", "chunks", "role", "steps",

@@ -1,10 +1,8 @@
 """The profiler: measure a model layer by layer and return a :class:`~pipelab.profile.records.Profile`.
 
-Layers are exactly the ones the runtime builds stages from (:func:`pipelab.graph.trace`,
-:func:`~pipelab.graph.layer_members`): a module together with the getitems that unpack its
-tuple output is one layer, timed as the module alone (unpacking a tuple computes nothing).
-PipeDream's profiler records forward time, backward time, output size and weight size per layer
-(Narayanan et al., SOSP'19, section 3.1); so does this one, measured two ways:
+Layers are the ones the runtime builds stages from (:func:`pipelab.graph.layer_members`: a module
+with the getitems that unpack its output). Like PipeDream's profiler (SOSP'19 §3.1) it records
+forward and backward time, output and weight bytes per layer, measured three ways:
 
 * forward: the traced graph runs node by node in whole forward passes (autograd on, as in
   training) with a timer around each layer;
@@ -13,11 +11,8 @@ PipeDream's profiler records forward time, backward time, output size and weight
   backward without hooks into the autograd engine;
 * whole passes (``whole=True``, the default): the model's forward with the loss and its backward,
   timed as a training step runs them; every layer's forward and backward times are scaled by one
-  factor each so that they add up to those. The layers' timers leave out what runs between layers
-  and the isolated backwards add autograd's set-up per call: measured here, a transformer stack's
-  layers added up to 85-88% of its forward, the digits CNN's to 110-114% of its backward; paired on
-  the same 16 real runs of ``reproductions/sim_accuracy``, the scaling took the simulator's median
-  |error| from 11.1% to 9.4% and its worst from 29% to 22%.
+  factor each so that they add up to those (the layers' timers leave out what runs between layers,
+  and the isolated backwards add autograd's set-up per call).
 
 The timer is ``time.perf_counter`` on CPU and CUDA events on a GPU; a layer's time is the median
 over ``repeats``. Besides times the profiler records output bytes (real dtypes), the bytes alive
@@ -127,112 +122,34 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
             whole: bool = True) -> Profile:
     """Measure ``model`` on ``sample_input`` (one minibatch) layer by layer.
 
-    ``sample_input`` is a tensor or a tuple of the model's positional inputs, batch dimension first;
-    its batch size becomes the profile's ``batch_size``. ``leaf_modules``/``depth`` choose the layer
-    granularity (see :func:`pipelab.graph.trace`). Each layer runs ``warmup`` untimed and
-    ``repeats`` timed times; times are medians.
+    The model runs in its current mode (``model.train()`` for training costs); its buffers are restored.
 
-    ``loss_fn`` with ``target`` (one minibatch's targets: the loss ``pl.train`` takes, called as
-    ``loss_fn(output, target)``), or alone as ``loss_fn(output) -> scalar``, measures the loss as the
-    last stage computes it in training, inside its forward: its forward and backward seconds are
-    added to the last layer's, and the bytes it saves for its backward (a cross-entropy's
-    log-softmax of the logits, the targets) are the profile's ``loss_saved_bytes``, which the memory
-    model adds to the last stage's activations. Without it the profile has neither. The model runs in its
-    current mode (call ``model.train()`` for training costs); buffers it updates (BatchNorm's running
-    statistics) are restored afterwards. On ``device="cuda"`` a copy of the model is moved there.
-
-    ``small_batch=b`` (e.g. the microbatch size; the default ``"auto"`` is a quarter of the batch,
-    ``None`` skips it) times every layer a second time on the first ``b``
-    samples of the input and records the part of each time that does not shrink with the batch,
-    ``fwd_fixed_s``/``bwd_fixed_s``: the affine fit through the two batch sizes, ``t(x) = fixed +
-    (t - fixed) x / batch`` (clipped to ``[0, t]``). Small kernels on a CPU, or a GPU that a
-    microbatch does not fill, cost nearly as much for ``b`` samples as for the whole batch; without it
-    the cost model scales times linearly and overestimates what microbatching gains.
-
-    ``whole`` (the default) also times the whole model as a training step runs it, its forward with
-    the loss and then its backward (the medians of ``max(3 * repeats, 10)`` steps), at each batch size
-    profiled, and scales every layer's forward times by one factor and its backward times (the
-    weight-gradient part too) by another so that the layers add up to those whole passes; the factors
-    are recorded in the profile's ``source``. The layers' own timings leave out what runs between
-    them (a transformer's residual adds and reshapes: its layers added up to 85-88% of its forward
-    here) and time each backward alone, with autograd's set-up per call (the digits CNN's added up to
-    110-114% of its backward).
+    Args:
+        sample_input: a tensor or a tuple of the forward's positional inputs, batch dimension first;
+            its batch size is the profile's ``batch_size``.
+        warmup, repeats: untimed and timed runs per layer; times are medians.
+        leaf_modules, depth: the layer granularity (:func:`pipelab.graph.trace`).
+        loss_fn, target: the training loss, ``loss_fn(output, target)`` (or ``loss_fn(output)``),
+            timed into the last layer; the bytes it saves are ``loss_saved_bytes``.
+        small_batch: a second, smaller batch (``"auto"``: a quarter; None: none) whose times give
+            each layer's part that does not shrink with the batch (``fwd_fixed_s``/``bwd_fixed_s``).
+        whole: scale the layers' forward and backward times to whole training passes, timed too.
     """
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+    _check_counts(warmup, repeats, has_target=target is not None, has_loss=loss_fn is not None)
     dev = _resolve_device(device)
-    args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in _as_args(sample_input))
     name = model_name or type(model).__name__
-    if any(p.device != dev for p in model.parameters()) or any(b.device != dev for b in model.buffers()):
-        model = copy.deepcopy(model).to(dev)
-    gm = trace(model, leaf_modules=leaf_modules, depth=depth)
-    buffers = {k: v.detach().clone() for k, v in gm.state_dict(keep_vars=True).items()
-               if not isinstance(v, nn.Parameter)}
-    try:
-        with torch.no_grad():
-            gm(*args)
-    except Exception as exc:
-        raise ValueError(f"the sample input ({_describe(args)}) does not fit {name}: {type(exc).__name__}: "
-                         f"{exc}. Pass one minibatch shaped as the model's forward() expects (a tensor, or a "
-                         "tuple of its positional inputs, batch dimension first)") from None
+    gm, args, buffers = _traced(model, sample_input, dev, name, leaf_modules, depth)
     batch = next((int(a.shape[0]) for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), 1)
-    if small_batch == "auto":
-        small_batch = batch // 4 if batch >= 4 else None
-    if small_batch is not None and not (isinstance(small_batch, int) and 1 <= small_batch < batch):
-        raise ValueError(f"small_batch={small_batch!r} must be an integer in 1..{batch - 1}: a smaller batch "
-                         f"than the sample's {batch} (e.g. the microbatch size)")
-    if target is not None and loss_fn is None:
-        raise ValueError("target= is given without loss_fn=: pass the loss too (loss_fn(output, target), "
-                         "the function pl.train takes), or leave target out")
+    small = _small_batch(small_batch, batch)
     if isinstance(target, torch.Tensor):
         target = target.to(dev)
-    loss_saved = 0
+    run = _Timing(gm, dev, name, warmup, repeats, loss_fn, whole)
     grad_was = torch.is_grad_enabled()
     try:
         torch.set_grad_enabled(True)  # backward timing needs autograd even if called under no_grad()
-
-        param_ids = {p.untyped_storage().data_ptr() for p in gm.parameters()}
-        scales: list[tuple[float, float]] = []     # (forward, backward) factor per batch size timed
-
-        def timed(
-            a: tuple[Any, ...], y: Any, show: bool
-        ) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]], int]:
-            layers, value_bytes, edges, counted = _measure(gm, a, dev, warmup, repeats, show, name)
-            timer = _Timer(dev)
-            fwd, output, output_values = _forward_in_context(gm, a, timer, warmup, repeats)
-            layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
-            saved = 0
-            if loss_fn is not None:
-                lc = measure_loss(loss_fn, output, y, params=param_ids, output_values=output_values,
-                                  counted=counted, timer=timer, warmup=warmup, repeats=repeats)
-                last = layers[-1]
-                layers[-1] = replace(last, fwd_s=last.fwd_s + lc.fwd_s, bwd_s=last.bwd_s + lc.bwd_s)
-                saved = lc.saved_bytes
-            if whole:
-                f_all, b_all = _whole_passes(gm, a, y, loss_fn, timer, warmup, max(3 * repeats, 10))
-                layers, factors = _scaled_to(layers, f_all, b_all)
-                scales.append(factors)
-            return layers, value_bytes, edges, saved
-
-        layers, value_bytes, edges, loss_saved = timed(args, target, progress)
-        if small_batch is not None:
-            def first(v: Any) -> Any:
-                whole = isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch
-                return v[:small_batch] if whole else v
-
-            small = tuple(first(a) for a in args)
-            try:
-                small_layers = timed(small, fx.node.map_aggregate(target, first), False)[0]
-            except Exception as exc:
-                raise ValueError(
-                    f"small_batch={small_batch}: the model (or loss_fn) failed on the first "
-                    f"{small_batch} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
-                    "whole batch's targets cannot run on fewer samples: pass the targets as target= "
-                    "(their first samples are used), or profile without small_batch"
-                ) from None
-            layers = [_fit_fixed(layer, s, batch, small_batch) for layer, s in zip(layers, small_layers)]
+        layers, value_bytes, edges, loss_saved = run.timed(args, target, progress)
+        if small is not None:
+            layers = run.with_fixed_parts(layers, args, target, batch, small)
     finally:
         torch.set_grad_enabled(grad_was)
         with torch.no_grad():
@@ -245,14 +162,108 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     floating = [p for p in gm.parameters() if p.is_floating_point()]
     dtype = str(floating[0].dtype if floating else torch.get_default_dtype()).replace("torch.", "")
     source = "measured"
-    if scales:
+    if run.scales:
         source += ("; layer times scaled to whole passes: forward "
-                   + ", ".join(f"x{f:.3f}" for f, _ in scales)
-                   + ", backward " + ", ".join(f"x{b:.3f}" for _, b in scales)
-                   + (f" (batch {batch}, {small_batch})" if len(scales) > 1 else ""))
+                   + ", ".join(f"x{f:.3f}" for f, _ in run.scales)
+                   + ", backward " + ", ".join(f"x{b:.3f}" for _, b in run.scales)
+                   + (f" (batch {batch}, {small})" if len(run.scales) > 1 else ""))
     return Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
                    source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved)
+
+
+def _check_counts(warmup: int, repeats: int, *, has_target: bool, has_loss: bool) -> None:
+    """Raise ``ValueError`` saying what to pass for a bad count, or a target without its loss."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+    if has_target and not has_loss:
+        raise ValueError("target= is given without loss_fn=: pass the loss too (loss_fn(output, target), "
+                         "the function pl.train takes), or leave target out")
+
+
+def _traced(model: nn.Module, sample_input: Any, dev: torch.device, name: str,
+            leaf_modules: Sequence[type[nn.Module]], depth: int | None
+            ) -> tuple[fx.GraphModule, tuple[Any, ...], dict[str, torch.Tensor]]:
+    """The traced model on ``dev``, the sample's arguments there (checked by one forward) and the
+    model's buffers as they were before it, to restore."""
+    args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in _as_args(sample_input))
+    if any(p.device != dev for p in model.parameters()) or any(b.device != dev for b in model.buffers()):
+        model = copy.deepcopy(model).to(dev)
+    gm = trace(model, leaf_modules=leaf_modules, depth=depth)
+    buffers = {k: v.detach().clone() for k, v in gm.state_dict(keep_vars=True).items()
+               if not isinstance(v, nn.Parameter)}
+    try:
+        with torch.no_grad():
+            gm(*args)
+    except Exception as exc:
+        raise ValueError(f"the sample input ({_describe(args)}) does not fit {name}: {type(exc).__name__}: "
+                         f"{exc}. Pass one minibatch shaped as the model's forward() expects (a tensor, or a "
+                         "tuple of its positional inputs, batch dimension first)") from None
+    return gm, args, buffers
+
+
+def _small_batch(small_batch: int | str | None, batch: int) -> int | None:
+    """The second batch size to time (``"auto"``: a quarter of ``batch``), checked."""
+    if small_batch == "auto":
+        return batch // 4 if batch >= 4 else None
+    if small_batch is not None and not (isinstance(small_batch, int) and 1 <= small_batch < batch):
+        raise ValueError(f"small_batch={small_batch!r} must be an integer in 1..{batch - 1}: a smaller batch "
+                         f"than the sample's {batch} (e.g. the microbatch size)")
+    return small_batch if isinstance(small_batch, int) else None
+
+
+class _Timing:
+    """How one profile times its layers at a batch size: layer by layer, the loss, the whole passes."""
+
+    def __init__(self, gm: fx.GraphModule, dev: torch.device, name: str, warmup: int, repeats: int,
+                 loss_fn: Callable[..., torch.Tensor] | None, whole: bool) -> None:
+        self.gm, self.dev, self.name = gm, dev, name
+        self.warmup, self.repeats, self.loss_fn, self.whole = warmup, repeats, loss_fn, whole
+        self.param_ids = {p.untyped_storage().data_ptr() for p in gm.parameters()}
+        self.scales: list[tuple[float, float]] = []     # (forward, backward) factor per batch size timed
+
+    def timed(self, a: tuple[Any, ...], y: Any, show: bool
+              ) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]], int]:
+        """(layers, bytes per value, edges, the loss's saved bytes) at the batch of ``a``."""
+        gm, warmup, repeats = self.gm, self.warmup, self.repeats
+        layers, value_bytes, edges, counted = _measure(gm, a, self.dev, warmup, repeats, show, self.name)
+        timer = _Timer(self.dev)
+        fwd, output, output_values = _forward_in_context(gm, a, timer, warmup, repeats)
+        layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
+        saved = 0
+        if self.loss_fn is not None:
+            lc = measure_loss(self.loss_fn, output, y, params=self.param_ids, output_values=output_values,
+                              counted=counted, timer=timer, warmup=warmup, repeats=repeats)
+            last = layers[-1]
+            layers[-1] = replace(last, fwd_s=last.fwd_s + lc.fwd_s, bwd_s=last.bwd_s + lc.bwd_s)
+            saved = lc.saved_bytes
+        if self.whole:
+            f_all, b_all = _whole_passes(gm, a, y, self.loss_fn, timer, warmup, max(3 * repeats, 10))
+            layers, factors = _scaled_to(layers, f_all, b_all)
+            self.scales.append(factors)
+        return layers, value_bytes, edges, saved
+
+    def with_fixed_parts(self, layers: list[Layer], args: tuple[Any, ...], target: Any, batch: int,
+                         small: int) -> list[Layer]:
+        """``layers`` with the part of each time that does not shrink with the batch, fitted through
+        the times on the first ``small`` samples."""
+        def first(v: Any) -> Any:
+            whole = isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch
+            return v[:small] if whole else v
+
+        try:
+            small_layers = self.timed(tuple(first(a) for a in args), fx.node.map_aggregate(target, first),
+                                      False)[0]
+        except Exception as exc:
+            raise ValueError(
+                f"small_batch={small}: the model (or loss_fn) failed on the first "
+                f"{small} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
+                "whole batch's targets cannot run on fewer samples: pass the targets as target= "
+                "(their first samples are used), or profile without small_batch"
+            ) from None
+        return [_fit_fixed(layer, s, batch, small) for layer, s in zip(layers, small_layers)]
 
 
 def _whole_passes(gm: fx.GraphModule, args: tuple[Any, ...], target: Any,

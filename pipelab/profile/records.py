@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from pipelab._io import read_record, write_record
+from pipelab.profile.pipedream_graph import read_fields
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -338,10 +339,13 @@ class Profile:
     def from_pipedream(cls, path: str | os.PathLike[str], *, batch_size: int | None = None,
                        model: str | None = None) -> Profile:
         """Import one of PipeDream's ``graph.txt`` profiles (ms per minibatch, sizes in bytes)."""
-        # imported here: pipelab.profile.pipedream_format imports this module at its top
-        from pipelab.profile.pipedream_format import load_pipedream
+        return cls.from_fields(read_fields(path, batch_size=batch_size, model=model))
 
-        return load_pipedream(path, batch_size=batch_size, model=model)
+    @classmethod
+    def from_fields(cls, fields: dict[str, Any]) -> Profile:
+        """A profile from its fields, ``layers`` given as each Layer's fields."""
+        layers = tuple(Layer(**d) for d in fields["layers"])
+        return cls(**{**fields, "layers": layers})
 
     # ------------------------------------------------------------------ (de)serialization
     def to_dict(self) -> dict[str, Any]:

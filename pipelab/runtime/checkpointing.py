@@ -2,7 +2,7 @@
 
 :class:`Checkpointing` is mixed into :class:`pipelab.runtime.worker.Worker`; the file format (one
 file per rank and a manifest written last, atomically) is :mod:`pipelab.runtime.checkpoint`, and
-which actions are checkpoint points is :func:`pipelab.schedules.facts.checkpoint_points`.
+which actions are checkpoint points is :func:`pipelab.schedules.worker_view.checkpoint_points`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pipelab.runtime.checkpoint import load_worker
 from pipelab.runtime.guards import NonFiniteError, nonfinite_tensors
 from pipelab.runtime.job import Job
 from pipelab.runtime.stage import StageState
-from pipelab.schedules.facts import checkpoint_points
+from pipelab.schedules.worker_view import checkpoint_points
 
 
 class Checkpointing:

@@ -20,7 +20,7 @@ of the paper):
   ``gamma = D ** (1 / tau)`` to tie the averaging window to the delay (a convenience, not required).
 
 Delays here are counted in optimizer steps of the stage and read from the schedule being executed
-(:func:`pipelab.schedules.facts.stage_delays`), so they are right for any pipeline depth and
+(:func:`pipelab.schedules.worker_view.stage_delays`), so they are right for any pipeline depth and
 replica layout.
 """
 

@@ -14,7 +14,7 @@ from pipelab.graph import StageModule
 from pipelab.runtime.job import Job, as_inputs, split_microbatches
 from pipelab.runtime.policies import WeightPolicy
 from pipelab.runtime.reparam import Reparametrizer
-from pipelab.schedules.facts import StageReads
+from pipelab.schedules.worker_view import StageReads
 
 
 class Feed:

@@ -5,7 +5,7 @@
 and returns the messages to send; a ``U`` is split into :meth:`Worker.begin_update` (the gradients
 to all-reduce) and :meth:`Worker.finish_update`. The multi-process driver (:mod:`pipelab.runtime.process`)
 and the single-process reference executor (:mod:`pipelab.runtime.local`) move the messages. The
-facts it precomputes from the schedule are :mod:`pipelab.schedules.facts`; its stages are
+facts it precomputes from the schedule are :mod:`pipelab.schedules.worker_view`; its stages are
 :mod:`pipelab.runtime.stage`; checkpoints are :mod:`pipelab.runtime.checkpointing`.
 
 Semantics (the same in both executors):
@@ -69,7 +69,7 @@ from pipelab.runtime.options import slow_down as sleep_slowdown
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
 from pipelab.schedules.actions import Action
-from pipelab.schedules.facts import stage_reads, update_pairs
+from pipelab.schedules.worker_view import stage_reads, update_pairs
 
 
 @dataclass
@@ -453,8 +453,3 @@ class Worker(Checkpointing):
                             memory_breakdown=dict(m.breakdown) if m else {},
                             memory_timeline=list(m.timeline) if m else [])
 
-
-if __name__ == "__main__":   # deprecated spelling of ``python -m pipelab.runtime.torchrun job.json``
-    from pipelab.runtime.torchrun import main
-
-    raise SystemExit(main())

@@ -21,8 +21,7 @@ Contract (stable; see also :mod:`pipelab.schedules.actions`):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import Any
 
 import pipelab.methods as _methods
@@ -31,15 +30,10 @@ from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
 from pipelab.schedules import async_, segments, sync
 from pipelab.schedules import hetpipe as _hetpipe
-from pipelab.schedules._common import ScheduleError, resolve_plan
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.steps import ScheduleError, resolve_plan
 from pipelab.schedules.torch_format import from_torch, to_torch_csv, to_torch_order
 from pipelab.schedules.validate import validate
-
-#: method name -> (synchronous?, one-line description); a read-only view of :mod:`pipelab.methods`
-#: (deprecated: use ``pipelab.methods.get(name)``, whose records say everything about a method)
-METHODS: Mapping[str, tuple[bool, str]] = MappingProxyType(
-    {m.name: (m.synchronous, m.description) for m in _methods.METHODS.values()})
 
 
 class MethodScheduleError(ScheduleError, MethodError):
@@ -106,32 +100,17 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
           **options: Any) -> Schedule:
     """Build ``method``'s schedule for ``plan`` (a Plan, or an int P: straight P stages).
 
-    ``microbatches`` M per minibatch (default: 1 for pipedream-like methods, the stage count for
-    pipelined ones, the worker count for ``dp``); ``minibatches`` K (default 1 for sync methods, three
-    times the input stage's in-flight minibatches for async ones, at least three replica rounds more than
-    twice that, a multiple of the replica counts). Options: ``chunks`` (interleaved-1f1b,
-    required; with an int P the plan gets ``chunks * P`` virtual stages), ``vertical_sync`` (pipedream),
-    ``extra_in_flight`` (pipedream, naive-async, pipemare: rounds of minibatches admitted beyond NOAM),
-    ``versions`` (buffered, K >= 2), ``D`` (hetpipe staleness bound).
-
-    ``drain_every=N`` (every method): asynchronous methods are built as consecutive complete
-    schedules of ``N`` minibatches (fill, steady state, drain; :mod:`pipelab.schedules.segments`),
-    so that the pipeline is empty after every ``N``-th minibatch and a checkpoint there resumes
-    exactly. The price is one fill and one drain per ``N`` minibatches. ``segments=[n0, n1, ...]``
-    gives the segment lengths instead (summing to ``minibatches``). Synchronous methods already
-    drain after every minibatch, so for them both change nothing.
+    Args:
+        microbatches: M per minibatch (default: 1 for pipedream-like methods, the stage count for
+            pipelined ones, the worker count for ``dp``).
+        minibatches: K (default 1 for sync methods; for async ones enough for a steady state, a
+            multiple of the replica counts).
+        options: the method's (``pipelab.methods``), e.g. ``chunks`` (interleaved-1f1b; with an int
+            P the plan gets ``chunks * P`` virtual stages), and every method's ``drain_every=N`` or
+            ``segments=[n0, ...]``: an asynchronous schedule built as complete segments (fill, steady
+            state, drain; :mod:`.segments`) so that a checkpoint after each resumes exactly.
     """
-    try:
-        spec = _methods.get(method)
-        for k, v in options.items():
-            opt = spec.option(k)
-            if opt.where != "schedule":
-                raise MethodError(f"{k} is a runtime option of {method!r}: pass it to pl.train, not to "
-                                  "schedules.build")
-            if k not in ("chunks", "versions"):   # those two get the builders' own, more specific words
-                opt.check(v, method)
-    except MethodError as exc:
-        raise MethodScheduleError(str(exc)) from None
+    spec = _checked(method, options)
     options = dict(options)
     drain_every = options.pop("drain_every", None)
     seg_sizes = options.pop("segments", None)
@@ -147,14 +126,40 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
             plan = resolve_plan(plan * v if isinstance(plan, int) and not isinstance(plan, bool) and plan >= 1
                                 else plan)
     p = resolve_plan(plan)
-    sync_method = spec.synchronous
-    per_microbatch = spec.update == "microbatch"
-    if per_microbatch:
+    M = _microbatches(spec, p, microbatches, options)
+    # replicas of a stage pair their k-th updates, so with an update per microbatch every replica
+    # needs the same number of microbatches: K a multiple of every replica count
+    step = math.lcm(*p.replicas) if spec.update == "microbatch" and spec.replicas_allreduce else 1
+    K = _minibatches(spec, p, M, minibatches, step, options)
+    if (drain_every is not None or seg_sizes is not None) and not spec.synchronous:
+        return _drained(method, p, M, K, drain_every, seg_sizes, step, options)
+    return BUILDERS[spec.order](spec.name)(p, M, K, options)
+
+
+def _checked(method: str, options: dict[str, Any]) -> _methods.Method:
+    """``method``'s registry entry, with each schedule option checked (runtime options refused)."""
+    try:
+        spec = _methods.get(method)
+        for k, v in options.items():
+            opt = spec.option(k)
+            if opt.where != "schedule":
+                raise MethodError(f"{k} is a runtime option of {method!r}: pass it to pl.train, not to "
+                                  "schedules.build")
+            if k not in ("chunks", "versions"):   # those two get the builders' own, more specific words
+                opt.check(v, method)
+    except MethodError as exc:
+        raise MethodScheduleError(str(exc)) from None
+    return spec
+
+
+def _microbatches(spec: _methods.Method, p: Plan, microbatches: int | None, options: dict[str, Any]) -> int:
+    """M: 1 for a method updating per microbatch, else as given, or the default for its order."""
+    if spec.update == "microbatch":
         if microbatches not in (None, 1):
-            raise ScheduleError(f"{method} treats every microbatch as a minibatch (M = 1); pass "
+            raise ScheduleError(f"{spec.name} treats every microbatch as a minibatch (M = 1); pass "
                                 f"minibatches=K instead of microbatches={microbatches}")
-        M = 1
-    elif microbatches is None:
+        return 1
+    if microbatches is None:
         M = p.num_workers if spec.order == "dp" else p.num_stages // int(options.get("chunks", 1))
         if spec.order == "coalesced":
             M = max(M, in_flight(p.replicas, 0, per_replica=False))
@@ -162,26 +167,26 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
         M = microbatches
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ScheduleError(f"microbatches={M!r} must be an int >= 1")
+    return M
+
+
+def _minibatches(spec: _methods.Method, p: Plan, M: int, minibatches: int | None, step: int,
+                 options: dict[str, Any]) -> int:
+    """K: as given, or 1 for a synchronous method and enough for a steady state for the others."""
     K = minibatches
-    # replicas of a stage pair their k-th updates, so with an update per microbatch every replica
-    # needs the same number of microbatches: K a multiple of every replica count
-    step = math.lcm(*p.replicas) if per_microbatch and spec.replicas_allreduce else 1
     if K is None:
         admitted = in_flight(p.replicas, 0, per_replica=False) + int(options.get("extra_in_flight", 0)) * step
         g = max(1, -(-admitted // M))
-        K = 1 if sync_method else max(3 * g, 2 * g + 3 * step)
+        K = 1 if spec.synchronous else max(3 * g, 2 * g + 3 * step)
         K = -(-K // step) * step
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise ScheduleError(f"minibatches={K!r} must be an int >= 1")
     if K % step:
         raise ScheduleError(
-            f"{method} on plan {p.config!r} all-reduces replicas' k-th updates, so every replica "
+            f"{spec.name} on plan {p.config!r} all-reduces replicas' k-th updates, so every replica "
             f"needs as many minibatches: use minibatches a multiple of {step} (got {K})"
         )
-
-    if (drain_every is not None or seg_sizes is not None) and not sync_method:
-        return _drained(method, p, M, K, drain_every, seg_sizes, step, options)
-    return BUILDERS[spec.order](spec.name)(p, M, K, options)
+    return K
 
 
 def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step: int,
@@ -214,7 +219,6 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
 __all__ = [
     "BUILDERS",
     "Action",
-    "METHODS",
     "MethodScheduleError",
     "Schedule",
     "ScheduleError",

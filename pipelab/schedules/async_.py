@@ -32,13 +32,13 @@ import math
 import pipelab.methods as methods
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
-from pipelab.schedules._common import (
+from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.steps import (
     ScheduleError,
     insert_minibatch_updates,
     insert_updates,
     one_f_one_b,
 )
-from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.versions import assign_versions
 
 

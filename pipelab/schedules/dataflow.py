@@ -181,186 +181,214 @@ class Deadlock(RuntimeError):
         self.stuck = stuck
 
 
-def run(schedule: Schedule, costs: Costs) -> list[Event]:
-    """Execute ``schedule`` under ``costs``; return the events (one per action, plus sends/all-reduces)."""
-    S = schedule.num_stages
-    acts = schedule.actions
-    nw = schedule.num_workers
-    split = frozenset(a.stage for lst in acts for a in lst if a.kind == "W")
-    allreduce = bool(schedule.options.get("allreduce", False))
-    ranks = schedule.stage_ranks
-    rep = [len(r) for r in ranks]
-    ptr = [0] * nw
-    free = [0.0] * nw
-    avail: dict[tuple[str, int, int], float] = {}     # data/done keys -> time
-    waiting: dict[tuple[str, int, int], list[int]] = {}
-    chan_free: dict[Hashable, list[float]] = {}        # channel -> free time of each of its slots
-    u_count: dict[tuple[int, int], int] = {}           # (worker, stage) -> U's done
-    last_grad: dict[tuple[int, int], tuple[float, float]] = {}  # (worker, stage) -> (start, dur) of last B/W
-    groups: dict[tuple[int, int], list[tuple[int, float, float, float]]] = {}
-    ar_free = [0.0] * S
-    events: list[Event] = []
-    versions = schedule.versions
-    # completion events in time order, so that transfers claim channels in the order they are issued
-    heap: list[tuple[float, int, int]] = []           # (end time, seq, worker)
-    seq = 0
-    # rendezvous: where each worker runs each action, each action's end, and the sends waiting for
-    # their receive to be posted (keyed by the receiver and the action whose end posts it)
-    ahead = costs.post_ahead()
-    index_of = ([{(a.kind, a.stage, a.microbatch): i for i, a in enumerate(lst)} for lst in acts]
-                if ahead is not None else [])
-    ends: list[list[float]] = [[] for _ in range(nw)]
-    parked: dict[tuple[int, int], list[tuple[Action, int, int, float, tuple[str, int, int]]]] = {}
+Key = tuple[str, int, int]   # data or done key: ("a"|"g"|"f"|"b"|"r", stage, microbatch or U number)
 
-    def publish(key: tuple[str, int, int], t: float) -> None:
-        avail[key] = t
-        if key in waiting:
-            for w2 in waiting.pop(key):
-                start(w2)
 
-    def deliver(a: Action, src: int, dst: int, end: float, key: tuple[str, int, int], delay: float) -> None:
+class Engine:
+    """The discrete-event execution of one schedule under one set of costs (:func:`run`).
+
+    Each worker starts its next action once it is free and every input is published
+    (:meth:`start`); the end of an action is an event in a heap, handled in time order
+    (:meth:`complete`): it publishes the worker's own data, starts its next action, and ships the
+    output to the consumer (:meth:`deliver`, :meth:`ship`), rendezvous and channels included.
+    """
+
+    def __init__(self, schedule: Schedule, costs: Costs) -> None:
+        self.costs = costs
+        self.acts = schedule.actions
+        self.S = schedule.num_stages
+        self.nw = schedule.num_workers
+        self.versions = schedule.versions
+        self.ranks = schedule.stage_ranks
+        self.split = frozenset(a.stage for lst in self.acts for a in lst if a.kind == "W")
+        self.allreduce = bool(schedule.options.get("allreduce", False))
+        self.ptr = [0] * self.nw
+        self.free = [0.0] * self.nw
+        self.avail: dict[Key, float] = {}                    # published keys -> time
+        self.waiting: dict[Key, list[int]] = {}              # missing key -> workers waiting for it
+        self.chan_free: dict[Hashable, list[float]] = {}     # channel -> free time of each of its slots
+        self.u_count: dict[tuple[int, int], int] = {}        # (worker, stage) -> U's done
+        self.last_grad: dict[tuple[int, int], tuple[float, float]] = {}  # (worker, stage) -> last B/W
+        self.groups: dict[tuple[int, int], list[tuple[int, float, float, float]]] = {}
+        self.ar_free = [0.0] * self.S
+        self.events: list[Event] = []
+        self.heap: list[tuple[float, int, int]] = []         # (end time, seq, worker)
+        self.seq = 0
+        # rendezvous: where each worker runs each action, each action's end, and the sends waiting
+        # for their receive to be posted (keyed by the receiver and the action whose end posts it)
+        self.ahead = costs.post_ahead()
+        self.index_of = ([{(a.kind, a.stage, a.microbatch): i for i, a in enumerate(lst)}
+                          for lst in self.acts] if self.ahead is not None else [])
+        self.ends: list[list[float]] = [[] for _ in range(self.nw)]
+        self.parked: dict[tuple[int, int], list[tuple[Action, int, int, float, Key]]] = {}
+
+    def run(self) -> list[Event]:
+        """Run every worker to its end; raise :class:`Deadlock` naming the stuck ones."""
+        for w in range(self.nw):
+            self.start(w)
+        while self.heap:
+            _, _, w = heapq.heappop(self.heap)
+            self.complete(w)
+        self._check_done()
+        return self.events
+
+    def publish(self, key: Key, t: float) -> None:
+        """``key`` is available from ``t``: start the workers waiting for it."""
+        self.avail[key] = t
+        if key in self.waiting:
+            for w2 in self.waiting.pop(key):
+                self.start(w2)
+
+    def deliver(self, a: Action, src: int, dst: int, end: float, key: Key, delay: float) -> None:
         """Publish the data of ``a`` at ``dst`` once it can move: a hand-off on one worker at once;
         a message ``delay`` after ``end`` (a busy sender), and with a rendezvous once posted."""
         if dst == src:
-            publish(key, end)
+            self.publish(key, end)
             return
         end += delay
-        if ahead is not None:
+        if self.ahead is not None:
             consumer = ("F", a.stage + 1, a.microbatch) if a.kind == "F" else ("B", a.stage - 1, a.microbatch)
-            j = index_of[dst][consumer] - ahead      # the receive is posted when action j ends
+            j = self.index_of[dst][consumer] - self.ahead      # the receive is posted when action j ends
             if j >= 0:
-                if len(ends[dst]) <= j:              # not posted yet: wait for that action's end
-                    parked.setdefault((dst, j), []).append((a, src, dst, end, key))
+                if len(self.ends[dst]) <= j:                   # not posted yet: wait for that action's end
+                    self.parked.setdefault((dst, j), []).append((a, src, dst, end, key))
                     return
-                posted = ends[dst][j]
+                posted = self.ends[dst][j]
                 if posted > end:
-                    publish(key, ship(a, src, dst, posted + costs.rendezvous_s(src, dst)))
+                    self.publish(key, self.ship(a, src, dst, posted + self.costs.rendezvous_s(src, dst)))
                     return
-        publish(key, ship(a, src, dst, end))
+        self.publish(key, self.ship(a, src, dst, end))
 
-    def ship(a: Action, src: int, dst: int, end: float) -> float:
-        secs, nbytes = costs.send(src, dst, a)
+    def ship(self, a: Action, src: int, dst: int, end: float) -> float:
+        """Send ``a``'s output from ``end`` over its channels; return its arrival time.
+
+        The channels form a path (egress port, then ingress port); each serialises its transfers, and
+        a transfer enters a channel once it is free and the transfer has entered the previous one
+        (cut-through: the switch buffers), so an uncontended transfer takes exactly its seconds.
+        """
+        secs, nbytes = self.costs.send(src, dst, a)
         if secs == 0.0 and nbytes == 0:
             return end
-        # the channels form a path (egress port, then ingress port); each serialises its transfers,
-        # and a transfer streams through them cut-through: it enters a channel once that channel is
-        # free and it has entered the previous one, so a busy receiver does not idle the sender's port
-        # (the switch buffers), and an uncontended transfer takes exactly ``secs``
         t = t0 = end
-        for i, ch in enumerate(costs.channels(src, dst)):
-            fr = chan_free.get(ch)
+        for i, ch in enumerate(self.costs.channels(src, dst)):
+            fr = self.chan_free.get(ch)
             if fr is None:
-                fr = chan_free[ch] = [0.0] * costs.channel_slots(ch)
+                fr = self.chan_free[ch] = [0.0] * self.costs.channel_slots(ch)
             j = 0 if len(fr) == 1 else min(range(len(fr)), key=fr.__getitem__)
             t = max(t, fr[j])
             fr[j] = t + secs
             if i == 0:
                 t0 = t
         arrive = t + secs
-        events.append(Event(src, a.stage, "send", a.microbatch, t0, arrive, nbytes, -1, -1, dst))
+        self.events.append(Event(src, a.stage, "send", a.microbatch, t0, arrive, nbytes, -1, -1, dst))
         return arrive
 
-    def start(w: int) -> None:
+    def _inputs(self, a: Action, ready: float) -> tuple[float, Key | None]:
+        """(when ``a``'s shipped inputs are all there, or the first missing key)."""
+        # an activation ("a") or gradient ("g") from a neighbour stage, or this stage's own F ("f") / B ("b")
+        for k2, s2, m2 in dependencies(a.kind, a.stage, a.microbatch, self.S - 1):
+            key = (("a" if k2 == "F" else "g") if s2 != a.stage else k2.lower(), s2, m2)
+            t = self.avail.get(key)
+            if t is None:
+                return ready, key
+            ready = max(ready, t)
+        return ready, None
+
+    def _reduced(self, w: int, a: Action, ready: float) -> tuple[float, Key | None]:
+        """(when the all-reduce of ``w``'s next ``U`` is done, or its key while partners are missing)."""
+        s = a.stage
+        k = self.u_count.get((w, s), 0)
+        key = ("r", s, k)
+        t = self.avail.get(key)
+        if t is None:
+            grp = self.groups.setdefault((s, k), [])
+            if all(g[0] != w for g in grp):
+                gs, gd = self.last_grad.get((w, s), (ready, 0.0))
+                grp.append((w, ready, gs, gd))
+            if len(grp) < len(self.ranks[s]):
+                return ready, key
+            tails = [self.costs.allreduce(s, self.ranks[s], gd) for _, _, _, gd in grp]
+            done = max(max(g[1] for g in grp), max(g[2] + tl[0] for g, tl in zip(grp, tails)),
+                       self.ar_free[s])
+            comm, nbytes = tails[0][1], tails[0][2]
+            self.ar_free[s] = done
+            for g in grp:
+                self.events.append(Event(g[0], s, "allreduce", a.microbatch, done - comm, done, nbytes))
+            del self.groups[(s, k)]
+            self.avail[key] = done
+            for w2 in self.waiting.pop(key, []):
+                if w2 != w:
+                    self.start(w2)
+            t = done
+        return max(ready, t), None
+
+    def start(self, w: int) -> None:
         """Start worker ``w``'s next action if its inputs are known; else wait for the missing one."""
-        nonlocal seq
-        lst = acts[w]
-        i = ptr[w]
+        lst = self.acts[w]
+        i = self.ptr[w]
         if i >= len(lst):
             return
         a = lst[i]
-        s, kind, m = a.stage, a.kind, a.microbatch
-        ready = free[w]
-        need: tuple[str, int, int] | None = None
+        s, kind = a.stage, a.kind
+        ready, need = self.free[w], None
         if kind != "U":
-            # the data each dependency ships: an activation ("a") or gradient ("g") from a neighbour
-            # stage, or this stage's own F ("f") / B ("b") having run
-            for k2, s2, m2 in dependencies(kind, s, m, S - 1):
-                key = (("a" if k2 == "F" else "g") if s2 != s else k2.lower(), s2, m2)
-                t = avail.get(key)
-                if t is None:
-                    need = key
-                    break
-                if t > ready:
-                    ready = t
-        elif allreduce and rep[s] > 1:
-            k = u_count.get((w, s), 0)
-            key = ("r", s, k)
-            t = avail.get(key)
-            if t is None:
-                grp = groups.setdefault((s, k), [])
-                if all(g[0] != w for g in grp):
-                    gs, gd = last_grad.get((w, s), (ready, 0.0))
-                    grp.append((w, ready, gs, gd))
-                if len(grp) < rep[s]:
-                    need = key
-                else:
-                    tails = [costs.allreduce(s, ranks[s], gd) for _, _, _, gd in grp]
-                    done = max(max(g[1] for g in grp),
-                               max(g[2] + tl[0] for g, tl in zip(grp, tails)), ar_free[s])
-                    comm, nbytes = tails[0][1], tails[0][2]
-                    ar_free[s] = done
-                    for g in grp:
-                        events.append(Event(g[0], s, "allreduce", m, done - comm, done, nbytes))
-                    del groups[(s, k)]
-                    avail[key] = done
-                    for w2 in waiting.pop(key, []):
-                        if w2 != w:
-                            start(w2)
-                    t = done
-            if t is not None and t > ready:
-                ready = t
+            ready, need = self._inputs(a, ready)
+        elif self.allreduce and len(self.ranks[s]) > 1:
+            ready, need = self._reduced(w, a, ready)
         if need is not None:
-            waiting.setdefault(need, []).append(w)
+            self.waiting.setdefault(need, []).append(w)
             return
-        dur = costs.compute(w, a, s in split)
+        dur = self.costs.compute(w, a, s in self.split)
         end = ready + dur
-        events.append(Event(w, s, kind, m, ready, end, 0, versions[w][i] if versions is not None else 0, i))
-        free[w] = end
-        ptr[w] = i + 1
+        version = self.versions[w][i] if self.versions is not None else 0
+        self.events.append(Event(w, s, kind, a.microbatch, ready, end, 0, version, i))
+        self.free[w] = end
+        self.ptr[w] = i + 1
         if kind in ("B", "W"):
-            last_grad[(w, s)] = (ready, dur)
+            self.last_grad[(w, s)] = (ready, dur)
         elif kind == "U":
-            u_count[(w, s)] = u_count.get((w, s), 0) + 1
-        seq += 1
-        heapq.heappush(heap, (end, seq, w))
+            self.u_count[(w, s)] = self.u_count.get((w, s), 0) + 1
+        self.seq += 1
+        heapq.heappush(self.heap, (end, self.seq, w))
 
-    def complete(w: int) -> None:
+    def complete(self, w: int) -> None:
         """Worker ``w``'s last started action has ended: send its output, then start its next one."""
-        a = acts[w][ptr[w] - 1]
+        a = self.acts[w][self.ptr[w] - 1]
         s, kind, m = a.stage, a.kind, a.microbatch
-        end = free[w]
-        ends[w].append(end)
-        for pa, psrc, pdst, pend, pkey in parked.pop((w, len(ends[w]) - 1), []):
+        end = self.free[w]
+        self.ends[w].append(end)
+        for pa, psrc, pdst, pend, pkey in self.parked.pop((w, len(self.ends[w]) - 1), []):
             # this action's end posts those receives: the parked sends move now
-            publish(pkey, ship(pa, psrc, pdst, max(pend, end) + costs.rendezvous_s(psrc, pdst)))
+            posted = max(pend, end) + self.costs.rendezvous_s(psrc, pdst)
+            self.publish(pkey, self.ship(pa, psrc, pdst, posted))
         # the worker's own data first, then its next action: whether it starts at once decides how
         # soon what this action sends can leave (costs.busy_sender_s)
         if kind in ("F", "B"):
-            publish((kind.lower(), s, m), end)
-        before = ptr[w]
-        start(w)
-        busy = ptr[w] > before and events[-1].worker == w and events[-1].start_s <= end
-        delay = costs.busy_sender_s(w) if busy else 0.0
-        if kind == "F" and s < S - 1:
-            rs = ranks[s + 1]
-            deliver(a, w, rs[m % len(rs)], end, ("a", s, m), delay)
+            self.publish((kind.lower(), s, m), end)
+        before = self.ptr[w]
+        self.start(w)
+        busy = self.ptr[w] > before and self.events[-1].worker == w and self.events[-1].start_s <= end
+        delay = self.costs.busy_sender_s(w) if busy else 0.0
+        if kind == "F" and s < self.S - 1:
+            rs = self.ranks[s + 1]
+            self.deliver(a, w, rs[m % len(rs)], end, ("a", s, m), delay)
         elif kind == "B" and s > 0:
-            rs = ranks[s - 1]
-            deliver(a, w, rs[m % len(rs)], end, ("g", s, m), delay)
+            rs = self.ranks[s - 1]
+            self.deliver(a, w, rs[m % len(rs)], end, ("g", s, m), delay)
 
-    for w in range(nw):
-        start(w)
-    while heap:
-        _, _, w = heapq.heappop(heap)
-        complete(w)
+    def _check_done(self) -> None:
+        acts, ptr = self.acts, self.ptr
+        stuck = [(w, ptr[w], acts[w][ptr[w]]) for w in range(self.nw) if ptr[w] < len(acts[w])]
+        if stuck:
+            why = {w2: key for key, ws in self.waiting.items() for w2 in ws}
+            rows = [(w, i, a, _explain(why.get(w))) for w, i, a in stuck]
+            text = "; ".join(f"worker {w} step {i} ({a}) waits for {reason}" for w, i, a, reason in rows)
+            raise Deadlock(f"schedule deadlocks: {text}", rows)
 
-    stuck = [(w, ptr[w], acts[w][ptr[w]]) for w in range(nw) if ptr[w] < len(acts[w])]
-    if stuck:
-        why = {w2: key for key, ws in waiting.items() for w2 in ws}
-        rows = [(w, i, a, _explain(why.get(w))) for w, i, a in stuck]
-        text = "; ".join(f"worker {w} step {i} ({a}) waits for {reason}" for w, i, a, reason in rows)
-        raise Deadlock(f"schedule deadlocks: {text}", rows)
-    return events
+
+def run(schedule: Schedule, costs: Costs) -> list[Event]:
+    """Execute ``schedule`` under ``costs``; return the events (one per action, plus sends/all-reduces)."""
+    return Engine(schedule, costs).run()
 
 
 def _explain(key: tuple[str, int, int] | None) -> str:

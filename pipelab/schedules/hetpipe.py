@@ -12,9 +12,9 @@ with staleness bound ``D`` (``schedule.options["wave"]``, ``["D"]``; the runtime
 from __future__ import annotations
 
 from pipelab.partition.plan import Plan
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.async_ import per_minibatch_async
+from pipelab.schedules.steps import ScheduleError
 
 
 def hetpipe(plan: Plan, K: int, D: int = 0) -> Schedule:

@@ -40,8 +40,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.steps import ScheduleError
 
 
 def split_sizes(total: int, every: int) -> list[int]:

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
-from pipelab.schedules._common import ScheduleError, one_f_one_b
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.steps import ScheduleError, one_f_one_b
 
 
 def _local(plan: Plan, stage: int, worker: int, mbs: range) -> list[int]:

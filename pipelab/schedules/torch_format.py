@@ -46,8 +46,8 @@ from typing import Any
 import pipelab.methods as _methods
 from pipelab._io import atomic_write_text
 from pipelab.schedules import torch_api
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.validate import validate as _validate
 
 #: torch letter -> pipelab kind (``B`` is handled apart: it depends on whether the stage splits)
@@ -221,29 +221,9 @@ def from_torch(source: Any, *, workers: int | None = None, microbatches: int | N
     order, M, name = _source_order(source, workers, microbatches, stages_per_worker)
     rows = _flatten(order)
     P = len(rows)
-    if sorted(rows) != list(range(P)):
-        raise ScheduleError(f"torch's order has ranks {sorted(rows)}; it needs every rank 0..{P - 1}")
-    where: dict[int, int] = {}
-    for r, row in rows.items():
-        for s, _, _ in row:
-            if where.setdefault(s, r) != r:
-                raise ScheduleError(f"stage {s} runs on ranks {where[s]} and {r}; torch's pipelining and "
-                                    "pipelab's imports place each stage on one rank")
-    S = max(where, default=-1) + 1
-    missing = [s for s in range(S) if s not in where]
-    if not S or missing:
-        raise ScheduleError(f"torch's order has no actions for stages {missing or [0]}; every stage "
-                            f"0..{max(S - 1, 0)} needs its forwards and backwards")
-    seen_mb = max((m for row in rows.values() for _, _, m in row), default=-1) + 1
-    M = seen_mb if M is None else M
-    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
-        raise ScheduleError(f"microbatches={M!r} must be an int >= 1")
-    for r, row in rows.items():
-        bad = [f"{s}{letter}{m}" for s, letter, m in row if m >= M]
-        if bad:
-            raise ScheduleError(f"{name}: rank {r}'s actions {bad[:4]} name microbatches beyond the "
-                                f"{M} of a step (0..{M - 1}); torch's order for this schedule is wrong "
-                                "(its step() may not follow it), so pipelab cannot import it")
+    where = _placement_of(rows)
+    S = max(where) + 1
+    M = _checked_microbatches(rows, M, name)
     split = {s for row in rows.values() for s, letter, _ in row if letter in ("I", "W")}
     per_step: dict[int, list[tuple[int, str, int]]] = {}
     for r, row in rows.items():
@@ -271,6 +251,40 @@ def from_torch(source: Any, *, workers: int | None = None, microbatches: int | N
     if check:
         _validate(sch, in_order=False)   # torch places its own sends (see validate)
     return sch
+
+
+def _placement_of(rows: dict[int, list[tuple[int, str, int]]]) -> dict[int, int]:
+    """Each stage's one rank, checked: every rank and every stage present, no stage on two ranks."""
+    P = len(rows)
+    if sorted(rows) != list(range(P)):
+        raise ScheduleError(f"torch's order has ranks {sorted(rows)}; it needs every rank 0..{P - 1}")
+    where: dict[int, int] = {}
+    for r, row in rows.items():
+        for s, _, _ in row:
+            if where.setdefault(s, r) != r:
+                raise ScheduleError(f"stage {s} runs on ranks {where[s]} and {r}; torch's pipelining and "
+                                    "pipelab's imports place each stage on one rank")
+    S = max(where, default=-1) + 1
+    missing = [s for s in range(S) if s not in where]
+    if not S or missing:
+        raise ScheduleError(f"torch's order has no actions for stages {missing or [0]}; every stage "
+                            f"0..{max(S - 1, 0)} needs its forwards and backwards")
+    return where
+
+
+def _checked_microbatches(rows: dict[int, list[tuple[int, str, int]]], M: int | None, name: str) -> int:
+    """M as given (default: as many as the order names), each action's microbatch within it."""
+    seen_mb = max((m for row in rows.values() for _, _, m in row), default=-1) + 1
+    M = seen_mb if M is None else M
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ScheduleError(f"microbatches={M!r} must be an int >= 1")
+    for r, row in rows.items():
+        bad = [f"{s}{letter}{m}" for s, letter, m in row if m >= M]
+        if bad:
+            raise ScheduleError(f"{name}: rank {r}'s actions {bad[:4]} name microbatches beyond the "
+                                f"{M} of a step (0..{M - 1}); torch's order for this schedule is wrong "
+                                "(its step() may not follow it), so pipelab cannot import it")
+    return M
 
 
 # ---------------------------------------------------------------------------- pipelab -> torch

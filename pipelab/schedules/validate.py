@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.dataflow import Deadlock, UnitCosts, run
 from pipelab.schedules.messages import describe_mismatch, first_mismatch, pair_sequences
 from pipelab.schedules.segments import check_drained
+from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.versions import assign_versions
 
 _MAX_STEPS = 26

@@ -47,11 +47,9 @@ def assign_versions(
       read the version the input stage's ``F`` of ``m`` read.
     - ``"latest"`` (naive async, PipeMare): ``F``, ``B`` and ``W`` read the latest version when
       they run.
-    - ``"delay"`` (2BW with ``delay=1``, ``buffered`` K with ``delay=K-1``): all actions of minibatch
-      ``k`` read version ``max(0, k - delay)``, the same on every stage. 2BW's update
-      W(t+1) = W(t) - nu * grad f(W(t-1)) (Narayanan et al., ICML'21, §3) is ``delay=1``. With
-      drained ``segments`` (minibatch counts) a segment restarts from the version its start left:
-      ``max(k0, k - delay)`` (:func:`delayed_rule`).
+    - ``"delay"`` (2BW: ``delay=1``, Narayanan et al., ICML'21, §3; ``buffered`` K: ``delay=K-1``):
+      minibatch ``k`` reads version ``max(0, k - delay)`` on every stage; a drained segment starting
+      at ``k0`` restarts from ``max(k0, k - delay)`` (:func:`delayed_rule`).
     - ``"single"``: everything reads version 0 except that ``U`` still counts (sync methods).
 
     ``U`` always produces the number of ``U``'s of that stage so far on the worker.

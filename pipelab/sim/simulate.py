@@ -37,9 +37,9 @@ from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
 from pipelab.schedules import build
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
+from pipelab.schedules.steps import ScheduleError
 from pipelab.sim.host_effects import HostCosts, HostEffects, run_with
 from pipelab.trace import Event, Trace
 

@@ -19,8 +19,8 @@ from torch import nn
 from pipelab.graph import StageModule, layer_nodes, trace
 from pipelab.partition.plan import Plan
 from pipelab.schedules import build, torch_api
-from pipelab.schedules._common import ScheduleError
 from pipelab.schedules.actions import Schedule
+from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.torch_format import to_torch_order
 
 
@@ -125,21 +125,18 @@ def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
              scale_grads: bool = True, wrap: Callable[[int, nn.Module], nn.Module] | None = None) -> Any:
     """This rank's part of ``plan`` run by ``schedule``, as a torch schedule object to ``.step()``.
 
-    Call it on every rank of an initialized process group (torchrun + ``init_process_group``; ``group``
-    is the pipeline group, default the world), each with the whole ``model`` holding the same weights
-    (e.g. built after the same ``torch.manual_seed``); rank ``w`` runs worker ``w``'s actions.
-    ``schedule`` is a pipelab :class:`Schedule` for ``plan`` (its first minibatch's order is what each
-    ``step()`` runs; every minibatch has the same one) or a method name built with ``microbatches``.
-    ``loss_fn(output, target)`` is the mean loss of a microbatch; with ``scale_grads`` (default) torch
-    divides the gradients by the microbatches, so a step's gradient is the minibatch's, as in pipelab.
-    ``wrap(stage, module)`` may return the module to run instead (e.g. ``fully_shard`` over a
-    data-parallel mesh dimension); ``device`` defaults to this rank's CUDA device under NCCL, else CPU.
+    Call it on every rank of an initialized process group, each with the whole ``model`` holding the
+    same weights; rank ``w`` runs worker ``w``'s actions. Asynchronous methods and replicated stages
+    are refused (:class:`ScheduleError` says what to use instead).
 
-    The object is torch's: ``step(*inputs, target=y, losses=[])`` on every rank (inputs are used where
-    stage 0 is, targets where the last stage is), then the caller's ``optimizer.step()``. It adds
-    ``parameters()``, ``local_state_dict()`` (keys as ``model.state_dict()``'s), ``stage_modules`` and
-    ``pipelab_schedule``. Asynchronous methods and replicated stages are refused (:class:`ScheduleError`
-    says why and what to use instead).
+    Args:
+        schedule: a pipelab :class:`Schedule` for ``plan`` or a method name built with ``microbatches``.
+        loss_fn: ``loss_fn(output, target)``, the mean loss of a microbatch.
+        group, device: the pipeline process group (the world) and device (CUDA under NCCL, else CPU).
+        scale_grads: divide gradients by the microbatches, so a step's gradient is the minibatch's.
+        wrap: ``wrap(stage, module)`` returns the module to run instead (e.g. ``fully_shard``).
+
+    Returns: torch's schedule object (``step(*inputs, target=y, losses=[])``, then ``optimizer.step()``).
     """
     if isinstance(schedule, str):
         schedule = build(schedule, plan, microbatches=microbatches, minibatches=1)

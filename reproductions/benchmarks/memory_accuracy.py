@@ -16,7 +16,7 @@ import argparse
 import functools
 
 import pipelab as pl
-from pipelab.reproduce.accuracy import MODELS, sgd
+from reproductions.sim_accuracy.accuracy import MODELS, sgd
 
 METHODS = ("gpipe", "1f1b-flush", "zb-h1", "pipedream", "2bw", "pipemare", "interleaved-1f1b", "dp")
 

@@ -14,7 +14,7 @@ import functools
 import statistics
 
 import pipelab as pl
-from pipelab.reproduce.accuracy import MODELS, sgd
+from reproductions.sim_accuracy.accuracy import MODELS, sgd
 
 
 def once(model: str, on: bool, backend: str, steps: int, method: str = "1f1b-flush") -> float:

@@ -21,8 +21,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pipelab.methods as methods  # noqa: E402
 from pipelab.cluster import Cluster  # noqa: E402
-from pipelab.reproduce import accuracy as acc  # noqa: E402
 from pipelab.runtime import train  # noqa: E402
+from reproductions.sim_accuracy import accuracy as acc  # noqa: E402
 
 
 def main() -> None:

@@ -22,9 +22,9 @@ from torch.func import functional_call
 
 from pipelab.calibrate.probes import per_call
 from pipelab.graph import StageModule, as_tuple, layer_nodes, trace
-from pipelab.reproduce.accuracy import MODELS
 from pipelab.runtime.policies.base import Stashing
 from pipelab.runtime.reparam import Reparametrizer
+from reproductions.sim_accuracy.accuracy import MODELS
 
 
 def stages(model: str) -> list[tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:

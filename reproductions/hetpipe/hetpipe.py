@@ -48,7 +48,7 @@ out_dir = "."
 report = False
 
 # %%
-from pipelab.reproduce import show_figure
+from reproductions._common.report import show_figure
 
 
 def show(fig):
@@ -59,7 +59,8 @@ def show(fig):
 # %%
 from pathlib import Path
 
-from pipelab import reproduce as rp
+from reproductions._common import report as output
+from reproductions.hetpipe import virtual_workers
 
 # %% [markdown]
 # ## Simulated: HetPipe's cluster, data parallelism vs virtual workers
@@ -72,21 +73,23 @@ from pipelab import reproduce as rp
 # VW come from that simulation).
 #
 # The simulator runs the pipelines; the wave synchronisation *across* VWs is the WSP timeline of
-# `rp.wsp_makespan`: a VW pushes its update after each wave of NOAM minibatches (a transfer of its
-# stage's weights to the parameter-server shard over the inter-node link) and may go on at once while
-# it is at most `D` waves ahead of the slowest VW; otherwise it waits and pulls the global weights.
+# `virtual_workers.wsp_makespan`: a VW pushes its update after each wave of NOAM minibatches (a
+# transfer of its stage's weights to the parameter-server shard over the inter-node link) and may go on
+# at once while it is at most `D` waves ahead of the slowest VW; otherwise it waits and pulls the global
+# weights.
 # With `D = 0` every wave waits for every push and a pull; with `D >= 1` synchronisation leaves the
 # critical path, and VWs of unequal speed run at the pace of the slowest plus `D` waves of slack.
 
 # %%
-sim_table = rp.hetpipe_simulated(profile_name, cluster, staleness=staleness, minibatches=minibatches,
-                                 batch_size=batch_size, policies=policies, waves=waves)
-rp.write_table(sim_table, Path(out_dir) / "simulated.csv")
+sim_table = virtual_workers.hetpipe_simulated(profile_name, cluster, staleness=staleness,
+                                              minibatches=minibatches, batch_size=batch_size,
+                                              policies=policies, waves=waves)
+output.write_table(sim_table, Path(out_dir) / "simulated.csv")
 sim_table
 
 # %%
-show(rp.bar_figure(sim_table.dropna(subset=["samples_per_s"]), x="config", y="samples_per_s",
-                   title=f"{profile_name} (batch {batch_size}) on {cluster}: simulated samples/s"))
+show(output.bar_figure(sim_table.dropna(subset=["samples_per_s"]), x="config", y="samples_per_s",
+                       title=f"{profile_name} (batch {batch_size}) on {cluster}: simulated samples/s"))
 
 # %% [markdown]
 # ## Emulated with real processes
@@ -103,14 +106,15 @@ if emulate and "hetpipe" not in supported_methods():
     print("the runtime cannot run method 'hetpipe' yet (supported: " + ", ".join(supported_methods()) + "); "
           "the emulated part is skipped")
 elif emulate:
-    emu = rp.hetpipe_emulated(stages=emu_stages, virtual_workers=emu_virtual_workers, slowdown=emu_slowdown,
-                              staleness=emu_staleness, epochs=emu_epochs, batch_size=emu_batch, lr=emu_lr,
-                              train_limit=emu_train_limit, backend=backend, seed=seed)
-    rp.write_table(emu, Path(out_dir) / "emulated.csv")
+    emu = virtual_workers.hetpipe_emulated(stages=emu_stages, virtual_workers=emu_virtual_workers,
+                                           slowdown=emu_slowdown, staleness=emu_staleness, epochs=emu_epochs,
+                                           batch_size=emu_batch, lr=emu_lr, train_limit=emu_train_limit,
+                                           backend=backend, seed=seed)
+    output.write_table(emu, Path(out_dir) / "emulated.csv")
 emu
 
 # %%
-text = f"# HetPipe: results\n\n## Simulated\n\n{rp.markdown_table(sim_table)}\n"
+text = f"# HetPipe: results\n\n## Simulated\n\n{output.markdown_table(sim_table)}\n"
 if emu is not None:
-    text += f"\n## Emulated (real processes, one slowed worker)\n\n{rp.markdown_table(emu)}\n"
-rp.write_text(Path(out_dir) / "results.md", text)
+    text += f"\n## Emulated (real processes, one slowed worker)\n\n{output.markdown_table(emu)}\n"
+output.write_text(Path(out_dir) / "results.md", text)

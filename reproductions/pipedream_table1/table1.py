@@ -67,7 +67,7 @@ report = False               # True under the driver: figures as HTML, plotly.js
 # %%
 from IPython.display import display
 
-from pipelab.reproduce import show_figure
+from reproductions._common.report import show_figure
 
 
 def show(fig):
@@ -81,12 +81,13 @@ from pathlib import Path
 import pandas as pd
 
 import pipelab as pl
-from pipelab import reproduce as rp
-from pipelab.reproduce import table1_paper as tp
+from reproductions.pipedream_table1 import measure as measure_mode
+from reproductions.pipedream_table1 import paper as tp
+from reproductions.pipedream_table1 import rows
 
-paper = rp.paper_row(model, cluster, servers, gpus_per_server)
+paper = rows.paper_row(model, cluster, servers, gpus_per_server)
 print("paper:", paper.describe() if paper else "this row is not in PipeDream's Table 1")
-row_spec = paper or rp.PaperRow(model, cluster, servers, gpus_per_server, "", None)
+row_spec = paper or rows.PaperRow(model, cluster, servers, gpus_per_server, "", None)
 
 # %% [markdown]
 # ## Profile, clusters and transports
@@ -114,7 +115,7 @@ opt = setting.optimizer_of(model)   # PipeDream's: momentum SGD for the image mo
 if profile_source == "pipedream":
     prof = setting.profile(model)
 elif profile_source == "measured":
-    net, sample = rp.paper_model(model, batch=measured_batch, image_size=measured_image_size,
+    net, sample = measure_mode.paper_model(model, batch=measured_batch, image_size=measured_image_size,
                                  seq_len=measured_seq_len)
     prof = pl.profile(net, sample, device=device, model_name=model)
 else:
@@ -144,9 +145,9 @@ if profile_source == "pipedream":
                                                optimizer=opt)
 else:   # a measured profile: no paper configuration to map; pipelab's choice only
     plan, dp_plan, is_dp = tp.choose_plan(prof, pipe_cl, dp_cl, optimizer=opt)
-    t_dp = rp.simulate_plan(dp_plan, prof, dp_cl, minibatches=minibatches, optimizer=opt).time_per_minibatch
+    t_dp = rows.simulate_plan(dp_plan, prof, dp_cl, minibatches=minibatches, optimizer=opt).time_per_minibatch
     t_plan = (t_dp if is_dp else
-              rp.simulate_plan(plan, prof, pipe_cl, minibatches=minibatches,
+              rows.simulate_plan(plan, prof, pipe_cl, minibatches=minibatches,
                                optimizer=opt).time_per_minibatch)
     row = {"model": model, "cluster": cluster, "servers_x_gpus": f"{servers}x{gpus_per_server}",
            "config": plan.config, "simulated_speedup": round(t_dp / t_plan, 3)}
@@ -165,8 +166,8 @@ pd.DataFrame([row]).T.rename(columns={0: ""})
 # on every worker (NCCL's ring): its exposed all-reduce is what a pipeline can save.
 
 # %%
-terms = rp.cost_terms(prof, pipe_cl, plan) if not is_dp else None
-dp_terms = rp.cost_terms(prof, dp_cl, dp_plan)
+terms = rows.cost_terms(prof, pipe_cl, plan) if not is_dp else None
+dp_terms = rows.cost_terms(prof, dp_cl, dp_plan)
 if terms is not None:
     display(terms)
 display(dp_terms)
@@ -180,7 +181,7 @@ row["dp_exposed_comm_share"] = round(float(t["exposed_comm_ms"] / t["replica_ms"
 # backward (hatched) pass, coloured by minibatch; thin grey bars are transfers.
 
 # %%
-short = rp.simulate_plan(plan, prof, dp_cl if is_dp else pipe_cl, minibatches=gantt_minibatches,
+short = rows.simulate_plan(plan, prof, dp_cl if is_dp else pipe_cl, minibatches=gantt_minibatches,
                          optimizer=opt)
 show(pl.views.gantt(short.trace, title=f"{model} on {cluster} {servers}x{gpus_per_server}: "
                                          f"{plan.config} (simulated)"))
@@ -198,17 +199,18 @@ show(pl.views.gantt(short.trace, title=f"{model} on {cluster} {servers}x{gpus_pe
 # %%
 measure = None
 if mode == "measure":
-    measure = rp.measure_row(model, workers=measure_workers, steps=measure_steps, warmup=measure_warmup,
-                             batch=measure_batch, width=measure_width, image_size=measure_image_size,
-                             seq_len=measure_seq_len, backend=backend, rounds=measure_rounds,
-                             bandwidth=measure_bandwidth or None, seed=seed)
+    measure = measure_mode.measure_row(model, workers=measure_workers, steps=measure_steps,
+                                       warmup=measure_warmup, batch=measure_batch, width=measure_width,
+                                       image_size=measure_image_size, seq_len=measure_seq_len,
+                                       backend=backend, rounds=measure_rounds,
+                                       bandwidth=measure_bandwidth or None, seed=seed)
     row.update({f"measure_{k}": v for k, v in measure.items() if not isinstance(v, (list, dict))})
     if out_dir:   # every run of every plan, for measure_runs.csv
-        rp.write_row(Path(out_dir) / "measure_runs.json", {"runs": measure["runs"]})
+        rows.write_row(Path(out_dir) / "measure_runs.json", {"runs": measure["runs"]})
     display(pd.DataFrame([measure]).T.rename(columns={0: ""}))
 elif mode != "simulate":
     raise ValueError(f"mode={mode!r} must be 'simulate' or 'measure'")
 
 # %%
 if out_dir:
-    print("wrote", rp.write_row(Path(out_dir) / "row.json", row))
+    print("wrote", rows.write_row(Path(out_dir) / "row.json", row))

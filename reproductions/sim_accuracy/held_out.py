@@ -41,8 +41,8 @@ from held_out_models import HELD_OUT, sgd  # noqa: E402
 
 import pipelab as pl  # noqa: E402
 from pipelab.calibration import HostEffects  # noqa: E402
-from pipelab.reproduce import accuracy  # noqa: E402
-from pipelab.reproduce.report import markdown_table  # noqa: E402
+from reproductions._common.report import markdown_table  # noqa: E402
+from reproductions.sim_accuracy import accuracy  # noqa: E402
 
 #: (method, microbatches) of the matrix: the methods of issue 32's held-out check
 CONFIGS = (("gpipe", 4), ("1f1b-flush", 2), ("1f1b-flush", 4), ("zb-h1", 4), ("pipedream", 1))

@@ -56,8 +56,8 @@ from tqdm.auto import tqdm
 
 import pipelab.calibrate as calibrate
 from pipelab._io import atomic_write_text
-from pipelab.reproduce import accuracy as acc
-from pipelab.reproduce.report import markdown_table, write_table
+from reproductions._common.report import markdown_table, write_table
+from reproductions.sim_accuracy import accuracy as acc
 
 out = Path(out_dir).resolve()
 t_start = time.perf_counter()

@@ -1,7 +1,7 @@
 """The weight-stashing experiment over several seeds: each method's late accuracy with its spread.
 
 The notebook (``weight_stashing.ipynb``, run by ``make reproduce``) trains two seeds; this script runs
-the same ``pipelab.reproduce.stash_experiment`` (same model, data, learning rate, epochs, backend) over
+the same ``stashing.stash_experiment`` (same model, data, learning rate, epochs, backend) over
 more seeds, so that the spread a rerun on another machine can land in is known. Runs are independent
 per seed: ``--seeds 0 1 2`` in one process and ``--seeds 3 4`` in another give the same rows.
 
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipelab import reproduce as rp
+from reproductions._common import report as output
+from reproductions.weight_stashing import stashing
 
 METHODS = ["dp", "pipedream", "pipedream+vertical_sync", "naive-async", "2bw", "pipemare"]
 
@@ -31,9 +32,9 @@ def per_seed(methods: list[str], seeds: list[int]) -> pd.DataFrame:
 
     rows = []
     for seed in seeds:
-        curves = rp.stash_experiment(methods, stages=4, epochs=8, batch_size=32, lr=0.2, momentum=0.0,
+        curves = stashing.stash_experiment(methods, stages=4, epochs=8, batch_size=32, lr=0.2, momentum=0.0,
                                      channels=16, backend="local", seed=seed, progress=False)
-        summary = rp.stash_summary(curves)
+        summary = stashing.stash_summary(curves)
         for _, r in summary.iterrows():
             rows.append({"method": r["method"], "seed": seed, "final_accuracy": r["final_accuracy"],
                          "late_accuracy": r["late_accuracy"], "late_gap_to_dp_pts": r["late_gap_to_dp_pts"],
@@ -73,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarize:
         df = pd.concat([pd.read_csv(f) for f in args.summarize], ignore_index=True)
         df = df.sort_values(["seed"], kind="stable")
-        rp.write_table(df, Path(args.out).with_name("seeds.csv"))
-        rp.write_table(summarize(df), args.out)
+        output.write_table(df, Path(args.out).with_name("seeds.csv"))
+        output.write_table(summarize(df), args.out)
     else:
-        rp.write_table(per_seed(args.methods, args.seeds), args.out)
+        output.write_table(per_seed(args.methods, args.seeds), args.out)
     return 0
 
 

@@ -53,7 +53,7 @@ out_dir = "."
 report = False
 
 # %%
-from pipelab.reproduce import show_figure
+from reproductions._common.report import show_figure
 
 
 def show(fig):
@@ -66,13 +66,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipelab import reproduce as rp
+from reproductions._common import report as output
+from reproductions.weight_stashing import stashing
 
-runs = [rp.stash_experiment(methods, stages=stages, epochs=epochs, batch_size=batch_size, lr=lr,
+runs = [stashing.stash_experiment(methods, stages=stages, epochs=epochs, batch_size=batch_size, lr=lr,
                             momentum=momentum, channels=channels, train_limit=train_limit,
                             backend=backend, seed=s, progress=not report).assign(seed=s) for s in seeds]
 per_seed = pd.concat(runs, ignore_index=True)
-curves = rp.mean_over_seeds(per_seed)
+curves = stashing.mean_over_seeds(per_seed)
 curves.pivot(index="epoch", columns="method", values="test_accuracy")
 
 # %% [markdown]
@@ -83,13 +84,13 @@ curves.pivot(index="epoch", columns="method", values="test_accuracy")
 # is to data parallelism, in points.
 
 # %%
-final = rp.stash_summary(curves)
-print(rp.stash_verdict(final))
+final = stashing.stash_summary(curves)
+print(stashing.stash_verdict(final))
 final
 
 # %%
 title = f"digits, small CNN, {stages} stages, lr {lr}, momentum {momentum}: test accuracy"
-show(rp.curves_figure(curves, x="epoch", y="test_accuracy", color="method", title=title))
+show(output.curves_figure(curves, x="epoch", y="test_accuracy", color="method", title=title))
 
 # %% [markdown]
 # ## How it depends on the learning rate
@@ -98,23 +99,23 @@ show(rp.curves_figure(curves, x="epoch", y="test_accuracy", color="method", titl
 # mean of the last three epochs):
 
 # %%
-sweep = rp.stash_lr_sweep(sweep_methods, sweep_lrs, stages=stages, epochs=sweep_epochs, batch_size=batch_size,
-                          momentum=momentum, channels=channels, train_limit=train_limit, backend=backend,
-                          seed=seeds[0], progress=not report)
+sweep = stashing.stash_lr_sweep(sweep_methods, sweep_lrs, stages=stages, epochs=sweep_epochs,
+                                batch_size=batch_size, momentum=momentum, channels=channels,
+                                train_limit=train_limit, backend=backend, seed=seeds[0], progress=not report)
 sweep
 
 # %%
 out = Path(out_dir)
-rp.write_table(sweep, out / "lr_sweep.csv")
-rp.write_table(per_seed, out / "accuracy_per_seed.csv")
-rp.write_table(curves, out / "accuracy.csv")
-rp.write_table(final, out / "summary.csv")
-svg = rp.svg_curves(curves, x="epoch", y="test_accuracy", color="method",
+output.write_table(sweep, out / "lr_sweep.csv")
+output.write_table(per_seed, out / "accuracy_per_seed.csv")
+output.write_table(curves, out / "accuracy.csv")
+output.write_table(final, out / "summary.csv")
+svg = output.svg_curves(curves, x="epoch", y="test_accuracy", color="method",
                     title=f"digits CNN, {stages} stages: test accuracy per epoch")
-rp.write_text(out / "accuracy.svg", svg)
-verdict = rp.stash_verdict(final)
-rp.write_text(out / "results.md",
+output.write_text(out / "accuracy.svg", svg)
+verdict = stashing.stash_verdict(final)
+output.write_text(out / "results.md",
               f"# Weight stashing: results\n\nlr {lr}, momentum {momentum}, {epochs} epochs, "
-              f"{stages} stages, mean of seeds {seeds}\n\n{rp.markdown_table(final)}\n\n"
+              f"{stages} stages, mean of seeds {seeds}\n\n{output.markdown_table(final)}\n\n"
               f"```\n{verdict}\n```\n\n"
-              f"## Learning-rate sweep (late accuracy)\n\n{rp.markdown_table(sweep)}\n")
+              f"## Learning-rate sweep (late accuracy)\n\n{output.markdown_table(sweep)}\n")

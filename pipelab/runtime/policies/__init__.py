@@ -24,7 +24,7 @@ from pipelab.runtime.policies.base import NoStash, PolicyFactory, SingleVersion,
 from pipelab.runtime.policies.delay import DelayedVersions, VersionStore, delayed_sgd, delayed_version
 from pipelab.runtime.policies.pipemare import PipeMarePolicy
 from pipelab.runtime.policies.wsp import HetPipePolicy, LocalWSP, WSPEndpoint
-from pipelab.schedules.facts import StageReads, stage_delays
+from pipelab.schedules.worker_view import StageReads, stage_delays
 
 
 def _single(method: str, opts: dict[str, Any]) -> PolicyFactory:
@@ -77,7 +77,7 @@ def _wsp(method: str, opts: dict[str, Any]) -> PolicyFactory:
 
 #: :attr:`pipelab.methods.Method.weights` -> ``make(method, options) -> factory``, where
 #: ``factory(params, stage, reads)`` builds one stage's policy (``reads``: the versions the
-#: schedule names for the stage's actions on this worker, :func:`pipelab.schedules.facts.stage_reads`)
+#: schedule names for the stage's actions on this worker, :func:`pipelab.schedules.worker_view.stage_reads`)
 POLICIES: dict[str, Callable[[str, dict[str, Any]], PolicyFactory]] = {
     "single": _single, "stash": _stash, "latest": _latest, "delay": _delayed, "pipemare": _pipemare,
     "wsp": _wsp,

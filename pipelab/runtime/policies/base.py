@@ -2,7 +2,7 @@
 
 A stage's *master* weights are its module's parameters; the optimizer updates them in place at
 every ``U``, and version ``v`` means "after ``v`` updates on this stage". The *schedule* names the
-version every ``F`` and ``B``/``W`` reads (:func:`pipelab.schedules.facts.stage_reads`); a policy
+version every ``F`` and ``B``/``W`` reads (:func:`pipelab.schedules.worker_view.stage_reads`); a policy
 serves exactly those versions, checks that they are the ones its method's weights can give (the
 newest, a stashed one, ...), and keeps exactly the versions some in-flight microbatch or some
 forward still to come in the schedule reads (the number it holds is measured, see :attr:`held`).
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipelab.schedules.facts import StageReads
+from pipelab.schedules.worker_view import StageReads
 
 
 class WeightPolicy:

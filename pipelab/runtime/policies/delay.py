@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from pipelab.runtime.policies.base import WeightPolicy, alias
-from pipelab.schedules.facts import StageReads
 from pipelab.schedules.versions import delayed_rule
+from pipelab.schedules.worker_view import StageReads
 
 
 # ---------------------------------------------------------------------- pure rules

@@ -10,7 +10,7 @@ from torch import nn
 
 from pipelab.runtime.pipemare import PipeMareConfig, PipeMareState
 from pipelab.runtime.policies.base import WeightPolicy
-from pipelab.schedules.facts import StageReads
+from pipelab.schedules.worker_view import StageReads
 
 
 class PipeMarePolicy(WeightPolicy):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pipelab.runtime.policies.delay import VersionStore
-from pipelab.schedules.facts import StageReads
+from pipelab.schedules.worker_view import StageReads
 
 
 class WSPEndpoint(Protocol):

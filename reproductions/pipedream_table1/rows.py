@@ -25,8 +25,8 @@ from pipelab.costs import CostModel
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
-from pipelab.reproduce.report import markdown_table
 from pipelab.sim.simulate import simulate
+from reproductions._common.report import markdown_table
 
 
 @dataclass(frozen=True)

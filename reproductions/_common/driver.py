@@ -20,18 +20,18 @@ if TYPE_CHECKING:
 from pipelab.cli.profile import show
 from pipelab.models import example, pipedream_profile
 from pipelab.profile.measure import profile
-from pipelab.reproduce.report import build_report, markdown_table, run_notebook, write_table
-from pipelab.reproduce.table1 import TABLE1, PaperRow, table1_markdown
-from pipelab.reproduce.table1_paper import (
+from reproductions._common.report import build_report, markdown_table, run_notebook, write_table
+from reproductions.pipedream_table1.paper import (
     alternatives,
     alternatives_markdown,
     sensitivity,
     sensitivity_markdown,
     sensitivity_svg,
 )
+from reproductions.pipedream_table1.rows import TABLE1, PaperRow, table1_markdown
 
-#: the repository's reproductions/ folder (a clone or an editable install has it beside the package)
-REPRODUCTIONS = Path(__file__).resolve().parents[2] / "reproductions"
+#: the repository's reproductions/ folder
+REPRODUCTIONS = Path(__file__).resolve().parents[1]
 
 
 def quickstart(*, image_size: int = 64, batch: int = 4, repeats: int = 3, device: str = "cpu",
@@ -174,10 +174,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer", "sim_accuracy"}
     if unknown := set(parts) - known:
         p.error(f"unknown part(s) {sorted(unknown)}; choose from {sorted(known)}")
-    if not REPRODUCTIONS.is_dir():
-        print(f"pipelab reproduce needs the repository's reproductions/ folder next to the package "
-              f"({REPRODUCTIONS} does not exist); run it from a clone with `make reproduce`", file=sys.stderr)
-        return 2
     out_root = Path(args.out).resolve() if args.out else None
 
     def out_of(part: str) -> Path:

@@ -1,4 +1,4 @@
-"""Facts about one worker's part of a schedule, computed from the schedule alone (no processes).
+"""A worker's view of its schedule: what it precomputes before its first action (no processes).
 
 The runtime's workers precompute these once, before their first action; they live here so that
 they can be tested, and read, without starting a run:

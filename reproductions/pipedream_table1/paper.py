@@ -16,12 +16,12 @@ The two parameters PipeDream does not state are cited, not fitted (see the Table
 * the profiling GPU's speed relative to the paper's V100: :data:`V100_RESNET50_IMAGES_PER_S` (a
   V100-16GB's published FP32 PyTorch training throughput of ResNet-50, an SXM2 module) over the throughput
   PipeDream's own ResNet-50 profile implies (:func:`profiling_gpu_speed`); cluster A's V100s are PCIe
-  cards, at :data:`V100_PCIE_OVER_SXM2` of that (NVIDIA's datasheet);
+  cards, at :data:`pipelab.cluster.V100_PCIE_OVER_SXM2` of that (NVIDIA's datasheet);
 * NCCL's all-reduce bus bandwidth over TCP on 10 and 25 Gbps Ethernet:
   :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`.
 
 NCCL's bus bandwidth inside a cluster-A server is a measurement on that instance family (Azure NCv3,
-V100 PCIe), :data:`pipelab.transports.NCCL_NCV3_PCIE_BUS_BANDWIDTH`, not the PCIe link's rate:
+V100 PCIe), :data:`pipelab.cluster.NCCL_NCV3_PCIE_BUS_BANDWIDTH`, not the PCIe link's rate:
 :data:`PAPER_NCCL_BUS_BANDWIDTH`.
 """
 
@@ -32,24 +32,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from pipelab.cluster import Cluster
+from pipelab.cluster import NCCL_MEASURED_BUS_BANDWIDTH, V100_PCIE_OVER_SXM2, Cluster
 from pipelab.costs import CostModel
 from pipelab.models import pipedream_profile
 from pipelab.partition import partition
 from pipelab.partition.pipedream_conf import plan_from_pipedream
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
-from pipelab.reproduce.report import svg_heatmap
-from pipelab.reproduce.table1 import TABLE1, PaperRow, config_shape, simulate_plan
 from pipelab.transports import (
     DDP_BUCKET_BYTES,
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
-    GLOO_ALLREDUCE_ONE_CORE,
-    NCCL_NCV3_PCIE_BUS_BANDWIDTH,
     NCCL_TCP_BUS_BANDWIDTH,
     nccl24_tree_threshold,
     nccl_flat_ring,
 )
+from reproductions._common.report import svg_heatmap
+from reproductions.pipedream_table1.rows import TABLE1, PaperRow, config_shape, simulate_plan
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,18 +58,18 @@ PAPER_BATCH = 64
 #: PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "Training performance: NVIDIA DGX-1 16GB
 #: (8x V100 16GB)" (pytorch-21.03 container). Fixed before any comparison with Table 1.
 V100_RESNET50_IMAGES_PER_S = 367.0
-#: a V100 PCIe card's speed relative to a V100 SXM2 module's: NVIDIA's Tesla V100 datasheet gives 14 TFLOPS
-#: FP32 for the PCIe card (250 W) against 15.7 for the SXM2 module (300 W), the same 5,120 CUDA cores at
-#: boost clocks of 1380 and 1530 MHz. :data:`V100_RESNET50_IMAGES_PER_S` was measured on a DGX-1 (SXM2);
-#: cluster A's GPUs are PCIe cards (PipeDream's §5.1: a shared PCIe interconnect between them; Azure NCv3
-#: VMs, whose GPUs are "Tesla V100-PCIE-16GB"), cluster B's SXM2 (AWS p3.16xlarge)
-V100_PCIE_OVER_SXM2 = 14.0 / 15.7
+#: the same benchmark with each of 2 processes pinned to one core of a Xeon E5-2620 v4 (2.1 GHz), 40 GbE,
+#: 20 MB: 1.073 GB/s on average, not rising with the size (pytorch/gloo issue #248, 2020): one core's
+#: rate, a cited alternative to :data:`~pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH` (PipeDream's
+#: processes were not pinned)
+GLOO_ALLREDUCE_ONE_CORE = 1.073e9
 
 #: NCCL's all-reduce bus bandwidth (bytes/s) by level name for the DP baseline: over TCP on the Ethernet
-#: levels (:data:`~pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`) and inside cluster A's servers, whose level
-#: is ``"pcie"`` (Azure NCv3: :data:`~pipelab.transports.NCCL_NCV3_PCIE_BUS_BANDWIDTH`); cluster B's NVLink
-#: keeps its link rate (its DP is bound by the Ethernet)
-PAPER_NCCL_BUS_BANDWIDTH: dict[str, float] = {**NCCL_TCP_BUS_BANDWIDTH, "pcie": NCCL_NCV3_PCIE_BUS_BANDWIDTH}
+#: levels (:data:`~pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`) and as measured inside cluster A's servers
+#: (:data:`~pipelab.cluster.NCCL_MEASURED_BUS_BANDWIDTH`, what ``Cluster.preset(..., transport="nccl")``
+#: uses); cluster B's NVLink keeps its link rate (its DP is bound by the Ethernet)
+PAPER_NCCL_BUS_BANDWIDTH: dict[str, float] = {**NCCL_TCP_BUS_BANDWIDTH,
+                                              **NCCL_MEASURED_BUS_BANDWIDTH["pipedream-a"]}
 
 #: the optimizer of PipeDream's runs per model, as the cost model names it: SGD with momentum for the image
 #: models, Adam (two moments per weight: more memory, a longer step) for GNMT

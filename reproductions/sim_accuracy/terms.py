@@ -1,5 +1,5 @@
 """What the accuracy matrix measures on a trace, the same way for a simulated and a real one, and the
-replay that tells which term an error comes from (:mod:`pipelab.reproduce.accuracy` runs the matrix).
+replay that tells which term an error comes from (:mod:`reproductions.sim_accuracy.accuracy` runs the matrix).
 
 * :func:`steady_window`, :func:`steady_throughput`, :func:`busy_by_worker`: the steady-state window
   of minibatch completions (warm-up and drain excluded), samples per second, busy time per worker;

@@ -42,6 +42,23 @@ def cut_time_s(cm: CostModel, boundary: int, src: int, dst: int, microbatches: i
     return cm.transfer_s(cm.cut_bytes(boundary, microbatches), src, dst)
 
 
+def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:
+    """Cluster workers of inner workers ``[w, w+m)`` in every copy of a ``block``-worker block.
+
+    Ordered block-minor (``x`` outer, copy ``c`` inner) so that replica ``k`` of every stage lies in
+    block ``k % copies``: round-robin (minibatch ``t`` to replica ``t % r``) then keeps minibatch
+    ``t`` inside block ``t % copies`` on every stage, as PipeDream's replicated pipelines do, and its
+    cuts never leave the block.
+    """
+    return [c * block + x for x in range(w, w + m) for c in range(cm.cluster.num_workers // block)]
+
+
+def dp_time_s(cm: CostModel, workers: Sequence[int]) -> float:
+    """Seconds per minibatch of plain data parallelism over ``workers``."""
+    ws = list(workers)
+    return cm.replica_time_s(0, cm.num_layers, ws) / len(ws)
+
+
 def search_objective(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int],
                      block: int | None = None) -> tuple[list[float], list[float]]:
     """The DP's per-stage terms of a plan on contiguous ranks: ``(T_s / r_s, port term_s)``.
@@ -49,11 +66,8 @@ def search_objective(cm: CostModel, bounds: Sequence[int], replicas: Sequence[in
     ``T_s`` is one replica's minibatch (:meth:`CostModel.replica_time_s`), the port term is
     :meth:`CostModel.stage_port_s` with the neighbours' adjacent ranks. With ``block``, ``replicas``
     are per block: the pipeline lies on the first ``block`` workers and is replicated in every block
-    (:func:`pipelab.partition.pipedream.block_workers`). The DP minimises the max of both lists.
+    (:func:`block_workers`). The DP minimises the max of both lists.
     """
-    # imported here: pipelab.partition.pipedream imports this module at its top
-    from pipelab.partition.pipedream import block_workers
-
     n, Wall = cm.num_layers, cm.cluster.num_workers
     W = sum(replicas)
     copies = 1 if block is None else Wall // block
@@ -122,7 +136,7 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
     ``ranks_of`` maps plan rank -> cluster worker (default identity); ``dp_time`` is the data-parallel
     baseline's time per minibatch for ``speedup_over_dp`` (computed when omitted). ``block``: the plan
     is a pipeline over one ``block`` of workers replicated in every block (``replicas`` are totals,
-    ``ranks_of`` from :func:`pipelab.partition.pipedream.block_workers`); only the search objective
+    ``ranks_of`` from :func:`block_workers`); only the search objective
     noted in ``notes["search_objective_s"]`` depends on it.
 
     ``"async"``: ``time_per_minibatch`` is :meth:`CostModel.steady_state` (compute, ports under
@@ -197,8 +211,6 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
         time = fwd_span + bwd_span + max(0.0, max(tails), upd)
         extra = {"forward_span_s": fwd_span, "backward_span_s": bwd_span}
     if dp_time is None:
-        # imported here: pipelab.partition.dp imports this module at its top
-        from pipelab.partition.dp import dp_time_s
 
         dp_time = dp_time_s(cm, phys)
     return Plan(stages=tuple(stages), num_layers=n, method=method, profile_fingerprint=prof.fingerprint(),

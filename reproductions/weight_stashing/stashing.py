@@ -20,9 +20,9 @@ from pipelab.graph import layer_nodes, trace
 from pipelab.models import digits_data, small_cnn
 from pipelab.models.demo import batches
 from pipelab.partition.plan import Plan
-from pipelab.reproduce.measure import cross_entropy
 from pipelab.runtime import supported_methods
 from pipelab.runtime.launch import train
+from reproductions.pipedream_table1.measure import cross_entropy
 
 
 def parse_method(spec: str) -> tuple[str, dict[str, Any]]:

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from pipelab._io import atomic_write_text
 
+#: the checkout's root, which holds ``pipelab/`` and ``reproductions/``
+_ROOT = Path(__file__).resolve().parents[2]
+
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
@@ -221,7 +224,10 @@ def run_notebook(notebook: Path, executed: Path, parameters: Mapping[str, Any], 
 
     executed.parent.mkdir(parents=True, exist_ok=True)
     env_before = os.environ.get("OMP_NUM_THREADS")
+    path_before = os.environ.get("PYTHONPATH")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # the kernel imports ``reproductions.*`` from the checkout's root
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), path_before) if p)
     try:
         pm.execute_notebook(str(notebook), str(executed), parameters=dict(parameters), cwd=str(cwd),
                             kernel_name="python3", progress_bar=False, log_output=False,
@@ -232,4 +238,8 @@ def run_notebook(notebook: Path, executed: Path, parameters: Mapping[str, Any], 
     finally:
         if env_before is None:
             os.environ.pop("OMP_NUM_THREADS", None)
+        if path_before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = path_before
     return executed

@@ -32,7 +32,9 @@ from pipelab.partition.balance import uniform_cuts
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.profile.records import Profile
-from pipelab.reproduce.terms import (
+from pipelab.runtime.launch import train
+from pipelab.sim.simulate import simulate, virtual_plan
+from reproductions.sim_accuracy.terms import (
     OPTIMIZER,
     MeasuredActions,
     busy_by_worker,
@@ -41,8 +43,6 @@ from pipelab.reproduce.terms import (
     steady_throughput,
     steady_window,
 )
-from pipelab.runtime.launch import train
-from pipelab.sim.simulate import simulate, virtual_plan
 
 #: the methods of the matrix, with the options they need to build
 METHODS: dict[str, dict[str, Any]] = {
@@ -460,7 +460,7 @@ def svg_scatter(df: Any, *, title: str = "", band: float = 0.10, width: int = 56
     colour per method (a self-contained SVG, no plotting library)."""
     from html import escape
 
-    from pipelab.reproduce.report import _SVG_COLORS
+    from reproductions._common.report import _SVG_COLORS
 
     xs = [float(v) for v in df["measured"]]
     ys = [float(v) for v in df["simulated"]]

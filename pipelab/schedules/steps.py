@@ -1,4 +1,4 @@
-"""Shared pieces of the schedule builders: plan resolution, the 1F1B order, U insertion, versions.
+"""The steps every schedule builder composes: plan resolution, the 1F1B order, U insertion, versions.
 
 Every builder is a pure function of (plan topology, M, K, options). The helpers here are the only
 place where the weight-version rules live, so the builders, the validator and the runtime agree.

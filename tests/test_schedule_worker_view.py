@@ -1,4 +1,4 @@
-"""Facts a worker precomputes from its schedule (pipelab.schedules.facts), without processes.
+"""Facts a worker precomputes from its schedule (pipelab.schedules.worker_view), without processes.
 
 Oracles: counting by hand on small schedules, and the schedule's own weight versions.
 """
@@ -10,7 +10,7 @@ import pytest
 from pipelab.partition.plan import Plan
 from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
-from pipelab.schedules.facts import checkpoint_points, stage_delays, stage_reads, update_pairs
+from pipelab.schedules.worker_view import checkpoint_points, stage_delays, stage_reads, update_pairs
 
 
 def _never(_: int) -> bool:

@@ -26,8 +26,8 @@ from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as profile_model
 from pipelab.profile.records import Profile
-from pipelab.reproduce.table1 import simulate_plan
 from pipelab.runtime.launch import train
+from reproductions.pipedream_table1.rows import simulate_plan
 
 
 def paper_model(name: str, *, batch: int, image_size: int = 64, seq_len: int = 16,

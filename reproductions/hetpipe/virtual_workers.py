@@ -23,11 +23,11 @@ from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.profile.records import Profile as _Profile
-from pipelab.reproduce.measure import cross_entropy
-from pipelab.reproduce.stashing import digits_accuracy, digits_epochs, digits_model
 from pipelab.runtime.launch import train
 from pipelab.runtime.wsp import check_trace
 from pipelab.sim.simulate import simulate
+from reproductions.pipedream_table1.measure import cross_entropy
+from reproductions.weight_stashing.stashing import digits_accuracy, digits_epochs, digits_model
 
 
 def rebatch(profile: Profile, batch_size: int) -> Profile:
