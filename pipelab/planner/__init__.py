@@ -62,6 +62,7 @@ from typing import Any
 import pandas as pd
 
 import pipelab.methods as registry
+from pipelab.batching import default_microbatches, divisors
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition import partition
@@ -299,10 +300,12 @@ def _plans(profile: Profile, cluster: Cluster, cm: CostModel, need: set[str], op
 
 
 def _microbatch_counts(stages: int, batch: int, options: Sequence[int] | None) -> list[int]:
-    """``options`` (or P, 2P, 4P), each at most the minibatch's samples."""
-    cands = list(options) if options is not None else [stages * k for k in (1, 2, 4)]
-    out = sorted({m for m in cands if 1 <= m <= batch})
-    return out or [min(max(stages, 1), batch)]
+    """``options`` (or P, 2P, 4P), those that divide the minibatch's samples (:mod:`pipelab.batching`)."""
+    cands = list(options) if options is not None else [default_microbatches(stages) * k for k in (1, 2, 4)]
+    out = sorted({m for m in cands if 1 <= m <= batch and batch % m == 0})
+    if out or batch < 1:
+        return out or [1]
+    return [max(d for d in divisors(batch) if d <= max(stages, 1))]
 
 
 def _candidates(profile: Profile, cluster: Cluster, cm: CostModel, names: Sequence[str], *,
@@ -515,7 +518,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
                            peak_memory=max(peak), fits=fits,
                            bubble_fraction=sum(res.bubble_fraction) / len(res.bubble_fraction),
                            versions=versions, delay=delay, status="simulated",
-                           staleness_risk=(f"weights up to {delay} updates stale, {versions} versions held"
+                           staleness_risk=(f"weights up to {delay} updates stale, {versions} "
+                                           f"version{'s' if versions != 1 else ''} held"
                                            if delay > 0 else ""))
                 if fits:
                     done_pts.append((tpm, max(peak)))

@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pipelab.methods as _methods
+from pipelab.batching import default_microbatches
 from pipelab.methods import MethodError
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
@@ -155,7 +156,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
                                 f"minibatches=K instead of microbatches={microbatches}")
         M = 1
     elif microbatches is None:
-        M = p.num_workers if spec.order == "dp" else p.num_stages // int(options.get("chunks", 1))
+        M = default_microbatches(p.num_stages // int(options.get("chunks", 1)), workers=p.num_workers,
+                                 data_parallel=spec.order == "dp")
         if spec.order == "coalesced":
             M = max(M, in_flight(p.replicas, 0, per_replica=False))
     else:

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import pipelab.methods as methods
 import pipelab.metrics as metrics
+from pipelab._display import Described
+from pipelab.batching import check_divides
 from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
@@ -69,8 +71,8 @@ if TYPE_CHECKING:
 
 
 
-@dataclass(frozen=True)
-class SimResult:
+@dataclass(frozen=True, repr=False)
+class SimResult(Described):
     """What a simulated run did and what it measured (times in seconds, memory in bytes)."""
 
     schedule: Schedule
@@ -100,8 +102,27 @@ class SimResult:
         span = self.window[1] - self.window[0]
         return tuple(b * span for b in self.bubble_fraction)
 
+    @property
+    def assumes(self) -> str:
+        """What ``time_per_minibatch`` assumes: microbatches, samples per replica, flush or not."""
+        M, B = self.schedule.microbatches, self.batch_size
+        if _order(self.schedule.method) == "dp":
+            per = f"M={M}: each replica takes whole minibatches of {B} samples"
+        else:
+            per = f"M={M} microbatches of {B // M if B % M == 0 else B / M:g} samples"
+        if _synchronous(self.schedule.method):
+            return f"{per}; over all {self.schedule.minibatches} minibatches, fill and drain (flush) included"
+        return f"{per}; steady state between minibatch completions, fill and drain left out"
+
+    def describe(self) -> str:
+        """The summary, what it assumes, and each worker's utilization and peak memory."""
+        lines = [f"simulated {self.summary()}", f"    (assumes {self.assumes})"]
+        lines += [f"  worker {w:3d}: utilization {u:6.1%}  peak memory {m / 2**30:7.3f} GiB"
+                  for w, (u, m) in enumerate(zip(self.utilization, self.peak_memory))]
+        return "\n".join(lines)
+
     def summary(self) -> str:
-        """A few lines for humans."""
+        """One line for humans."""
         util = sum(self.utilization) / max(len(self.utilization), 1)
         return (f"{self.schedule.method}: {self.time_per_minibatch * 1e3:.3f} ms/minibatch, "
                 f"{self.throughput:.1f} samples/s, mean utilization {util:.1%}, "
@@ -466,6 +487,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
                    host_staging_bandwidth=host_staging_bandwidth, stashed_weights=stashed)
     micro = 1 if is_dp else sch.microbatches
+    check_divides(profile.batch_size, micro)   # dp: every microbatch is a whole profile minibatch
     # the backward reads the newest weights, not its forward's: the runtime recomputes the forward
     recompute = spec is not None and spec.versions == "latest"
     pipemare = None
