@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from pipelab._display import Described
+
 #: the action kinds whose layers' compute a calibration may scale (``Calibration.compute_factor``)
 FACTOR_KINDS = ("F", "B")
 
 
-@dataclass(frozen=True)
-class Calibration:
+@dataclass(frozen=True, repr=False)
+class Calibration(Described):
     """What :func:`pipelab.calibrate.calibrate` measured on one machine, and where and how.
 
     Provenance: ``host``, ``backend`` (the process group's, e.g. ``"gloo"``), ``device`` (``"cpu"``

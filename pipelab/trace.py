@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pipelab.metrics as metrics
+from pipelab._display import Described
 from pipelab._io import atomic_write_text
 from pipelab.metrics import COMPUTE_KINDS
 
@@ -57,8 +58,8 @@ class Event:
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
-@dataclass(frozen=True)
-class Trace:
+@dataclass(frozen=True, repr=False)
+class Trace(Described):
     """An ordered collection of :class:`Event` plus free-form metadata (method, plan config, ...)."""
 
     events: tuple[Event, ...]
@@ -69,6 +70,14 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.events)
+
+    def describe(self) -> str:
+        """One line: what ran, how many events on how many workers, over how long."""
+        m = self.meta
+        what = ", ".join(f"{k} {m[k]}" for k in ("method", "config", "backend", "microbatches", "minibatches",
+                                                   "batch_size") if k in m)
+        return (f"Trace ({what}): {len(self.events)} events on {len(self.workers)} workers over "
+                f"{self.makespan * 1e3:.2f} ms")
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)

@@ -112,7 +112,7 @@ def import_callable(spec: str, folders: Sequence[str | Path] = ()) -> Callable[.
     if not callable(fn):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         raise ValueError(f"module {module_name!r} has no function {name!r}{suggest(name, names)}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def input_shape(text: str) -> tuple[int, ...]:

@@ -62,6 +62,7 @@ from typing import Any
 import pandas as pd
 
 import pipelab.methods as registry
+from pipelab._display import html_pre, short
 from pipelab.batching import default_microbatches, divisors
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
@@ -125,7 +126,7 @@ class Candidate:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PlanTable:
     """The planner's answer: ``table`` (ranked DataFrame, see :data:`COLUMNS`) and what made each row."""
 
@@ -196,6 +197,13 @@ class PlanTable:
         return train(model_fn, plan, method=c.method, data=data, loss_fn=loss_fn, optimizer=optimizer,
                      steps=steps, microbatches=c.microbatches, **{**c.options(), **options})
 
+    def __repr__(self) -> str:
+        return short(f"PlanTable: {len(self.table)} candidates on {self.cluster.name}; the top 5:\n"
+                     + self.describe(5))
+
+    def _repr_html_(self) -> str:
+        return html_pre(f"PlanTable: {len(self.table)} candidates on {self.cluster.name}\n" + self.describe())
+
     def describe(self, top: int = 10) -> str:
         """The top rows as text."""
         cols = ["rank", "method", "partitioner", "config", "microbatches", "chunks", "recompute",
@@ -212,7 +220,9 @@ class PlanTable:
             t[c] = t[c].map("{:.2f}x".format)
         m = self.margin
         shown = ", ".join(f"{k} {_shown(v)}" for k, v in m.items()) if isinstance(m, Mapping) else _shown(m)
-        head_line = f"simulator error (margin): {shown}\n"
+        head_line = (f"simulator error (margin): {shown}\nthroughput: simulated samples/s, minibatches of "
+                     f"{self.profile.batch_size} split into M microbatches (dp: one per replica); "
+                     "synchronous methods with their flush, asynchronous ones in steady state\n")
         return head_line + t.to_string()
 
 

@@ -35,6 +35,7 @@ import pipelab.methods as methods
 import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab.batching import check_divides
+from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
@@ -66,7 +67,6 @@ def _order(method: str) -> str | None:
 
 
 if TYPE_CHECKING:
-    from pipelab.cluster import Cluster
     from pipelab.profile.records import Profile
 
 
@@ -432,7 +432,7 @@ def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
     return Plan.from_boundaries(len(profile), bounds, batch_size=plan.batch_size, method="interleaved")
 
 
-def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str = "pipedream", *,
+def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
              microbatches: int | None = None, minibatches: int | None = None,
              compression: str | float | None = None, compression_ratio: float | None = None,
              optimizer: str = "sgd-momentum", memory_bandwidth: float | None = None,
@@ -441,7 +441,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
              **options: Any) -> SimResult:
     """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
 
-    ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan). For
+    ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan); ``cluster`` a
+    Cluster or a spec string (``"flat:2"``, ``"pipedream-a:4x4"``). For
     ``interleaved-1f1b`` (``chunks=v``) a plan with ``P`` stages is re-split into ``v * P`` virtual
     stages of balanced compute. ``compression``: the activation compression, as ``train`` names it
     (``"fp16"``, ``"bf16"``, ``"int8"``) or a ratio (``compression_ratio=`` is its deprecated
@@ -454,6 +455,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     over gloo (``train(device="cuda")``): each message and all-reduce adds a device-to-host and a
     host-to-device copy (:meth:`~pipelab.costs.prices.Prices.staging_s`). Returns a :class:`SimResult`.
     """
+    cluster = Cluster.of(cluster)
     if not isinstance(plan, Plan):
         if isinstance(plan, bool) or not isinstance(plan, int):
             raise ScheduleError(f"plan must be a pipelab Plan or an int (stages); got {plan!r}")
