@@ -5,21 +5,24 @@ The real-browser check (JupyterLab + Chromium, a real 2-process job) is tests/br
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import plotly.graph_objects as go
 import pytest
 
 from pipelab import widgets
 from pipelab.trace import Event
-from pipelab.views import gantt, schedule_trace
+from pipelab.views import action_traces, gantt, schedule_trace
 from pipelab.widgets import LiveGantt, PlanExplorer, ScheduleExplorer, live_frontend, static_html, sync_figure
 
 
 def nbars(fig: go.Figure) -> int:
-    return sum(len(t.x) for t in fig.data if t.type == "bar")
+    return sum(len(t.x) for t in action_traces(fig) if t.type == "bar")
 
 
 class FakeRun:
@@ -213,13 +216,45 @@ def test_sync_figure_updates_in_place_or_rebuilds():
     evs = one_f_one_b_events(2, 2)
     target = go.FigureWidget()
     sync_figure(target, gantt(evs[:3]))
-    assert [t.name for t in target.data] == ["forward"]
+    assert [t.name for t in action_traces(target)] == ["forward"]
     sync_figure(target, gantt(evs))
     assert nbars(target) == len(evs) and target.layout.title.text == gantt(evs).layout.title.text
     first = target.data[0]
     sync_figure(target, gantt(evs[:-1]))
     assert target.data[0] is first                   # same traces: updated in place, not re-created
     assert nbars(target) == len(evs) - 1
+
+
+def _finite(obj) -> bool:
+    """No NaN or infinity anywhere in ``obj`` (what a widget's JSON may hold)."""
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_finite(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return obj.dtype.kind not in "fc" or bool(np.isfinite(obj).all()) if obj.dtype != object else all(
+            _finite(v) for v in obj.ravel())
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    return True
+
+
+def test_no_nan_goes_through_a_widget():
+    evs = one_f_one_b_events(2, 4)
+    fig = gantt(evs, render="raster")                # the raster's empty cells are NaN in the figure
+    assert not _finite([t.to_plotly_json() for t in fig.data])
+    target = go.FigureWidget()
+    sync_figure(target, fig)
+    assert _finite([t.to_plotly_json() for t in target.data])
+    sync_figure(target, gantt(evs[:-2], render="raster"))   # in place, the same
+    data = [t.to_plotly_json() for t in target.data]
+    assert _finite(data)
+    json.dumps(data, allow_nan=False, cls=_NumpyJSON)
+
+
+class _NumpyJSON(json.JSONEncoder):
+    def default(self, o):
+        return o.tolist() if isinstance(o, np.ndarray) else super().default(o)
 
 
 def test_events_are_events():

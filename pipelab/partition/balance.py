@@ -86,7 +86,8 @@ def partition_gpipe(cm: CostModel, *, stages: int | None = None, microbatches: i
     if not (1 <= S <= W):
         raise ValueError(f"stages={S} must be in 1..{W} (the cluster's workers)")
     M = default_microbatches(S) if microbatches is None else microbatches
-    check_divides(cm.profile.batch_size, M)
+    if cm.profile.source != "synthetic":   # a synthetic profile's times split into any M
+        check_divides(cm.profile.batch_size, M)
     prof = cm.profile
     if by == "time":
         sizes = balance_by_time(S, [layer.fwd_s + layer.bwd_s for layer in prof.layers])

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 
 import pipelab.methods as methods
@@ -85,8 +87,23 @@ def show(fig: go.Figure, *, live: bool | None = None) -> None:
         display(HTML(static_html(fig)))
 
 
+def json_safe(fig: go.Figure) -> go.Figure:
+    """``fig`` with every NaN or infinity in its traces' data replaced by None, in place (a widget's
+    messages are strict JSON, and a raster Gantt's empty cells are NaN)."""
+    for t in fig.data:
+        for name, value in t.to_plotly_json().items():
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.isfinite(value).all():
+                t[name] = np.where(np.isfinite(value), value, None)
+            elif isinstance(value, (list, tuple)) and any(
+                    isinstance(v, float) and not math.isfinite(v) for v in value):
+                t[name] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in value]
+    return fig
+
+
 def sync_figure(target: go.FigureWidget, fig: go.Figure) -> None:
-    """Make ``target`` show ``fig``: one batched update when the traces match by name, else a rebuild."""
+    """Make ``target`` show ``fig``: one batched update when the traces match by name, else a rebuild.
+    Non-finite numbers go as None (:func:`json_safe`)."""
+    fig = json_safe(fig)
     if [t.name for t in target.data] != [t.name for t in fig.data]:
         with target.batch_update():
             target.data = ()
