@@ -94,6 +94,15 @@ def bubble_by_worker(busy: dict[int, float], window_s: float) -> dict[int, float
     return {w: 1.0 - b / window_s for w, b in busy.items()}
 
 
+def error_spread(predicted: float, measured: Sequence[float]) -> str:
+    """The relative error ``(predicted - m) / m`` over measurements ``m``: its median, then its range,
+    e.g. ``+3.1% (-2.0% .. +7.4% over 5 rounds)``."""
+    if not measured:
+        raise ValueError("error_spread needs at least one measurement")
+    errs = sorted((predicted - m) / m for m in measured)
+    return f"{statistics.median(errs):+.1%} ({errs[0]:+.1%} .. {errs[-1]:+.1%} over {len(errs)} rounds)"
+
+
 def span_throughput(events: Iterable[Event], samples: float) -> float:
     """``samples`` per second of the compute actions' span (first start to last end); NaN if empty."""
     s = span(compute_events(events))

@@ -186,6 +186,22 @@ class Trace(Described):
         start, end, n = self.steady_window(in_flight)
         return n * int(batch) / (end - start)
 
+    def steady_rounds(self, rounds: int = 5, batch_size: int | None = None,
+                      in_flight: int = 1) -> list[float]:
+        """Samples per second of ``rounds`` consecutive parts of :meth:`steady_window`, each the same
+        number of minibatch completions (give or take one): how much one run's rate moves."""
+        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
+        if batch is None:
+            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        start, end, n = self.steady_window(in_flight)
+        if not 1 <= rounds <= n:
+            raise ValueError(f"rounds={rounds} must be in 1..{n}, the minibatches of the steady window")
+        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
+        done = metrics.minibatch_completions(self.compute_events(), M, K)
+        first = done.index(start)             # the window runs from completion ``first`` to ``first + n``
+        cuts = [first + round(j * n / rounds) for j in range(rounds + 1)]
+        return [(b - a) * int(batch) / (done[b] - done[a]) for a, b in zip(cuts, cuts[1:])]
+
     def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write one JSON object per line (first line: metadata), atomically."""
         lines = [json.dumps({"meta": _jsonable(self.meta)})]

@@ -108,11 +108,15 @@ class FakeClock:
         return self.cpu
 
 
-@pytest.mark.parametrize(("share", "gap", "redraws"), [(1 / 32, 4.0, 4), (1 / 4, 0.5, 30), (1.0, 0.25, 60)])
-def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, gap, redraws):
+@pytest.mark.parametrize(("share", "interval", "gap", "redraws"),
+                         [(1 / 32, 8.0, 4.0, 4), (1 / 4, 8.0, 0.5, 30), (1.0, 8.0, 0.25, 60),
+                          (1 / 32, 1.0, 1.0, 15), (1 / 32, 0.25, 0.375, 40)])
+def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, interval, gap, redraws):
     # 240 events 1/16 s apart (15 s of run), each redraw costing 1/8 CPU second, hz=4: after a redraw at
-    # t the next comes at the first event at or after t + max(1/hz, cost / share) (binary fractions, so
-    # the times are exact); share 1 is the rule before the budget (hz alone: every 0.25 s)
+    # t the next comes at the first event at or after t + max(1/hz, min(cost / share, max(interval,
+    # 3 cost))) (binary fractions, so the times are exact); share 1 is hz alone (every 0.25 s); the time
+    # budget ``interval`` caps the wait (a run of a few seconds still shows progress), but a redraw
+    # always waits 3 times its cost
     clock = FakeClock()
     monkeypatch.setattr(widgets, "time", clock)
     evs = [Event(0, 0, "F", m, m / 16, m / 16 + 0.05) for m in range(240)]
@@ -124,7 +128,7 @@ def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, g
                 yield e
                 clock.wall += 1 / 16
 
-    g = LiveGantt(Stream(), hz=4, live=True, cpu_share=share, start=False)
+    g = LiveGantt(Stream(), hz=4, live=True, cpu_share=share, interval=interval, start=False)
     calls: list[float] = []
 
     def refresh() -> None:
@@ -137,7 +141,9 @@ def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, g
     assert {b - a for a, b in zip(during, during[1:])} == {gap}
     assert len(during) == redraws and during[0] == 0.0
     assert g.redraw_cpu_s == len(during) / 8
-    assert g.redraw_cpu_s <= share * (clock.wall + gap)   # the budget holds (a redraw pays for its gap)
+    # the budget holds (a redraw pays for its gap): its CPU share, or a third where the interval is shorter
+    assert g.redraw_cpu_s <= max(share, 1 / 3) * (clock.wall + gap) if interval < 8 else \
+        g.redraw_cpu_s <= share * (clock.wall + gap)
     with pytest.raises(ValueError, match="cpu_share=0"):
         LiveGantt(Stream(), cpu_share=0)
 

@@ -4,7 +4,8 @@ Compute on worker ``w`` costs the profiled seconds divided by ``cluster.speed(w)
 profile was measured on). A profile measured on a CPU and a preset of named GPUs at speed 1.0 is a
 simulation of GPUs computing at the CPU's speed; :func:`check_device` warns about it once per
 (profile device, cluster) pair, naming the factor in use and how to set it. Generic devices
-(``Cluster.flat``'s ``"gpu"``) and calibrated clusters are the profiled device by definition.
+(``Cluster.flat``'s ``"gpu"``) and calibrated clusters are the profiled device by definition, and a
+synthetic profile was measured on no device.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _kind(name: str) -> str:
 
 def check_device(profile: Profile, cluster: Cluster) -> None:
     """Warn once when ``profile`` was measured on a CPU and ``cluster`` has accelerators, or the reverse."""
-    if cluster.calibration is not None:
+    if cluster.calibration is not None or profile.source == "synthetic":   # no device measured either way
         return
     kinds = {_kind(d.name) for d in cluster.devices} - {"generic"}
     prof_kind = "cpu" if str(profile.device).lower().startswith("cpu") else "accelerator"

@@ -93,7 +93,9 @@ def json_safe(fig: go.Figure) -> go.Figure:
     for t in fig.data:
         for name, value in t.to_plotly_json().items():
             if isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.isfinite(value).all():
-                t[name] = np.where(np.isfinite(value), value, None)
+                safe = value.astype(object)
+                safe[~np.isfinite(value)] = None
+                t[name] = safe
             elif isinstance(value, (list, tuple)) and any(
                     isinstance(v, float) and not math.isfinite(v) for v in value):
                 t[name] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in value]
@@ -157,11 +159,12 @@ class LiveGantt(_Displayable):
     ``batch_size`` and ``losses`` for the status line, and ``wait()``, whose result's ``losses`` give the
     final loss; a failed job's error is shown in the status line, not raised in the thread). A background
     thread consumes the events and redraws at most ``hz``
-    times per second, so a fast job costs a few updates, not one per event, and never spends more than
-    ``cpu_share`` of the elapsed time redrawing: a redraw rebuilds the chart from every event so far, so
-    its cost grows with the run, and after a redraw that took ``c`` CPU seconds the next waits at least
-    ``c / cpu_share`` seconds (on a 2-core machine, redrawing a 3,500-action chart 4 times a second took
-    a fifth of a core and slowed the run by 25-55%; ``reproductions/benchmarks/live_trace_cost.py``).
+    times per second, so a fast job costs a few updates, not one per event. A redraw rebuilds the
+    chart from every event so far, so its cost grows with the run: after one that took ``c`` CPU
+    seconds the next waits ``c / cpu_share`` seconds, but no longer than the time budget ``interval``
+    (or ``3 c`` where that is longer), so that a run of a few seconds still shows its progress; the last
+    redraw follows the last event. (On a 2-core machine, redrawing a 3,500-action chart 4 times a second
+    took a fifth of a core and slowed the run by 25-55%; ``reproductions/benchmarks/live_trace_cost.py``.)
     Without a live front end the display waits for the job to end and shows the finished chart.
     """
 
@@ -175,6 +178,7 @@ class LiveGantt(_Displayable):
         title: str | None = None,
         start: bool = True,
         cpu_share: float = 0.02,
+        interval: float = 1.0,
     ) -> None:
         if not hasattr(handle, "events"):
             raise TypeError(
@@ -187,6 +191,9 @@ class LiveGantt(_Displayable):
         self.handle = handle
         self.hz = float(hz)
         self.cpu_share = float(cpu_share)
+        if not interval > 0:
+            raise ValueError(f"interval={interval} must be > 0 seconds (the longest wait between redraws)")
+        self.interval = float(interval)
         self.redraw_cpu_s = 0.0
         self.color_by = color_by
         self.title = title
@@ -233,7 +240,8 @@ class LiveGantt(_Displayable):
                     self.refresh()
                     spent = time.thread_time() - cpu
                     self.redraw_cpu_s += spent
-                    next_at = now + max(period, spent / self.cpu_share)
+                    budget = min(spent / self.cpu_share, max(self.interval, 3 * spent))
+                    next_at = time.monotonic() + max(period, budget)
             wait = getattr(self.handle, "wait", None)
             if callable(wait):          # the finished run's result carries the losses
                 self.result = wait()
