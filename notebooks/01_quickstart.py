@@ -17,8 +17,8 @@
 # Ten cells through pipelab's whole data flow on a small CNN for scikit-learn's bundled 8×8 digits
 # (no download): **profile** the layers, **partition** them into a 2-stage pipeline, **simulate** the
 # schedule, **train** it for real in 2 processes, and draw both runs as Gantt charts. Run all cells
-# (Run ▸ Run All Cells): about a minute on a 2-core machine, most of it measuring the machine in step 2;
-# the training cell starts two worker processes and takes a few seconds.
+# (Run ▸ Run All Cells): one to two minutes on a shared 2-core machine, most of it measuring the machine
+# in step 2; the training cell starts two worker processes and takes a few seconds.
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides these; change them and re-run everything)
@@ -61,7 +61,8 @@ prof.summary()
 
 # %%
 # 2. Calibrate this machine: message latency and bandwidth between worker processes, the runtime's own
-# work per action, the optimizer step (about 40 s; `pipelab calibrate -o me.json` saves it for later).
+# work per action, the optimizer step (40-70 s on a shared 2-core machine; `pipelab calibrate -o me.json`
+# saves it for later, and `cluster_file` above reuses it).
 # The result is a Cluster like PipeDream's presets, measured rather than taken from a data sheet.
 cluster = pl.Cluster.load(cluster_file) if cluster_file else pl.calibrate(workers=workers)
 cluster = cluster.with_workers(workers)
