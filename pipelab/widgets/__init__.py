@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import html
 import importlib.util
-import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
 import plotly.graph_objects as go
 
 import pipelab.methods as methods
@@ -41,6 +39,7 @@ from pipelab.profile.records import Profile
 from pipelab.schedules import build as build_schedule
 from pipelab.trace import Event, Trace
 from pipelab.views import gantt, memory, partition_graph, to_html
+from pipelab.widgets.sync import json_safe, sync_figure
 
 _PLOTLYJS_FLAG = "_pipelab_plotlyjs_included"
 
@@ -85,37 +84,6 @@ def show(fig: go.Figure, *, live: bool | None = None) -> None:
         pio.show(fig, renderer="plotly_mimetype")
     else:
         display(HTML(static_html(fig)))
-
-
-def json_safe(fig: go.Figure) -> go.Figure:
-    """``fig`` with every NaN or infinity in its traces' data replaced by None, in place (a widget's
-    messages are strict JSON, and a raster Gantt's empty cells are NaN)."""
-    for t in fig.data:
-        for name, value in t.to_plotly_json().items():
-            if isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.isfinite(value).all():
-                safe = value.astype(object)
-                safe[~np.isfinite(value)] = None
-                t[name] = safe
-            elif isinstance(value, (list, tuple)) and any(
-                    isinstance(v, float) and not math.isfinite(v) for v in value):
-                t[name] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in value]
-    return fig
-
-
-def sync_figure(target: go.FigureWidget, fig: go.Figure) -> None:
-    """Make ``target`` show ``fig``: one batched update when the traces match by name, else a rebuild.
-    Non-finite numbers go as None (:func:`json_safe`)."""
-    fig = json_safe(fig)
-    if [t.name for t in target.data] != [t.name for t in fig.data]:
-        with target.batch_update():
-            target.data = ()
-            target.layout = fig.layout
-        target.add_traces(list(fig.data))
-        return
-    with target.batch_update():
-        for dst, src in zip(target.data, fig.data):
-            dst.update(src.to_plotly_json(), overwrite=True)
-        target.layout = fig.layout
 
 
 class _Displayable:
@@ -605,6 +573,7 @@ __all__ = [
     "PlanExplorer",
     "PlannerExplorer",
     "ScheduleExplorer",
+    "json_safe",
     "live_frontend",
     "show",
     "static_html",
