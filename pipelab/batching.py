@@ -10,13 +10,15 @@ dividing ``B``.
 from __future__ import annotations
 
 
-def default_microbatches(stages: int, *, workers: int | None = None, data_parallel: bool = False) -> int:
-    """``M`` when none is given: one per stage (one per replica for data parallelism).
+def default_microbatches(stages: int, *, replicas: int = 1, workers: int | None = None,
+                         data_parallel: bool = False) -> int:
+    """``M`` when none is given: one per stage, and at least one per replica of the most replicated
+    stage (data parallelism: one per worker).
 
     One microbatch per stage is the fewest that keeps every stage of a 1F1B pipeline busy in its
-    steady state; data parallelism gives each replica one.
+    steady state; replicas take microbatches in turn, so a stage of ``r`` replicas needs ``r``.
     """
-    n = workers if data_parallel and workers else stages
+    n = workers if data_parallel and workers else max(stages, replicas)
     return max(1, int(n))
 
 

@@ -156,8 +156,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
                                 f"minibatches=K instead of microbatches={microbatches}")
         M = 1
     elif microbatches is None:
-        M = default_microbatches(p.num_stages // int(options.get("chunks", 1)), workers=p.num_workers,
-                                 data_parallel=spec.order == "dp")
+        M = default_microbatches(p.num_stages // int(options.get("chunks", 1)), replicas=max(p.replicas),
+                                 workers=p.num_workers, data_parallel=spec.order == "dp")
         if spec.order == "coalesced":
             M = max(M, in_flight(p.replicas, 0, per_replica=False))
     else:

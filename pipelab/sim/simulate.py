@@ -111,7 +111,8 @@ class SimResult(Described):
         else:
             per = f"M={M} microbatches of {B // M if B % M == 0 else B / M:g} samples"
         if _synchronous(self.schedule.method):
-            return f"{per}; over all {self.schedule.minibatches} minibatches, fill and drain (flush) included"
+            K = self.schedule.minibatches
+            return f"{per}; over {K} minibatch{'es' if K != 1 else ''}, fill and drain (flush) included"
         return f"{per}; steady state between minibatch completions, fill and drain left out"
 
     def describe(self) -> str:
