@@ -270,7 +270,7 @@ digits = functools.partial(demo.batches, (images[:640], labels[:640]), 64)
 cnn_x, cnn_y = digits()[0]
 cnn_prof = pl.profile(demo.small_cnn(), cnn_x, loss_fn=torch.nn.functional.cross_entropy, target=cnn_y,
                       progress=False, small_batch=16)
-cnn_cluster = pl.calibrate(workers=2, progress=False)     # this machine, measured (40-120 s on a busy 2-core VM)
+cnn_cluster = pl.calibrate(workers=2, progress=False)  # this machine, measured (40-120 s on a busy VM)
 cnn_plan = pl.partition(cnn_prof, cnn_cluster, method="pipedream", straight=True)
 sim = pl.simulate(cnn_plan, cnn_prof, cnn_cluster, method="1f1b-flush", microbatches=4,
                   minibatches=compare_steps, allreduce_overlap="none")
