@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "train": "pipelab.runtime",
     "launch": "pipelab.runtime",
     "models": "pipelab.models",
+    "metrics": "pipelab.metrics",
     "schedules": "pipelab.schedules",
     "torch_bridge": "pipelab.torch_bridge",
     "views": "pipelab.views",
@@ -51,7 +52,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 # public names that are modules rather than objects inside a module
-_MODULES = frozenset({"models", "planner", "schedules", "torch_bridge", "views", "widgets"})
+_MODULES = frozenset({"metrics", "models", "planner", "schedules", "torch_bridge", "views", "widgets"})
 
 __all__ = sorted(_EXPORTS)
 
@@ -107,7 +108,7 @@ sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from pipelab import models, planner, schedules, torch_bridge, views, widgets  # noqa: F401
+    from pipelab import metrics, models, planner, schedules, torch_bridge, views, widgets  # noqa: F401
     from pipelab.calibrate import calibrate  # noqa: F401
     from pipelab.cluster import Calibration, Cluster  # noqa: F401
     from pipelab.explain import explain  # noqa: F401

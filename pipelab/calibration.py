@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from pipelab._display import Described
+
 #: the action kinds whose layers' compute a calibration may scale (``Calibration.compute_factor``)
 FACTOR_KINDS = ("F", "B")
 
@@ -112,8 +114,8 @@ class HostEffects:
         return cls(**{k: v for k, v in d.items() if k not in _RETIRED})
 
 
-@dataclass(frozen=True)
-class Calibration:
+@dataclass(frozen=True, repr=False)
+class Calibration(Described):
     """What :func:`pipelab.calibrate.calibrate` measured on one machine, and where and how.
 
     Provenance: ``host``, ``backend`` (the process group's, e.g. ``"gloo"``), ``device`` (``"cpu"``

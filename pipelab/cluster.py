@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipelab._display import Described
 from pipelab._io import read_record, write_record
 from pipelab.calibration import Calibration
 from pipelab.transports import (
@@ -208,8 +209,8 @@ HETPIPE_DEVICES: dict[str, Device] = {
 }
 
 
-@dataclass(frozen=True)
-class Cluster:
+@dataclass(frozen=True, repr=False)
+class Cluster(Described):
     """Devices (one per worker) in a hierarchy of levels, innermost first."""
 
     name: str
@@ -379,6 +380,17 @@ class Cluster:
     def presets() -> tuple[str, ...]:
         """Names accepted by :meth:`preset` and :meth:`parse`."""
         return (*_PRESETS, "hetpipe")
+
+    @classmethod
+    def of(cls, cluster: Cluster | str) -> Cluster:
+        """``cluster`` itself, or the cluster a spec string names (:meth:`parse`): what every function
+        taking a cluster accepts."""
+        if isinstance(cluster, Cluster):
+            return cluster
+        if isinstance(cluster, str):
+            return cls.parse(cluster)
+        raise TypeError(f"cluster must be a Cluster or a spec string such as 'flat:2' or 'pipedream-a:4x4', "
+                        f"got {type(cluster).__name__}")
 
     @classmethod
     def parse(cls, spec: str) -> Cluster:

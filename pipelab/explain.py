@@ -36,6 +36,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipelab._display import Described
 from pipelab.metrics import COMPUTE_KINDS
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, dependencies, run
@@ -47,8 +48,8 @@ PARTS = ("fill_drain", "imbalance", "straggler", "transfer", "update")
 _Key = tuple[int, int, str, int]   # (worker, stage, kind, microbatch)
 
 
-@dataclass(frozen=True)
-class BubbleBreakdown:
+@dataclass(frozen=True, repr=False)
+class BubbleBreakdown(Described):
     """Per worker, seconds of busy and idle time and the idle time's parts (:data:`PARTS`)."""
 
     table: pd.DataFrame                      # index worker; busy, idle, one column per part
@@ -65,6 +66,11 @@ class BubbleBreakdown:
         n = len(self.table)
         denom = self.makespan * n if self.makespan > 0 and n else 1.0
         return {p: float(self.table[p].sum()) / denom for p in ("idle", *PARTS)}
+
+    def describe(self) -> str:
+        """The idle time's parts over all workers, and the critical path's length."""
+        return (f"idle time over {len(self.table)} workers and {self.makespan * 1e3:.2f} ms: {self.summary()}"
+                + (f"; critical path {len(self.critical_path)} events" if self.critical_path else ""))
 
     def summary(self) -> str:
         """One line per part, for humans."""

@@ -94,6 +94,25 @@ def bubble_by_worker(busy: dict[int, float], window_s: float) -> dict[int, float
     return {w: 1.0 - b / window_s for w, b in busy.items()}
 
 
+#: rounds of one run whose rates differ by more than this factor say the machine's speed moved under it
+BUSY_SPREAD = 1.25
+
+
+def error_spread(predicted: float, measured: Sequence[float]) -> str:
+    """The relative error ``(predicted - m) / m`` over measurements ``m``: its median, then its range,
+    e.g. ``+3.1% (-2.0% .. +7.4% over 5 rounds)``; when the measurements themselves differ by more than
+    :data:`BUSY_SPREAD`, it says so (the machine was busy: the error is not the simulator's alone)."""
+    if not measured or min(measured) <= 0:
+        raise ValueError("error_spread needs at least one measurement, each > 0")
+    errs = sorted((predicted - m) / m for m in measured)
+    text = f"{statistics.median(errs):+.1%} ({errs[0]:+.1%} .. {errs[-1]:+.1%} over {len(errs)} rounds)"
+    moved = max(measured) / min(measured)
+    if moved > BUSY_SPREAD:
+        text += (f"; the measured rate moved {moved:.2f}x between rounds, so the machine was busy: "
+                 "compare again when it is quieter")
+    return text
+
+
 def span_throughput(events: Iterable[Event], samples: float) -> float:
     """``samples`` per second of the compute actions' span (first start to last end); NaN if empty."""
     s = span(compute_events(events))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pipelab.metrics as metrics
+from pipelab._display import Described
 from pipelab._io import atomic_write_text
 from pipelab.metrics import COMPUTE_KINDS
 
@@ -57,8 +58,8 @@ class Event:
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
-@dataclass(frozen=True)
-class Trace:
+@dataclass(frozen=True, repr=False)
+class Trace(Described):
     """An ordered collection of :class:`Event` plus free-form metadata (method, plan config, ...)."""
 
     events: tuple[Event, ...]
@@ -69,6 +70,14 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.events)
+
+    def describe(self) -> str:
+        """One line: what ran, how many events on how many workers, over how long."""
+        m = self.meta
+        what = ", ".join(f"{k} {m[k]}" for k in ("method", "config", "backend", "microbatches", "minibatches",
+                                                   "batch_size") if k in m)
+        return (f"Trace ({what}): {len(self.events)} events on {len(self.workers)} workers over "
+                f"{self.makespan * 1e3:.2f} ms")
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
@@ -176,6 +185,22 @@ class Trace:
             raise ValueError("this trace does not record its batch size; pass batch_size=")
         start, end, n = self.steady_window(in_flight)
         return n * int(batch) / (end - start)
+
+    def steady_rounds(self, rounds: int = 5, batch_size: int | None = None,
+                      in_flight: int = 1) -> list[float]:
+        """Samples per second of ``rounds`` consecutive parts of :meth:`steady_window`, each the same
+        number of minibatch completions (give or take one): how much one run's rate moves."""
+        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
+        if batch is None:
+            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        start, end, n = self.steady_window(in_flight)
+        if not 1 <= rounds <= n:
+            raise ValueError(f"rounds={rounds} must be in 1..{n}, the minibatches of the steady window")
+        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
+        done = metrics.minibatch_completions(self.compute_events(), M, K)
+        first = done.index(start)             # the window runs from completion ``first`` to ``first + n``
+        cuts = [first + round(j * n / rounds) for j in range(rounds + 1)]
+        return [(b - a) * int(batch) / (done[b] - done[a]) for a, b in zip(cuts, cuts[1:])]
 
     def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write one JSON object per line (first line: metadata), atomically."""

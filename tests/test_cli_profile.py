@@ -73,8 +73,10 @@ def test_profile_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Capt
     assert "is not a pipelab profile file" in err and err.count("\n") == 1
     assert main(["profile", "--pipedream", str(tmp_path / "nope.txt")]) == 2
     assert "no such file" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["profile", "--model", "no_such_model"])
+    assert main(["profile", "--model", "resnet5"]) == 2      # a near miss: named, with the zoo's names
+    err = capsys.readouterr().err
+    assert err.startswith("pipelab profile: error: unknown model 'resnet5'; did you mean 'resnet50'?")
+    assert err.count("\n") == 1
 
 
 def test_installed_script_help() -> None:

@@ -24,7 +24,7 @@ NB_DIR = REPO / "notebooks"
 
 # Small parameters per notebook for the suite (each run should take well under 60 s on 2 cores).
 SMALL: dict[str, dict[str, Any]] = {
-    "01_quickstart": {"backend": "gloo", "steps": 6, "microbatches": 2, "batch_size": 32},
+    "01_quickstart": {"backend": "gloo", "steps": 6, "rounds": 2, "microbatches": 2, "batch_size": 32},
     "02_why_pipelining": {"worker_counts": [1, 4, 16], "bandwidths_gbps": [10, 100], "minibatches": 2},
     "03_partitioning": {"explorer_models": ["vgg16"]},
     "04_schedules": {"microbatches": 4, "microbatch_sweep": [1, 4, 8]},

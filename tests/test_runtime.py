@@ -186,7 +186,7 @@ def test_data_with_wrong_shapes_is_refused_in_the_parent():
 
 
 def test_batch_not_divisible_by_microbatches_is_refused():
-    _check(r"batch size 8 is not divisible by microbatches=3", microbatches=3, method="gpipe")
+    _check(r"a minibatch of 8 samples does not split into microbatches=3", microbatches=3, method="gpipe")
 
 
 def test_nccl_without_gpus_is_refused():

@@ -171,7 +171,7 @@ def test_a_torch_object_imports_and_a_gantt_is_drawn():
     assert sch.actions == from_torch("ZBVZeroBubble", workers=2, microbatches=4).actions
     fig = pl.views.gantt(sch)
     kinds = ("forward", "backward", "weight grad")
-    drawn = sum(len(t.x) for t in fig.data if t.type == "bar" and t.name in kinds)
+    drawn = sum(len(t.x) for t in pl.views.action_traces(fig) if t.type == "bar" and t.name in kinds)
     assert drawn == sum(1 for acts in sch.actions for a in acts if a.kind != "U")
 
 

@@ -18,6 +18,7 @@ from pipelab.profile.records import Profile
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.trace import Event, Trace
 from pipelab.views import (
+    action_traces,
     bubble_fraction,
     compare,
     compare_table,
@@ -120,7 +121,7 @@ def test_deadlock_and_missing_actions_are_reported():
 def test_gantt_boxes_are_actions_and_title_has_bubble():
     sched = gpipe(4, 8, K=2)
     fig = gantt(sched)
-    counts = {t.name: len(t.x) for t in fig.data}
+    counts = {t.name: len(t.x) for t in action_traces(fig)}
     assert counts == {"forward": 64, "backward": 64, "update": 8}
     assert sum(counts.values()) == len(sched)
     f = bars(fig, "forward")
@@ -136,7 +137,7 @@ def test_gantt_boxes_are_actions_and_title_has_bubble():
 
 def test_gantt_kinds_are_distinguishable():
     fig = gantt(gpipe(2, 2))
-    styles = {t.name: (t.marker.pattern.shape, t.opacity, t.marker.line.width) for t in fig.data}
+    styles = {t.name: (t.marker.pattern.shape, t.opacity, t.marker.line.width) for t in action_traces(fig)}
     assert len(set(styles.values())) == len(styles)
 
 
@@ -194,7 +195,7 @@ def test_gantt_of_trace_with_transfers_and_result_objects():
     # a result object: its own bubble fraction wins; a plain list of events works too
     res = SimpleNamespace(trace=trace, bubble_fraction=0.125)
     assert "bubble 12.5%" in gantt(res).layout.title.text
-    assert len(gantt(list(evs)).data) == 3
+    assert len(action_traces(gantt(list(evs)))) == 3
 
 
 def test_gantt_bad_input_is_a_clear_error():
@@ -384,7 +385,7 @@ def test_views_of_a_real_simulation():
     mean_bubble = sum(sim.bubble_fraction) / len(sim.bubble_fraction)
     assert fig.layout.meta["bubble_fraction"] == pytest.approx(mean_bubble)
     assert fig.layout.meta["boxes"] == len(sim.trace.compute_events()) == len(sim.schedule)
-    assert sum(len(t.x) for t in fig.data if t.name != "transfer") == len(sim.schedule)
+    assert sum(len(t.x) for t in action_traces(fig) if t.name != "transfer") == len(sim.schedule)
     mem = memory(sim, limit=1e9)
     assert list(mem.layout.meta["totals"]) == list(sim.peak_memory)
     df = compare_table({"sim": sim, "plan": Plan.even(8, 4).with_predictions(time_per_minibatch=1.0)})

@@ -5,21 +5,24 @@ The real-browser check (JupyterLab + Chromium, a real 2-process job) is tests/br
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import plotly.graph_objects as go
 import pytest
 
 from pipelab import widgets
 from pipelab.trace import Event
-from pipelab.views import gantt, schedule_trace
+from pipelab.views import action_traces, gantt, schedule_trace
 from pipelab.widgets import LiveGantt, PlanExplorer, ScheduleExplorer, live_frontend, static_html, sync_figure
 
 
 def nbars(fig: go.Figure) -> int:
-    return sum(len(t.x) for t in fig.data if t.type == "bar")
+    return sum(len(t.x) for t in action_traces(fig) if t.type == "bar")
 
 
 class FakeRun:
@@ -105,11 +108,15 @@ class FakeClock:
         return self.cpu
 
 
-@pytest.mark.parametrize(("share", "gap", "redraws"), [(1 / 32, 4.0, 4), (1 / 4, 0.5, 30), (1.0, 0.25, 60)])
-def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, gap, redraws):
+@pytest.mark.parametrize(("share", "interval", "gap", "redraws"),
+                         [(1 / 32, 8.0, 4.0, 4), (1 / 4, 8.0, 0.5, 30), (1.0, 8.0, 0.25, 60),
+                          (1 / 32, 1.0, 1.0, 15), (1 / 32, 0.25, 0.375, 40)])
+def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, interval, gap, redraws):
     # 240 events 1/16 s apart (15 s of run), each redraw costing 1/8 CPU second, hz=4: after a redraw at
-    # t the next comes at the first event at or after t + max(1/hz, cost / share) (binary fractions, so
-    # the times are exact); share 1 is the rule before the budget (hz alone: every 0.25 s)
+    # t the next comes at the first event at or after t + max(1/hz, min(cost / share, max(interval,
+    # 3 cost))) (binary fractions, so the times are exact); share 1 is hz alone (every 0.25 s); the time
+    # budget ``interval`` caps the wait (a run of a few seconds still shows progress), but a redraw
+    # always waits 3 times its cost
     clock = FakeClock()
     monkeypatch.setattr(widgets, "time", clock)
     evs = [Event(0, 0, "F", m, m / 16, m / 16 + 0.05) for m in range(240)]
@@ -121,7 +128,7 @@ def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, g
                 yield e
                 clock.wall += 1 / 16
 
-    g = LiveGantt(Stream(), hz=4, live=True, cpu_share=share, start=False)
+    g = LiveGantt(Stream(), hz=4, live=True, cpu_share=share, interval=interval, start=False)
     calls: list[float] = []
 
     def refresh() -> None:
@@ -134,7 +141,9 @@ def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, g
     assert {b - a for a, b in zip(during, during[1:])} == {gap}
     assert len(during) == redraws and during[0] == 0.0
     assert g.redraw_cpu_s == len(during) / 8
-    assert g.redraw_cpu_s <= share * (clock.wall + gap)   # the budget holds (a redraw pays for its gap)
+    # the budget holds (a redraw pays for its gap): its CPU share, or a third where the interval is shorter
+    assert g.redraw_cpu_s <= max(share, 1 / 3) * (clock.wall + gap) if interval < 8 else \
+        g.redraw_cpu_s <= share * (clock.wall + gap)
     with pytest.raises(ValueError, match="cpu_share=0"):
         LiveGantt(Stream(), cpu_share=0)
 
@@ -213,13 +222,45 @@ def test_sync_figure_updates_in_place_or_rebuilds():
     evs = one_f_one_b_events(2, 2)
     target = go.FigureWidget()
     sync_figure(target, gantt(evs[:3]))
-    assert [t.name for t in target.data] == ["forward"]
+    assert [t.name for t in action_traces(target)] == ["forward"]
     sync_figure(target, gantt(evs))
     assert nbars(target) == len(evs) and target.layout.title.text == gantt(evs).layout.title.text
     first = target.data[0]
     sync_figure(target, gantt(evs[:-1]))
     assert target.data[0] is first                   # same traces: updated in place, not re-created
     assert nbars(target) == len(evs) - 1
+
+
+def _finite(obj) -> bool:
+    """No NaN or infinity anywhere in ``obj`` (what a widget's JSON may hold)."""
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_finite(v) for v in obj)
+    if isinstance(obj, np.ndarray):
+        return obj.dtype.kind not in "fc" or bool(np.isfinite(obj).all()) if obj.dtype != object else all(
+            _finite(v) for v in obj.ravel())
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    return True
+
+
+def test_no_nan_goes_through_a_widget():
+    evs = one_f_one_b_events(2, 4)
+    fig = gantt(evs, render="raster")                # the raster's empty cells are NaN in the figure
+    assert not _finite([t.to_plotly_json() for t in fig.data])
+    target = go.FigureWidget()
+    sync_figure(target, fig)
+    assert _finite([t.to_plotly_json() for t in target.data])
+    sync_figure(target, gantt(evs[:-2], render="raster"))   # in place, the same
+    data = [t.to_plotly_json() for t in target.data]
+    assert _finite(data)
+    json.dumps(data, allow_nan=False, cls=_NumpyJSON)
+
+
+class _NumpyJSON(json.JSONEncoder):
+    def default(self, o):
+        return o.tolist() if isinstance(o, np.ndarray) else super().default(o)
 
 
 def test_events_are_events():

@@ -27,12 +27,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pipelab`` script."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
-        p = argparse.ArgumentParser(prog="pipelab", description="pipeline-parallel training lab")
+        p = argparse.ArgumentParser(prog="pipelab", description=(
+            "Pipeline-parallel training lab: profile a model, plan its stages, simulate and train them. "
+            "Your own model is package.module:function; run pipelab COMMAND --help for each."))
         sub = p.add_subparsers(dest="command", metavar="COMMAND")
         for name, (_, help_) in COMMANDS.items():
             sub.add_parser(name, help=help_, add_help=False)
         if args and args[0] not in ("-h", "--help"):
-            p.error(f"unknown command {args[0]!r}; choose one of {', '.join(COMMANDS)}")
+            from pipelab.cli._common import suggest
+
+            p.error(f"unknown command {args[0]!r}{suggest(args[0], COMMANDS)} (the commands: "
+                    f"{', '.join(COMMANDS)})")
         p.print_help()
         return 0 if args else 2
     module = importlib.import_module(COMMANDS[args[0]][0])

@@ -5,8 +5,9 @@ chunks, recomputation and compression, prints the ranked candidates, the default
 uniform split) and the Pareto front, and with ``-o`` writes the pick's plan (``--table`` the whole
 table as CSV).
 
-PROFILE is a pipelab profile JSON (``Profile.save``), a PipeDream ``graph.txt``, or the name of a
-shipped PipeDream profile (``vgg16``, ``resnet50``, ``gnmt8``, ``gnmt16``, ...).
+PROFILE is a pipelab profile JSON (``Profile.save``), a PipeDream ``graph.txt``, the name of a
+shipped PipeDream profile (``vgg16``, ``resnet50``, ``gnmt8``, ``gnmt16``, ...), or your own model as
+``package.module:function`` with ``--input-shape`` (profiled first).
 """
 
 from __future__ import annotations
@@ -17,25 +18,33 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipelab._io import atomic_write_text
+from pipelab.cli._common import (
+    Parser,
+    add_model_input,
+    cluster_help,
+    fail,
+    load_profile,
+    parse_cluster,
+    print_cluster_list,
+    wants_cluster_list,
+)
 from pipelab.cluster import Cluster
 from pipelab.partition import METHODS, partition
 from pipelab.planner import plan as auto_plan
 from pipelab.profile.records import Profile
 
-
-def _load_profile(arg: str) -> Profile:
-    """The profile at ``arg`` (a saved profile, or a PipeDream graph.txt)."""
-    return Profile.open(arg)
+PROG = "pipelab plan"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, partition, print the plan; write it with ``-o``. Returns the exit code."""
-    ap = argparse.ArgumentParser(prog="pipelab plan", description=__doc__.splitlines()[0])
-    ap.add_argument("profile", help="profile JSON, PipeDream graph.txt, or shipped name (vgg16, gnmt8, ...)")
-    ap.add_argument(
-        "--cluster", required=True, help="cluster spec, e.g. pipedream-a:4x4, pipedream-b:2x8, flat:8"
-    )
-    ap.add_argument("--method", default="pipedream", choices=METHODS)
+def _parser() -> argparse.ArgumentParser:
+    ap = Parser(prog=PROG, description=(
+        "Partition a profile into pipeline stages for a cluster (--method), or search every method, "
+        "partition, microbatch count and option with the planner (--auto)."))
+    ap.add_argument("profile", help="profile JSON, PipeDream graph.txt, shipped name (vgg16, gnmt8, ...) or "
+                                    "package.module:function with --input-shape")
+    ap.add_argument("--cluster", required=True, help=cluster_help())
+    ap.add_argument("--method", default="pipedream", type=str.lower, choices=METHODS,
+                    help="partitioner (default pipedream)")
     ap.add_argument("--straight", action="store_true", help="pipedream: no replication")
     ap.add_argument("--memory-limit-gb", type=float, default=None, help="per-worker memory limit in GiB")
     ap.add_argument("--compression-ratio", type=float, default=1.0, help="activation compression (2 = fp16)")
@@ -43,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--allreduce-overlap", default="ddp", choices=("ddp", "none"),
                     help="replicated stages' all-reduce: overlapped with backward (ddp) or after it "
                          "(none, as pipelab's runtime does)")
-    ap.add_argument("--microbatches", type=int, default=None, help="gpipe: microbatches per minibatch")
+    ap.add_argument("--microbatches", type=int, default=None,
+                    help="gpipe: microbatches per minibatch (default: one per stage)")
     ap.add_argument("--batch-size", type=int, default=None, help="override the profile's minibatch size")
     ap.add_argument("--auto", action="store_true",
                     help="search methods x partitions x microbatches x options with the planner")
@@ -57,13 +67,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--table", default=None, help="--auto: write the whole ranked table as CSV here")
     ap.add_argument("--no-progress", action="store_true", help="--auto: no progress bar")
     ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
-    args = ap.parse_args(list(argv) if argv is not None else None)
+    add_model_input(ap)
+    return ap
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, partition, print the plan; write it with ``-o``. Returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_cluster_list(argv):
+        return print_cluster_list()
+    args = _parser().parse_args(argv)
     try:
-        prof = _load_profile(args.profile)
+        prof = load_profile(args.profile, args)
         if args.batch_size is not None:
             prof = prof.scaled(batch_size=args.batch_size)
-        cluster = Cluster.parse(args.cluster)
+        cluster = parse_cluster(args.cluster)
         if args.auto:
             return _auto(args, prof, cluster)
         opts: dict[str, Any] = {}
@@ -71,17 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             opts["memory_limit"] = args.memory_limit_gb * 2**30
         if args.straight:
             if args.method != "pipedream":
-                ap.error("--straight applies to --method pipedream")
+                raise ValueError("--straight applies to --method pipedream")
             opts["straight"] = True
         if args.microbatches is not None:
             if args.method != "gpipe":
-                ap.error("--microbatches applies to --method gpipe")
+                raise ValueError("--microbatches applies to --method gpipe (the other partitioners predict "
+                                 "whole minibatches; pipelab simulate --microbatches times any M)")
             opts["microbatches"] = args.microbatches
         plan = partition(prof, cluster, args.method, compression=args.compression_ratio,
                          optimizer=args.optimizer, allreduce_overlap=args.allreduce_overlap, **opts)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"pipelab plan: error: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        return fail(PROG, exc)
     print(plan.describe())
     if args.output:
         print(f"wrote {plan.save(args.output)}")
@@ -103,14 +121,17 @@ def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster) -> int:
     try:
         best = table.best
     except ValueError as exc:
-        print(f"pipelab plan: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, exc)
     peak = float(best["peak_memory"]) / 2**30
+    M = int(best["microbatches"])
     print(f"\npick: {best['method']} on {best['partitioner']} {best['config']} ({best['stages']} stages), "
-          f"M={best['microbatches']}: {best['throughput']:.1f} samples/s, peak {peak:.2f} GiB")
+          f"M={M} microbatches of {prof.batch_size // M}: {best['throughput']:.1f} samples/s "
+          f"(simulated, {'flush included' if best['synchronous'] else 'steady state, no flush'}), "
+          f"peak {peak:.2f} GiB")
     if table.default_row is not None:
         d = table.default
-        print(f"default (1f1b-flush, uniform split, M=P): {d['throughput']:.1f} samples/s "
+        print(f"default (1f1b-flush, uniform split, M={int(d['microbatches'])}, flush included): "
+              f"{d['throughput']:.1f} samples/s "
               f"(pick {best['throughput'] / d['throughput']:.2f}x; the simulator's error above the table)"
               if d["status"] == "simulated" else
               f"default (1f1b-flush, uniform split): {d['status']}")

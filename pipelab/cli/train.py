@@ -6,31 +6,50 @@ on this machine (``--backend local`` runs the reference executor instead). Under
 as the torchrun program) each process is one worker, rendezvous is ``env://`` and rank 0 writes the
 outputs. Outputs go to the job's ``out`` folder: ``trace.jsonl``, ``state_dict.pt``, ``losses.json``.
 A job file is data unless ``--trust`` (see :func:`pipelab.runtime.job.load_job_file`).
+The job's ``module:function`` callables import with the job file's folder and the current directory
+on the import path (the job format: ``docs/job_format.md``).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipelab.cli._common import Parser, fail
+
+PROG = "pipelab train"
+
+
+def _import_path(job: Path) -> None:
+    """Put the job file's folder and the current directory first on the import path (kept, so that
+    the worker processes started next import the job's modules too)."""
+    for folder in (Path.cwd(), job.resolve().parent):
+        path = str(folder)
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``pipelab train JOB.json [--backend gloo|local] [--out DIR]``."""
-    p = argparse.ArgumentParser(prog="pipelab train", description=__doc__.splitlines()[0])
-    p.add_argument("job", help="job.json (callables as 'module:function', plan, method, steps, ...)")
+    """``pipelab train JOB.json [--backend gloo|local] [--out DIR] [--chrome FILE]``."""
+    p = Parser(prog=PROG, description=(
+        "Train a job described by a JSON file (model, data, loss and optimizer as package.module:function, "
+        "plan, method, steps, ...) on this machine's processes, or as one worker under torchrun."))
+    p.add_argument("job", help="job.json (its keys: docs/job_format.md; examples/job.json is one)")
     p.add_argument("--backend", choices=("gloo", "nccl", "local"), help="override the job's backend")
     p.add_argument("--out", help="output folder (default: the job's 'out', or JOB.out beside it)")
+    p.add_argument("--chrome", metavar="FILE", help="also write the measured trace for Perfetto / chrome://tracing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--trust", action="store_true",
                    help="run a job file that names functions outside its folder and the current project, or "
                         "writes outside its folder (a job file is data unless trusted)")
     a = p.parse_args(list(argv) if argv is not None else None)
-    if not Path(a.job).is_file():
-        print(f"pipelab train: error: no job file {a.job} (pass the path of a job.json)", file=sys.stderr)
-        return 2
+    job = Path(a.job)
+    if not job.is_file():
+        return fail(PROG, f"no job file {a.job} (pass the path of a job.json; examples/job.json is one)")
+    _import_path(job)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from pipelab.runtime.torchrun import run_torchrun_worker  # torch-heavy: see below
 
@@ -47,12 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(a.out) if a.out else extra["out"]
         result = train(progress=not a.no_progress, **args)
     except (ValueError, TypeError, OSError) as exc:    # bad input: one line, no traceback
-        print(f"pipelab train: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, exc)
     except WorkerError as exc:                         # the job failed: the worker's own report
-        print(f"pipelab train: error: {exc}", file=sys.stderr)
-        return 1
+        return fail(PROG, exc, code=1)
     save_outputs(out, result)
-    print(f"wrote {out}: final loss {result.losses[-1]:.4f}, {result.throughput:.1f} samples/s")
+    print(result.describe())
+    print(f"wrote {out} (trace.jsonl, state_dict.pt, losses.json)")
+    if a.chrome:
+        print(f"wrote {result.trace.to_chrome_trace(a.chrome)} (open in https://ui.perfetto.dev)")
     return 0
-

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipelab.costs.devices import check_device, cluster_of
+
 if TYPE_CHECKING:
     from pipelab.cluster import Cluster
     from pipelab.profile.records import Profile
@@ -108,6 +110,8 @@ class Prices:
         if hs is not None and not (isinstance(hs, (int, float)) and math.isfinite(hs) and hs > 0):
             raise ValueError(f"host_staging_bandwidth={hs!r} must be None (no staging) or a finite number of "
                              "bytes/s > 0 (a device-to-host copy's speed, e.g. 12e9 over PCIe 3 x16)")
+        object.__setattr__(self, "cluster", cluster_of(self.cluster))
+        check_device(self.profile, self.cluster)
         layers = self.profile.layers
         f = np.array([layer.fwd_s for layer in layers], dtype=np.float64)
         b = np.array([layer.bwd_s for layer in layers], dtype=np.float64)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipelab.batching import check_divides, default_microbatches
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.partition.predict import build_plan, check_memory
@@ -84,9 +85,9 @@ def partition_gpipe(cm: CostModel, *, stages: int | None = None, microbatches: i
     S = min(W, n) if stages is None else stages
     if not (1 <= S <= W):
         raise ValueError(f"stages={S} must be in 1..{W} (the cluster's workers)")
-    M = 4 * S if microbatches is None else microbatches
-    if M < 1:
-        raise ValueError(f"microbatches={M} must be >= 1")
+    M = default_microbatches(S) if microbatches is None else microbatches
+    if cm.profile.source != "synthetic":   # a synthetic profile's times split into any M
+        check_divides(cm.profile.batch_size, M)
     prof = cm.profile
     if by == "time":
         sizes = balance_by_time(S, [layer.fwd_s + layer.bwd_s for layer in prof.layers])

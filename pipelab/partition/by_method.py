@@ -50,9 +50,7 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     if not isinstance(profile, Profile):
         raise TypeError(f"partition() needs a pipelab Profile, got {type(profile).__name__}; "
                         f"load one with Profile.load / Profile.from_pipedream or pl.profile(model, x)")
-    cl = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
-    if not isinstance(cl, Cluster):
-        raise TypeError(f"cluster must be a Cluster or a preset spec string, got {type(cluster).__name__}")
+    cl = Cluster.of(cluster)
     ratio = compression_ratio_of(compression)
     cm = CostModel(profile, cl, compression_ratio=ratio, optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth)

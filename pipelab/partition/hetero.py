@@ -50,8 +50,9 @@ REFINE_CANDIDATES = 4     # best DP candidates whose boundaries are refined on t
 Signature = tuple[tuple[Device, ...], tuple[int, ...]]
 
 
-def virtual_workers(cluster: Cluster, policy: str = "ED") -> list[list[int]]:
+def virtual_workers(cluster: Cluster | str, policy: str = "ED") -> list[list[int]]:
     """Group the cluster's workers into virtual workers by HetPipe's ``policy`` ("ED", "NP", "HD")."""
+    cluster = Cluster.of(cluster)
     pol = policy.upper()
     if pol not in POLICIES:
         raise ValueError(f"unknown virtual-worker policy {policy!r}; choose one of {', '.join(POLICIES)}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pipelab.metrics as metrics
+from pipelab._display import Described
 from pipelab._io import read_record, write_record
 
 SCHEMA_VERSION = 1
@@ -64,8 +65,8 @@ def config_string(replicas: Sequence[int]) -> str:
     return "-".join(str(r) for r in replicas)
 
 
-@dataclass(frozen=True)
-class Plan:
+@dataclass(frozen=True, repr=False)
+class Plan(Described):
     """A partition of a profile's layers into stages, with the partitioner's predictions."""
 
     stages: tuple[Stage, ...]
@@ -253,20 +254,31 @@ class Plan:
         d.pop("schema", None)
         return cls.from_dict(d)
 
+    @property
+    def assumes(self) -> str:
+        """What ``time_per_minibatch`` assumes: microbatches, samples per replica, flush or not."""
+        B, M = self.batch_size, int(self.notes.get("microbatches", 1) or 1)
+        if self.notes.get("schedule") == "flush":
+            return (f"M={M} microbatches of {B // M if B % M == 0 else B / M:g} samples, fill and drain "
+                    f"(the flush) included")
+        reps = max(self.replicas)
+        who = f"each of {reps} replicas takes" if reps > 1 else "each stage takes"
+        return f"steady state without a flush; {who} whole minibatches of {B} samples, M=1"
+
     def describe(self) -> str:
         """A few lines for humans: config, stages with layer ranges and ranks, predictions."""
-        lines = [
-            f"Plan {self.config!r} ({self.method}) for {self.model or 'model'} on "
-            f"{self.cluster or 'cluster'}: "
-            f"{self.num_stages} stages, {self.num_workers} workers"
-        ]
+        shape = (f"one stage on {self.num_workers} replicas" if self.num_stages == 1 else
+                 f"{self.config}, {self.num_stages} stages on {self.num_workers} workers")
+        lines = [f"Plan {shape} ({self.method}) for {self.model or 'model'} on {self.cluster or 'a cluster'}"]
         for s in self.stages:
             lines.append(
                 f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas} on ranks {list(s.ranks)}"
-                + (f", {s.time_s * 1e3:.2f} ms/minibatch" if s.time_s else "")
+                + (f", {s.time_s * 1e3:.2f} ms per minibatch on one replica" if s.time_s else "")
             )
         if not math.isnan(self.time_per_minibatch):
-            lines.append(f"  predicted {self.time_per_minibatch * 1e3:.2f} ms/minibatch"
+            t_ms = self.time_per_minibatch * 1e3
+            lines.append(f"  predicted {t_ms:.2f} ms per minibatch of {self.batch_size}"
                          + (f", {self.speedup_over_dp:.2f}x over data parallel"
                             if not math.isnan(self.speedup_over_dp) else ""))
+            lines.append(f"    (assumes {self.assumes})")
         return "\n".join(lines)

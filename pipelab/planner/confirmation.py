@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from pipelab._display import Described
+
 if TYPE_CHECKING:
     import torch
 
@@ -30,8 +32,8 @@ COLUMNS = ("row", "method", "partitioner", "config", "microbatches", "chunks", "
            "chosen", "status")
 
 
-@dataclass(frozen=True)
-class Confirmed:
+@dataclass(frozen=True, repr=False)
+class Confirmed(Described):
     """What :func:`confirm` measured: ``table`` (one row per candidate run, see :data:`COLUMNS`;
     ``predicted`` and ``measured`` in samples/s over the same steady-state window, ``vs_default`` the
     median over the rounds of the candidate's ratio to the default's run of the same round, ``wins``

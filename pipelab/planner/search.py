@@ -20,6 +20,8 @@ from typing import Any
 import pandas as pd
 
 import pipelab.methods as registry
+from pipelab._display import html_pre, short
+from pipelab.batching import default_microbatches, divisors
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition import partition
@@ -79,7 +81,7 @@ class Candidate:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PlanTable:
     """The planner's answer: ``table`` (ranked DataFrame, see :data:`COLUMNS`) and what made each row."""
 
@@ -151,6 +153,13 @@ class PlanTable:
         return train(model_fn, plan, method=c.method, data=data, loss_fn=loss_fn, optimizer=optimizer,
                      steps=steps, microbatches=c.microbatches, **{**c.options(), **options})
 
+    def __repr__(self) -> str:
+        return short(f"PlanTable: {len(self.table)} candidates on {self.cluster.name}; the top 5:\n"
+                     + self.describe(5))
+
+    def _repr_html_(self) -> str:
+        return html_pre(f"PlanTable: {len(self.table)} candidates on {self.cluster.name}\n" + self.describe())
+
     def describe(self, top: int = 10) -> str:
         """The top rows as text."""
         cols = ["rank", "method", "partitioner", "config", "microbatches", "chunks", "recompute",
@@ -169,6 +178,9 @@ class PlanTable:
         shown = ", ".join(f"{k} {_shown(v)}" for k, v in m.items()) if isinstance(m, Mapping) else _shown(m)
         head_line = (f"simulator error (margin): {shown} ({self.margin_source})\n"
                      if self.margin_source != NO_MARGIN else f"simulator error (margin): {NO_MARGIN}\n")
+        head_line += (f"throughput: simulated samples/s, minibatches of {self.profile.batch_size} split "
+                      "into M microbatches (dp: one per replica); synchronous methods with their flush, "
+                      "asynchronous ones in steady state\n")
         return head_line + t.to_string()
 
 
@@ -256,10 +268,12 @@ def _plans(profile: Profile, cluster: Cluster, cm: CostModel, need: set[str], op
 
 
 def _microbatch_counts(stages: int, batch: int, options: Sequence[int] | None) -> list[int]:
-    """``options`` (or P, 2P, 4P), each at most the minibatch's samples."""
-    cands = list(options) if options is not None else [stages * k for k in (1, 2, 4)]
-    out = sorted({m for m in cands if 1 <= m <= batch})
-    return out or [min(max(stages, 1), batch)]
+    """``options`` (or P, 2P, 4P), those that divide the minibatch's samples (:mod:`pipelab.batching`)."""
+    cands = list(options) if options is not None else [default_microbatches(stages) * k for k in (1, 2, 4)]
+    out = sorted({m for m in cands if 1 <= m <= batch and batch % m == 0})
+    if out or batch < 1:
+        return out or [1]
+    return [max(d for d in divisors(batch) if d <= max(stages, 1))]
 
 
 def _candidates(profile: Profile, cluster: Cluster, cm: CostModel, names: Sequence[str], *,
@@ -532,7 +546,8 @@ class _Simulation:
         cols = dict(throughput=res.throughput, time_per_minibatch_s=tpm, peak_memory=max(peak), fits=fits,
                     bubble_fraction=sum(res.bubble_fraction) / len(res.bubble_fraction),
                     versions=versions, delay=delay, status="simulated",
-                    staleness_risk=(f"weights up to {delay} updates stale, {versions} versions held"
+                    staleness_risk=(f"weights up to {delay} updates stale, {versions} "
+                                    f"version{'s' if versions != 1 else ''} held"
                                     if delay > 0 else ""))
         return cols, ((tpm, max(peak)) if fits else None)
 

@@ -36,6 +36,7 @@ import torch.fx as fx
 from torch import nn
 
 from pipelab.graph import LAYER_OPS, layer_members, live_across_cuts, tensor_bytes, trace
+from pipelab.profile.checks import warn_dominant_layer
 from pipelab.profile.hooks import SavedBytes as _SavedBytes
 from pipelab.profile.hooks import Timer as _Timer
 from pipelab.profile.hooks import detach as _detach
@@ -167,9 +168,11 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
                    + ", ".join(f"x{f:.3f}" for f, _ in run.scales)
                    + ", backward " + ", ".join(f"x{b:.3f}" for _, b in run.scales)
                    + (f" (batch {batch}, {small})" if len(run.scales) > 1 else ""))
-    return Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
+    prof = Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
                    source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved)
+    warn_dominant_layer(prof, gm)
+    return prof
 
 
 def _check_counts(warmup: int, repeats: int, *, has_target: bool, has_loss: bool) -> None:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
+from pipelab._display import html_pre
 from pipelab._io import read_record, write_record
 from pipelab.profile.pipedream_graph import read_fields
 
@@ -396,6 +397,9 @@ class Profile:
         if p.suffix == ".json":
             return cls.load(p)
         return cls.from_pipedream(spec)
+
+    def _repr_html_(self) -> str:
+        return html_pre(repr(self)) + self.summary().to_html(float_format=lambda v: f"{v:.3f}")
 
     def __repr__(self) -> str:
         return (f"Profile(model={self.model!r}, layers={len(self)}, batch={self.batch_size}, "

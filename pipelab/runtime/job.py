@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import pipelab.methods as methods
+from pipelab.batching import check_divides
 from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint import check_compatible, choose_resume
@@ -211,9 +212,7 @@ def as_inputs(x: Any) -> tuple[torch.Tensor, ...]:
 def split_microbatches(x: Any, microbatches: int) -> list[Any]:
     """Split a tensor (or a tuple/list of tensors) along dim 0 into ``microbatches`` equal parts."""
     if isinstance(x, torch.Tensor):
-        if x.shape[0] % microbatches:
-            raise ValueError(f"a minibatch of {x.shape[0]} samples does not split into {microbatches} "
-                             "microbatches; make the batch size a multiple of microbatches")
+        check_divides(int(x.shape[0]), microbatches)
         return list(x.split(x.shape[0] // microbatches))
     if isinstance(x, (tuple, list)):
         parts = [split_microbatches(v, microbatches) for v in x]
@@ -261,7 +260,7 @@ def _check_picklable(name: str, fn: Any) -> None:
 def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None,
             data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
             optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-            microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
+            microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
             schedule: Schedule | None = None, port: int | None = None, master_addr: str = "127.0.0.1",
             trace_kwargs: dict[str, Any] | None = None, check_rendezvous: bool = True,
             **method_options: Any) -> Job:
@@ -306,14 +305,15 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
 
 
 def check_arguments(model_fn: Any, plan: Any, data: Any, loss_fn: Any, optimizer: Any, *, steps: int,
-                    microbatches: int, backend: str, timeout: float) -> None:
+                    microbatches: int | None, backend: str, timeout: float) -> None:
     """Raise a clear error for arguments of the wrong form (before anything is built)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
     if steps < 1:
         raise ValueError(f"steps={steps}; train for at least one minibatch")
-    if microbatches < 1:
-        raise ValueError(f"microbatches={microbatches} must be >= 1")
+    if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
+                                     or microbatches < 1):
+        raise ValueError(f"microbatches={microbatches!r} must be an int >= 1 (or None: one per stage)")
     if timeout <= 0:
         raise ValueError(f"timeout={timeout} must be > 0 seconds")
     if not isinstance(plan, Plan):
@@ -333,7 +333,7 @@ def check_arguments(model_fn: Any, plan: Any, data: Any, loss_fn: Any, optimizer
 
 
 def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, *, steps: int,
-                     microbatches: int, method_options: dict[str, Any],
+                     microbatches: int | None, method_options: dict[str, Any],
                      runtime: RuntimeOptions) -> tuple[Schedule, int, int]:
     """The schedule to execute, the minibatches it covers and the step it starts from.
 
@@ -426,11 +426,7 @@ def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[A
     batch = int(xs[0].shape[0]) if xs[0].dim() else 0
     if batch < 1 or any(x.dim() == 0 or x.shape[0] != batch for x in xs):
         raise ValueError(f"the inputs' first dimension must be the batch; got shapes {_shapes(xs)}")
-    if batch % microbatches:
-        raise ValueError(
-            f"batch size {batch} is not divisible by microbatches={microbatches}; make the batch a "
-            "multiple of the microbatch count"
-        )
+    check_divides(batch, microbatches)
     mb_x = tuple(split_microbatches(x, microbatches)[0] for x in xs)
     mb_y = split_microbatches(targets, microbatches)[0]
     fails = (f"the model or loss_fn fails on the first microbatch of data() (inputs {_shapes(mb_x)}, "
@@ -513,7 +509,7 @@ def load_job_file(path: str | os.PathLike[str], *,
         "plan": plan,
         "method": doc["method"],
         "steps": int(doc["steps"]),
-        "microbatches": int(doc.get("microbatches", 1)),
+        "microbatches": int(doc["microbatches"]) if doc.get("microbatches") is not None else None,
         "seed": int(doc.get("seed", 0)),
         "backend": doc.get("backend", "gloo"),
         "timeout": float(doc.get("timeout", 300.0)),

@@ -31,6 +31,7 @@ import torch
 
 import pipelab.methods as methods
 import pipelab.metrics as metrics
+from pipelab._display import Described
 from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint import FolderLock, global_weights
@@ -56,8 +57,8 @@ class WorkerError(RuntimeError):
         self.rank, self.stage, self.action, self.worker_traceback = rank, stage, action, worker_traceback
 
 
-@dataclass
-class RunResult:
+@dataclass(repr=False)
+class RunResult(Described):
     """What a finished run returns."""
 
     trace: Trace
@@ -81,6 +82,33 @@ class RunResult:
     memory_breakdown: dict[int, dict[str, int]] = field(default_factory=dict)
     memory_timeline: dict[int, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
     _state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def steady_throughput(self) -> float:
+        """Samples/s between minibatch completions, the first and last left out (``Trace.steady_window``)."""
+        try:
+            return self.trace.steady_throughput()
+        except (ValueError, ZeroDivisionError):
+            return self.throughput
+
+    @property
+    def startup_s(self) -> float:
+        """Seconds of the run's wall time outside its actions: process start, rendezvous, the first calls."""
+        return max(0.0, self.wall_s - self.trace.makespan)
+
+    def describe(self) -> str:
+        """What ran, the steady-state rate with the start-up apart, and the loss."""
+        m = self.trace.meta
+        K, M, B = len(self.losses), int(m.get("microbatches", 1)), m.get("batch_size", "?")
+        lines = [f"trained {self.schedule.method} on plan {m.get('config', '?')} ({m.get('backend', '?')}): "
+                 f"{K} minibatches of {B} samples, M={M} microbatches",
+                 f"  steady state {self.steady_throughput:,.0f} samples/s (between minibatch completions, "
+                 f"the first and last left out); first action to last {self.throughput:,.0f} samples/s",
+                 f"  wall {self.wall_s:.1f} s, of which start-up {self.startup_s:.1f} s (processes, "
+                 f"rendezvous) and {self.trace.makespan:.2f} s training"]
+        if self.losses:
+            lines.append(f"  loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}")
+        return "\n".join(lines)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's final weights, keys as in ``model_fn().state_dict()`` (copies)."""
@@ -535,7 +563,7 @@ def _progress_bar(total: int, enabled: bool) -> Any:
 def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
            data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
            optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-           microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
+           microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
            trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
            port: int | None = None, stream: bool = True, **method_options: Any) -> Run:
     """Start a training job and return its :class:`Run` handle at once (see :func:`train`).
@@ -554,7 +582,7 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
 def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
           data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
           optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-          microbatches: int = 1, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
+          microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
           trace_path: str | Path | None = None, progress: bool = True, schedule: Schedule | None = None,
           port: int | None = None, stream: bool = True, **method_options: Any) -> RunResult:
     """Train ``model_fn()`` split by ``plan`` with ``method`` for ``steps`` minibatches; block until done.
@@ -562,8 +590,9 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
     ``data()`` yields ``(inputs, targets)`` minibatches (deterministically: every worker iterates
     it); ``loss_fn(outputs, targets)`` returns the mean loss; ``optimizer(params)`` builds the
     optimizer of one stage (e.g. ``functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)``).
-    Each minibatch is split into ``microbatches``. ``backend`` is ``"gloo"`` (CPU processes),
-    ``"nccl"`` (one GPU per worker) or ``"local"`` (the single-process reference executor).
+    Each minibatch is split into ``microbatches`` (default: one per stage, :mod:`pipelab.batching`).
+    ``backend`` is ``"gloo"`` (CPU processes), ``"nccl"`` (one GPU per worker) or ``"local"`` (the
+    single-process reference executor).
     The schedule is ``pl.schedules.build(method, plan, microbatches=..., minibatches=steps,
     **method_options)`` unless ``schedule`` is given. ``stream=False`` makes each worker process keep
     its events and send them once, when it ends (no live view, no progress until then; the trace is the

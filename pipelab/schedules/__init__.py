@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pipelab.methods as _methods
+from pipelab.batching import default_microbatches
 from pipelab.methods import MethodError
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
@@ -160,7 +161,8 @@ def _microbatches(spec: _methods.Method, p: Plan, microbatches: int | None, opti
                                 f"minibatches=K instead of microbatches={microbatches}")
         return 1
     if microbatches is None:
-        M = p.num_workers if spec.order == "dp" else p.num_stages // int(options.get("chunks", 1))
+        M = default_microbatches(p.num_stages // int(options.get("chunks", 1)), replicas=max(p.replicas),
+                                 workers=p.num_workers, data_parallel=spec.order == "dp")
         if spec.order == "coalesced":
             M = max(M, in_flight(p.replicas, 0, per_replica=False))
     else:

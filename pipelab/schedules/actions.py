@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pipelab.metrics as metrics
+from pipelab._display import Described
 from pipelab._io import atomic_write_text
 
 KINDS = ("F", "B", "W", "U")
@@ -58,8 +59,8 @@ class Action:
         return cls(int(m.group(1)), m.group(2), int(m.group(3)))
 
 
-@dataclass(frozen=True)
-class Schedule:
+@dataclass(frozen=True, repr=False)
+class Schedule(Described):
     """Per-worker ordered action lists and the facts needed to execute, time and draw them.
 
     ``stage_ranks[s]`` lists the workers hosting stage ``s``'s replicas, in replica order.
@@ -88,6 +89,13 @@ class Schedule:
                 raise ValueError("versions must parallel actions: one entry per action of every worker")
         if len(self.stage_ranks) != self.num_stages:
             raise ValueError(f"stage_ranks has {len(self.stage_ranks)} entries for {self.num_stages} stages")
+
+    def describe(self) -> str:
+        """A header line and the first steps of the per-worker grid."""
+        opts = "".join(f", {k}={v}" for k, v in self.options.items() if k != "segments")
+        head = (f"Schedule {self.method}: {self.num_stages} stages on {self.num_workers} workers, "
+                f"M={self.microbatches} microbatches x K={self.minibatches} minibatches{opts}")
+        return head + "\n" + self.grid(max_steps=16)
 
     @property
     def num_workers(self) -> int:

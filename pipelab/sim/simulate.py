@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import pipelab.methods as methods
 import pipelab.metrics as metrics
+from pipelab._display import Described
+from pipelab.batching import check_divides
+from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
@@ -57,13 +60,12 @@ def _order(method: str) -> str | None:
 
 
 if TYPE_CHECKING:
-    from pipelab.cluster import Cluster
     from pipelab.profile.records import Profile
 
 
 
-@dataclass(frozen=True)
-class SimResult:
+@dataclass(frozen=True, repr=False)
+class SimResult(Described):
     """What a simulated run did and what it measured (times in seconds, memory in bytes)."""
 
     schedule: Schedule
@@ -93,8 +95,28 @@ class SimResult:
         span = self.window[1] - self.window[0]
         return tuple(b * span for b in self.bubble_fraction)
 
+    @property
+    def assumes(self) -> str:
+        """What ``time_per_minibatch`` assumes: microbatches, samples per replica, flush or not."""
+        M, B = self.schedule.microbatches, self.batch_size
+        if _order(self.schedule.method) == "dp":
+            per = f"M={M}: each replica takes whole minibatches of {B} samples"
+        else:
+            per = f"M={M} microbatches of {B // M if B % M == 0 else B / M:g} samples"
+        if _synchronous(self.schedule.method):
+            K = self.schedule.minibatches
+            return f"{per}; over {K} minibatch{'es' if K != 1 else ''}, fill and drain (flush) included"
+        return f"{per}; steady state between minibatch completions, fill and drain left out"
+
+    def describe(self) -> str:
+        """The summary, what it assumes, and each worker's utilization and peak memory."""
+        lines = [f"simulated {self.summary()}", f"    (assumes {self.assumes})"]
+        lines += [f"  worker {w:3d}: utilization {u:6.1%}  peak memory {m / 2**30:7.3f} GiB"
+                  for w, (u, m) in enumerate(zip(self.utilization, self.peak_memory))]
+        return "\n".join(lines)
+
     def summary(self) -> str:
-        """A few lines for humans."""
+        """One line for humans."""
         util = sum(self.utilization) / max(len(self.utilization), 1)
         return (f"{self.schedule.method}: {self.time_per_minibatch * 1e3:.3f} ms/minibatch, "
                 f"{self.throughput:.1f} samples/s, mean utilization {util:.1%}, "
@@ -344,7 +366,7 @@ def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
     return Plan.from_boundaries(len(profile), bounds, batch_size=plan.batch_size, method="interleaved")
 
 
-def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str = "pipedream", *,
+def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
              microbatches: int | None = None, minibatches: int | None = None,
              compression: str | float | None = None, compression_ratio: float | None = None,
              optimizer: str = "sgd-momentum", memory_bandwidth: float | None = None,
@@ -353,7 +375,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
              host_effects: HostEffects | bool = False, **options: Any) -> SimResult:
     """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
 
-    ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan). For
+    ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan); ``cluster`` a
+    Cluster or a spec string (``"flat:2"``, ``"pipedream-a:4x4"``). For
     ``interleaved-1f1b`` (``chunks=v``) a plan with ``P`` stages is re-split into ``v * P`` virtual
     stages of balanced compute. ``compression``: the activation compression, as ``train`` names it
     (``"fp16"``, ``"bf16"``, ``"int8"``) or a ratio (``compression_ratio=`` is its deprecated
@@ -369,6 +392,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
     calibrated record (``Calibration.host_effects``), a :class:`~pipelab.calibration.HostEffects` of
     one's own, ``False`` (default) for the core model alone. Returns a :class:`SimResult`.
     """
+    cluster = Cluster.of(cluster)
     host = _host_effects_of(host_effects, cluster)
     if not isinstance(plan, Plan):
         if isinstance(plan, bool) or not isinstance(plan, int):
@@ -401,6 +425,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster, method: str =
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
                    host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
+    if profile.source != "synthetic":   # a synthetic profile's times split into any M (tests, teaching)
+        check_divides(profile.batch_size, micro)   # dp: every microbatch is a whole profile minibatch
     # the backward reads the newest weights, not its forward's: the runtime recomputes the forward
     recompute = spec is not None and spec.versions == "latest"
     core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)

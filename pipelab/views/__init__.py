@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from pipelab.views.accuracy import action_errors, compare_traces, error_summary
 from pipelab.views.bubbles import bubbles, pareto, with_critical_path
-from pipelab.views.gantt import bubble_fraction, gantt, schedule_trace, worker_labels
+from pipelab.views.gantt import action_traces, bubble_fraction, gantt, schedule_trace, worker_labels
 from pipelab.views.memory import memory, memory_breakdown, schedule_memory
 from pipelab.views.partition_graph import partition_graph
 from pipelab.views.tables import compare, compare_table, to_html
 
-__all__ = ["action_errors", "bubble_fraction", "bubbles", "compare", "compare_table", "compare_traces",
-           "error_summary", "gantt", "memory", "memory_breakdown", "pareto", "partition_graph",
-           "schedule_memory", "schedule_trace", "to_html", "with_critical_path", "worker_labels"]
+__all__ = ["action_errors", "action_traces", "bubble_fraction", "bubbles", "compare", "compare_table",
+           "compare_traces", "error_summary", "gantt", "memory", "memory_breakdown", "pareto",
+           "partition_graph", "schedule_memory", "schedule_trace", "to_html", "with_critical_path",
+           "worker_labels"]

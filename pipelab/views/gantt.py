@@ -9,7 +9,9 @@ Drawing: up to :data:`BARS_MAX` actions, one ``go.Bar`` trace per action kind (`
 ``x`` = duration, horizontal; numeric colour arrays, so building 65k boxes takes a fraction of a
 second). Kinds differ by fill pattern and outline (F solid, B hatched ``/``, W dotted, U thick dark
 outline); colour is the microbatch or the weight version; hover gives stage, microbatch, version,
-times and bytes. Transfers (``send``/``recv``/``allreduce``) are thin grey bars under each row.
+times and bytes. The legend says both, apart: each kind by its pattern on a neutral grey, and each
+colour in use by its microbatch (or version), so every legend swatch is a colour drawn in the chart.
+Transfers (``send``/``recv``/``allreduce``) are thin grey bars under each row.
 Browsers draw SVG boxes at about a millisecond each, so larger charts are painted as one heatmap
 image on a time grid instead (``render="raster"``: F as is, B darker, W lighter, U black); see
 ``reproductions/benchmarks/gantt_render.py`` for bars vs shapes vs raster timings.
@@ -45,6 +47,12 @@ KIND_STYLE: dict[str, dict[str, Any]] = {
     "U": {"pattern_shape": "x", "line": {"width": 2.0, "color": "#000"}, "opacity": 1.0},
 }
 TRANSFER_COLOR = "#7f7f7f"
+#: the fill of a kind's legend entry (the kind is its pattern and outline; colours are the microbatch's)
+KIND_LEGEND_COLOR = "#d9d9d9"
+#: most colour entries in the legend (the palette repeats after len(PALETTE) keys)
+LEGEND_COLORS_MAX = 8
+#: the legend groups of the legend-only entries (no data; :func:`action_traces` leaves them out)
+LEGEND_GROUPS = ("kinds", "colours")
 COLOR_BY = ("microbatch", "version")
 #: above this many actions ``render="auto"`` paints a raster instead of one SVG box per action: plotly
 #: draws SVG bars at roughly 1 ms each on a 2-core machine, a raster in about a second regardless
@@ -252,10 +260,12 @@ def gantt(
     t0 = min(e.start_s for e in compute)
 
     row_of = {w: i for i, w in enumerate(sorted(labels))}
-    if render == "raster" or (render == "auto" and len(compute) > BARS_MAX):
+    raster = render == "raster" or (render == "auto" and len(compute) > BARS_MAX)
+    if raster:
         fig = _raster(compute, row_of, t0, color_by, unit)
     else:
         fig = _bars(compute, trace, labels, row_of, t0, color_by, unit, show_transfers)
+    _legend(fig, compute, color_by, raster)
     method = trace.meta.get("method", "")
     head = title or (f"{method} pipeline" if method else "pipeline")
     fig.update_layout(
@@ -300,7 +310,7 @@ def _bars(compute: Sequence[Event], trace: Trace, labels: Mapping[int, str], row
             continue
         style = KIND_STYLE[kind]
         fig.add_trace(go.Bar(
-            name=KIND_NAMES[kind], orientation="h", legendgroup=kind,
+            name=KIND_NAMES[kind], orientation="h", legendgroup=kind, showlegend=False,
             base=np.array([e.start_s - t0 for e in evs]), x=np.array([e.duration_s for e in evs]),
             y=np.array([row_of[e.worker] for e in evs]),
             width=0.8, opacity=style["opacity"],
@@ -329,6 +339,36 @@ def _bars(compute: Sequence[Event], trace: Trace, labels: Mapping[int, str], row
         ))
     fig.update_layout(meta={"render": "bars"})
     return fig
+
+
+def _legend(fig: go.Figure, compute: Sequence[Event], color_by: str, raster: bool) -> None:
+    """Legend-only entries: each kind by its pattern on grey (raster: by its shading), then the colours
+    in use by their key, so that no swatch shows a colour the chart does not use for that meaning."""
+    kinds = [k for k in COMPUTE_KINDS if any(e.kind == k for e in compute)]
+    shading = {"F": "as is", "B": "darker", "W": "lighter", "U": "black"}
+    for kind in kinds:
+        style = KIND_STYLE[kind]
+        name = f"{kind} · {KIND_NAMES[kind]}" + (f" ({shading[kind]})" if raster else "")
+        fig.add_trace(go.Bar(
+            name=name, orientation="h", x=[None], y=[None], legendgroup="kinds", showlegend=True,
+            hoverinfo="skip", marker={"color": "#000000" if raster and kind == "U" else KIND_LEGEND_COLOR,
+                                      "line": style["line"],
+                                      "pattern": {"shape": "" if raster else style["pattern_shape"],
+                                                  "fgcolor": "#222", "size": 6, "solidity": 0.25}}))
+    keys = sorted({color_key(e, color_by) for e in compute})
+    shown = keys[:LEGEND_COLORS_MAX]
+    for k in shown:
+        more = len(keys) > len(shown) and k == shown[-1]
+        fig.add_trace(go.Bar(
+            name=f"{color_by} {k}" + (f" (+{len(keys) - len(shown)} more; colours repeat every "
+                                      f"{len(PALETTE)})" if more else ""),
+            orientation="h", x=[None], y=[None], legendgroup="colours", showlegend=True, hoverinfo="skip",
+            marker={"color": PALETTE[k % len(PALETTE)], "line": {"width": 0}}))
+
+
+def action_traces(fig: go.Figure) -> list[Any]:
+    """The figure's traces that draw actions or transfers (not the legend-only entries)."""
+    return [t for t in fig.data if t.legendgroup not in LEGEND_GROUPS]
 
 
 def _shade(color: str, toward: tuple[int, int, int], amount: float) -> str:

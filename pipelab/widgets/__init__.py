@@ -39,6 +39,7 @@ from pipelab.profile.records import Profile
 from pipelab.schedules import build as build_schedule
 from pipelab.trace import Event, Trace
 from pipelab.views import gantt, memory, partition_graph, to_html
+from pipelab.widgets.sync import json_safe, sync_figure
 
 _PLOTLYJS_FLAG = "_pipelab_plotlyjs_included"
 
@@ -85,20 +86,6 @@ def show(fig: go.Figure, *, live: bool | None = None) -> None:
         display(HTML(static_html(fig)))
 
 
-def sync_figure(target: go.FigureWidget, fig: go.Figure) -> None:
-    """Make ``target`` show ``fig``: one batched update when the traces match by name, else a rebuild."""
-    if [t.name for t in target.data] != [t.name for t in fig.data]:
-        with target.batch_update():
-            target.data = ()
-            target.layout = fig.layout
-        target.add_traces(list(fig.data))
-        return
-    with target.batch_update():
-        for dst, src in zip(target.data, fig.data):
-            dst.update(src.to_plotly_json(), overwrite=True)
-        target.layout = fig.layout
-
-
 class _Displayable:
     """Shared display logic: the widget box when live, else :meth:`static_figures` as offline HTML."""
 
@@ -140,11 +127,12 @@ class LiveGantt(_Displayable):
     ``batch_size`` and ``losses`` for the status line, and ``wait()``, whose result's ``losses`` give the
     final loss; a failed job's error is shown in the status line, not raised in the thread). A background
     thread consumes the events and redraws at most ``hz``
-    times per second, so a fast job costs a few updates, not one per event, and never spends more than
-    ``cpu_share`` of the elapsed time redrawing: a redraw rebuilds the chart from every event so far, so
-    its cost grows with the run, and after a redraw that took ``c`` CPU seconds the next waits at least
-    ``c / cpu_share`` seconds (on a 2-core machine, redrawing a 3,500-action chart 4 times a second took
-    a fifth of a core and slowed the run by 25-55%; ``reproductions/benchmarks/live_trace_cost.py``).
+    times per second, so a fast job costs a few updates, not one per event. A redraw rebuilds the
+    chart from every event so far, so its cost grows with the run: after one that took ``c`` CPU
+    seconds the next waits ``c / cpu_share`` seconds, but no longer than the time budget ``interval``
+    (or ``3 c`` where that is longer), so that a run of a few seconds still shows its progress; the last
+    redraw follows the last event. (On a 2-core machine, redrawing a 3,500-action chart 4 times a second
+    took a fifth of a core and slowed the run by 25-55%; ``reproductions/benchmarks/live_trace_cost.py``.)
     Without a live front end the display waits for the job to end and shows the finished chart.
     """
 
@@ -158,6 +146,7 @@ class LiveGantt(_Displayable):
         title: str | None = None,
         start: bool = True,
         cpu_share: float = 0.02,
+        interval: float = 1.0,
     ) -> None:
         if not hasattr(handle, "events"):
             raise TypeError(
@@ -170,6 +159,9 @@ class LiveGantt(_Displayable):
         self.handle = handle
         self.hz = float(hz)
         self.cpu_share = float(cpu_share)
+        if not interval > 0:
+            raise ValueError(f"interval={interval} must be > 0 seconds (the longest wait between redraws)")
+        self.interval = float(interval)
         self.redraw_cpu_s = 0.0
         self.color_by = color_by
         self.title = title
@@ -216,7 +208,8 @@ class LiveGantt(_Displayable):
                     self.refresh()
                     spent = time.thread_time() - cpu
                     self.redraw_cpu_s += spent
-                    next_at = now + max(period, spent / self.cpu_share)
+                    budget = min(spent / self.cpu_share, max(self.interval, 3 * spent))
+                    next_at = time.monotonic() + max(period, budget)
             wait = getattr(self.handle, "wait", None)
             if callable(wait):          # the finished run's result carries the losses
                 self.result = wait()
@@ -580,6 +573,7 @@ __all__ = [
     "PlanExplorer",
     "PlannerExplorer",
     "ScheduleExplorer",
+    "json_safe",
     "live_frontend",
     "show",
     "static_html",

@@ -35,6 +35,7 @@ CHROMIUM_ARGS = [
 ]
 
 # One record per code cell: its "# [name]" tag, prompt, plots (title, bars, heatmap images), output text.
+# A bar box is a drawn path; the Gantt's legend-only entries draw an empty one ("M0,0Z"), not counted.
 PROBE = r"""() => {
   const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')].map(c => {
     const src = (c.querySelector('.jp-InputArea-editor') || {}).textContent || '';
@@ -42,7 +43,7 @@ PROBE = r"""() => {
     const prompt = ((c.querySelector('.jp-InputArea-prompt') || {}).textContent || '').trim();
     const plots = [...c.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(p => ({
       title: ((p.querySelector('.gtitle') || {}).textContent || ''),
-      bars: p.querySelectorAll('.barlayer .point').length,
+      bars: [...p.querySelectorAll('.barlayer .point path')].filter(x => x.getAttribute('d') !== 'M0,0Z').length,
       images: p.querySelectorAll('.heatmaplayer image').length}));
     const out = c.querySelector('.jp-OutputArea');
     return {name: m ? m[1] : '', prompt, plots, text: out ? out.innerText.slice(0, 3000) : ''};
@@ -70,7 +71,8 @@ SAMPLER = r"""(keys) => {
     for (const k of keys) {
       const c = find(k);
       cells[k] = c ? {prompt: ((c.querySelector('.jp-InputArea-prompt') || {}).textContent || '').trim(),
-                      bars: c.querySelectorAll('.js-plotly-plot .barlayer .point').length,
+                      bars: [...c.querySelectorAll('.js-plotly-plot .barlayer .point path')].filter(
+                        x => x.getAttribute('d') !== 'M0,0Z').length,
                       plots: c.querySelectorAll('.js-plotly-plot').length,
                       images: c.querySelectorAll('.js-plotly-plot .heatmaplayer image').length}
                    : {prompt: '', bars: 0, plots: 0, images: 0};
@@ -84,7 +86,7 @@ SAMPLER = r"""(keys) => {
 REPORT_PROBE = r"""() => ({
   plots: [...document.querySelectorAll('.js-plotly-plot')].map(p => ({
       title: ((p.querySelector('.gtitle') || {}).textContent || ''),
-      bars: p.querySelectorAll('.barlayer .point').length,
+      bars: [...p.querySelectorAll('.barlayer .point path')].filter(x => x.getAttribute('d') !== 'M0,0Z').length,
       images: p.querySelectorAll('.heatmaplayer image').length})),
   text: document.body.innerText.slice(0, 20000)})"""
 

@@ -1,13 +1,13 @@
 """The quickstart as a new user meets it: JupyterLab in headless Chromium, Run All, nothing edited.
 
 The stored ``notebooks/01_quickstart.ipynb`` (default parameters: 2 gloo worker processes) is opened in
-a private JupyterLab (H5's :mod:`labdriver`) and run with Run > Run All Cells. We check in the DOM that
-every cell finished without an error or a widget error, that the partition graph and the simulated
-Gantt are drawn, that the live Gantt of the real 2-process run holds at least one box per action of the
-schedule, and that the measured Gantt drawn after the run shows exactly the same boxes as the live one.
-(That the live chart fills in gradually is checked by ``test_browser.py`` with a job paced to last; the
-quickstart's job can end between two samples, so here the partial counts seen are only printed.)
-A screenshot goes to ``tests/browser/out/quickstart.png``.
+a private JupyterLab (:mod:`labdriver`) and run with Run > Run All Cells. We check in the DOM that
+every cell finished without an error, a widget error or a warning (nothing on stderr, no "Warning" in
+any output), that the partition graph and both Gantt charts are drawn, that the live Gantt showed at
+least one intermediate state while the job ran (a chart with its status line at a step between the
+first and the last), and that every Gantt legend entry is a colour the chart draws: each microbatch's
+swatch is a colour of its boxes (or, on a raster chart, of its image's pixels), and every drawn colour
+is a legend colour under one of the kinds' shadings. A screenshot goes to ``tests/browser/out/``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,52 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 NOTEBOOK = REPO / "notebooks" / "01_quickstart.ipynb"
 OUT = HERE / "out"
+LIVE, SIM, MEASURED = 6, 5, 7          # code-cell indices of the live, simulated and measured Gantt
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(480)]
+
+# Every 100 ms: the live cell's status line (the widget's <code>), its drawn boxes and heatmap images.
+LIVE_SAMPLER = r"""(index) => {
+  window.__live = [];
+  if (window.__liveTimer) clearInterval(window.__liveTimer);
+  window.__liveTimer = setInterval(() => {
+    const c = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[index];
+    if (!c) return;
+    const code = c.querySelector('.jp-OutputArea code');
+    const bars = [...c.querySelectorAll('.js-plotly-plot .barlayer .point path')]
+      .filter(x => x.getAttribute('d') !== 'M0,0Z').length;
+    window.__live.push({t: performance.now(), status: code ? code.textContent : '', bars,
+                        images: c.querySelectorAll('.js-plotly-plot .heatmaplayer image').length});
+  }, 100);
+}"""
+
+# The legend swatches of each Gantt in a cell and the colours its boxes and heatmap pixels are drawn in.
+COLOURS = r"""async (index) => {
+  const c = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[index];
+  const out = [];
+  for (const plot of c.querySelectorAll('.js-plotly-plot')) {
+    const legend = [...plot.querySelectorAll('.legend .traces')].map(t => ({
+      text: (t.querySelector('.legendtext') || {}).textContent || '',
+      fill: getComputedStyle(t.querySelector('.legendpoints path')).fill}));
+    const bars = [...new Set([...plot.querySelectorAll('.barlayer .point path')]
+      .filter(x => x.getAttribute('d') !== 'M0,0Z').map(x => getComputedStyle(x).fill))];
+    const pixels = new Set();
+    for (const img of plot.querySelectorAll('.heatmaplayer image')) {
+      const src = img.getAttribute('href') || img.getAttribute('xlink:href');
+      const im = new Image();
+      await new Promise(ok => { im.onload = ok; im.src = src; });
+      const cv = document.createElement('canvas');
+      cv.width = im.naturalWidth; cv.height = im.naturalHeight;
+      const ctx = cv.getContext('2d');
+      ctx.drawImage(im, 0, 0);
+      const d = ctx.getImageData(0, 0, cv.width, cv.height).data;
+      for (let i = 0; i < d.length; i += 4)
+        if (d[i + 3] === 255) pixels.add(`rgb(${d[i]}, ${d[i+1]}, ${d[i+2]})`);
+    }
+    out.push({legend, bars, pixels: [...pixels]});
+  }
+  return out;
+}"""
 
 
 def defaults() -> dict[str, Any]:
@@ -38,9 +82,38 @@ def defaults() -> dict[str, Any]:
     return values
 
 
-def code_cells(sample: dict[str, Any]) -> list[dict[str, Any]]:
-    """The probe's code cells (the quickstart's cells carry no ``# [name]`` tags: use their order)."""
-    return list(sample["cells"])
+def rgb(text: str) -> tuple[int, int, int]:
+    r, g, b = (int(v) for v in re.findall(r"\d+", text)[:3])
+    return r, g, b
+
+
+def shadings(colour: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+    """A legend colour as the raster paints each kind: F as is, B 35% toward black, W 50% toward white."""
+    dark = tuple(round(c * 0.65) for c in colour)
+    light = tuple(round(c + (255 - c) * 0.5) for c in colour)
+    return [colour, dark, light, (0, 0, 0)]  # type: ignore[list-item]
+
+
+def near(a: tuple[int, int, int], bs: list[tuple[int, int, int]], tol: int = 3) -> bool:
+    return any(max(abs(x - y) for x, y in zip(a, b)) <= tol for b in bs)
+
+
+def check_legend(plot: dict[str, Any], where: str) -> int:
+    """Every microbatch swatch is a drawn colour, every drawn colour a legend colour; returns the swatches."""
+    swatches = [rgb(e["fill"]) for e in plot["legend"] if e["text"].startswith("microbatch")]
+    assert swatches, f"{where}: no colour entries in the legend {plot['legend']}"
+    solid = [rgb(f) for f in plot["bars"] if f.startswith("rgb")]
+    drawn = solid + [rgb(p) for p in plot["pixels"]]
+    grey = (127, 127, 127)                                          # transfers
+    allowed = [s for c in swatches for s in shadings(c)] + [grey]
+    stray = [c for c in drawn if not near(c, allowed)]
+    # a chart with more microbatches than legend entries repeats the palette: only the shown ones are named
+    n_keys = max((int(m.group(1)) for e in plot["legend"]
+                  if (m := re.search(r"\+(\d+) more", e["text"]))), default=0)
+    assert not stray or n_keys, f"{where}: colours drawn that no legend entry names: {stray[:5]}"
+    missing = [c for c in swatches if not near(c, drawn)]
+    assert not missing, f"{where}: legend colours not drawn: {missing}"
+    return len(swatches)
 
 
 def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -> None:
@@ -48,8 +121,6 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
 
     p = defaults()
     assert p["backend"] == "gloo", "the quickstart must default to real processes"
-    # one minibatch per step: F and B per stage and microbatch, one U per stage (a straight pipeline)
-    actions = p["steps"] * (2 * p["workers"] * p["microbatches"] + p["workers"])
     OUT.mkdir(exist_ok=True)
     root = tmp_path / "nb"
     L.copy_inputs([NOTEBOOK], root)
@@ -66,51 +137,61 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
             assert time.time() - t0 < 90, "the kernel never became idle"
             time.sleep(0.3)
 
+        page.evaluate(LIVE_SAMPLER, LIVE)
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
         page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
         t0 = time.time()
-        live_counts: set[int] = set()
         while True:
             s = page.evaluate(L.PROBE)
-            cells = code_cells(s)
-            if not L.finished(cells[7]["prompt"]) and cells[6]["plots"]:  # the live Gantt while the job runs
-                live_counts.add(cells[6]["plots"][0]["bars"])
+            cells = s["cells"]
             if all(L.finished(c["prompt"]) for c in cells) and lab.kernel_state() == "idle":
                 break
             assert s["errors"] == 0, "a cell failed:\n" + "\n".join(c["text"][-1500:] for c in cells
                                                                    if "Error" in c["text"])
-            assert time.time() - t0 < 300, f"Run All did not finish: prompts {[c['prompt'] for c in cells]}"
-            page.wait_for_timeout(200)
+            assert time.time() - t0 < 360, f"Run All did not finish: prompts {[c['prompt'] for c in cells]}"
+            page.wait_for_timeout(300)
         run_all_s = time.time() - t0
-        page.wait_for_timeout(800)                                   # the last redraws
+        page.wait_for_timeout(1500)                                  # the last redraws
         s = page.evaluate(L.PROBE)
-        cells = code_cells(s)
+        cells = s["cells"]
+        samples = page.evaluate("window.__live")
+        stderr = page.evaluate("""() => document.querySelectorAll(
+            '.jp-Notebook [data-mime-type="application/vnd.jupyter.stderr"]').length""")
+        colours = {i: page.evaluate(COLOURS, i) for i in (SIM, LIVE, MEASURED)}
+
         assert s["errors"] == 0 and s["widget_errors"] == 0, \
             f"{s['errors']} errors, {s['widget_errors']} widget errors:\n" + \
             "\n".join(c["text"][-1500:] for c in cells if "Error" in c["text"])
-
+        warned = [c["text"][-800:] for c in cells if "Warning" in c["text"]]
+        assert stderr == 0 and not warned, "a cell printed a warning:\n" + "\n".join(warned)
         assert len(cells) == 9, f"expected the quickstart's 9 code cells, found {len(cells)}"
-        calibrated = cells[3]
-        assert "calibrated on" in calibrated["text"], "the calibration cell did not describe the machine"
-        partition, simulated, live, measured, losses = cells[4], cells[5], cells[6], cells[7], cells[8]
-        assert partition["plots"], "the partition graph was not drawn"
-        assert "straight" in partition["text"]
-        assert simulated["plots"] and simulated["plots"][0]["bars"] >= actions, simulated["plots"]
-        assert live["plots"], "the live Gantt was not drawn"
-        live_bars = live["plots"][0]["bars"]
-        assert live_bars >= actions, f"live Gantt shows {live_bars} boxes for {actions} actions"
-        assert measured["plots"] and measured["plots"][0]["bars"] == live_bars, \
-            "the measured Gantt (from run.trace) and the live one (from the event stream) differ"
-        assert "steady state: measured" in measured["text"] and "error" in measured["text"]
+        assert "calibrated on" in cells[3]["text"], "the calibration cell did not describe the machine"
+        partition, simulated, live, measured, losses = (cells[i] for i in (4, 5, 6, 7, 8))
+        assert partition["plots"] and "straight" in partition["text"], "the partition graph was not drawn"
+        assert "assumes M=4 microbatches of 16 samples" in simulated["text"], simulated["text"][-500:]
+        for name, c in (("simulated", simulated), ("live", live), ("measured", measured)):
+            assert c["plots"] and (c["plots"][0]["bars"] or c["plots"][0]["images"]), f"no {name} Gantt"
+        assert re.search(r"error [+-]\d+\.\d% \([+-]\d+\.\d% \.\. [+-]\d+\.\d% over 5 rounds\)",
+                         measured["text"]), measured["text"][-600:]
         assert losses["plots"], "the loss curve was not drawn"
 
-        live_cell = page.locator(".jp-CodeCell").nth(6)
+        # the live chart while the job ran: drawn, with its status line at a step before the last
+        running = [x for x in samples if (x["bars"] or x["images"]) and "finished" not in x["status"]]
+        steps_seen = sorted({int(m.group(1)) for x in running if (m := re.match(r"step (\d+)", x["status"]))})
+        middle = [k for k in steps_seen if 0 < k < p["steps"]]
+        final = samples[-1]["status"] if samples else ""
+        assert middle, f"no intermediate live Gantt: steps seen while running {steps_seen}, final {final!r}"
+        assert final.startswith(f"step {p['steps']}") and "finished" in final, final
+
+        swatches = {i: [check_legend(plot, f"cell {i} plot {j}") for j, plot in enumerate(colours[i])
+                        if plot["legend"]] for i in (SIM, MEASURED, LIVE)}
+        assert all(swatches.values()), f"a Gantt without a legend: {swatches}"
+
+        live_cell = page.locator(".jp-CodeCell").nth(LIVE)
         live_cell.scroll_into_view_if_needed()
         page.wait_for_timeout(300)
         page.screenshot(path=str(OUT / "quickstart.png"))
         browser.close()
-    print(
-        f"\nquickstart in JupyterLab: Run All {run_all_s:.1f} s (total {time.time() - t_start:.1f} s); "
-        f"{actions} actions, live Gantt {live_bars} boxes, {len(live_counts)} distinct counts while running; "
-        f"page errors {page_errors[:3]}"
-    )
+    print(f"\nquickstart in JupyterLab: Run All {run_all_s:.1f} s (total {time.time() - t_start:.1f} s); "
+          f"live Gantt drawn at steps {middle[:10]} before the end; legend colours {swatches}; "
+          f"page errors {page_errors[:3]}")

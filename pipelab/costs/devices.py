@@ -1,0 +1,61 @@
+"""Whether a profile's device is the cluster's: a CPU profile priced on a GPU cluster is said once.
+
+Compute on worker ``w`` costs the profiled seconds divided by ``cluster.speed(w)`` (1.0: the device the
+profile was measured on). A profile measured on a CPU and a preset of named GPUs at speed 1.0 is a
+simulation of GPUs computing at the CPU's speed; :func:`check_device` warns about it once per
+(profile device, cluster) pair, naming the factor in use and how to set it. Generic devices
+(``Cluster.flat``'s ``"gpu"``) and calibrated clusters are the profiled device by definition, and a
+synthetic profile was measured on no device.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipelab.cluster import Cluster
+    from pipelab.profile.records import Profile
+
+#: device names that stand for "the device the profile was measured on"
+GENERIC_DEVICES = ("gpu", "device")
+
+_warned: set[tuple[str, str]] = set()
+
+
+def cluster_of(cluster: Any) -> Cluster:
+    """``cluster``, or the cluster a spec string such as ``"flat:2"`` names."""
+    from pipelab.cluster import Cluster
+
+    return Cluster.of(cluster)
+
+
+def _kind(name: str) -> str:
+    n = name.lower()
+    if n.startswith("cpu"):
+        return "cpu"
+    return "generic" if n in GENERIC_DEVICES else "accelerator"
+
+
+def check_device(profile: Profile, cluster: Cluster) -> None:
+    """Warn once when ``profile`` was measured on a CPU and ``cluster`` has accelerators, or the reverse."""
+    if cluster.calibration is not None or profile.source == "synthetic":   # no device measured either way
+        return
+    kinds = {_kind(d.name) for d in cluster.devices} - {"generic"}
+    prof_kind = "cpu" if str(profile.device).lower().startswith("cpu") else "accelerator"
+    if not kinds or kinds == {prof_kind}:
+        return
+    key = (str(profile.device), cluster.name)
+    if key in _warned:
+        return
+    _warned.add(key)
+    names = sorted({d.name for d in cluster.devices})
+    speeds = sorted({round(d.speed, 3) for d in cluster.devices})
+    factor = "/".join(f"{v:g}" for v in speeds)
+    same = f" (as fast as {profile.device})" if speeds == [1.0] else ""
+    warnings.warn(
+        f"the profile of {profile.model or 'the model'} was measured on {profile.device} but cluster "
+        f"{cluster.name} has {', '.join(names)}, simulated at speed factor {factor}{same}. Set the factor, "
+        f"how many times faster the cluster's device computes than {profile.device}, with "
+        "Cluster.preset(name, speed=S) or profile.scaled(time=1/S), or profile on the target device",
+        UserWarning, stacklevel=2)
