@@ -12,7 +12,9 @@ Contract (stable; see also :mod:`pipelab.schedules.actions`):
   ends each minibatch with one ``U`` (microbatch field = minibatch) per stage it hosts; replicas of
   a stage all-reduce there (``options["allreduce"]``);
 - ``pipedream``/``naive-async``/``pipemare``/``hetpipe``: ``M = 1``, a ``U`` after each ``B``
-  (replicas' ``k``-th ``U``'s pair up for the all-reduce, none for hetpipe);
+  (replicas' ``k``-th ``U``'s pair up for the all-reduce, none for hetpipe); the first three also
+  take ``M = N > 1`` (PipeMare's N microbatches per minibatch): no flush, one ``U`` per stage per
+  minibatch after its last ``B``;
 - ``2bw``/``buffered``: ``M`` microbatches per minibatch, one ``U`` per stage per minibatch after
   its last ``B``;
 - ``versions`` (for the async methods) follow :func:`pipelab.schedules.versions.assign_versions`.
@@ -74,6 +76,7 @@ def _async_1f1b(method: str) -> Callable[[Plan, int, int, dict[str, Any]], Sched
             K,
             vertical_sync=bool(options.get("vertical_sync", False)),
             extra_in_flight=int(options.get("extra_in_flight", 0)),
+            microbatches=M,
         )
     return build_it
 
@@ -149,10 +152,10 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     p = resolve_plan(plan)
     sync_method = spec.synchronous
     per_microbatch = spec.update == "microbatch"
-    if per_microbatch:
-        if microbatches not in (None, 1):
-            raise ScheduleError(f"{method} treats every microbatch as a minibatch (M = 1); pass "
-                                f"minibatches=K instead of microbatches={microbatches}")
+    if per_microbatch and microbatches not in (None, 1) and spec.order != "async-1f1b":
+        raise ScheduleError(f"{method} treats every microbatch as a minibatch (M = 1); pass "
+                            f"minibatches=K instead of microbatches={microbatches}")
+    if per_microbatch and microbatches in (None, 1):
         M = 1
     elif microbatches is None:
         M = p.num_workers if spec.order == "dp" else p.num_stages // int(options.get("chunks", 1))
@@ -160,6 +163,7 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
             M = max(M, in_flight(p.replicas, 0, per_replica=False))
     else:
         M = microbatches
+        per_microbatch = False    # async 1F1B with N > 1 microbatches: one U per minibatch
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ScheduleError(f"microbatches={M!r} must be an int >= 1")
     K = minibatches
@@ -207,7 +211,7 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
             f"{unit} minibatches: use drain_every and minibatches multiples of {unit} (got "
             f"drain_every={every}, minibatches={K})"
         )
-    mb = None if _methods.get(method).update == "microbatch" else M
+    mb = None if _methods.get(method).update == "microbatch" and M == 1 else M
     return segments.concat_built(lambda n: build(method, p, microbatches=mb, minibatches=n, **options), sizes)
 
 
