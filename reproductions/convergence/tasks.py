@@ -73,6 +73,7 @@ def chars_model() -> nn.Module:
     return CharModel()
 
 
+@functools.lru_cache(maxsize=64)
 def chars_epoch(epoch: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``STEPS_PER_EPOCH['chars']`` minibatches of random windows from the first 90% of the text."""
     ids = _text()
@@ -142,6 +143,7 @@ def shapes_model(channels: int = 8, blocks: int = 3) -> nn.Module:
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 4))
 
 
+@functools.lru_cache(maxsize=64)
 def shapes_epoch(epoch: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``STEPS_PER_EPOCH['shapes']`` fresh minibatches (an endless generated training set)."""
     x, y = shapes_data(STEPS_PER_EPOCH["shapes"] * BATCH, 10_000 + seed * 100 + epoch)
@@ -180,6 +182,7 @@ TASKS: dict[str, Any] = {"chars": (chars_model, chars_epoch), "shapes": (shapes_
 
 
 def epochs_data(task: str, epochs: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``epochs`` consecutive epochs of ``task`` as one list (a ``data`` callable for ``pl.train``)."""
+    """``epochs`` consecutive epochs of ``task`` as one list (a ``data`` callable for ``pl.train``;
+    the epochs are made once per process and cached: the runtime calls ``data()`` more than once)."""
     fn = TASKS[task][1]
     return [b for e in range(epochs) for b in fn(e, seed)]
