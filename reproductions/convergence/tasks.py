@@ -4,12 +4,13 @@
   fixed list of pure-Python modules, read with :mod:`inspect`), a small Transformer that reads a
   window of ``CONTEXT`` characters and predicts the next one from the last position (no causal
   mask is needed: the target is not in the input). Accuracy: next-character accuracy on a
-  held-out tail of the text. Chance is about 1/95; always predicting a space gets about 0.17.
+  held-out tail of the text. Always predicting a space gets 0.332 there, a bigram table (the most
+  frequent next character after each character, counted on the training text) 0.396.
 * ``shapes``: 12x12 grayscale images of one of four shapes (filled square, hollow square, plus,
   diagonal cross) of random size at a random place, in Gaussian noise; a small residual CNN (no
   batch normalization, so microbatching changes nothing). Translation makes the classes not
-  linearly separable in pixel space (a linear classifier on the pixels stays far below the CNN;
-  :func:`linear_baseline` measures it).
+  linearly separable in pixel space: a linear classifier on the pixels reaches 0.585
+  (:func:`linear_baseline`), the CNN above 0.9 with data parallelism.
 
 Every task is ``(model_fn, train_epoch(epoch, seed) -> minibatches, evaluate(net, seed) -> accuracy)``.
 """
