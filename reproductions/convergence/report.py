@@ -1,8 +1,9 @@
 """Read the grid's cells: per-cell summary over seeds, heatmaps, verdicts and time to accuracy.
 
-Usage: ``.venv/bin/python reproductions/convergence/report.py [cells.csv ...]`` (default: the
-``cells_*.csv`` beside this file). Writes ``summary.csv``, ``heatmap_<task>.svg``, ``results.md`` and
-``time_to_accuracy.csv`` beside this file.
+Usage: ``.venv/bin/python reproductions/convergence/report.py [cells.csv ...] [--out DIR]`` (default:
+the ``cells_*.csv`` beside this file, the subset's left out). Writes ``summary.csv``,
+``heatmap_<task>.svg``, ``stable_ranges.csv``, ``time_to_accuracy.csv`` and ``results.md`` into
+``DIR`` (default: beside this file).
 
 * **Heatmap**: final test accuracy (mean over seeds, and its spread max - min) per method x step size,
   one panel per pipeline depth P. ``dp`` runs at the smallest depth only and stands for every depth
@@ -222,22 +223,29 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = argv if argv is not None else sys.argv[1:]
-    paths = [Path(a) for a in args] or sorted(HERE.glob("cells_*.csv"))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cells", nargs="*", type=Path)
+    ap.add_argument("--out", type=Path, default=HERE)
+    a = ap.parse_args(argv)
+    out_dir = a.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = list(a.cells) or sorted(HERE.glob("cells_*.csv"))
     paths = [p for p in paths if p.name != "cells_subset.csv"] or paths
     rows = load(paths)
     from grid import METHODS
 
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     summary = summarize(rows)
-    _write_csv(HERE / "summary.csv", summary)
+    _write_csv(out_dir / "summary.csv", summary)
     for task, chance in (("shapes", 0.25), ("chars", 0.332)):
         if any(r["task"] == task for r in summary):
-            (HERE / f"heatmap_{task}.svg").write_text(heatmap_svg(summary, task, methods, chance))
+            (out_dir / f"heatmap_{task}.svg").write_text(heatmap_svg(summary, task, methods, chance))
     stable = stable_ranges(summary, methods)
-    _write_csv(HERE / "stable_ranges.csv", stable)
+    _write_csv(out_dir / "stable_ranges.csv", stable)
     tta = time_to_accuracy(rows, HERE.parent / "pipedream_table1" / "results.csv")
-    _write_csv(HERE / "time_to_accuracy.csv", tta)
+    _write_csv(out_dir / "time_to_accuracy.csv", tta)
     commits = sorted({r["commit"] for r in rows})
     md = ["# Convergence grid: results", "",
           f"Cells from {', '.join(p.name for p in paths)}; made at commit(s) {', '.join(commits)}.",
@@ -260,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
                f"({r['stat_efficiency_min']:.2f}-{r['stat_efficiency_max']:.2f}) | "
                f"{r['time_to_accuracy_speedup_mean']:.2f} ({r['time_to_accuracy_speedup_min']:.2f}-"
                f"{r['time_to_accuracy_speedup_max']:.2f}) | {r['paper_speedup']} |" for r in tta]
-    (HERE / "results.md").write_text("\n".join(md) + "\n")
+    (out_dir / "results.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
