@@ -55,7 +55,12 @@ def cells(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str, float], list[
     """(task, P, method, lr) -> its rows (one per seed); dp's rows stand for every depth."""
     out: dict[tuple[str, int, str, float], list[dict[str, Any]]] = defaultdict(list)
     depths = sorted({r["stages"] for r in rows})
-    for r in rows:
+    dp_seen: set[tuple[str, float, int]] = set()
+    for r in sorted(rows, key=lambda r: r["stages"]):
+        if r["method"] == "dp":           # one dp run per (task, step size, seed): the smallest depth's
+            if (r["task"], r["lr"], r["seed"]) in dp_seen:
+                continue
+            dp_seen.add((r["task"], r["lr"], r["seed"]))
         for P in (depths if r["method"] == "dp" else [r["stages"]]):
             out[(r["task"], P, r["method"], r["lr"])].append(r)
     return out
