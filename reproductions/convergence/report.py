@@ -1,7 +1,7 @@
 """Read the grid's cells: per-cell summary over seeds, heatmaps, verdicts and time to accuracy.
 
 Usage: ``.venv/bin/python reproductions/convergence/report.py [cells.csv ...] [--out DIR]`` (default:
-the ``cells_*.csv`` beside this file, the subset's left out). Writes ``summary.csv``,
+the ``cells*.csv`` beside this file, the subset's left out). Writes ``summary.csv``,
 ``heatmap_<task>.svg``, ``stable_ranges.csv``, ``time_to_accuracy.csv`` and ``results.md`` into
 ``DIR`` (default: beside this file).
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     out_dir = a.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = list(a.cells) or sorted(HERE.glob("cells_*.csv"))
+    paths = list(a.cells) or sorted(HERE.glob("cells*.csv"))
     paths = [p for p in paths if p.name != "cells_subset.csv"] or paths
     rows = load(paths)
     from grid import METHODS
