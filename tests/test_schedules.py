@@ -190,7 +190,7 @@ def test_csv_custom_order_is_validated(tmp_path) -> None:  # type: ignore[no-unt
     (lambda: build("interleaved-1f1b", 4, microbatches=2, chunks=2), "multiple of the 4 workers"),
     (lambda: build("2bw", 8, microbatches=2), "needs microbatches >= 7"),
     (lambda: build("dp", 4, microbatches=6), "multiple of 4"),
-    (lambda: build("pipedream", 4, microbatches=4), "M = 1"),
+    (lambda: build("hetpipe", 4, microbatches=4), "M = 1"),   # pipedream-like methods take N > 1
     (lambda: build("pipedream", Plan.from_boundaries(2, [1], [2, 1]), minibatches=3), "multiple of 2"),
     (lambda: build("gpipe", 4, chunks=2), "takes no option"),
     (lambda: build("buffered", 4, microbatches=4, versions=1), "versions=K >= 2"),

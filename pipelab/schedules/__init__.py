@@ -12,7 +12,9 @@ Contract (stable; see also :mod:`pipelab.schedules.actions`):
   ends each minibatch with one ``U`` (microbatch field = minibatch) per stage it hosts; replicas of
   a stage all-reduce there (``options["allreduce"]``);
 - ``pipedream``/``naive-async``/``pipemare``/``hetpipe``: ``M = 1``, a ``U`` after each ``B``
-  (replicas' ``k``-th ``U``'s pair up for the all-reduce, none for hetpipe);
+  (replicas' ``k``-th ``U``'s pair up for the all-reduce, none for hetpipe); the first three also
+  take ``M = N > 1`` (PipeMare's N microbatches per minibatch): no flush, one ``U`` per stage per
+  minibatch after its last ``B``;
 - ``2bw``/``buffered``: ``M`` microbatches per minibatch, one ``U`` per stage per minibatch after
   its last ``B``;
 - ``versions`` (for the async methods) follow :func:`pipelab.schedules.versions.assign_versions`.
@@ -69,6 +71,7 @@ def _async_1f1b(method: str) -> Callable[[Plan, int, int, dict[str, Any]], Sched
             K,
             vertical_sync=bool(options.get("vertical_sync", False)),
             extra_in_flight=int(options.get("extra_in_flight", 0)),
+            microbatches=M,
         )
     return build_it
 
@@ -130,7 +133,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     M = _microbatches(spec, p, microbatches, options)
     # replicas of a stage pair their k-th updates, so with an update per microbatch every replica
     # needs the same number of microbatches: K a multiple of every replica count
-    step = math.lcm(*p.replicas) if spec.update == "microbatch" and spec.replicas_allreduce else 1
+    per_microbatch = spec.update == "microbatch" and M == 1   # async 1F1B with N > 1: one U per minibatch
+    step = math.lcm(*p.replicas) if per_microbatch and spec.replicas_allreduce else 1
     K = _minibatches(spec, p, M, minibatches, step, options)
     if (drain_every is not None or seg_sizes is not None) and not spec.synchronous:
         return _drained(method, p, M, K, drain_every, seg_sizes, step, options)
@@ -156,10 +160,11 @@ def _checked(method: str, options: dict[str, Any]) -> _methods.Method:
 def _microbatches(spec: _methods.Method, p: Plan, microbatches: int | None, options: dict[str, Any]) -> int:
     """M: 1 for a method updating per microbatch, else as given, or the default for its order."""
     if spec.update == "microbatch":
-        if microbatches not in (None, 1):
+        if microbatches not in (None, 1) and spec.order != "async-1f1b":
             raise ScheduleError(f"{spec.name} treats every microbatch as a minibatch (M = 1); pass "
                                 f"minibatches=K instead of microbatches={microbatches}")
-        return 1
+        if microbatches in (None, 1):
+            return 1
     if microbatches is None:
         M = default_microbatches(p.num_stages // int(options.get("chunks", 1)), replicas=max(p.replicas),
                                  workers=p.num_workers, data_parallel=spec.order == "dp")
@@ -214,7 +219,7 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
             f"{unit} minibatches: use drain_every and minibatches multiples of {unit} (got "
             f"drain_every={every}, minibatches={K})"
         )
-    mb = None if _methods.get(method).update == "microbatch" else M
+    mb = None if _methods.get(method).update == "microbatch" and M == 1 else M
     return segments.concat_built(lambda n: build(method, p, microbatches=mb, minibatches=n, **options), sizes)
 
 

@@ -8,11 +8,17 @@ drains. Microbatch ``m`` of stage ``s`` runs on replica ``m % replicas_s`` (roun
 
 What differs is when weights change and which version each action reads:
 
-- ``pipedream``, ``naive-async``, ``pipemare``: each "microbatch" is a minibatch (``M = 1``); a
-  ``U`` (microbatch field = that minibatch) follows every ``B``; replicas' ``k``-th ``U``'s
-  all-reduce together. Versions: ``pipedream`` stashes (B reads the version its F read, the
-  latest when F ran), ``vertical_sync=True`` makes every stage use the input stage's version;
-  ``naive-async``/``pipemare`` read the latest weights in F and in B (no stash).
+- ``pipedream``, ``naive-async``, ``pipemare``: by default each "microbatch" is a minibatch
+  (``M = 1``); a ``U`` (microbatch field = that minibatch) follows every ``B``; replicas' ``k``-th
+  ``U``'s all-reduce together. With ``M = N > 1`` microbatches per minibatch (PipeMare's setting,
+  Yang et al., MLSys'21, Table 1) the order is the same 1F1B over all ``N*K`` microbatches, never
+  flushed, with one ``U`` per stage per minibatch after its last ``B`` (gradients accumulate over
+  the minibatch's microbatches, which may have read different versions). Versions: ``pipedream``
+  stashes (B reads the version its F read, the latest when F ran), ``vertical_sync=True`` makes
+  every stage use the input stage's version; ``naive-async``/``pipemare`` read the latest weights
+  in F and in B (no stash). On a straight pipeline stage ``s`` (from 0) of ``P`` then reads, in
+  F, weights ``ceil((P - 1 - s) / N)`` updates older than the update its gradient lands in, and
+  in B (latest rule) the newest ones (:func:`pipelab.schedules.facts.stage_delays`).
 - ``2bw``, ``buffered``: ``M`` microbatches per minibatch, gradients coalesced, one ``U`` per stage
   per minibatch (microbatch field ``k``) right after its last ``B``. Minibatch ``k`` reads version
   ``max(0, k - d)`` on every stage, with ``d = 1`` for 2BW (W(t+1) = W(t) - nu grad f(W(t-1)),
@@ -58,8 +64,9 @@ def _orders(plan: Plan, total: int, extra: int = 0) -> tuple[list[list[Action]],
 
 def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool = False,
                         allreduce: bool = True, extra: dict[str, object] | None = None,
-                        extra_in_flight: int = 0) -> Schedule:
-    """PipeDream-style 1F1B without flush, ``M = 1``, a ``U`` after every ``B``.
+                        extra_in_flight: int = 0, microbatches: int = 1) -> Schedule:
+    """PipeDream-style 1F1B without flush: with ``microbatches = 1`` a ``U`` after every ``B``;
+    with ``N > 1`` one ``U`` per stage per minibatch of ``N`` microbatches, after its last ``B``.
 
     ``extra_in_flight = e`` admits ``e * lcm(replicas)`` more minibatches at every stage than NOAM
     (``e`` more per stage of a straight pipeline): PipeDream's NOAM keeps the pipeline full only
@@ -68,8 +75,14 @@ def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool 
     """
     if extra_in_flight < 0:
         raise ScheduleError(f"extra_in_flight={extra_in_flight} must be >= 0")
-    lists, _ = _orders(plan, K, extra_in_flight)
-    acts = [insert_updates(a) for a in lists]
+    M = microbatches
+    if M == 1:
+        lists, _ = _orders(plan, K, extra_in_flight)
+        acts = [insert_updates(a) for a in lists]
+    else:
+        lists, local = _orders(plan, M * K, extra_in_flight)
+        lead = {s: in_flight(plan.replicas, s, per_replica=False) for s in range(plan.num_stages)}
+        acts = [insert_minibatch_updates(a, loc, M, K, lead) for a, loc in zip(lists, local)]
     rule = methods.get(method).versions     # "stash" (pipedream) or "latest" (naive-async, pipemare)
     if vertical_sync and rule == "stash":
         if len(set(plan.replicas)) != 1:
@@ -77,7 +90,7 @@ def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool 
                                 f"version numbers match across stages); this plan has {plan.config!r}")
         rule = "vertical"
     ranks = tuple(s.ranks for s in plan.stages)
-    versions = assign_versions(rule, acts, ranks, 1)
+    versions = assign_versions(rule, acts, ranks, M)
     options: dict[str, object] = {
         "allreduce": allreduce and any(r > 1 for r in plan.replicas),
         "weights": rule,
@@ -90,7 +103,7 @@ def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool 
         method=method,
         num_stages=plan.num_stages,
         stage_ranks=ranks,
-        microbatches=1,
+        microbatches=M,
         minibatches=K,
         actions=tuple(tuple(a) for a in acts),
         versions=versions,
