@@ -46,7 +46,7 @@ from pipelab.partition.plan import Plan
 from pipelab.runtime import train
 from pipelab.schedules import build, validate
 from pipelab.schedules.dataflow import UnitCosts
-from pipelab.schedules.facts import stage_delays
+from pipelab.schedules.worker_view import stage_delays
 from pipelab.sim.simulate import simulate_schedule
 
 PS = range(2, 9)

@@ -18,7 +18,7 @@ What differs is when weights change and which version each action reads:
   every stage use the input stage's version; ``naive-async``/``pipemare`` read the latest weights
   in F and in B (no stash). On a straight pipeline stage ``s`` (from 0) of ``P`` then reads, in
   F, weights ``ceil((P - 1 - s) / N)`` updates older than the update its gradient lands in, and
-  in B (latest rule) the newest ones (:func:`pipelab.schedules.facts.stage_delays`).
+  in B (latest rule) the newest ones (:func:`pipelab.schedules.worker_view.stage_delays`).
 - ``2bw``, ``buffered``: ``M`` microbatches per minibatch, gradients coalesced, one ``U`` per stage
   per minibatch (microbatch field ``k``) right after its last ``B``. Minibatch ``k`` reads version
   ``max(0, k - d)`` on every stage, with ``d = 1`` for 2BW (W(t+1) = W(t) - nu grad f(W(t-1)),
