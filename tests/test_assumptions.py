@@ -17,7 +17,7 @@ from pipelab.costs import CostModel
 from pipelab.costs import devices as device_check
 from pipelab.models import demo
 from pipelab.partition.hetero import virtual_workers
-from pipelab.planner import _microbatch_counts
+from pipelab.planner.search import _microbatch_counts
 
 
 @pytest.fixture(scope="module")
