@@ -40,11 +40,9 @@ from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.worker_view import stage_delays
 from pipelab.sim.simulate import SimResult, simulate, virtual_plan
 
-#: methods searched by default: every registered one but the ablations (naive-async; buffered with
-#: its default K=2 is 2bw) and hetpipe (searched on clusters of mixed devices)
+#: every registered method but the ablations (naive-async; buffered at K=2 is 2bw) and hetpipe
 DEFAULT_METHODS = ("dp", "gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1", "pipedream", "2bw", "pipemare")
-#: partitioners of straight pipelines, tried at every stage count
-SPLITS = ("uniform", "balanced", "prefix-sum")
+SPLITS = ("uniform", "balanced", "prefix-sum")   # straight pipelines' partitioners, at every stage count
 COLUMNS = ("rank", "method", "synchronous", "partitioner", "config", "stages", "workers", "microbatches",
            "chunks", "recompute", "compression", "throughput", "time_per_minibatch_s", "bound_s",
            "peak_memory", "fits", "bubble_fraction", "versions", "delay", "staleness_risk", "pareto",
@@ -267,9 +265,12 @@ def _plans(profile: Profile, cluster: Cluster, cm: CostModel, need: set[str], op
     return out
 
 
-def _microbatch_counts(stages: int, batch: int, options: Sequence[int] | None) -> list[int]:
-    """``options`` (or P, 2P, 4P), those that divide the minibatch's samples (:mod:`pipelab.batching`)."""
-    cands = list(options) if options is not None else [default_microbatches(stages) * k for k in (1, 2, 4)]
+def _microbatch_counts(stages: int, batch: int, opts: Sequence[int] | None, *, divide: bool = True
+                       ) -> list[int]:
+    """``opts`` (or P, 2P, 4P) that divide the batch (``divide=False``: any, for synthetic profiles)."""
+    cands = list(opts) if opts is not None else [default_microbatches(stages) * k for k in (1, 2, 4)]
+    if not divide:
+        return sorted({m for m in cands if 1 <= m <= batch}) or [1]
     out = sorted({m for m in cands if 1 <= m <= batch and batch % m == 0})
     if out or batch < 1:
         return out or [1]
@@ -283,6 +284,7 @@ def _candidates(profile: Profile, cluster: Cluster, cm: CostModel, names: Sequen
     specs = [registry.get(m) for m in names]
     need = {"dp" if s.order == "dp" else "hetpipe" if s.order == "hetpipe" else "pipelined" for s in specs}
     plans = _plans(profile, cluster, cm, need, optimizer)
+    synthetic = profile.source == "synthetic"   # its times split into any microbatch count
     out: list[Candidate] = []
     for spec in specs:
         for pname, plan in plans:
@@ -298,7 +300,7 @@ def _candidates(profile: Profile, cluster: Cluster, cm: CostModel, names: Sequen
             elif is_dp:
                 ms = [cluster.num_workers] if cluster.num_workers <= profile.batch_size else []
             else:
-                ms = _microbatch_counts(P, profile.batch_size, microbatches)
+                ms = _microbatch_counts(P, profile.batch_size, microbatches, divide=not synthetic)
             cks: list[int | None] = [None]
             if spec.order == "interleaved":
                 cks = [v for v in chunks if v * P <= len(profile)]

@@ -587,34 +587,14 @@ def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | 
           port: int | None = None, stream: bool = True, **method_options: Any) -> RunResult:
     """Train ``model_fn()`` split by ``plan`` with ``method`` for ``steps`` minibatches; block until done.
 
-    ``data()`` yields ``(inputs, targets)`` minibatches (deterministically: every worker iterates
-    it); ``loss_fn(outputs, targets)`` returns the mean loss; ``optimizer(params)`` builds the
-    optimizer of one stage (e.g. ``functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)``).
-    Each minibatch is split into ``microbatches`` (default: one per stage, :mod:`pipelab.batching`).
-    ``backend`` is ``"gloo"`` (CPU processes), ``"nccl"`` (one GPU per worker) or ``"local"`` (the
-    single-process reference executor).
-    The schedule is ``pl.schedules.build(method, plan, microbatches=..., minibatches=steps,
-    **method_options)`` unless ``schedule`` is given. ``stream=False`` makes each worker process keep
-    its events and send them once, when it ends (no live view, no progress until then; the trace is the
-    same). Raises :class:`WorkerError` if a worker fails.
+    ``data()`` yields ``(inputs, targets)`` minibatches (every worker iterates it); ``loss_fn(outputs,
+    targets)`` returns the mean loss; ``optimizer(params)`` builds one stage's optimizer. ``backend``:
+    ``"gloo"``, ``"nccl"`` or ``"local"`` (the reference executor). ``schedule`` overrides
+    ``schedules.build(method, plan, ...)``; ``stream=False`` sends each worker's events once, at its end.
+    Raises :class:`WorkerError` if a worker fails.
     """
-    run = launch(
-        model_fn,
-        plan,
-        method=method,
-        data=data,
-        loss_fn=loss_fn,
-        optimizer=optimizer,
-        steps=steps,
-        microbatches=microbatches,
-        backend=backend,
-        seed=seed,
-        timeout=timeout,
-        trace_path=trace_path,
-        progress=progress,
-        schedule=schedule,
-        port=port,
-        stream=stream,
-        **method_options,
-    )
+    run = launch(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
+                 microbatches=microbatches, backend=backend, seed=seed, timeout=timeout,
+                 trace_path=trace_path, progress=progress, schedule=schedule, port=port, stream=stream,
+                 **method_options)
     return run.wait()

@@ -233,13 +233,9 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     (makespan / K); async methods between the ``w``-th and the ``(K - w)``-th minibatch completion,
     ``w`` = minibatches in flight at the input stage (warm-up and drain excluded).
 
-    ``memory`` maps stage -> (static bytes: weights, gradient buffer and optimizer state; activation
-    bytes per microbatch; bytes of one extra weight version[; bytes of buffers always held[; bytes
-    of the output gradient a split B keeps for W]]) to get a
-    memory timeline (:func:`_memory`); without it memory is reported as 0. ``host_effects``: also
-    apply that record's crossing pass (:func:`pipelab.sim.host_effects.run_with`; its per-message
-    term comes with ``costs``, a :class:`~pipelab.sim.host_effects.HostCosts`); None: the core model
-    alone.
+    ``memory`` maps stage -> its byte terms (:func:`_memory`; without it memory is 0).
+    ``host_effects``: also apply that record's crossing pass (:mod:`pipelab.sim.host_effects`);
+    None: the core model alone.
     """
     costs = costs if costs is not None else UnitCosts()
     try:
@@ -375,22 +371,14 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
              host_effects: HostEffects | bool = False, **options: Any) -> SimResult:
     """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
 
-    ``plan`` may be a Plan from ``pl.partition`` or an int P (an even straight plan); ``cluster`` a
-    Cluster or a spec string (``"flat:2"``, ``"pipedream-a:4x4"``). For
-    ``interleaved-1f1b`` (``chunks=v``) a plan with ``P`` stages is re-split into ``v * P`` virtual
-    stages of balanced compute. ``compression``: the activation compression, as ``train`` names it
-    (``"fp16"``, ``"bf16"``, ``"int8"``) or a ratio (``compression_ratio=`` is its deprecated
-    spelling). ``schedule`` overrides the built schedule (a custom order from
-    ``Schedule.from_csv``). ``allreduce_overlap`` is how a replicated stage's gradient all-reduce
-    meets backward (:class:`~pipelab.costs.CostModel`): ``"ddp"`` (default) layer by layer
-    behind it, ``"none"`` after it, as pipelab's runtime does; ``allreduce_bandwidth`` (bytes/s)
-    the links' bandwidth inside an all-reduce where it differs from point-to-point (None: the
-    cluster's). ``host_staging_bandwidth`` (bytes/s of a device-host copy) prices CUDA stages
-    over gloo (``train(device="cuda")``): each message and all-reduce adds a device-to-host and a
-    host-to-device copy (:meth:`~pipelab.costs.prices.Prices.staging_s`). ``host_effects``: what one
-    machine adds to the core model (:mod:`pipelab.sim.host_effects`): ``True`` for the cluster's
-    calibrated record (``Calibration.host_effects``), a :class:`~pipelab.calibration.HostEffects` of
-    one's own, ``False`` (default) for the core model alone. Returns a :class:`SimResult`.
+    ``plan``: a Plan or an int P (an even straight plan); ``cluster``: a Cluster or a spec string
+    (``"flat:2"``). ``interleaved-1f1b`` (``chunks=v``) re-splits P stages into ``v * P`` virtual ones.
+    ``compression``: ``"fp16"``, ``"bf16"``, ``"int8"`` or a ratio. ``schedule`` overrides the built one.
+    ``allreduce_overlap``: ``"ddp"`` (layer by layer behind the backward) or ``"none"`` (after it, as
+    pipelab's runtime); ``allreduce_bandwidth``: the all-reduce's link rate where it differs.
+    ``host_staging_bandwidth``: device-host copies of CUDA stages over gloo. ``host_effects``: ``True``
+    for the cluster's calibrated :class:`~pipelab.calibration.HostEffects`, a record, or ``False``
+    (default) for the core model alone. Returns a :class:`SimResult`.
     """
     cluster = Cluster.of(cluster)
     host = _host_effects_of(host_effects, cluster)

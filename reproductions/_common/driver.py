@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,21 @@ def quickstart(*, image_size: int = 64, batch: int = 4, repeats: int = 3, device
         "138,357,544)"
     )
     return 0
+
+
+def convergence_subset(out: Path) -> list[str]:
+    """Run the convergence grid's stated subset (``grid.py`` at its defaults) and its report into ``out``.
+
+    Returns the failures, one line each (the full grid is ``grid.py --full``, see its README)."""
+    out.mkdir(parents=True, exist_ok=True)
+    here = REPRODUCTIONS / "convergence"
+    steps = ((here / "grid.py", "--out", str(out / "cells_subset.csv")),
+             (here / "report.py", str(out / "cells_subset.csv"), "--out", str(out)))
+    for script, *args in steps:
+        done = subprocess.run([sys.executable, str(script), *args], check=False)
+        if done.returncode:
+            return [f"convergence: {script.name} exited {done.returncode}"]
+    return []
 
 
 @dataclass(frozen=True)
@@ -152,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pipelab reproduce", description=(
         "Run the reproductions under reproductions/ (PipeDream Table 1, weight stashing, HetPipe, weight "
         "buffer) with papermill, write their tables and reports, and print the Table 1 comparison."))
-    p.add_argument("--only", default="table1,measure,weight_stashing,hetpipe,weight_buffer,sim_accuracy",
+    p.add_argument("--only",
+                   default="table1,measure,weight_stashing,hetpipe,weight_buffer,sim_accuracy,convergence",
                    help="comma-separated parts to run (default: all)")
     p.add_argument(
         "--quick", action="store_true", help="tiny sizes (seconds, for tests); results go to --out"
@@ -171,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick and not args.out:
         p.error("--quick writes tiny results: give --out DIR so that the committed results stay as they are")
     parts = [s.strip() for s in args.only.split(",") if s.strip()]
-    known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer", "sim_accuracy"}
+    known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer", "sim_accuracy",
+             "convergence"}
     if unknown := set(parts) - known:
         p.error(f"unknown part(s) {sorted(unknown)}; choose from {sorted(known)}")
     out_root = Path(args.out).resolve() if args.out else None
@@ -255,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     total = sum(len(v) for v in jobs.values())
     failures: list[str] = []
+    if "convergence" in parts and not quick:
+        failures += convergence_subset(out_of("convergence") / "subset")
     done: dict[str, list[tuple[Job, Path]]] = {}
     with tempfile.TemporaryDirectory() as tmpdir, tqdm(total=total, desc="reproduce", unit="notebook") as bar:
         tmp = Path(tmpdir)
