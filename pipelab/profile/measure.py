@@ -423,10 +423,8 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
                         repeats: int) -> tuple[list[float], Any, dict[int, str]]:
     """Median forward seconds of every layer, timed inside whole forward passes (grad enabled).
 
-    Timing each layer where it really runs (its inputs just produced by the layer before, the
-    autograd graph growing as in training) makes the layer times add up to the model's forward
-    time; timing a layer alone on a warm copy of its input can miss allocator and cache effects.
-    Also returns the model output of the last pass (detached), for measuring a loss, and its
+    Timing each layer where it really runs makes the layer times add up to the model's forward
+    time (a layer alone on a warm input misses allocator and cache effects). Also returns the model output of the last pass (detached), for measuring a loss, and its
     tensors' storage addresses -> the values (fx node names) they are.
     """
     nodes = list(gm.graph.nodes)
