@@ -424,8 +424,8 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
     """Median forward seconds of every layer, timed inside whole forward passes (grad enabled).
 
     Timing each layer where it really runs makes the layer times add up to the model's forward
-    time (a layer alone on a warm input misses allocator and cache effects). Also returns the model output of the last pass (detached), for measuring a loss, and its
-    tensors' storage addresses -> the values (fx node names) they are.
+    time (a layer alone on a warm input misses allocator and cache effects). Also returns the last
+    pass's output (detached) and its tensors' storage addresses -> their fx node names.
     """
     nodes = list(gm.graph.nodes)
     # only layer heads are timed; the getitems unpacking their outputs run untimed (they copy nothing)
