@@ -27,7 +27,7 @@ workers = 2              # pipeline stages (one worker each)
 method = "1f1b-flush"    # try "gpipe", "pipedream", "2bw"
 microbatches = 4         # per minibatch
 batch_size = 64
-steps = 200              # minibatches to train (enough for a steady rate on a busy machine)
+steps = 600              # minibatches to train (a steady rate, and a live chart that fills in)
 rounds = 5               # the measured rate is compared in this many consecutive parts of the run
 cluster_file = None      # a calibrated cluster JSON (`pipelab calibrate -o me.json`); None: calibrate here
 
