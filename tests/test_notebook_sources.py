@@ -78,8 +78,8 @@ def test_the_comparison_reports_a_notebook_out_of_sync(tmp_path: Path) -> None:
     assert cell_differences(ipynb.with_suffix(".py"), ipynb) == []
 
     edited = tmp_path / "01_quickstart.py"
-    assert "\nsteps = 200 " in text
-    edited.write_text(text.replace("\nsteps = 200 ", "\nsteps = 201 ", 1), encoding="utf-8")
+    assert "\nsteps = 600 " in text
+    edited.write_text(text.replace("\nsteps = 600 ", "\nsteps = 601 ", 1), encoding="utf-8")
     problems = cell_differences(edited, ipynb)
     assert len(problems) == 1 and problems[0].startswith("cell 1: source differs"), problems
 
