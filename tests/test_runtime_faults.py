@@ -47,7 +47,8 @@ def test_train_with_a_missing_job_file_prints_one_line(tmp_path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"pipelab train: error: no job file {tmp_path / 'nonexistent.json'} (pass the path of a job.json; examples/job.json is one)"]
+        f"pipelab train: error: no job file {tmp_path / 'nonexistent.json'} (pass the path of a job.json; "
+        "examples/job.json is one)"]
     bad = tmp_path / "job.json"
     bad.write_text("{not json")
     proc = subprocess.run([sys.executable, "-m", "pipelab.cli", "train", str(bad)],
