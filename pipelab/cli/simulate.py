@@ -32,9 +32,6 @@ from pipelab.sim.simulate import simulate
 
 PROG = "pipelab simulate"
 
-_PARTITIONER = {"dp": "dp", "gpipe": "gpipe", "hetpipe": "hetpipe", "buffered": "prefix-sum"}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pipelab simulate``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -72,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan = Plan.load(args.plan)
         else:
             plan = partition(
-                prof, cluster, method=args.partition or _PARTITIONER.get(args.method, "pipedream")
+                prof, cluster, method=args.partition or methods.get(args.method).partitioner
             )
         opts: dict[str, Any] = {}
         if args.chunks is not None:
