@@ -148,8 +148,8 @@ class Calibration(Described):
 
     * ``allreduce_after``: ``(compute seconds, latency seconds)`` points, the ring's per-step latency
       measured inside ``dp`` runs whose replicas compute that long between two all-reduces
-      (:func:`pipelab.calibrate.allreduce_in_run` at two batch sizes): on this project's VM an
-      all-reduce after a long compute waits several times longer than after a short one
+      (:func:`pipelab.calibrate.allreduce_in_run` at two batch sizes), since an all-reduce after a
+      long compute can wait longer than after a short one
       (``reproductions/benchmarks/allreduce_after_compute.py``). :meth:`allreduce_latency`
       interpolates it; empty (``allreduce_latency_s`` whatever the compute) in older files.
 

@@ -72,11 +72,8 @@ def _crossings(run: Any, pooled: dict[tuple[int, str, str], list[float]], cross_
 def interleaved_crossing(repeats: int, backend: str = "gloo", steps: int = 48) -> list[float]:
     """The crossing extra (:func:`_crossings`) of an interleaved schedule, one figure per round: a
     two-worker ``interleaved-1f1b`` run (two chunks a worker, 4 microbatches) of
-    :func:`tiny.medium_model` cut in four. The stall a crossed action pays depends on the schedule
-    (measured in real runs, 2026-11-26: 400-420 us per crossed action in interleaved 1F1B, 730-840 us in
-    1F1B-flush, against one constant of about 1 ms from the tiny model's ``1f1b-flush`` run that
-    :func:`message_overhead` makes); the medium model's interleaved run gave 409-516 us. Interleaving
-    crosses on most actions, so a round holds hundreds of crossings."""
+    :func:`tiny.medium_model` cut in four. The stall a crossed action pays depends on the schedule,
+    so interleaving gets its own figure; it crosses on most actions, so a round holds hundreds."""
     n = len(layer_nodes(trace(medium_model())))     # the plan needs the count only: no profile
     plan = Plan.from_boundaries(n, [n // 4, n // 2, 3 * n // 4], batch_size=64)
     out: list[float] = []

@@ -4,10 +4,8 @@ On a CPU, each worker computes on one thread, and the backend's I/O threads (glo
 wake whenever a message or an all-reduce moves. Left to the scheduler, a worker's threads migrate
 between the cores and preempt the other worker's compute. Pinning each worker process (and so every
 thread it starts) to its own core, as ``torchrun --numa-binding`` and DeepSpeed's
-``--bind_cores_to_rank`` do, measured here (2 cores, two gloo workers, 3 alternating rounds, paired
-medians, two runs; ``reproductions/benchmarks/README.md``): data parallelism 1.10-1.32x faster on the
-digits CNN, the asynchronous methods up to 1.18x, most flushed pipelines within noise; not a win
-everywhere (CNN 1f1b-flush 0.92x in one run, 1.05x in the other).
+``--bind_cores_to_rank`` do, helps some methods and not others (``reproductions/benchmarks/pin_cores.py``
+and its README section measure it).
 
 ``pin_cores=None`` (the default) pins when the workers of this host fit its cores (the ones this
 process may run on); ``True`` pins anyway (round robin over the cores); ``False`` never pins.

@@ -207,9 +207,9 @@ def tune_malloc() -> bool:
     A training step frees and reallocates the same large buffers (weight gradients, GEMM outputs,
     copy-on-write weight versions). With glibc's defaults (dynamic mmap and trim thresholds that
     start at 128 KiB) such blocks go back to the kernel when freed, so each step page-faults them in
-    again: measured here, ~6,000 faults and about a third of the time of an 8-row step of
-    8 x Linear(1024, 1024). ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` (glibc's maximum on 64-bit)
-    and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` keep them (as PyTorch's caching allocators do on GPUs);
+    again (``reproductions/benchmarks/README.md`` has the count). ``mallopt(M_MMAP_THRESHOLD, 32 MiB)``
+    (glibc's maximum on 64-bit) and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` keep them (as PyTorch's
+    caching allocators do on GPUs);
     the cost is that the process does not shrink after a peak. Called in the runtime's worker
     processes only (never in the user's process). A no-op, returning False, where libc is not glibc
     or the user set ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` themselves.
