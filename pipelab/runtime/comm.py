@@ -21,6 +21,13 @@ sequence for that peer (a deviation raises at once instead of delivering the wro
 always runs in ``"order"`` mode; ``PIPELAB_P2P_MATCH=order`` selects it for gloo (the tests run
 every method both ways and compare the weights bit for bit).
 
+Lanes. With gloo, two messages crossing between one pair of workers (a backward's gradient going up
+while the peer's activation comes down, as 1F1B does every step) share one connection, whose lock the
+sender and both processes' I/O threads contend for: each crossing costs about a round trip of spinning.
+So the gloo transport sends on two process groups, one *lane* per direction (lower rank to higher, higher
+to lower); each connection then carries one direction of data. Every message of one ordered pair
+travels on the same lane, so the per-pair order above is kept.
+
 CUDA stages over gloo: gloo moves CPU tensors only, so a worker whose stages compute on a CUDA
 device stages every message through host memory (a device-to-host copy before the send, a
 host-to-device copy after the receive; the all-reduce likewise), PipeDream's own way of running
@@ -257,11 +264,13 @@ class DistComm:
     ``match="order"`` (see the module doc) sends with tag 0 and needs ``orders``, the
     ``(sends, receives)`` of :func:`peer_orders`; every send and posted receive is checked against
     them. ``through_host=True`` stages CUDA tensors through host memory (gloo with CUDA stages).
+    ``lanes``: the (lower-to-higher, higher-to-lower) process groups of the module doc's lanes; ``None``
+    sends everything on the default group.
     """
 
     def __init__(self, rank: int, device: torch.device, groups: dict[int, Any], *, match: str = "tag",
                  orders: tuple[dict[int, list[int]], dict[int, list[int]]] | None = None,
-                 through_host: bool = False) -> None:
+                 through_host: bool = False, lanes: tuple[Any, Any] | None = None) -> None:
         if match not in MATCH_MODES:
             raise ValueError(f"match={match!r}; use one of {MATCH_MODES}")
         if match == "order" and orders is None:
@@ -277,6 +286,11 @@ class DistComm:
         self._posted: dict[tuple[int, int], tuple[Any, torch.Tensor, list[TensorSpec]]] = {}
         self._sends: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}   # (dst, tag) -> (work, buffer)
         self._local: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self.lanes = lanes
+
+    def _lane(self, src: int, dst: int) -> Any:
+        """The process group a message from ``src`` to ``dst`` travels on."""
+        return None if self.lanes is None else self.lanes[0 if src < dst else 1]
 
     def _in_order(self, side: int, peer: int, t: int) -> int:
         """The wire tag of message ``t`` to/from ``peer`` (``side`` 0: send, 1: receive); in order mode,
@@ -303,7 +317,7 @@ class DistComm:
             return
         wire_tag = self._in_order(1, r.src, r.tag)
         buf = empty_for(r.specs, self.wire)
-        work = dist.irecv(buf, src=r.src, tag=wire_tag)
+        work = dist.irecv(buf, src=r.src, tag=wire_tag, group=self._lane(r.src, self.rank))
         self._posted[key] = (work, buf, r.specs)
 
     def wait(self, r: Recv) -> list[torch.Tensor]:
@@ -330,7 +344,8 @@ class DistComm:
         buf = pack(s.tensors)
         if buf.device != self.wire:      # device-to-host copy (synchronous: the buffer is complete)
             buf = buf.to(self.wire)
-        self._sends[(s.dst, s.tag)] = (dist.isend(buf, dst=s.dst, tag=wire_tag), buf)
+        work = dist.isend(buf, dst=s.dst, tag=wire_tag, group=self._lane(self.rank, s.dst))
+        self._sends[(s.dst, s.tag)] = (work, buf)
         return nbytes
 
     def retire(self, keys: Sequence[tuple[int, int]]) -> None:

@@ -204,7 +204,11 @@ def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups:
     if want:
         raise RuntimeError(f"shared_memory=True needs the gloo backend on one x86-64 Linux host (backend "
                            f"{job.backend!r} here, or the workers run on several hosts); leave it out")
-    return DistComm(rank, device, groups, match=mode, orders=orders, through_host=through_host)
+    lanes = None
+    if job.backend == "gloo":   # one process group per direction (see pipelab.runtime.comm, "Lanes")
+        world = list(range(job.world_size))
+        lanes = (dist.new_group(world), dist.new_group(world))
+    return DistComm(rank, device, groups, match=mode, orders=orders, through_host=through_host, lanes=lanes)
 
 
 def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
