@@ -2,7 +2,7 @@
 
 * :func:`p2p_and_allreduce`: a group of worker processes (the backend's own process group, one
   thread each) times one-way messages between ranks 0 and 1 (half a ping-pong round trip, sent
-  and received as the runtime does, with ``isend``/``irecv``, after an idle moment as between a
+  and received as the runtime does, with ``isend``/``irecv`` on one process group per direction, after an idle moment as between a
   pipeline's actions) over a sweep of sizes, and all-reduces (after a moment of compute and a
   barrier, as once per minibatch) over sizes and group sizes 2..workers;
 * :func:`optimizer_steps`: ``step()`` of SGD, SGD with momentum and Adam over parameter sets of
@@ -74,6 +74,7 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
+        up, down = dist.new_group(list(range(world))), dist.new_group(list(range(world)))   # the runtime's lanes
         p2p: list[tuple[int, int, float]] = []         # (round, bytes, one-way seconds)
         for r in range(repeats):
             for n in sizes:
@@ -87,12 +88,12 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
                     if rank == 0:
                         time.sleep(IDLE_S)
                         t0 = time.perf_counter()
-                        _wait(dist.isend(buf, 1))
-                        _wait(dist.irecv(buf, 1))
+                        _wait(dist.isend(buf, 1, group=up))
+                        _wait(dist.irecv(buf, 1, group=down))
                         trips.append((time.perf_counter() - t0) / 2)
                     elif rank == 1:
-                        _wait(dist.irecv(buf, 0))
-                        _wait(dist.isend(buf, 0))
+                        _wait(dist.irecv(buf, 0, group=up))
+                        _wait(dist.isend(buf, 0, group=down))
                 if rank == 0:
                     p2p.append((r, n, statistics.median(trips[1:])))
         groups: dict[int, Any] = {p: dist.new_group(list(range(p))) for p in range(2, world + 1)}
