@@ -61,7 +61,7 @@ from typing import Any
 
 from pipelab._display import Described
 from pipelab._io import read_record, write_record
-from pipelab.calibration import Calibration
+from pipelab.measured import Calibration
 from pipelab.transports import (
     GLOO_ALLREDUCE_BUS_BANDWIDTH,
     HOST_COPY_BYTES_PER_S,

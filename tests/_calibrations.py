@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from pipelab.calibration import Calibration
+from pipelab.measured import Calibration
 
 
 def bare_calibration(**kw: object) -> Calibration:

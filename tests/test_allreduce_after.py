@@ -12,9 +12,9 @@ import pytest
 from _calibrations import bare_calibration
 
 import pipelab as pl
-from pipelab.calibration import Calibration
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
+from pipelab.measured import Calibration
 
 
 def _cal(**kw: object) -> Calibration:

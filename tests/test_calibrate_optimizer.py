@@ -10,7 +10,7 @@ import json
 from _calibrations import bare_calibration
 
 from pipelab.calibrate import probes
-from pipelab.calibration import Calibration, HostEffects
+from pipelab.measured import Calibration, HostEffects
 
 
 def test_the_optimizer_probe_times_each_optimizer_per_size_and_tensor_count(monkeypatch) -> None:

@@ -14,9 +14,9 @@ from torch import nn
 
 from pipelab.calibrate.fit import fit_step
 from pipelab.calibrate.model import factors
-from pipelab.calibration import Calibration
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
+from pipelab.measured import Calibration
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.profile.records import Layer, Profile

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelab.calibrate import _extra
-from pipelab.calibration import HostEffects
+from pipelab.calibrate.crossings import _extra
+from pipelab.measured import HostEffects
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action
 from pipelab.schedules.crossing import Stalled, arrived_actions, crossed_actions
@@ -141,8 +141,8 @@ def test_an_interleaved_schedule_takes_its_own_crossing_stall() -> None:
 def test_the_core_simulation_has_no_host_effect_unless_asked() -> None:
     """A calibrated cluster's host effects apply only with host_effects=True (or a record): the
     default simulation is the core model's, and a neutral record gives exactly the same result."""
-    from pipelab.calibration import Calibration
     from pipelab.cluster import Cluster
+    from pipelab.measured import Calibration
     from pipelab.profile.records import Profile
     from pipelab.sim import simulate
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipelab.calibration import HostEffects
+from pipelab.measured import HostEffects
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reproductions" / "sim_accuracy"))
 import held_out  # noqa: E402

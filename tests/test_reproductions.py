@@ -265,8 +265,8 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     import dataclasses
     import socket
 
-    from pipelab.calibration import HostEffects
     from pipelab.cluster import Calibration, Cluster
+    from pipelab.measured import HostEffects
 
     cal = Calibration(host=socket.gethostname(), backend="gloo", device="cpu:test", date="2026-11-25",
                       torch="2.14.1", cores=2, workers=2, p2p_latency_s=1e-4, p2p_bandwidth=2e9,

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from pipelab.calibrate.fit import spread
-from pipelab.calibration import FACTOR_KINDS
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
+from pipelab.measured import FACTOR_KINDS
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile

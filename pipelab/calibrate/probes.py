@@ -1,17 +1,14 @@
-"""The measurements behind calibration: each returns raw timings, which :mod:`.fit` turns into terms.
+"""The raw measurements behind calibration (:mod:`.fit` turns them into terms).
 
-* :func:`p2p_and_allreduce`: a group of worker processes (the backend's own process group, one
-  thread each) times one-way messages between ranks 0 and 1 (half a ping-pong round trip, sent
-  and received as the runtime does, with ``isend``/``irecv`` on one process group per direction, after an idle moment as between a
-  pipeline's actions) over a sweep of sizes, and all-reduces (after a moment of compute and a
-  barrier, as once per minibatch) over sizes and group sizes 2..workers;
-* :func:`optimizer_steps`: ``step()`` of SGD, SGD with momentum and Adam over parameter sets of
-  several sizes, in this process;
-* :func:`memory_copy`: a large tensor copy (read plus write), in this process.
+* :func:`p2p_and_allreduce`: worker processes (one thread each, pinned as the runtime pins them) time
+  one-way messages between ranks 0 and 1 (half a ping-pong, on the runtime's two lanes, after an idle
+  moment as between a pipeline's actions) over a sweep of sizes, and all-reduces after a moment of
+  compute over sizes and group sizes 2..workers;
+* :func:`optimizer_steps`: ``step()`` of SGD, SGD with momentum and Adam over several parameter sets;
+* :func:`memory_copy`: a large tensor copy.
 
-The worker processes are started with the ``spawn`` method, each reports through a queue, and the
-parent reaps every one of them: a worker that fails or outlives ``timeout`` ends the measurement
-with an error naming its rank, and the others are killed.
+Every worker process is reaped: one that fails or outlives ``timeout`` ends the measurement with an
+error naming its rank.
 """
 
 from __future__ import annotations
@@ -74,7 +71,8 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
-        up, down = dist.new_group(list(range(world))), dist.new_group(list(range(world)))   # the runtime's lanes
+        up: Any = dist.new_group(list(range(world)))
+        down: Any = dist.new_group(list(range(world)))
         p2p: list[tuple[int, int, float]] = []         # (round, bytes, one-way seconds)
         for r in range(repeats):
             for n in sizes:
@@ -83,8 +81,7 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
                 dist.barrier()
                 trips = []
                 for _ in range(k + 1):     # the first trip warms the connection for this size
-                    # as in a pipeline run, messages come between compute: idle a moment before each,
-                    # so the trip pays the wake-ups a runtime message pays, not a hot loop's latency
+                    # idle first: a pipeline's messages come between actions and pay the wake-ups
                     if rank == 0:
                         time.sleep(IDLE_S)
                         t0 = time.perf_counter()
@@ -107,19 +104,12 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
                         dist.all_reduce(buf, group=g)   # warm-up
                         ts = []
                         for _ in range(max(_trips(n), AR_TRIPS)):
-                            # once per minibatch in a run, right after a backward: the runtime's U
-                            # follows compute at once, and the replicas meet in the all-reduce, with no
-                            # barrier to line them up first (measured: 153 kB take 0.63 ms after an idle
-                            # moment, 1.8 ms after compute; 856 kB 1.9-2.4 ms after compute and a
-                            # barrier, 3.2-3.9 ms without it, as the runtime's U of a transformer
-                            # stack takes 3.5-4.4 ms)
+                            # as a run's U: right after compute, with no barrier first
                             _compute(BUSY_S)
                             t0 = time.perf_counter()
                             dist.all_reduce(buf, group=g)
                             ts.append(time.perf_counter() - t0)
-                        # the mean, not the median: after compute an all-reduce takes either about
-                        # 0.3 ms or a scheduler slice (1.7-3.4 ms for 4 kB, measured), and a run pays
-                        # the expected value of that mix once per minibatch
+                        # the mean: after compute one takes ~0.3 ms or a scheduler slice; a run pays the mix
                         ar.append((r, n, p, statistics.fmean(ts)))
         dist.barrier()
         queue.put(("ok", rank, {"p2p": p2p, "allreduce": ar}))
@@ -231,26 +221,16 @@ def last_level_cache_bytes(default: int = 32 << 20,
         return default
 
 
-#: bytes a probe writes between two timed optimizer steps, the host's last-level cache: in a run, a
-#: forward and a backward come between two steps and leave the weights, gradients and optimizer state
-#: out of the caches. Measured here (32 MB of L3): writing that much, three calibrations' fits put a
-#: CNN stage's step at 119-130 us and a transformer stage's at 302-303 us (in runs about 100-135 and
-#: 350-410 us); writing twice as much, 188-260 and 380-454 us, and a fixed part that moved 163-241 us
+#: bytes written between two timed optimizer steps (the last-level cache): as a run's forward and
+#: backward evict the weights, gradients and state between two steps
 EVICT_BYTES = last_level_cache_bytes()
 
 
 def optimizer_steps(param_bytes: Sequence[int], repeats: int,
                     tensor_counts: Sequence[int] = TENSOR_COUNTS) -> dict[str, list[tuple[int, int, float]]]:
     """Per optimizer, ``(parameter bytes, parameter tensors, median seconds of one step())`` over
-    ``param_bytes`` x ``tensor_counts`` (float32 tensors of equal size; the first steps, which
-    allocate the optimizer's state, are not timed).
-
-    Timed as the runtime's ``U`` has it: ``step()`` then ``zero_grad(set_to_none=True)``, on
-    gradients a backward has just written (fresh tensors) after :data:`EVICT_BYTES` of other memory
-    were written (a run's forward and backward evict the caches between two steps). Measured on
-    the 2-core VM: inside the runtime, the step and ``zero_grad`` of a transformer stage (26-28
-    tensors, 430 KB, SGD with momentum) took 349-431 us; timed back to back on the same gradients
-    with everything in cache the probe's fit predicted 159-166 us, timed this way 302-303 us."""
+    ``param_bytes`` x ``tensor_counts``, timed as the runtime's ``U`` has it: ``step()`` then
+    ``zero_grad(set_to_none=True)`` on fresh gradients, after :data:`EVICT_BYTES` of other writes."""
     evict = torch.empty(EVICT_BYTES // 4)
     out: dict[str, list[tuple[int, int, float]]] = {}
     for name, make in OPTIMIZERS.items():

@@ -360,7 +360,7 @@ class Prices:
         (at ``allreduce_bandwidth`` per link where it is set), or of one flat ring through them where the
         cluster's ``allreduce_ring`` is ``"flat"``. On a calibrated cluster, ``compute_s``
         (what each replica computed since the last all-reduce) picks the ring's latency
-        (:meth:`~pipelab.calibration.Calibration.allreduce_latency`; None: the calibration's one)."""
+        (:meth:`~pipelab.measured.Calibration.allreduce_latency`; None: the calibration's one)."""
         ws = sorted(set(int(w) for w in workers))
         for w in ws:
             self.cluster.speed(w)

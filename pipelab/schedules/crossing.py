@@ -3,7 +3,7 @@
 On a host where gloo's I/O threads compete with the compute threads for as many cores as there are
 workers, an action whose message crosses one in the opposite direction on the same pair of workers
 can take longer (``gpipe``, whose two directions never overlap, never crosses). This is a host effect
-(:class:`pipelab.calibration.HostEffects`), applied only where asked (:mod:`pipelab.sim.host_effects`);
+(:class:`pipelab.measured.HostEffects`), applied only where asked (:mod:`pipelab.sim.host_effects`);
 ``reproductions/sim_accuracy/README.md`` measures whether it earns its place.
 
 :func:`crossed_actions` says which actions of a trace crossed, by one rule for a measured and a

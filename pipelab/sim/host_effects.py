@@ -3,7 +3,7 @@
 The core (:class:`pipelab.sim.simulate.ProfileCosts` over :class:`pipelab.costs.CostModel`) prices
 compute, transfers, all-reduce, the optimizer step and memory, and the runtime's own seconds per
 action and message: mechanisms every machine has, each with its calibrated value. A
-:class:`~pipelab.calibration.HostEffects` record (``Calibration.host_effects``) holds what
+:class:`~pipelab.measured.HostEffects` record (``Calibration.host_effects``) holds what
 :func:`pipelab.calibrate.calibrate` measured on one host beyond them; the simulator applies it only
 when asked (``pl.simulate(..., host_effects=True)`` for the calibration's record, or a record of
 one's own):
@@ -25,7 +25,7 @@ no term makes an action shorter.
 from __future__ import annotations
 
 import pipelab.metrics as metrics
-from pipelab.calibration import HostEffects
+from pipelab.measured import HostEffects
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.crossing import Stalled, crossed_actions
 from pipelab.schedules.dataflow import Costs, Delegating, run

@@ -377,7 +377,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
     ``allreduce_overlap``: ``"ddp"`` (layer by layer behind the backward) or ``"none"`` (after it, as
     pipelab's runtime); ``allreduce_bandwidth``: the all-reduce's link rate where it differs.
     ``host_staging_bandwidth``: device-host copies of CUDA stages over gloo. ``host_effects``: ``True``
-    for the cluster's calibrated :class:`~pipelab.calibration.HostEffects`, a record, or ``False``
+    for the cluster's calibrated :class:`~pipelab.measured.HostEffects`, a record, or ``False``
     (default) for the core model alone. Returns a :class:`SimResult`.
     """
     cluster = Cluster.of(cluster)

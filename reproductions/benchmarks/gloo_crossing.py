@@ -1,4 +1,4 @@
-"""The crossing stall: two gloo processes exchanging a message each way per round, on one process group or on two.
+"""The crossing stall: two gloo processes swap a message each way per round, on one process group or two.
 
 Each of 2 processes (one thread, pinned as pipelab pins its workers) runs rounds of: post a receive
 from the peer, compute ``--compute-us`` microseconds, send ``--bytes`` to the peer, wait for both. The
@@ -40,7 +40,8 @@ def _busy(us: float) -> None:
         pass
 
 
-def _worker(rank: int, port: int, lanes: bool, trips: int, compute_us: float, nbytes: int, out: Any) -> None:
+def _worker(rank: int, port: int, lanes: bool, trips: int, compute_us: float, nbytes: int,
+            out: Any) -> None:
     torch.set_num_threads(1)
     pin_worker(rank, 2)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
@@ -75,7 +76,8 @@ def one_run(lanes: bool, trips: int, compute_us: float, nbytes: int) -> float:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    ps = [ctx.Process(target=_worker, args=(r, port, lanes, trips, compute_us, nbytes, q)) for r in range(2)]
+    ps = [ctx.Process(target=_worker, args=(r, port, lanes, trips, compute_us, nbytes, q))
+          for r in range(2)]
     for p in ps:
         p.start()
     try:
@@ -96,19 +98,23 @@ def main() -> None:
     ap.add_argument("--compute-us", type=float, default=150.0)
     ap.add_argument("--bytes", type=int, default=2048)
     args = ap.parse_args()
-    print(f"start: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}")
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"start: {now}, load average {os.getloadavg()[0]:.1f}")
     got: dict[str, list[float]] = {"one group": [], "lanes": []}
     for r in range(args.rounds):
         order = [False, True] if r % 2 == 0 else [True, False]
         for lanes in order:
-            got["lanes" if lanes else "one group"].append(one_run(lanes, args.trips, args.compute_us, args.bytes))
-        print(f"round {r}: one group {got['one group'][-1]:.0f} us, lanes {got['lanes'][-1]:.0f} us", flush=True)
-    print(f"\n{args.bytes} B each way per round, {args.compute_us:.0f} us of compute between posting and sending:")
+            us = one_run(lanes, args.trips, args.compute_us, args.bytes)
+            got["lanes" if lanes else "one group"].append(us)
+        one, lanes_us = got["one group"][-1], got["lanes"][-1]
+        print(f"round {r}: one group {one:.0f} us, lanes {lanes_us:.0f} us", flush=True)
+    print(f"\n{args.bytes} B each way per round, {args.compute_us:.0f} us of compute before sending:")
     for k, v in got.items():
         print(f"  {k:9s} {statistics.median(v):6.0f} us per round [{min(v):.0f}-{max(v):.0f}], "
               f"{statistics.median(v) - args.compute_us:5.0f} us above the compute")
     ratios = [a / b for a, b in zip(got["one group"], got["lanes"])]
-    print(f"  one group / lanes, paired: median {statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]")
+    print(f"  one group / lanes, paired: median {statistics.median(ratios):.2f} "
+          f"[{min(ratios):.2f}-{max(ratios):.2f}]")
     print(f"end: load average {os.getloadavg()[0]:.1f}")
 
 

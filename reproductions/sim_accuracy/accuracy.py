@@ -24,8 +24,8 @@ from torch import nn
 
 import pipelab.methods as methods
 from pipelab.calibrate.model import calibrate_model
-from pipelab.calibration import HOST_TERMS, HostEffects
 from pipelab.cluster import Cluster
+from pipelab.measured import HOST_TERMS, HostEffects
 from pipelab.models import demo
 from pipelab.partition import partition
 from pipelab.partition.balance import uniform_cuts

@@ -40,7 +40,7 @@ import pandas as pd  # noqa: E402
 from held_out_models import HELD_OUT, sgd  # noqa: E402
 
 import pipelab as pl  # noqa: E402
-from pipelab.calibration import HostEffects  # noqa: E402
+from pipelab.measured import HostEffects  # noqa: E402
 from reproductions._common.report import markdown_table  # noqa: E402
 from reproductions.sim_accuracy import accuracy  # noqa: E402
 

@@ -1,14 +1,10 @@
-"""The :class:`Calibration` record: what :func:`pipelab.calibrate.calibrate` measured on one machine.
+"""What calibration measured on one machine: :class:`Calibration` and :class:`HostEffects`.
 
-A :class:`~pipelab.cluster.Cluster` may carry one (``Cluster.calibration``). Its terms are of two
-kinds. The core's (:mod:`pipelab.costs.prices` reads them): message latency and bandwidth, the ring
-all-reduce, the runtime's own seconds per action and per message, the optimizer step, memory
-bandwidth, compute inside a run: mechanisms every machine has, each with its measured value here.
-And :class:`HostEffects`, one record of what this machine adds beyond them (a stall when messages
-cross, a core that wakes slowly, ...), which the simulator applies only when asked
-(:mod:`pipelab.sim.host_effects`). JSON round-trip through ``to_dict`` / ``from_dict``; files written
-before a term existed load with that term's neutral value, and older files' host terms (kept then in
-``message_s``) load into :class:`HostEffects`.
+A :class:`~pipelab.cluster.Cluster` may carry a :class:`Calibration`. Its core terms are mechanisms
+every machine has (message latency and bandwidth, the ring all-reduce, the runtime's own seconds per
+action and message, the optimizer step, memory bandwidth, compute inside a run); :class:`HostEffects`
+holds what one host adds beyond them, applied only where asked (:mod:`pipelab.sim.host_effects`).
+Files round-trip through ``to_dict``/``from_dict``; a term absent from an older file loads neutral.
 """
 
 from __future__ import annotations
@@ -21,22 +17,17 @@ import numpy as np
 
 from pipelab._display import Described
 
-#: the action kinds whose layers' compute a calibration may scale (``Calibration.compute_factor``)
 FACTOR_KINDS = ("F", "B")
 
-#: the terms of :class:`HostEffects`, by the name :meth:`HostEffects.without` takes
 HOST_TERMS = ("cross", "busy_sender")
 
-#: ``message_s`` keys of older files that are host effects (moved into :class:`HostEffects`)
+# message_s keys of older files that are host effects, and terms since retired (they load as nothing)
 _OLD_HOST_MESSAGE_KEYS = {"cross": "cross_s", "cross_interleaved": "cross_interleaved_s",
                           "busy_sender": "busy_sender_s"}
 
-#: what each term's neutral value is (:meth:`HostEffects.without`)
 _NEUTRAL: dict[str, dict[str, Any]] = {
     "cross": {"cross_s": 0.0, "cross_interleaved_s": None}, "busy_sender": {"busy_sender_s": 0.0}}
 
-#: terms older files may hold that no longer are any (measured not to earn their place on models they
-#: were not fitted on: reproductions/sim_accuracy/README.md); they load as nothing
 _RETIRED = ("duty_slowdown", "arrive_s", "post_ahead", "stash_s")
 
 
@@ -46,16 +37,11 @@ def _finite(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class HostEffects:
-    """What one machine adds to the core model, measured by :func:`pipelab.calibrate.calibrate`;
-    applied only where asked (``pl.simulate(..., host_effects=True)``, :mod:`pipelab.sim.host_effects`).
+    """What one host adds to the core model (0 or None: no effect).
 
-    Each term names a behaviour of one host (its scheduler, its gloo build, its idle cores), not a
-    mechanism every machine has. Neutral values (0, None, empty) mean no effect.
-
-    * ``cross_s``: seconds an ``F``/``B`` takes longer when its message crosses the peer's in the
-      opposite direction (:mod:`pipelab.schedules.crossing`); ``cross_interleaved_s`` the same measured
-      in an interleaved run, which schedules with virtual stages take instead (None: ``cross_s``);
-    * ``busy_sender_s``: seconds a message waits to leave when its sender starts its next action at once;
+    ``cross_s``: extra seconds of an ``F``/``B`` whose message crosses the peer's
+    (:mod:`pipelab.schedules.crossing`); ``cross_interleaved_s`` the same in a schedule with virtual
+    stages (None: ``cross_s``); ``busy_sender_s``: seconds a message waits when its sender computes on.
     """
 
     cross_s: float = 0.0
@@ -116,45 +102,16 @@ class HostEffects:
 
 @dataclass(frozen=True, repr=False)
 class Calibration(Described):
-    """What :func:`pipelab.calibrate.calibrate` measured on one machine, and where and how.
+    """What :func:`pipelab.calibrate.calibrate` measured on one machine (see docs/cost_model.md).
 
-    Provenance: ``host``, ``backend`` (the process group's, e.g. ``"gloo"``), ``device`` (``"cpu"``
-    or a CUDA device name), ``date`` (ISO 8601), ``torch`` (version), ``cores`` (CPU cores the
-    workers shared), ``workers`` (processes measured at once).
-
-    Terms (seconds, bytes, bytes per second), each the median of repeated measurements:
-
-    * point to point: ``p2p_latency_s`` and ``p2p_bandwidth``, the fit ``alpha + n / beta`` of a
-      one-way message of ``n`` bytes over a sweep of sizes (also the cluster's level);
-    * all-reduce: ``allreduce_latency_s`` and ``allreduce_bandwidth`` of the ring model
-      ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` fitted over sizes and group sizes ``p``;
-    * ``overhead_s``: the runtime's own seconds per action of each kind (``F``, ``B``, ``W``,
-      ``U``) beyond the layers' compute: bookkeeping, posting receives, the trace;
-    * ``message_s``: the runtime's own seconds per message on the worker's timeline, ``"send"``
-      (packing, posting the send) and ``"recv"`` (posting the receive, unpacking);
-    * ``optimizer_s``: per optimizer (``"sgd"``, ``"sgd-momentum"``, ``"adam"``), ``(fixed
-      seconds, seconds per parameter byte, seconds per parameter tensor)`` of one ``step()`` (torch's
-      CPU optimizers loop over the tensors: a stage of many small tensors pays per tensor; a file
-      written before the third term loads with 0 for it);
-    * ``memory_bandwidth``: bytes per second of a large copy (read plus write);
-    * ``compute_slowdown``: how much slower layers compute inside a two-worker run than the profiler
-      measured them alone (the cluster's devices get speed ``1 / compute_slowdown``);
-    * ``compute_factor``: per action kind (``F``, ``B``; ``W`` takes ``B``'s), how much longer the
-      layers of the model ``compute_model`` take inside a two-worker run of that model than its
-      profile says, the runtime's own work taken off first
-      (:func:`pipelab.calibrate.model.calibrate_model`); the cost model multiplies the profile's
-      times by it. Empty (every factor 1) until that model is calibrated, and in older files;
-    * ``host_effects``: the :class:`HostEffects` measured here, applied only where asked;
-
-    * ``allreduce_after``: ``(compute seconds, latency seconds)`` points, the ring's per-step latency
-      measured inside ``dp`` runs whose replicas compute that long between two all-reduces
-      (:func:`pipelab.calibrate.allreduce_in_run` at two batch sizes), since an all-reduce after a
-      long compute can wait longer than after a short one
-      (``reproductions/benchmarks/allreduce_after_compute.py``). :meth:`allreduce_latency`
-      interpolates it; empty (``allreduce_latency_s`` whatever the compute) in older files.
-
-    ``spread`` holds, per figure, the relative spread of the repeats ((max - min) / median);
-    ``residual`` the relative RMS error of each fit; ``samples`` the raw sweeps (small lists).
+    Provenance: ``host``, ``backend``, ``device``, ``date``, ``torch``, ``cores``, ``workers``. Terms,
+    medians of repeats: ``p2p_*`` (one-way ``alpha + n / beta``), ``allreduce_*`` (the ring model),
+    ``overhead_s`` (runtime seconds per action kind), ``message_s`` (runtime seconds per ``send`` and
+    ``recv``), ``optimizer_s`` (per optimizer: fixed, per parameter byte, per tensor),
+    ``memory_bandwidth``, ``compute_slowdown``, ``compute_factor`` (per kind, a calibrated model's
+    in-run time over its profile), ``allreduce_after`` (``(compute s, ring latency s)`` points) and
+    ``host_effects``. ``spread``: (max - min) / median of the repeats; ``residual``: each fit's relative
+    RMS error; ``samples``: the raw sweeps.
     """
 
     host: str
@@ -234,8 +191,8 @@ class Calibration(Described):
         return float(self.overhead_s.get(kind, 0.0))
 
     def optimizer_step_s(self, optimizer: str, param_bytes: float, tensors: float = 0) -> float | None:
-        """Seconds of one ``step()`` of ``optimizer`` over ``param_bytes`` held in ``tensors`` parameter
-        tensors: ``fixed + per_byte * bytes + per_tensor * tensors`` (None if not calibrated)."""
+        """Seconds of one ``step()``: ``fixed + per_byte * param_bytes + per_tensor * tensors`` (None if
+        ``optimizer`` was not calibrated)."""
         key = {"momentum": "sgd-momentum", "adamw": "adam"}.get(optimizer, optimizer)
         if key not in self.optimizer_s:
             return None
@@ -245,23 +202,17 @@ class Calibration(Described):
         return fixed + per_byte * float(param_bytes) + per_tensor * float(tensors)
 
     def factor(self, kind: str) -> float:
-        """How much longer the layers of ``kind`` (``F``, ``B``; ``W`` takes ``B``'s) compute inside a
-        run than profiled (:attr:`compute_factor`; 1.0 where not measured)."""
+        """In-run over profiled time of ``kind``'s layers (``W`` takes ``B``'s; 1.0 if unmeasured)."""
         return float(self.compute_factor.get("B" if kind == "W" else kind, 1.0))
 
     def allreduce_latency(self, compute_s: float | None = None) -> float:
-        """The ring's per-step latency for an all-reduce whose replicas computed ``compute_s``
-        seconds since the last one (:meth:`allreduce_latencies`); :attr:`allreduce_latency_s` where
-        ``compute_s`` is None or nothing was measured."""
+        """The ring's per-step latency after ``compute_s`` seconds of compute (None: the plain one)."""
         if compute_s is None or not self.allreduce_after:
             return self.allreduce_latency_s
         return float(self.allreduce_latencies(np.asarray(compute_s, dtype=float)))
 
     def allreduce_latencies(self, compute_s: np.ndarray) -> np.ndarray:
-        """:meth:`allreduce_latency` of every element of ``compute_s`` at once (the partitioners'
-        matrix of ranges): :attr:`allreduce_after` interpolated linearly, its end points' values
-        outside them (no extrapolation); :attr:`allreduce_latency_s` everywhere where nothing was
-        measured."""
+        """:meth:`allreduce_latency` elementwise: ``allreduce_after`` interpolated, held flat outside."""
         if not self.allreduce_after:
             return np.full(np.shape(compute_s), self.allreduce_latency_s)
         cs, alphas = zip(*self.allreduce_after)
@@ -306,8 +257,6 @@ class Calibration(Described):
             d = dict(d)
             msg = dict(d.pop("message_s", {}) or {})
             host = dict(d.pop("host_effects", {}) or {})
-            # files from before HostEffects: their host terms sat in message_s (and stash_s and
-            # duty_slowdown, terms since retired)
             for old, new in _OLD_HOST_MESSAGE_KEYS.items():
                 if old in msg:
                     host.setdefault(new, msg.pop(old))

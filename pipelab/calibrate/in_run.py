@@ -1,0 +1,212 @@
+"""Calibration's measurements through the real runtime: short runs of small models, priced action by action.
+
+Each function runs ``repeats`` rounds and returns one figure per round (the caller keeps the median and
+the spread). An action's own cost is its wall time less the profiled compute of its layers.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from pipelab.calibrate.crossings import _crossings, _extra
+from pipelab.calibrate.tiny import (
+    BATCH,
+    medium_data,
+    medium_model,
+    tiny_data,
+    tiny_loss,
+    tiny_model,
+    tiny_sgd,
+)
+from pipelab.cluster import Cluster
+from pipelab.costs import CostModel
+from pipelab.graph import layer_nodes, trace
+from pipelab.partition.plan import Plan
+from pipelab.profile.measure import profile as measure_profile
+from pipelab.runtime import train
+from pipelab.schedules.actions import Action
+
+
+def _run(model_fn: Any, data_fn: Any, plan: Plan, method: str, steps: int, M: int, backend: str) -> Any:
+    """One short training run of a calibration model through the real runtime."""
+    return train(model_fn, plan, method=method, data=data_fn, loss_fn=tiny_loss, optimizer=tiny_sgd,
+                 steps=steps, microbatches=M, backend=backend, progress=False, timeout=120)
+
+
+def _tiny_profile() -> Any:
+    """The tiny model's profile: the compute the cost model charges."""
+    return measure_profile(tiny_model(), next(iter(tiny_data()))[0], progress=False, repeats=5)
+
+
+def _medians(samples: dict[str, list[float]], keys: Sequence[str] | None = None) -> dict[str, float]:
+    """The median of each non-empty list of ``samples`` (of ``keys`` only, when given)."""
+    return {k: statistics.median(v) for k, v in samples.items() if v and (keys is None or k in keys)}
+
+
+def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
+                     prof: Any = None) -> dict[str, list[float]]:
+    """Per action kind, the runtime's seconds beyond the layers' compute, one figure per round.
+
+    A one-worker ``zb-h1`` run (F, B, W and U all occur) of the tiny model: an action's time runs from
+    its start to the next action's start, less its profiled compute.
+    """
+    prof = prof if prof is not None else _tiny_profile()
+    M = 4
+    cm = CostModel(prof, Cluster.flat(1))
+    f, b = cm.compute_s(0, len(prof), 0, microbatches=M)
+    bi, w = cm.backward_split_s(0, len(prof), 0, microbatches=M)
+    u = cm.update_s(0, len(prof), 0)
+    compute = {"F": f, "B": bi, "W": w, "U": u}
+    plan = Plan.from_boundaries(len(prof), [], batch_size=BATCH)
+    out: dict[str, list[float]] = {k: [] for k in compute}
+    for _ in range(repeats):
+        run = _run(tiny_model, tiny_data, plan, "zb-h1", steps, M, backend)
+        evs = sorted(run.trace.compute_events(), key=lambda e: e.start_s)
+        per: dict[str, list[float]] = {k: [] for k in compute}
+        skip = len(evs) // steps  # the first minibatch warms up
+        for e, nxt in zip(evs[skip:], evs[skip + 1 :]):
+            per[e.kind].append(nxt.start_s - e.start_s)
+        for k, ts in per.items():
+            if ts:
+                out[k].append(max(statistics.median(ts) - compute[k], 0.0))
+    return out
+
+
+def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 96,
+                     rows: int = 64) -> list[tuple[int, float, float]]:
+    """``(gradient bytes, mean seconds of a U, mean compute seconds before it)`` per round of a
+    two-replica ``dp`` run of the medium model on minibatches of ``rows``.
+
+    A U's time is its all-reduce and its step together (the step is taken off by the caller). The
+    mean, not the median: a run pays every all-reduce, and after compute one takes either about a
+    millisecond or several. :func:`~pipelab.calibrate.calibrate` runs it at two compute lengths.
+    """
+    model = medium_model()
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    layers = len(layer_nodes(trace(model)))     # the plan needs the count only: no profile
+    out = []
+    for _ in range(repeats):
+        run = _run(medium_model, functools.partial(medium_data, rows),
+                   Plan.from_boundaries(layers, [], [2], batch_size=rows), "dp", steps, 2, backend)
+        per: dict[tuple[int, int], float] = {}
+        work: dict[tuple[int, int], float] = {}
+        for e in run.trace.events:
+            into = per if e.kind in ("allreduce", "U") else work if e.kind in ("F", "B") else None
+            if into is not None:
+                into[(e.worker, e.microbatch)] = into.get((e.worker, e.microbatch), 0.0) + e.end_s - e.start_s
+        us = [per[k] for k in sorted(per, key=lambda k: (k[1], k[0]))]
+        cs = [work[k] for k in sorted(work, key=lambda k: (k[1], k[0]))]
+        out.append((nbytes, statistics.fmean(us[len(us) // 4:]), statistics.fmean(cs[len(cs) // 4:])))
+    return out
+
+
+def ring_latency_of(seconds: float, nbytes: int, bandwidth: float, group: int = 2) -> float:
+    """The ring model's per-step latency that gives ``seconds`` for ``nbytes`` over ``group`` workers."""
+    steps = 2 * (group - 1)
+    return max((seconds - steps / group * nbytes / bandwidth) / steps, 0.0)
+
+
+def _latencies(trace: Any) -> tuple[list[float], list[float]]:
+    """``(latencies, late)``: each message's time from its sender's end to its receiver's wait's end,
+    for receivers already waiting, and for messages sent before the receiver asked (late ones)."""
+    ends = {(e.kind, e.stage, e.microbatch): e.end_s for e in trace.compute_events()}
+    lat, late = [], []
+    for e in trace.events:
+        if e.kind != "recv":
+            continue
+        src = ("F", e.stage - 1, e.microbatch) if e.stage == 1 else ("B", e.stage + 1, e.microbatch)
+        sent = ends.get(src)
+        if sent is not None and e.start_s < sent < e.end_s:
+            lat.append(e.end_s - sent)
+        elif sent is not None and sent <= e.start_s:
+            late.append(e.end_s - sent)
+    return lat, late
+
+
+def message_overhead(
+    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 72, prof: Any = None
+) -> dict[str, list[float]]:
+    """The runtime's seconds per message, and a message's latency inside a run, one figure per round.
+
+    A two-worker ``1f1b-flush`` run of the tiny model cut after its first layer. Keys: ``"send"`` and
+    ``"recv"`` (the work on quiet actions: neither crossed nor with an arrival; actions that waited for
+    their message are left out), ``"latency"`` (to a receiver already waiting), ``"busy"`` (a late
+    message from a sender that computed on; ``"busy_all"`` pools them), ``"cross"`` and ``"arrive"``
+    (the extra of a crossed action, of one with an arrival, over quiet ones;
+    :mod:`pipelab.calibrate.crossings`). ``base``: the runtime's seconds per action kind.
+    """
+    prof = prof if prof is not None else _tiny_profile()
+    M = 4
+    cm = CostModel(prof, Cluster.flat(2))
+    comp = {
+        (s, k): v
+        for s, (a, b) in enumerate(((0, 1), (1, len(prof))))
+        for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))
+    }
+    role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
+    plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
+    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": [], "busy_all": [],
+                                   "cross_rounds": [], "arrive_rounds": []}
+    pooled: dict[tuple[int, str, str], list[float]] = {}
+    for _ in range(repeats):
+        run = _run(tiny_model, tiny_data, plan, "1f1b-flush", steps, M, backend)
+        crossed, arrived = _crossings(run, pooled, out["cross_rounds"], out["arrive_rounds"])
+        waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
+        lat, busy = _latencies(run.trace)
+        if lat:
+            out["latency"].append(statistics.median(lat))
+        if busy:
+            out["busy"].append(statistics.median(busy))
+            out["busy_all"].extend(busy)
+        per: dict[str, list[float]] = {"send": [], "recv": []}
+        for w in (0, 1):
+            evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)
+            skip = len(evs) // steps
+            for prev, e in zip(evs[skip:], evs[skip + 1 :]):
+                r = role.get((e.stage, e.kind))
+                a = (w, Action(e.stage, e.kind, e.microbatch))
+                if r is None or (e.worker, e.stage, e.microbatch) in waited or a in crossed or a in arrived:
+                    continue
+                per[r].append(e.end_s - prev.end_s - comp[(e.stage, e.kind)] - base.get(e.kind, 0.0))
+        for k, ts in per.items():
+            if ts:
+                out[k].append(max(statistics.median(ts), 0.0))
+    out["cross"] = [_extra(pooled, "crossed")]
+    out["arrive"] = [_extra(pooled, "arrived")]
+    return out
+
+
+def compute_slowdown(
+    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 48
+) -> list[float]:
+    """In-run over profiled compute time, one figure per round: the median over the forwards and
+    backwards of a two-worker run of the medium model cut in the middle, the runtime's own seconds
+    per action and message (``base``) taken off first."""
+    x = next(iter(medium_data()))[0]
+    prof = measure_profile(medium_model(), x, progress=False, repeats=5)
+    M = 2
+    cm = CostModel(prof, Cluster.flat(2))
+    cut = len(prof) // 2
+    own = {
+        (s, k): v
+        for s, (a, b) in enumerate(((0, cut), (cut, len(prof))))
+        for k, v in zip("FB", cm.layers_s(a, b, s, microbatches=M))
+    }
+    plan = Plan.from_boundaries(len(prof), [cut], batch_size=64)
+    out = []
+    for _ in range(repeats):
+        run = _run(medium_model, medium_data, plan, "1f1b-flush", steps, M, backend)
+        evs = [e for e in run.trace.compute_events() if e.kind in "FB"]
+        skip = len(evs) // steps
+        work = {k: base.get(k, 0.0) + base.get("send", 0.0) + base.get("recv", 0.0) for k in "FB"}
+        ratios = [
+            (e.end_s - e.start_s - work[e.kind]) / own[(e.stage, e.kind)]
+            for e in evs[skip:]
+            if own[(e.stage, e.kind)] > 0
+        ]
+        if ratios:
+            out.append(statistics.median(ratios))
+    return out
