@@ -9,6 +9,7 @@ from pipelab.costs import CODEC_RATIOS, compression_ratio_of
 from pipelab.partition import partition
 from pipelab.profile.records import Profile
 from pipelab.runtime.compress import CODECS, compression_ratio
+from pipelab.schedules import MethodScheduleError
 from pipelab.sim import simulate
 
 
@@ -26,13 +27,12 @@ def test_codec_ratios_are_the_runtimes():
         assert CODEC_RATIOS[codec] == compression_ratio(codec)
 
 
-def test_simulate_takes_codec_names_and_the_old_ratio_keyword():
+def test_simulate_takes_codec_names_not_the_old_ratio_keyword():
     prof, cl = _setup()
     plain = simulate(4, prof, cl, method="gpipe", microbatches=4)
     int8 = simulate(4, prof, cl, method="gpipe", microbatches=4, compression="int8")
-    with pytest.warns(DeprecationWarning, match="compression_ratio= is deprecated"):
-        old = simulate(4, prof, cl, method="gpipe", microbatches=4, compression_ratio=4.0)
-    assert int8.time_per_minibatch == old.time_per_minibatch
+    with pytest.raises(MethodScheduleError, match="no option 'compression_ratio'"):   # the old keyword
+        simulate(4, prof, cl, method="gpipe", microbatches=4, compression_ratio=4.0)
     assert int8.time_per_minibatch < plain.time_per_minibatch   # 4 MB cuts over 1 GB/s: comm matters
     assert simulate(4, prof, cl, method="gpipe", microbatches=4, compression=4.0).time_per_minibatch == \
         int8.time_per_minibatch
@@ -51,5 +51,3 @@ def test_partition_takes_codec_names():
 def test_bad_compression_is_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         compression_ratio_of(bad)
-    with pytest.raises(ValueError, match="not both"), pytest.warns(DeprecationWarning):
-        compression_ratio_of("fp16", 2.0)

@@ -6,7 +6,6 @@ The assumptions behind every formula are stated once, in :mod:`pipelab.costs`.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,20 +29,9 @@ ALLREDUCE_OVERLAP = ("ddp", "none")
 CODEC_RATIOS: dict[str, float] = {"none": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 4.0}
 
 
-def compression_ratio_of(compression: str | float | None = None,
-                         compression_ratio: float | None = None) -> float:
-    """The activation compression ratio of ``compression``: a codec name of ``train(compression=...)``
-    (``"fp16"`` -> 2.0, ``"int8"`` -> 4.0, ``None``/``"none"`` -> 1.0) or a number (the ratio itself).
-
-    ``compression_ratio`` is the deprecated spelling of a number (it warns); passing both is an error.
-    """
-    if compression_ratio is not None:
-        warnings.warn("compression_ratio= is deprecated; pass compression= with a codec name ('fp16', "
-                      "'int8') or the ratio itself", DeprecationWarning, stacklevel=3)
-        if compression is not None:
-            raise ValueError(f"pass compression= or compression_ratio=, not both (got {compression!r} and "
-                             f"{compression_ratio!r})")
-        compression = compression_ratio
+def compression_ratio_of(compression: str | float | None = None) -> float:
+    """The activation compression ratio of a codec name of ``train(compression=...)`` (``"fp16"`` -> 2.0,
+    ``"int8"`` -> 4.0, None or ``"none"`` -> 1.0), or of a number (the ratio itself)."""
     if compression is None:
         return 1.0
     if isinstance(compression, str):

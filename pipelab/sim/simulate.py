@@ -362,26 +362,8 @@ def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
     return Plan.from_boundaries(len(profile), bounds, batch_size=plan.batch_size, method="interleaved")
 
 
-def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
-             microbatches: int | None = None, minibatches: int | None = None,
-             compression: str | float | None = None, compression_ratio: float | None = None,
-             optimizer: str = "sgd-momentum", memory_bandwidth: float | None = None,
-             allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
-             schedule: Schedule | None = None, host_staging_bandwidth: float | None = None,
-             host_effects: HostEffects | bool = False, **options: Any) -> SimResult:
-    """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
-
-    ``plan``: a Plan or an int P (an even straight plan); ``cluster``: a Cluster or a spec string
-    (``"flat:2"``). ``interleaved-1f1b`` (``chunks=v``) re-splits P stages into ``v * P`` virtual ones.
-    ``compression``: ``"fp16"``, ``"bf16"``, ``"int8"`` or a ratio. ``schedule`` overrides the built one.
-    ``allreduce_overlap``: ``"ddp"`` (layer by layer behind the backward) or ``"none"`` (after it, as
-    pipelab's runtime); ``allreduce_bandwidth``: the all-reduce's link rate where it differs.
-    ``host_staging_bandwidth``: device-host copies of CUDA stages over gloo. ``host_effects``: ``True``
-    for the cluster's calibrated :class:`~pipelab.measured.HostEffects`, a record, or ``False``
-    (default) for the core model alone. Returns a :class:`SimResult`.
-    """
-    cluster = Cluster.of(cluster)
-    host = _host_effects_of(host_effects, cluster)
+def _stage_plan(plan: Plan | int, profile: Profile, method: str, options: dict[str, Any]) -> Plan:
+    """``plan`` as a checked Plan (an int P: an even straight plan; interleaved: its virtual stages)."""
     if not isinstance(plan, Plan):
         if isinstance(plan, bool) or not isinstance(plan, int):
             raise ScheduleError(f"plan must be a pipelab Plan or an int (stages); got {plan!r}")
@@ -390,16 +372,14 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
     takes_chunks = any(o.name == "chunks" for o in methods.get(method).options)
     if takes_chunks and plan.num_stages == plan.num_workers and "chunks" in options:
         plan = virtual_plan(plan, profile, int(options["chunks"]))
-    sch = schedule if schedule is not None else build(method, plan, microbatches=microbatches,
-                                                      minibatches=minibatches, **options)
-    is_dp = _order(method) == "dp" or _order(sch.method) == "dp"
-    if is_dp:
-        ranges = [(0, len(profile))]
-    else:
-        if sch.num_stages != plan.num_stages:
-            raise ScheduleError(f"schedule has {sch.num_stages} stages but the plan has {plan.num_stages}; "
-                                f"build the schedule from this plan")
-        ranges = [(s.start, s.end) for s in plan.stages]
+    return plan
+
+
+def _fits(sch: Schedule, plan: Plan, cluster: Cluster, is_dp: bool) -> list[int] | None:
+    """Check that ``sch`` fits ``plan`` and ``cluster``; the plan's physical workers (None: the ranks)."""
+    if not is_dp and sch.num_stages != plan.num_stages:
+        raise ScheduleError(f"schedule has {sch.num_stages} stages but the plan has {plan.num_stages}; "
+                            f"build the schedule from this plan")
     if max(max(r) for r in sch.stage_ranks) >= cluster.num_workers:
         raise ScheduleError(f"the schedule uses {sch.num_workers} workers but cluster {cluster.name!r} has "
                             f"{cluster.num_workers}; use a bigger cluster or a plan for this one")
@@ -407,30 +387,65 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
     phys = [int(w) for w in phys] if phys else None
     if max(phys or [0]) >= cluster.num_workers:
         raise ScheduleError(f"plan.notes['workers'] names workers beyond cluster {cluster.name!r}")
-    ratio = compression_ratio_of(compression, compression_ratio)
+    return phys
+
+
+def _stage_memory(cm: CostModel, profile: Profile, ranges: list[tuple[int, int]], micro: int,
+                  spec: Any, recompute: bool) -> dict[int, tuple[int, ...]]:
+    """Per stage: (weights+gradients+state, activations, weights, PipeMare's delta, a split B's output
+    gradient) bytes, the inputs of the memory timeline."""
+    buffers = 1 if spec is not None and spec.weights == "pipemare" else 0   # discrepancy correction's delta
+    mem: dict[int, tuple[int, ...]] = {}
+    for s, (a, e) in enumerate(ranges):
+        p = cm.param_bytes(a, e)
+        gout = -(-int(profile.cut_bytes[e - 1]) // micro) if e < len(profile) else 0
+        mem[s] = ((2 + cm.state_factor) * p, cm.activation_bytes(a, e, micro, recompute=recompute), p,
+                  buffers * p, gout)
+    return mem
+
+
+def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
+             microbatches: int | None = None, minibatches: int | None = None,
+             compression: str | float | None = None,
+             optimizer: str = "sgd-momentum", memory_bandwidth: float | None = None,
+             allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
+             schedule: Schedule | None = None, host_staging_bandwidth: float | None = None,
+             host_effects: HostEffects | bool = False, **options: Any) -> SimResult:
+    """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
+
+    Args:
+        plan: a Plan, or an int P (an even straight plan); interleaved methods (``chunks=v``) re-split
+            P stages into ``v * P`` virtual ones.
+        cluster: a Cluster or a spec string (``"flat:2"``, a preset).
+        compression: ``"fp16"``, ``"bf16"``, ``"int8"`` or a ratio.
+        allreduce_overlap: ``"ddp"`` (behind the backward, layer by layer) or ``"none"`` (after it, as
+            pipelab's runtime).
+        schedule: overrides the built one.
+        host_staging_bandwidth: device-host copies of CUDA stages over gloo.
+        host_effects: ``True`` for the cluster's calibrated :class:`~pipelab.measured.HostEffects`, a
+            record, or ``False`` for the core model alone.
+    """
+    cluster = Cluster.of(cluster)
+    host = _host_effects_of(host_effects, cluster)
+    plan = _stage_plan(plan, profile, method, options)
+    sch = schedule if schedule is not None else build(method, plan, microbatches=microbatches,
+                                                      minibatches=minibatches, **options)
+    is_dp = _order(method) == "dp" or _order(sch.method) == "dp"
+    ranges = [(0, len(profile))] if is_dp else [(s.start, s.end) for s in plan.stages]
+    phys = _fits(sch, plan, cluster, is_dp)
     spec = methods.METHODS.get(sch.method)
-    cm = CostModel(profile, cluster, compression_ratio=ratio, optimizer=optimizer,
+    cm = CostModel(profile, cluster, compression_ratio=compression_ratio_of(compression), optimizer=optimizer,
                    allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
                    host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     if profile.source != "synthetic":   # a synthetic profile's times split into any M (tests, teaching)
-        check_divides(profile.batch_size, micro)   # dp: every microbatch is a whole profile minibatch
-    # the backward reads the newest weights, not its forward's: the runtime recomputes the forward
+        check_divides(profile.batch_size, micro)
+    # a backward that reads the newest weights recomputes its forward: between F and B a stage keeps
+    # its input and output only
     recompute = spec is not None and spec.versions == "latest"
     core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
     costs: Costs = core if host is None else HostCosts(core, host)
-    mem: dict[int, tuple[int, ...]] = {}
-    # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare.py)
-    # (a schedule of no registered method, e.g. one imported from torch, keeps its forward's weights)
-    buffers = 1 if spec is not None and spec.weights == "pipemare" else 0
-    # a backward that reads the newest weights recomputes its forward (runtime: NoStash, PipeMare):
-    # between F and B a stage keeps its input and output only (``recompute`` above)
-    for s, (a, e) in enumerate(ranges):
-        p = cm.param_bytes(a, e)
-        # zero bubble: the output gradient a split B keeps for its W (a last stage's loss has none)
-        gout = -(-int(profile.cut_bytes[e - 1]) // micro) if e < len(profile) else 0
-        mem[s] = ((2 + cm.state_factor) * p, cm.activation_bytes(a, e, micro, recompute=recompute), p,
-                  buffers * p, gout)
+    mem = _stage_memory(cm, profile, ranges, micro, spec, recompute)
     res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,
                             minibatch_scale=sch.microbatches if is_dp else 1, host_effects=host)
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
