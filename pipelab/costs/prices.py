@@ -1,6 +1,6 @@
 """Primitive prices of the cost model: compute, transfers, ports, all-reduce and a replica's minibatch.
 
-The assumptions behind every formula are stated once, in :mod:`pipelab.costs`.
+The assumptions behind every formula are stated once, in docs/cost_model.md.
 """
 
 from __future__ import annotations
