@@ -47,7 +47,7 @@ def _what(t: torch.Tensor) -> str:
 def check_loss(loss: torch.Tensor, *, step: int, stage: int, action: str, mode: str,
                warn: Callable[[str], None]) -> None:
     """Raise or warn (per ``mode``) if the scalar ``loss`` of ``action`` at ``step`` is not finite."""
-    if bool(torch.isfinite(loss.detach()).all()):
+    if math.isfinite(loss.item()) if loss.numel() == 1 else bool(torch.isfinite(loss.detach()).all()):
         return
     msg = f"loss is {_what(loss)} at step {step} (stage {stage}, action {action})"
     if mode == "raise":
