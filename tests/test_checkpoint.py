@@ -17,7 +17,7 @@ import torch
 
 from pipelab import schedules as S
 from pipelab.partition.plan import Plan
-from pipelab.runtime import checkpoint as ck
+from pipelab.runtime import checkpoint_files as ck
 from pipelab.runtime import train
 from pipelab.schedules import segments as seg
 from pipelab.schedules.actions import Action, Schedule
@@ -93,7 +93,7 @@ def test_killed_process_mid_write_keeps_previous(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os, sys, time, torch
         from pipelab.partition.plan import Plan
-        from pipelab.runtime import checkpoint as ck
+        from pipelab.runtime import checkpoint_files as ck
         plan = Plan.from_boundaries(4, [2]); root = {str(tmp_path)!r}
         for r in range(2):
             ck.save_worker(root, 1, r, {{"w": torch.ones(4)}}, plan=plan, method="gpipe")

@@ -16,7 +16,7 @@ import test_runtime_helpers as H
 import torch
 
 import pipelab as pl
-from pipelab.runtime import checkpoint as ck
+from pipelab.runtime import checkpoint_files as ck
 from pipelab.runtime.job import prepare
 
 PLAN3 = pl.Plan.from_boundaries(5, [1, 3])      # 3 workers

@@ -127,7 +127,7 @@ def test_cuda_workers_over_gloo_on_one_gpu_equal_the_reference(method: str, cuts
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 def test_wsp_server_with_cuda_workers() -> None:
-    from pipelab.runtime import wsp
+    from pipelab.runtime import param_server as wsp
 
     plan = pl.Plan.from_boundaries(5, [2], replicas=[2, 2])
     procs = _train("hetpipe", plan, "gloo", model="mlp5", microbatches=1, steps=8, D=0, device="cuda")

@@ -151,7 +151,7 @@ PLAN3 = pl.Plan.from_boundaries(5, [1, 3])
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_start_up_error_names_its_cause_not_a_peers_closed_connection(tmp_path: Path) -> None:
-    from pipelab.runtime import checkpoint as ck
+    from pipelab.runtime import checkpoint_files as ck
     from pipelab.runtime.job import prepare
     from pipelab.runtime.launch import Run
 
@@ -261,7 +261,7 @@ def test_the_wsp_server_ignores_ctrl_c() -> None:
 
     import torch
 
-    from pipelab.runtime import wsp
+    from pipelab.runtime import param_server as wsp
 
     ctx = mp.get_context("forkserver")
     a, b = ctx.Pipe()

@@ -33,7 +33,7 @@ import pipelab.methods as methods
 from pipelab.batching import check_divides
 from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
-from pipelab.runtime.checkpoint import check_compatible, choose_resume
+from pipelab.runtime.checkpoint_files import check_compatible, choose_resume
 from pipelab.runtime.coalesce import check_method
 from pipelab.runtime.comm import TensorSpec, boundary_specs
 from pipelab.runtime.lifeline import check_port

@@ -1,18 +1,12 @@
-"""Start a job: one OS process per worker (torch.multiprocessing: fork server, else spawn), or the
-reference executor.
+"""Start a job: one OS process per worker (fork server, else spawn), or the reference executor.
 
 :func:`launch` checks the arguments (:func:`pipelab.runtime.job.prepare`), starts the workers and
-returns a :class:`Run` handle at once; :func:`train` launches and waits with a progress bar.
-Each worker streams its events to the parent over its own pipe while it runs, so ``Run.events``
-yields them live (a notebook's live Gantt chart reads it).
+returns a :class:`Run` handle whose ``events`` stream live; :func:`train` launches and waits.
 
-Faults end the whole job: the parent waits on the pipes, which read EOF when a worker dies, even
-mid-message; the first error raised (each is stamped and sent before its worker tears its
-connections down), or a worker that died without a word, is named in a :class:`WorkerError` with
-its rank, stage and action, and every worker is killed. ``cancel()``, Ctrl-C in ``train``/``wait``
-and the ``timeout`` (a timer outside the reads) do the same. Workers ignore SIGINT and exit as soon
-as their launcher is gone (:mod:`pipelab.runtime.lifeline`), so none outlives the job. The run
-holds its checkpoint folder locked and seals its checkpoints (:class:`~pipelab.runtime.checkpoint.Sealer`).
+Invariant: a fault ends the whole job. A worker's pipe reads EOF when it dies; the first error (or a
+silent death) is raised as a :class:`WorkerError` naming rank, stage and action, and every worker is
+killed. ``cancel()``, Ctrl-C and ``timeout`` do the same; workers exit when their launcher is gone
+(:mod:`pipelab.runtime.lifeline`). The run holds its checkpoint folder locked and seals checkpoints.
 """
 
 from __future__ import annotations
@@ -34,15 +28,15 @@ import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
-from pipelab.runtime.checkpoint import FolderLock, global_weights
-from pipelab.runtime.checkpoint import clean as clean_checkpoints
-from pipelab.runtime.checkpointing import sealer_for
+from pipelab.runtime.checkpoint_files import FolderLock, global_weights
+from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
 from pipelab.runtime.job import Job, prepare
 from pipelab.runtime.lifeline import Rendezvous, signal_name
 from pipelab.runtime.local import run_local
+from pipelab.runtime.param_server import serve_process_main
 from pipelab.runtime.process import p2p_match, process_main
 from pipelab.runtime.worker import WorkerResult
-from pipelab.runtime.wsp import serve_process_main
+from pipelab.runtime.worker_checkpoint import sealer_for
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.validate import check_message_order
 from pipelab.trace import Event, Trace

@@ -19,9 +19,9 @@ import torch
 import pipelab.methods as methods
 from pipelab.runtime.comm import Mailbox
 from pipelab.runtime.job import Job
+from pipelab.runtime.param_server import WSPServer
 from pipelab.runtime.policies import LocalWSP
 from pipelab.runtime.worker import Worker, WorkerResult
-from pipelab.runtime.wsp import WSPServer
 from pipelab.trace import Event
 
 
@@ -33,7 +33,7 @@ def run_local(job: Job, emit: Callable[[Event], None] | None = None,
     ``emit`` receives one :class:`~pipelab.trace.Event` per action (times in seconds since the start);
     ``should_stop`` is polled between actions (cancellation). The caller's random state is left
     as it was. ``on_saved(step, rank, sha256)`` is the run's checkpoint coordinator (see
-    :class:`~pipelab.runtime.checkpoint.Sealer`; by default the last worker to write seals).
+    :class:`~pipelab.runtime.checkpoint_files.Sealer`; by default the last worker to write seals).
     """
     with torch.random.fork_rng(devices=[]):
         return _run_local(job, emit, should_stop, on_saved)

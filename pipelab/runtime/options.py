@@ -32,7 +32,7 @@ out of the keyword arguments before ``pl.schedules.build`` sees the rest.
   shared memory (:mod:`pipelab.runtime.shm`) instead of gloo's point-to-point path (the default).
 * ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
   stages (weights, optimizer, weight versions, RNG) and one coordinator seals the manifest
-  (:mod:`pipelab.runtime.checkpoint`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
+  (:mod:`pipelab.runtime.checkpoint_files`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
   continues a run from the newest complete checkpoint under ``path`` (or a given ``step-*`` folder)
   up to ``steps`` minibatches in all (``RunResult.losses`` then covers the resumed steps only).
   Every method resumes to exactly the weights of an uninterrupted run: asynchronous methods are

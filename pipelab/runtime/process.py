@@ -30,8 +30,8 @@ from pipelab.runtime.comm import MATCH_MODES, DistComm, grad_specs, peer_orders
 from pipelab.runtime.job import Job
 from pipelab.runtime.lifeline import ORPHANED_EXIT, use_loopback, watch_launcher
 from pipelab.runtime.options import tune_malloc
+from pipelab.runtime.param_server import WSPClient
 from pipelab.runtime.worker import Worker, WorkerResult
-from pipelab.runtime.wsp import WSPClient
 from pipelab.schedules.dataflow import POST_AHEAD
 from pipelab.trace import Event
 

@@ -22,15 +22,15 @@ from typing import Any
 import torch
 
 from pipelab._io import atomic_write_bytes, atomic_write_text
-from pipelab.runtime import checkpoint as ckpt
-from pipelab.runtime.checkpoint import FolderLock
-from pipelab.runtime.checkpoint import clean as clean_checkpoints
-from pipelab.runtime.checkpointing import sealer_for
+from pipelab.runtime import checkpoint_files as ckpt
+from pipelab.runtime.checkpoint_files import FolderLock
+from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
 from pipelab.runtime.guards import json_losses
 from pipelab.runtime.job import load_job_file, prepare
 from pipelab.runtime.launch import assemble
 from pipelab.runtime.lifeline import watch_launcher
 from pipelab.runtime.process import run_distributed
+from pipelab.runtime.worker_checkpoint import sealer_for
 
 
 def save_outputs(out: Path, result: Any) -> None:

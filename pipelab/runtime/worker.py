@@ -6,7 +6,7 @@ and returns the messages to send; a ``U`` is split into :meth:`Worker.begin_upda
 to all-reduce) and :meth:`Worker.finish_update`. The multi-process driver (:mod:`pipelab.runtime.process`)
 and the single-process reference executor (:mod:`pipelab.runtime.local`) move the messages. The
 facts it precomputes from the schedule are :mod:`pipelab.schedules.worker_view`; its stages are
-:mod:`pipelab.runtime.stage`; checkpoints are :mod:`pipelab.runtime.checkpointing`.
+:mod:`pipelab.runtime.stage`; checkpoints are :mod:`pipelab.runtime.worker_checkpoint`.
 
 Semantics (the same in both executors):
 
@@ -34,7 +34,7 @@ Semantics (the same in both executors):
   schedules are built as drained segments, :mod:`pipelab.schedules.segments`;
   :meth:`Worker.maybe_checkpoint`), and ``resume`` restores it (:meth:`Worker.restore`); the data
   restart at the checkpoint's step.
-* HetPipe: each stage's policy pushes/pulls through a WSP parameter server (:mod:`pipelab.runtime.wsp`),
+* HetPipe: each stage's policy pushes/pulls through a WSP server (:mod:`pipelab.runtime.param_server`),
   a separate process here, in-process shards in the reference executor.
 """
 
@@ -49,7 +49,6 @@ import torch
 
 from pipelab.graph import as_tuple, trace
 from pipelab.runtime import coalesce
-from pipelab.runtime.checkpointing import Checkpointing
 from pipelab.runtime.comm import (
     ACT,
     GRAD,
@@ -68,6 +67,7 @@ from pipelab.runtime.options import run_maybe_checkpointed
 from pipelab.runtime.options import slow_down as sleep_slowdown
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
+from pipelab.runtime.worker_checkpoint import Checkpointing
 from pipelab.schedules.actions import Action
 from pipelab.schedules.worker_view import stage_reads, update_pairs
 

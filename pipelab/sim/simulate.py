@@ -420,7 +420,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
     core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
     costs: Costs = core if host is None else HostCosts(core, host)
     mem: dict[int, tuple[int, ...]] = {}
-    # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare.py)
+    # PipeMare's discrepancy correction keeps one weight-sized delta buffer per stage (runtime/pipemare_math)
     # (a schedule of no registered method, e.g. one imported from torch, keeps its forward's weights)
     buffers = 1 if spec is not None and spec.weights == "pipemare" else 0
     # a backward that reads the newest weights recomputes its forward (runtime: NoStash, PipeMare):

@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 import pipelab.methods as methods
-from pipelab.runtime.pipemare import PipeMareConfig
+from pipelab.runtime.pipemare_math import PipeMareConfig
 from pipelab.runtime.policies.base import NoStash, PolicyFactory, SingleVersion, Stashing, WeightPolicy
 from pipelab.runtime.policies.delay import DelayedVersions, VersionStore, delayed_sgd, delayed_version
 from pipelab.runtime.policies.pipemare import PipeMarePolicy

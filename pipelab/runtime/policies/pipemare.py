@@ -1,5 +1,5 @@
 """PipeMare's weight policy: no stash; per-stage learning-rate rescheduling and discrepancy-corrected
-backward weights (Yang et al., MLSys'21; the math is :mod:`pipelab.runtime.pipemare`)."""
+backward weights (Yang et al., MLSys'21; the math is :mod:`pipelab.runtime.pipemare_math`)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipelab.runtime.pipemare import PipeMareConfig, PipeMareState
+from pipelab.runtime.pipemare_math import PipeMareConfig, PipeMareState
 from pipelab.runtime.policies.base import WeightPolicy
 from pipelab.schedules.worker_view import StageReads
 
 
 class PipeMarePolicy(WeightPolicy):
     """PipeMare: no stash; F reads the newest weights; B recomputes with corrected weights (T2) and
-    the optimizer's step size follows T1 (see :mod:`pipelab.runtime.pipemare`)."""
+    the optimizer's step size follows T1 (see :mod:`pipelab.runtime.pipemare_math`)."""
 
     name = "pipemare"
     forward_builds_graph = False

@@ -1,6 +1,6 @@
 """HetPipe's weight policy: PipeDream stashing inside a virtual worker plus Wave Synchronous
 Parallel push/pull through a parameter server every ``wave`` updates (Park et al., ATC'20; the
-server is :mod:`pipelab.runtime.wsp`)."""
+server is :mod:`pipelab.runtime.param_server`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class WSPEndpoint(Protocol):
 
 
 class LocalWSP:
-    """An in-process :class:`pipelab.runtime.wsp.WSPServer` seen as one VW's endpoint (reference executor)."""
+    """An in-process :class:`~pipelab.runtime.param_server.WSPServer` as one VW's endpoint."""
 
     def __init__(self, server: Any, vw: int) -> None:
         self.server, self.vw = server, vw

@@ -1,7 +1,7 @@
 """Checkpoints of a worker: its state at a drained point, saving it at the scheduled steps, restoring it.
 
 :class:`Checkpointing` is mixed into :class:`pipelab.runtime.worker.Worker`; the file format (one
-file per rank and a manifest written last, atomically) is :mod:`pipelab.runtime.checkpoint`, and
+file per rank and a manifest written last, atomically) is :mod:`pipelab.runtime.checkpoint_files`, and
 which actions are checkpoint points is :func:`pipelab.schedules.worker_view.checkpoint_points`.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from pipelab.runtime import checkpoint as ckpt
-from pipelab.runtime.checkpoint import load_worker
+from pipelab.runtime import checkpoint_files as ckpt
+from pipelab.runtime.checkpoint_files import load_worker
 from pipelab.runtime.guards import NonFiniteError, nonfinite_tensors
 from pipelab.runtime.job import Job
 from pipelab.runtime.stage import StageState
@@ -117,7 +117,7 @@ class Checkpointing:
 
     def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
         """Write this worker's file of checkpoint ``step`` and report it to the run's coordinator
-        (``on_saved``, a :class:`~pipelab.runtime.checkpoint.Sealer`), which seals it once every
+        (``on_saved``, a :class:`~pipelab.runtime.checkpoint_files.Sealer`), which seals it once every
         worker's file is in. A state holding a NaN or inf is not written (the step is then never
         sealed, so the newest sealed checkpoint stays a finite one); ``on_nonfinite="raise"`` raises.
 
