@@ -1,39 +1,16 @@
-"""Per-worker checkpoints of a pipeline run, written atomically, with a manifest and plan check.
+"""Checkpoints on disk: one file per worker, sealed by a manifest written last.
 
-Layout of a checkpoint folder::
+Layout::
 
-    checkpoint_dir/
-      step-00000010/
-        rank-0.pt  rank-1.pt  ...     one file per worker (torch.save of a dict)
-        manifest.json                 written last: step, plan fingerprint, method, sha256 per file
-      step-00000020/ ...
+    checkpoint_dir/step-00000010/
+        rank-0.pt  rank-1.pt  ...     one file per worker (torch.save of a dict), written atomically
+        manifest.json                 step, plan fingerprint, method, run id, sha256 per file
 
-Each worker writes its own file with :func:`save_worker` (``torch.save`` into memory, then
-:func:`pipelab._io.atomic_write_bytes`: temp file, fsync, rename), so a file is either absent or
-complete. Each worker reports its file's sha256 to the run's one coordinator, a :class:`Sealer`
-(the launcher; rank 0 under torchrun), which calls :func:`write_manifest` once every worker's file
-is in, with the run's identity; a checkpoint *exists* only when its manifest does. A run killed
-while writing therefore leaves the previous checkpoint as :func:`latest`, intact, and the next run
-removes the unsealed folder and temp files (:func:`clean`) while holding the folder's
-:class:`FolderLock` (one run per folder). Renames are followed by an fsync of the folder.
-:func:`choose_resume` picks the step a run resumes from once, verifying every file's hash, and
-falls back to the previous sealed checkpoint when the newest is damaged. :func:`load_worker`
-refuses a checkpoint written for another plan or method, and one whose file does not match the
-manifest's hash or run.
-
-What a worker saves is up to the runtime; by convention a dict with ``"stages"`` (stage index ->
-module state_dict, optimizer state, the weight policy's own state), ``"step"``, ``"data_position"``
-and ``"rng"``. The runtime saves only at drained points
-(:meth:`pipelab.runtime.worker.Worker.checkpoint_state`
-refuses otherwise): flushed methods after a minibatch, asynchronous ones at the end of a drained
-segment (:mod:`pipelab.schedules.segments`; the manifest's ``extra["drain_every"]`` records the
-segment length so that a resumed run keeps it). There every stage holds a single weight version
-(PipeDream's stash, 2BW's two buffers and buffered's K versions have collapsed to the master
-weights), so the policy state is only what outlives a drain: PipeMare's delta EMA and step count,
-HetPipe's wave clock. A HetPipe checkpoint (``D = 0``) is taken right after a wave's pull, where
-the parameter server's state is fully determined - global weights equal to every virtual worker's,
-all local clocks equal, nothing pending - so a resumed run rebuilds the server from the saved
-weights (:func:`global_weights`).
+Invariants: a checkpoint exists only once its manifest does, written by the run's one
+:class:`Sealer` after every rank reported its file's hash; a killed run leaves the previous
+checkpoint intact and the next run removes the unsealed rest (:func:`clean`) under the folder's
+:class:`FolderLock`. :func:`load_worker` refuses another plan's or method's checkpoint and a file
+that does not match its hash. Checkpoints are taken at drained points only (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -56,11 +33,7 @@ _STEP_RE = re.compile(r"^step-(\d{8})$")
 
 
 def plan_fingerprint(plan: Any) -> str:
-    """A short hash of what makes a plan's checkpoints interchangeable: layers per stage, replicas, ranks.
-
-    Predictions (times, memory) are left out: re-partitioning with another cost model that yields
-    the same layout can resume from the same checkpoint.
-    """
+    """A short hash of the plan's layout (layers per stage, replicas, ranks), predictions left out."""
     doc = {
         "num_layers": int(plan.num_layers),
         "profile": getattr(plan, "profile_fingerprint", ""),
@@ -139,11 +112,9 @@ def _sha256(path: Path) -> str:
 def write_manifest(checkpoint_dir: str | os.PathLike[str], step: int, *, plan: Any, method: str,
                    num_workers: int | None = None, extra: dict[str, Any] | None = None,
                    keep: int | None = 2, hashes: dict[int, str] | None = None, run_id: str = "") -> Path:
-    """Seal the checkpoint of ``step`` once every worker's file is written; prune to ``keep`` newest.
+    """Seal ``step``'s checkpoint once every worker's file is in; prune to ``keep`` newest.
 
-    ``hashes`` (rank -> sha256 of the bytes it wrote, as :class:`Sealer` gathers them) saves reading
-    the files again; ``run_id`` names the run that wrote them. Raises ``FileNotFoundError`` naming
-    the missing ranks if a worker's file is absent.
+    Raises ``FileNotFoundError`` naming the ranks whose file is missing.
     """
     d = step_dir(checkpoint_dir, step)
     n = int(num_workers if num_workers is not None else plan.num_workers)
@@ -242,12 +213,10 @@ def load_worker(path: str | os.PathLike[str], rank: int, *, plan: Any, method: s
 
 def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
                    stage_ranks: Any) -> dict[int, dict[str, torch.Tensor]]:
-    """Per stage, the module weights every replica saved at the checkpoint at ``path``.
+    """Per stage, the weights every replica saved at ``path`` (HetPipe's server restarts from them).
 
-    HetPipe's parameter server restarts from these: a HetPipe checkpoint is taken right after a
-    wave's pull at a drained point with ``D = 0``, where every virtual worker holds the server's
-    global weights and all local clocks are equal with nothing pending. Raises ``ValueError`` if
-    the replicas of a stage disagree (then the checkpoint is not such a cut).
+    A HetPipe checkpoint is a wave's pull with ``D = 0``, where every VW holds the global weights;
+    raises ``ValueError`` if a stage's replicas disagree.
     """
     out: dict[int, dict[str, torch.Tensor]] = {}
     for s, ranks in enumerate(stage_ranks):
@@ -267,9 +236,7 @@ def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
 
 
 class Sealer:
-    """The one writer of a run's manifests: each worker reports ``(step, rank, sha256)`` of the file it
-    wrote (:meth:`report`); once every rank of a step has, the step is sealed with those hashes and
-    the run's identity, and older checkpoints are pruned to ``keep``."""
+    """A run's one manifest writer: seals a step once every rank reported ``(step, rank, sha256)``."""
 
     def __init__(self, checkpoint_dir: str | os.PathLike[str], *, plan: Any, method: str, num_workers: int,
                  run_id: str, extra: dict[str, Any] | None = None, keep: int | None = 2) -> None:
@@ -295,10 +262,7 @@ class CheckpointBusy(OSError):
 
 
 class FolderLock:
-    """An exclusive lock on a checkpoint folder for the life of a run (``fcntl.flock`` of ``.lock``).
-
-    The kernel drops it when the holder dies, so a killed run never leaves the folder locked.
-    """
+    """An exclusive ``flock`` on a checkpoint folder for a run's life (dropped when the holder dies)."""
 
     NAME = ".lock"
 
@@ -330,10 +294,7 @@ class FolderLock:
 
 
 def clean(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
-    """Remove what a killed run left half-written: step folders without a manifest, and temp files.
-
-    Call it only while holding the folder's :class:`FolderLock`. Returns what was removed.
-    """
+    """Remove step folders without a manifest and temp files (hold the :class:`FolderLock`); return them."""
     root = Path(checkpoint_dir)
     removed: list[Path] = []
     if not root.is_dir():
@@ -353,10 +314,7 @@ def clean(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of step folder ``path`` after checking every rank file against its hash.
-
-    Raises ``ValueError`` naming the file that is missing or does not match.
-    """
+    """The manifest of step folder ``path``; raises ``ValueError`` naming a missing or changed file."""
     d = Path(path)
     man = read_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION)
     for name, sha in man["files"].items():
@@ -369,11 +327,9 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def choose_resume(path: str | os.PathLike[str], *, fallback: bool = True) -> Path:
-    """The step folder a run resumes from, its files verified (:func:`verify`), chosen once.
+    """The verified step folder a run resumes from: ``path`` itself, or a root's newest sealed step.
 
-    ``path`` is a step folder (used as it is) or a checkpoint root: then its newest sealed
-    checkpoint, or with ``fallback`` the newest one whose files are intact, warning about each
-    damaged one skipped. Raises ``ValueError`` naming the damaged file otherwise.
+    With ``fallback``, a damaged newest step is skipped with a warning; otherwise ``ValueError``.
     """
     import warnings
 

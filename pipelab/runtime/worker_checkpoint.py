@@ -1,8 +1,7 @@
-"""Checkpoints of a worker: its state at a drained point, saving it at the scheduled steps, restoring it.
+"""A worker's checkpoints: its state at a drained point, saved at the schedule's checkpoint steps.
 
-:class:`Checkpointing` is mixed into :class:`pipelab.runtime.worker.Worker`; the file format (one
-file per rank and a manifest written last, atomically) is :mod:`pipelab.runtime.checkpoint_files`, and
-which actions are checkpoint points is :func:`pipelab.schedules.worker_view.checkpoint_points`.
+:class:`Checkpointing` is mixed into :class:`~pipelab.runtime.worker.Worker`; the files are
+:mod:`pipelab.runtime.checkpoint_files`.
 """
 
 from __future__ import annotations
@@ -33,13 +32,10 @@ class Checkpointing:
     on_saved: Callable[[int, int, str], None] | None = None
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """This worker's state at a drained point: per stage weights, optimizer, policy state; its RNG.
+        """Per stage weights, optimizer and policy state, and the RNG, at a drained point.
 
-        Checkpoints are taken only where nothing is in flight on this worker (after a flushed
-        method's minibatch, or an asynchronous schedule's drained segment, see
-        :mod:`pipelab.schedules.segments`): every policy then holds one weight version, the master
-        weights saved here, so restoring them and the policy's own state (PipeMare's delta and step
-        count, HetPipe's anchor) resumes every method exactly. Raises ``RuntimeError`` otherwise.
+        There every policy holds one weight version, so these resume every method exactly; raises
+        ``RuntimeError`` if anything is in flight.
         """
         stages: dict[int, Any] = {}
         for s, st in self.stages.items():
@@ -63,11 +59,7 @@ class Checkpointing:
         return {"stages": stages, "rng": torch.get_rng_state()}
 
     def restore(self, path: Any) -> None:
-        """Load this worker's state from the checkpoint at ``path`` (plan and method are checked).
-
-        The schedule of a resumed run numbers its minibatches and weight versions from 0 again;
-        the data restart at the checkpoint's step (``Feed`` adds ``resume_step``).
-        """
+        """Load this worker's state from ``path`` (plan and method checked); data restart at its step."""
         state = load_worker(path, self.rank, plan=self.job.plan, method=self.job.schedule.method)
         want = self.job.runtime.resume_step
         if int(state.get("step", want)) != want:
@@ -94,9 +86,7 @@ class Checkpointing:
     def maybe_checkpoint(self, i: int) -> None:
         """After update ``i``: save if it is this worker's last action before a checkpoint step.
 
-        HetPipe: the save waits for the wave's pull (immediate in a worker process; in the
-        reference executor the pull completes once every virtual worker has pushed), so that the
-        saved weights are the parameter server's global weights at the cut.
+        HetPipe saves after the wave's pull, so the weights saved are the server's global weights.
         """
         if not self.job.runtime.checkpoint_every:
             return
@@ -116,13 +106,9 @@ class Checkpointing:
             p.after_pull = pulled  # type: ignore[attr-defined]
 
     def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
-        """Write this worker's file of checkpoint ``step`` and report it to the run's coordinator
-        (``on_saved``, a :class:`~pipelab.runtime.checkpoint_files.Sealer`), which seals it once every
-        worker's file is in. A state holding a NaN or inf is not written (the step is then never
-        sealed, so the newest sealed checkpoint stays a finite one); ``on_nonfinite="raise"`` raises.
+        """Write this worker's file of ``step`` and report it to ``on_saved`` (the run's sealer).
 
-        The manifest records ``drain_every`` so that a resumed asynchronous run keeps the same
-        drained segments (and so the same trajectory).
+        A non-finite state is not written, so the step is never sealed (``on_nonfinite="raise"`` raises).
         """
         root = self.job.runtime.checkpoint_dir
         assert root is not None     # RuntimeOptions.from_options requires it with checkpoint_every
