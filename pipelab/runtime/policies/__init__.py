@@ -1,14 +1,9 @@
 """Weight policies: which version of its weights each forward and backward of a stage reads.
 
-:data:`POLICIES` maps every :attr:`pipelab.methods.Method.weights` key to the factory of its
-policy; :func:`policy_for` looks a method up in the registry and builds its factory. The policies
-keep exactly the weight versions the schedule names (the schedule records, per action, the version
-it reads or, for ``U``, produces; :func:`pipelab.schedules.versions.assign_versions` is the rule).
-
-- :mod:`.base`: the interface and the ``single`` (flushed methods), ``stash`` (PipeDream) and
-  ``latest`` (naive asynchronous) policies;
-- :mod:`.delay`: ``delay`` (PipeDream-2BW, Lv et al.'s bounded buffer) and its math;
-- :mod:`.pipemare`: ``pipemare``; :mod:`.wsp`: ``wsp`` (HetPipe).
+:data:`POLICIES` maps every :attr:`pipelab.methods.Method.weights` key to its policy's factory
+(:mod:`.base`: ``single``, ``stash``, ``latest``; :mod:`.delay`: ``delay``; :mod:`.pipemare`;
+:mod:`.wsp`). Invariant: a policy serves exactly the versions the schedule names
+(:func:`pipelab.schedules.versions.assign_versions` is the one rule).
 """
 
 from __future__ import annotations
@@ -85,11 +80,7 @@ POLICIES: dict[str, Callable[[str, dict[str, Any]], PolicyFactory]] = {
 
 
 def policy_for(method: str, options: dict[str, Any] | None = None) -> PolicyFactory:
-    """The policy factory of ``method`` (an unknown method raises the registry's ``MethodError``).
-
-    ``options`` are the method's options; the runtime adds ``"schedule"`` (the Schedule being
-    executed) and ``"microbatches"``.
-    """
+    """The policy factory of ``method``; ``options`` also carry ``"schedule"`` and ``"microbatches"``."""
     spec = methods.get(method)
     return POLICIES[spec.weights](spec.name, dict(options or {}))
 

@@ -1,30 +1,17 @@
-"""Weight policies: which version of a stage's weights each forward and backward reads.
+"""Weight policies: the interface, and the single-version, stashing and no-stash policies.
 
-A stage's *master* weights are its module's parameters; the optimizer updates them in place at
-every ``U``, and version ``v`` means "after ``v`` updates on this stage". The *schedule* names the
-version every ``F`` and ``B``/``W`` reads (:func:`pipelab.schedules.worker_view.stage_reads`); a policy
-serves exactly those versions, checks that they are the ones its method's weights can give (the
-newest, a stashed one, ...), and keeps exactly the versions some in-flight microbatch or some
-forward still to come in the schedule reads (the number it holds is measured, see :attr:`held`).
-It never derives a version from a rule of its own.
+Version ``v`` of a stage means "after ``v`` updates"; the optimizer updates the master weights
+(the module's parameters) in place at every ``U``. A policy serves exactly the versions the
+schedule names (:func:`pipelab.schedules.worker_view.stage_reads`), refuses one its method's
+weights cannot give, and keeps exactly those still in flight or read by a forward to come.
 
-* :class:`SingleVersion` — flushed methods (``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``,
-  ``zb-h1``, ``dp``): every action reads the master weights; an update while a microbatch is in
-  flight would be a schedule bug and raises.
-* :class:`Stashing` — PipeDream's weight stashing (Narayanan et al., SOSP'19, §3.3): ``F`` reads the
-  newest version and stashes it; the microbatch's ``B`` computes gradients against that same
-  stashed version; the update is applied to the newest (master) weights. With ``vertical_sync``
-  every stage reads the version the *input stage* used for the microbatch, which travels with the
-  activations (§3.3, "vertical sync").
-* :class:`NoStash` — the naive-async ablation (§3): ``F`` and ``B`` both read the newest weights;
-  ``B`` recomputes the stage's forward from the microbatch's saved inputs with the weights current
-  at ``B`` time, so the gradient is exactly "the newest weights' gradient at those inputs".
+* :class:`SingleVersion` (flushed methods): every action reads the master weights.
+* :class:`Stashing` (PipeDream, Narayanan et al., SOSP'19, §3.3): ``F`` stashes the newest version
+  and the microbatch's ``B`` reads it; with ``vertical_sync`` every stage reads the version the
+  input stage used, which travels with the activations.
+* :class:`NoStash` (the naive-async ablation, §3): ``B`` recomputes the forward on the newest weights.
 
-Stashed versions are separate tensors (clones taken when an update creates a version), never the
-master parameters, so an in-place optimizer step cannot corrupt a saved autograd graph.
-
-The other policies live beside this module in :mod:`pipelab.runtime.policies`, whose table maps
-each :attr:`pipelab.methods.Method.weights` key to one.
+Invariant: stashed versions are tensors of their own, so an in-place step never corrupts a graph.
 """
 
 from __future__ import annotations
@@ -61,11 +48,9 @@ class WeightPolicy:
 
     # -- the schedule's versions
     def scheduled_forward(self, microbatch: int) -> int:
-        """The version the schedule says this stage's next ``F`` (of ``microbatch``) reads.
+        """The version the schedule names for this stage's next ``F`` (the newest without a schedule).
 
-        Consumes it from the forwards still to come. Without a schedule's reads (a policy built
-        by hand) it is the newest version. Raises when the runtime's forward is not the
-        schedule's next one.
+        Raises when ``microbatch`` is not the schedule's next forward.
         """
         fw = self.reads.forward
         if not fw:
@@ -162,9 +147,7 @@ class WeightPolicy:
         pass
 
     def _holdings(self) -> tuple[int, tuple[int, ...], int]:
-        """What :meth:`weight_bytes` depends on, cheaply: the master's storage (every code path that
-        moves the master moves all of its tensors together, copy-on-write), the stashed versions' keys
-        (a stash entry never changes once made) and the size of any extra buffer (HetPipe's anchor)."""
+        """What :meth:`weight_bytes` depends on: the master's storage, the stash's keys, extra buffers."""
         p = next(iter(self.params.values()), None)
         stash = getattr(self, "stash", None)
         anchor = getattr(self, "anchor", None)
@@ -172,9 +155,7 @@ class WeightPolicy:
                 tuple(stash) if stash is not None else (), len(anchor) if anchor else 0)
 
     def _measure(self) -> None:
-        # called after every action: walking every tensor's storage each time cost 10-40 us per
-        # action (reproductions/benchmarks/stash_forward.py), so the bytes are recounted only when
-        # what they depend on changed
+        # runs after every action: recount the bytes only when what they depend on changed
         self.max_held = max(self.max_held, self.held)
         key = self._holdings()
         if key != getattr(self, "_measured", None):
@@ -226,10 +207,9 @@ class SingleVersion(WeightPolicy):
 class Stashing(WeightPolicy):
     """PipeDream weight stashing, optionally with vertical sync (SOSP'19 §3.3).
 
-    The newest version is stashed as an *alias* of the master weights (no copy); right before an
-    update, if an in-flight or upcoming microbatch still needs it, the master moves to fresh
-    storage and the stash keeps the old one (copy-on-write). So ``n`` versions held cost exactly
-    ``n`` copies of the stage's weights (measured by :meth:`weight_bytes`).
+    The newest version is stashed as an alias of the master; an update moves the master to fresh
+    storage only while a stash still needs the old one (copy-on-write), so ``n`` versions cost ``n``
+    weight copies.
     """
 
     name = "stashing"

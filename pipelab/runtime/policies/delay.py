@@ -1,22 +1,11 @@
-"""Delayed weight versions: PipeDream-2BW and Lv et al.'s bounded buffer of K versions, and their math.
+"""Delayed weight versions: PipeDream-2BW and Lv et al.'s bounded buffer of K versions.
 
-* :func:`delayed_version` — which version minibatch ``k`` reads when weights are double- or
-  K-buffered: ``max(0, k - d)`` with ``d = 1`` for PipeDream-2BW (Narayanan et al., "Memory-Efficient
-  Pipeline-Parallel DNN Training", ICML'21, §3: ``W(t+1) = W(t) - nu * grad f(W(t-1))``) and
-  ``d = K - 1`` for the bounded buffer of Lv et al. (CCGrid'23), so K = 2 is 2BW and K = NOAM + 1
-  keeps as many versions as PipeDream's stash.
-* :func:`delayed_sgd` — the whole-model recurrence ``W(t+1) = W(t) - nu * grad f_t(W(t-d))``.
-* :class:`VersionStore` and :class:`DelayedVersions` (``2bw``, ``buffered``): every microbatch of
-  minibatch ``k`` reads version ``max(0, k - d)`` in ``F`` and ``B`` - the schedule names it
-  (:func:`pipelab.schedules.versions.assign_versions`), the policy serves it and keeps exactly the
-  versions that forwards still to come read; gradients of the ``M`` microbatches coalesce into one
-  update per minibatch.
+Minibatch ``k`` reads version ``max(0, k - d)`` in ``F`` and ``B``: ``d = 1`` for 2BW (Narayanan et
+al., ICML'21, §3: ``W(t+1) = W(t) - nu * grad f(W(t-1))``), ``d = K - 1`` for the bounded buffer
+(CCGrid'23). Gradients of a minibatch's microbatches make one update.
 
-Memory: a stashed version that equals the master weights *aliases* their storage (a separate
-tensor object, so autograd's in-place checks stay per-version) and is split off copy-on-write
-right before the optimizer's in-place step (:meth:`VersionStore.about_to_update`). So a stage
-holding ``n`` versions holds exactly ``n`` weight copies, which :meth:`VersionStore.weight_bytes`
-measures by counting distinct storages - the quantity the simulator's memory model predicts as
+Invariant: a version equal to the master aliases its storage and is split off copy-on-write right
+before the optimizer's step, so ``n`` versions held are ``n`` weight copies, the simulator's
 ``weights + stashed_weights``.
 """
 
@@ -42,10 +31,7 @@ def delayed_version(minibatch: int, delay: int) -> int:
 
 def delayed_sgd(w0: torch.Tensor, grad: Callable[[int, torch.Tensor], torch.Tensor], lr: float, steps: int,
                 delay: int) -> list[torch.Tensor]:
-    """``W(t+1) = W(t) - lr * grad(t, W(max(0, t - delay)))``; returns ``[W(0), ..., W(steps)]``.
-
-    ``delay = 1`` is PipeDream-2BW's rule (ICML'21 §3), ``delay = 0`` plain SGD.
-    """
+    """``[W(0), ..., W(steps)]`` of ``W(t+1) = W(t) - lr * grad(t, W(max(0, t - delay)))``."""
     ws = [w0.clone()]
     for t in range(steps):
         ws.append(ws[t] - lr * grad(t, ws[delayed_version(t, delay)]))
@@ -56,12 +42,7 @@ def delayed_sgd(w0: torch.Tensor, grad: Callable[[int, torch.Tensor], torch.Tens
 
 
 class VersionStore(WeightPolicy):
-    """Shared machinery: stashed versions keyed by an *epoch* (every change of the master weights),
-    copy-on-write aliases of the master, distinct-storage byte accounting.
-
-    ``version`` (what the trace shows) is the number of local updates; ``epoch`` also counts other
-    changes of the master (a HetPipe pull), so two contents never share a key.
-    """
+    """Stashed versions keyed by epoch (every change of the master), copy-on-write, distinct-storage bytes."""
 
     name = "store"
 
@@ -165,9 +146,7 @@ class VersionStore(WeightPolicy):
 
 
 class DelayedVersions(VersionStore):
-    """2BW / bounded buffer: every action of minibatch ``k`` reads the version the schedule names,
-    ``max(0, k - d)``; the policy keeps the versions in flight and those that forwards still to
-    come read (a version equal to the master is an alias, split off copy-on-write at the update)."""
+    """2BW / bounded buffer: serves the versions the schedule names, keeps those still needed."""
 
     name = "delayed"
 
