@@ -1,15 +1,9 @@
-"""The Job record (everything a worker needs) and its preparation and checks in the parent.
+"""The Job record (everything a worker needs), prepared and checked in the parent.
 
-:func:`prepare` turns the user's arguments into a :class:`Job`, checking everything that can be
-checked before a process starts, so that bad input gives a clear error instead of a hang: the plan
-matches the model's layer count, the schedule matches the plan, the first minibatch has the shape
-the model accepts and divides into microbatches, ``data()`` is deterministic, the backend exists,
-a given rendezvous port is a port. It also computes each cut's message layout once (see
-:func:`pipelab.runtime.comm.boundary_specs`).
-
-Callables (``model_fn``, ``data``, ``loss_fn``, ``optimizer``) are pickled by reference to spawn
-workers, so they must be importable top-level functions; in a ``job.json`` (torchrun) they are
-written ``"module:function"``, or ``{"fn": "module:function", "kwargs": {...}}`` for a partial.
+Invariant: everything checkable before a process starts is checked in :func:`prepare` (plan vs
+model, schedule vs plan, the first minibatch vs the model, deterministic ``data()``, backend,
+port), so bad input gives a clear error, never a hang. Callables travel by reference: importable
+top-level functions, in a ``job.json`` ``"module:function"`` or ``{"fn": ..., "kwargs": {...}}``.
 """
 
 from __future__ import annotations
@@ -126,10 +120,8 @@ def resolve(spec: Any, *, trust: bool = True,
             roots: Sequence[str | os.PathLike[str]] = ()) -> Callable[..., Any]:
     """A callable from ``"module:function"`` or ``{"fn": "module:function", "kwargs": {...}}``.
 
-    Untrusted (``trust=False``, how a job file is read unless ``--trust``), the module must live in
-    one of ``roots`` (the job file's folder, the current project) or start with one of
-    :data:`ALLOWED_PREFIXES`; modules of :data:`REFUSED_MODULES` (``os``, ``subprocess``,
-    ``builtins``, ...) are refused always, also where the name is only re-exported.
+    Untrusted, the module must live under one of ``roots`` or :data:`ALLOWED_PREFIXES`;
+    :data:`REFUSED_MODULES` are refused always, also where the name is only re-exported.
     """
     if callable(spec):
         return spec
@@ -184,12 +176,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def stage_ranges(plan: Plan, schedule: Schedule) -> tuple[tuple[int, int], ...]:
-    """Layer range of every schedule stage: the plan's stages are the schedule's stages.
-
-    A one-stage schedule (``dp``) runs the whole model. (For ``interleaved-1f1b`` the plan's stages are the
-    ``v * P`` virtual stages, stage
-    ``c * P + w`` running on worker ``w``; see :func:`pipelab.schedules.sync.interleaved`.)
-    """
+    """Layer range of every schedule stage (a one-stage schedule, ``dp``, runs the whole model)."""
     if schedule.num_stages == 1:     # dp: the whole model on every worker, whatever the plan's cuts
         return ((0, plan.num_layers),)
     if schedule.num_stages != plan.num_stages:
@@ -264,12 +251,7 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
             schedule: Schedule | None = None, port: int | None = None, master_addr: str = "127.0.0.1",
             trace_kwargs: dict[str, Any] | None = None, check_rendezvous: bool = True,
             **method_options: Any) -> Job:
-    """Check the arguments of ``train``/``launch`` and build the :class:`Job` (see module docstring).
-
-    In four steps, each its own function: the arguments' form (:func:`check_arguments`), the
-    schedule to execute with resume and drain points (:func:`resolve_schedule`), the model against
-    the plan (:func:`model_facts`), and the first minibatch against the model (:func:`cut_layouts`).
-    """
+    """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
     check_arguments(model_fn, plan, data, loss_fn, optimizer, steps=steps, microbatches=microbatches,
                     backend=backend, timeout=timeout)
     trace_kwargs = dict(trace_kwargs or {})
@@ -337,10 +319,8 @@ def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, 
                      runtime: RuntimeOptions) -> tuple[Schedule, int, int]:
     """The schedule to execute, the minibatches it covers and the step it starts from.
 
-    With ``resume=`` the run continues from the checkpoint's step and the schedule covers the
-    steps left; asynchronous methods with checkpoints are built as drained segments (see
-    :mod:`pipelab.schedules.segments`), and a resumed run keeps the segment length it was
-    checkpointed with. A caller's own ``schedule`` is checked to have its drain points there.
+    A resumed run covers the steps left and keeps its checkpoint's drain segments; a caller's own
+    ``schedule`` must have its drain points there.
     """
     the_method = method or (schedule.method if schedule is not None else "")
     spec = methods.METHODS.get(the_method)
@@ -413,8 +393,8 @@ def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[A
                 n_inputs: int) -> tuple[int, list[list[TensorSpec]]]:
     """The batch size and every cut's message layout, from the first minibatch of ``data()``.
 
-    Checks the minibatch's form, that it divides into ``microbatches``, that the model and
-    ``loss_fn`` run on it and give a scalar, and that ``data()`` is deterministic.
+    Checks the minibatch divides into ``microbatches``, the model and ``loss_fn`` give a scalar on it,
+    and ``data()`` is deterministic.
     """
     inputs, targets = first_minibatch(data)
     xs = as_inputs(inputs)
@@ -456,18 +436,10 @@ def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[A
 
 def load_job_file(path: str | os.PathLike[str], *,
                   trust: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read a ``job.json``: returns (arguments for :func:`prepare`, extra settings).
+    """Read a ``job.json`` (docs/job_format.md): returns (arguments for :func:`prepare`, extra settings).
 
-    Keys: ``model_fn``, ``data``, ``loss_fn``, ``optimizer`` (callable references), ``plan`` (a plan
-    dict or a path to a saved plan), ``method``, ``steps``, ``microbatches``, ``seed``, ``backend``,
-    ``timeout``, ``options`` (method options), ``out`` (output folder, default beside the job file).
-
-    A job file is data, not code, unless ``trust``: its callables must come from modules in the job
-    file's folder or the current project (the working directory), or under
-    :data:`ALLOWED_PREFIXES` (``torch.optim``, ``torch.nn``, ...); ``os``, ``subprocess``,
-    ``builtins`` and the like (:data:`REFUSED_MODULES`) are refused even when trusted; and its
-    paths (``out``, ``checkpoint_dir``, ``resume``) are resolved relative to the job file and must
-    stay inside its folder. ``trust=True`` (``pipelab train --trust``) lifts the folder rules.
+    Untrusted, its callables must come from its folder, the working directory or
+    :data:`ALLOWED_PREFIXES`, and its paths must stay inside its folder.
     """
     p = Path(path)
     try:

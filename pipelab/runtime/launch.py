@@ -439,9 +439,7 @@ class Run:
             self._fail(exc)
 
     def _collect(self) -> dict[int, WorkerResult] | None:
-        """Read every worker's pipe until each has sent its result; on a fault, end the job and return
-        ``None``. Waits on the pipes and the processes' sentinels together, so a worker that dies,
-        even in the middle of a message, is seen at once (its pipe reads EOF)."""
+        """Read every worker's pipe and sentinel until each sent its result (None: a fault ended the job)."""
         from multiprocessing.connection import wait
 
         results: dict[int, WorkerResult] = {}
@@ -513,9 +511,7 @@ class Run:
                     ended.add(open_conns.pop(c))
 
     def _cause(self, errors: list[Any], results: dict[int, WorkerResult], ended: set[int]) -> WorkerError:
-        """The first fault: a worker that died without a word (a signal, out of memory), else the error
-        raised first (each is stamped before its worker tears its connections down, so a peer's
-        "connection closed" is always later)."""
+        """The first fault: a worker that died without a word, else the error raised first (stamped time)."""
         dead = self._died_silently(ended, {e[1] for e in errors}, results)
         first = min(errors, default=None)
         if dead is not None:
@@ -560,11 +556,11 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
            microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
            trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
            port: int | None = None, stream: bool = True, **method_options: Any) -> Run:
-    """Start a training job and return its :class:`Run` handle at once (see :func:`train`).
+    """Start a training job and return its :class:`Run` handle at once (arguments as :func:`train`).
 
-    A ``schedule`` given is checked for per-pair message order first (the validator's rule,
-    :func:`pipelab.schedules.validate.check_message_order`), so a schedule that in-order matching
-    (NCCL, the tag-blind transport) cannot run fails here with the validator's error, not a hang."""
+    A given ``schedule`` is checked for per-pair message order first, so one that in-order matching
+    cannot run fails here rather than hangs.
+    """
     if schedule is not None:
         check_message_order(schedule)
     job = prepare(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,

@@ -1,33 +1,11 @@
-"""The runtime's memory meter (option ``measure_memory=True``): each worker's measured peak of memory.
+"""The memory meter (``measure_memory=True``): each worker's measured peak, in five parts.
 
-What is measured, exactly: after every action, the bytes of the distinct tensor *storages* (deduplicated
-by ``untyped_storage().data_ptr()``, each counted at its full ``nbytes()``) that the worker holds
-because of training, in five parts, each storage counted once, in the first part that names it:
-
-* ``weights``: its stages' parameters and every stashed weight version the weight policy holds
-  (PipeDream's stash, 2BW's and the delay policies' versions, HetPipe's anchor, PipeMare's delta
-  buffer);
-* ``gradients``: the ``.grad`` of those tensors (``None`` after an update: the optimizer's
-  ``zero_grad(set_to_none=True)``);
-* ``optimizer``: the tensors of the optimizer's state (momentum buffers, Adam's moments; allocated
-  lazily at the first step);
-* ``activations``: the tensors autograd saves for the backward of every in-flight microbatch,
-  counted by :func:`torch.autograd.graph.saved_tensors_hooks` around the worker's forward (pack
-  registers the storage and returns a small holder whose ``__del__`` releases it, so the count follows
-  the graph's lifetime; weight storages are left to ``weights``), and the tensors the worker keeps
-  for the backward itself (each in-flight microbatch's stage inputs and outputs, and the output
-  gradients a split backward keeps for ``W``);
-* ``messages``: message buffers the transport holds (posted receives and unretired sends of the
-  process runtime; messages waiting in the reference executor's mailbox).
-
-A stage input that is a slice of the data feed's minibatch (the first stage) shares the
-minibatch's storage, which is then counted whole. Transient tensors that live only inside an
-action (a backward's intermediate gradients, an optimizer step's temporaries) are not seen. On a
-CUDA device in a worker process the peak is instead ``torch.cuda.max_memory_allocated`` since the
-first action (the allocator's view, transients included); the storage count is kept beside it.
-``peak_state`` is the storage count's peak without ``messages``: the terms the simulator's memory
-model counts (its transport buffers, receives posted ahead and sends held until the runtime knows
-them delivered, belong to pipelab's runtime, not to the method).
+After every action it adds the bytes of the distinct storages the worker holds, each counted once,
+in the first part naming it: ``weights`` (parameters and every stashed version), ``gradients``,
+``optimizer`` state, ``activations`` (what autograd saves for in-flight microbatches, followed by
+``saved_tensors_hooks``, and the stage inputs/outputs the worker keeps) and ``messages`` (buffers
+the transport holds). Transients inside one action are not seen; on a CUDA worker the peak is
+``torch.cuda.max_memory_allocated``. ``peak_state`` leaves out ``messages``: the simulator's terms.
 """
 
 from __future__ import annotations
@@ -65,11 +43,7 @@ def _storage(t: Any) -> tuple[int, int] | None:
 
 
 class MemoryMeter:
-    """Counts one worker's memory (see the module doc); :meth:`sample` after every action.
-
-    ``stages`` maps stage -> :class:`~pipelab.runtime.stage.StageState`; ``messages()`` yields the
-    message tensors the transport holds for this worker; ``cuda`` uses the CUDA allocator's peak.
-    """
+    """One worker's memory; :meth:`sample` after every action (``cuda``: the allocator's peak)."""
 
     def __init__(self, stages: dict[int, Any], messages: Callable[[], Iterable[torch.Tensor]] | None = None,
                  *, cuda: torch.device | None = None) -> None:
