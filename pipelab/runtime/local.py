@@ -1,11 +1,8 @@
-"""The reference executor: the same Schedule and weight policies, in one process — the oracle.
+"""The reference executor: the same Schedule, Workers and weight policies in one process (the oracle).
 
-It builds one :class:`~pipelab.runtime.worker.Worker` per rank (the very code the multi-process
-runtime runs) and executes their action lists in a valid global order: sweep over the workers, and
-run each worker's next action as soon as its inputs are ready — its messages are in the mailbox,
-and for a replicated stage's ``U`` every replica has reached its matching ``U`` (then their
-gradients are summed, as the all-reduce would). Each worker's own order is the schedule's; if no
-worker can move, the schedule deadlocks and the error lists every worker's stuck action.
+It runs each worker's next action as soon as its inputs are ready (its messages are in the
+mailbox; for a replicated ``U``, every replica reached its ``U``, whose gradients are then summed).
+Each worker's own order is the schedule's; if none can move, the error lists every stuck action.
 """
 
 from __future__ import annotations
@@ -28,12 +25,10 @@ from pipelab.trace import Event
 def run_local(job: Job, emit: Callable[[Event], None] | None = None,
               should_stop: Callable[[], bool] | None = None,
               on_saved: Callable[[int, int, str], None] | None = None) -> list[WorkerResult]:
-    """Execute ``job`` in this process; returns each rank's :meth:`Worker.result`.
+    """Execute ``job`` in this process; return each rank's :meth:`Worker.result`.
 
-    ``emit`` receives one :class:`~pipelab.trace.Event` per action (times in seconds since the start);
-    ``should_stop`` is polled between actions (cancellation). The caller's random state is left
-    as it was. ``on_saved(step, rank, sha256)`` is the run's checkpoint coordinator (see
-    :class:`~pipelab.runtime.checkpoint_files.Sealer`; by default the last worker to write seals).
+    ``emit`` gets one event per action; ``should_stop`` is polled between actions; ``on_saved`` seals
+    checkpoints (by default the last worker to write seals). The caller's random state is kept.
     """
     with torch.random.fork_rng(devices=[]):
         return _run_local(job, emit, should_stop, on_saved)

@@ -1,11 +1,8 @@
 """A worker process: start-up, the distributed execute loop, streaming events to the parent.
 
-:func:`process_main` is what ``pl.train`` spawns (torch.multiprocessing); :func:`run_distributed`
-joins the process group and runs :func:`execute`, which moves a :class:`~pipelab.runtime.worker.Worker`'s
-messages over :class:`~pipelab.runtime.comm.DistComm` and emits one :class:`~pipelab.trace.Event`
-per action (and per noticeable wait on a receive); :class:`PipeSink` sends them to the parent over
-the worker's own pipe.
-Under torchrun, :mod:`pipelab.runtime.torchrun` calls :func:`run_distributed` instead.
+:func:`process_main` is what ``pl.train`` spawns; :func:`run_distributed` (also torchrun's) joins
+the process group and runs :func:`execute`, which moves a Worker's messages over
+:class:`~pipelab.runtime.comm.DistComm`; :class:`PipeSink` streams the events to the parent.
 """
 
 from __future__ import annotations
@@ -51,11 +48,10 @@ class Clock:
 
 
 class PipeSink:
-    """Streams events to the parent over this worker's own pipe, in batches (~32 events or 0.1 s).
+    """Streams events to the parent over this worker's pipe, in batches (~32 events or 0.1 s).
 
-    Every message is written before the call returns (no feeder thread): an error is in the pipe
-    before the worker tears its connections down, so the parent reads the cause before any peer's
-    "connection closed", and nothing queued can hold the process at exit.
+    Written before each call returns, so an error reaches the parent before any peer's "connection
+    closed", and nothing queued holds the process at exit.
     """
 
     def __init__(self, conn: Any, rank: int, batch: int = 32, every_s: float = 0.1) -> None:
@@ -303,11 +299,11 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
 
 def process_main(job: Job, rank: int, conn: Any, wsp_conn: Any = None, match: str | None = None,
                  stream: bool = True) -> None:
-    """Entry point of a spawned worker process (torch.multiprocessing); ``conn`` is this worker's pipe
-    to the parent; ``match`` as in :func:`run_distributed` (the parent reads ``PIPELAB_P2P_MATCH``: a
-    fork server keeps the environment it started with); ``stream=False`` sends the events once, at
-    the end, instead of in batches while the job runs. The process ends with ``os._exit`` once its
-    last message is written, and at once if the launcher dies (:func:`watch_launcher`)."""
+    """Entry point of a spawned worker: ``conn`` is its pipe to the parent.
+
+    ``stream=False`` sends the events once, at the end. The process ends with ``os._exit`` once its last
+    message is written, and at once if the launcher dies.
+    """
     watch_launcher()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -20,8 +20,7 @@ from pipelab.schedules.worker_view import StageReads
 class Feed:
     """This worker's view of ``data()``: minibatch ``k`` split into microbatches, on demand.
 
-    The data is iterated in order (and restarted when exhausted, like epochs); a minibatch whose
-    shapes differ from the first one raises, naming it.
+    ``data()`` restarts when exhausted; a minibatch shaped unlike the first raises, naming it.
     """
 
     def __init__(self, job: Job, device: torch.device) -> None:
@@ -42,10 +41,7 @@ class Feed:
         raise ValueError("data() yielded no minibatch")
 
     def minibatch(self, k: int) -> tuple[list[Any], list[Any]]:
-        """Inputs and targets of minibatch ``k``, each split into M microbatches.
-
-        After ``resume=``, minibatch ``k`` of the run is item ``resume_step + k`` of ``data()``.
-        """
+        """Inputs and targets of minibatch ``k`` (item ``resume_step + k`` of ``data()``), split in M."""
         k += self.job.runtime.resume_step
         while self._next <= k:
             x, y = self._fetch()

@@ -1,9 +1,7 @@
-"""The one torchrun entry point: ``torchrun --nproc-per-node N -m pipelab.runtime.torchrun job.json``.
+"""The torchrun entry point: ``torchrun --nproc-per-node N -m pipelab.runtime.torchrun job.json``.
 
-Each torchrun process is one worker of the job (rendezvous ``env://``, ``RANK``/``WORLD_SIZE`` from
-torchrun); rank 0 gathers the events and results and writes the job's outputs (:func:`save_outputs`):
-``trace.jsonl``, ``state_dict.pt``, ``losses.json``. ``pipelab train job.json`` run as torchrun's
-program lands here too.
+Each torchrun process is one worker (``env://`` rendezvous); rank 0 gathers events and results and
+writes the outputs (:func:`save_outputs`). ``pipelab train job.json`` under torchrun lands here.
 """
 
 from __future__ import annotations
@@ -34,10 +32,7 @@ from pipelab.runtime.worker_checkpoint import sealer_for
 
 
 def save_outputs(out: Path, result: Any) -> None:
-    """Write a run's ``trace.jsonl``, ``state_dict.pt`` and ``losses.json`` into ``out`` (atomically).
-
-    ``losses.json`` is strict JSON: a non-finite loss is ``null``, its step listed in ``nonfinite_steps``.
-    """
+    """Write ``trace.jsonl``, ``state_dict.pt`` and strict-JSON ``losses.json`` into ``out``, atomically."""
 
     out.mkdir(parents=True, exist_ok=True)
     result.trace.save_jsonl(out / "trace.jsonl")
