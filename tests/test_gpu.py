@@ -49,11 +49,12 @@ def test_a_bad_device_is_refused() -> None:
 
 def test_nccl_names_the_missing_gpus_in_the_worker_too() -> None:
     """Under torchrun the parent's check does not run; the worker's own says what is missing."""
-    from pipelab.runtime.job import prepare
+    from pipelab.runtime.job import TrainArgs, prepare
     from pipelab.runtime.process import stage_device
 
-    job = prepare(H.mlp, pl.Plan.from_boundaries(5, [2]), method="1f1b-flush", data=H.mlp_data,
-                  loss_fn=H.loss_fn, optimizer=H.sgd, steps=1, microbatches=2, backend="local")
+    job = prepare(TrainArgs.of(model_fn=H.mlp, plan=pl.Plan.from_boundaries(5, [2]), method="1f1b-flush",
+                               data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=1, microbatches=2,
+                               backend="local"))
     n = torch.cuda.device_count() if HAS_CUDA else 0
     job = type(job)(**{**job.__dict__, "backend": "nccl"})
     with pytest.raises(RuntimeError, match=rf"backend='nccl' puts worker 1 on cuda:{n} but this machine has "

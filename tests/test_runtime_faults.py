@@ -152,17 +152,17 @@ PLAN3 = pl.Plan.from_boundaries(5, [1, 3])
 @pytest.mark.timeout(120)
 def test_a_start_up_error_names_its_cause_not_a_peers_closed_connection(tmp_path: Path) -> None:
     from pipelab.runtime import checkpoint_files as ck
-    from pipelab.runtime.job import prepare
+    from pipelab.runtime.job import TrainArgs, prepare
     from pipelab.runtime.launch import Run
 
     kw = dict(method="1f1b-flush", data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, microbatches=2,
               timeout=60)
     pl.train(H.mlp, PLAN3, steps=2, backend="local", progress=False, checkpoint_every=2,
              checkpoint_dir=tmp_path, **kw)
-    job = prepare(H.mlp, PLAN3, steps=4, resume=tmp_path, **kw)     # verified here...
+    job = prepare(TrainArgs.of(model_fn=H.mlp, plan=PLAN3, steps=4, resume=tmp_path, **kw))  # verified here
     f = ck.step_dir(tmp_path, 2) / "rank-2.pt"
     raw = bytearray(f.read_bytes())
-    raw[-40:-24] = bytes(16)                                         # ...then damaged behind its back
+    raw[-40:-24] = bytes(16)                                         # then damaged behind its back
     f.write_bytes(bytes(raw))
     with pytest.raises(WorkerError) as info:
         Run(job).wait()

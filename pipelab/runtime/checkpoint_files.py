@@ -109,31 +109,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(checkpoint_dir: str | os.PathLike[str], step: int, *, plan: Any, method: str,
-                   num_workers: int | None = None, extra: dict[str, Any] | None = None,
-                   keep: int | None = 2, hashes: dict[int, str] | None = None, run_id: str = "") -> Path:
-    """Seal ``step``'s checkpoint once every worker's file is in; prune to ``keep`` newest.
-
-    Raises ``FileNotFoundError`` naming the ranks whose file is missing.
-    """
-    d = step_dir(checkpoint_dir, step)
-    n = int(num_workers if num_workers is not None else plan.num_workers)
-    missing = [r for r in range(n) if not (d / f"rank-{r}.pt").exists()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {d} lacks the files of ranks {missing}; every worker must call "
-                                "save_worker before the manifest is written")
-    files = {f"rank-{r}.pt": (hashes or {}).get(r) or _sha256(d / f"rank-{r}.pt") for r in range(n)}
-    path = write_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION,
-                        {"step": int(step), "plan_fingerprint": plan_fingerprint(plan), "method": method,
-                         "num_workers": n, "plan_config": getattr(plan, "config", ""), "files": files,
-                         "run": run_id, "extra": extra or {}})
-    fsync_dir(d)
-    if keep is not None and keep > 0:
-        for old in list_checkpoints(checkpoint_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    return path
-
-
 def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
     """Complete checkpoints (with a readable manifest), oldest first."""
     root = Path(checkpoint_dir)
@@ -238,9 +213,11 @@ def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
 class Sealer:
     """A run's one manifest writer: seals a step once every rank reported ``(step, rank, sha256)``."""
 
-    def __init__(self, checkpoint_dir: str | os.PathLike[str], *, plan: Any, method: str, num_workers: int,
-                 run_id: str, extra: dict[str, Any] | None = None, keep: int | None = 2) -> None:
-        self.root, self.plan, self.method, self.n = Path(checkpoint_dir), plan, method, int(num_workers)
+    def __init__(self, checkpoint_dir: str | os.PathLike[str], *, plan: Any, method: str,
+                 num_workers: int | None = None, run_id: str = "", extra: dict[str, Any] | None = None,
+                 keep: int | None = 2) -> None:
+        self.root, self.plan, self.method = Path(checkpoint_dir), plan, method
+        self.n = int(num_workers if num_workers is not None else plan.num_workers)
         self.run_id, self.extra, self.keep = run_id, dict(extra or {}), keep
         self.pending: dict[int, dict[int, str]] = {}
         self.sealed: list[int] = []
@@ -252,9 +229,30 @@ class Sealer:
         if len(got) < self.n:
             return
         del self.pending[int(step)]
-        write_manifest(self.root, step, plan=self.plan, method=self.method, num_workers=self.n,
-                       extra=self.extra, keep=self.keep, hashes=got, run_id=self.run_id)
+        self.seal(step, got)
         self.sealed.append(int(step))
+
+    def seal(self, step: int, hashes: dict[int, str] | None = None) -> Path:
+        """Write ``step``'s manifest (``hashes``: rank -> sha256, else read); prune to ``keep`` newest.
+
+        Raises ``FileNotFoundError`` naming the ranks whose file is missing.
+        """
+        d = step_dir(self.root, step)
+        missing = [r for r in range(self.n) if not (d / f"rank-{r}.pt").exists()]
+        if missing:
+            raise FileNotFoundError(f"checkpoint {d} lacks the files of ranks {missing}; every worker must "
+                                    "call save_worker before the manifest is written")
+        files = {f"rank-{r}.pt": (hashes or {}).get(r) or _sha256(d / f"rank-{r}.pt") for r in range(self.n)}
+        path = write_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION,
+                            {"step": int(step), "plan_fingerprint": plan_fingerprint(self.plan),
+                             "method": self.method, "num_workers": self.n,
+                             "plan_config": getattr(self.plan, "config", ""), "files": files,
+                             "run": self.run_id, "extra": self.extra})
+        fsync_dir(d)
+        if self.keep is not None and self.keep > 0:
+            for old in list_checkpoints(self.root)[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return path
 
 
 class CheckpointBusy(OSError):

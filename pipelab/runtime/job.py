@@ -244,26 +244,46 @@ def _check_picklable(name: str, fn: Any) -> None:
                          "a .py module), or functools.partial of one") from None
 
 
-def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None,
-            data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
-            optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-            microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
-            schedule: Schedule | None = None, port: int | None = None, master_addr: str = "127.0.0.1",
-            trace_kwargs: dict[str, Any] | None = None, check_rendezvous: bool = True,
-            **method_options: Any) -> Job:
+@dataclass(frozen=True)
+class TrainArgs:
+    """The arguments of ``train``/``launch`` as one record; ``options`` are the method's and runtime's."""
+
+    model_fn: Callable[[], torch.nn.Module]
+    plan: Plan
+    data: Callable[[], Iterable[Any]]
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    steps: int
+    method: str | None = None
+    microbatches: int | None = None
+    backend: str = "gloo"
+    seed: int = 0
+    timeout: float = 300.0
+    schedule: Schedule | None = None
+    port: int | None = None
+    master_addr: str = "127.0.0.1"
+    trace_kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, **kwargs: Any) -> TrainArgs:
+        """From ``train``'s keyword arguments: those that name no field are options."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"options"}
+        return cls(**{k: v for k, v in kwargs.items() if k in names},
+                   options={k: v for k, v in kwargs.items() if k not in names})
+
+
+def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
-    check_arguments(model_fn, plan, data, loss_fn, optimizer, steps=steps, microbatches=microbatches,
-                    backend=backend, timeout=timeout)
-    trace_kwargs = dict(trace_kwargs or {})
+    check_arguments(args)
     # options that change how the runtime executes, never the schedule, stay out of the builder
-    the_method = method or (schedule.method if schedule is not None else None)
-    method_options, rt_options = split_options(the_method, method_options)
+    the_method = args.method or (args.schedule.method if args.schedule is not None else None)
+    method_options, rt_options = split_options(the_method, args.options)
     runtime = RuntimeOptions.from_options(the_method, rt_options)
     if runtime.resume:    # the one step folder every worker loads, its files' hashes checked here
         runtime = dataclasses.replace(runtime, resume=str(choose_resume(runtime.resume,
                                                                         fallback=runtime.resume_fallback)))
-    schedule, steps, start = resolve_schedule(plan, method, schedule, steps=steps, microbatches=microbatches,
-                                              method_options=method_options, runtime=runtime)
+    schedule, steps, start = resolve_schedule(args, method_options, runtime)
     if start:
         runtime = dataclasses.replace(runtime, resume_step=start)
     microbatches = schedule.microbatches
@@ -273,34 +293,35 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     policy_for(schedule.method, {**options, **runtime.method, "schedule": schedule,
                                  "microbatches": microbatches})  # fails early
 
-    gm, state_keys, n_inputs = model_facts(model_fn, plan, seed=seed, trace_kwargs=trace_kwargs)
-    ranges = stage_ranges(plan, schedule)
-    batch, specs = cut_layouts(gm, data, loss_fn, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
+    gm, state_keys, n_inputs = model_facts(args)
+    ranges = stage_ranges(args.plan, schedule)
+    batch, specs = cut_layouts(gm, args, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
 
-    if backend != "local" and check_rendezvous and port is not None:
-        check_port(port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
-    return Job(model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer, plan=plan,
-               schedule=schedule, ranges=ranges, specs=specs, steps=steps, microbatches=microbatches,
-               batch_size=batch, seed=seed, backend=backend, timeout=float(timeout), options=options,
-               runtime=runtime, master_addr=master_addr, master_port=int(port or 0),
-               trace_kwargs=trace_kwargs, state_keys=state_keys)
+    if args.backend != "local" and check_rendezvous and args.port is not None:
+        check_port(args.port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
+    return Job(model_fn=args.model_fn, data=args.data, loss_fn=args.loss_fn, optimizer=args.optimizer,
+               plan=args.plan, schedule=schedule, ranges=ranges, specs=specs, steps=steps,
+               microbatches=microbatches, batch_size=batch, seed=args.seed, backend=args.backend,
+               timeout=float(args.timeout), options=options, runtime=runtime, master_addr=args.master_addr,
+               master_port=int(args.port or 0), trace_kwargs=dict(args.trace_kwargs), state_keys=state_keys)
 
 
-def check_arguments(model_fn: Any, plan: Any, data: Any, loss_fn: Any, optimizer: Any, *, steps: int,
-                    microbatches: int | None, backend: str, timeout: float) -> None:
+def check_arguments(args: TrainArgs) -> None:
     """Raise a clear error for arguments of the wrong form (before anything is built)."""
+    backend, microbatches, plan = args.backend, args.microbatches, args.plan
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
-    if steps < 1:
-        raise ValueError(f"steps={steps}; train for at least one minibatch")
+    if args.steps < 1:
+        raise ValueError(f"steps={args.steps}; train for at least one minibatch")
     if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
                                      or microbatches < 1):
         raise ValueError(f"microbatches={microbatches!r} must be an int >= 1 (or None: one per stage)")
-    if timeout <= 0:
-        raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    if args.timeout <= 0:
+        raise ValueError(f"timeout={args.timeout} must be > 0 seconds")
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a pipelab Plan, got {type(plan).__name__}")
-    for name, fn in (("model_fn", model_fn), ("data", data), ("loss_fn", loss_fn), ("optimizer", optimizer)):
+    for name in ("model_fn", "data", "loss_fn", "optimizer"):
+        fn = getattr(args, name)
         if not callable(fn):
             raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
         if backend != "local":
@@ -314,14 +335,14 @@ def check_arguments(model_fn: Any, plan: Any, data: Any, loss_fn: Any, optimizer
             )
 
 
-def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, *, steps: int,
-                     microbatches: int | None, method_options: dict[str, Any],
+def resolve_schedule(args: TrainArgs, method_options: dict[str, Any],
                      runtime: RuntimeOptions) -> tuple[Schedule, int, int]:
     """The schedule to execute, the minibatches it covers and the step it starts from.
 
     A resumed run covers the steps left and keeps its checkpoint's drain segments; a caller's own
     ``schedule`` must have its drain points there.
     """
+    plan, method, schedule, steps = args.plan, args.method, args.schedule, args.steps
     the_method = method or (schedule.method if schedule is not None else "")
     spec = methods.METHODS.get(the_method)
     D = int(method_options.get("D", schedule.options.get("D", 0) if schedule is not None else 0))
@@ -350,7 +371,7 @@ def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, 
         own_drain = "drain_every" in method_options or "segments" in method_options
         if is_async and drain_every and not own_drain:
             method_options = {**method_options, "segments": aligned_sizes(start, steps, int(drain_every))}
-        schedule = build(method, plan, microbatches=microbatches, minibatches=steps, **method_options)
+        schedule = build(method, plan, microbatches=args.microbatches, minibatches=steps, **method_options)
     elif method is not None and method != schedule.method:
         raise ValueError(
             f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them"
@@ -372,30 +393,28 @@ def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, 
     return schedule, steps, start
 
 
-def model_facts(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, seed: int,
-                trace_kwargs: dict[str, Any]) -> tuple[Any, tuple[str, ...], int]:
-    """The traced model (built with the workers' seed, the caller's random state untouched), its
-    state keys and its input count; raises when its layer count is not the plan's."""
+def model_facts(args: TrainArgs) -> tuple[Any, tuple[str, ...], int]:
+    """The traced model (built with the workers' seed), its state keys and input count, checked."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_fn()
+        torch.manual_seed(args.seed)
+        model = args.model_fn()
     state_keys = tuple(model.state_dict())
-    gm = trace(model, **trace_kwargs)
+    gm = trace(model, **args.trace_kwargs)
     n_layers = len(layer_nodes(gm))
-    if plan.num_layers != n_layers:
-        raise ValueError(f"plan is for a model of {plan.num_layers} layers but this model has {n_layers}; "
-                         "partition this model's profile")
+    if args.plan.num_layers != n_layers:
+        raise ValueError(f"plan is for a model of {args.plan.num_layers} layers but this model has "
+                         f"{n_layers}; partition this model's profile")
     return gm, state_keys, sum(1 for n in gm.graph.nodes if n.op == "placeholder")
 
 
-def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor], *,
-                microbatches: int, ranges: Sequence[tuple[int, int]],
+def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence[tuple[int, int]],
                 n_inputs: int) -> tuple[int, list[list[TensorSpec]]]:
     """The batch size and every cut's message layout, from the first minibatch of ``data()``.
 
     Checks the minibatch divides into ``microbatches``, the model and ``loss_fn`` give a scalar on it,
     and ``data()`` is deterministic.
     """
+    data, loss_fn = args.data, args.loss_fn
     inputs, targets = first_minibatch(data)
     xs = as_inputs(inputs)
     if len(xs) != n_inputs:
@@ -434,6 +453,34 @@ def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[A
     return batch, specs
 
 
+JOB_KEYS = ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps")
+
+
+def _read_job(p: Path) -> dict[str, Any]:
+    """The JSON object of job file ``p``, with every required key."""
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read job file {p}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"job file {p} must hold a JSON object; see docs/job_format.md")
+    missing = [k for k in JOB_KEYS if k not in doc]
+    if missing:
+        raise ValueError(f"job file {p} lacks {missing}; see docs/job_format.md for the keys")
+    return doc
+
+
+def _job_path(p: Path, key: str, value: Any, trust: bool) -> Path:
+    """Path ``value`` of job file ``p``'s ``key``, relative to its folder and, untrusted, inside it."""
+    here = p.resolve().parent
+    q = Path(str(value))
+    q = (q if q.is_absolute() else here / q).resolve()
+    if not trust and q != here and here not in q.parents:
+        raise ValueError(f"job file {p}: {key}={str(value)!r} is outside the job's folder {here}; a job "
+                         "file is data: pass --trust (trust=True) to let it write elsewhere")
+    return q
+
+
 def load_job_file(path: str | os.PathLike[str], *,
                   trust: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read a ``job.json`` (docs/job_format.md): returns (arguments for :func:`prepare`, extra settings).
@@ -442,52 +489,25 @@ def load_job_file(path: str | os.PathLike[str], *,
     :data:`ALLOWED_PREFIXES`, and its paths must stay inside its folder.
     """
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read job file {p}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"job file {p} must hold a JSON object; see pipelab.runtime.job.load_job_file")
-    missing = [
-        k for k in ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps") if k not in doc
-    ]
-    if missing:
-        raise ValueError(f"job file {p} lacks {missing}; see pipelab.runtime.job.load_job_file for the keys")
-    here = p.resolve().parent
-    roots = (here, Path.cwd().resolve())
-
-    def inside(key: str, value: Any) -> Path:
-        q = Path(str(value))
-        q = (q if q.is_absolute() else here / q).resolve()
-        if not trust and q != here and here not in q.parents:
-            raise ValueError(f"job file {p}: {key}={str(value)!r} is outside the job's folder {here}; a job "
-                             "file is data: pass --trust (trust=True) to let it write elsewhere")
-        return q
-
-    callables = {k: resolve(doc[k], trust=trust, roots=roots)
-                 for k in ("model_fn", "data", "loss_fn", "optimizer")}
+    doc = _read_job(p)
+    roots = (p.resolve().parent, Path.cwd().resolve())
+    callables = {k: resolve(doc[k], trust=trust, roots=roots) for k in JOB_KEYS[:4]}
     plan_spec = doc["plan"]
     if isinstance(plan_spec, str):
-        plan_path = Path(plan_spec) if Path(plan_spec).is_absolute() else p.parent / plan_spec
-        plan = Plan.load(plan_path)
+        plan = Plan.load(Path(plan_spec) if Path(plan_spec).is_absolute() else p.parent / plan_spec)
     else:
         plan = Plan.from_dict(plan_spec)
     options = dict(doc.get("options", {}))
     for k in PATH_KEYS:
         if options.get(k) is not None:
-            options[k] = str(inside(f"options.{k}", options[k]))
+            options[k] = str(_job_path(p, f"options.{k}", options[k], trust))
     args: dict[str, Any] = {
-        **callables,
-        "plan": plan,
-        "method": doc["method"],
-        "steps": int(doc["steps"]),
+        **callables, "plan": plan, "method": doc["method"], "steps": int(doc["steps"]),
         "microbatches": int(doc["microbatches"]) if doc.get("microbatches") is not None else None,
-        "seed": int(doc.get("seed", 0)),
-        "backend": doc.get("backend", "gloo"),
-        "timeout": float(doc.get("timeout", 300.0)),
-        **options,
+        "seed": int(doc.get("seed", 0)), "backend": doc.get("backend", "gloo"),
+        "timeout": float(doc.get("timeout", 300.0)), **options,
     }
-    out = inside("out", doc["out"]) if "out" in doc else here / (p.stem + ".out")
+    out = _job_path(p, "out", doc["out"], trust) if "out" in doc else p.resolve().parent / (p.stem + ".out")
     return args, {"out": out}
 
 

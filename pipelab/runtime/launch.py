@@ -30,7 +30,7 @@ from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint_files import FolderLock, global_weights
 from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
-from pipelab.runtime.job import Job, prepare
+from pipelab.runtime.job import Job, TrainArgs, prepare
 from pipelab.runtime.lifeline import Rendezvous, signal_name
 from pipelab.runtime.local import run_local
 from pipelab.runtime.param_server import serve_process_main
@@ -563,9 +563,9 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
     """
     if schedule is not None:
         check_message_order(schedule)
-    job = prepare(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
-                  microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, schedule=schedule,
-                  port=port, **method_options)
+    job = prepare(TrainArgs(model_fn, plan, data, loss_fn, optimizer, steps, method=method,
+                            microbatches=microbatches, backend=backend, seed=seed, timeout=timeout,
+                            schedule=schedule, port=port, options=method_options))
     return Run(job, trace_path=trace_path, progress=progress, stream=stream)
 
 

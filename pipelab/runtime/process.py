@@ -210,42 +210,17 @@ def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups:
 def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
                     local_rank: int | None = None, gather: bool = False,
                     wsp_conn: Any = None, match: str | None = None) -> tuple[WorkerResult, list[Any]]:
-    """Join the process group, execute this rank's actions; return its result (:meth:`Worker.result`)
-    and, with ``gather`` (torchrun), on rank 0 every rank's ``(result, events)`` (else ``[]``).
-    ``match``: ``"tag"`` or ``"order"`` (see :func:`p2p_match`)."""
-    torch.set_num_threads(1)
-    tune_malloc()    # no page faults for the buffers every step reallocates (see its docstring)
-    world = job.world_size
+    """Join the process group and execute this rank's actions; return its result and, with
+    ``gather`` (torchrun), on rank 0 every rank's ``(result, events)`` (else ``[]``)."""
     mode = p2p_match(job.backend, match)
-    device = stage_device(job, rank, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    else:   # before the process group starts its I/O threads, which inherit the core
-        local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if local_rank is not None else world
-        pin_worker(rank if local_rank is None else local_rank, local_workers, job.runtime.pin_cores)
-    if init_method is None:   # the launcher's store (pipelab.runtime.lifeline.Rendezvous)
-        store = dist.TCPStore(job.master_addr, job.master_port, world_size=world, is_master=False,
-                              timeout=timedelta(seconds=job.timeout))
-        dist.init_process_group(job.backend, store=store, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=job.timeout))
-    else:
-        dist.init_process_group(job.backend, init_method=init_method, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=job.timeout))
+    device = _join_group(job, rank, local_rank, init_method)
     comm: DistComm | None = None
     try:
         groups = {
             s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)
         }
-        worker = Worker(job, rank, device)
-        worker.warn = getattr(sink, "warn", worker.warn)
-        if hasattr(sink, "saved"):
-            worker.on_saved = sink.saved
-        clients: list[Any] = []
-        if wsp_conn is not None:    # HetPipe: this worker's end of the parameter server
-            def endpoint(stage: int, vw: int) -> Any:
-                clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout, device=device))
-                return clients[-1]
-            worker.attach_wsp(endpoint)
+        worker, clients = _make_worker(job, rank, device, sink, wsp_conn)
+
         def carried(msg: Any) -> bool:   # a cut with no floating-point value sends no gradient
             return bool(msg.kind == "act" or grad_specs(job.specs[msg.stage - 1]))
 
@@ -258,12 +233,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
                 worker.meter.use_cuda(device)
         if device.type == "cuda":
             torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
-        dist.barrier()
-        t0 = torch.tensor(
-            [time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu"
-        )
-        dist.broadcast(t0, src=0)
-        clock = Clock(float(t0.item()))
+        clock = _common_clock(job, device)
         try:
             execute(worker, comm, clock, sink.emit)
         except BaseException:
@@ -274,17 +244,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             c.stop()
         dist.barrier()
         result = worker.result()
-        everything: list[Any] = []
-        if gather:   # torchrun: rank 0 collects every rank's result and events
-            everything = [None] * world if rank == 0 else []
-            dist.gather_object(
-                (result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0
-            )
-            # every rank past the gather before any tears its process group down: a rank that
-            # destroyed its group while rank 0 still received aborted in gloo's teardown ("terminate
-            # called without an active exception", SIGABRT; 1 of 10 torchrun runs here)
-            dist.barrier()
-        return result, everything
+        return result, (_gather(result, sink, rank, job.world_size) if gather else [])
     except BaseException:    # reported before the teardown below, so the parent reads the cause first
         sink.error(-1, "start-up", traceback.format_exc())
         raise
@@ -295,6 +255,61 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             dist.destroy_process_group()
         except Exception:
             pass
+
+
+def _join_group(job: Job, rank: int, local_rank: int | None, init_method: str | None) -> torch.device:
+    """Set up this process (one thread, malloc, device or pinned core), join the group; its device."""
+    torch.set_num_threads(1)
+    tune_malloc()
+    world = job.world_size
+    device = stage_device(job, rank, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:   # before the process group starts its I/O threads, which inherit the core
+        local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if local_rank is not None else world
+        pin_worker(rank if local_rank is None else local_rank, local_workers, job.runtime.pin_cores)
+    timeout = timedelta(seconds=job.timeout)
+    if init_method is None:   # the launcher's store (pipelab.runtime.lifeline.Rendezvous)
+        store = dist.TCPStore(job.master_addr, job.master_port, world_size=world, is_master=False,
+                              timeout=timeout)
+        dist.init_process_group(job.backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(job.backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=timeout)
+    return device
+
+
+def _make_worker(job: Job, rank: int, device: torch.device, sink: Any,
+                 wsp_conn: Any) -> tuple[Worker, list[Any]]:
+    """This rank's Worker reporting to ``sink``, and its parameter-server clients (HetPipe)."""
+    worker = Worker(job, rank, device)
+    worker.warn = getattr(sink, "warn", worker.warn)
+    if hasattr(sink, "saved"):
+        worker.on_saved = sink.saved
+    clients: list[Any] = []
+    if wsp_conn is not None:
+        def endpoint(stage: int, vw: int) -> Any:
+            clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout, device=device))
+            return clients[-1]
+        worker.attach_wsp(endpoint)
+    return worker, clients
+
+
+def _common_clock(job: Job, device: torch.device) -> Clock:
+    """A clock whose zero is rank 0's time after every rank is ready (a collective)."""
+    dist.barrier()
+    t0 = torch.tensor([time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu")
+    dist.broadcast(t0, src=0)
+    return Clock(float(t0.item()))
+
+
+def _gather(result: WorkerResult, sink: Any, rank: int, world: int) -> list[Any]:
+    """On rank 0 every rank's ``(result, events)`` (torchrun), else ``[]``; a collective."""
+    everything: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object((result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0)
+    # every rank past the gather before any tears its group down (gloo's teardown aborts otherwise)
+    dist.barrier()
+    return everything
 
 
 def process_main(job: Job, rank: int, conn: Any, wsp_conn: Any = None, match: str | None = None,

@@ -199,7 +199,7 @@ class ShmComm(DistComm):
         """Block until ``r``'s message is in its slot; return a copy of its tensors."""
         key = (r.src, r.tag)
         if r.src == self.rank:
-            return self._local.pop(key)
+            return super().wait(r)
         if key not in self._want:
             self.post(r)
         k, specs = self._want.pop(key)
@@ -229,10 +229,9 @@ class ShmComm(DistComm):
     # ------------------------------------------------------------------ send
     def send(self, s: Send) -> int:
         """Copy ``s`` into its slot (or queue it while the slot is taken); returns its payload bytes."""
-        nbytes = sum(t.numel() * t.element_size() for t in s.tensors)
         if s.dst == self.rank:
-            self._local[(self.rank, s.tag)] = [t.detach() for t in s.tensors]
-            return nbytes
+            return super().send(s)
+        nbytes = sum(t.numel() * t.element_size() for t in s.tensors)
         self._in_order(0, s.dst, s.tag)
         ring = self._out.get(s.dst)
         if ring is None:

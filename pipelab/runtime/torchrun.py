@@ -24,7 +24,7 @@ from pipelab.runtime import checkpoint_files as ckpt
 from pipelab.runtime.checkpoint_files import FolderLock
 from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
 from pipelab.runtime.guards import json_losses
-from pipelab.runtime.job import load_job_file, prepare
+from pipelab.runtime.job import TrainArgs, load_job_file, prepare
 from pipelab.runtime.launch import assemble
 from pipelab.runtime.lifeline import watch_launcher
 from pipelab.runtime.process import run_distributed
@@ -112,7 +112,7 @@ def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
     torch.set_num_threads(1)
     watch_launcher()
     args, extra = load_job_file(job_path, trust=trust)
-    job = prepare(check_rendezvous=False, **args)
+    job = prepare(TrainArgs.of(**args), check_rendezvous=False)
     # one identity for every rank's files and the manifest: the same in every process of this run
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "{MASTER_ADDR}:{MASTER_PORT}".format(**os.environ)
     job = dataclasses.replace(job, run_id=run_id)

@@ -131,10 +131,9 @@ class Checkpointing:
             return
         # no coordinator (a Worker used on its own): the last worker to write its file seals the checkpoint
         d = ckpt.step_dir(root, step)
-        if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
-            ckpt.write_manifest(root, step, plan=plan, method=method, num_workers=self.job.world_size,
-                                extra=manifest_extra(self.job), keep=self.job.runtime.checkpoint_keep,
-                                run_id=self.job.run_id)
+        sealer = sealer_for(self.job)
+        if sealer is not None and all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
+            sealer.seal(step)
 
 
 def manifest_extra(job: Job) -> dict[str, Any]:
