@@ -98,10 +98,6 @@ def save_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, st
 
 def sha256_of(path: Path) -> str:
     """The sha256 of the file at ``path`` (hex)."""
-    return _sha256(path)
-
-
-def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -173,7 +169,7 @@ def load_worker(path: str | os.PathLike[str], rank: int, *, plan: Any, method: s
     if name not in man["files"]:
         raise ValueError(f"checkpoint {d} has no state for rank {rank} ({man['num_workers']} workers)")
     f = d / name
-    if _sha256(f) != man["files"][name]:
+    if sha256_of(f) != man["files"][name]:
         raise ValueError(f"{f} does not match its manifest hash (modified or corrupt); use an older "
                          "checkpoint")
     doc = torch.load(f, map_location="cpu", weights_only=True)
@@ -242,7 +238,8 @@ class Sealer:
         if missing:
             raise FileNotFoundError(f"checkpoint {d} lacks the files of ranks {missing}; every worker must "
                                     "call save_worker before the manifest is written")
-        files = {f"rank-{r}.pt": (hashes or {}).get(r) or _sha256(d / f"rank-{r}.pt") for r in range(self.n)}
+        hashes = hashes or {}
+        files = {f"rank-{r}.pt": hashes.get(r) or sha256_of(d / f"rank-{r}.pt") for r in range(self.n)}
         path = write_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION,
                             {"step": int(step), "plan_fingerprint": plan_fingerprint(self.plan),
                              "method": self.method, "num_workers": self.n,
@@ -319,7 +316,7 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
         f = d / name
         if not f.is_file():
             raise ValueError(f"{f} is missing (the manifest lists it); the checkpoint is damaged")
-        if _sha256(f) != sha:
+        if sha256_of(f) != sha:
             raise ValueError(f"{f} does not match its manifest hash (modified or corrupt)")
     return man
 

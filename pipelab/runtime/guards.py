@@ -46,8 +46,7 @@ def check_loss(loss: torch.Tensor, *, step: int, stage: int, action: str, mode: 
 
 def check_grads(grads: Sequence[torch.Tensor], *, step: int, stage: int, action: str, mode: str,
                 warn: Callable[[str], None]) -> bool:
-    """Whether the update of ``action`` may step: ``False`` to skip it (``mode="skip"``) when a
-    gradient is not finite; raises or warns per ``mode``."""
+    """Whether the update of ``action`` may step (``False``: skip it); raises or warns per ``mode``."""
     if not grads:
         return True
     finite = torch.stack([torch.isfinite(g).all() for g in grads])

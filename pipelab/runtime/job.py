@@ -509,8 +509,3 @@ def load_job_file(path: str | os.PathLike[str], *,
     }
     out = _job_path(p, "out", doc["out"], trust) if "out" in doc else p.resolve().parent / (p.stem + ".out")
     return args, {"out": out}
-
-
-def dumps_ranges(ranges: Sequence[tuple[int, int]]) -> str:
-    """``[0,3) [3,8)`` for messages."""
-    return " ".join(f"[{a},{b})" for a, b in ranges)

@@ -61,15 +61,10 @@ class RunResult(Described):
     versions_held: dict[int, int]         # per stage: most weight versions it held at once (measured)
     schedule: Schedule
     wall_s: float = 0.0
-    weight_bytes: dict[int, int] = field(
-        default_factory=dict
-    )  # per stage: peak bytes of weights held (measured)
+    weight_bytes: dict[int, int] = field(default_factory=dict)   # per stage: peak bytes of weights held
     wsp_log: list[Any] = field(default_factory=list)   # hetpipe: the parameter server's pushes and pulls
-    # measure_memory=True (pipelab.runtime.memory), per worker: the peak (the CUDA allocator's
-    # max_memory_allocated in a CUDA worker process, else the bytes of the storages held), the
-    # storage count's peak, the same without message buffers (what the simulator's memory model counts:
-    # weights, gradients, optimizer state, activations), its parts at the peak, and (action index,
-    # bytes held) after each action
+    # measure_memory=True, per worker (pipelab.runtime.memory): the peak, the storage count's peak, it
+    # without messages (the simulator's terms), its parts at the peak, (action, bytes) after each action
     peak_memory: dict[int, int] = field(default_factory=dict)
     peak_held: dict[int, int] = field(default_factory=dict)
     peak_state: dict[int, int] = field(default_factory=dict)
@@ -145,18 +140,8 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     wsp_log = [e for r in results for e in r.wsp_log]
     if wsp_log:   # HetPipe: the parameter server's pushes and pulls join the trace (clock, global clock)
         ranks = sched.stage_ranks
-        extra = [
-            Event(
-                worker=ranks[e.stage][e.vw],
-                stage=e.stage,
-                kind=e.kind,
-                microbatch=e.clock,
-                start_s=e.t,
-                end_s=e.t,
-                weight_version=e.global_clock,
-            )
-            for e in wsp_log
-        ]
+        extra = [Event(worker=ranks[e.stage][e.vw], stage=e.stage, kind=e.kind, microbatch=e.clock,
+                       start_s=e.t, end_s=e.t, weight_version=e.global_clock) for e in wsp_log]
         tr = Trace(tuple(tr.events) + tuple(extra), dict(tr.meta))
     thr = metrics.span_throughput(tr.events, job.steps * job.batch_size)
     if trace_path is not None:
@@ -196,8 +181,7 @@ class Run:
             else:
                 self._start_processes()
                 self._thread = threading.Thread(target=self._monitor, daemon=True, name="pipelab-monitor")
-                # the deadline is a timer outside the monitor's reads: it kills the workers, whose
-                # pipes then close, so no read can outlast it
+                # a timer outside the monitor's reads: it kills the workers, so no read outlasts it
                 self._timer = threading.Timer(max(0.0, self._t0 + job.timeout - time.time()), self._expire)
                 self._timer.daemon = True
                 self._timer.start()
@@ -268,8 +252,7 @@ class Run:
 
     # ------------------------------------------------------------------ internals
     def _take_checkpoint_folders(self) -> None:
-        """Lock the checkpoint folder (and the one resumed from) for the whole run; clean what a killed
-        run left half-written there."""
+        """Lock the checkpoint folder (and the one resumed from) for the run; clean what a killed run left."""
         rt = self.job.runtime
         roots = []
         if rt.checkpoint_dir is not None:
@@ -342,9 +325,7 @@ class Run:
     def _start_processes(self) -> None:
         import torch.multiprocessing as mp
 
-        # A fork server imports torch (and torch._dynamo, which the first optimizer pulls in: seconds)
-        # once per parent process; every later job forks its workers from it at once. Spawn where
-        # there is no fork server (not POSIX).
+        # a fork server imports torch and torch._dynamo once per parent process; later jobs fork from it
         ctx: Any
         if "forkserver" in mp.get_all_start_methods():
             ctx = mp.get_context("forkserver")
@@ -531,8 +512,7 @@ class Run:
 
     def _died_silently(self, ended: set[int], reported: set[int],
                        results: dict[int, WorkerResult]) -> tuple[int, int] | None:
-        """A worker whose pipe closed without a result or an error (a signal, a hard crash, or it could
-        not start), waiting up to 2 s for its exit code to show: ``(rank, exit code)``."""
+        """``(rank, exit code)`` of a worker whose pipe closed without a result or an error, else None."""
         for rank in sorted(ended - reported - set(results)):
             p = self._procs[rank]
             p.join(2.0)

@@ -61,8 +61,7 @@ class MemoryMeter:
             self.use_cuda(cuda)
 
     def use_cuda(self, device: torch.device) -> None:
-        """Report ``torch.cuda.max_memory_allocated(device)`` from now on (its peak is reset here); only
-        where this process's allocator serves this worker alone (a worker process)."""
+        """Report ``torch.cuda.max_memory_allocated(device)`` from now on (a worker process only)."""
         self.cuda = device
         torch.cuda.reset_peak_memory_stats(device)
 

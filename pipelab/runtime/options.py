@@ -20,8 +20,7 @@ from pipelab.runtime.guards import ON_NONFINITE
 
 
 def runtime_option_names(method: str | None) -> frozenset[str]:
-    """Options the runtime consumes for ``method`` (never passed to the schedule builders): every
-    method's (:data:`pipelab.methods.COMMON_RUNTIME_OPTIONS`) and the method's own."""
+    """Options the runtime consumes for ``method``: every method's and the method's own."""
     spec = methods.METHODS.get(method) if method else None
     own = spec.runtime_options if spec is not None else ()
     return frozenset(o.name for o in (*methods.COMMON_RUNTIME_OPTIONS, *own))

@@ -80,8 +80,7 @@ class PipeSink:
         self.last = time.perf_counter()
 
     def done(self, result: WorkerResult) -> None:
-        """Send the final result (as bytes: tensors would go through shared memory that vanishes
-        when this process exits before the parent reads them)."""
+        """Send the final result as bytes (a tensor's shared memory vanishes when this process exits)."""
         self.flush()
         buf = io.BytesIO()
         torch.save(result, buf)
@@ -149,8 +148,7 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
 
 
 def p2p_match(backend: str, requested: str | None = None) -> str:
-    """How point-to-point messages are matched (:class:`~pipelab.runtime.comm.DistComm`): NCCL always
-    by order; gloo by ``requested``, else the ``PIPELAB_P2P_MATCH`` environment variable, else by tag."""
+    """Message matching: NCCL by order; gloo by ``requested``, else ``PIPELAB_P2P_MATCH``, else by tag."""
     if backend == "nccl":
         return "order"
     mode = requested or os.environ.get("PIPELAB_P2P_MATCH") or "tag"
@@ -160,8 +158,7 @@ def p2p_match(backend: str, requested: str | None = None) -> str:
 
 
 def stage_device(job: Job, rank: int, local_rank: int | None = None) -> torch.device:
-    """The device worker ``rank``'s stages compute on: NCCL one GPU per worker (``local_rank``);
-    gloo the CPU, or with ``device="cuda"`` GPU ``local_rank % device_count`` (shared GPUs)."""
+    """The device of worker ``rank``'s stages: NCCL one GPU each; gloo the CPU or GPU ``local_rank % n``."""
     lr = rank if local_rank is None else local_rank
     want = job.runtime.device
     if job.backend == "nccl":
@@ -210,8 +207,7 @@ def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups:
 def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
                     local_rank: int | None = None, gather: bool = False,
                     wsp_conn: Any = None, match: str | None = None) -> tuple[WorkerResult, list[Any]]:
-    """Join the process group and execute this rank's actions; return its result and, with
-    ``gather`` (torchrun), on rank 0 every rank's ``(result, events)`` (else ``[]``)."""
+    """Join the process group and run this rank's actions; its result and (``gather``) rank 0's all."""
     mode = p2p_match(job.backend, match)
     device = _join_group(job, rank, local_rank, init_method)
     comm: DistComm | None = None

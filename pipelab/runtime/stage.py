@@ -1,5 +1,4 @@
-"""A worker's stages and data: the stage state (module, optimizer, weight policy, in-flight
-microbatches) and the feed that slices ``data()`` into this worker's microbatches."""
+"""A worker's stages and data: each stage's state, and the feed slicing ``data()`` into microbatches."""
 
 from __future__ import annotations
 

@@ -48,8 +48,7 @@ def save_outputs(out: Path, result: Any) -> None:
 
 
 class _FileSealer:
-    """Rank 0's checkpoint coordinator under torchrun: once every rank's file of a step is on disk
-    (each appears complete, by an atomic rename), it hashes them and seals the step."""
+    """Rank 0's checkpoint coordinator under torchrun: seals a step once every rank's file is on disk."""
 
     def __init__(self, job: Any) -> None:
         self.job = job
@@ -100,8 +99,7 @@ class _ListSink:
 
 
 def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
-    """One torchrun process: execute this rank's actions; rank 0 writes the outputs and seals the
-    checkpoints (holding the checkpoint folder's lock); every process dies with torchrun's agent."""
+    """One torchrun process: run this rank's actions; rank 0 writes the outputs and seals checkpoints."""
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if k not in os.environ:
             print(
@@ -159,11 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    # the process group is destroyed and rank 0's outputs are written: leave without the interpreter's
-    # finalization, where gloo's threads can still hold work objects whose tensors reference Python
-    # and abort the process ("terminate called without an active exception", SIGABRT; seen once in
-    # a CI run under load after the gather-and-barrier fix, never in 40 runs alone; pytorch/pytorch
-    # PR 179291 describes the mechanism)
+    # outputs written: skip the interpreter's finalization, where gloo's threads can still hold tensors
+    # and abort the process (SIGABRT; pytorch/pytorch PR 179291 describes the mechanism)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -108,8 +108,7 @@ class Worker(Checkpointing):
             self.restore(job.runtime.resume)
 
     def attach_wsp(self, make_endpoint: Callable[[int, int], Any]) -> None:
-        """HetPipe: connect each hosted stage's policy to the parameter server
-        (``make_endpoint(stage, vw)``)."""
+        """HetPipe: connect each hosted stage's policy to the parameter server."""
         for s, st in self.stages.items():
             if hasattr(st.policy, "attach"):
                 vw = self.job.schedule.stage_ranks[s].index(self.rank)
@@ -152,8 +151,7 @@ class Worker(Checkpointing):
         return self._recvs[i]
 
     def retire_after(self, i: int) -> list[tuple[int, int]]:
-        """Sends ``(dst, tag)`` of this worker that are certainly received once action ``i``'s
-        messages have arrived (:meth:`DistComm.retire` may then wait on them without blocking)."""
+        """Sends ``(dst, tag)`` certainly received once action ``i``'s messages have arrived."""
         return self._retire[i]
 
     def _retire_plan(self) -> list[list[tuple[int, int]]]:

@@ -82,8 +82,7 @@ class WeightPolicy:
 
     # -- what the runtime asks
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """The version ``F`` of ``microbatch`` reads: the schedule's, which must be the newest one
-        (``upstream_version``: the one sent with the activations, for vertical sync)."""
+        """The version ``F`` of ``microbatch`` reads: the schedule's, which must be the newest."""
         v = self.scheduled_forward(microbatch)
         if v != self.latest:
             raise self._mismatch("forward", microbatch, v, f"serves only the newest, {self.latest}")
@@ -114,8 +113,7 @@ class WeightPolicy:
         self._measure()
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called at ``U`` with the final gradients in place, before the optimizer steps (e.g. to set
-        this step's learning rate)."""
+        """Called at ``U`` with the gradients in place, before the optimizer steps."""
 
     def about_to_update(self) -> None:
         """Called right before the optimizer changes the master weights in place."""
@@ -222,8 +220,7 @@ class Stashing(WeightPolicy):
         self.sends_version = vertical_sync
 
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """The schedule's version: the newest one, or with vertical sync the input stage's version
-        for the microbatch (which also travels with the activations, and must agree)."""
+        """The schedule's version: the newest, or with vertical sync the input stage's (which must agree)."""
         v = self.scheduled_forward(microbatch)
         if self.vertical_sync and upstream_version is not None and upstream_version != v:
             raise self._mismatch("forward", microbatch, v, f"received version {upstream_version} with it")

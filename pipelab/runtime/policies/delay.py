@@ -174,8 +174,7 @@ class DelayedVersions(VersionStore):
         return super()._needed_epochs() | {e for e, v in self.epoch_version.items() if v in later}
 
     def about_to_update(self) -> None:
-        """Drop versions no action will read again; keep the newest if a forward still to come
-        reads it (an alias that the base class splits off copy-on-write)."""
+        """Drop versions no action reads again; keep the newest if a forward still to come reads it."""
         self._release()
         if self.latest in self.future_reads():
             self._tensors(self.epoch)

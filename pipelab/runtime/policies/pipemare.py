@@ -1,5 +1,4 @@
-"""PipeMare's weight policy: no stash; per-stage learning-rate rescheduling and discrepancy-corrected
-backward weights (Yang et al., MLSys'21; the math is :mod:`pipelab.runtime.pipemare_math`)."""
+"""PipeMare's weight policy (Yang et al., MLSys'21); the math is :mod:`pipelab.runtime.pipemare_math`."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from pipelab.schedules.worker_view import StageReads
 
 
 class PipeMarePolicy(WeightPolicy):
-    """PipeMare: no stash; F reads the newest weights; B recomputes with corrected weights (T2) and
-    the optimizer's step size follows T1 (see :mod:`pipelab.runtime.pipemare_math`)."""
+    """PipeMare: no stash; B recomputes with T2's corrected weights; the step size follows T1."""
 
     name = "pipemare"
     forward_builds_graph = False
