@@ -10,10 +10,7 @@ import os
 
 
 def pin_worker(local_rank: int, local_workers: int, mode: bool | None = None) -> int | None:
-    """Pin this process to ``cores[local_rank % len(cores)]`` as ``mode`` says; return the core or None.
-
-    Call it before the process group starts its threads: they inherit the affinity.
-    """
+    """Pin this process to ``cores[local_rank % len(cores)]`` per ``mode``; return the core (or None)."""
     if mode is False or not hasattr(os, "sched_setaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))

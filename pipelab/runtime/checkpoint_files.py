@@ -1,16 +1,11 @@
 """Checkpoints on disk: one file per worker, sealed by a manifest written last.
 
-Layout::
-
-    checkpoint_dir/step-00000010/
-        rank-0.pt  rank-1.pt  ...     one file per worker (torch.save of a dict), written atomically
-        manifest.json                 step, plan fingerprint, method, run id, sha256 per file
-
-Invariants: a checkpoint exists only once its manifest does, written by the run's one
-:class:`Sealer` after every rank reported its file's hash; a killed run leaves the previous
-checkpoint intact and the next run removes the unsealed rest (:func:`clean`) under the folder's
-:class:`FolderLock`. :func:`load_worker` refuses another plan's or method's checkpoint and a file
-that does not match its hash. Checkpoints are taken at drained points only (docs/reliability.md).
+``checkpoint_dir/step-00000010/`` holds ``rank-<r>.pt`` (torch.save of a dict, written atomically)
+and ``manifest.json`` (step, plan fingerprint, method, run id, sha256 per file). Invariants: a
+checkpoint exists once its manifest does, written by the run's one :class:`Sealer`; a killed run
+leaves the previous one intact, and the next run removes the unsealed rest (:func:`clean`) under
+the :class:`FolderLock`; :func:`load_worker` refuses another plan's or method's checkpoint and a
+file that does not match its hash. Checkpoints are taken at drained points (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -184,11 +179,7 @@ def load_worker(path: str | os.PathLike[str], rank: int, *, plan: Any, method: s
 
 def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
                    stage_ranks: Any) -> dict[int, dict[str, torch.Tensor]]:
-    """Per stage, the weights every replica saved at ``path`` (HetPipe's server restarts from them).
-
-    A HetPipe checkpoint is a wave's pull with ``D = 0``, where every VW holds the global weights;
-    raises ``ValueError`` if a stage's replicas disagree.
-    """
+    """Per stage, the weights all replicas saved at ``path`` (a HetPipe ``D = 0`` cut); they must agree."""
     out: dict[int, dict[str, torch.Tensor]] = {}
     for s, ranks in enumerate(stage_ranks):
         ref: dict[str, torch.Tensor] | None = None
@@ -322,10 +313,7 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def choose_resume(path: str | os.PathLike[str], *, fallback: bool = True) -> Path:
-    """The verified step folder a run resumes from: ``path`` itself, or a root's newest sealed step.
-
-    With ``fallback``, a damaged newest step is skipped with a warning; otherwise ``ValueError``.
-    """
+    """The verified step folder to resume from (``fallback``: skip a damaged newest one, warning)."""
     import warnings
 
     p = Path(path)

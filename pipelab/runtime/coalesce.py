@@ -1,11 +1,8 @@
 """Coalesced weight gradients: one GEMM per Linear at the flush instead of one per microbatch.
 
-Within a flush a stage's weights don't change across a minibatch's microbatches, so a ``Linear``'s
-weight gradient is ``sum_i g_i^T x_i = G^T X`` (Megatron-LM's deferred weight GEMM; zero-bubble's
-W pass, Qi et al., ICLR'24 §2). :func:`install` makes every Linear's backward return the input
-gradient only and store ``(x, grad_out)``; :meth:`Coalescer.flush` (at ``U``, before the
-all-reduce) adds ``G^T X`` and ``G.sum(0)``. It holds every microbatch's Linear inputs until the
-flush, so it is off by default; :func:`check_method` refuses methods that aren't flushed.
+Within a flush a ``Linear``'s weight gradient is ``sum_i g_i^T x_i = G^T X`` (zero-bubble's W pass,
+Qi et al., ICLR'24 §2): :func:`install` stores each microbatch's ``(x, grad_out)`` and
+:meth:`Coalescer.flush` adds ``G^T X`` at ``U``. It holds those until the flush, so it is opt-in.
 """
 
 from __future__ import annotations

@@ -337,11 +337,7 @@ def check_arguments(args: TrainArgs) -> None:
 
 def resolve_schedule(args: TrainArgs, method_options: dict[str, Any],
                      runtime: RuntimeOptions) -> tuple[Schedule, int, int]:
-    """The schedule to execute, the minibatches it covers and the step it starts from.
-
-    A resumed run covers the steps left and keeps its checkpoint's drain segments; a caller's own
-    ``schedule`` must have its drain points there.
-    """
+    """The schedule to run, the minibatches it covers and its first step (a resumed run keeps its drains)."""
     plan, method, schedule, steps = args.plan, args.method, args.schedule, args.steps
     the_method = method or (schedule.method if schedule is not None else "")
     spec = methods.METHODS.get(the_method)
@@ -409,11 +405,7 @@ def model_facts(args: TrainArgs) -> tuple[Any, tuple[str, ...], int]:
 
 def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence[tuple[int, int]],
                 n_inputs: int) -> tuple[int, list[list[TensorSpec]]]:
-    """The batch size and every cut's message layout, from the first minibatch of ``data()``.
-
-    Checks the minibatch divides into ``microbatches``, the model and ``loss_fn`` give a scalar on it,
-    and ``data()`` is deterministic.
-    """
+    """The batch size and each cut's layout from ``data()``'s first minibatch, checked against the model."""
     data, loss_fn = args.data, args.loss_fn
     inputs, targets = first_minibatch(data)
     xs = as_inputs(inputs)

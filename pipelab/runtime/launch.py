@@ -1,12 +1,8 @@
 """Start a job: one OS process per worker (fork server, else spawn), or the reference executor.
 
-:func:`launch` checks the arguments (:func:`pipelab.runtime.job.prepare`), starts the workers and
-returns a :class:`Run` handle whose ``events`` stream live; :func:`train` launches and waits.
-
-Invariant: a fault ends the whole job. A worker's pipe reads EOF when it dies; the first error (or a
-silent death) is raised as a :class:`WorkerError` naming rank, stage and action, and every worker is
-killed. ``cancel()``, Ctrl-C and ``timeout`` do the same; workers exit when their launcher is gone
-(:mod:`pipelab.runtime.lifeline`). The run holds its checkpoint folder locked and seals checkpoints.
+Invariant: a fault ends the whole job. The first error (or a silent death, seen as EOF on its pipe)
+is raised as a :class:`WorkerError` naming rank, stage and action, and every worker is killed;
+``cancel()``, Ctrl-C and ``timeout`` do the same. The run holds its checkpoint folder locked.
 """
 
 from __future__ import annotations

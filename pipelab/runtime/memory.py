@@ -1,11 +1,8 @@
 """The memory meter (``measure_memory=True``): each worker's measured peak, in five parts.
 
-After every action it adds the bytes of the distinct storages the worker holds, each counted once,
-in the first part naming it: ``weights`` (parameters and every stashed version), ``gradients``,
-``optimizer`` state, ``activations`` (what autograd saves for in-flight microbatches, followed by
-``saved_tensors_hooks``, and the stage inputs/outputs the worker keeps) and ``messages`` (buffers
-the transport holds). Transients inside one action are not seen; on a CUDA worker the peak is
-``torch.cuda.max_memory_allocated``. ``peak_state`` leaves out ``messages``: the simulator's terms.
+After every action: the distinct storages the worker holds, each counted once in the first part
+naming it: ``weights`` (stashed versions too), ``gradients``, ``optimizer``, ``activations`` (saved
+for in-flight microbatches) and ``messages``. On a CUDA worker the peak is the allocator's.
 """
 
 from __future__ import annotations

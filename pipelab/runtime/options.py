@@ -156,9 +156,7 @@ def slow_down(rank: int, slowdown: Mapping[int, float] | None, elapsed_s: float)
 def tune_malloc() -> bool:
     """Keep freed memory in this worker process (glibc), so buffers reallocated every step don't page-fault.
 
-    Sets ``M_MMAP_THRESHOLD`` to 32 MiB and ``M_TRIM_THRESHOLD`` to 1 GiB, as GPU caching allocators
-    keep memory; the process then does not shrink after a peak. Returns False (a no-op) where libc is
-    not glibc or the user set ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_``.
+    Returns False (a no-op) off glibc or where the user set ``MALLOC_*_THRESHOLD_``.
     """
     import ctypes
     import os

@@ -1,13 +1,10 @@
 """HetPipe's Wave Synchronous Parallel (WSP) parameter server: the logic and a process serving it.
 
-HetPipe (Park et al., USENIX ATC'20, §4-§5): each virtual worker (VW) pushes its update at the end
-of a wave and bumps its local clock; the global clock is the minimum local clock; a VW may start a
-wave while at most ``D`` clocks ahead, and pulls the global weights then.
-
-Invariants: a pull returns every update of a complete clock plus the puller's own later ones, added
-in (clock, VW) order, never arrival order; so with ``D = 0`` a multi-process run is bit-identical to
-the reference. One shard per pipeline stage. :class:`WSPServer` is the thread-safe logic,
-:func:`serve` runs shards in a process behind pipes, :class:`WSPClient` is a worker's end.
+HetPipe (Park et al., USENIX ATC'20, §4-§5): a virtual worker (VW) pushes its update at a wave's
+end; the global clock is the minimum local clock; a VW starts a wave at most ``D`` clocks ahead,
+pulling the global weights. Invariant: a pull adds every complete clock's updates and the puller's
+own, in (clock, VW) order, never arrival order, so with ``D = 0`` a run is bit-identical to the
+reference. One :class:`WSPServer` shard per stage; :func:`serve` runs them behind pipes.
 """
 
 from __future__ import annotations
@@ -126,10 +123,7 @@ class WSPServer:
 
 
 def check_staleness(log: Sequence[WSPEvent], num_virtual_workers: int, staleness: int) -> int:
-    """Replay a server log, recomputing the global clock from the pushes; return the largest gap.
-
-    Raises ``AssertionError`` if a pull broke the bound.
-    """
+    """Replay a log, recomputing the global clock; return the largest lead at a pull (assert <= bound)."""
     shards: dict[int, list[int]] = {}
     worst = 0
     for e in log:

@@ -1,12 +1,10 @@
 """PipeMare's two techniques (Yang et al., arXiv 1910.05124, MLSys 2021, §3) as pure functions.
 
-- T1, learning-rate rescheduling: stage ``i``'s step size at step ``k`` is the base times
-  ``tau_i ** -(1 - min(k / K, 1))`` (``K`` warm-up steps, ``tau_i`` the stage's delay).
-- T2, discrepancy correction: backward runs on ``u = w - (tau_fwd - tau_bwd) * delta``, with
-  ``delta <- gamma * delta + (1 - gamma) * (w_new - w_old)``, estimating the forward's weights.
+- T1: stage ``i``'s step size at step ``k`` is the base times ``tau_i ** -(1 - min(k / K, 1))``.
+- T2: backward runs on ``u = w - (tau_fwd - tau_bwd) * delta``, where
+  ``delta <- gamma * delta + (1 - gamma) * (w_new - w_old)``.
 
-Delays are in optimizer steps, read from the schedule
-(:func:`pipelab.schedules.worker_view.stage_delays`).
+Delays ``tau`` are in optimizer steps, read from the schedule.
 """
 
 from __future__ import annotations

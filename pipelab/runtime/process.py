@@ -48,11 +48,7 @@ class Clock:
 
 
 class PipeSink:
-    """Streams events to the parent over this worker's pipe, in batches (~32 events or 0.1 s).
-
-    Written before each call returns, so an error reaches the parent before any peer's "connection
-    closed", and nothing queued holds the process at exit.
-    """
+    """Streams events to the parent over this worker's pipe, in batches; each written before returning."""
 
     def __init__(self, conn: Any, rank: int, batch: int = 32, every_s: float = 0.1) -> None:
         self.conn, self.rank, self.batch, self.every_s = conn, rank, batch, every_s
@@ -310,11 +306,7 @@ def _gather(result: WorkerResult, sink: Any, rank: int, world: int) -> list[Any]
 
 def process_main(job: Job, rank: int, conn: Any, wsp_conn: Any = None, match: str | None = None,
                  stream: bool = True) -> None:
-    """Entry point of a spawned worker: ``conn`` is its pipe to the parent.
-
-    ``stream=False`` sends the events once, at the end. The process ends with ``os._exit`` once its last
-    message is written, and at once if the launcher dies.
-    """
+    """Entry point of a spawned worker (``conn``: its pipe); ends with ``os._exit``, or with its launcher."""
     watch_launcher()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
     os.environ.setdefault("OMP_NUM_THREADS", "1")

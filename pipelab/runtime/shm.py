@@ -1,14 +1,10 @@
 """Point-to-point messages through shared memory, for workers on one host (gloo backend).
 
-Each ordered pair of workers gets a *ring*: a shared-memory file of ``K`` slots. The sender copies
-message ``k`` of the pair's sequence into slot ``k % K``, then stamps it ``k + 1``; the receiver
-waits for the stamp, copies the message out and counts it consumed; a slot is reused only once
-consumed (meanwhile the message waits in the sender's queue). A waiting receiver sleeps on the
-ring's *bell*, a futex the sender raises after each stamp, so it never depends on another thread.
-
-Invariants: matching is by order per pair (what the validator proves); a slot's tag is checked
-(:class:`~pipelab.runtime.comm.OrderError`); the files are unlinked once every worker mapped them;
-stamps are written after the payload, safe under x86-64's store order (:func:`available`).
+Each ordered pair gets a *ring* of ``K`` slots in a shared-memory file: the sender copies message
+``k`` into slot ``k % K`` and stamps it ``k + 1``; the receiver sleeps on the ring's futex *bell*
+until the stamp shows, copies the message out and counts it consumed, freeing the slot. Invariants:
+matching is by order per pair, each slot's tag checked; the files are unlinked once mapped; stamps
+follow the payload, safe under x86-64's store order (:func:`available`).
 """
 
 from __future__ import annotations

@@ -17,10 +17,7 @@ from pipelab.schedules.worker_view import StageReads
 
 
 class Feed:
-    """This worker's view of ``data()``: minibatch ``k`` split into microbatches, on demand.
-
-    ``data()`` restarts when exhausted; a minibatch shaped unlike the first raises, naming it.
-    """
+    """This worker's view of ``data()`` (restarted when exhausted): minibatch ``k`` in microbatches."""
 
     def __init__(self, job: Job, device: torch.device) -> None:
         self.job, self.device = job, device

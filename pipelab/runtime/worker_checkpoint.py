@@ -32,11 +32,7 @@ class Checkpointing:
     on_saved: Callable[[int, int, str], None] | None = None
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Per stage weights, optimizer and policy state, and the RNG, at a drained point.
-
-        There every policy holds one weight version, so these resume every method exactly; raises
-        ``RuntimeError`` if anything is in flight.
-        """
+        """Per stage weights, optimizer and policy state, and the RNG, at a drained point (else raises)."""
         stages: dict[int, Any] = {}
         for s, st in self.stages.items():
             busy = sorted(set(st.policy.in_flight) | set(st.pending))

@@ -1,17 +1,11 @@
 """Weight policies: the interface, and the single-version, stashing and no-stash policies.
 
-Version ``v`` of a stage means "after ``v`` updates"; the optimizer updates the master weights
-(the module's parameters) in place at every ``U``. A policy serves exactly the versions the
-schedule names (:func:`pipelab.schedules.worker_view.stage_reads`), refuses one its method's
-weights cannot give, and keeps exactly those still in flight or read by a forward to come.
-
-* :class:`SingleVersion` (flushed methods): every action reads the master weights.
-* :class:`Stashing` (PipeDream, Narayanan et al., SOSP'19, §3.3): ``F`` stashes the newest version
-  and the microbatch's ``B`` reads it; with ``vertical_sync`` every stage reads the version the
-  input stage used, which travels with the activations.
-* :class:`NoStash` (the naive-async ablation, §3): ``B`` recomputes the forward on the newest weights.
-
-Invariant: stashed versions are tensors of their own, so an in-place step never corrupts a graph.
+Version ``v`` of a stage is its weights after ``v`` updates of the master (the module's parameters).
+A policy serves exactly the versions the schedule names, refuses one its method's weights cannot
+give, and keeps exactly those still in flight or read by a forward to come. :class:`SingleVersion`
+serves flushed methods; :class:`Stashing` is PipeDream's (SOSP'19, §3.3), optionally with vertical
+sync; :class:`NoStash` is the naive-async ablation (§3), whose ``B`` recomputes on the newest
+weights. Stashed versions are tensors of their own, so an in-place step never corrupts a graph.
 """
 
 from __future__ import annotations

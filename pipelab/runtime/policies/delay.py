@@ -1,12 +1,8 @@
 """Delayed weight versions: PipeDream-2BW and Lv et al.'s bounded buffer of K versions.
 
-Minibatch ``k`` reads version ``max(0, k - d)`` in ``F`` and ``B``: ``d = 1`` for 2BW (Narayanan et
-al., ICML'21, §3: ``W(t+1) = W(t) - nu * grad f(W(t-1))``), ``d = K - 1`` for the bounded buffer
-(CCGrid'23). Gradients of a minibatch's microbatches make one update.
-
-Invariant: a version equal to the master aliases its storage and is split off copy-on-write right
-before the optimizer's step, so ``n`` versions held are ``n`` weight copies, the simulator's
-``weights + stashed_weights``.
+Minibatch ``k`` reads version ``max(0, k - d)``: ``d = 1`` for 2BW (Narayanan et al., ICML'21, §3),
+``d = K - 1`` for the bounded buffer (CCGrid'23). Invariant: a version equal to the master aliases
+its storage until the step (copy-on-write), so ``n`` versions held are ``n`` weight copies.
 """
 
 from __future__ import annotations
