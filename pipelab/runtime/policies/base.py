@@ -132,7 +132,7 @@ class WeightPolicy:
 
     def weight_bytes(self) -> int:
         """Bytes of the distinct storages holding this stage's weights (master and any stashed)."""
-        return _distinct_bytes([self.params])
+        return distinct_bytes([self.params])
 
     # -- internals
     def _release(self) -> None:
@@ -155,7 +155,8 @@ class WeightPolicy:
             self.max_weight_bytes = max(getattr(self, "max_weight_bytes", 0), self.weight_bytes())
 
 
-def _distinct_bytes(sources: Iterable[Mapping[str, torch.Tensor]]) -> int:
+def distinct_bytes(sources: Iterable[Mapping[str, torch.Tensor]]) -> int:
+    """Bytes of the distinct storages under the tensors of ``sources``."""
     seen: dict[int, int] = {}
     for src in sources:
         for t in src.values():
@@ -183,11 +184,9 @@ class SingleVersion(WeightPolicy):
     def updated(self) -> None:
         """Check that the pipeline is flushed, then count the new version."""
         if self.in_flight:
-            raise RuntimeError(
-                f"stage {self.stage}: weight update while microbatches {sorted(self.in_flight)} are in "
-                "flight; "
-                "a single-version method needs a flush before U (the schedule is not flushed)"
-            )
+            raise RuntimeError(f"stage {self.stage}: weight update while microbatches "
+                               f"{sorted(self.in_flight)} are in flight; a single-version method needs a "
+                               "flush before U")
         super().updated()
 
     def _measure(self) -> None:
@@ -265,7 +264,7 @@ class Stashing(WeightPolicy):
 
     def weight_bytes(self) -> int:
         """Distinct storages of the master and the stash."""
-        return _distinct_bytes([self.params, *self.stash.values()])
+        return distinct_bytes([self.params, *self.stash.values()])
 
 
 class NoStash(WeightPolicy):

@@ -7,12 +7,12 @@ its storage until the step (copy-on-write), so ``n`` versions held are ``n`` wei
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from pipelab.runtime.policies.base import WeightPolicy, alias
+from pipelab.runtime.policies.base import WeightPolicy, alias, distinct_bytes
 from pipelab.schedules.versions import delayed_rule
 from pipelab.schedules.worker_view import StageReads
 
@@ -35,8 +35,6 @@ def delayed_sgd(w0: torch.Tensor, grad: Callable[[int, torch.Tensor], torch.Tens
 
 
 # ---------------------------------------------------------------------- version store
-
-
 class VersionStore(WeightPolicy):
     """Stashed versions keyed by epoch (every change of the master), copy-on-write, distinct-storage bytes."""
 
@@ -96,13 +94,7 @@ class VersionStore(WeightPolicy):
     # -- accounting
     def weight_bytes(self) -> int:
         """Bytes of distinct storages among the master weights and every stashed version."""
-        seen: dict[int, int] = {}
-        srcs: list[Mapping[str, torch.Tensor]] = [self.params, *self.stash.values()]
-        for src in srcs:
-            for t in src.values():
-                s = t.untyped_storage()
-                seen[s.data_ptr()] = s.nbytes()
-        return sum(seen.values())
+        return distinct_bytes([self.params, *self.stash.values()])
 
     @property
     def held(self) -> int:
