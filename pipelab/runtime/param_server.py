@@ -237,11 +237,9 @@ class WSPClient:
 
     def _recv(self, what: str) -> Any:
         if not self.conn.poll(self.timeout):
-            raise TimeoutError(
-                f"stage {self.stage} of virtual worker {self.vw}: the WSP parameter server did "
-                f"not answer a {what} within {self.timeout} s (a slower virtual worker may have "
-                "failed)"
-            )
+            raise TimeoutError(f"stage {self.stage} of virtual worker {self.vw}: the WSP parameter server "
+                               f"did not answer a {what} within {self.timeout} s (a slower virtual worker "
+                               "may have failed)")
         msg = self.conn.recv()
         if msg[0] == "error":
             raise RuntimeError(f"WSP parameter server: {msg[1]}")
@@ -278,19 +276,8 @@ def events_from_trace(trace: Any) -> list[WSPEvent]:
     ranks = trace.meta.get("stage_ranks")
     if not ranks:
         raise ValueError("the trace has no meta['stage_ranks']; pass a trace from pl.train(method='hetpipe')")
-    out = []
-    for e in trace.events:
-        if e.kind in ("push", "pull"):
-            out.append(
-                WSPEvent(
-                    e.start_s,
-                    e.kind,
-                    e.stage,
-                    list(ranks[e.stage]).index(e.worker),
-                    e.microbatch,
-                    e.weight_version,
-                )
-            )
+    out = [WSPEvent(e.start_s, e.kind, e.stage, list(ranks[e.stage]).index(e.worker), e.microbatch,
+                    e.weight_version) for e in trace.events if e.kind in ("push", "pull")]
     return sorted(out, key=lambda e: e.t)
 
 
@@ -298,8 +285,5 @@ def check_trace(trace: Any, staleness: int) -> int:
     """:func:`check_staleness` on a run's trace: the largest lead of a VW at a pull."""
     evs = events_from_trace(trace)
     if not evs:
-        raise ValueError(
-            "the trace has no push/pull events; is it a hetpipe run with at least one full wave?"
-        )
-    V = len(trace.meta["stage_ranks"][0])
-    return check_staleness(evs, V, staleness)
+        raise ValueError("the trace has no push/pull events; is it a hetpipe run with a full wave?")
+    return check_staleness(evs, len(trace.meta["stage_ranks"][0]), staleness)

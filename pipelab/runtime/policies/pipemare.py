@@ -8,15 +8,14 @@ import torch
 from torch import nn
 
 from pipelab.runtime.pipemare_math import PipeMareConfig, PipeMareState
-from pipelab.runtime.policies.base import WeightPolicy
+from pipelab.runtime.policies.base import NoStash
 from pipelab.schedules.worker_view import StageReads
 
 
-class PipeMarePolicy(WeightPolicy):
+class PipeMarePolicy(NoStash):
     """PipeMare: no stash; B recomputes with T2's corrected weights; the step size follows T1."""
 
     name = "pipemare"
-    forward_builds_graph = False
 
     def __init__(self, params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None, *,
                  tau_fwd: int, tau_bwd: int, config: PipeMareConfig) -> None:
@@ -29,9 +28,7 @@ class PipeMarePolicy(WeightPolicy):
 
     def backward_version(self, microbatch: int) -> int:
         """The newest version, as the schedule says; B will read the corrected weights derived from it."""
-        v = self.scheduled_backward(microbatch, self.latest)
-        if v != self.latest:
-            raise self._mismatch("backward", microbatch, v, f"serves only the newest, {self.latest}")
+        v = super().backward_version(microbatch)
         self._in_backward = microbatch
         self._corrected = None
         return v
