@@ -1,21 +1,17 @@
 """Messages between stages: what crosses each cut, how it is packed, tagged and moved.
 
-A *message* is the tensors one stage hands its neighbour for one microbatch (activations forward,
-their float members' gradients backward). Every worker knows each cut's layout before the run
-(:func:`boundary_specs`), so receives are posted early without a header; several tensors travel
-packed in one byte buffer (members padded to 8 bytes).
+A *message* is the tensors one stage hands its neighbour for one microbatch. Each cut's layout is
+known before the run (:func:`boundary_specs`), so receives are posted early without a header;
+several tensors travel packed in one byte buffer (members padded to 8 bytes).
 
 Matching. Correctness rests on order, not tags: the validator proves each ordered pair of workers
-sends and receives in one sequence (:mod:`pipelab.schedules.messages`), and each worker posts its
-receives in action order. ``match="tag"`` sends the tags; ``match="order"`` (NCCL always; gloo with
-``PIPELAB_P2P_MATCH=order``) sends tag 0 and checks each message against the pair's sequence.
+sends and receives in one sequence, and receives are posted in action order. ``match="order"``
+(NCCL; gloo with ``PIPELAB_P2P_MATCH=order``) sends tag 0 and checks each message against it.
 
-Lanes. gloo sends on two process groups, one per direction (lower rank to higher, higher to lower),
-so messages crossing between a pair don't contend for one connection's lock; a pair's messages
-share a lane, keeping their order.
+Lanes. gloo sends on two process groups, one per direction, so messages crossing between a pair
+don't contend for one connection's lock; a pair's messages share a lane, keeping their order.
 
-CUDA stages over gloo stage every message and all-reduce through host memory. :class:`DistComm`
-(gloo or NCCL) and :class:`Mailbox` (the reference executor) are the two transports.
+Transports: :class:`DistComm` (gloo, via host memory for CUDA stages, or NCCL) and :class:`Mailbox`.
 """
 
 from __future__ import annotations
