@@ -144,12 +144,10 @@ def check_compatible(path: str | os.PathLike[str], *, plan: Any, method: str) ->
     man = read_manifest(path)
     fp = plan_fingerprint(plan)
     if man["plan_fingerprint"] != fp:
-        raise ValueError(
-            f"checkpoint {resolve(path)} was written for another plan (config "
-            f"{man.get('plan_config')!r}, fingerprint {man['plan_fingerprint']}) than this run's "
-            f"(config {getattr(plan, 'config', '')!r}, fingerprint {fp}); resume with the plan it "
-            "was written for, or start without resume="
-        )
+        raise ValueError(f"checkpoint {resolve(path)} was written for another plan (config "
+                         f"{man.get('plan_config')!r}, fingerprint {man['plan_fingerprint']}) than this "
+                         f"run's (config {getattr(plan, 'config', '')!r}, fingerprint {fp}); resume with "
+                         "the plan it was written for, or start without resume=")
     if man["method"] != method:
         raise ValueError(f"checkpoint {resolve(path)} was written by method {man['method']!r}, this run uses "
                          f"{method!r}; resume with method={man['method']!r}")
@@ -188,10 +186,9 @@ def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
             if ref is None:
                 ref = st
             elif set(st) != set(ref) or not all(torch.equal(st[k], ref[k]) for k in ref):
-                raise ValueError(
-                    f"checkpoint {resolve(path)}: the replicas of stage {s} (workers {list(ranks)}) "
-                    "saved different weights, so it is not a synchronized cut of the parameter server"
-                )
+                raise ValueError(f"checkpoint {resolve(path)}: the replicas of stage {s} (workers "
+                                 f"{list(ranks)}) saved different weights, so it is not a synchronized cut "
+                                 "of the parameter server")
         assert ref is not None
         out[s] = ref
     return out

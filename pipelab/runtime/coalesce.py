@@ -120,8 +120,6 @@ def check_method(method: str, has_w_actions: bool) -> None:
         why = ("it has its own W (weight-gradient) actions" if has_w_actions else
                "its weights change between the microbatches of a minibatch or its backward reads stashed "
                "versions")
-        raise ValueError(
-            f"coalesce_wgrad=True is not supported for method {method!r}: {why}, so the weight "
-            f"gradients of its microbatches cannot be summed into one GEMM at the update. Use it with "
-            f"one of {', '.join(COALESCE_METHODS)}, or drop coalesce_wgrad"
-        )
+        raise ValueError(f"coalesce_wgrad=True is not supported for method {method!r}: {why}, so the weight "
+                         "gradients of its microbatches cannot be summed into one GEMM at the update. Use "
+                         f"it with one of {', '.join(COALESCE_METHODS)}, or drop coalesce_wgrad")

@@ -189,10 +189,8 @@ def as_inputs(x: Any) -> tuple[torch.Tensor, ...]:
     """A minibatch's inputs as a tuple of tensors (one per model input)."""
     t = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if not all(isinstance(v, torch.Tensor) for v in t):
-        raise TypeError(
-            f"data() must yield (inputs, targets) with inputs a tensor or a tuple of tensors; got "
-            f"inputs of type {type(x).__name__}"
-        )
+        raise TypeError("data() must yield (inputs, targets) with inputs a tensor or a tuple of tensors; "
+                        f"got inputs of type {type(x).__name__}")
     return t
 
 
@@ -329,10 +327,8 @@ def check_arguments(args: TrainArgs) -> None:
     if backend == "nccl":
         n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n_gpu < plan.num_workers:
-            raise ValueError(
-                f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this machine "
-                f"has {n_gpu}; use backend='gloo' on CPU"
-            )
+            raise ValueError(f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this "
+                             f"machine has {n_gpu}; use backend='gloo' on CPU")
 
 
 def resolve_schedule(args: TrainArgs, method_options: dict[str, Any],
@@ -369,9 +365,8 @@ def resolve_schedule(args: TrainArgs, method_options: dict[str, Any],
             method_options = {**method_options, "segments": aligned_sizes(start, steps, int(drain_every))}
         schedule = build(method, plan, microbatches=args.microbatches, minibatches=steps, **method_options)
     elif method is not None and method != schedule.method:
-        raise ValueError(
-            f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them"
-        )
+        raise ValueError(f"method={method!r} but the schedule given is for {schedule.method!r}; "
+                         "pass one of them")
     if schedule.minibatches != steps:
         raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}"
                          + (f" (the steps left after resuming at step {start})" if start else ""))
@@ -380,12 +375,10 @@ def resolve_schedule(args: TrainArgs, method_options: dict[str, Any],
         ends = set(boundaries(schedule)) if schedule.options.get("segments") else set()
         missing = [k for k in range(1, steps + 1) if (start + k) % every == 0 and k not in ends]
         if missing:
-            raise ValueError(
-                f"checkpoint_every={every}: the {schedule.method} schedule is not drained after "
-                f"minibatch(es) {[start + k for k in missing[:5]]}, so a checkpoint there would not "
-                f"be a consistent cut; build it with pl.schedules.build(..., drain_every={every}) "
-                "or leave schedule= out"
-            )
+            raise ValueError(f"checkpoint_every={every}: the {schedule.method} schedule is not drained "
+                             f"after minibatch(es) {[start + k for k in missing[:5]]}, so a checkpoint "
+                             "there would not be a consistent cut; build it with pl.schedules.build(..., "
+                             f"drain_every={every}) or leave schedule= out")
     return schedule, steps, start
 
 
@@ -410,10 +403,8 @@ def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence
     inputs, targets = first_minibatch(data)
     xs = as_inputs(inputs)
     if len(xs) != n_inputs:
-        raise ValueError(
-            f"the model takes {n_inputs} input(s) but data() yields {len(xs)}; yield (inputs, targets) "
-            "with inputs a tensor or a tuple of one tensor per model input"
-        )
+        raise ValueError(f"the model takes {n_inputs} input(s) but data() yields {len(xs)}; yield (inputs, "
+                         "targets) with inputs a tensor or a tuple of one tensor per model input")
     batch = int(xs[0].shape[0]) if xs[0].dim() else 0
     if batch < 1 or any(x.dim() == 0 or x.shape[0] != batch for x in xs):
         raise ValueError(f"the inputs' first dimension must be the batch; got shapes {_shapes(xs)}")
@@ -437,11 +428,9 @@ def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
         raise ValueError(f"loss_fn must return a scalar tensor (mean over the batch); got {_shapes(loss)}")
     if not _same((inputs, targets), first_minibatch(data)):
-        raise ValueError(
-            "data() is not deterministic: two calls yield different first minibatches. Every worker "
-            "calls data() and takes its own microbatches, so it must yield the same sequence each time "
-            "(seed any shuffling)"
-        )
+        raise ValueError("data() is not deterministic: two calls yield different first minibatches. Every "
+                         "worker calls data() and takes its own microbatches, so it must yield the same "
+                         "sequence each time (seed any shuffling)")
     return batch, specs
 
 

@@ -227,9 +227,8 @@ class Run:
             while self._thread.is_alive():
                 self._thread.join(0.2)
                 if deadline is not None and time.time() > deadline:
-                    raise TimeoutError(
-                        f"the job is still running after {timeout} s (it continues; cancel() it)"
-                    )
+                    raise TimeoutError(f"the job is still running after {timeout} s "
+                                       "(it continues; cancel() it)")
         except KeyboardInterrupt:
             self.cancel()
             raise

@@ -37,18 +37,15 @@ class Checkpointing:
         for s, st in self.stages.items():
             busy = sorted(set(st.policy.in_flight) | set(st.pending))
             if busy or st.policy.held != 1:
-                raise RuntimeError(
-                    f"worker {self.rank} stage {s}: checkpoint requested while microbatches {busy} "
-                    f"are in flight ({st.policy.held} weight versions held); checkpoints need a "
-                    "drained pipeline (asynchronous schedules: build with drain_every=N)"
-                )
+                raise RuntimeError(f"worker {self.rank} stage {s}: checkpoint requested while microbatches "
+                                   f"{busy} are in flight ({st.policy.held} weight versions held); "
+                                   "checkpoints need a drained pipeline (asynchronous schedules: build "
+                                   "with drain_every=N)")
             anchor = getattr(st.policy, "anchor", None)     # HetPipe: the weights of the last pull
             if anchor is not None and (getattr(st.policy, "pull_pending", False) or not all(
                     torch.equal(anchor[n], p.detach()) for n, p in st.params.items())):
-                raise RuntimeError(
-                    f"worker {self.rank} stage {s}: HetPipe checkpoint requested between a wave's "
-                    "push and its pull; the saved weights must be the parameter server's"
-                )
+                raise RuntimeError(f"worker {self.rank} stage {s}: HetPipe checkpoint requested between a "
+                                   "wave's push and its pull; the saved weights must be the server's")
             stages[s] = {"module": {k: v.detach().cpu().clone() for k, v in st.module.state_dict().items()},
                          "optimizer": st.optimizer.state_dict() if st.optimizer is not None else None,
                          "policy": st.policy.state_dict(), "version": st.policy.latest}

@@ -62,11 +62,9 @@ def _wsp(method: str, opts: dict[str, Any]) -> PolicyFactory:
     if sched is not None:
         V = len(sched.stage_ranks[0])
         if sched.minibatches % (V * wave):
-            raise ValueError(
-                f"hetpipe with {V} virtual workers and waves of {wave} minibatches needs steps a "
-                f"multiple of {V * wave} (every virtual worker ends on a full wave); got "
-                f"{sched.minibatches}"
-            )
+            raise ValueError(f"hetpipe with {V} virtual workers and waves of {wave} minibatches needs steps "
+                             f"a multiple of {V * wave} (every virtual worker ends on a full wave); got "
+                             f"{sched.minibatches}")
     return lambda params, stage, reads=None: HetPipePolicy(params, stage, reads, wave=wave)
 
 

@@ -220,11 +220,9 @@ class Stashing(WeightPolicy):
         if not self.vertical_sync and v != self.latest:
             raise self._mismatch("forward", microbatch, v, f"stashes from the newest, {self.latest}")
         if v not in self.stash:
-            raise RuntimeError(
-                f"stage {self.stage}: microbatch {microbatch} needs weight version {v} but this "
-                f"stage holds versions {sorted(self.stash)} (newest {self.latest}); the schedule's "
-                "version rule and the runtime disagree"
-            )
+            raise RuntimeError(f"stage {self.stage}: microbatch {microbatch} needs weight version {v} but "
+                               f"this stage holds versions {sorted(self.stash)} (newest {self.latest}); the "
+                               "schedule's version rule and the runtime disagree")
         return v
 
     def weights(self, version: int) -> dict[str, torch.Tensor] | None:

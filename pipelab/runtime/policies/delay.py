@@ -59,10 +59,9 @@ class VersionStore(WeightPolicy):
     def _tensors(self, e: int) -> dict[str, torch.Tensor]:
         if e not in self.stash:
             if e != self.epoch:
-                raise RuntimeError(
-                    f"stage {self.stage}: weights of epoch {e} (version {self.epoch_version.get(e)}) "
-                    f"are no longer held (held: {sorted(self.stash)}, current {self.epoch})"
-                )
+                raise RuntimeError(f"stage {self.stage}: weights of epoch {e} (version "
+                                   f"{self.epoch_version.get(e)}) are no longer held (held: "
+                                   f"{sorted(self.stash)}, current {self.epoch})")
             self.stash[e] = {n: alias(p) for n, p in self.params.items()}
         return self.stash[e]
 
@@ -142,11 +141,9 @@ class DelayedVersions(VersionStore):
         for e, ver in self.epoch_version.items():
             if ver == v:
                 return e
-        raise RuntimeError(
-            f"stage {self.stage}: version {v} is needed but no longer held "
-            f"(held {sorted(self.epoch_version.values())}, newest {self.latest}); the schedule's "
-            "versions and this policy disagree"
-        )
+        raise RuntimeError(f"stage {self.stage}: version {v} is needed but no longer held (held "
+                           f"{sorted(self.epoch_version.values())}, newest {self.latest}); the schedule's "
+                           "versions and this policy disagree")
 
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
         """The schedule's version for this forward (an older one, or the newest)."""
