@@ -86,7 +86,7 @@ pl.views.gantt(sim.trace, title=f"hetpipe ({policies[0]}): simulated")
 # %% [markdown]
 # ## WSP's staleness bound, checked
 #
-# `pipelab.runtime.wsp.WSPServer` is the parameter server's logic as a plain object (the runtime serves it
+# `param_server.WSPServer` is the parameter server's logic as a plain object (the runtime serves it
 # from a separate process). Below, four virtual workers of different speeds run waves in simulated time:
 # a VW that finishes a wave pushes its update, then pulls the global weights as soon as the rule lets it
 # start the next wave (`local clock − global clock ≤ D`). `check_staleness` replays the server's log,
@@ -99,12 +99,12 @@ import heapq
 
 import torch
 
-from pipelab.runtime import wsp
+from pipelab.runtime import param_server
 
 
 def run_waves(D, speeds, horizon):
     """Event-driven WSP: VW v needs 1/speeds[v] s per wave; returns the server after `horizon` seconds."""
-    server = wsp.WSPServer({"w": torch.zeros(1)}, num_virtual_workers=len(speeds), staleness=D)
+    server = param_server.WSPServer({"w": torch.zeros(1)}, num_virtual_workers=len(speeds), staleness=D)
     ends = []
     for v in range(len(speeds)):
         server.pull(v)
@@ -124,7 +124,7 @@ speeds = [4.0, 2.0, 1.0, 1.0]                       # relative speeds of the fou
 rows = []
 for D in staleness_bounds:
     server = run_waves(D, speeds, horizon=10.0)
-    worst = wsp.check_staleness(server.log, len(speeds), D)   # raises if a pull broke the bound
+    worst = param_server.check_staleness(server.log, len(speeds), D)   # raises if a pull broke the bound
     assert float(server.weights()["w"]) == sum(server.clocks), "every pushed update is in the weights"
     rows.append({"D": D, "waves per VW": list(server.clocks), "total waves": sum(server.clocks),
                  "largest lead at a pull": worst})
@@ -179,7 +179,7 @@ for D in sorted({staleness_bounds[0], staleness_bounds[-1]}):
     r = pl.train(demo.small_cnn, vw_plan, method="hetpipe", D=D, slowdown=slow, data=data, steps=run_steps,
                  loss_fn=torch.nn.functional.cross_entropy, backend=backend, progress=False,
                  optimizer=functools.partial(torch.optim.SGD, lr=0.1))
-    worst = wsp.check_staleness(r.wsp_log, 2, D)         # raises if any pull broke the bound
+    worst = param_server.check_staleness(r.wsp_log, 2, D)         # raises if any pull broke the bound
     print(f"D={D}: {len(r.wsp_log)} server events, largest lead at a pull {worst} (bound {D}), "
           f"{r.throughput:.0f} samples/s, loss {r.losses[0]:.3f} -> {r.losses[-1]:.3f}")
     clock_rows += [{"D": D, "t (s)": e.t, "virtual worker": str(e.vw), "local clock": e.clock}

@@ -17,7 +17,7 @@ import torch
 
 from pipelab import schedules as S
 from pipelab.partition.plan import Plan
-from pipelab.runtime import checkpoint as ck
+from pipelab.runtime import checkpoint_files as ck
 from pipelab.runtime import train
 from pipelab.schedules import segments as seg
 from pipelab.schedules.actions import Action, Schedule
@@ -35,7 +35,7 @@ def _state(v: float) -> dict:
 def _save(root: Path, step: int, v: float, plan: Plan = PLAN) -> None:
     for r in range(plan.num_workers):
         ck.save_worker(root, step, r, _state(v + r), plan=plan, method="gpipe")
-    ck.write_manifest(root, step, plan=plan, method="gpipe")
+    ck.Sealer(root, plan=plan, method="gpipe").seal(step)
 
 
 def test_round_trip_and_latest(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_tampered_file_and_missing_rank(tmp_path: Path) -> None:
         ck.load_worker(tmp_path, 0, plan=PLAN, method="gpipe")
     ck.save_worker(tmp_path, 5, 0, _state(5), plan=PLAN, method="gpipe")
     with pytest.raises(FileNotFoundError, match=r"ranks \[1\]"):
-        ck.write_manifest(tmp_path, 5, plan=PLAN, method="gpipe")
+        ck.Sealer(tmp_path, plan=PLAN, method="gpipe").seal(5)
 
 
 def test_exception_mid_write_keeps_previous(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,11 +93,11 @@ def test_killed_process_mid_write_keeps_previous(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os, sys, time, torch
         from pipelab.partition.plan import Plan
-        from pipelab.runtime import checkpoint as ck
+        from pipelab.runtime import checkpoint_files as ck
         plan = Plan.from_boundaries(4, [2]); root = {str(tmp_path)!r}
         for r in range(2):
             ck.save_worker(root, 1, r, {{"w": torch.ones(4)}}, plan=plan, method="gpipe")
-        ck.write_manifest(root, 1, plan=plan, method="gpipe")
+        ck.Sealer(root, plan=plan, method="gpipe").seal(1)
         def slow(fd):
             print("writing", flush=True); time.sleep(60)
         os.fsync = slow
@@ -307,11 +307,11 @@ def test_resume_with_another_interval_and_refusals(tmp_path: Path) -> None:
 
 
 def test_checkpoint_refused_while_in_flight() -> None:
-    from pipelab.runtime.job import prepare
+    from pipelab.runtime.job import TrainArgs, prepare
     from pipelab.runtime.worker import Worker
 
-    job = prepare(H.mlp, PLAN2, method="pipedream", data=H.data, loss_fn=H.loss_fn, optimizer=H.momentum,
-                  steps=4, backend="local")
+    job = prepare(TrainArgs.of(model_fn=H.mlp, plan=PLAN2, method="pipedream", data=H.data,
+                               loss_fn=H.loss_fn, optimizer=H.momentum, steps=4, backend="local"))
     w = Worker(job, 0)
     assert w.actions[0] == Action(0, "F", 0)
     w.checkpoint_state()                      # nothing in flight yet: fine

@@ -16,8 +16,8 @@ import test_runtime_helpers as H
 import torch
 
 import pipelab as pl
-from pipelab.runtime import checkpoint as ck
-from pipelab.runtime.job import prepare
+from pipelab.runtime import checkpoint_files as ck
+from pipelab.runtime.job import TrainArgs, prepare
 
 PLAN3 = pl.Plan.from_boundaries(5, [1, 3])      # 3 workers
 KW = dict(method="1f1b-flush", data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, microbatches=2)
@@ -47,7 +47,7 @@ def _copy(checkpoints, tmp_path: Path) -> Path:
 
 def test_a_resume_loads_the_step_prepare_chose_and_verified(checkpoints, tmp_path: Path) -> None:
     root = _copy(checkpoints, tmp_path)
-    job = prepare(H.mlp, PLAN3, steps=8, resume=root, backend="local", **KW)
+    job = prepare(TrainArgs.of(model_fn=H.mlp, plan=PLAN3, steps=8, resume=root, backend="local", **KW))
     assert Path(job.runtime.resume) == ck.step_dir(root, 6) and job.runtime.resume_step == 6
     man = ck.read_manifest(root)
     assert man["run"] and {k for k in man["files"]} == {"rank-0.pt", "rank-1.pt", "rank-2.pt"}
@@ -67,7 +67,8 @@ def test_a_damaged_latest_falls_back_to_the_previous_sealed_one(checkpoints, tmp
         f.unlink()
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=f"cannot resume from {ck.step_dir(root, 6)}: {f}"):
-        prepare(H.mlp, PLAN3, steps=8, resume=root, backend="local", resume_fallback=False, **KW)
+        prepare(TrainArgs.of(model_fn=H.mlp, plan=PLAN3, steps=8, resume=root, backend="local",
+                             resume_fallback=False, **KW))
     assert time.perf_counter() - t0 < 5
     with pytest.warns(RuntimeWarning, match=f"{ck.step_dir(root, 6)} is damaged.*{f.name}.*step-00000004"):
         resumed = _train(8, resume=root)

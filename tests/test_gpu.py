@@ -49,11 +49,12 @@ def test_a_bad_device_is_refused() -> None:
 
 def test_nccl_names_the_missing_gpus_in_the_worker_too() -> None:
     """Under torchrun the parent's check does not run; the worker's own says what is missing."""
-    from pipelab.runtime.job import prepare
+    from pipelab.runtime.job import TrainArgs, prepare
     from pipelab.runtime.process import stage_device
 
-    job = prepare(H.mlp, pl.Plan.from_boundaries(5, [2]), method="1f1b-flush", data=H.mlp_data,
-                  loss_fn=H.loss_fn, optimizer=H.sgd, steps=1, microbatches=2, backend="local")
+    job = prepare(TrainArgs.of(model_fn=H.mlp, plan=pl.Plan.from_boundaries(5, [2]), method="1f1b-flush",
+                               data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=1, microbatches=2,
+                               backend="local"))
     n = torch.cuda.device_count() if HAS_CUDA else 0
     job = type(job)(**{**job.__dict__, "backend": "nccl"})
     with pytest.raises(RuntimeError, match=rf"backend='nccl' puts worker 1 on cuda:{n} but this machine has "
@@ -127,7 +128,7 @@ def test_cuda_workers_over_gloo_on_one_gpu_equal_the_reference(method: str, cuts
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 def test_wsp_server_with_cuda_workers() -> None:
-    from pipelab.runtime import wsp
+    from pipelab.runtime import param_server as wsp
 
     plan = pl.Plan.from_boundaries(5, [2], replicas=[2, 2])
     procs = _train("hetpipe", plan, "gloo", model="mlp5", microbatches=1, steps=8, D=0, device="cuda")

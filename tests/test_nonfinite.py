@@ -16,7 +16,7 @@ import torch
 
 import pipelab as pl
 from pipelab.runtime import WorkerError
-from pipelab.runtime import checkpoint as ck
+from pipelab.runtime import checkpoint_files as ck
 from pipelab.runtime.guards import NonFiniteError, json_losses
 
 PLAN = pl.Plan.from_boundaries(5, [2])

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from pipelab.runtime import pipemare as pm
+from pipelab.runtime import pipemare_math as pm
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.worker_view import stage_delays
 

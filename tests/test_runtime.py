@@ -245,14 +245,14 @@ def test_sends_are_retired_only_once_causally_received(method, L, cuts, reps, M,
     received a message the peer produced at or after the action consuming that send; and a send
     is left to the final flush only when its peer never answers after consuming it."""
     from pipelab.runtime.comm import ACT, GRAD, tag
-    from pipelab.runtime.job import prepare
+    from pipelab.runtime.job import TrainArgs, prepare
     from pipelab.runtime.worker import Worker
     from pipelab.schedules.actions import Action
 
     model_fn, data = (H.cnn, H.cnn_data) if L == CNN_L else (H.mlp, H.mlp_data)
-    job = prepare(
-        model_fn,
-        pl.Plan.from_boundaries(L, cuts, reps),
+    job = prepare(TrainArgs.of(
+        model_fn=model_fn,
+        plan=pl.Plan.from_boundaries(L, cuts, reps),
         method=method,
         data=data,
         loss_fn=H.loss_fn,
@@ -260,7 +260,7 @@ def test_sends_are_retired_only_once_causally_received(method, L, cuts, reps, M,
         steps=4,
         microbatches=M,
         **opts,
-    )
+    ))
     sched = job.schedule
     workers = [Worker(job, r) for r in range(sched.num_workers)]
     nb = workers[0].nb

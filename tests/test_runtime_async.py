@@ -13,7 +13,8 @@ import test_runtime_async_helpers as H
 import torch
 
 from pipelab.partition.plan import Plan
-from pipelab.runtime import policies, train, wsp
+from pipelab.runtime import param_server as wsp
+from pipelab.runtime import policies, train
 from pipelab.schedules import build
 from pipelab.schedules.worker_view import stage_delays as schedule_delays
 
@@ -220,7 +221,7 @@ def test_slowdown_checked_and_neutral() -> None:
 
 def test_checkpoint_resume_exact_and_foreign_refused(tmp_path: Path) -> None:
     full = run("1f1b-flush", PLAN3, steps=6, checkpoint_every=2, checkpoint_dir=tmp_path / "ck")
-    from pipelab.runtime import checkpoint as ck
+    from pipelab.runtime import checkpoint_files as ck
 
     assert [p.name for p in ck.list_checkpoints(tmp_path / "ck")] == ["step-00000004", "step-00000006"]
     resumed = run("1f1b-flush", PLAN3, steps=6, resume=ck.step_dir(tmp_path / "ck", 4))

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from pipelab.runtime import wsp
+from pipelab.runtime import param_server as wsp
 
 
 def _run_threads(num_vw: int, D: int, waves: int, seed: int) -> wsp.WSPServer:

@@ -1,17 +1,6 @@
-"""The multi-process stage runtime: ``train``/``launch`` a Schedule on real processes.
+"""The runtime: ``train``/``launch`` run a Schedule on worker processes, or the reference executor.
 
-``pl.train(model_fn, plan, method=..., data=..., loss_fn=..., optimizer=..., steps=...)`` runs one
-process per worker (gloo on CPU, NCCL on GPUs) or, with ``backend="local"``, the single-process
-reference executor; both execute exactly the Schedule that ``pl.schedules.build`` returns.
-
-Modules: ``launch`` (processes, the Run handle, RunResult), ``worker`` (one worker's actions),
-``comm`` (messages between stages), ``weights`` (weight-version policies), ``local`` (the
-reference executor), ``job`` (arguments checked in the parent), ``cli`` (``pipelab train job.json``);
-``buffers`` (2BW, bounded buffer, PipeMare and HetPipe policies), ``pipemare`` (its two techniques),
-``wsp`` (HetPipe's parameter server), ``compress`` (fp16/bf16/int8 codecs), ``checkpoint``
-(atomic per-worker checkpoints, one coordinator, a folder lock), ``options`` (runtime options:
-compression, recompute, slowdown, checkpoints), ``lifeline`` (workers die with their launcher; a
-loopback-only rendezvous), ``guards`` (NaN/inf losses and gradients stop a run, ``on_nonfinite``).
+Both execute exactly the Schedule ``pl.schedules.build`` returns; docs/runtime.md maps the modules.
 """
 
 from pipelab.runtime.guards import NonFiniteError

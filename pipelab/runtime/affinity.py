@@ -1,14 +1,7 @@
 """One core per worker: pin a CPU worker process to a core of its own (``pin_cores=``).
 
-On a CPU, each worker computes on one thread, and the backend's I/O threads (gloo's device loop)
-wake whenever a message or an all-reduce moves. Left to the scheduler, a worker's threads migrate
-between the cores and preempt the other worker's compute. Pinning each worker process (and so every
-thread it starts) to its own core, as ``torchrun --numa-binding`` and DeepSpeed's
-``--bind_cores_to_rank`` do, helps some methods and not others (``reproductions/benchmarks/pin_cores.py``
-and its README section measure it).
-
-``pin_cores=None`` (the default) pins when the workers of this host fit its cores (the ones this
-process may run on); ``True`` pins anyway (round robin over the cores); ``False`` never pins.
+``None`` (default) pins when this host's workers fit its cores, ``True`` always (round robin),
+``False`` never; ``reproductions/benchmarks/pin_cores.py`` measures the effect.
 """
 
 from __future__ import annotations
@@ -17,10 +10,7 @@ import os
 
 
 def pin_worker(local_rank: int, local_workers: int, mode: bool | None = None) -> int | None:
-    """Pin this process to core ``cores[local_rank % len(cores)]`` of the cores it may run on, as
-    ``mode`` says (module docstring); return that core, or None where nothing was pinned (``mode``
-    False, more workers than cores with ``mode`` None, or a platform without CPU affinity). Call it
-    before the process group starts its threads: they inherit the affinity."""
+    """Pin this process to ``cores[local_rank % len(cores)]`` per ``mode``; return the core (or None)."""
     if mode is False or not hasattr(os, "sched_setaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))

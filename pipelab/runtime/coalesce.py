@@ -1,27 +1,8 @@
-"""Coalesced weight gradients: one big GEMM per Linear at the flush instead of one per microbatch.
+"""Coalesced weight gradients: one GEMM per Linear at the flush instead of one per microbatch.
 
-Within a flush (``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``, ``dp`` with microbatches) a
-stage's weights do not change across the microbatches of a minibatch, so the weight gradient of a
-``Linear`` over the minibatch is ``sum_i g_i^T x_i = G^T X`` with ``X``/``G`` the microbatches'
-inputs/output-gradients stacked. Plain autograd computes M small GEMMs of ``rows/M`` rows and adds
-each into ``.grad``; at small microbatches a GEMM is bound by reading the weight matrix, so one GEMM
-over all rows is several times cheaper (the idea of Megatron-LM's deferred weight-gradient GEMM and
-of the W pass of zero-bubble pipelining, Qi et al., ICLR'24 §2, batched over microbatches).
-
-:func:`install` swaps the ``forward`` of every ``nn.Linear`` of a stage module for one that runs
-:class:`CoalescedLinearFn`: its backward returns only the input gradient (``None`` for weight and
-bias, so autograd neither computes nor accumulates them) and appends ``(x, grad_out)`` to the
-module's store. :meth:`Coalescer.flush` (the worker calls it at ``U``, before gradients are
-all-reduced) adds ``G^T X`` to ``weight.grad`` and ``G.sum(0)`` to ``bias.grad`` and clears the
-stores. Inputs of any rank are flattened to ``[rows, in_features]`` (``[B, T, H]`` transformers).
-
-Cost: every Linear's input and output gradient of every microbatch is held until the flush, where
-1F1B frees a microbatch's activations at its B; so the option is off by default
-(``coalesce_wgrad=True`` turns it on) and the simulator's memory model does not include it.
-
-Methods whose weights change between the microbatches of a minibatch, or that read stashed
-versions, or that have their own ``W`` actions (``pipedream``, ``2bw``, ``buffered``,
-``pipemare``, ``naive-async``, ``hetpipe``, ``zb-h1``) are refused by :func:`check_method`.
+Within a flush a ``Linear``'s weight gradient is ``sum_i g_i^T x_i = G^T X`` (zero-bubble's W pass,
+Qi et al., ICLR'24 §2): :func:`install` stores each microbatch's ``(x, grad_out)`` and
+:meth:`Coalescer.flush` adds ``G^T X`` at ``U``. It holds those until the flush, so it is opt-in.
 """
 
 from __future__ import annotations
@@ -122,11 +103,7 @@ class Coalescer:
 
 
 def install(module: nn.Module) -> Coalescer:
-    """Defer the weight gradients of every ``nn.Linear`` inside ``module`` (see module docstring).
-
-    Only Linears whose forward is ``nn.Linear.forward`` are patched (a subclass with its own
-    forward is left alone); a Linear already patched is not patched twice.
-    """
+    """Defer the weight gradients of every plain ``nn.Linear`` in ``module`` (idempotent)."""
     linears: list[nn.Linear] = []
     for m in module.modules():
         if isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward and "forward" not in m.__dict__:
@@ -143,8 +120,6 @@ def check_method(method: str, has_w_actions: bool) -> None:
         why = ("it has its own W (weight-gradient) actions" if has_w_actions else
                "its weights change between the microbatches of a minibatch or its backward reads stashed "
                "versions")
-        raise ValueError(
-            f"coalesce_wgrad=True is not supported for method {method!r}: {why}, so the weight "
-            f"gradients of its microbatches cannot be summed into one GEMM at the update. Use it with "
-            f"one of {', '.join(COALESCE_METHODS)}, or drop coalesce_wgrad"
-        )
+        raise ValueError(f"coalesce_wgrad=True is not supported for method {method!r}: {why}, so the weight "
+                         "gradients of its microbatches cannot be summed into one GEMM at the update. Use "
+                         f"it with one of {', '.join(COALESCE_METHODS)}, or drop coalesce_wgrad")

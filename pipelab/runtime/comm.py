@@ -1,41 +1,17 @@
 """Messages between stages: what crosses each cut, how it is packed, tagged and moved.
 
-A *message* is the list of tensors one stage hands its neighbour for one microbatch: the live values
-across the cut (activations, forward) or the gradients of their floating-point members (backward).
-Every worker knows each cut's layout (shapes and dtypes) before the run starts — computed once from
-the first microbatch by :func:`boundary_specs` — so receives can be posted early, before the sender
-has even started, without a header exchange.
+A *message* is the tensors one stage hands its neighbour for one microbatch. Each cut's layout is
+known before the run (:func:`boundary_specs`), so receives are posted early without a header;
+several tensors travel packed in one byte buffer (members padded to 8 bytes).
 
-A message of one tensor travels as itself; several tensors are packed into one byte buffer (each
-member padded to 8 bytes so it can be viewed back in place), so a cut costs one send whatever its
-width.
+Matching. Correctness rests on order, not tags: the validator proves each ordered pair of workers
+sends and receives in one sequence, and receives are posted in action order. ``match="order"``
+(NCCL; gloo with ``PIPELAB_P2P_MATCH=order``) sends tag 0 and checks each message against it.
 
-Matching. Each message has a tag unique per (direction, cut, microbatch), but correctness does not
-rest on it: NCCL ignores tags, and MPI matches in posting order. The validator proves, for every
-ordered pair of workers, that the sender sends and the receiver receives their messages in one
-sequence (:mod:`pipelab.schedules.messages`), and each worker posts its receives in its action
-order, which is that sequence. :class:`DistComm` has two modes: ``match="tag"`` sends the tags (gloo
-then matches by tag), ``match="order"`` sends every message with tag 0, so gloo matches purely in
-order per pair, as NCCL does, and checks every send and posted receive against the schedule's
-sequence for that peer (a deviation raises at once instead of delivering the wrong tensor). NCCL
-always runs in ``"order"`` mode; ``PIPELAB_P2P_MATCH=order`` selects it for gloo (the tests run
-every method both ways and compare the weights bit for bit).
+Lanes. gloo sends on two process groups, one per direction, so messages crossing between a pair
+don't contend for one connection's lock; a pair's messages share a lane, keeping their order.
 
-Lanes. With gloo, two messages crossing between one pair of workers (a backward's gradient going up
-while the peer's activation comes down, as 1F1B does every step) share one connection, whose lock the
-sender and both processes' I/O threads contend for: each crossing costs about a round trip of spinning.
-So the gloo transport sends on two process groups, one *lane* per direction (lower rank to higher, higher
-to lower); each connection then carries one direction of data. Every message of one ordered pair
-travels on the same lane, so the per-pair order above is kept.
-
-CUDA stages over gloo: gloo moves CPU tensors only, so a worker whose stages compute on a CUDA
-device stages every message through host memory (a device-to-host copy before the send, a
-host-to-device copy after the receive; the all-reduce likewise), PipeDream's own way of running
-pipelines (its configs use gloo for pipelined runs). Several such workers may share one GPU.
-
-Two transports implement the same two calls (post a receive, send): :class:`DistComm` over
-``torch.distributed`` point-to-point (gloo or NCCL) and :class:`Mailbox` for the single-process
-reference executor.
+Transports: :class:`DistComm` (gloo, via host memory for CUDA stages, or NCCL) and :class:`Mailbox`.
 """
 
 from __future__ import annotations
@@ -105,11 +81,9 @@ def message_tag(msg: Message, num_boundaries: int) -> int:
 
 def peer_orders(schedule: Schedule, rank: int, carried: Callable[[Message], bool] | None = None
                 ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """``(sends, receives)`` of worker ``rank``: per peer, the tags of its messages in the order the
-    schedule's per-pair sequences give (:func:`pipelab.schedules.messages.pair_sequences`).
+    """``(sends, receives)`` of worker ``rank``: per peer, its messages' tags in pair-sequence order.
 
-    ``carried(msg)`` says whether a message travels at all (a gradient message of a cut with no
-    floating-point value is never sent); default: all do.
+    ``carried(msg)`` says whether a message travels at all (default: all do).
     """
     nb = max(schedule.num_stages - 1, 1)
     sends: dict[int, list[int]] = {}
@@ -124,12 +98,9 @@ def peer_orders(schedule: Schedule, rank: int, carried: Callable[[Message], bool
 
 def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
                    ranges: Sequence[tuple[int, int]]) -> list[list[TensorSpec]]:
-    """Specs of the live values across the cut after each stage range but the last.
+    """Specs of the live values across each cut, from one shape-propagating run on ``inputs``.
 
-    Runs the traced model once on ``inputs`` (one microbatch) with fx's shape propagation, so the
-    layouts are those of the real model on the real data. Raises ``TypeError`` when a value that
-    crosses a cut is not a tensor (say, a Python int from ``x.size(0)``, or a tuple that a later
-    layer takes whole), which cannot be sent; the message names the layers that produce and use it.
+    Raises ``TypeError`` naming the producing and using layers when a crossing value is not a tensor.
     """
     ShapeProp(gm).propagate(*inputs)
     nodes = {n.name: n for n in gm.graph.nodes}
@@ -257,15 +228,10 @@ class OrderError(RuntimeError):
 class DistComm:
     """Point-to-point messages and group all-reduces over ``torch.distributed`` (gloo or NCCL).
 
-    Receives are posted with :meth:`post` (idempotent) and completed with :meth:`wait`; sends are
-    asynchronous and their handles (and buffers, which must stay alive) are kept until
-    :meth:`retire` or :meth:`flush` waits on them.
-
-    ``match="order"`` (see the module doc) sends with tag 0 and needs ``orders``, the
-    ``(sends, receives)`` of :func:`peer_orders`; every send and posted receive is checked against
-    them. ``through_host=True`` stages CUDA tensors through host memory (gloo with CUDA stages).
-    ``lanes``: the (lower-to-higher, higher-to-lower) process groups of the module doc's lanes; ``None``
-    sends everything on the default group.
+    Receives are posted (:meth:`post`, idempotent) and completed (:meth:`wait`); sends are asynchronous
+    and their buffers kept until :meth:`retire` or :meth:`flush`. ``match="order"`` needs ``orders``
+    from :func:`peer_orders`; ``through_host`` stages CUDA tensors through host memory; ``lanes`` are
+    the two directions' process groups (``None``: the default group).
     """
 
     def __init__(self, rank: int, device: torch.device, groups: dict[int, Any], *, match: str = "tag",
@@ -349,12 +315,10 @@ class DistComm:
         return nbytes
 
     def retire(self, keys: Sequence[tuple[int, int]]) -> None:
-        """Wait for the sends ``(dst, tag)`` in ``keys`` that are outstanding, and drop their buffers.
+        """Wait for the outstanding sends ``keys`` and drop their buffers.
 
-        Call it only for sends the receiver has certainly taken (see ``Worker.retire_after``): a
-        gloo send completes only once the matching receive is posted, and it reports completion
-        only when waited on (``is_completed()`` stays False), so waiting early could block and
-        polling never frees anything.
+        Only for sends the receiver has surely taken: a gloo send completes only once its receive is
+        posted, and reports it only when waited on.
         """
         for k in keys:
             ws = self._sends.pop(k, None)

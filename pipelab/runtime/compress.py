@@ -1,25 +1,10 @@
-"""Activation/gradient compression for pipeline transfers: ``none``, ``fp16``, ``bf16``, ``int8``.
+"""Compression of the tensors crossing stage cuts: ``none``, ``fp16``, ``bf16``, ``int8``.
 
-Every tensor that crosses a stage boundary (activations forward, gradients backward) can be encoded
-before the send and decoded after the receive. :func:`encode` returns an :class:`Encoded` record:
-the payload tensors that go on the wire plus the metadata the receiver needs (original dtype and
-shape); :func:`decode` inverts it. :meth:`Encoded.wire_bytes` is the exact number of payload bytes
-sent, which the runtime records in the trace's transfer events.
-
-Codecs (for a float32 source):
-
-- ``none``: the tensor itself (ratio 1).
-- ``fp16`` / ``bf16``: a cast (``Tensor.to``, round-to-nearest-even); ratio 2. fp16 keeps 10 mantissa
-  bits but overflows above 65504; bf16 keeps float32's exponent range with 7 mantissa bits.
-- ``int8``: symmetric per-tensor quantization. ``scale = max|t| / 127``; ``q = round(t / scale)``
-  with round-half-to-even (``torch.round``), clamped to [-127, 127] (``-128`` is never used, so the
-  code is symmetric); decode is ``q * scale``. The absolute error per element is at most
-  ``scale / 2`` (plus float32 rounding of the product). The scale travels as one float32, so the
-  wire carries ``numel + 4`` bytes: ratio ``4 * numel / (numel + 4)``, tending to 4.
-
-The partitioner's cost model divides transfer bytes by a ``compression_ratio``
-(``pipelab.costs.CostModel``); :func:`compression_ratio` gives the number consistent with what
-this module actually sends.
+:func:`encode` gives an :class:`Encoded` (wire payloads plus what the receiver needs);
+:func:`decode` inverts it; :meth:`Encoded.wire_bytes` is what the trace counts. For float32:
+``fp16``/``bf16`` cast (ratio 2); ``int8`` is symmetric per-tensor, ``scale = max|t| / 127``,
+``q = round(t / scale)`` in [-127, 127], with the float32 scale on the wire (ratio
+``4 * numel / (numel + 4)``). Integer and bool tensors pass through unchanged.
 """
 
 from __future__ import annotations
@@ -65,11 +50,7 @@ def check_codec(codec: str | None) -> str:
 
 
 def encode(t: torch.Tensor, codec: str | None = "none") -> Encoded:
-    """Encode ``t`` with ``codec``; see the module docstring for each codec's rule.
-
-    Integer/bool tensors (indices, masks) are never compressed: they pass through unchanged whatever
-    the codec, because a lossy code would corrupt them.
-    """
+    """Encode ``t`` with ``codec`` (integer and bool tensors pass through)."""
     name = check_codec(codec)
     shape = tuple(t.shape)
     if name == "none" or not t.is_floating_point():
@@ -102,11 +83,7 @@ def decode(enc: Encoded) -> torch.Tensor:
 
 def payload_specs(shape: Sequence[int], dtype: torch.dtype,
                   codec: str | None) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Shapes and dtypes of the payload tensors :func:`encode` produces for a ``shape``/``dtype`` tensor.
-
-    A receiver that knows the tensor's shape and dtype (from the first exchange or the model) uses
-    this to allocate its receive buffers without an extra header message.
-    """
+    """Specs of the payloads :func:`encode` makes for a ``shape``/``dtype`` tensor (receive buffers)."""
     name = check_codec(codec)
     shp = tuple(int(d) for d in shape)
     if name == "none" or not dtype.is_floating_point:
@@ -139,11 +116,7 @@ def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32
 def compression_ratio(
     codec: str | None, dtype: torch.dtype = torch.float32, numel: int | None = None
 ) -> float:
-    """Uncompressed bytes / bytes on the wire, the number ``CostModel(compression_ratio=...)`` expects.
-
-    Without ``numel`` the asymptotic ratio (large tensors: int8 from float32 gives 4.0); with it, the
-    exact ratio including int8's 4-byte scale.
-    """
+    """Uncompressed bytes over wire bytes: asymptotic, or exact for ``numel`` (int8's scale included)."""
     name = check_codec(codec)
     size = torch.empty((), dtype=dtype).element_size()
     if name == "none":
@@ -156,12 +129,7 @@ def compression_ratio(
 
 
 def max_abs_error_bound(t: torch.Tensor, codec: str | None) -> float:
-    """An upper bound on ``max |decode(encode(t)) - t|`` for this codec (used by tests and docs).
-
-    int8: half a quantization step, ``max|t| / 254``; fp16: half an ulp at ``max|t|``, i.e.
-    ``max|t| * 2**-11`` (values in fp16's normal range); bf16: ``max|t| * 2**-8``; none: 0. A small
-    slack for float32 rounding of the decode product is added.
-    """
+    """Bound on ``max|decode(encode(t)) - t|``: int8 ``max|t|/254``, fp16 ``*2**-11``, bf16 ``*2**-8``."""
     name = check_codec(codec)
     amax = float(t.detach().abs().max()) if t.numel() else 0.0
     slack = amax * 2.0 ** -22
@@ -176,11 +144,7 @@ def max_abs_error_bound(t: torch.Tensor, codec: str | None) -> float:
 
 # ---------------------------------------------------------------------- whole messages
 def encode_message(tensors: Sequence[torch.Tensor], codec: str | None) -> list[torch.Tensor]:
-    """The wire tensors of a message (activations or gradients): each member encoded, payloads flattened.
-
-    Non-float members (indices, masks) pass through. The receiver rebuilds the message with
-    :func:`decode_message` from the original members' shapes and dtypes.
-    """
+    """The wire tensors of a message: each float member encoded, payloads flattened."""
     out: list[torch.Tensor] = []
     for t in tensors:
         out.extend(encode(t, codec).payload)

@@ -1,20 +1,9 @@
-"""Non-finite values stop a run: the checks of a minibatch's loss, a stage's gradients and a checkpoint.
+"""Non-finite values stop a run: checks of a microbatch's loss, a stage's gradients, a checkpoint.
 
-The last stage checks each microbatch's loss after its ``F``; every stage checks its gradients
-before ``U`` (after the replicas' all-reduce, so replicas decide alike). ``on_nonfinite`` says what
-a non-finite value does:
-
-* ``"raise"`` (default): the worker raises :class:`NonFiniteError` naming the step, stage and action
-  (``loss is nan at step 6 (stage 2, action 2F11)``), which ends the run with a ``WorkerError``.
-* ``"warn"``: a warning names them and training goes on with the value.
-* ``"skip"``: a stage whose gradients are not finite drops that update (no optimizer step; its
-  weights and optimizer state stay as they were, as a loss scaler does), with a warning; a
-  non-finite loss is kept in the losses as it is, and its gradients are then the ones dropped.
-
-A checkpoint whose weights or optimizer state hold a non-finite value is never sealed
-(:func:`nonfinite_tensors`); so the sealed checkpoints, and with them the one rotation keeps
-last, are all finite. Losses are written to JSON with ``null`` for a non-finite value
-(:func:`json_losses`), never a bare ``NaN``.
+The last stage checks each loss after ``F``; every stage checks its gradients before ``U`` (after
+the all-reduce, so replicas decide alike). ``on_nonfinite``: ``"raise"`` (a
+:class:`NonFiniteError` naming step, stage and action), ``"warn"``, or ``"skip"`` the update.
+Invariants: a non-finite checkpoint is never sealed; losses are JSON with ``null``, never ``NaN``.
 """
 
 from __future__ import annotations
@@ -57,8 +46,7 @@ def check_loss(loss: torch.Tensor, *, step: int, stage: int, action: str, mode: 
 
 def check_grads(grads: Sequence[torch.Tensor], *, step: int, stage: int, action: str, mode: str,
                 warn: Callable[[str], None]) -> bool:
-    """Whether the update of ``action`` may step: ``False`` to skip it (``mode="skip"``) when a
-    gradient is not finite; raises or warns per ``mode``."""
+    """Whether the update of ``action`` may step (``False``: skip it); raises or warns per ``mode``."""
     if not grads:
         return True
     finite = torch.stack([torch.isfinite(g).all() for g in grads])

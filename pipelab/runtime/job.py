@@ -1,15 +1,9 @@
-"""The Job record (everything a worker needs) and its preparation and checks in the parent.
+"""The Job record (everything a worker needs), prepared and checked in the parent.
 
-:func:`prepare` turns the user's arguments into a :class:`Job`, checking everything that can be
-checked before a process starts, so that bad input gives a clear error instead of a hang: the plan
-matches the model's layer count, the schedule matches the plan, the first minibatch has the shape
-the model accepts and divides into microbatches, ``data()`` is deterministic, the backend exists,
-a given rendezvous port is a port. It also computes each cut's message layout once (see
-:func:`pipelab.runtime.comm.boundary_specs`).
-
-Callables (``model_fn``, ``data``, ``loss_fn``, ``optimizer``) are pickled by reference to spawn
-workers, so they must be importable top-level functions; in a ``job.json`` (torchrun) they are
-written ``"module:function"``, or ``{"fn": "module:function", "kwargs": {...}}`` for a partial.
+Invariant: everything checkable before a process starts is checked in :func:`prepare` (plan vs
+model, schedule vs plan, the first minibatch vs the model, deterministic ``data()``, backend,
+port), so bad input gives a clear error, never a hang. Callables travel by reference: importable
+top-level functions, in a ``job.json`` ``"module:function"`` or ``{"fn": ..., "kwargs": {...}}``.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ import pipelab.methods as methods
 from pipelab.batching import check_divides
 from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
-from pipelab.runtime.checkpoint import check_compatible, choose_resume
+from pipelab.runtime.checkpoint_files import check_compatible, choose_resume
 from pipelab.runtime.coalesce import check_method
 from pipelab.runtime.comm import TensorSpec, boundary_specs
 from pipelab.runtime.lifeline import check_port
@@ -126,10 +120,8 @@ def resolve(spec: Any, *, trust: bool = True,
             roots: Sequence[str | os.PathLike[str]] = ()) -> Callable[..., Any]:
     """A callable from ``"module:function"`` or ``{"fn": "module:function", "kwargs": {...}}``.
 
-    Untrusted (``trust=False``, how a job file is read unless ``--trust``), the module must live in
-    one of ``roots`` (the job file's folder, the current project) or start with one of
-    :data:`ALLOWED_PREFIXES`; modules of :data:`REFUSED_MODULES` (``os``, ``subprocess``,
-    ``builtins``, ...) are refused always, also where the name is only re-exported.
+    Untrusted, the module must live under one of ``roots`` or :data:`ALLOWED_PREFIXES`;
+    :data:`REFUSED_MODULES` are refused always, also where the name is only re-exported.
     """
     if callable(spec):
         return spec
@@ -184,12 +176,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def stage_ranges(plan: Plan, schedule: Schedule) -> tuple[tuple[int, int], ...]:
-    """Layer range of every schedule stage: the plan's stages are the schedule's stages.
-
-    A one-stage schedule (``dp``) runs the whole model. (For ``interleaved-1f1b`` the plan's stages are the
-    ``v * P`` virtual stages, stage
-    ``c * P + w`` running on worker ``w``; see :func:`pipelab.schedules.sync.interleaved`.)
-    """
+    """Layer range of every schedule stage (a one-stage schedule, ``dp``, runs the whole model)."""
     if schedule.num_stages == 1:     # dp: the whole model on every worker, whatever the plan's cuts
         return ((0, plan.num_layers),)
     if schedule.num_stages != plan.num_stages:
@@ -202,10 +189,8 @@ def as_inputs(x: Any) -> tuple[torch.Tensor, ...]:
     """A minibatch's inputs as a tuple of tensors (one per model input)."""
     t = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if not all(isinstance(v, torch.Tensor) for v in t):
-        raise TypeError(
-            f"data() must yield (inputs, targets) with inputs a tensor or a tuple of tensors; got "
-            f"inputs of type {type(x).__name__}"
-        )
+        raise TypeError("data() must yield (inputs, targets) with inputs a tensor or a tuple of tensors; "
+                        f"got inputs of type {type(x).__name__}")
     return t
 
 
@@ -257,31 +242,46 @@ def _check_picklable(name: str, fn: Any) -> None:
                          "a .py module), or functools.partial of one") from None
 
 
-def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None,
-            data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
-            optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-            microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
-            schedule: Schedule | None = None, port: int | None = None, master_addr: str = "127.0.0.1",
-            trace_kwargs: dict[str, Any] | None = None, check_rendezvous: bool = True,
-            **method_options: Any) -> Job:
-    """Check the arguments of ``train``/``launch`` and build the :class:`Job` (see module docstring).
+@dataclass(frozen=True)
+class TrainArgs:
+    """The arguments of ``train``/``launch`` as one record; ``options`` are the method's and runtime's."""
 
-    In four steps, each its own function: the arguments' form (:func:`check_arguments`), the
-    schedule to execute with resume and drain points (:func:`resolve_schedule`), the model against
-    the plan (:func:`model_facts`), and the first minibatch against the model (:func:`cut_layouts`).
-    """
-    check_arguments(model_fn, plan, data, loss_fn, optimizer, steps=steps, microbatches=microbatches,
-                    backend=backend, timeout=timeout)
-    trace_kwargs = dict(trace_kwargs or {})
+    model_fn: Callable[[], torch.nn.Module]
+    plan: Plan
+    data: Callable[[], Iterable[Any]]
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    steps: int
+    method: str | None = None
+    microbatches: int | None = None
+    backend: str = "gloo"
+    seed: int = 0
+    timeout: float = 300.0
+    schedule: Schedule | None = None
+    port: int | None = None
+    master_addr: str = "127.0.0.1"
+    trace_kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, **kwargs: Any) -> TrainArgs:
+        """From ``train``'s keyword arguments: those that name no field are options."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"options"}
+        return cls(**{k: v for k, v in kwargs.items() if k in names},
+                   options={k: v for k, v in kwargs.items() if k not in names})
+
+
+def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
+    """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
+    check_arguments(args)
     # options that change how the runtime executes, never the schedule, stay out of the builder
-    the_method = method or (schedule.method if schedule is not None else None)
-    method_options, rt_options = split_options(the_method, method_options)
+    the_method = args.method or (args.schedule.method if args.schedule is not None else None)
+    method_options, rt_options = split_options(the_method, args.options)
     runtime = RuntimeOptions.from_options(the_method, rt_options)
     if runtime.resume:    # the one step folder every worker loads, its files' hashes checked here
         runtime = dataclasses.replace(runtime, resume=str(choose_resume(runtime.resume,
                                                                         fallback=runtime.resume_fallback)))
-    schedule, steps, start = resolve_schedule(plan, method, schedule, steps=steps, microbatches=microbatches,
-                                              method_options=method_options, runtime=runtime)
+    schedule, steps, start = resolve_schedule(args, method_options, runtime)
     if start:
         runtime = dataclasses.replace(runtime, resume_step=start)
     microbatches = schedule.microbatches
@@ -291,34 +291,35 @@ def prepare(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str 
     policy_for(schedule.method, {**options, **runtime.method, "schedule": schedule,
                                  "microbatches": microbatches})  # fails early
 
-    gm, state_keys, n_inputs = model_facts(model_fn, plan, seed=seed, trace_kwargs=trace_kwargs)
-    ranges = stage_ranges(plan, schedule)
-    batch, specs = cut_layouts(gm, data, loss_fn, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
+    gm, state_keys, n_inputs = model_facts(args)
+    ranges = stage_ranges(args.plan, schedule)
+    batch, specs = cut_layouts(gm, args, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
 
-    if backend != "local" and check_rendezvous and port is not None:
-        check_port(port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
-    return Job(model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer, plan=plan,
-               schedule=schedule, ranges=ranges, specs=specs, steps=steps, microbatches=microbatches,
-               batch_size=batch, seed=seed, backend=backend, timeout=float(timeout), options=options,
-               runtime=runtime, master_addr=master_addr, master_port=int(port or 0),
-               trace_kwargs=trace_kwargs, state_keys=state_keys)
+    if args.backend != "local" and check_rendezvous and args.port is not None:
+        check_port(args.port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
+    return Job(model_fn=args.model_fn, data=args.data, loss_fn=args.loss_fn, optimizer=args.optimizer,
+               plan=args.plan, schedule=schedule, ranges=ranges, specs=specs, steps=steps,
+               microbatches=microbatches, batch_size=batch, seed=args.seed, backend=args.backend,
+               timeout=float(args.timeout), options=options, runtime=runtime, master_addr=args.master_addr,
+               master_port=int(args.port or 0), trace_kwargs=dict(args.trace_kwargs), state_keys=state_keys)
 
 
-def check_arguments(model_fn: Any, plan: Any, data: Any, loss_fn: Any, optimizer: Any, *, steps: int,
-                    microbatches: int | None, backend: str, timeout: float) -> None:
+def check_arguments(args: TrainArgs) -> None:
     """Raise a clear error for arguments of the wrong form (before anything is built)."""
+    backend, microbatches, plan = args.backend, args.microbatches, args.plan
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
-    if steps < 1:
-        raise ValueError(f"steps={steps}; train for at least one minibatch")
+    if args.steps < 1:
+        raise ValueError(f"steps={args.steps}; train for at least one minibatch")
     if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
                                      or microbatches < 1):
         raise ValueError(f"microbatches={microbatches!r} must be an int >= 1 (or None: one per stage)")
-    if timeout <= 0:
-        raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    if args.timeout <= 0:
+        raise ValueError(f"timeout={args.timeout} must be > 0 seconds")
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a pipelab Plan, got {type(plan).__name__}")
-    for name, fn in (("model_fn", model_fn), ("data", data), ("loss_fn", loss_fn), ("optimizer", optimizer)):
+    for name in ("model_fn", "data", "loss_fn", "optimizer"):
+        fn = getattr(args, name)
         if not callable(fn):
             raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
         if backend != "local":
@@ -326,22 +327,14 @@ def check_arguments(model_fn: Any, plan: Any, data: Any, loss_fn: Any, optimizer
     if backend == "nccl":
         n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n_gpu < plan.num_workers:
-            raise ValueError(
-                f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this machine "
-                f"has {n_gpu}; use backend='gloo' on CPU"
-            )
+            raise ValueError(f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this "
+                             f"machine has {n_gpu}; use backend='gloo' on CPU")
 
 
-def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, *, steps: int,
-                     microbatches: int | None, method_options: dict[str, Any],
+def resolve_schedule(args: TrainArgs, method_options: dict[str, Any],
                      runtime: RuntimeOptions) -> tuple[Schedule, int, int]:
-    """The schedule to execute, the minibatches it covers and the step it starts from.
-
-    With ``resume=`` the run continues from the checkpoint's step and the schedule covers the
-    steps left; asynchronous methods with checkpoints are built as drained segments (see
-    :mod:`pipelab.schedules.segments`), and a resumed run keeps the segment length it was
-    checkpointed with. A caller's own ``schedule`` is checked to have its drain points there.
-    """
+    """The schedule to run, the minibatches it covers and its first step (a resumed run keeps its drains)."""
+    plan, method, schedule, steps = args.plan, args.method, args.schedule, args.steps
     the_method = method or (schedule.method if schedule is not None else "")
     spec = methods.METHODS.get(the_method)
     D = int(method_options.get("D", schedule.options.get("D", 0) if schedule is not None else 0))
@@ -370,11 +363,10 @@ def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, 
         own_drain = "drain_every" in method_options or "segments" in method_options
         if is_async and drain_every and not own_drain:
             method_options = {**method_options, "segments": aligned_sizes(start, steps, int(drain_every))}
-        schedule = build(method, plan, microbatches=microbatches, minibatches=steps, **method_options)
+        schedule = build(method, plan, microbatches=args.microbatches, minibatches=steps, **method_options)
     elif method is not None and method != schedule.method:
-        raise ValueError(
-            f"method={method!r} but the schedule given is for {schedule.method!r}; pass one of them"
-        )
+        raise ValueError(f"method={method!r} but the schedule given is for {schedule.method!r}; "
+                         "pass one of them")
     if schedule.minibatches != steps:
         raise ValueError(f"the schedule covers {schedule.minibatches} minibatches but steps={steps}"
                          + (f" (the steps left after resuming at step {start})" if start else ""))
@@ -383,46 +375,36 @@ def resolve_schedule(plan: Plan, method: str | None, schedule: Schedule | None, 
         ends = set(boundaries(schedule)) if schedule.options.get("segments") else set()
         missing = [k for k in range(1, steps + 1) if (start + k) % every == 0 and k not in ends]
         if missing:
-            raise ValueError(
-                f"checkpoint_every={every}: the {schedule.method} schedule is not drained after "
-                f"minibatch(es) {[start + k for k in missing[:5]]}, so a checkpoint there would not "
-                f"be a consistent cut; build it with pl.schedules.build(..., drain_every={every}) "
-                "or leave schedule= out"
-            )
+            raise ValueError(f"checkpoint_every={every}: the {schedule.method} schedule is not drained "
+                             f"after minibatch(es) {[start + k for k in missing[:5]]}, so a checkpoint "
+                             "there would not be a consistent cut; build it with pl.schedules.build(..., "
+                             f"drain_every={every}) or leave schedule= out")
     return schedule, steps, start
 
 
-def model_facts(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, seed: int,
-                trace_kwargs: dict[str, Any]) -> tuple[Any, tuple[str, ...], int]:
-    """The traced model (built with the workers' seed, the caller's random state untouched), its
-    state keys and its input count; raises when its layer count is not the plan's."""
+def model_facts(args: TrainArgs) -> tuple[Any, tuple[str, ...], int]:
+    """The traced model (built with the workers' seed), its state keys and input count, checked."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_fn()
+        torch.manual_seed(args.seed)
+        model = args.model_fn()
     state_keys = tuple(model.state_dict())
-    gm = trace(model, **trace_kwargs)
+    gm = trace(model, **args.trace_kwargs)
     n_layers = len(layer_nodes(gm))
-    if plan.num_layers != n_layers:
-        raise ValueError(f"plan is for a model of {plan.num_layers} layers but this model has {n_layers}; "
-                         "partition this model's profile")
+    if args.plan.num_layers != n_layers:
+        raise ValueError(f"plan is for a model of {args.plan.num_layers} layers but this model has "
+                         f"{n_layers}; partition this model's profile")
     return gm, state_keys, sum(1 for n in gm.graph.nodes if n.op == "placeholder")
 
 
-def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor], *,
-                microbatches: int, ranges: Sequence[tuple[int, int]],
+def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence[tuple[int, int]],
                 n_inputs: int) -> tuple[int, list[list[TensorSpec]]]:
-    """The batch size and every cut's message layout, from the first minibatch of ``data()``.
-
-    Checks the minibatch's form, that it divides into ``microbatches``, that the model and
-    ``loss_fn`` run on it and give a scalar, and that ``data()`` is deterministic.
-    """
+    """The batch size and each cut's layout from ``data()``'s first minibatch, checked against the model."""
+    data, loss_fn = args.data, args.loss_fn
     inputs, targets = first_minibatch(data)
     xs = as_inputs(inputs)
     if len(xs) != n_inputs:
-        raise ValueError(
-            f"the model takes {n_inputs} input(s) but data() yields {len(xs)}; yield (inputs, targets) "
-            "with inputs a tensor or a tuple of one tensor per model input"
-        )
+        raise ValueError(f"the model takes {n_inputs} input(s) but data() yields {len(xs)}; yield (inputs, "
+                         "targets) with inputs a tensor or a tuple of one tensor per model input")
     batch = int(xs[0].shape[0]) if xs[0].dim() else 0
     if batch < 1 or any(x.dim() == 0 or x.shape[0] != batch for x in xs):
         raise ValueError(f"the inputs' first dimension must be the batch; got shapes {_shapes(xs)}")
@@ -446,79 +428,65 @@ def cut_layouts(gm: Any, data: Callable[[], Iterable[Any]], loss_fn: Callable[[A
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
         raise ValueError(f"loss_fn must return a scalar tensor (mean over the batch); got {_shapes(loss)}")
     if not _same((inputs, targets), first_minibatch(data)):
-        raise ValueError(
-            "data() is not deterministic: two calls yield different first minibatches. Every worker "
-            "calls data() and takes its own microbatches, so it must yield the same sequence each time "
-            "(seed any shuffling)"
-        )
+        raise ValueError("data() is not deterministic: two calls yield different first minibatches. Every "
+                         "worker calls data() and takes its own microbatches, so it must yield the same "
+                         "sequence each time (seed any shuffling)")
     return batch, specs
 
 
-def load_job_file(path: str | os.PathLike[str], *,
-                  trust: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read a ``job.json``: returns (arguments for :func:`prepare`, extra settings).
+JOB_KEYS = ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps")
 
-    Keys: ``model_fn``, ``data``, ``loss_fn``, ``optimizer`` (callable references), ``plan`` (a plan
-    dict or a path to a saved plan), ``method``, ``steps``, ``microbatches``, ``seed``, ``backend``,
-    ``timeout``, ``options`` (method options), ``out`` (output folder, default beside the job file).
 
-    A job file is data, not code, unless ``trust``: its callables must come from modules in the job
-    file's folder or the current project (the working directory), or under
-    :data:`ALLOWED_PREFIXES` (``torch.optim``, ``torch.nn``, ...); ``os``, ``subprocess``,
-    ``builtins`` and the like (:data:`REFUSED_MODULES`) are refused even when trusted; and its
-    paths (``out``, ``checkpoint_dir``, ``resume``) are resolved relative to the job file and must
-    stay inside its folder. ``trust=True`` (``pipelab train --trust``) lifts the folder rules.
-    """
-    p = Path(path)
+def _read_job(p: Path) -> dict[str, Any]:
+    """The JSON object of job file ``p``, with every required key."""
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read job file {p}: {exc}") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"job file {p} must hold a JSON object; see pipelab.runtime.job.load_job_file")
-    missing = [
-        k for k in ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps") if k not in doc
-    ]
+        raise ValueError(f"job file {p} must hold a JSON object; see docs/job_format.md")
+    missing = [k for k in JOB_KEYS if k not in doc]
     if missing:
-        raise ValueError(f"job file {p} lacks {missing}; see pipelab.runtime.job.load_job_file for the keys")
+        raise ValueError(f"job file {p} lacks {missing}; see docs/job_format.md for the keys")
+    return doc
+
+
+def _job_path(p: Path, key: str, value: Any, trust: bool) -> Path:
+    """Path ``value`` of job file ``p``'s ``key``, relative to its folder and, untrusted, inside it."""
     here = p.resolve().parent
-    roots = (here, Path.cwd().resolve())
+    q = Path(str(value))
+    q = (q if q.is_absolute() else here / q).resolve()
+    if not trust and q != here and here not in q.parents:
+        raise ValueError(f"job file {p}: {key}={str(value)!r} is outside the job's folder {here}; a job "
+                         "file is data: pass --trust (trust=True) to let it write elsewhere")
+    return q
 
-    def inside(key: str, value: Any) -> Path:
-        q = Path(str(value))
-        q = (q if q.is_absolute() else here / q).resolve()
-        if not trust and q != here and here not in q.parents:
-            raise ValueError(f"job file {p}: {key}={str(value)!r} is outside the job's folder {here}; a job "
-                             "file is data: pass --trust (trust=True) to let it write elsewhere")
-        return q
 
-    callables = {k: resolve(doc[k], trust=trust, roots=roots)
-                 for k in ("model_fn", "data", "loss_fn", "optimizer")}
+def load_job_file(path: str | os.PathLike[str], *,
+                  trust: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a ``job.json`` (docs/job_format.md): returns (arguments for :func:`prepare`, extra settings).
+
+    Untrusted, its callables must come from its folder, the working directory or
+    :data:`ALLOWED_PREFIXES`, and its paths must stay inside its folder.
+    """
+    p = Path(path)
+    doc = _read_job(p)
+    roots = (p.resolve().parent, Path.cwd().resolve())
+    callables = {k: resolve(doc[k], trust=trust, roots=roots) for k in JOB_KEYS[:4]}
     plan_spec = doc["plan"]
     if isinstance(plan_spec, str):
-        plan_path = Path(plan_spec) if Path(plan_spec).is_absolute() else p.parent / plan_spec
-        plan = Plan.load(plan_path)
+        plan = Plan.load(Path(plan_spec) if Path(plan_spec).is_absolute() else p.parent / plan_spec)
     else:
         plan = Plan.from_dict(plan_spec)
     options = dict(doc.get("options", {}))
     for k in PATH_KEYS:
         if options.get(k) is not None:
-            options[k] = str(inside(f"options.{k}", options[k]))
+            options[k] = str(_job_path(p, f"options.{k}", options[k], trust))
     args: dict[str, Any] = {
-        **callables,
-        "plan": plan,
-        "method": doc["method"],
-        "steps": int(doc["steps"]),
+        **callables, "plan": plan, "method": doc["method"], "steps": int(doc["steps"]),
         "microbatches": int(doc["microbatches"]) if doc.get("microbatches") is not None else None,
-        "seed": int(doc.get("seed", 0)),
-        "backend": doc.get("backend", "gloo"),
-        "timeout": float(doc.get("timeout", 300.0)),
-        **options,
+        "seed": int(doc.get("seed", 0)), "backend": doc.get("backend", "gloo"),
+        "timeout": float(doc.get("timeout", 300.0)), **options,
     }
-    out = inside("out", doc["out"]) if "out" in doc else here / (p.stem + ".out")
+    out = _job_path(p, "out", doc["out"], trust) if "out" in doc else p.resolve().parent / (p.stem + ".out")
     return args, {"out": out}
-
-
-def dumps_ranges(ranges: Sequence[tuple[int, int]]) -> str:
-    """``[0,3) [3,8)`` for messages."""
-    return " ".join(f"[{a},{b})" for a, b in ranges)

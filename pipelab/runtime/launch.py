@@ -1,18 +1,8 @@
-"""Start a job: one OS process per worker (torch.multiprocessing: fork server, else spawn), or the
-reference executor.
+"""Start a job: one OS process per worker (fork server, else spawn), or the reference executor.
 
-:func:`launch` checks the arguments (:func:`pipelab.runtime.job.prepare`), starts the workers and
-returns a :class:`Run` handle at once; :func:`train` launches and waits with a progress bar.
-Each worker streams its events to the parent over its own pipe while it runs, so ``Run.events``
-yields them live (a notebook's live Gantt chart reads it).
-
-Faults end the whole job: the parent waits on the pipes, which read EOF when a worker dies, even
-mid-message; the first error raised (each is stamped and sent before its worker tears its
-connections down), or a worker that died without a word, is named in a :class:`WorkerError` with
-its rank, stage and action, and every worker is killed. ``cancel()``, Ctrl-C in ``train``/``wait``
-and the ``timeout`` (a timer outside the reads) do the same. Workers ignore SIGINT and exit as soon
-as their launcher is gone (:mod:`pipelab.runtime.lifeline`), so none outlives the job. The run
-holds its checkpoint folder locked and seals its checkpoints (:class:`~pipelab.runtime.checkpoint.Sealer`).
+Invariant: a fault ends the whole job. The first error (or a silent death, seen as EOF on its pipe)
+is raised as a :class:`WorkerError` naming rank, stage and action, and every worker is killed;
+``cancel()``, Ctrl-C and ``timeout`` do the same. The run holds its checkpoint folder locked.
 """
 
 from __future__ import annotations
@@ -34,15 +24,15 @@ import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
-from pipelab.runtime.checkpoint import FolderLock, global_weights
-from pipelab.runtime.checkpoint import clean as clean_checkpoints
-from pipelab.runtime.checkpointing import sealer_for
-from pipelab.runtime.job import Job, prepare
+from pipelab.runtime.checkpoint_files import FolderLock, global_weights
+from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
+from pipelab.runtime.job import Job, TrainArgs, prepare
 from pipelab.runtime.lifeline import Rendezvous, signal_name
 from pipelab.runtime.local import run_local
+from pipelab.runtime.param_server import serve_process_main
 from pipelab.runtime.process import p2p_match, process_main
 from pipelab.runtime.worker import WorkerResult
-from pipelab.runtime.wsp import serve_process_main
+from pipelab.runtime.worker_checkpoint import sealer_for
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.validate import check_message_order
 from pipelab.trace import Event, Trace
@@ -67,15 +57,10 @@ class RunResult(Described):
     versions_held: dict[int, int]         # per stage: most weight versions it held at once (measured)
     schedule: Schedule
     wall_s: float = 0.0
-    weight_bytes: dict[int, int] = field(
-        default_factory=dict
-    )  # per stage: peak bytes of weights held (measured)
+    weight_bytes: dict[int, int] = field(default_factory=dict)   # per stage: peak bytes of weights held
     wsp_log: list[Any] = field(default_factory=list)   # hetpipe: the parameter server's pushes and pulls
-    # measure_memory=True (pipelab.runtime.memory), per worker: the peak (the CUDA allocator's
-    # max_memory_allocated in a CUDA worker process, else the bytes of the storages held), the
-    # storage count's peak, the same without message buffers (what the simulator's memory model counts:
-    # weights, gradients, optimizer state, activations), its parts at the peak, and (action index,
-    # bytes held) after each action
+    # measure_memory=True, per worker (pipelab.runtime.memory): the peak, the storage count's peak, it
+    # without messages (the simulator's terms), its parts at the peak, (action, bytes) after each action
     peak_memory: dict[int, int] = field(default_factory=dict)
     peak_held: dict[int, int] = field(default_factory=dict)
     peak_state: dict[int, int] = field(default_factory=dict)
@@ -151,18 +136,8 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     wsp_log = [e for r in results for e in r.wsp_log]
     if wsp_log:   # HetPipe: the parameter server's pushes and pulls join the trace (clock, global clock)
         ranks = sched.stage_ranks
-        extra = [
-            Event(
-                worker=ranks[e.stage][e.vw],
-                stage=e.stage,
-                kind=e.kind,
-                microbatch=e.clock,
-                start_s=e.t,
-                end_s=e.t,
-                weight_version=e.global_clock,
-            )
-            for e in wsp_log
-        ]
+        extra = [Event(worker=ranks[e.stage][e.vw], stage=e.stage, kind=e.kind, microbatch=e.clock,
+                       start_s=e.t, end_s=e.t, weight_version=e.global_clock) for e in wsp_log]
         tr = Trace(tuple(tr.events) + tuple(extra), dict(tr.meta))
     thr = metrics.span_throughput(tr.events, job.steps * job.batch_size)
     if trace_path is not None:
@@ -202,8 +177,7 @@ class Run:
             else:
                 self._start_processes()
                 self._thread = threading.Thread(target=self._monitor, daemon=True, name="pipelab-monitor")
-                # the deadline is a timer outside the monitor's reads: it kills the workers, whose
-                # pipes then close, so no read can outlast it
+                # a timer outside the monitor's reads: it kills the workers, so no read outlasts it
                 self._timer = threading.Timer(max(0.0, self._t0 + job.timeout - time.time()), self._expire)
                 self._timer.daemon = True
                 self._timer.start()
@@ -253,9 +227,8 @@ class Run:
             while self._thread.is_alive():
                 self._thread.join(0.2)
                 if deadline is not None and time.time() > deadline:
-                    raise TimeoutError(
-                        f"the job is still running after {timeout} s (it continues; cancel() it)"
-                    )
+                    raise TimeoutError(f"the job is still running after {timeout} s "
+                                       "(it continues; cancel() it)")
         except KeyboardInterrupt:
             self.cancel()
             raise
@@ -274,8 +247,7 @@ class Run:
 
     # ------------------------------------------------------------------ internals
     def _take_checkpoint_folders(self) -> None:
-        """Lock the checkpoint folder (and the one resumed from) for the whole run; clean what a killed
-        run left half-written there."""
+        """Lock the checkpoint folder (and the one resumed from) for the run; clean what a killed run left."""
         rt = self.job.runtime
         roots = []
         if rt.checkpoint_dir is not None:
@@ -348,9 +320,7 @@ class Run:
     def _start_processes(self) -> None:
         import torch.multiprocessing as mp
 
-        # A fork server imports torch (and torch._dynamo, which the first optimizer pulls in: seconds)
-        # once per parent process; every later job forks its workers from it at once. Spawn where
-        # there is no fork server (not POSIX).
+        # a fork server imports torch and torch._dynamo once per parent process; later jobs fork from it
         ctx: Any
         if "forkserver" in mp.get_all_start_methods():
             ctx = mp.get_context("forkserver")
@@ -445,9 +415,7 @@ class Run:
             self._fail(exc)
 
     def _collect(self) -> dict[int, WorkerResult] | None:
-        """Read every worker's pipe until each has sent its result; on a fault, end the job and return
-        ``None``. Waits on the pipes and the processes' sentinels together, so a worker that dies,
-        even in the middle of a message, is seen at once (its pipe reads EOF)."""
+        """Read every worker's pipe and sentinel until each sent its result (None: a fault ended the job)."""
         from multiprocessing.connection import wait
 
         results: dict[int, WorkerResult] = {}
@@ -519,9 +487,7 @@ class Run:
                     ended.add(open_conns.pop(c))
 
     def _cause(self, errors: list[Any], results: dict[int, WorkerResult], ended: set[int]) -> WorkerError:
-        """The first fault: a worker that died without a word (a signal, out of memory), else the error
-        raised first (each is stamped before its worker tears its connections down, so a peer's
-        "connection closed" is always later)."""
+        """The first fault: a worker that died without a word, else the error raised first (stamped time)."""
         dead = self._died_silently(ended, {e[1] for e in errors}, results)
         first = min(errors, default=None)
         if dead is not None:
@@ -541,8 +507,7 @@ class Run:
 
     def _died_silently(self, ended: set[int], reported: set[int],
                        results: dict[int, WorkerResult]) -> tuple[int, int] | None:
-        """A worker whose pipe closed without a result or an error (a signal, a hard crash, or it could
-        not start), waiting up to 2 s for its exit code to show: ``(rank, exit code)``."""
+        """``(rank, exit code)`` of a worker whose pipe closed without a result or an error, else None."""
         for rank in sorted(ended - reported - set(results)):
             p = self._procs[rank]
             p.join(2.0)
@@ -566,16 +531,16 @@ def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str |
            microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
            trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
            port: int | None = None, stream: bool = True, **method_options: Any) -> Run:
-    """Start a training job and return its :class:`Run` handle at once (see :func:`train`).
+    """Start a training job and return its :class:`Run` handle at once (arguments as :func:`train`).
 
-    A ``schedule`` given is checked for per-pair message order first (the validator's rule,
-    :func:`pipelab.schedules.validate.check_message_order`), so a schedule that in-order matching
-    (NCCL, the tag-blind transport) cannot run fails here with the validator's error, not a hang."""
+    A given ``schedule`` is checked for per-pair message order first, so one that in-order matching
+    cannot run fails here rather than hangs.
+    """
     if schedule is not None:
         check_message_order(schedule)
-    job = prepare(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
-                  microbatches=microbatches, backend=backend, seed=seed, timeout=timeout, schedule=schedule,
-                  port=port, **method_options)
+    job = prepare(TrainArgs(model_fn, plan, data, loss_fn, optimizer, steps, method=method,
+                            microbatches=microbatches, backend=backend, seed=seed, timeout=timeout,
+                            schedule=schedule, port=port, options=method_options))
     return Run(job, trace_path=trace_path, progress=progress, stream=stream)
 
 

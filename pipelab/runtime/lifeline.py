@@ -1,17 +1,9 @@
-"""What ties a job's worker processes to the process that launched them, and keeps its rendezvous closed.
+"""What ties a job's workers to their launcher, and keeps its rendezvous closed.
 
-Invariants:
-
-* A worker never outlives its launcher. :func:`watch_launcher` starts a thread that waits on the
-  launcher's lifeline (``multiprocessing.parent_process().sentinel``: the launcher's end of the
-  pipe it started the worker through, which closes when the launcher dies, also under a fork
-  server, whose children's OS parent is the fork server and not the launcher) and ends the worker
-  with ``os._exit`` the moment it closes. Under torchrun, whose agent starts each worker with
-  ``subprocess``, the thread watches the OS parent instead (``os.getppid()`` changes when it dies).
-* A single-host rendezvous listens on loopback only: the launcher binds the TCPStore's socket to
-  ``127.0.0.1`` itself, on a port the kernel picks (or the one asked for), hands that socket to the
-  store (``master_listen_fd``) and the bound port to the workers, so no other run can take the port
-  between a check and a bind; gloo is told to use the loopback interface (``GLOO_SOCKET_IFNAME``).
+Invariants: a worker never outlives its launcher (:func:`watch_launcher` ends it with ``os._exit``
+when the launcher's end of its pipe closes, or under torchrun when its OS parent changes); a
+single-host rendezvous listens on ``127.0.0.1`` on a socket the launcher bound itself, so no other
+run takes the port in between, and gloo uses the loopback interface.
 """
 
 from __future__ import annotations
@@ -61,11 +53,7 @@ def check_port(port: Any) -> int:
 
 
 class Rendezvous:
-    """The rendezvous store of a single-host job, listening on loopback only (see the module docstring).
-
-    ``port=None`` lets the kernel pick a free port atomically; a given port that is taken raises a
-    ``ValueError`` naming it. ``.port`` is the bound port the workers connect to; :meth:`close` stops it.
-    """
+    """A single-host job's rendezvous store on loopback (``port=None``: the kernel picks one)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, timeout_s: float = 300.0) -> None:
         import torch.distributed as dist

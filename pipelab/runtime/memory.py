@@ -1,33 +1,8 @@
-"""The runtime's memory meter (option ``measure_memory=True``): each worker's measured peak of memory.
+"""The memory meter (``measure_memory=True``): each worker's measured peak, in five parts.
 
-What is measured, exactly: after every action, the bytes of the distinct tensor *storages* (deduplicated
-by ``untyped_storage().data_ptr()``, each counted at its full ``nbytes()``) that the worker holds
-because of training, in five parts, each storage counted once, in the first part that names it:
-
-* ``weights``: its stages' parameters and every stashed weight version the weight policy holds
-  (PipeDream's stash, 2BW's and the delay policies' versions, HetPipe's anchor, PipeMare's delta
-  buffer);
-* ``gradients``: the ``.grad`` of those tensors (``None`` after an update: the optimizer's
-  ``zero_grad(set_to_none=True)``);
-* ``optimizer``: the tensors of the optimizer's state (momentum buffers, Adam's moments; allocated
-  lazily at the first step);
-* ``activations``: the tensors autograd saves for the backward of every in-flight microbatch,
-  counted by :func:`torch.autograd.graph.saved_tensors_hooks` around the worker's forward (pack
-  registers the storage and returns a small holder whose ``__del__`` releases it, so the count follows
-  the graph's lifetime; weight storages are left to ``weights``), and the tensors the worker keeps
-  for the backward itself (each in-flight microbatch's stage inputs and outputs, and the output
-  gradients a split backward keeps for ``W``);
-* ``messages``: message buffers the transport holds (posted receives and unretired sends of the
-  process runtime; messages waiting in the reference executor's mailbox).
-
-A stage input that is a slice of the data feed's minibatch (the first stage) shares the
-minibatch's storage, which is then counted whole. Transient tensors that live only inside an
-action (a backward's intermediate gradients, an optimizer step's temporaries) are not seen. On a
-CUDA device in a worker process the peak is instead ``torch.cuda.max_memory_allocated`` since the
-first action (the allocator's view, transients included); the storage count is kept beside it.
-``peak_state`` is the storage count's peak without ``messages``: the terms the simulator's memory
-model counts (its transport buffers, receives posted ahead and sends held until the runtime knows
-them delivered, belong to pipelab's runtime, not to the method).
+After every action: the distinct storages the worker holds, each counted once in the first part
+naming it: ``weights`` (stashed versions too), ``gradients``, ``optimizer``, ``activations`` (saved
+for in-flight microbatches) and ``messages``. On a CUDA worker the peak is the allocator's.
 """
 
 from __future__ import annotations
@@ -65,11 +40,7 @@ def _storage(t: Any) -> tuple[int, int] | None:
 
 
 class MemoryMeter:
-    """Counts one worker's memory (see the module doc); :meth:`sample` after every action.
-
-    ``stages`` maps stage -> :class:`~pipelab.runtime.stage.StageState`; ``messages()`` yields the
-    message tensors the transport holds for this worker; ``cuda`` uses the CUDA allocator's peak.
-    """
+    """One worker's memory; :meth:`sample` after every action (``cuda``: the allocator's peak)."""
 
     def __init__(self, stages: dict[int, Any], messages: Callable[[], Iterable[torch.Tensor]] | None = None,
                  *, cuda: torch.device | None = None) -> None:
@@ -87,8 +58,7 @@ class MemoryMeter:
             self.use_cuda(cuda)
 
     def use_cuda(self, device: torch.device) -> None:
-        """Report ``torch.cuda.max_memory_allocated(device)`` from now on (its peak is reset here); only
-        where this process's allocator serves this worker alone (a worker process)."""
+        """Report ``torch.cuda.max_memory_allocated(device)`` from now on (a worker process only)."""
         self.cuda = device
         torch.cuda.reset_peak_memory_stats(device)
 

@@ -1,50 +1,8 @@
-"""Runtime options of every pipelined method: compression, recomputation, slowdowns, checkpoints, ...
+"""Runtime options: how the runtime executes a schedule (compression, recompute, slowdowns, checkpoints...).
 
-``pl.train(..., compression="int8", recompute=True, slowdown={1: 2.0}, checkpoint_every=5,
-checkpoint_dir="ckpt", resume="ckpt")`` - these knobs change how the runtime executes a schedule,
-never the schedule itself, so :func:`split_options` takes them (and PipeMare's hyperparameters)
-out of the keyword arguments before ``pl.schedules.build`` sees the rest.
-
-* ``compression``: ``"fp16"``, ``"bf16"`` or ``"int8"`` (:mod:`pipelab.runtime.compress`) for the
-  activations and gradients that cross stage boundaries; the trace's send events count the bytes
-  actually sent.
-* ``recompute=True``: a stage's forward keeps only its inputs and recomputes its activations in the
-  backward pass (``torch.utils.checkpoint``, non-reentrant; GPipe's re-materialization).
-* ``slowdown={worker: factor}``: after each compute action the worker sleeps ``(factor - 1)`` times
-  the action's duration, emulating a device ``factor`` times slower (heterogeneous clusters on one
-  machine).
-* ``device="cuda"``: every worker's stages compute on a CUDA device (worker ``r`` on GPU
-  ``r % device_count``, so several workers may share one GPU); with ``backend="gloo"`` messages and
-  all-reduces go through host memory (:mod:`pipelab.runtime.comm`). ``backend="nccl"`` always computes
-  on CUDA, one GPU per worker.
-* ``coalesce_wgrad=True``: every ``nn.Linear`` defers its weight and bias gradients to the update,
-  where one GEMM over the minibatch's stacked microbatches (``G^T X``) replaces one per microbatch
-  (:mod:`pipelab.runtime.coalesce`; faster at small microbatches). Off by default: each Linear's
-  input and output gradient of every microbatch is held until the flush. Flushed methods only
-  (``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``, ``dp``); others are refused.
-* ``measure_memory=True``: each worker counts the memory it holds after every action
-  (:mod:`pipelab.runtime.memory`: weights and stashed versions, gradients, optimizer state, what
-  autograd saves for in-flight microbatches, message buffers; on a CUDA worker process
-  ``torch.cuda.max_memory_allocated``); ``RunResult.peak_memory`` is the peak per worker.
-* ``pin_cores``: pin each CPU worker process to a core of its own (:mod:`pipelab.runtime.affinity`);
-  ``None`` (default) when this host's workers fit its cores, ``True`` always, ``False`` never.
-* ``shared_memory=True``: with gloo and every worker on one host, move point-to-point messages through
-  shared memory (:mod:`pipelab.runtime.shm`) instead of gloo's point-to-point path (the default).
-* ``checkpoint_every=N, checkpoint_dir=path``: after every ``N``-th minibatch each worker saves its
-  stages (weights, optimizer, weight versions, RNG) and one coordinator seals the manifest
-  (:mod:`pipelab.runtime.checkpoint`; ``checkpoint_keep=2`` newest are kept); ``resume=path``
-  continues a run from the newest complete checkpoint under ``path`` (or a given ``step-*`` folder)
-  up to ``steps`` minibatches in all (``RunResult.losses`` then covers the resumed steps only).
-  Every method resumes to exactly the weights of an uninterrupted run: asynchronous methods are
-  then scheduled as drained segments of ``N`` minibatches (:mod:`pipelab.schedules.segments`;
-  one pipeline fill and drain per ``N`` minibatches), so each checkpoint is a cut with nothing in
-  flight, and a resumed run keeps the manifest's ``N``. HetPipe checkpoints need ``D=0``: the cut
-  is right after a wave's pull, where every virtual worker holds the parameter server's weights.
-  The step to resume from is chosen once, in ``prepare``, after checking its files' hashes; a
-  damaged newest checkpoint falls back to the previous sealed one with a warning
-  (``resume_fallback=False`` refuses instead). A run holds a lock on its checkpoint folder.
-* ``on_nonfinite``: what a NaN or inf loss or gradient does: ``"raise"`` (default), ``"warn"``,
-  ``"skip"`` the update (:mod:`pipelab.runtime.guards`).
+Invariant: these never change the schedule; :func:`split_options` takes them out of the keyword
+arguments before ``pl.schedules.build`` sees the rest, and :class:`RuntimeOptions` is their one
+checked, frozen record. Each option is described in docs/training_options.md.
 """
 
 from __future__ import annotations
@@ -62,19 +20,16 @@ from pipelab.runtime.guards import ON_NONFINITE
 
 
 def runtime_option_names(method: str | None) -> frozenset[str]:
-    """Options the runtime consumes for ``method`` (never passed to the schedule builders): every
-    method's (:data:`pipelab.methods.COMMON_RUNTIME_OPTIONS`) and the method's own."""
+    """Options the runtime consumes for ``method``: every method's and the method's own."""
     spec = methods.METHODS.get(method) if method else None
     own = spec.runtime_options if spec is not None else ()
     return frozenset(o.name for o in (*methods.COMMON_RUNTIME_OPTIONS, *own))
 
 
 def split_options(method: str | None, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(schedule_options, runtime_options)``: what goes to ``pl.schedules.build`` and what stays here.
+    """``(schedule_options, runtime_options)`` of ``options``, the runtime ones checked.
 
-    Checks the runtime options' values and raises ``ValueError`` saying what to pass instead; a
-    runtime option of another method raises naming that method. Anything else is a schedule option
-    (``schedules.build`` checks it against the registry).
+    Raises ``ValueError`` for a bad value, or a runtime option of another method (naming it).
     """
     mine = runtime_option_names(method)
     sched: dict[str, Any] = {}
@@ -135,12 +90,9 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """How the runtime executes a schedule (never what the schedule is): one checked, frozen record.
+    """How the runtime executes a schedule: one checked, frozen record (build it with :meth:`from_options`).
 
-    Every field is a keyword of ``pl.train`` (see the module docstring); ``method`` holds the
-    method's own runtime options (PipeMare's ``lr_reschedule``, ``warmup_steps``, ...), and
-    ``resume_step`` is the step a resumed run starts from (set by the runtime, not the user).
-    Build it with :meth:`from_options`, which checks every value and says what to pass instead.
+    ``method`` holds the method's own runtime options (PipeMare's); ``resume_step`` is set by the runtime.
     """
 
     compression: str | None = None
@@ -202,17 +154,9 @@ def slow_down(rank: int, slowdown: Mapping[int, float] | None, elapsed_s: float)
 
 
 def tune_malloc() -> bool:
-    """Keep freed memory in this process (glibc): no page faults for the tensors every step reallocates.
+    """Keep freed memory in this worker process (glibc), so buffers reallocated every step don't page-fault.
 
-    A training step frees and reallocates the same large buffers (weight gradients, GEMM outputs,
-    copy-on-write weight versions). With glibc's defaults (dynamic mmap and trim thresholds that
-    start at 128 KiB) such blocks go back to the kernel when freed, so each step page-faults them in
-    again (``reproductions/benchmarks/README.md`` has the count). ``mallopt(M_MMAP_THRESHOLD, 32 MiB)``
-    (glibc's maximum on 64-bit) and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` keep them (as PyTorch's
-    caching allocators do on GPUs);
-    the cost is that the process does not shrink after a peak. Called in the runtime's worker
-    processes only (never in the user's process). A no-op, returning False, where libc is not glibc
-    or the user set ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` themselves.
+    Returns False (a no-op) off glibc or where the user set ``MALLOC_*_THRESHOLD_``.
     """
     import ctypes
     import os

@@ -1,11 +1,8 @@
 """A worker process: start-up, the distributed execute loop, streaming events to the parent.
 
-:func:`process_main` is what ``pl.train`` spawns (torch.multiprocessing); :func:`run_distributed`
-joins the process group and runs :func:`execute`, which moves a :class:`~pipelab.runtime.worker.Worker`'s
-messages over :class:`~pipelab.runtime.comm.DistComm` and emits one :class:`~pipelab.trace.Event`
-per action (and per noticeable wait on a receive); :class:`PipeSink` sends them to the parent over
-the worker's own pipe.
-Under torchrun, :mod:`pipelab.runtime.torchrun` calls :func:`run_distributed` instead.
+:func:`process_main` is what ``pl.train`` spawns; :func:`run_distributed` (also torchrun's) joins
+the process group and runs :func:`execute`, which moves a Worker's messages over
+:class:`~pipelab.runtime.comm.DistComm`; :class:`PipeSink` streams the events to the parent.
 """
 
 from __future__ import annotations
@@ -30,8 +27,8 @@ from pipelab.runtime.comm import MATCH_MODES, DistComm, grad_specs, peer_orders
 from pipelab.runtime.job import Job
 from pipelab.runtime.lifeline import ORPHANED_EXIT, use_loopback, watch_launcher
 from pipelab.runtime.options import tune_malloc
+from pipelab.runtime.param_server import WSPClient
 from pipelab.runtime.worker import Worker, WorkerResult
-from pipelab.runtime.wsp import WSPClient
 from pipelab.schedules.dataflow import POST_AHEAD
 from pipelab.trace import Event
 
@@ -51,12 +48,7 @@ class Clock:
 
 
 class PipeSink:
-    """Streams events to the parent over this worker's own pipe, in batches (~32 events or 0.1 s).
-
-    Every message is written before the call returns (no feeder thread): an error is in the pipe
-    before the worker tears its connections down, so the parent reads the cause before any peer's
-    "connection closed", and nothing queued can hold the process at exit.
-    """
+    """Streams events to the parent over this worker's pipe, in batches; each written before returning."""
 
     def __init__(self, conn: Any, rank: int, batch: int = 32, every_s: float = 0.1) -> None:
         self.conn, self.rank, self.batch, self.every_s = conn, rank, batch, every_s
@@ -84,8 +76,7 @@ class PipeSink:
         self.last = time.perf_counter()
 
     def done(self, result: WorkerResult) -> None:
-        """Send the final result (as bytes: tensors would go through shared memory that vanishes
-        when this process exits before the parent reads them)."""
+        """Send the final result as bytes (a tensor's shared memory vanishes when this process exits)."""
         self.flush()
         buf = io.BytesIO()
         torch.save(result, buf)
@@ -153,8 +144,7 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
 
 
 def p2p_match(backend: str, requested: str | None = None) -> str:
-    """How point-to-point messages are matched (:class:`~pipelab.runtime.comm.DistComm`): NCCL always
-    by order; gloo by ``requested``, else the ``PIPELAB_P2P_MATCH`` environment variable, else by tag."""
+    """Message matching: NCCL by order; gloo by ``requested``, else ``PIPELAB_P2P_MATCH``, else by tag."""
     if backend == "nccl":
         return "order"
     mode = requested or os.environ.get("PIPELAB_P2P_MATCH") or "tag"
@@ -164,8 +154,7 @@ def p2p_match(backend: str, requested: str | None = None) -> str:
 
 
 def stage_device(job: Job, rank: int, local_rank: int | None = None) -> torch.device:
-    """The device worker ``rank``'s stages compute on: NCCL one GPU per worker (``local_rank``);
-    gloo the CPU, or with ``device="cuda"`` GPU ``local_rank % device_count`` (shared GPUs)."""
+    """The device of worker ``rank``'s stages: NCCL one GPU each; gloo the CPU or GPU ``local_rank % n``."""
     lr = rank if local_rank is None else local_rank
     want = job.runtime.device
     if job.backend == "nccl":
@@ -214,42 +203,16 @@ def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups:
 def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None = None,
                     local_rank: int | None = None, gather: bool = False,
                     wsp_conn: Any = None, match: str | None = None) -> tuple[WorkerResult, list[Any]]:
-    """Join the process group, execute this rank's actions; return its result (:meth:`Worker.result`)
-    and, with ``gather`` (torchrun), on rank 0 every rank's ``(result, events)`` (else ``[]``).
-    ``match``: ``"tag"`` or ``"order"`` (see :func:`p2p_match`)."""
-    torch.set_num_threads(1)
-    tune_malloc()    # no page faults for the buffers every step reallocates (see its docstring)
-    world = job.world_size
+    """Join the process group and run this rank's actions; its result and (``gather``) rank 0's all."""
     mode = p2p_match(job.backend, match)
-    device = stage_device(job, rank, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    else:   # before the process group starts its I/O threads, which inherit the core
-        local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if local_rank is not None else world
-        pin_worker(rank if local_rank is None else local_rank, local_workers, job.runtime.pin_cores)
-    if init_method is None:   # the launcher's store (pipelab.runtime.lifeline.Rendezvous)
-        store = dist.TCPStore(job.master_addr, job.master_port, world_size=world, is_master=False,
-                              timeout=timedelta(seconds=job.timeout))
-        dist.init_process_group(job.backend, store=store, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=job.timeout))
-    else:
-        dist.init_process_group(job.backend, init_method=init_method, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=job.timeout))
+    device = _join_group(job, rank, local_rank, init_method)
     comm: DistComm | None = None
     try:
         groups = {
             s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)
         }
-        worker = Worker(job, rank, device)
-        worker.warn = getattr(sink, "warn", worker.warn)
-        if hasattr(sink, "saved"):
-            worker.on_saved = sink.saved
-        clients: list[Any] = []
-        if wsp_conn is not None:    # HetPipe: this worker's end of the parameter server
-            def endpoint(stage: int, vw: int) -> Any:
-                clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout, device=device))
-                return clients[-1]
-            worker.attach_wsp(endpoint)
+        worker, clients = _make_worker(job, rank, device, sink, wsp_conn)
+
         def carried(msg: Any) -> bool:   # a cut with no floating-point value sends no gradient
             return bool(msg.kind == "act" or grad_specs(job.specs[msg.stage - 1]))
 
@@ -262,12 +225,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
                 worker.meter.use_cuda(device)
         if device.type == "cuda":
             torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
-        dist.barrier()
-        t0 = torch.tensor(
-            [time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu"
-        )
-        dist.broadcast(t0, src=0)
-        clock = Clock(float(t0.item()))
+        clock = _common_clock(job, device)
         try:
             execute(worker, comm, clock, sink.emit)
         except BaseException:
@@ -278,17 +236,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             c.stop()
         dist.barrier()
         result = worker.result()
-        everything: list[Any] = []
-        if gather:   # torchrun: rank 0 collects every rank's result and events
-            everything = [None] * world if rank == 0 else []
-            dist.gather_object(
-                (result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0
-            )
-            # every rank past the gather before any tears its process group down: a rank that
-            # destroyed its group while rank 0 still received aborted in gloo's teardown ("terminate
-            # called without an active exception", SIGABRT; 1 of 10 torchrun runs here)
-            dist.barrier()
-        return result, everything
+        return result, (_gather(result, sink, rank, job.world_size) if gather else [])
     except BaseException:    # reported before the teardown below, so the parent reads the cause first
         sink.error(-1, "start-up", traceback.format_exc())
         raise
@@ -301,13 +249,64 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             pass
 
 
+def _join_group(job: Job, rank: int, local_rank: int | None, init_method: str | None) -> torch.device:
+    """Set up this process (one thread, malloc, device or pinned core), join the group; its device."""
+    torch.set_num_threads(1)
+    tune_malloc()
+    world = job.world_size
+    device = stage_device(job, rank, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:   # before the process group starts its I/O threads, which inherit the core
+        local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if local_rank is not None else world
+        pin_worker(rank if local_rank is None else local_rank, local_workers, job.runtime.pin_cores)
+    timeout = timedelta(seconds=job.timeout)
+    if init_method is None:   # the launcher's store (pipelab.runtime.lifeline.Rendezvous)
+        store = dist.TCPStore(job.master_addr, job.master_port, world_size=world, is_master=False,
+                              timeout=timeout)
+        dist.init_process_group(job.backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(job.backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=timeout)
+    return device
+
+
+def _make_worker(job: Job, rank: int, device: torch.device, sink: Any,
+                 wsp_conn: Any) -> tuple[Worker, list[Any]]:
+    """This rank's Worker reporting to ``sink``, and its parameter-server clients (HetPipe)."""
+    worker = Worker(job, rank, device)
+    worker.warn = getattr(sink, "warn", worker.warn)
+    if hasattr(sink, "saved"):
+        worker.on_saved = sink.saved
+    clients: list[Any] = []
+    if wsp_conn is not None:
+        def endpoint(stage: int, vw: int) -> Any:
+            clients.append(WSPClient(wsp_conn, stage, vw, timeout=job.timeout, device=device))
+            return clients[-1]
+        worker.attach_wsp(endpoint)
+    return worker, clients
+
+
+def _common_clock(job: Job, device: torch.device) -> Clock:
+    """A clock whose zero is rank 0's time after every rank is ready (a collective)."""
+    dist.barrier()
+    t0 = torch.tensor([time.time()], dtype=torch.float64, device=device if job.backend == "nccl" else "cpu")
+    dist.broadcast(t0, src=0)
+    return Clock(float(t0.item()))
+
+
+def _gather(result: WorkerResult, sink: Any, rank: int, world: int) -> list[Any]:
+    """On rank 0 every rank's ``(result, events)`` (torchrun), else ``[]``; a collective."""
+    everything: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object((result, getattr(sink, "events", [])), everything if rank == 0 else None, dst=0)
+    # every rank past the gather before any tears its group down (gloo's teardown aborts otherwise)
+    dist.barrier()
+    return everything
+
+
 def process_main(job: Job, rank: int, conn: Any, wsp_conn: Any = None, match: str | None = None,
                  stream: bool = True) -> None:
-    """Entry point of a spawned worker process (torch.multiprocessing); ``conn`` is this worker's pipe
-    to the parent; ``match`` as in :func:`run_distributed` (the parent reads ``PIPELAB_P2P_MATCH``: a
-    fork server keeps the environment it started with); ``stream=False`` sends the events once, at
-    the end, instead of in batches while the job runs. The process ends with ``os._exit`` once its
-    last message is written, and at once if the launcher dies (:func:`watch_launcher`)."""
+    """Entry point of a spawned worker (``conn``: its pipe); ends with ``os._exit``, or with its launcher."""
     watch_launcher()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides; it cancels the whole job
     os.environ.setdefault("OMP_NUM_THREADS", "1")

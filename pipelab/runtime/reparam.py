@@ -1,19 +1,9 @@
 """Run a stage module with a stashed weight version in place of its parameters, cheaply.
 
-A stashing method's ``F`` (PipeDream, 2BW, the bounded buffer, HetPipe) computes with a version of
-the stage's weights other than the master parameters. ``torch.func.functional_call`` does that, but
-it pays, on every call, a walk over every submodule to find tied weights and a fresh accessor that
-resolves every dotted name again: measured on the halves of the 4-block transformer of
-``reproductions/sim_accuracy`` (14 and 40 tensors), +75 and +180 µs per forward over the plain call.
-:class:`Reparametrizer` resolves each parameter's slots once, when the stage is built, and a call
-then only writes and restores ``len(slots)`` dictionary entries (+3 and +62 µs, the latter within
-the forward's noise; ``reproductions/benchmarks/stash_forward.py`` measures both).
-
-Semantics are ``functional_call``'s with ``tie_weights=True`` and ``strict=False``: every slot that
-holds the same parameter (tied weights) gets the replacement named by the parameter's first name in
-``named_parameters()``; names absent from the mapping keep the module's own tensors; the module's
-parameters are restored when the call returns or raises, so a nested or recomputed call (activation
-checkpointing re-runs it in backward) sees the same thing.
+:class:`Reparametrizer` resolves each parameter's slots once, so a call only swaps dictionary
+entries (``torch.func.functional_call`` walks the module on every call;
+``reproductions/benchmarks/stash_forward.py`` measures both). Semantics are ``functional_call``'s
+with ``tie_weights=True, strict=False``; parameters are restored when the call returns or raises.
 """
 
 from __future__ import annotations

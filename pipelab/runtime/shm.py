@@ -1,30 +1,10 @@
-"""Point-to-point messages through shared memory, for workers on one host (the gloo backend).
+"""Point-to-point messages through shared memory, for workers on one host (gloo backend).
 
-Every ordered pair of workers that exchanges messages gets a *ring*: a file in shared memory, mapped by
-both, with ``K`` slots as large as the pair's largest message. The sender copies message ``k`` of the
-pair's sequence into slot ``k % K`` and then stamps the slot with ``k + 1``; the receiver waits for that
-stamp, copies the message out and counts it consumed; the sender reuses a slot only once its earlier
-message was consumed (until then the message waits in the sender's queue, written at its next call).
-Matching is therefore by order per pair, which is what the schedule's validator proves
-(:mod:`pipelab.schedules.messages`); each slot also carries the message's tag, and a receive that finds
-another tag raises :class:`~pipelab.runtime.comm.OrderError`. ``match="order"`` checks every send and
-receive against the schedule's per-pair sequences as :class:`~pipelab.runtime.comm.DistComm` does.
-
-Waiting. A receiver whose message is not there yet sleeps on the ring's *bell*, a counter in the
-ring that the sender raises after each stamp (a futex: the kernel sleeps the receiver only while the
-counter still reads what it read, so no ring is missed, and wakes it without the hint a pipe's or a
-socket's wake-up carries, that would queue it behind the still-computing sender). It never depends on
-another thread. gloo's
-point-to-point path costs every message a rendezvous (the receiver announces the posted receive, the
-sender's I/O thread takes the notice, the receiver's I/O thread takes the bytes); with every core busy
-computing, each of those thread wake-ups waits for the scheduler, and gloo's I/O thread spins while the
-computing thread holds the connection's lock. Here a message costs two copies and, only when the
-receiver already waits, one wake-up.
-
-Invariants: the files are unlinked once every worker has mapped them (nothing is left behind, even
-when a worker dies); stamps are written after the payload and read before it, which x86-64's store
-order makes safe (:func:`available` refuses other machines, which keep gloo's point-to-point path);
-all-reduces still go through the process group.
+Each ordered pair gets a *ring* of ``K`` slots in a shared-memory file: the sender copies message
+``k`` into slot ``k % K`` and stamps it ``k + 1``; the receiver sleeps on the ring's futex *bell*
+until the stamp shows, copies the message out and counts it consumed, freeing the slot. Invariants:
+matching is by order per pair, each slot's tag checked; the files are unlinked once mapped; stamps
+follow the payload, safe under x86-64's store order (:func:`available`).
 """
 
 from __future__ import annotations
@@ -158,12 +138,11 @@ class _Ring:
 
 
 class ShmComm(DistComm):
-    """:class:`~pipelab.runtime.comm.DistComm` whose point-to-point messages go through shared memory
-    (module doc); all-reduces, hand-offs between a worker's own stages, the order checks and the
-    staging of CUDA messages through host memory are :class:`DistComm`'s.
+    """:class:`~pipelab.runtime.comm.DistComm` with point-to-point messages through shared memory.
 
-    Build it with :meth:`open` (a collective). ``incoming``: per source worker, the specs of the
-    messages it sends here, in order; ``outgoing``: the workers this one sends to.
+    All-reduces, local hand-offs, order checks and host staging are :class:`DistComm`'s. Build it with
+    :meth:`open` (a collective): ``incoming`` per source worker the specs of its messages here, in
+    order; ``outgoing`` the workers this one sends to.
     """
 
     def __init__(self, rank: int, device: torch.device, groups: dict[int, Any], *, timeout: float,
@@ -216,7 +195,7 @@ class ShmComm(DistComm):
         """Block until ``r``'s message is in its slot; return a copy of its tensors."""
         key = (r.src, r.tag)
         if r.src == self.rank:
-            return self._local.pop(key)
+            return super().wait(r)
         if key not in self._want:
             self.post(r)
         k, specs = self._want.pop(key)
@@ -246,10 +225,9 @@ class ShmComm(DistComm):
     # ------------------------------------------------------------------ send
     def send(self, s: Send) -> int:
         """Copy ``s`` into its slot (or queue it while the slot is taken); returns its payload bytes."""
-        nbytes = sum(t.numel() * t.element_size() for t in s.tensors)
         if s.dst == self.rank:
-            self._local[(self.rank, s.tag)] = [t.detach() for t in s.tensors]
-            return nbytes
+            return super().send(s)
+        nbytes = sum(t.numel() * t.element_size() for t in s.tensors)
         self._in_order(0, s.dst, s.tag)
         ring = self._out.get(s.dst)
         if ring is None:

@@ -1,5 +1,4 @@
-"""A worker's stages and data: the stage state (module, optimizer, weight policy, in-flight
-microbatches) and the feed that slices ``data()`` into this worker's microbatches."""
+"""A worker's stages and data: each stage's state, and the feed slicing ``data()`` into microbatches."""
 
 from __future__ import annotations
 
@@ -18,11 +17,7 @@ from pipelab.schedules.worker_view import StageReads
 
 
 class Feed:
-    """This worker's view of ``data()``: minibatch ``k`` split into microbatches, on demand.
-
-    The data is iterated in order (and restarted when exhausted, like epochs); a minibatch whose
-    shapes differ from the first one raises, naming it.
-    """
+    """This worker's view of ``data()`` (restarted when exhausted): minibatch ``k`` in microbatches."""
 
     def __init__(self, job: Job, device: torch.device) -> None:
         self.job, self.device = job, device
@@ -42,10 +37,7 @@ class Feed:
         raise ValueError("data() yielded no minibatch")
 
     def minibatch(self, k: int) -> tuple[list[Any], list[Any]]:
-        """Inputs and targets of minibatch ``k``, each split into M microbatches.
-
-        After ``resume=``, minibatch ``k`` of the run is item ``resume_step + k`` of ``data()``.
-        """
+        """Inputs and targets of minibatch ``k`` (item ``resume_step + k`` of ``data()``), split in M."""
         k += self.job.runtime.resume_step
         while self._next <= k:
             x, y = self._fetch()

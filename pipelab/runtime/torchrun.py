@@ -1,9 +1,7 @@
-"""The one torchrun entry point: ``torchrun --nproc-per-node N -m pipelab.runtime.torchrun job.json``.
+"""The torchrun entry point: ``torchrun --nproc-per-node N -m pipelab.runtime.torchrun job.json``.
 
-Each torchrun process is one worker of the job (rendezvous ``env://``, ``RANK``/``WORLD_SIZE`` from
-torchrun); rank 0 gathers the events and results and writes the job's outputs (:func:`save_outputs`):
-``trace.jsonl``, ``state_dict.pt``, ``losses.json``. ``pipelab train job.json`` run as torchrun's
-program lands here too.
+Each torchrun process is one worker (``env://`` rendezvous); rank 0 gathers events and results and
+writes the outputs (:func:`save_outputs`). ``pipelab train job.json`` under torchrun lands here.
 """
 
 from __future__ import annotations
@@ -22,22 +20,19 @@ from typing import Any
 import torch
 
 from pipelab._io import atomic_write_bytes, atomic_write_text
-from pipelab.runtime import checkpoint as ckpt
-from pipelab.runtime.checkpoint import FolderLock
-from pipelab.runtime.checkpoint import clean as clean_checkpoints
-from pipelab.runtime.checkpointing import sealer_for
+from pipelab.runtime import checkpoint_files as ckpt
+from pipelab.runtime.checkpoint_files import FolderLock
+from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
 from pipelab.runtime.guards import json_losses
-from pipelab.runtime.job import load_job_file, prepare
+from pipelab.runtime.job import TrainArgs, load_job_file, prepare
 from pipelab.runtime.launch import assemble
 from pipelab.runtime.lifeline import watch_launcher
 from pipelab.runtime.process import run_distributed
+from pipelab.runtime.worker_checkpoint import sealer_for
 
 
 def save_outputs(out: Path, result: Any) -> None:
-    """Write a run's ``trace.jsonl``, ``state_dict.pt`` and ``losses.json`` into ``out`` (atomically).
-
-    ``losses.json`` is strict JSON: a non-finite loss is ``null``, its step listed in ``nonfinite_steps``.
-    """
+    """Write ``trace.jsonl``, ``state_dict.pt`` and strict-JSON ``losses.json`` into ``out``, atomically."""
 
     out.mkdir(parents=True, exist_ok=True)
     result.trace.save_jsonl(out / "trace.jsonl")
@@ -53,8 +48,7 @@ def save_outputs(out: Path, result: Any) -> None:
 
 
 class _FileSealer:
-    """Rank 0's checkpoint coordinator under torchrun: once every rank's file of a step is on disk
-    (each appears complete, by an atomic rename), it hashes them and seals the step."""
+    """Rank 0's checkpoint coordinator under torchrun: seals a step once every rank's file is on disk."""
 
     def __init__(self, job: Any) -> None:
         self.job = job
@@ -105,8 +99,7 @@ class _ListSink:
 
 
 def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
-    """One torchrun process: execute this rank's actions; rank 0 writes the outputs and seals the
-    checkpoints (holding the checkpoint folder's lock); every process dies with torchrun's agent."""
+    """One torchrun process: run this rank's actions; rank 0 writes the outputs and seals checkpoints."""
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if k not in os.environ:
             print(
@@ -117,7 +110,7 @@ def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
     torch.set_num_threads(1)
     watch_launcher()
     args, extra = load_job_file(job_path, trust=trust)
-    job = prepare(check_rendezvous=False, **args)
+    job = prepare(TrainArgs.of(**args), check_rendezvous=False)
     # one identity for every rank's files and the manifest: the same in every process of this run
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "{MASTER_ADDR}:{MASTER_PORT}".format(**os.environ)
     job = dataclasses.replace(job, run_id=run_id)
@@ -164,11 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    # the process group is destroyed and rank 0's outputs are written: leave without the interpreter's
-    # finalization, where gloo's threads can still hold work objects whose tensors reference Python
-    # and abort the process ("terminate called without an active exception", SIGABRT; seen once in
-    # a CI run under load after the gather-and-barrier fix, never in 40 runs alone; pytorch/pytorch
-    # PR 179291 describes the mechanism)
+    # outputs written: skip the interpreter's finalization, where gloo's threads can still hold tensors
+    # and abort the process (SIGABRT; pytorch/pytorch PR 179291 describes the mechanism)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -1,41 +1,10 @@
 """One worker: builds its stage(s) and executes its action list, in order, exactly as scheduled.
 
-:class:`Worker` is transport-free: for action ``i`` it says which messages it needs
-(:meth:`Worker.recvs`), and :meth:`Worker.run` executes an ``F``/``B``/``W`` given those messages
-and returns the messages to send; a ``U`` is split into :meth:`Worker.begin_update` (the gradients
-to all-reduce) and :meth:`Worker.finish_update`. The multi-process driver (:mod:`pipelab.runtime.process`)
-and the single-process reference executor (:mod:`pipelab.runtime.local`) move the messages. The
-facts it precomputes from the schedule are :mod:`pipelab.schedules.worker_view`; its stages are
-:mod:`pipelab.runtime.stage`; checkpoints are :mod:`pipelab.runtime.checkpointing`.
-
-Semantics (the same in both executors):
-
-* Every worker seeds torch with the job's seed, calls ``model_fn()`` and cuts its stage(s) out of
-  the whole model with :func:`pipelab.graph.build_stage`, so every stage starts from the
-  weights the single-process model has.
-* Data: the workers of the first and the last stage each iterate the same deterministic
-  ``data()`` and slice their own microbatches (inputs on the first stage, targets on the last);
-  labels are never sent. Microbatch ``m`` is part ``m % M`` of minibatch ``m // M``.
-* Loss: the last stage's ``F`` computes ``loss_fn(output, target) / M``; gradients of the
-  microbatches of a minibatch sum, so the minibatch gradient is the same however it is split.
-* ``U``: replicas of a stage sum their gradients (all-reduce in the stage's group), divide by the
-  number of minibatches the update covers (1 for flushed methods; R for PipeDream's R replicas
-  that each closed a different minibatch), then step the optimizer.
-* ``B`` computes input and weight gradients, unless the stage has ``W`` actions (zero-bubble): then
-  ``B`` computes input gradients only and ``W`` the weight gradients.
-* Randomness (dropout): each worker has its own stream seeded from (seed, rank), so a run is
-  reproducible and the reference executor (which swaps the streams in) matches the processes.
-* Runtime options (:mod:`pipelab.runtime.options`): ``compression`` encodes every message that
-  crosses a cut, ``recompute`` keeps only stage inputs and recomputes in backward, ``slowdown``
-  sleeps after each action to emulate a slower device, ``coalesce_wgrad`` defers every Linear's
-  weight gradient to one GEMM over the minibatch's microbatches at ``U`` (flushed methods only,
-  :mod:`pipelab.runtime.coalesce`); ``checkpoint_every``/``checkpoint_dir``
-  save every worker's state after each N-th minibatch's last ``U``, at a drained point (asynchronous
-  schedules are built as drained segments, :mod:`pipelab.schedules.segments`;
-  :meth:`Worker.maybe_checkpoint`), and ``resume`` restores it (:meth:`Worker.restore`); the data
-  restart at the checkpoint's step.
-* HetPipe: each stage's policy pushes/pulls through a WSP parameter server (:mod:`pipelab.runtime.wsp`),
-  a separate process here, in-process shards in the reference executor.
+:class:`Worker` is transport-free: :meth:`Worker.recvs` names the messages action ``i`` needs,
+:meth:`Worker.run` executes an ``F``/``B``/``W`` on them and returns the messages to send, and a ``U``
+is :meth:`Worker.begin_update` (gradients to all-reduce) then :meth:`Worker.finish_update`. The
+process driver (:mod:`pipelab.runtime.process`) and the reference executor
+(:mod:`pipelab.runtime.local`) move the messages; the semantics both share are in docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -49,7 +18,6 @@ import torch
 
 from pipelab.graph import as_tuple, trace
 from pipelab.runtime import coalesce
-from pipelab.runtime.checkpointing import Checkpointing
 from pipelab.runtime.comm import (
     ACT,
     GRAD,
@@ -68,6 +36,7 @@ from pipelab.runtime.options import run_maybe_checkpointed
 from pipelab.runtime.options import slow_down as sleep_slowdown
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
+from pipelab.runtime.worker_checkpoint import Checkpointing
 from pipelab.schedules.actions import Action
 from pipelab.schedules.worker_view import stage_reads, update_pairs
 
@@ -139,8 +108,7 @@ class Worker(Checkpointing):
             self.restore(job.runtime.resume)
 
     def attach_wsp(self, make_endpoint: Callable[[int, int], Any]) -> None:
-        """HetPipe: connect each hosted stage's policy to the parameter server
-        (``make_endpoint(stage, vw)``)."""
+        """HetPipe: connect each hosted stage's policy to the parameter server."""
         for s, st in self.stages.items():
             if hasattr(st.policy, "attach"):
                 vw = self.job.schedule.stage_ranks[s].index(self.rank)
@@ -183,17 +151,14 @@ class Worker(Checkpointing):
         return self._recvs[i]
 
     def retire_after(self, i: int) -> list[tuple[int, int]]:
-        """Sends ``(dst, tag)`` of this worker that are certainly received once action ``i``'s
-        messages have arrived (:meth:`DistComm.retire` may then wait on them without blocking)."""
+        """Sends ``(dst, tag)`` certainly received once action ``i``'s messages have arrived."""
         return self._retire[i]
 
     def _retire_plan(self) -> list[list[tuple[int, int]]]:
         """Per action, the sends it proves delivered, by causality over the schedule.
 
-        Our send to peer ``r`` is consumed by ``r``'s action ``j``; when we receive a message that
-        ``r`` produced at its action ``k >= j``, ``r`` had already received ours. So after each
-        receive from ``r`` we may wait on every earlier send to ``r`` whose consumer precedes the
-        receive's producer. (Sends are otherwise held until the end of the run.)
+        A send to ``r`` consumed by ``r``'s action ``j`` is delivered once we receive what ``r`` produced
+        at an action ``k >= j``.
         """
         sched, P, me = self.job.schedule, self.job.schedule.num_stages, self.rank
         index: dict[int, dict[Action, int]] = {}

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import pipelab as pl  # noqa: E402
 from pipelab.runtime import WorkerError  # noqa: E402
-from pipelab.runtime import checkpoint as ck  # noqa: E402
+from pipelab.runtime import checkpoint_files as ck  # noqa: E402
 
 PLAN = pl.Plan.from_boundaries(9, [3, 6])
 

@@ -141,7 +141,7 @@ def check_processes(device: str, steps: int) -> None:
 
 def check_wsp(device: str, steps: int) -> None:
     """4. HetPipe's parameter server with workers on ``device``."""
-    from pipelab.runtime import wsp
+    from pipelab.runtime import param_server as wsp
 
     plan = pl.Plan.from_boundaries(LAYERS, [4], replicas=[2, 2])
     k = 4 * max(2, steps // 2)

@@ -24,7 +24,7 @@ from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.profile.records import Profile as _Profile
 from pipelab.runtime.launch import train
-from pipelab.runtime.wsp import check_trace
+from pipelab.runtime.param_server import check_trace
 from pipelab.sim.simulate import simulate
 from reproductions.pipedream_table1.measure import cross_entropy
 from reproductions.weight_stashing.stashing import digits_accuracy, digits_epochs, digits_model

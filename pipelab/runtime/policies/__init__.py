@@ -1,105 +1,18 @@
 """Weight policies: which version of its weights each forward and backward of a stage reads.
 
-:data:`POLICIES` maps every :attr:`pipelab.methods.Method.weights` key to the factory of its
-policy; :func:`policy_for` looks a method up in the registry and builds its factory. The policies
-keep exactly the weight versions the schedule names (the schedule records, per action, the version
-it reads or, for ``U``, produces; :func:`pipelab.schedules.versions.assign_versions` is the rule).
-
-- :mod:`.base`: the interface and the ``single`` (flushed methods), ``stash`` (PipeDream) and
-  ``latest`` (naive asynchronous) policies;
-- :mod:`.delay`: ``delay`` (PipeDream-2BW, Lv et al.'s bounded buffer) and its math;
-- :mod:`.pipemare`: ``pipemare``; :mod:`.wsp`: ``wsp`` (HetPipe).
+:data:`POLICIES` (:mod:`.registry`) maps every :attr:`pipelab.methods.Method.weights` key to its
+policy's factory (:mod:`.base`: ``single``, ``stash``, ``latest``; :mod:`.delay`; :mod:`.pipemare`;
+:mod:`.wsp`). Invariant: a policy serves exactly the versions the schedule names
+(:func:`pipelab.schedules.versions.assign_versions` is the one rule).
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable, Mapping
-from typing import Any
-
-from torch import nn
-
-import pipelab.methods as methods
-from pipelab.runtime.pipemare import PipeMareConfig
+from pipelab.runtime.pipemare_math import PipeMareConfig
 from pipelab.runtime.policies.base import NoStash, PolicyFactory, SingleVersion, Stashing, WeightPolicy
 from pipelab.runtime.policies.delay import DelayedVersions, VersionStore, delayed_sgd, delayed_version
 from pipelab.runtime.policies.pipemare import PipeMarePolicy
+from pipelab.runtime.policies.registry import POLICIES, policy_for, supported_methods
 from pipelab.runtime.policies.wsp import HetPipePolicy, LocalWSP, WSPEndpoint
-from pipelab.schedules.worker_view import StageReads, stage_delays
-
-
-def _single(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    return SingleVersion
-
-
-def _stash(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    return lambda params, stage, reads=None: Stashing(params, stage, reads,
-                                                      vertical_sync=bool(opts.get("vertical_sync", False)))
-
-
-def _latest(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    return NoStash
-
-
-def _delayed(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    return DelayedVersions
-
-
-def _pipemare(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    cfg = PipeMareConfig(lr_reschedule=bool(opts.get("lr_reschedule", True)),
-                         discrepancy_correction=bool(opts.get("discrepancy_correction", True)),
-                         warmup_steps=int(opts.get("warmup_steps", 100)),
-                         decay=float(opts.get("decay", 0.5)),
-                         decay_from_delay=bool(opts.get("decay_from_delay", False)))
-    sched = opts.get("schedule")
-    # delays in optimizer steps, per stage, read from the schedule being executed
-    taus: Mapping[int, tuple[int, int]] = opts.get("taus") or (
-        stage_delays(sched) if sched is not None else {})
-
-    def build(params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None) -> WeightPolicy:
-        tf, tb = taus.get(stage, (0, 0))
-        return PipeMarePolicy(params, stage, reads, tau_fwd=tf, tau_bwd=tb, config=cfg)
-    return build
-
-
-def _wsp(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    sched = opts.get("schedule")
-    wave = int(opts.get("wave") or (sched.options.get("wave", 1) if sched is not None else 1))
-    if sched is not None:
-        V = len(sched.stage_ranks[0])
-        if sched.minibatches % (V * wave):
-            raise ValueError(
-                f"hetpipe with {V} virtual workers and waves of {wave} minibatches needs steps a "
-                f"multiple of {V * wave} (every virtual worker ends on a full wave); got "
-                f"{sched.minibatches}"
-            )
-    return lambda params, stage, reads=None: HetPipePolicy(params, stage, reads, wave=wave)
-
-
-#: :attr:`pipelab.methods.Method.weights` -> ``make(method, options) -> factory``, where
-#: ``factory(params, stage, reads)`` builds one stage's policy (``reads``: the versions the
-#: schedule names for the stage's actions on this worker, :func:`pipelab.schedules.worker_view.stage_reads`)
-POLICIES: dict[str, Callable[[str, dict[str, Any]], PolicyFactory]] = {
-    "single": _single, "stash": _stash, "latest": _latest, "delay": _delayed, "pipemare": _pipemare,
-    "wsp": _wsp,
-}
-
-
-def policy_for(method: str, options: dict[str, Any] | None = None) -> PolicyFactory:
-    """The policy factory of ``method`` (an unknown method raises the registry's ``MethodError``).
-
-    ``options`` are the method's options; the runtime adds ``"schedule"`` (the Schedule being
-    executed) and ``"microbatches"``.
-    """
-    spec = methods.get(method)
-    return POLICIES[spec.weights](spec.name, dict(options or {}))
-
-
-def supported_methods() -> tuple[str, ...]:
-    """Methods the runtime can execute (every registered method whose weight policy exists)."""
-    return tuple(sorted(n for n in methods.names() if methods.get(n).weights in POLICIES))
-
 
 __all__ = ["POLICIES", "DelayedVersions", "HetPipePolicy", "LocalWSP", "NoStash", "PipeMareConfig",
            "PipeMarePolicy", "PolicyFactory", "SingleVersion", "Stashing", "VersionStore", "WSPEndpoint",
-           "WeightPolicy", "delayed_sgd", "delayed_version", "policy_for",
-           "supported_methods"]
+           "WeightPolicy", "delayed_sgd", "delayed_version", "policy_for", "supported_methods"]

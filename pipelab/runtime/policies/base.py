@@ -1,30 +1,11 @@
-"""Weight policies: which version of a stage's weights each forward and backward reads.
+"""Weight policies: the interface, and the single-version, stashing and no-stash policies.
 
-A stage's *master* weights are its module's parameters; the optimizer updates them in place at
-every ``U``, and version ``v`` means "after ``v`` updates on this stage". The *schedule* names the
-version every ``F`` and ``B``/``W`` reads (:func:`pipelab.schedules.worker_view.stage_reads`); a policy
-serves exactly those versions, checks that they are the ones its method's weights can give (the
-newest, a stashed one, ...), and keeps exactly the versions some in-flight microbatch or some
-forward still to come in the schedule reads (the number it holds is measured, see :attr:`held`).
-It never derives a version from a rule of its own.
-
-* :class:`SingleVersion` — flushed methods (``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``,
-  ``zb-h1``, ``dp``): every action reads the master weights; an update while a microbatch is in
-  flight would be a schedule bug and raises.
-* :class:`Stashing` — PipeDream's weight stashing (Narayanan et al., SOSP'19, §3.3): ``F`` reads the
-  newest version and stashes it; the microbatch's ``B`` computes gradients against that same
-  stashed version; the update is applied to the newest (master) weights. With ``vertical_sync``
-  every stage reads the version the *input stage* used for the microbatch, which travels with the
-  activations (§3.3, "vertical sync").
-* :class:`NoStash` — the naive-async ablation (§3): ``F`` and ``B`` both read the newest weights;
-  ``B`` recomputes the stage's forward from the microbatch's saved inputs with the weights current
-  at ``B`` time, so the gradient is exactly "the newest weights' gradient at those inputs".
-
-Stashed versions are separate tensors (clones taken when an update creates a version), never the
-master parameters, so an in-place optimizer step cannot corrupt a saved autograd graph.
-
-The other policies live beside this module in :mod:`pipelab.runtime.policies`, whose table maps
-each :attr:`pipelab.methods.Method.weights` key to one.
+Version ``v`` of a stage is its weights after ``v`` updates of the master (the module's parameters).
+A policy serves exactly the versions the schedule names, refuses one its method's weights cannot
+give, and keeps exactly those still in flight or read by a forward to come. :class:`SingleVersion`
+serves flushed methods; :class:`Stashing` is PipeDream's (SOSP'19, §3.3), optionally with vertical
+sync; :class:`NoStash` is the naive-async ablation (§3), whose ``B`` recomputes on the newest
+weights. Stashed versions are tensors of their own, so an in-place step never corrupts a graph.
 """
 
 from __future__ import annotations
@@ -61,11 +42,9 @@ class WeightPolicy:
 
     # -- the schedule's versions
     def scheduled_forward(self, microbatch: int) -> int:
-        """The version the schedule says this stage's next ``F`` (of ``microbatch``) reads.
+        """The version the schedule names for this stage's next ``F`` (the newest without a schedule).
 
-        Consumes it from the forwards still to come. Without a schedule's reads (a policy built
-        by hand) it is the newest version. Raises when the runtime's forward is not the
-        schedule's next one.
+        Raises when ``microbatch`` is not the schedule's next forward.
         """
         fw = self.reads.forward
         if not fw:
@@ -97,8 +76,7 @@ class WeightPolicy:
 
     # -- what the runtime asks
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """The version ``F`` of ``microbatch`` reads: the schedule's, which must be the newest one
-        (``upstream_version``: the one sent with the activations, for vertical sync)."""
+        """The version ``F`` of ``microbatch`` reads: the schedule's, which must be the newest."""
         v = self.scheduled_forward(microbatch)
         if v != self.latest:
             raise self._mismatch("forward", microbatch, v, f"serves only the newest, {self.latest}")
@@ -129,8 +107,7 @@ class WeightPolicy:
         self._measure()
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called at ``U`` with the final gradients in place, before the optimizer steps (e.g. to set
-        this step's learning rate)."""
+        """Called at ``U`` with the gradients in place, before the optimizer steps."""
 
     def about_to_update(self) -> None:
         """Called right before the optimizer changes the master weights in place."""
@@ -155,16 +132,14 @@ class WeightPolicy:
 
     def weight_bytes(self) -> int:
         """Bytes of the distinct storages holding this stage's weights (master and any stashed)."""
-        return _distinct_bytes([self.params])
+        return distinct_bytes([self.params])
 
     # -- internals
     def _release(self) -> None:
         pass
 
     def _holdings(self) -> tuple[int, tuple[int, ...], int]:
-        """What :meth:`weight_bytes` depends on, cheaply: the master's storage (every code path that
-        moves the master moves all of its tensors together, copy-on-write), the stashed versions' keys
-        (a stash entry never changes once made) and the size of any extra buffer (HetPipe's anchor)."""
+        """What :meth:`weight_bytes` depends on: the master's storage, the stash's keys, extra buffers."""
         p = next(iter(self.params.values()), None)
         stash = getattr(self, "stash", None)
         anchor = getattr(self, "anchor", None)
@@ -172,9 +147,7 @@ class WeightPolicy:
                 tuple(stash) if stash is not None else (), len(anchor) if anchor else 0)
 
     def _measure(self) -> None:
-        # called after every action: walking every tensor's storage each time cost 10-40 us per
-        # action (reproductions/benchmarks/stash_forward.py), so the bytes are recounted only when
-        # what they depend on changed
+        # runs after every action: recount the bytes only when what they depend on changed
         self.max_held = max(self.max_held, self.held)
         key = self._holdings()
         if key != getattr(self, "_measured", None):
@@ -182,7 +155,8 @@ class WeightPolicy:
             self.max_weight_bytes = max(getattr(self, "max_weight_bytes", 0), self.weight_bytes())
 
 
-def _distinct_bytes(sources: Iterable[Mapping[str, torch.Tensor]]) -> int:
+def distinct_bytes(sources: Iterable[Mapping[str, torch.Tensor]]) -> int:
+    """Bytes of the distinct storages under the tensors of ``sources``."""
     seen: dict[int, int] = {}
     for src in sources:
         for t in src.values():
@@ -210,11 +184,9 @@ class SingleVersion(WeightPolicy):
     def updated(self) -> None:
         """Check that the pipeline is flushed, then count the new version."""
         if self.in_flight:
-            raise RuntimeError(
-                f"stage {self.stage}: weight update while microbatches {sorted(self.in_flight)} are in "
-                "flight; "
-                "a single-version method needs a flush before U (the schedule is not flushed)"
-            )
+            raise RuntimeError(f"stage {self.stage}: weight update while microbatches "
+                               f"{sorted(self.in_flight)} are in flight; a single-version method needs a "
+                               "flush before U")
         super().updated()
 
     def _measure(self) -> None:
@@ -226,10 +198,9 @@ class SingleVersion(WeightPolicy):
 class Stashing(WeightPolicy):
     """PipeDream weight stashing, optionally with vertical sync (SOSP'19 §3.3).
 
-    The newest version is stashed as an *alias* of the master weights (no copy); right before an
-    update, if an in-flight or upcoming microbatch still needs it, the master moves to fresh
-    storage and the stash keeps the old one (copy-on-write). So ``n`` versions held cost exactly
-    ``n`` copies of the stage's weights (measured by :meth:`weight_bytes`).
+    The newest version is stashed as an alias of the master; an update moves the master to fresh
+    storage only while a stash still needs the old one (copy-on-write), so ``n`` versions cost ``n``
+    weight copies.
     """
 
     name = "stashing"
@@ -242,19 +213,16 @@ class Stashing(WeightPolicy):
         self.sends_version = vertical_sync
 
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
-        """The schedule's version: the newest one, or with vertical sync the input stage's version
-        for the microbatch (which also travels with the activations, and must agree)."""
+        """The schedule's version: the newest, or with vertical sync the input stage's (which must agree)."""
         v = self.scheduled_forward(microbatch)
         if self.vertical_sync and upstream_version is not None and upstream_version != v:
             raise self._mismatch("forward", microbatch, v, f"received version {upstream_version} with it")
         if not self.vertical_sync and v != self.latest:
             raise self._mismatch("forward", microbatch, v, f"stashes from the newest, {self.latest}")
         if v not in self.stash:
-            raise RuntimeError(
-                f"stage {self.stage}: microbatch {microbatch} needs weight version {v} but this "
-                f"stage holds versions {sorted(self.stash)} (newest {self.latest}); the schedule's "
-                "version rule and the runtime disagree"
-            )
+            raise RuntimeError(f"stage {self.stage}: microbatch {microbatch} needs weight version {v} but "
+                               f"this stage holds versions {sorted(self.stash)} (newest {self.latest}); the "
+                               "schedule's version rule and the runtime disagree")
         return v
 
     def weights(self, version: int) -> dict[str, torch.Tensor] | None:
@@ -294,7 +262,7 @@ class Stashing(WeightPolicy):
 
     def weight_bytes(self) -> int:
         """Distinct storages of the master and the stash."""
-        return _distinct_bytes([self.params, *self.stash.values()])
+        return distinct_bytes([self.params, *self.stash.values()])
 
 
 class NoStash(WeightPolicy):

@@ -1,33 +1,18 @@
-"""Delayed weight versions: PipeDream-2BW and Lv et al.'s bounded buffer of K versions, and their math.
+"""Delayed weight versions: PipeDream-2BW and Lv et al.'s bounded buffer of K versions.
 
-* :func:`delayed_version` — which version minibatch ``k`` reads when weights are double- or
-  K-buffered: ``max(0, k - d)`` with ``d = 1`` for PipeDream-2BW (Narayanan et al., "Memory-Efficient
-  Pipeline-Parallel DNN Training", ICML'21, §3: ``W(t+1) = W(t) - nu * grad f(W(t-1))``) and
-  ``d = K - 1`` for the bounded buffer of Lv et al. (CCGrid'23), so K = 2 is 2BW and K = NOAM + 1
-  keeps as many versions as PipeDream's stash.
-* :func:`delayed_sgd` — the whole-model recurrence ``W(t+1) = W(t) - nu * grad f_t(W(t-d))``.
-* :class:`VersionStore` and :class:`DelayedVersions` (``2bw``, ``buffered``): every microbatch of
-  minibatch ``k`` reads version ``max(0, k - d)`` in ``F`` and ``B`` - the schedule names it
-  (:func:`pipelab.schedules.versions.assign_versions`), the policy serves it and keeps exactly the
-  versions that forwards still to come read; gradients of the ``M`` microbatches coalesce into one
-  update per minibatch.
-
-Memory: a stashed version that equals the master weights *aliases* their storage (a separate
-tensor object, so autograd's in-place checks stay per-version) and is split off copy-on-write
-right before the optimizer's in-place step (:meth:`VersionStore.about_to_update`). So a stage
-holding ``n`` versions holds exactly ``n`` weight copies, which :meth:`VersionStore.weight_bytes`
-measures by counting distinct storages - the quantity the simulator's memory model predicts as
-``weights + stashed_weights``.
+Minibatch ``k`` reads version ``max(0, k - d)``: ``d = 1`` for 2BW (Narayanan et al., ICML'21, §3),
+``d = K - 1`` for the bounded buffer (CCGrid'23). Invariant: a version equal to the master aliases
+its storage until the step (copy-on-write), so ``n`` versions held are ``n`` weight copies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from pipelab.runtime.policies.base import WeightPolicy, alias
+from pipelab.runtime.policies.base import WeightPolicy, alias, distinct_bytes
 from pipelab.schedules.versions import delayed_rule
 from pipelab.schedules.worker_view import StageReads
 
@@ -42,10 +27,7 @@ def delayed_version(minibatch: int, delay: int) -> int:
 
 def delayed_sgd(w0: torch.Tensor, grad: Callable[[int, torch.Tensor], torch.Tensor], lr: float, steps: int,
                 delay: int) -> list[torch.Tensor]:
-    """``W(t+1) = W(t) - lr * grad(t, W(max(0, t - delay)))``; returns ``[W(0), ..., W(steps)]``.
-
-    ``delay = 1`` is PipeDream-2BW's rule (ICML'21 §3), ``delay = 0`` plain SGD.
-    """
+    """``[W(0), ..., W(steps)]`` of ``W(t+1) = W(t) - lr * grad(t, W(max(0, t - delay)))``."""
     ws = [w0.clone()]
     for t in range(steps):
         ws.append(ws[t] - lr * grad(t, ws[delayed_version(t, delay)]))
@@ -53,15 +35,8 @@ def delayed_sgd(w0: torch.Tensor, grad: Callable[[int, torch.Tensor], torch.Tens
 
 
 # ---------------------------------------------------------------------- version store
-
-
 class VersionStore(WeightPolicy):
-    """Shared machinery: stashed versions keyed by an *epoch* (every change of the master weights),
-    copy-on-write aliases of the master, distinct-storage byte accounting.
-
-    ``version`` (what the trace shows) is the number of local updates; ``epoch`` also counts other
-    changes of the master (a HetPipe pull), so two contents never share a key.
-    """
+    """Stashed versions keyed by epoch (every change of the master), copy-on-write, distinct-storage bytes."""
 
     name = "store"
 
@@ -84,10 +59,9 @@ class VersionStore(WeightPolicy):
     def _tensors(self, e: int) -> dict[str, torch.Tensor]:
         if e not in self.stash:
             if e != self.epoch:
-                raise RuntimeError(
-                    f"stage {self.stage}: weights of epoch {e} (version {self.epoch_version.get(e)}) "
-                    f"are no longer held (held: {sorted(self.stash)}, current {self.epoch})"
-                )
+                raise RuntimeError(f"stage {self.stage}: weights of epoch {e} (version "
+                                   f"{self.epoch_version.get(e)}) are no longer held (held: "
+                                   f"{sorted(self.stash)}, current {self.epoch})")
             self.stash[e] = {n: alias(p) for n, p in self.params.items()}
         return self.stash[e]
 
@@ -119,13 +93,7 @@ class VersionStore(WeightPolicy):
     # -- accounting
     def weight_bytes(self) -> int:
         """Bytes of distinct storages among the master weights and every stashed version."""
-        seen: dict[int, int] = {}
-        srcs: list[Mapping[str, torch.Tensor]] = [self.params, *self.stash.values()]
-        for src in srcs:
-            for t in src.values():
-                s = t.untyped_storage()
-                seen[s.data_ptr()] = s.nbytes()
-        return sum(seen.values())
+        return distinct_bytes([self.params, *self.stash.values()])
 
     @property
     def held(self) -> int:
@@ -165,9 +133,7 @@ class VersionStore(WeightPolicy):
 
 
 class DelayedVersions(VersionStore):
-    """2BW / bounded buffer: every action of minibatch ``k`` reads the version the schedule names,
-    ``max(0, k - d)``; the policy keeps the versions in flight and those that forwards still to
-    come read (a version equal to the master is an alias, split off copy-on-write at the update)."""
+    """2BW / bounded buffer: serves the versions the schedule names, keeps those still needed."""
 
     name = "delayed"
 
@@ -175,11 +141,9 @@ class DelayedVersions(VersionStore):
         for e, ver in self.epoch_version.items():
             if ver == v:
                 return e
-        raise RuntimeError(
-            f"stage {self.stage}: version {v} is needed but no longer held "
-            f"(held {sorted(self.epoch_version.values())}, newest {self.latest}); the schedule's "
-            "versions and this policy disagree"
-        )
+        raise RuntimeError(f"stage {self.stage}: version {v} is needed but no longer held (held "
+                           f"{sorted(self.epoch_version.values())}, newest {self.latest}); the schedule's "
+                           "versions and this policy disagree")
 
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
         """The schedule's version for this forward (an older one, or the newest)."""
@@ -195,8 +159,7 @@ class DelayedVersions(VersionStore):
         return super()._needed_epochs() | {e for e, v in self.epoch_version.items() if v in later}
 
     def about_to_update(self) -> None:
-        """Drop versions no action will read again; keep the newest if a forward still to come
-        reads it (an alias that the base class splits off copy-on-write)."""
+        """Drop versions no action reads again; keep the newest if a forward still to come reads it."""
         self._release()
         if self.latest in self.future_reads():
             self._tensors(self.epoch)

@@ -1,5 +1,4 @@
-"""PipeMare's weight policy: no stash; per-stage learning-rate rescheduling and discrepancy-corrected
-backward weights (Yang et al., MLSys'21; the math is :mod:`pipelab.runtime.pipemare`)."""
+"""PipeMare's weight policy (Yang et al., MLSys'21); the math is :mod:`pipelab.runtime.pipemare_math`."""
 
 from __future__ import annotations
 
@@ -8,17 +7,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipelab.runtime.pipemare import PipeMareConfig, PipeMareState
-from pipelab.runtime.policies.base import WeightPolicy
+from pipelab.runtime.pipemare_math import PipeMareConfig, PipeMareState
+from pipelab.runtime.policies.base import NoStash
 from pipelab.schedules.worker_view import StageReads
 
 
-class PipeMarePolicy(WeightPolicy):
-    """PipeMare: no stash; F reads the newest weights; B recomputes with corrected weights (T2) and
-    the optimizer's step size follows T1 (see :mod:`pipelab.runtime.pipemare`)."""
+class PipeMarePolicy(NoStash):
+    """PipeMare: no stash; B recomputes with T2's corrected weights; the step size follows T1."""
 
     name = "pipemare"
-    forward_builds_graph = False
 
     def __init__(self, params: dict[str, nn.Parameter], stage: int, reads: StageReads | None = None, *,
                  tau_fwd: int, tau_bwd: int, config: PipeMareConfig) -> None:
@@ -31,9 +28,7 @@ class PipeMarePolicy(WeightPolicy):
 
     def backward_version(self, microbatch: int) -> int:
         """The newest version, as the schedule says; B will read the corrected weights derived from it."""
-        v = self.scheduled_backward(microbatch, self.latest)
-        if v != self.latest:
-            raise self._mismatch("backward", microbatch, v, f"serves only the newest, {self.latest}")
+        v = super().backward_version(microbatch)
         self._in_backward = microbatch
         self._corrected = None
         return v

@@ -1,6 +1,7 @@
-"""HetPipe's weight policy: PipeDream stashing inside a virtual worker plus Wave Synchronous
-Parallel push/pull through a parameter server every ``wave`` updates (Park et al., ATC'20; the
-server is :mod:`pipelab.runtime.wsp`)."""
+"""HetPipe's weight policy: stashing inside a virtual worker, push/pull every ``wave`` updates.
+
+Park et al., ATC'20; the server is :mod:`pipelab.runtime.param_server`.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class WSPEndpoint(Protocol):
 
 
 class LocalWSP:
-    """An in-process :class:`pipelab.runtime.wsp.WSPServer` seen as one VW's endpoint (reference executor)."""
+    """An in-process :class:`~pipelab.runtime.param_server.WSPServer` as one VW's endpoint."""
 
     def __init__(self, server: Any, vw: int) -> None:
         self.server, self.vw = server, vw
@@ -85,11 +86,7 @@ class HetPipePolicy(VersionStore):
     after_pull: Callable[[], None] | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The local clock (waves pushed) and pulls so far; the weights are the module's.
-
-        A checkpoint is taken only right after a wave's pull at a drained point, where the anchor
-        equals the master weights (the runtime checks), so it is not saved separately.
-        """
+        """The local clock and pulls so far (taken right after a pull, where the anchor is the master)."""
         return {"clock": self.latest // self.wave, "pulls": len(self.pulls)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -98,12 +95,7 @@ class HetPipePolicy(VersionStore):
             self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
 
     def updated(self) -> None:
-        """New local version; at a wave's end push the wave's update, then pull the global weights.
-
-        A blocking endpoint (a worker process) pulls at once; a deferred one (the reference
-        executor) leaves the pull pending until :meth:`pull_blocked` is false, and the executor runs
-        no other action of this worker meanwhile - so both see the same weights.
-        """
+        """New local version; at a wave's end push the update, then pull (the reference executor defers)."""
         super().updated()
         if self.latest % self.wave or self.endpoint is None:
             return

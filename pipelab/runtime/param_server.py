@@ -1,26 +1,10 @@
-"""HetPipe's Wave Synchronous Parallel (WSP) parameter server: the logic, and a process that serves it.
+"""HetPipe's Wave Synchronous Parallel (WSP) parameter server: the logic and a process serving it.
 
-HetPipe (Park et al., "HetPipe: Enabling Large DNN Training on (Whimpy) Heterogeneous GPU Clusters
-through Integration of Pipelined Model Parallelism and Data Parallelism", USENIX ATC'20, §4-§5)
-groups GPUs into *virtual workers* (VWs); each VW trains its own copy of the model with a PipeDream
-pipeline, and VWs share weights through a parameter server. A *wave* is the NOAM minibatches a VW
-processes before it synchronizes. At the end of every wave a VW pushes its aggregated update (the
-change of its local weights over the wave) and increments its local clock; the server adds the
-update to the global weights. The *global clock* is the minimum of the local clocks. A VW may start
-a wave only while its local clock is at most ``D`` ahead of the global clock (the staleness bound);
-``D = 0`` is bulk-synchronous at wave granularity. When it may start, it pulls the global weights.
-
-What a pull returns: every update of a complete clock (all clocks below the global clock; these
-are the updates WSP guarantees a VW sees) plus the pulling VW's own later updates (read your
-writes); other VWs' updates of incomplete clocks are folded in once their clock completes. Updates
-are added in (clock, virtual worker) order, never in arrival order. Hence with ``D = 0`` a pull's
-result does not depend on timing at all, and a multi-process run is bit-identical to the
-single-process reference and to a wave-synchronous oracle.
-
-The server is sharded by pipeline stage: each stage's weights form one shard with its own clocks
-(a stage's workers of all VWs push and pull that shard only), because a worker holds only its
-stage's weights. :class:`WSPServer` is the thread-safe logic; :func:`serve` runs shards in a
-separate process behind ``multiprocessing`` pipes and :class:`WSPClient` is a worker's end.
+HetPipe (Park et al., USENIX ATC'20, §4-§5): a virtual worker (VW) pushes its update at a wave's
+end; the global clock is the minimum local clock; a VW starts a wave at most ``D`` clocks ahead,
+pulling the global weights. Invariant: a pull adds every complete clock's updates and the puller's
+own, in (clock, VW) order, never arrival order, so with ``D = 0`` a run is bit-identical to the
+reference. One :class:`WSPServer` shard per stage; :func:`serve` runs them behind pipes.
 """
 
 from __future__ import annotations
@@ -49,11 +33,7 @@ class WSPEvent:
 
 
 class WSPServer:
-    """The weights of one shard, the VWs' local clocks and the staleness rule (thread-safe).
-
-    ``params`` are the initial global weights (copied); ``num_virtual_workers`` VWs; ``staleness`` is
-    HetPipe's ``D`` (>= 0).
-    """
+    """One shard's weights, the VWs' local clocks and the staleness rule ``D`` (thread-safe)."""
 
     def __init__(self, params: Mapping[str, torch.Tensor], num_virtual_workers: int, staleness: int,
                  *, stage: int = 0) -> None:
@@ -93,10 +73,7 @@ class WSPServer:
                 self._committed[name].add_(u)
 
     def weights(self, vw: int | None = None) -> dict[str, torch.Tensor]:
-        """Global weights as VW ``vw`` sees them: complete clocks plus its own pending updates.
-
-        ``vw=None`` gives every update received so far (all pending ones too), in (clock, VW) order.
-        """
+        """Global weights as VW ``vw`` sees them (``None``: every update received), in (clock, VW) order."""
         out = {k: v.clone() for k, v in self._committed.items()}
         for key in sorted(self._pending):
             if vw is None or key[1] == vw:
@@ -146,11 +123,7 @@ class WSPServer:
 
 
 def check_staleness(log: Sequence[WSPEvent], num_virtual_workers: int, staleness: int) -> int:
-    """Replay a server log and raise ``AssertionError`` if any pull broke the bound; return the max gap.
-
-    The global clock is recomputed from the pushes alone (not taken from the log), so this checks
-    the server rather than trusting it.
-    """
+    """Replay a log, recomputing the global clock; return the largest lead at a pull (assert <= bound)."""
     shards: dict[int, list[int]] = {}
     worst = 0
     for e in log:
@@ -181,12 +154,10 @@ def _from_wire(d: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.Tensor]],
           num_virtual_workers: int, staleness: int) -> list[WSPEvent]:
-    """Run the parameter server on ``conns`` (one per worker) until every worker said ``"stop"``.
+    """Serve ``conns`` (one per worker) until every worker said ``"stop"``; return the merged log.
 
-    Messages from a worker: ``("push", stage, vw, {name: ndarray})`` -> reply ``("ok", global_clock)``;
-    ``("pull", stage, vw)`` -> reply ``("weights", {name: ndarray}, global_clock)`` as soon as the
-    staleness rule allows (other workers are served meanwhile); ``("log",)`` -> reply with the log so
-    far; ``("stop",)``. Returns the merged log.
+    Requests: ``("push", stage, vw, arrays)`` -> ``("ok", clock)``; ``("pull", stage, vw)`` ->
+    ``("weights", arrays, clock)`` once the rule allows; ``("log",)``; ``("stop",)``.
     """
     servers = {s: WSPServer(p, num_virtual_workers, staleness, stage=s) for s, p in shards.items()}
     t0 = time.time()
@@ -241,10 +212,7 @@ def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.T
 
 def serve_process_main(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, np.ndarray]],
                        num_virtual_workers: int, staleness: int, result: Connection | None = None) -> None:
-    """Entry point of the parameter-server process: ``serve`` and send the log back on ``result``.
-
-    It dies with its launcher (:func:`pipelab.runtime.lifeline.watch_launcher`) and ignores Ctrl-C,
-    as the workers do: the launcher decides, and stops it with the job."""
+    """The server process: :func:`serve`, then the log on ``result``; dies with its launcher."""
     import signal
 
     from pipelab.runtime.lifeline import watch_launcher
@@ -269,11 +237,9 @@ class WSPClient:
 
     def _recv(self, what: str) -> Any:
         if not self.conn.poll(self.timeout):
-            raise TimeoutError(
-                f"stage {self.stage} of virtual worker {self.vw}: the WSP parameter server did "
-                f"not answer a {what} within {self.timeout} s (a slower virtual worker may have "
-                "failed)"
-            )
+            raise TimeoutError(f"stage {self.stage} of virtual worker {self.vw}: the WSP parameter server "
+                               f"did not answer a {what} within {self.timeout} s (a slower virtual worker "
+                               "may have failed)")
         msg = self.conn.recv()
         if msg[0] == "error":
             raise RuntimeError(f"WSP parameter server: {msg[1]}")
@@ -310,31 +276,14 @@ def events_from_trace(trace: Any) -> list[WSPEvent]:
     ranks = trace.meta.get("stage_ranks")
     if not ranks:
         raise ValueError("the trace has no meta['stage_ranks']; pass a trace from pl.train(method='hetpipe')")
-    out = []
-    for e in trace.events:
-        if e.kind in ("push", "pull"):
-            out.append(
-                WSPEvent(
-                    e.start_s,
-                    e.kind,
-                    e.stage,
-                    list(ranks[e.stage]).index(e.worker),
-                    e.microbatch,
-                    e.weight_version,
-                )
-            )
+    out = [WSPEvent(e.start_s, e.kind, e.stage, list(ranks[e.stage]).index(e.worker), e.microbatch,
+                    e.weight_version) for e in trace.events if e.kind in ("push", "pull")]
     return sorted(out, key=lambda e: e.t)
 
 
 def check_trace(trace: Any, staleness: int) -> int:
-    """Assert from a run's trace that no virtual worker ever ran more than ``staleness`` clocks ahead.
-
-    Replays the pushes and pulls (see :func:`check_staleness`) and returns the largest gap seen.
-    """
+    """:func:`check_staleness` on a run's trace: the largest lead of a VW at a pull."""
     evs = events_from_trace(trace)
     if not evs:
-        raise ValueError(
-            "the trace has no push/pull events; is it a hetpipe run with at least one full wave?"
-        )
-    V = len(trace.meta["stage_ranks"][0])
-    return check_staleness(evs, V, staleness)
+        raise ValueError("the trace has no push/pull events; is it a hetpipe run with a full wave?")
+    return check_staleness(evs, len(trace.meta["stage_ranks"][0]), staleness)

@@ -1,39 +1,11 @@
-"""Per-worker checkpoints of a pipeline run, written atomically, with a manifest and plan check.
+"""Checkpoints on disk: one file per worker, sealed by a manifest written last.
 
-Layout of a checkpoint folder::
-
-    checkpoint_dir/
-      step-00000010/
-        rank-0.pt  rank-1.pt  ...     one file per worker (torch.save of a dict)
-        manifest.json                 written last: step, plan fingerprint, method, sha256 per file
-      step-00000020/ ...
-
-Each worker writes its own file with :func:`save_worker` (``torch.save`` into memory, then
-:func:`pipelab._io.atomic_write_bytes`: temp file, fsync, rename), so a file is either absent or
-complete. Each worker reports its file's sha256 to the run's one coordinator, a :class:`Sealer`
-(the launcher; rank 0 under torchrun), which calls :func:`write_manifest` once every worker's file
-is in, with the run's identity; a checkpoint *exists* only when its manifest does. A run killed
-while writing therefore leaves the previous checkpoint as :func:`latest`, intact, and the next run
-removes the unsealed folder and temp files (:func:`clean`) while holding the folder's
-:class:`FolderLock` (one run per folder). Renames are followed by an fsync of the folder.
-:func:`choose_resume` picks the step a run resumes from once, verifying every file's hash, and
-falls back to the previous sealed checkpoint when the newest is damaged. :func:`load_worker`
-refuses a checkpoint written for another plan or method, and one whose file does not match the
-manifest's hash or run.
-
-What a worker saves is up to the runtime; by convention a dict with ``"stages"`` (stage index ->
-module state_dict, optimizer state, the weight policy's own state), ``"step"``, ``"data_position"``
-and ``"rng"``. The runtime saves only at drained points
-(:meth:`pipelab.runtime.worker.Worker.checkpoint_state`
-refuses otherwise): flushed methods after a minibatch, asynchronous ones at the end of a drained
-segment (:mod:`pipelab.schedules.segments`; the manifest's ``extra["drain_every"]`` records the
-segment length so that a resumed run keeps it). There every stage holds a single weight version
-(PipeDream's stash, 2BW's two buffers and buffered's K versions have collapsed to the master
-weights), so the policy state is only what outlives a drain: PipeMare's delta EMA and step count,
-HetPipe's wave clock. A HetPipe checkpoint (``D = 0``) is taken right after a wave's pull, where
-the parameter server's state is fully determined - global weights equal to every virtual worker's,
-all local clocks equal, nothing pending - so a resumed run rebuilds the server from the saved
-weights (:func:`global_weights`).
+``checkpoint_dir/step-00000010/`` holds ``rank-<r>.pt`` (torch.save of a dict, written atomically)
+and ``manifest.json`` (step, plan fingerprint, method, run id, sha256 per file). Invariants: a
+checkpoint exists once its manifest does, written by the run's one :class:`Sealer`; a killed run
+leaves the previous one intact, and the next run removes the unsealed rest (:func:`clean`) under
+the :class:`FolderLock`; :func:`load_worker` refuses another plan's or method's checkpoint and a
+file that does not match its hash. Checkpoints are taken at drained points (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -56,11 +28,7 @@ _STEP_RE = re.compile(r"^step-(\d{8})$")
 
 
 def plan_fingerprint(plan: Any) -> str:
-    """A short hash of what makes a plan's checkpoints interchangeable: layers per stage, replicas, ranks.
-
-    Predictions (times, memory) are left out: re-partitioning with another cost model that yields
-    the same layout can resume from the same checkpoint.
-    """
+    """A short hash of the plan's layout (layers per stage, replicas, ranks), predictions left out."""
     doc = {
         "num_layers": int(plan.num_layers),
         "profile": getattr(plan, "profile_fingerprint", ""),
@@ -125,42 +93,11 @@ def save_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, st
 
 def sha256_of(path: Path) -> str:
     """The sha256 of the file at ``path`` (hex)."""
-    return _sha256(path)
-
-
-def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def write_manifest(checkpoint_dir: str | os.PathLike[str], step: int, *, plan: Any, method: str,
-                   num_workers: int | None = None, extra: dict[str, Any] | None = None,
-                   keep: int | None = 2, hashes: dict[int, str] | None = None, run_id: str = "") -> Path:
-    """Seal the checkpoint of ``step`` once every worker's file is written; prune to ``keep`` newest.
-
-    ``hashes`` (rank -> sha256 of the bytes it wrote, as :class:`Sealer` gathers them) saves reading
-    the files again; ``run_id`` names the run that wrote them. Raises ``FileNotFoundError`` naming
-    the missing ranks if a worker's file is absent.
-    """
-    d = step_dir(checkpoint_dir, step)
-    n = int(num_workers if num_workers is not None else plan.num_workers)
-    missing = [r for r in range(n) if not (d / f"rank-{r}.pt").exists()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {d} lacks the files of ranks {missing}; every worker must call "
-                                "save_worker before the manifest is written")
-    files = {f"rank-{r}.pt": (hashes or {}).get(r) or _sha256(d / f"rank-{r}.pt") for r in range(n)}
-    path = write_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION,
-                        {"step": int(step), "plan_fingerprint": plan_fingerprint(plan), "method": method,
-                         "num_workers": n, "plan_config": getattr(plan, "config", ""), "files": files,
-                         "run": run_id, "extra": extra or {}})
-    fsync_dir(d)
-    if keep is not None and keep > 0:
-        for old in list_checkpoints(checkpoint_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    return path
 
 
 def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
@@ -207,12 +144,10 @@ def check_compatible(path: str | os.PathLike[str], *, plan: Any, method: str) ->
     man = read_manifest(path)
     fp = plan_fingerprint(plan)
     if man["plan_fingerprint"] != fp:
-        raise ValueError(
-            f"checkpoint {resolve(path)} was written for another plan (config "
-            f"{man.get('plan_config')!r}, fingerprint {man['plan_fingerprint']}) than this run's "
-            f"(config {getattr(plan, 'config', '')!r}, fingerprint {fp}); resume with the plan it "
-            "was written for, or start without resume="
-        )
+        raise ValueError(f"checkpoint {resolve(path)} was written for another plan (config "
+                         f"{man.get('plan_config')!r}, fingerprint {man['plan_fingerprint']}) than this "
+                         f"run's (config {getattr(plan, 'config', '')!r}, fingerprint {fp}); resume with "
+                         "the plan it was written for, or start without resume=")
     if man["method"] != method:
         raise ValueError(f"checkpoint {resolve(path)} was written by method {man['method']!r}, this run uses "
                          f"{method!r}; resume with method={man['method']!r}")
@@ -227,7 +162,7 @@ def load_worker(path: str | os.PathLike[str], rank: int, *, plan: Any, method: s
     if name not in man["files"]:
         raise ValueError(f"checkpoint {d} has no state for rank {rank} ({man['num_workers']} workers)")
     f = d / name
-    if _sha256(f) != man["files"][name]:
+    if sha256_of(f) != man["files"][name]:
         raise ValueError(f"{f} does not match its manifest hash (modified or corrupt); use an older "
                          "checkpoint")
     doc = torch.load(f, map_location="cpu", weights_only=True)
@@ -242,13 +177,7 @@ def load_worker(path: str | os.PathLike[str], rank: int, *, plan: Any, method: s
 
 def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
                    stage_ranks: Any) -> dict[int, dict[str, torch.Tensor]]:
-    """Per stage, the module weights every replica saved at the checkpoint at ``path``.
-
-    HetPipe's parameter server restarts from these: a HetPipe checkpoint is taken right after a
-    wave's pull at a drained point with ``D = 0``, where every virtual worker holds the server's
-    global weights and all local clocks are equal with nothing pending. Raises ``ValueError`` if
-    the replicas of a stage disagree (then the checkpoint is not such a cut).
-    """
+    """Per stage, the weights all replicas saved at ``path`` (a HetPipe ``D = 0`` cut); they must agree."""
     out: dict[int, dict[str, torch.Tensor]] = {}
     for s, ranks in enumerate(stage_ranks):
         ref: dict[str, torch.Tensor] | None = None
@@ -257,23 +186,22 @@ def global_weights(path: str | os.PathLike[str], *, plan: Any, method: str,
             if ref is None:
                 ref = st
             elif set(st) != set(ref) or not all(torch.equal(st[k], ref[k]) for k in ref):
-                raise ValueError(
-                    f"checkpoint {resolve(path)}: the replicas of stage {s} (workers {list(ranks)}) "
-                    "saved different weights, so it is not a synchronized cut of the parameter server"
-                )
+                raise ValueError(f"checkpoint {resolve(path)}: the replicas of stage {s} (workers "
+                                 f"{list(ranks)}) saved different weights, so it is not a synchronized cut "
+                                 "of the parameter server")
         assert ref is not None
         out[s] = ref
     return out
 
 
 class Sealer:
-    """The one writer of a run's manifests: each worker reports ``(step, rank, sha256)`` of the file it
-    wrote (:meth:`report`); once every rank of a step has, the step is sealed with those hashes and
-    the run's identity, and older checkpoints are pruned to ``keep``."""
+    """A run's one manifest writer: seals a step once every rank reported ``(step, rank, sha256)``."""
 
-    def __init__(self, checkpoint_dir: str | os.PathLike[str], *, plan: Any, method: str, num_workers: int,
-                 run_id: str, extra: dict[str, Any] | None = None, keep: int | None = 2) -> None:
-        self.root, self.plan, self.method, self.n = Path(checkpoint_dir), plan, method, int(num_workers)
+    def __init__(self, checkpoint_dir: str | os.PathLike[str], *, plan: Any, method: str,
+                 num_workers: int | None = None, run_id: str = "", extra: dict[str, Any] | None = None,
+                 keep: int | None = 2) -> None:
+        self.root, self.plan, self.method = Path(checkpoint_dir), plan, method
+        self.n = int(num_workers if num_workers is not None else plan.num_workers)
         self.run_id, self.extra, self.keep = run_id, dict(extra or {}), keep
         self.pending: dict[int, dict[int, str]] = {}
         self.sealed: list[int] = []
@@ -285,9 +213,31 @@ class Sealer:
         if len(got) < self.n:
             return
         del self.pending[int(step)]
-        write_manifest(self.root, step, plan=self.plan, method=self.method, num_workers=self.n,
-                       extra=self.extra, keep=self.keep, hashes=got, run_id=self.run_id)
+        self.seal(step, got)
         self.sealed.append(int(step))
+
+    def seal(self, step: int, hashes: dict[int, str] | None = None) -> Path:
+        """Write ``step``'s manifest (``hashes``: rank -> sha256, else read); prune to ``keep`` newest.
+
+        Raises ``FileNotFoundError`` naming the ranks whose file is missing.
+        """
+        d = step_dir(self.root, step)
+        missing = [r for r in range(self.n) if not (d / f"rank-{r}.pt").exists()]
+        if missing:
+            raise FileNotFoundError(f"checkpoint {d} lacks the files of ranks {missing}; every worker must "
+                                    "call save_worker before the manifest is written")
+        hashes = hashes or {}
+        files = {f"rank-{r}.pt": hashes.get(r) or sha256_of(d / f"rank-{r}.pt") for r in range(self.n)}
+        path = write_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION,
+                            {"step": int(step), "plan_fingerprint": plan_fingerprint(self.plan),
+                             "method": self.method, "num_workers": self.n,
+                             "plan_config": getattr(self.plan, "config", ""), "files": files,
+                             "run": self.run_id, "extra": self.extra})
+        fsync_dir(d)
+        if self.keep is not None and self.keep > 0:
+            for old in list_checkpoints(self.root)[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return path
 
 
 class CheckpointBusy(OSError):
@@ -295,10 +245,7 @@ class CheckpointBusy(OSError):
 
 
 class FolderLock:
-    """An exclusive lock on a checkpoint folder for the life of a run (``fcntl.flock`` of ``.lock``).
-
-    The kernel drops it when the holder dies, so a killed run never leaves the folder locked.
-    """
+    """An exclusive ``flock`` on a checkpoint folder for a run's life (dropped when the holder dies)."""
 
     NAME = ".lock"
 
@@ -330,10 +277,7 @@ class FolderLock:
 
 
 def clean(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
-    """Remove what a killed run left half-written: step folders without a manifest, and temp files.
-
-    Call it only while holding the folder's :class:`FolderLock`. Returns what was removed.
-    """
+    """Remove step folders without a manifest and temp files (hold the :class:`FolderLock`); return them."""
     root = Path(checkpoint_dir)
     removed: list[Path] = []
     if not root.is_dir():
@@ -353,28 +297,20 @@ def clean(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of step folder ``path`` after checking every rank file against its hash.
-
-    Raises ``ValueError`` naming the file that is missing or does not match.
-    """
+    """The manifest of step folder ``path``; raises ``ValueError`` naming a missing or changed file."""
     d = Path(path)
     man = read_record(d / "manifest.json", "checkpoint", SCHEMA_VERSION)
     for name, sha in man["files"].items():
         f = d / name
         if not f.is_file():
             raise ValueError(f"{f} is missing (the manifest lists it); the checkpoint is damaged")
-        if _sha256(f) != sha:
+        if sha256_of(f) != sha:
             raise ValueError(f"{f} does not match its manifest hash (modified or corrupt)")
     return man
 
 
 def choose_resume(path: str | os.PathLike[str], *, fallback: bool = True) -> Path:
-    """The step folder a run resumes from, its files verified (:func:`verify`), chosen once.
-
-    ``path`` is a step folder (used as it is) or a checkpoint root: then its newest sealed
-    checkpoint, or with ``fallback`` the newest one whose files are intact, warning about each
-    damaged one skipped. Raises ``ValueError`` naming the damaged file otherwise.
-    """
+    """The verified step folder to resume from (``fallback``: skip a damaged newest one, warning)."""
     import warnings
 
     p = Path(path)

