@@ -108,11 +108,6 @@ class Plan(Described):
         return config_string(self.replicas)
 
     @property
-    def time_per_sample(self) -> float:
-        """Predicted seconds per sample in steady state."""
-        return self.time_per_minibatch / self.batch_size
-
-    @property
     def noam(self) -> int:
         """PipeDream's NOAM: minibatches in flight = ceil(workers / input-stage replicas)."""
         return metrics.in_flight(self.replicas, 0)

@@ -161,12 +161,6 @@ def bounds_of(margin: Margin, method: str, equivalent: str = "") -> tuple[float,
     return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
 
 
-def error_of(margin: Margin, method: str, equivalent: str = "") -> float:
-    """The largest |error| ``margin`` gives a row of ``method``."""
-    lo, hi = bounds_of(margin, method, equivalent)
-    return max(abs(lo), abs(hi))
-
-
 def _simpler(table: pd.DataFrame, i: Any) -> tuple[Any, ...]:
     """How complex row ``i``'s plan is, for ties: asynchronous, stages, not data parallelism, chunks,
     recomputation, compression, microbatches, peak memory, then table order (smaller is simpler)."""
@@ -307,5 +301,5 @@ def resolve_margin(margin: Margin | str | Path | None) -> tuple[Margin, str]:
 
 
 __all__ = ["NO_MARGIN", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "bounds_of", "check_margin", "decide",
-           "error_of", "held_out", "less_shift", "load_errors", "load_margin", "load_ranges",
+           "held_out", "less_shift", "load_errors", "load_margin", "load_ranges",
            "margin_from_accuracy", "ranges_from_accuracy", "resolve_margin", "write_errors"]
