@@ -20,7 +20,7 @@ import pipelab.metrics as metrics
 from pipelab.cluster import Cluster, Device
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
-from pipelab.partition.predict import Pipelining, build_plan
+from pipelab.partition.predict import Pipelining, build_plan, descend
 
 POLICIES = ("ED", "NP", "HD")
 MAX_ORDER_SEARCH = 6      # GPUs per VW up to which every order along the pipeline is tried
@@ -212,27 +212,11 @@ def _fits(
     return True
 
 
-def _refine(cm: CostModel, bounds: list[int], orders: Sequence[Sequence[int]], memory_limit: float | None,
-            max_evals: int = 400, window: int = 16) -> tuple[float, list[int]]:
+def _refine(cm: CostModel, bounds: list[int], orders: Sequence[Sequence[int]], memory_limit: float | None
+            ) -> tuple[float, list[int]]:
     """Coordinate descent of the boundaries on :func:`hetpipe_time_s` (orders fixed, memory respected)."""
-    n = cm.num_layers
-    cur = [0, *bounds, n]
-    best = hetpipe_time_s(cm, bounds, orders).time_s
-    evals, improved = 1, True
-    while improved and evals < max_evals:
-        improved = False
-        for s in range(1, len(cur) - 1):
-            for b in range(max(cur[s - 1] + 1, cur[s] - window), min(cur[s + 1] - 1, cur[s] + window) + 1):
-                if b == cur[s] or evals >= max_evals:
-                    continue
-                trial = [*cur[:s], b, *cur[s + 1:]]
-                if not _fits(cm, trial, orders, memory_limit):
-                    continue
-                t = hetpipe_time_s(cm, trial[1:-1], orders).time_s
-                evals += 1
-                if t < best * (1 - 1e-9):
-                    best, cur, improved = t, trial, True
-    return best, cur[1:-1]
+    return descend([0, *bounds, cm.num_layers], lambda c: hetpipe_time_s(cm, c[1:-1], orders).time_s,
+                   lambda c, _: _fits(cm, c, orders, memory_limit))
 
 
 def shared_partition(cm: CostModel, vws: Sequence[Sequence[int]], *, memory_limit: float | None = None,

@@ -8,7 +8,7 @@ docs/partitioning.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -62,37 +62,39 @@ def refine_bounds(cm: CostModel, bounds: Sequence[int], stage_workers: Sequence[
                   memory_limit: float | None = None, max_evals: int = 400, window: int = 16) -> list[int]:
     """Move stage boundaries, one at a time (within ``window`` layers, at most ``max_evals`` tries), to
     where :meth:`CostModel.steady_state` is smallest; replicas, ranks and memory limits kept."""
-    n, P = cm.num_layers, len(stage_workers)
-    cur = [0, *bounds, n]
-    reps = [len(w) for w in stage_workers]
-    flights = in_flight_pipedream(reps)
+    flights = in_flight_pipedream([len(w) for w in stage_workers])
 
     def fits(s: int, a: int, b: int) -> bool:
-        lim = (
-            memory_limit if memory_limit is not None else min(cm.cluster.memory(w) for w in stage_workers[s])
-        )
+        lim = min(cm.cluster.memory(w) for w in stage_workers[s]) if memory_limit is None else memory_limit
         return cm.memory_bytes(a, b, versions=flights[s], in_flight=flights[s])["total"] <= lim
 
     def cost(c: list[int]) -> float:
         return cm.steady_state(list(zip(c[:-1], c[1:])), stage_workers, in_flight=flights).time_s
 
-    best = cost(cur)
+    return descend([0, *bounds, cm.num_layers], cost,
+                   lambda c, s: fits(s - 1, c[s - 1], c[s]) and fits(s, c[s], c[s + 1]), max_evals, window)[1]
+
+
+def descend(cuts: list[int], cost: Callable[[list[int]], float], fits: Callable[[list[int], int], bool],
+            max_evals: int = 400, window: int = 16) -> tuple[float, list[int]]:
+    """Coordinate descent of the inner ``cuts`` (``[0, ..., n]``) on ``cost``: each cut tries every
+    position within ``window`` of it where ``fits(trial, moved cut)``; ``(cost, inner cuts)``."""
+    cur, best = cuts, cost(cuts)
     evals, improved = 1, True
     while improved and evals < max_evals:
         improved = False
-        for s in range(1, P):
-            lo, hi = max(cur[s - 1] + 1, cur[s] - window), min(cur[s + 1] - 1, cur[s] + window)
-            for b in range(lo, hi + 1):
+        for s in range(1, len(cur) - 1):
+            for b in range(max(cur[s - 1] + 1, cur[s] - window), min(cur[s + 1] - 1, cur[s] + window) + 1):
                 if b == cur[s] or evals >= max_evals:
                     continue
-                if not (fits(s - 1, cur[s - 1], b) and fits(s, b, cur[s + 1])):
-                    continue
                 trial = [*cur[:s], b, *cur[s + 1:]]
+                if not fits(trial, s):
+                    continue
                 t = cost(trial)
                 evals += 1
                 if t < best * (1 - 1e-9):
                     best, cur, improved = t, trial, True
-    return cur[1:-1]
+    return best, cur[1:-1]
 
 
 @dataclass(frozen=True)

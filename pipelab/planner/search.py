@@ -474,8 +474,9 @@ def _method_names(cl: Cluster, methods: Iterable[str] | None) -> tuple[str, ...]
 
 def _default_index(cands: Sequence[Candidate]) -> int | None:
     """The default's candidate: the baseline method on a uniform split over every worker, ``M = P``."""
-    uniform = [i for i, c in enumerate(cands) if c.method == registry.BASELINE and c.partitioner == "uniform"
-               and not c.recompute and c.compression is None and c.microbatches == c.plan.num_stages]
+    uniform = [i for i, c in enumerate(cands)
+               if registry.get(c.method).baseline and c.partitioner == "uniform" and not c.recompute
+               and c.compression is None and c.microbatches == c.plan.num_stages]
     return max(uniform, key=lambda i: (cands[i].plan.num_stages, -cands[i].plan.num_workers), default=None)
 
 
