@@ -1,15 +1,9 @@
 """The profiler: measure a model layer by layer and return a :class:`~pipelab.profile.records.Profile`.
 
-Layers are the runtime's (:func:`pipelab.graph.layer_members`). As PipeDream's profiler (SOSP'19 §3.1)
-it records forward and backward time, output and weight bytes per layer:
-
-* forward: timed around each layer inside whole forward passes (autograd on);
-* backward: ``torch.autograd.grad`` of each layer alone on fresh copies of its real inputs;
-* whole passes (``whole=True``): every layer's times scaled by one factor per direction so that
-  they add up to a timed training step's forward and backward.
-
-A time is the median over ``repeats``. Also recorded: the bytes alive across every cut, forward FLOPs
-and the bytes autograd saves for backward (unique storages, weights excluded).
+As PipeDream's profiler (SOSP'19 §3.1), per layer (:func:`pipelab.graph.layer_members`): forward
+time, timed inside whole forward passes; backward time, of the layer alone (:mod:`.layer_timing`);
+output, weight and saved bytes, FLOPs, and the bytes alive across every cut. With ``whole=True`` the
+layers' times are scaled to add up to a timed training step. Times are medians over ``repeats``.
 """
 
 from __future__ import annotations

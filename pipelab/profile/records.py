@@ -108,7 +108,6 @@ class Profile:
     #: bytes the loss saves for its backward, held by the last stage (0: not measured)
     loss_saved_bytes: int = 0
 
-    # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
         object.__setattr__(self, "cut_bytes", tuple(int(c) for c in self.cut_bytes))
@@ -133,7 +132,6 @@ class Profile:
             if not (0 <= a < b < n):
                 raise ValueError(f"edge ({a}, {b}) is not forward between layer indices 0..{n - 1}")
 
-    # ------------------------------------------------------------------ access
     def __len__(self) -> int:
         return len(self.layers)
 
@@ -256,7 +254,6 @@ class Profile:
                        source=f"{self.source}; {note}" if self.source else note,
                        loss_saved_bytes=int(round(self.loss_saved_bytes * r)))
 
-    # ------------------------------------------------------------------ constructors
     @classmethod
     def synthetic(
         cls,
@@ -303,7 +300,6 @@ class Profile:
         layers = tuple(Layer(**d) for d in fields["layers"])
         return cls(**{**fields, "layers": layers})
 
-    # ------------------------------------------------------------------ (de)serialization
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (without the schema envelope)."""
         return {

@@ -116,7 +116,6 @@ class Schedule(Described):
     def __len__(self) -> int:
         return sum(len(a) for a in self.actions)
 
-    # ------------------------------------------------------------------ views of the lists
     def __str__(self) -> str:
         return self.grid()
 
@@ -206,7 +205,6 @@ class Schedule(Described):
         """Minibatches a run takes to fill (and to drain), at least one: a steady window leaves them out."""
         return max(1, -(-self.in_flight(0) * len(self.stage_ranks[0]) // self.microbatches))
 
-    # ------------------------------------------------------------------ CSV
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Save as CSV to edit by hand: a ``#``-line of JSON metadata, then rows ``w,<action>[@version]``."""
         meta = {"method": self.method, "num_stages": self.num_stages,

@@ -261,7 +261,6 @@ def _checked_microbatches(rows: dict[int, list[tuple[int, str, int]]], M: int | 
     return M
 
 
-# ---------------------------------------------------------------------------- pipelab -> torch
 def _refuse(schedule: Schedule) -> None:
     """Raise :class:`ScheduleError` saying why, if torch's engine cannot run ``schedule``."""
     spec = _methods.METHODS.get(schedule.method)
