@@ -92,8 +92,7 @@ def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequen
     ranges = list(zip(cuts[:-1], cuts[1:]))
     flights = [metrics.in_flight([1] * k, s) for s in range(k)]
     vw = tuple(cm.steady_state(ranges, [[w] for w in o], in_flight=flights).time_s for o in orders)
-    # the shared ports: stage s's replica v is VW v's device, minibatch m goes to replica m % V of
-    # every stage, which pairs VW v's devices across each cut (only the port loads are used)
+    # the shared ports: replica v of every stage is VW v's device (only the port loads are used)
     ports = cm.steady_state(ranges, [[o[s] for o in orders] for s in range(k)], in_flight=flights).ports_s
     port = max(ports.values(), default=0.0)
     slow = max(range(V), key=lambda v: vw[v])
@@ -162,8 +161,7 @@ class _StageTerms:
                 cost = cost + xout[None, :]
         elif xin is not None and xout is not None:
             same = cm.cluster.level_between(prev, w) == cm.cluster.level_between(w, nxt)   # type: ignore[arg-type]
-            # a middle stage's egress carries activations out and gradients back on one port
-            # when both cuts cross the same level (CostModel.stage_port_s)
+            # both cuts on one level share the port (CostModel.stage_port_s)
             port = xin[:, None] + xout[None, :] if same else np.maximum(xin[:, None], xout[None, :])
             cost = np.maximum(cost, port)
         elif xin is not None:
@@ -309,27 +307,13 @@ def partition_hetpipe(cm: CostModel, *, policy: str = "ED", memory_limit: float 
     k, V = len(orders[0]), len(vws)
     # stage s runs on the s-th device (in its VW's order) of every VW: replica v is VW v
     ranks_of = [orders[v][s] for s in range(k) for v in range(V)]
-    plan = build_plan(
-        cm,
-        bounds,
-        [V] * k,
-        method="hetpipe",
-        run=Pipelining(in_flight=[metrics.in_flight([1] * k, s) for s in range(k)]),
-        ranks_of=ranks_of,
-        notes={"policy": policy.upper(), "virtual_workers": vws},
-    )
+    plan = build_plan(cm, bounds, [V] * k, method="hetpipe", ranks_of=ranks_of,
+                      run=Pipelining(in_flight=[metrics.in_flight([1] * k, s) for s in range(k)]),
+                      notes={"policy": policy.upper(), "virtual_workers": vws})
     time = pace.time_s
-    stages = tuple(replace(st, versions=st.in_flight) for st in plan.stages)
     return plan.with_predictions(
-        stages=stages,
-        time_per_minibatch=time,
+        stages=tuple(replace(st, versions=st.in_flight) for st in plan.stages), time_per_minibatch=time,
         speedup_over_dp=plan.time_per_minibatch * plan.speedup_over_dp / time,
-        notes={
-            **plan.notes,
-            "vw_orders": orders,
-            "vw_times_s": list(pace.vw_times_s),
-            "port_max_s": pace.port_max_s,
-            "bottleneck": pace.bottleneck,
-            "sync": "parameter server under WSP, assumed hidden by staleness",
-        },
-    )
+        notes={**plan.notes, "vw_orders": orders, "vw_times_s": list(pace.vw_times_s),
+               "port_max_s": pace.port_max_s, "bottleneck": pace.bottleneck,
+               "sync": "parameter server under WSP, assumed hidden by staleness"})

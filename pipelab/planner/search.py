@@ -107,20 +107,12 @@ class PlanTable:
     @property
     def best(self) -> pd.Series:
         """The planner's pick (column ``pick``); raises when none fits."""
-        ok = self.table[self.table["pick"]]
-        if ok.empty:
-            raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
-                             "recomputation / compression")
-        return ok.iloc[0]
+        return _first(self.table[self.table["pick"]])
 
     @property
     def fastest(self) -> pd.Series:
         """The fastest predicted candidate that fits (rank 1), whatever the margin; raises when none fits."""
-        ok = self.table[self.table["rank"] == 1]
-        if ok.empty:
-            raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
-                             "recomputation / compression")
-        return ok.iloc[0]
+        return _first(self.table[self.table["rank"] == 1])
 
     def candidate(self, row: int | None = None) -> Candidate:
         """The candidate of table index ``row`` (default: the best)."""
@@ -173,6 +165,13 @@ class PlanTable:
                       "into M microbatches (dp: one per replica); synchronous methods with their flush, "
                       "asynchronous ones in steady state\n")
         return head_line + t.to_string()
+
+
+def _first(rows: pd.DataFrame) -> pd.Series:
+    if rows.empty:
+        raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
+                         "recomputation / compression")
+    return rows.iloc[0]
 
 
 def _shown(v: float | tuple[float, float]) -> str:

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.trace import Event
 
-#: how many actions ahead pipelab's runtime posts its receives (:func:`pipelab.runtime.process.execute`);
-#: with a rendezvous transport (gloo) a message moves only once its receive is posted
+#: how many actions ahead pipelab's runtime posts its receives (:func:`pipelab.runtime.process.execute`)
 POST_AHEAD = 4
 
 
@@ -172,8 +171,7 @@ class Engine:
         self.events: list[Event] = []
         self.heap: list[tuple[float, int, int]] = []         # (end time, seq, worker)
         self.seq = 0
-        # rendezvous: where each worker runs each action, each action's end, and the sends waiting
-        # for their receive to be posted (keyed by the receiver and the action whose end posts it)
+        # rendezvous: each action's index and end per worker; sends parked until their receive is posted
         self.ahead = costs.post_ahead()
         self.index_of = ([{(a.kind, a.stage, a.microbatch): i for i, a in enumerate(lst)}
                           for lst in self.acts] if self.ahead is not None else [])
@@ -315,8 +313,7 @@ class Engine:
             # this action's end posts those receives: the parked sends move now
             posted = max(pend, end) + self.costs.rendezvous_s(psrc, pdst)
             self.publish(pkey, self.ship(pa, psrc, pdst, posted))
-        # the worker's own data first, then its next action: whether it starts at once decides how
-        # soon what this action sends can leave (costs.busy_sender_s)
+        # own data first, then the next action: whether it starts at once delays the send (busy_sender_s)
         if kind in ("F", "B"):
             self.publish((kind.lower(), s, m), end)
         before = self.ptr[w]
