@@ -99,12 +99,8 @@ def descend(cuts: list[int], cost: Callable[[list[int]], float], fits: Callable[
 
 @dataclass(frozen=True)
 class Pipelining:
-    """How a plan's stages run: ``"async"`` (no flush) or ``"flush"`` of ``microbatches`` per minibatch.
-
-    ``in_flight``: microbatches in flight per stage (default: PipeDream's for ``"async"``, ``M`` for
-    ``"flush"``). A flushed stage holds one weight version, an asynchronous one a version per minibatch
-    in flight.
-    """
+    """How a plan's stages run: ``"async"`` (a version per minibatch in flight, ``in_flight`` default
+    PipeDream's) or ``"flush"`` of ``microbatches`` (one version, ``M`` in flight)."""
 
     schedule: Literal["async", "flush"] = "async"
     microbatches: int = 1

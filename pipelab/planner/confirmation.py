@@ -84,12 +84,8 @@ def steps_for(throughput: float, batch: int, seconds: float) -> int:
 
 @dataclass(frozen=True)
 class ConfirmOptions:
-    """How :func:`confirm` measures; each field is also a keyword of :func:`confirm`.
-
-    ``rows``: plan-table rows besides the default (None: :func:`shortlist` with ``top``). ``rounds``:
-    odd, so that "more than half" is a majority. ``seconds``: steady state per run, from each
-    candidate's prediction (:func:`steps_for`), unless ``steps`` fixes every run's minibatches.
-    """
+    """How :func:`confirm` measures (each field also a keyword): ``rows`` besides the default (None:
+    :func:`shortlist` with ``top``); ``rounds`` (odd); ``seconds`` of steady state per run, or ``steps``."""
 
     rows: Sequence[int] | None = None
     top: int = 2

@@ -211,10 +211,7 @@ def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataF
 
 def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
     """Per method and ``"ALL"``, the worst |error| of a ``reproductions/sim_accuracy`` results table."""
-    df = pd.read_csv(results) if isinstance(results, str) else results
-    if "error" not in df or "method" not in df or df["error"].dropna().empty:
-        raise ValueError("margin_from_accuracy needs sim_accuracy's results with columns 'method' and "
-                         "'error' (reproductions/sim_accuracy/results.csv)")
+    df = _results(results, "margin_from_accuracy")
     df = _both_calibrations(df)
     worst = df.dropna(subset=["error"]).assign(e=lambda d: d["error"].abs()).groupby("method")["e"].max()
     return {**{str(k): float(v) for k, v in worst.items()}, "ALL": float(worst.max())}
@@ -223,10 +220,7 @@ def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
 def held_out(results: pd.DataFrame | str, margin: Margin) -> pd.DataFrame:
     """Per configuration of a sim_accuracy run: ``method``, ``error`` less the run's shift, the margin's
     ``lo`` and ``hi``, and ``inside`` (with a margin of earlier runs: its held-out coverage)."""
-    df = pd.read_csv(results) if isinstance(results, str) else results
-    if "error" not in df or "method" not in df or df["error"].dropna().empty:
-        raise ValueError("held_out needs sim_accuracy's results with columns 'method' and 'error' "
-                         "(reproductions/sim_accuracy/results.csv)")
+    df = _results(results, "held_out")
     margin = check_margin(margin)
     df = _both_calibrations(df, relative=True).dropna(subset=["error"])
     bounds = [bounds_of(margin, str(m)) for m in df["method"]]
@@ -234,6 +228,15 @@ def held_out(results: pd.DataFrame | str, margin: Margin) -> pd.DataFrame:
                         "lo": [lo for lo, _ in bounds], "hi": [hi for _, hi in bounds]})
     out["inside"] = (out["lo"] <= out["error"]) & (out["error"] <= out["hi"])
     return out
+
+
+def _results(results: pd.DataFrame | str, who: str) -> pd.DataFrame:
+    """A sim_accuracy results table (or its path), checked for columns ``method`` and ``error``."""
+    df = pd.read_csv(results) if isinstance(results, str) else results
+    if "error" not in df or "method" not in df or df["error"].dropna().empty:
+        raise ValueError(f"{who} needs sim_accuracy's results with columns 'method' and 'error' "
+                         "(reproductions/sim_accuracy/results.csv)")
+    return df
 
 
 def less_shift(errors: pd.Series) -> pd.Series:
@@ -260,10 +263,7 @@ def ranges_from_accuracy(results: pd.DataFrame | str, *,
     """Per method and ``"ALL"``, the signed error range over a sim_accuracy results table, each error
     widened by half its runs' spread (at most 90%) and covering both calibrations (``relative``: each
     less its shift, :func:`less_shift`)."""
-    df = pd.read_csv(results) if isinstance(results, str) else results
-    if "error" not in df or "method" not in df or df["error"].dropna().empty:
-        raise ValueError("ranges_from_accuracy needs sim_accuracy's results with columns 'method' and "
-                         "'error' (reproductions/sim_accuracy/results.csv)")
+    df = _results(results, "ranges_from_accuracy")
     df = _both_calibrations(df, relative).dropna(subset=["error"])
     half = (df["measured_spread"].fillna(0.0).clip(lower=0.0) / 2).clip(upper=0.9) \
         if "measured_spread" in df else pd.Series(0.0, index=df.index)

@@ -312,13 +312,9 @@ def _candidates(profile: Profile, cluster: Cluster, space: _Space, optimizer: st
 
 def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float | None
            ) -> tuple[float, int]:
-    """(seconds per minibatch no schedule can beat, bytes the busiest worker cannot go below).
-
-    Time: the busiest worker's compute and per-minibatch updates; for a flushed straight pipeline, also
-    each stage's fill (forwards of microbatch 0 up to it), its ``M`` forwards and backwards, and the last
-    input gradients back down. Memory: weights and optimizer state, plus one microbatch's activations
-    per stage (``M`` under GPipe; none when the backward recomputes its forward). docs/planner.md.
-    """
+    """(seconds per minibatch no schedule can beat, bytes the busiest worker cannot go below): its
+    compute and updates (a flushed pipeline's fill and drain too); its weights, optimizer state and
+    held activations (docs/planner.md)."""
     cm = cms[c.recompute]
     spec = registry.get(c.method)
     is_dp = spec.order == "dp"

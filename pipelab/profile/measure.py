@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import operator
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -289,10 +289,7 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], timing: Timing, progress
 
     walk = _LayerWalk(gm, Pass({}, {}, {p.untyped_storage().data_ptr() for p in gm.parameters()}, timing))
     env = walk.ctx.env
-    last_use: dict[str, int] = {}
-    for i, n in enumerate(gm.graph.nodes):
-        for inp in n.all_input_nodes:
-            last_use[inp.name] = i
+    last_use = _last_use(gm.graph.nodes)
     placeholders = iter(args)
     bar = tqdm(total=len(walk.groups), desc=f"profiling {name}", disable=not progress, leave=False)
     try:
@@ -301,10 +298,7 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], timing: Timing, progress
                 v = next(placeholders, None)
                 walk.value(node.name, v, False)
             elif node.op == "get_attr":
-                attr: Any = gm
-                for part in str(node.target).split("."):
-                    attr = getattr(attr, part)
-                env[node.name] = attr
+                env[node.name] = attr = _attr(gm, node)
                 walk.ctx.requires[node.name] = isinstance(attr, torch.Tensor) and attr.requires_grad
             elif node.name in walk.groups:  # a layer's head (its getitems' values are computed with it)
                 walk.layer(node)
@@ -394,6 +388,19 @@ class _LayerWalk:
         return layers, self.value_bytes, self.edges, counted
 
 
+def _last_use(nodes: Iterable[fx.Node]) -> dict[str, int]:
+    """Each value's last reader: node name -> index of the last node that reads it."""
+    return {inp.name: i for i, n in enumerate(nodes) for inp in n.all_input_nodes}
+
+
+def _attr(gm: fx.GraphModule, node: fx.Node) -> Any:
+    """The attribute a ``get_attr`` node reads."""
+    attr: Any = gm
+    for part in str(node.target).split("."):
+        attr = getattr(attr, part)
+    return attr
+
+
 def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer, warmup: int,
                         repeats: int) -> tuple[list[float], Any, dict[int, str]]:
     """Median forward seconds of every layer timed where it runs, inside whole forward passes; the last
@@ -401,10 +408,7 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
     nodes = list(gm.graph.nodes)
     # only layer heads are timed; the getitems unpacking their outputs run untimed (they copy nothing)
     runners = {members[0].name: LayerRunner(gm, members[0]) for members in layer_members(gm)}
-    last_use: dict[str, int] = {}
-    for i, n in enumerate(nodes):
-        for inp in n.all_input_nodes:
-            last_use[inp.name] = i
+    last_use = _last_use(nodes)
     samples: list[list[float]] = [[] for _ in runners]
     output: Any = None
     output_values: dict[int, str] = {}
@@ -420,10 +424,7 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
             if node.op == "placeholder":
                 env[node.name] = next(placeholders, None)
             elif node.op == "get_attr":
-                attr: Any = gm
-                for part in str(node.target).split("."):
-                    attr = getattr(attr, part)
-                env[node.name] = attr
+                env[node.name] = _attr(gm, node)
             elif node.name in runners:
                 a, k = fx.node.map_arg(node.args, value), fx.node.map_arg(node.kwargs, value)
                 t0 = timer.start()
