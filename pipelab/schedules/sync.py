@@ -55,14 +55,12 @@ def one_f_one_b_flush(plan: Plan, M: int, K: int) -> Schedule:
     """PipeDream-Flush / Megatron 1F1B (Narayanan et al., ICML'21 §3.3): ``P - s`` forwards in
     flight at stage ``s`` (all workers of later stages, with replication), then one-forward-
     one-backward, drain, ``U``."""
-    reps = plan.replicas
+    return _per_minibatch(plan, "1f1b-flush", M, K, _flush_order(plan.replicas), {})
 
-    def order(local: list[int], s: int, w: int) -> list[Action]:
-        if not local:
-            return []
-        warm = in_flight(reps, s)   # per replica: ceil(workers downstream / replicas)
-        return one_f_one_b(local, warm, s)
-    return _per_minibatch(plan, "1f1b-flush", M, K, order, {})
+
+def _flush_order(reps: tuple[int, ...]) -> Order:
+    """1F1B's order of one stage's microbatches: ``in_flight`` forwards per replica first."""
+    return lambda local, s, w: one_f_one_b(local, in_flight(reps, s), s) if local else []
 
 
 def dp(plan: Plan, M: int, K: int) -> Schedule:
@@ -136,15 +134,12 @@ def zb_h1(plan: Plan, M: int, K: int) -> Schedule:
         P=3, M=4   w0: F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3
                    w2: F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
     """
-    reps = plan.replicas
+    flush = _flush_order(plan.replicas)
 
     def order(local: list[int], s: int, w: int) -> list[Action]:
-        if not local:
-            return []
-        warm = in_flight(reps, s)   # per replica: ceil(workers downstream / replicas)
         out: list[Action] = []
         pending: list[int] = []
-        for a in one_f_one_b(local, warm, s):
+        for a in flush(local, s, w):
             out.append(a)
             if a.kind == "B":
                 pending.append(a.microbatch)
