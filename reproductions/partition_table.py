@@ -23,9 +23,8 @@ from pipelab._io import atomic_write_text
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.partition import partition
-from pipelab.partition.dp import dp_time_s
 from pipelab.partition.plan import Plan
-from pipelab.partition.predict import build_plan
+from pipelab.partition.predict import build_plan, dp_time_s
 from pipelab.profile.records import Profile
 
 # (model, preset, servers, gpus, paper config, paper speed-up) -- PipeDream SOSP'19 Table 1
@@ -48,7 +47,7 @@ def paper_config_plan(cm: CostModel, config: str) -> Plan:
     """pipelab's best plan with the paper's configuration (replica counts), memory ignored."""
     W, n = cm.cluster.num_workers, cm.num_layers
     if config == str(W):
-        return build_plan(cm, [], [W], method="dp", versions="one", in_flight=[1])
+        return build_plan(cm, [], [W], method="dp")
     if config == "straight":
         from pipelab.partition.pipedream import partition_pipedream
 

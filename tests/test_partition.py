@@ -85,7 +85,7 @@ def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, 
             bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
             for reps in compositions(4, S):
                 exact_best = min(
-                    exact_best, build_plan(cm, bounds, reps, method="x", dp_time=1.0).time_per_minibatch
+                    exact_best, build_plan(cm, bounds, reps, method="x").time_per_minibatch
                 )
                 comp, port = search_objective(cm, bounds, reps)
                 # the oracle's own arithmetic: stage-by-stage transfers on the stage's own ports
@@ -109,7 +109,7 @@ def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, 
                 best = min(best, max(*comp, *port))
     flat_t, flat_bounds, flat_reps = solve(cm)
     assert flat_t == pytest.approx(best, rel=1e-9)
-    flat = build_plan(cm, flat_bounds, flat_reps, method="x", dp_time=1.0)
+    flat = build_plan(cm, flat_bounds, flat_reps, method="x")
     assert flat.notes["search_objective_s"] == pytest.approx(best, rel=1e-9)
     ws = [list(st_.ranks) for st_ in flat.stages]
     ss = cm.steady_state(
@@ -130,7 +130,7 @@ def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, 
                     for m in reps:
                         ranks += [x + srv * 2 for x in range(w, w + m) for srv in range(2)]
                         w += m
-                    plan_h = build_plan(cm, bounds, [2 * m for m in reps], method="x", dp_time=1.0,
+                    plan_h = build_plan(cm, bounds, [2 * m for m in reps], method="x",
                                         ranks_of=ranks, block=2)
     hier_t, hier_bounds, hier_reps = solve(cm, block=2)
     assert hier_t == pytest.approx(best_h, rel=1e-9)
@@ -138,10 +138,10 @@ def test_pipedream_is_optimal_over_its_plan_space_with_real_communication(seed, 
     # DP optima (boundaries then refined on the steady state), the best straight pipeline, data
     # parallelism
     cands = [flat.time_per_minibatch, plan_h.time_per_minibatch,
-             build_plan(cm, [], [4], method="x", dp_time=1.0).time_per_minibatch]
+             build_plan(cm, [], [4], method="x").time_per_minibatch]
     if n >= 4:
         st_bounds = solve(cm, straight=True)[1]
-        cands.append(build_plan(cm, st_bounds, [1] * 4, method="x", dp_time=1.0).time_per_minibatch)
+        cands.append(build_plan(cm, st_bounds, [1] * 4, method="x").time_per_minibatch)
     got = partition(p, c, "pipedream")
     # refine_bounds only moves boundaries to better steady states; nothing beats exhaustive search
     assert got.time_per_minibatch <= min(cands) * (1 + 1e-9)

@@ -1,10 +1,7 @@
-"""torchgpipe-style balancing: split a sequence of layers into partitions of even time or size.
+"""torchgpipe-style balancing: the exact min-max split of per-layer times or sizes into partitions.
 
-``balance_by_time`` and ``balance_by_size`` mirror torchgpipe's helpers of the same names
-(torchgpipe.balance), but take per-layer numbers (a Profile's, or any list) instead of running the
-model, and return the exact min-max split: the partition sizes (layers per partition) minimising
-the largest partition's total. GPipe (Huang et al., NeurIPS'19) then runs the partitions as a
-fill-drain pipeline of ``M`` microbatches.
+``balance_by_time``/``balance_by_size`` mirror torchgpipe.balance but take per-layer numbers; GPipe
+(Huang et al., NeurIPS'19) runs the partitions as a fill-drain pipeline of ``M`` microbatches.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import numpy as np
 from pipelab.batching import check_divides, default_microbatches
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
-from pipelab.partition.predict import build_plan, check_memory
+from pipelab.partition.predict import Pipelining, build_plan, check_memory
 
 
 def _split(costs: Sequence[float], partitions: int) -> list[int]:
@@ -62,9 +59,7 @@ def _split(costs: Sequence[float], partitions: int) -> list[int]:
 
 
 def uniform_cuts(layers: int, stages: int) -> list[int]:
-    """Where a uniform split of ``layers`` layers into ``stages`` stages cuts (the first layer of each
-    stage after the first): as many layers per stage as the count allows, what torch's or Megatron's
-    users get by default."""
+    """First layer of each stage after the first in a uniform split (torch's and Megatron's default)."""
     return [round(i * layers / stages) for i in range(1, stages)]
 
 
@@ -98,8 +93,8 @@ def partition_gpipe(cm: CostModel, *, stages: int | None = None, microbatches: i
     else:
         raise ValueError(f"by={by!r}: balance by 'time' or 'size'")
     bounds = list(np.cumsum(sizes)[:-1].astype(int))
-    plan = build_plan(cm, [int(b) for b in bounds], [1] * S, method="gpipe", schedule="flush", microbatches=M,
-                      versions="one", notes={"balance": by, "bubble_fraction": (S - 1) / (M + S - 1)})
+    plan = build_plan(cm, [int(b) for b in bounds], [1] * S, method="gpipe", run=Pipelining("flush", M),
+                      notes={"balance": by, "bubble_fraction": (S - 1) / (M + S - 1)})
     check_memory(plan, cm, memory_limit)
     assert math.isfinite(plan.time_per_minibatch)
     return plan

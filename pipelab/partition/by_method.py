@@ -1,14 +1,8 @@
 """``partition(profile, cluster, method=...)``: the one entry point of the partitioners, by name.
 
-It dispatches to:
-
-* ``"pipedream"`` -- PipeDream's DP over stages and replica counts (:mod:`.pipedream`);
-* ``"prefix-sum"`` -- Lv et al.'s balanced straight pipeline, memory-aware (:mod:`.prefix_sum`);
-* ``"gpipe"`` -- torchgpipe's balance by time or size, fill-drain schedule (:mod:`.balance`);
-* ``"hetpipe"`` -- HetPipe's virtual workers of heterogeneous GPUs (:mod:`.hetero`);
-* ``"dp"`` -- plain data parallelism, the baseline of every ``speedup_over_dp`` (:mod:`.dp`).
-
-All of them price stages with the one cost model, :class:`pipelab.costs.CostModel`.
+``"pipedream"`` (:mod:`.pipedream`), ``"prefix-sum"`` (:mod:`.prefix_sum`), ``"gpipe"``
+(:mod:`.balance`), ``"hetpipe"`` (:mod:`.hetero`), ``"dp"`` (:mod:`.dp`, the baseline of every
+``speedup_over_dp``).
 """
 
 from __future__ import annotations
@@ -28,7 +22,6 @@ from pipelab.profile.records import Profile
 METHODS = ("pipedream", "prefix-sum", "gpipe", "hetpipe", "dp")
 
 
-
 def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
               compression: str | float | None = None, optimizer: str = "sgd-momentum",
               allreduce_overlap: str = "ddp", allreduce_bandwidth: float | None = None,
@@ -36,16 +29,11 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     """Partition ``profile`` for ``cluster`` (a Cluster or a spec like ``"pipedream-a:4x4"``) by ``method``.
 
     Options per method: pipedream ``straight``, ``memory_limit``, ``workers``, ``hierarchical``;
-    prefix-sum ``stages``, ``memory_limit``, ``buffers``, ``workers``;
-    gpipe ``stages``, ``microbatches``, ``by``,
-    ``memory_limit``; hetpipe ``policy``, ``memory_limit``; dp ``workers``, ``memory_limit``.
-    ``memory_limit`` (bytes per worker) defaults to each device's memory. ``allreduce_overlap``:
-    how a replicated stage's gradient all-reduce meets backward (``"ddp"``, the default: layer by
-    layer behind it; ``"none"``: after it, as pipelab's runtime does; see
-    :class:`~pipelab.costs.CostModel`); ``allreduce_bandwidth`` (bytes/s): the links' bandwidth
-    inside an all-reduce where measured to differ from point-to-point (None: the cluster's).
-    ``compression``: the activation compression as ``train`` names it (``"fp16"``, ``"int8"``) or a
-    ratio.
+    prefix-sum ``stages``, ``memory_limit``, ``buffers``, ``workers``; gpipe ``stages``,
+    ``microbatches``, ``by``, ``memory_limit``; hetpipe ``policy``, ``memory_limit``; dp ``workers``,
+    ``memory_limit`` (bytes per worker; default each device's memory). ``allreduce_overlap``,
+    ``allreduce_bandwidth``: as :class:`~pipelab.costs.CostModel`. ``compression``: as ``train``
+    names it (``"fp16"``, ``"int8"``) or a ratio.
     """
     if not isinstance(profile, Profile):
         raise TypeError(f"partition() needs a pipelab Profile, got {type(profile).__name__}; "
@@ -64,19 +52,15 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
             raise TypeError(f"method {m!r} does not take option(s) {sorted(bad)}; it takes {list(names)}")
 
     if m == "pipedream":
-
         allowed(("straight", "memory_limit", "workers", "hierarchical"))
         return partition_pipedream(cm, **options)
     if m == "prefix-sum":
-
         allowed(("stages", "memory_limit", "buffers", "workers"))
         return partition_prefix_sum(cm, **options)
     if m == "gpipe":
-
         allowed(("stages", "microbatches", "by", "memory_limit"))
         return partition_gpipe(cm, **options)
     if m == "hetpipe":
-
         allowed(("policy", "memory_limit"))
         return partition_hetpipe(cm, **options)
 

@@ -1,10 +1,7 @@
 """The data-parallel baseline: one stage, every worker a replica of the whole model.
 
-Its predicted time per minibatch is one replica's minibatch time (forward, then backward with the
-gradient all-reduce overlapped DDP-style, or after backward with ``allreduce_overlap="none"``,
-:meth:`CostModel.replica_time_s`) divided by the number of
-replicas, since the ``W`` replicas process ``W`` minibatches at once. The pipelined plans use the
-same replica formula for their replicated stages, so ``speedup_over_dp`` compares like with like.
+Its time per minibatch is one replica's (:meth:`CostModel.replica_time_s`) over the replicas, the
+same formula as the pipelined plans' replicated stages, so ``speedup_over_dp`` compares like with like.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from collections.abc import Sequence
 
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
-from pipelab.partition.predict import build_plan, check_memory, dp_time_s
+from pipelab.partition.predict import build_plan, check_memory
 
 
 def partition_dp(
@@ -21,8 +18,6 @@ def partition_dp(
 ) -> Plan:
     """The data-parallel plan (config ``"W"``) with predictions; raises if the model does not fit."""
     ws = list(workers) if workers is not None else list(range(cm.cluster.num_workers))
-    t = dp_time_s(cm, ws)
-    plan = build_plan(cm, [], [len(ws)], method="dp", schedule="async", versions="one", in_flight=[1],
-                      ranks_of=ws if workers is not None else None, dp_time=t)
+    plan = build_plan(cm, [], [len(ws)], method="dp", ranks_of=ws if workers is not None else None)
     check_memory(plan, cm, memory_limit, ws)
     return plan

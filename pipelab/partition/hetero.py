@@ -1,29 +1,10 @@
 """HetPipe (Park et al., USENIX ATC'20): pipelines over virtual workers of heterogeneous GPUs.
 
-HetPipe groups a heterogeneous cluster's GPUs into *virtual workers* (VWs); each VW runs a
-PipeDream-style pipeline over its own GPUs, and VWs synchronise through a parameter server under
-Wave Synchronous Parallel (bounded staleness). Its resource-allocation policies (§6):
-
-* ``"NP"`` (node partition): each VW is the GPUs of one node, hence of one type;
-* ``"ED"`` (equal distribution): each VW gets one GPU of each type (identical VWs);
-* ``"HD"`` (hybrid distribution): each VW pairs fast with slow types, half of each node's GPUs
-  from two nodes (here: node ``i`` with node ``n-1-i`` of the nodes sorted by speed).
-
-A pipelab Plan replicates stage ``s`` over the VWs, so every VW uses the same layer boundaries;
-each VW puts its own GPUs along the pipeline in its own order. Under bounded staleness the VWs
-progress in the long run at the slowest VW's pace, so the cluster finishes ``V`` minibatches every
-``max_v T_v`` seconds, and no faster than the busiest network port (VWs that share a server share
-its NIC) allows: :func:`hetpipe_time_s`. Parameter-server traffic is assumed hidden by the
-staleness bound (HetPipe §4), which is the optimistic side of its model.
-
-The search minimises that same quantity. For every choice of device orders (one per class of
-equivalent VWs: all orders for up to 6 GPUs per VW) an exact DP over the shared boundaries
-minimises the slowest stage of the slowest VW, a stage costing the larger of its compute on its
-GPU and its own port term (both cuts' transfers, :meth:`CostModel.stage_port_s` for one worker)
--- and once more with compute plus both transfers -- under every VW's memory. The candidates are
-scored by :func:`hetpipe_time_s`, and the best few have their boundaries moved by coordinate
-descent on that score (the DP cannot see a port shared by two stages or two VWs, nor a 1F1B cycle
-through several stages).
+Virtual workers (VWs) group the GPUs by policy (§6: ``"NP"`` a node each, ``"ED"`` one GPU of each
+type, ``"HD"`` fast nodes paired with slow); a Plan replicates stage ``s`` over the VWs (shared
+boundaries, each VW its own device order). The VWs progress at the slowest VW's pace, no faster than
+the busiest shared port (:func:`hetpipe_time_s`); parameter-server traffic is assumed hidden by the
+staleness bound (HetPipe §4). docs/partitioning.md.
 """
 
 from __future__ import annotations
@@ -39,7 +20,7 @@ import pipelab.metrics as metrics
 from pipelab.cluster import Cluster, Device
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
-from pipelab.partition.predict import build_plan
+from pipelab.partition.predict import Pipelining, build_plan, descend
 
 POLICIES = ("ED", "NP", "HD")
 MAX_ORDER_SEARCH = 6      # GPUs per VW up to which every order along the pipeline is tried
@@ -94,16 +75,9 @@ class HetPipeTime:
 
 
 def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequence[int]]) -> HetPipeTime:
-    """Seconds per minibatch of VWs that cut the model at ``bounds``, VW ``v`` running stage ``s`` on
-    ``orders[v][s]``.
-
-    Each VW alone is a straight PipeDream pipeline with ``k - s`` minibatches in flight at stage ``s``:
-    its ``T_v`` is :meth:`CostModel.steady_state` (compute, its ports, its round trip and the slowest
-    1F1B cycle through a window of adjacent stages). Under WSP's
-    bounded staleness a VW can run ahead of the slowest by at most the bound, so in the long run all
-    progress at ``max_v T_v`` per VW minibatch (HetPipe §4-5), ``V`` minibatches per ``max_v T_v``.
-    VWs on the same servers share their NICs: with minibatch ``m`` on VW ``m % V`` every port carries
-    the transfers of all VWs, so the time is at least the busiest port's load per cluster minibatch.
+    """Seconds per minibatch of VWs cutting the model at ``bounds``, VW ``v`` running stage ``s`` on
+    ``orders[v][s]``: ``max_v T_v / V`` (each ``T_v`` a straight pipeline's
+    :meth:`CostModel.steady_state`; HetPipe §4-5), at least the busiest port shared by all VWs.
     """
     V = len(orders)
     if V == 0:
@@ -118,8 +92,7 @@ def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequen
     ranges = list(zip(cuts[:-1], cuts[1:]))
     flights = [metrics.in_flight([1] * k, s) for s in range(k)]
     vw = tuple(cm.steady_state(ranges, [[w] for w in o], in_flight=flights).time_s for o in orders)
-    # the shared ports: stage s's replica v is VW v's device, minibatch m goes to replica m % V of
-    # every stage, which pairs VW v's devices across each cut (only the port loads are used)
+    # the shared ports: replica v of every stage is VW v's device (only the port loads are used)
     ports = cm.steady_state(ranges, [[o[s] for o in orders] for s in range(k)], in_flight=flights).ports_s
     port = max(ports.values(), default=0.0)
     slow = max(range(V), key=lambda v: vw[v])
@@ -169,12 +142,8 @@ class _StageTerms:
         return x
 
     def stage(self, order: Sequence[int], s: int, serial: bool = False) -> np.ndarray:
-        """Cost of ranges as stage ``s`` of a VW with device ``order``; inf if it does not fit in the
-        device's memory with ``k - s`` minibatches in flight (and as many versions).
-
-        The cost is max(compute, own port term), a lower bound of the stage's share of
-        :func:`hetpipe_time_s`; with ``serial`` it is compute plus both cuts' transfers, an upper bound
-        of every 1F1B cycle through the stage (:meth:`CostModel.steady_state`)."""
+        """Cost of ranges as stage ``s`` of a VW with device ``order`` (inf where it does not fit):
+        max(compute, own port term), a lower bound; with ``serial`` compute plus both cuts, an upper one."""
         k, w = len(order), order[s]
         prev = order[s - 1] if s > 0 else None
         nxt = order[s + 1] if s < k - 1 else None
@@ -192,8 +161,7 @@ class _StageTerms:
                 cost = cost + xout[None, :]
         elif xin is not None and xout is not None:
             same = cm.cluster.level_between(prev, w) == cm.cluster.level_between(w, nxt)   # type: ignore[arg-type]
-            # a middle stage's egress carries activations out and gradients back on one port
-            # when both cuts cross the same level (CostModel.stage_port_s)
+            # both cuts on one level share the port (CostModel.stage_port_s)
             port = xin[:, None] + xout[None, :] if same else np.maximum(xin[:, None], xout[None, :])
             cost = np.maximum(cost, port)
         elif xin is not None:
@@ -242,76 +210,23 @@ def _fits(
     return True
 
 
-def _refine(cm: CostModel, bounds: list[int], orders: Sequence[Sequence[int]], memory_limit: float | None,
-            max_evals: int = 400, window: int = 16) -> tuple[float, list[int]]:
+def _refine(cm: CostModel, bounds: list[int], orders: Sequence[Sequence[int]], memory_limit: float | None
+            ) -> tuple[float, list[int]]:
     """Coordinate descent of the boundaries on :func:`hetpipe_time_s` (orders fixed, memory respected)."""
-    n = cm.num_layers
-    cur = [0, *bounds, n]
-    best = hetpipe_time_s(cm, bounds, orders).time_s
-    evals, improved = 1, True
-    while improved and evals < max_evals:
-        improved = False
-        for s in range(1, len(cur) - 1):
-            for b in range(max(cur[s - 1] + 1, cur[s] - window), min(cur[s + 1] - 1, cur[s] + window) + 1):
-                if b == cur[s] or evals >= max_evals:
-                    continue
-                trial = [*cur[:s], b, *cur[s + 1:]]
-                if not _fits(cm, trial, orders, memory_limit):
-                    continue
-                t = hetpipe_time_s(cm, trial[1:-1], orders).time_s
-                evals += 1
-                if t < best * (1 - 1e-9):
-                    best, cur, improved = t, trial, True
-    return best, cur[1:-1]
+    return descend([0, *bounds, cm.num_layers], lambda c: hetpipe_time_s(cm, c[1:-1], orders).time_s,
+                   lambda c, _: _fits(cm, c, orders, memory_limit))
 
 
 def shared_partition(cm: CostModel, vws: Sequence[Sequence[int]], *, memory_limit: float | None = None,
                      search_order: bool = True) -> tuple[HetPipeTime, list[int], list[list[int]]]:
     """Best shared boundaries and per-VW device orders for ``vws``: ``(time, boundaries, orders)``.
 
-    VWs whose candidate orders have the same signatures (devices and link levels along the
-    pipeline) form a class and use the same one. Every joint choice of one order per class (up to
-    :data:`MAX_ORDER_COMBOS`; beyond that each class's best order alone and its fastest-first order)
-    gets the exact DP over shared boundaries twice, with the optimistic and the serial stage costs of
-    :meth:`_StageTerms.stage`; the candidates are scored by :func:`hetpipe_time_s` and the
-    :data:`REFINE_CANDIDATES` best have their boundaries refined on it. Exact (brute force agrees)
-    when the DP's stage terms decide the optimum, i.e. unless transfers rival the stages' compute.
+    Every joint choice of one order per class of equivalent VWs gets the exact DP over shared boundaries
+    with both stage costs of :meth:`_StageTerms.stage`; the :data:`REFINE_CANDIDATES` best by
+    :func:`hetpipe_time_s` are refined on it. Exact (brute force agrees) unless transfers rival compute.
     """
-    if not vws:
-        raise ValueError("no virtual workers to partition over")
-    n, k = cm.num_layers, len(vws[0])
-    if k == 0:
-        raise ValueError("a virtual worker needs at least one device")
-    if any(len(v) != k for v in vws):
-        raise ValueError(f"virtual workers of different sizes {[len(v) for v in vws]} cannot share one plan")
-    if k > n:
-        raise ValueError(
-            f"{k} devices but the model has {n} layers; use at most {n} devices per virtual worker"
-        )
-    cands = [_order_candidates(cm, v, search_order) for v in vws]
-    classes: dict[frozenset[Signature], list[int]] = {}
-    for v, c in enumerate(cands):
-        classes.setdefault(frozenset(c), []).append(v)
-    members = list(classes.values())
-    sigs = [list(cands[m[0]]) for m in members]
-    terms = _StageTerms(cm, memory_limit)
-    if math.prod(len(s) for s in sigs) > MAX_ORDER_COMBOS:
-        reduced = []
-        for m, ss in zip(members, sigs):
-            alone = [(r[0], sg) for sg in ss if (r := terms.solve([cands[m[0]][sg]])) is not None]
-            fastest = _signature(cm, sorted(vws[m[0]], key=lambda w: -cm.cluster.speed(w)))
-            keep = [min(alone, key=lambda x: x[0])[1]] if alone else []
-            reduced.append(list(dict.fromkeys([*keep, fastest])))
-        sigs = reduced if math.prod(len(s) for s in reduced) <= MAX_ORDER_COMBOS else [r[:1] for r in reduced]
-    cls_of = {v: i for i, m in enumerate(members) for v in m}
-    found: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], float] = {}
-    for combo in itertools.product(*sigs):
-        reps = [cands[m[0]][sg] for m, sg in zip(members, combo)]
-        orders = tuple(tuple(cands[v][combo[cls_of[v]]]) for v in range(len(vws)))
-        for serial in (False, True):
-            r = terms.solve(reps, serial)
-            if r is not None and (tuple(r[1]), orders) not in found:
-                found[(tuple(r[1]), orders)] = hetpipe_time_s(cm, r[1], orders).time_s
+    _check_vws(cm, vws)
+    found = _dp_candidates(cm, vws, search_order, _StageTerms(cm, memory_limit))
     if not found:
         raise ValueError(
             f"no partition of {cm.profile.model or 'this model'} over virtual workers "
@@ -329,14 +244,55 @@ def shared_partition(cm: CostModel, vws: Sequence[Sequence[int]], *, memory_limi
     return hetpipe_time_s(cm, best[1], best[2]), best[1], best[2]
 
 
+def _check_vws(cm: CostModel, vws: Sequence[Sequence[int]]) -> None:
+    """Raise unless ``vws`` are equally sized, non-empty and no larger than the model's layers."""
+    if not vws:
+        raise ValueError("no virtual workers to partition over")
+    n, k = cm.num_layers, len(vws[0])
+    if k == 0:
+        raise ValueError("a virtual worker needs at least one device")
+    if any(len(v) != k for v in vws):
+        raise ValueError(f"virtual workers of different sizes {[len(v) for v in vws]} cannot share one plan")
+    if k > n:
+        raise ValueError(
+            f"{k} devices but the model has {n} layers; use at most {n} devices per virtual worker"
+        )
+
+
+def _dp_candidates(cm: CostModel, vws: Sequence[Sequence[int]], search_order: bool, terms: _StageTerms
+                   ) -> dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], float]:
+    """``{(boundaries, orders): hetpipe time}`` of the DP's solutions, per joint choice of orders (one per
+    class of VWs with the same candidate signatures; over :data:`MAX_ORDER_COMBOS`, each class's best
+    order alone and its fastest-first order)."""
+    cands = [_order_candidates(cm, v, search_order) for v in vws]
+    classes: dict[frozenset[Signature], list[int]] = {}
+    for v, c in enumerate(cands):
+        classes.setdefault(frozenset(c), []).append(v)
+    members = list(classes.values())
+    sigs = [list(cands[m[0]]) for m in members]
+    if math.prod(len(s) for s in sigs) > MAX_ORDER_COMBOS:
+        reduced = []
+        for m, ss in zip(members, sigs):
+            alone = [(r[0], sg) for sg in ss if (r := terms.solve([cands[m[0]][sg]])) is not None]
+            fastest = _signature(cm, sorted(vws[m[0]], key=lambda w: -cm.cluster.speed(w)))
+            keep = [min(alone, key=lambda x: x[0])[1]] if alone else []
+            reduced.append(list(dict.fromkeys([*keep, fastest])))
+        sigs = reduced if math.prod(len(s) for s in reduced) <= MAX_ORDER_COMBOS else [r[:1] for r in reduced]
+    cls_of = {v: i for i, m in enumerate(members) for v in m}
+    found: dict[tuple[tuple[int, ...], tuple[tuple[int, ...], ...]], float] = {}
+    for combo in itertools.product(*sigs):
+        reps = [cands[m[0]][sg] for m, sg in zip(members, combo)]
+        orders = tuple(tuple(cands[v][combo[cls_of[v]]]) for v in range(len(vws)))
+        for serial in (False, True):
+            r = terms.solve(reps, serial)
+            if r is not None and (tuple(r[1]), orders) not in found:
+                found[(tuple(r[1]), orders)] = hetpipe_time_s(cm, r[1], orders).time_s
+    return found
+
+
 def partition_virtual_worker(cm: CostModel, devices: Sequence[int], *, memory_limit: float | None = None,
                              search_order: bool = True) -> tuple[float, list[int], list[int]]:
-    """Best straight pipeline of the whole model over ``devices``: ``(time, boundaries, device order)``.
-
-    One VW alone (:func:`shared_partition` with one VW): its seconds per minibatch are
-    :meth:`CostModel.steady_state` of the pipeline; all orders are tried for up to 6 devices when
-    ``search_order``, otherwise the given order and fastest-first.
-    """
+    """Best straight pipeline over ``devices`` (one VW): ``(time, boundaries, device order)``."""
     t, bounds, orders = shared_partition(
         cm, [list(devices)], memory_limit=memory_limit, search_order=search_order
     )
@@ -344,38 +300,20 @@ def partition_virtual_worker(cm: CostModel, devices: Sequence[int], *, memory_li
 
 
 def partition_hetpipe(cm: CostModel, *, policy: str = "ED", memory_limit: float | None = None) -> Plan:
-    """HetPipe plan: VWs by ``policy``; stage ``s`` replicated over the VWs, each VW its own device order.
-
-    The boundaries (shared by every VW) and the orders minimise :func:`hetpipe_time_s`, which is
-    also the plan's ``time_per_minibatch`` (``max_v T_v / V`` or the busiest shared port).
-    """
+    """HetPipe plan: VWs by ``policy``, stage ``s`` replicated over them; boundaries and orders minimise
+    :func:`hetpipe_time_s`, the plan's ``time_per_minibatch``."""
     vws = virtual_workers(cm.cluster, policy)
     pace, bounds, orders = shared_partition(cm, vws, memory_limit=memory_limit)
     k, V = len(orders[0]), len(vws)
     # stage s runs on the s-th device (in its VW's order) of every VW: replica v is VW v
     ranks_of = [orders[v][s] for s in range(k) for v in range(V)]
-    plan = build_plan(
-        cm,
-        bounds,
-        [V] * k,
-        method="hetpipe",
-        schedule="async",
-        in_flight=[metrics.in_flight([1] * k, s) for s in range(k)],
-        ranks_of=ranks_of,
-        notes={"policy": policy.upper(), "virtual_workers": vws},
-    )
+    plan = build_plan(cm, bounds, [V] * k, method="hetpipe", ranks_of=ranks_of,
+                      run=Pipelining(in_flight=[metrics.in_flight([1] * k, s) for s in range(k)]),
+                      notes={"policy": policy.upper(), "virtual_workers": vws})
     time = pace.time_s
-    stages = tuple(replace(st, versions=st.in_flight) for st in plan.stages)
     return plan.with_predictions(
-        stages=stages,
-        time_per_minibatch=time,
+        stages=tuple(replace(st, versions=st.in_flight) for st in plan.stages), time_per_minibatch=time,
         speedup_over_dp=plan.time_per_minibatch * plan.speedup_over_dp / time,
-        notes={
-            **plan.notes,
-            "vw_orders": orders,
-            "vw_times_s": list(pace.vw_times_s),
-            "port_max_s": pace.port_max_s,
-            "bottleneck": pace.bottleneck,
-            "sync": "parameter server under WSP, assumed hidden by staleness",
-        },
-    )
+        notes={**plan.notes, "vw_orders": orders, "vw_times_s": list(pace.vw_times_s),
+               "port_max_s": pace.port_max_s, "bottleneck": pace.bottleneck,
+               "sync": "parameter server under WSP, assumed hidden by staleness"})

@@ -1,44 +1,11 @@
 """PipeDream's optimizer (SOSP'19 §3.1): contiguous layer ranges with replica counts, by dynamic programming.
 
-PipeDream picks stages (contiguous layer ranges) and a replica count per stage to minimise the
-slowest stage, where a stage's time is its compute shared among its replicas, its weight all-reduce,
-and the transfers across its cuts. It solves the problem level by level: the level-``k`` DP treats
-a level-``k-1`` block and its best sub-plan as one "device". Its plans can therefore only replicate
-whole lower-level pipelines.
-
-pipelab's plans place each stage on a contiguous run of ranks (``Plan``'s convention), so we solve
-one DP over ``(layers done, workers used)`` in which each stage's costs are taken from the ranks it
-actually gets: the hierarchical all-reduce over exactly those workers, and the load its two cuts
-put on its own network ports. That is exact for its objective over its plan space, which contains
-every plan made of whole blocks (PipeDream's level-by-level plans in rank order), and also plans
-such as "15-1" on 4 x 4 that straddle a server.
-
-Recurrence (``A[j, w]`` = best objective for layers ``[0, j)`` on workers ``[0, w)``)::
+One DP over ``(layers done, workers used)``, each stage priced on the contiguous ranks it gets::
 
     A[j, w + m] = min_i max( A[i, w], T_{w,m}[i, j] / m, port_{w,m}(i, j) )
 
-with ``T_{w,m}[i, j]`` one replica's minibatch time (compute + all-reduce over workers ``[w, w+m)``,
-DDP-overlapped or after backward as ``CostModel.allreduce_overlap`` says,
-:meth:`CostModel.replica_time_matrix`) and ``port_{w,m}(i, j)`` the busy seconds per
-minibatch of the stage's busiest port from the activation entering at ``i`` (from worker ``w-1``)
-and leaving at ``j`` (to worker ``w+m``), gradients the other way
-(:meth:`CostModel.stage_port_s`: the two cuts add when they cross the same level, as on a middle
-stage's NIC; round-robin spreads them over the stage's ports). Stages over memory
-(``(versions + 1 + optimizer) * params + in_flight * activations`` above the limit) are excluded.
-The plan's prediction is then the full :meth:`CostModel.steady_state`, which also sums ports that
-several stages share and bounds the round trip over the minibatches in flight and the 1F1B cycles of
-adjacent unreplicated stages; each layout's boundaries are first moved one at a time to where that
-steady state is smallest (:func:`~pipelab.partition.predict.refine_bounds`, a local search), for the
-straight pipeline from two starts, the DP's bounds and the exact prefix-sum optimum (they tie on the
-DP's objective yet can end in different local optima); among the layouts searched (flat and per
-block) the one with the best prediction wins.
-
-Differences from PipeDream's own optimizer, on purpose: compute and communication overlap (``max``
-rather than sum, as the paper's formula says but not every term of its code does); activation and
-gradient transfers are charged on the ports they load, at every level; the all-reduce hides behind
-backward except for the tail of the earliest layers' gradients; and everything is vectorised with
-numpy: each ``(w, m)`` step is one ``(N+1) x (N+1)`` min-max, so a run is ``O(N^2 W^2)`` numbers in
-``O(W^2 + N W)`` numpy calls.
+Exact for that objective over its plan space; each layout's boundaries are then refined on the full
+steady state, and the layout with the best prediction wins. docs/partitioning.md.
 """
 
 from __future__ import annotations
@@ -61,17 +28,9 @@ def solve(cm: CostModel, *, straight: bool = False, memory_limit: float | None =
           straight_bounds: Sequence[int] | None = None) -> tuple[float, list[int], list[int]]:
     """The DP itself: ``(time per minibatch, stage boundaries, replicas per stage)``.
 
-    ``straight_bounds``: the best straight pipeline's boundaries (Lv et al.'s prefix-sum search with
-    the same ``memory_limit``) where the caller has them; without ``block`` they bound the search,
-    and are computed here when not given.
-
-    With ``block`` (the worker count of one block of some level, e.g. a server), the DP lays a
-    pipeline over the ``block`` workers of one block and replicates it in every block
-    (PipeDream's hierarchical plans): a stage on inner workers ``[w, w+m)`` runs on those workers of
-    all ``copies`` blocks, so it has ``m * copies`` replicas and its all-reduce spans the blocks,
-    while its cuts stay inside a block (:func:`block_workers`' order makes round-robin keep each
-    minibatch in one block), each copy of a port carrying ``1 / copies`` of the minibatches.
-    Replica counts returned are per block (multiply by ``copies``).
+    ``straight_bounds``: the best straight pipeline's boundaries, an upper bound for the search
+    (computed when not given). ``block``: a pipeline over one block's workers (e.g. a server)
+    replicated in every block, as PipeDream's hierarchical plans; replicas returned are per block.
     """
     search = _Search(cm, straight=straight, memory_limit=memory_limit, block=block)
     search.band(search.upper_bound(straight_bounds))
@@ -129,8 +88,7 @@ class _Search:
         return x
 
     def upper_bound(self, straight_bounds: Sequence[int] | None) -> float:
-        """A time some plan of this DP's space reaches: the one-stage plan's, or the best straight
-        pipeline's (Lv et al.'s exact prefix-sum search, same cost terms), whichever is lower."""
+        """A time some plan of this DP's space reaches: the one-stage plan's or the best straight one's."""
         cm, n, W = self.cm, self.n, self.W
         U = math.inf
         if not self.straight or W == 1:
@@ -151,9 +109,8 @@ class _Search:
         return U
 
     def band(self, U: float) -> None:
-        """Pruning (exact): a state ``(i, w)`` leads to a plan within ``U`` only if layers ``[0, i)`` fit
-        on ``w`` workers and ``[i, n)`` on the rest at the fastest speed with perfect balance
-        (``max_s C_s / r_s >= sum C_s / sum r_s``), which bands ``i`` per ``w``."""
+        """Exact pruning: band ``i`` per ``w`` to where ``[0, i)`` and ``[i, n)`` can finish within ``U``
+        at the fastest speed with perfect balance."""
         if not math.isfinite(U):
             return
         pc = self.cm.pf + self.cm.pb
@@ -271,14 +228,9 @@ class _Search:
 
 def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: float | None = None,
                         workers: Sequence[int] | None = None, hierarchical: bool = True) -> Plan:
-    """PipeDream's plan: the DP's stages and replica counts, with every prediction filled in.
-
-    Searches plans on contiguous ranks and, with ``hierarchical`` (default), also pipelines laid
-    over one block of each inner level (one server, ...) and replicated in every block, as
-    PipeDream's level-by-level solution does, plus the best straight pipeline and data
-    parallelism; returns the one whose :meth:`CostModel.steady_state` is fastest. ``workers``
-    restricts the plan to a regular subset of the cluster (whole servers, or GPUs of one server);
-    ``straight=True`` forbids replication (one worker per stage).
+    """PipeDream's plan: the fastest predicted of the DP's layouts (flat, per block of each inner level
+    with ``hierarchical``, straight) and data parallelism. ``workers``: a regular subset of the
+    cluster; ``straight``: one worker per stage.
     """
     cm2 = replace(cm, cluster=cm.cluster.subset(workers)) if workers is not None else cm
     Wall = cm2.cluster.num_workers
@@ -319,11 +271,8 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
 
 
 def _searches(cm: CostModel, straight: bool, hierarchical: bool) -> list[tuple[int | None, bool]]:
-    """The (block, straight) searches to run: flat, per block of each inner level, and straight.
-
-    The straight pipeline and the one-stage plan are in the flat search's space, but its
-    stage-additive objective cannot see ports that several stages share, so their own optima are
-    candidates too, judged like the rest by the full steady state."""
+    """The (block, straight) searches to run: flat, per block of each inner level, and straight (in the
+    flat space too, but its stage-additive objective cannot see shared ports)."""
     cl = cm.cluster
     Wall = cl.num_workers
     blocks: list[int | None] = [None]
@@ -342,13 +291,12 @@ def _flat_plan(cm: CostModel, bounds: list[int], reps: list[int], notes: dict[st
     for m in reps:
         stage_ws.append(list(range(w, w + m)))
         w += m
-    # the refinement is a local search from the DP's bounds; a straight pipeline's DP optimum
-    # ties with others of the same bottleneck, so the exact prefix-sum optimum is a second start
+    # a straight pipeline's DP optimum ties with others: the prefix-sum optimum is a second start
     starts = [list(bounds)]
     if second is not None and second != starts[0]:
         starts.append(second)
     return min((build_plan(cm, refine_bounds(cm, b, stage_ws, memory_limit=memory_limit), reps,
-                           method="pipedream", schedule="async", notes=notes) for b in starts),
+                           method="pipedream", notes=notes) for b in starts),
                key=lambda p: p.time_per_minibatch)
 
 
@@ -364,7 +312,7 @@ def _block_plan(cm: CostModel, bounds: list[int], reps: list[int], notes: dict[s
         w += m
     bounds = refine_bounds(cm, bounds, stage_ws, memory_limit=memory_limit)
     notes["layout"] = f"pipeline over {block} workers replicated in {copies} blocks"
-    return build_plan(cm, bounds, [m * copies for m in reps], method="pipedream", schedule="async",
+    return build_plan(cm, bounds, [m * copies for m in reps], method="pipedream",
                       ranks_of=ranks_of, block=block, notes=notes)
 
 
@@ -375,6 +323,6 @@ def _or_data_parallel(cm: CostModel, best: Plan, memory_limit: float | None) -> 
     except ValueError:
         return best
     if dp.time_per_minibatch < best.time_per_minibatch * (1 - 1e-12):
-        return build_plan(cm, [], [cm.cluster.num_workers], method="pipedream", schedule="async",
+        return build_plan(cm, [], [cm.cluster.num_workers], method="pipedream",
                           notes={"dp_objective_s": dp.time_per_minibatch, "straight": False})
     return best

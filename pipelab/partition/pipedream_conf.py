@@ -1,17 +1,7 @@
-"""PipeDream's own stage configurations as pipelab plans.
+"""PipeDream's own stage configurations (``pipelab/data/pipedream/``, MIT licence) as pipelab plans.
 
-PipeDream's runtime reads a configuration file per run (``runtime/*/models/<model>/gpus=N/
-{hybrid_conf,mp_conf}.json``: ``module_to_stage_map``, ``stage_to_rank_map``) and one generated
-module per stage (``stage0.py`` ...). pipelab ships the files PipeDream's Table 1 runs name
-(``pipelab/data/pipedream/``, MIT licence, see ``PROVENANCE.md`` there) and, per stage, the class
-names of the parameter-carrying modules each ``stageN.py`` builds (``stage_configs.json``).
-
-:func:`plan_from_pipedream` maps a configuration onto a profile's layers: the profile's
-parameter-carrying layers, in order, are dealt to the stages by the stages' module counts, the
-class names of each stage must match (as multisets: a generated module may list its modules in
-another order than the profile), and each stage boundary lies just before the next stage's first
-parameter-carrying layer (the parameter-free layers in between, dropout, ReLU, pooling, views, stay
-with the earlier stage, as in PipeDream's generated VGG-16 ``stage0.py``, which ends with the view).
+A profile's parameter-carrying layers are dealt to the stages by the stages' module counts, whose
+class names must match; each boundary lies before the next stage's first parameter-carrying layer.
 """
 
 from __future__ import annotations
@@ -33,8 +23,7 @@ INDEX = DATA_DIR / "stage_configs.json"
 
 @dataclass(frozen=True)
 class PipeDreamConfig:
-    """One of PipeDream's stage configurations: which stage runs on which ranks, and which
-    parameter-carrying modules (class names) each stage holds."""
+    """One of PipeDream's stage configurations: ranks and parameter-carrying module classes per stage."""
 
     name: str                                   # e.g. "vgg16/gpus=16/hybrid_conf"
     profile: str                                # the shipped profile it is for (vgg16, gnmt8, gnmt16)
@@ -95,12 +84,8 @@ def stage_bounds(profile: Profile, config: PipeDreamConfig) -> list[int]:
 
 
 def plan_from_pipedream(profile: Profile, config: PipeDreamConfig | str, cm: CostModel | None = None) -> Plan:
-    """PipeDream's configuration as a pipelab :class:`Plan` of ``profile`` (ranks as PipeDream's map
-    gives them, which pipelab numbers server-major like PipeDream's driver's machine list).
-
-    With ``cm`` (a cost model of ``profile`` on the cluster it runs on) the plan carries the cost
-    model's predictions (time per minibatch, memory, speed-up over data parallelism on that cluster).
-    """
+    """PipeDream's configuration as a :class:`Plan` of ``profile`` (ranks server-major, as PipeDream's
+    map); with ``cm`` (``profile`` on the cluster it runs on), with the cost model's predictions."""
     cfg = load_config(config) if isinstance(config, str) else config
     bounds = stage_bounds(profile, cfg)
     order = [r for s in range(len(cfg.stage_modules)) for r in cfg.stage_to_rank_map[s]]

@@ -1,13 +1,8 @@
 """The Plan record: which layers each pipeline stage runs, on how many replicas, on which workers.
 
-A plan is what a partitioner returns and what schedules, the simulator and the runtime consume.
-Stage ``s`` runs the contiguous layers ``[start, end)`` on ``replicas`` workers (data parallel
-within the stage); ``ranks`` are the global worker ranks of those replicas, in replica order.
-Workers are numbered stage by stage: stage 0's replicas first, then stage 1's, and so on.
-
-``config`` follows the PipeDream paper's notation: replica counts per stage joined by ``-``
-(``"15-1"``), ``"straight"`` for a pipeline without replication, and the worker count alone
-(``"16"``) for plain data parallelism.
+Stage ``s`` runs the contiguous layers ``[start, end)`` on ``replicas`` workers ``ranks``, numbered
+stage by stage. ``config`` is the PipeDream paper's notation: ``"15-1"`` (replicas per stage),
+``"straight"`` (no replication) or ``"16"`` (data parallelism).
 """
 
 from __future__ import annotations
@@ -86,7 +81,6 @@ class Plan(Described):
         object.__setattr__(self, "memory_per_worker", tuple(int(m) for m in self.memory_per_worker))
         self.validate()
 
-    # ------------------------------------------------------------------ derived
     @property
     def num_stages(self) -> int:
         """Number of pipeline stages."""
@@ -108,11 +102,6 @@ class Plan(Described):
         return config_string(self.replicas)
 
     @property
-    def time_per_sample(self) -> float:
-        """Predicted seconds per sample in steady state."""
-        return self.time_per_minibatch / self.batch_size
-
-    @property
     def noam(self) -> int:
         """PipeDream's NOAM: minibatches in flight = ceil(workers / input-stage replicas)."""
         return metrics.in_flight(self.replicas, 0)
@@ -131,7 +120,6 @@ class Plan(Described):
                 return s
         raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
 
-    # ------------------------------------------------------------------ checks
     def validate(self, profile: Any = None) -> None:
         """Raise ``ValueError`` saying what is wrong unless the stages tile ``[0, num_layers)``.
 
@@ -170,7 +158,6 @@ class Plan(Described):
                                  f"fingerprint {self.profile_fingerprint}) than the profile "
                                  f"({profile.model or 'unknown'}, {profile.fingerprint()}); partition again")
 
-    # ------------------------------------------------------------------ constructors
     @classmethod
     def from_boundaries(
         cls,
@@ -214,7 +201,6 @@ class Plan(Described):
         """A copy with some fields replaced (predictions filled in by a partitioner or simulator)."""
         return replace(self, **kw)
 
-    # ------------------------------------------------------------------ (de)serialization
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (without the schema envelope)."""
         d = asdict(self)

@@ -1,19 +1,7 @@
 """Lv et al. (CCGrid'23): balanced contiguous partition by prefix sums and a binary search on the bottleneck.
 
-Each of ``S`` workers (in rank order) runs one stage. A candidate bottleneck ``X`` is feasible when
-the layers can be cut into exactly ``S`` non-empty ranges such that every stage's compute on its
-worker (prefix-sum differences divided by the worker's speed), every cut's transfer time and every
-stage's memory (weights, ``min(in_flight, buffers)`` stashed versions, optimizer state, in-flight
-activations) stay within ``X`` / the device memory. The optimum is one of the finitely many stage or
-cut costs, so a binary search over their sorted values finds it exactly. Feasibility is a reachability
-sweep over stages in which each start ``i`` reaches an interval of ends (binary searches in the
-prefix sums), so a probe costs ``O(S N log N)`` and the whole search ``O(N^2 log N)`` for the sort
-of candidates plus ``O(S N log^2 N)``.
-
-The plan's predicted time per minibatch is the cost model's full steady state
-(:meth:`pipelab.costs.CostModel.steady_state`), which can exceed the balanced bottleneck ``X``
-(kept in ``notes["bottleneck_s"]``): a middle stage's port carries both of its cuts, both ways, and
-a server's NIC the cross-server transfers of every stage on it.
+One stage per worker; the optimum bottleneck is one of the stage or cut costs, found exactly by a
+binary search over their sorted values with a reachability sweep per probe. docs/partitioning.md.
 """
 
 from __future__ import annotations
@@ -25,7 +13,7 @@ import numpy as np
 import pipelab.metrics as metrics
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
-from pipelab.partition.predict import build_plan
+from pipelab.partition.predict import Pipelining, build_plan
 
 
 class _Problem:
@@ -60,12 +48,8 @@ class _Problem:
         return np.unique(np.concatenate([*vals, self.cutc.ravel()]))
 
     def reach(self, X: float) -> list[np.ndarray] | None:
-        """Per stage, the boundaries reachable with every cost <= X; None when ``n`` is not reached.
-
-        Stage ``s`` may cover ``[i, j)`` for ``i < j <= J_s[i]``, where ``J_s[i]`` is the last ``j``
-        whose compute (binary search in the prefix sums) and memory fit: an interval per ``i``, so
-        one stage's reachable set is a union of intervals, built with a difference array in O(N).
-        """
+        """Per stage, the boundaries reachable with every cost <= X (each start reaches an interval of
+        ends, merged with a difference array); None when ``n`` is not reached."""
         n = self.n
         reach = np.zeros(n + 1, dtype=bool)
         reach[0] = True
@@ -139,7 +123,7 @@ def partition_prefix_sum(cm: CostModel, *, stages: int | None = None, memory_lim
     X, bounds = solve(cm2, stages=stages, memory_limit=memory_limit, buffers=buffers)
     S = len(bounds) + 1
     in_flight = [metrics.in_flight([1] * S, s) for s in range(S)]
-    plan = build_plan(cm2, bounds, [1] * S, method="prefix-sum", schedule="async", in_flight=in_flight,
+    plan = build_plan(cm2, bounds, [1] * S, method="prefix-sum", run=Pipelining(in_flight=in_flight),
                       notes={"bottleneck_s": X, "buffers": buffers})
     if buffers is not None:
         st = tuple(replace(s, versions=min(s.in_flight, buffers)) for s in plan.stages)

@@ -4,9 +4,9 @@
 within the simulator's error; :func:`confirm` (:mod:`.confirmation`) measures a table's shortlist.
 """
 
-from pipelab.planner.confirmation import Confirmed, confirm
+from pipelab.planner.confirmation import Confirmed, ConfirmOptions, confirm
 from pipelab.planner.decide import NO_MARGIN, decide, load_margin, margin_from_accuracy
 from pipelab.planner.search import COLUMNS, DEFAULT_METHODS, Candidate, PlanTable, plan
 
-__all__ = ["COLUMNS", "DEFAULT_METHODS", "NO_MARGIN", "Candidate", "Confirmed", "PlanTable", "confirm",
-           "decide", "load_margin", "margin_from_accuracy", "plan"]
+__all__ = ["COLUMNS", "DEFAULT_METHODS", "NO_MARGIN", "Candidate", "ConfirmOptions", "Confirmed", "PlanTable",
+           "confirm", "decide", "load_margin", "margin_from_accuracy", "plan"]

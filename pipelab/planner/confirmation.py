@@ -1,20 +1,17 @@
-"""Confirm the planner's choice by measurement on the machine at hand: the shortlist, run side by side.
+"""Confirm the planner's choice by measurement: the shortlist of a plan table, trained side by side.
 
-:func:`confirm` trains a shortlist of a :class:`~pipelab.planner.PlanTable` (the default, the
-planner's pick, the fastest prediction and the next best that fit) for real, round by round with the
-candidates interleaved, so that what the machine does during a round reaches all of them alike, and
-compares each candidate with the default's run of the same round. A candidate replaces the default
-only when it was faster in more than half of the rounds; among those, the highest median ratio wins.
-The simulator still does the search; a shared machine's noise (``reproductions/sim_accuracy``) is
-why the measurement decides among the few it shortlists.
+Round by round, the candidates interleaved, each run is compared with the default's run of the same
+round; a candidate replaces the default only when it was faster in more than half of the rounds, and
+among those the highest median ratio wins. The simulator searches; the measurement decides among the few.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -34,11 +31,8 @@ COLUMNS = ("row", "method", "partitioner", "config", "microbatches", "chunks", "
 
 @dataclass(frozen=True, repr=False)
 class Confirmed(Described):
-    """What :func:`confirm` measured: ``table`` (one row per candidate run, see :data:`COLUMNS`;
-    ``predicted`` and ``measured`` in samples/s over the same steady-state window, ``vs_default`` the
-    median over the rounds of the candidate's ratio to the default's run of the same round, ``wins``
-    the rounds it was faster than the default, ``per_round`` its samples/s round by round), ``row``
-    the chosen candidate's index in the plan table, ``rounds``."""
+    """What :func:`confirm` measured: ``table`` (one row per candidate, :data:`COLUMNS`; samples/s over
+    one steady window; ``vs_default`` the median per-round ratio to the default), ``row`` (the choice)."""
 
     table: pd.DataFrame
     row: int
@@ -62,9 +56,7 @@ class Confirmed(Described):
 
 
 def shortlist(table: PlanTable, top: int = 2) -> list[tuple[int, str]]:
-    """``(plan-table row, role)`` of the candidates :func:`confirm` measures, default first: the
-    default, the planner's pick, the fastest prediction, then the next ``top`` fastest that fit
-    (each once; its first role names it)."""
+    """``(plan-table row, role)`` to measure, each once: default, pick, fastest, the next ``top`` that fit."""
     if top < 0:
         raise ValueError(f"top={top} must be >= 0")
     rows: list[tuple[int, str]] = [(int(str(table.default.name)), "default")]
@@ -83,110 +75,126 @@ def shortlist(table: PlanTable, top: int = 2) -> list[tuple[int, str]]:
 
 
 def steps_for(throughput: float, batch: int, seconds: float) -> int:
-    """Minibatches for about ``seconds`` of steady state at ``throughput`` samples/s (plus a quarter
-    for the warm-up and drain the window leaves out), at least 16 and at most 2,000."""
+    """Minibatches for about ``seconds`` of steady state (plus a quarter for warm-up and drain), 16..2000."""
     if not seconds > 0:
         raise ValueError(f"seconds={seconds!r} must be > 0")
     n = math.ceil(seconds * max(throughput, 1e-9) / batch)
     return int(min(max(n + n // 4 + 4, 16), 2000))
 
 
+@dataclass(frozen=True)
+class ConfirmOptions:
+    """How :func:`confirm` measures (each field also a keyword): ``rows`` besides the default (None:
+    :func:`shortlist` with ``top``); ``rounds`` (odd); ``seconds`` of steady state per run, or ``steps``."""
+
+    rows: Sequence[int] | None = None
+    top: int = 2
+    rounds: int = 3
+    seconds: float = 0.5
+    steps: int | None = None
+    progress: bool = True
+
+
 def confirm(table: PlanTable, model_fn: Callable[[], torch.nn.Module], data: Callable[[], Iterable[Any]],
             loss_fn: Callable[[Any, Any], torch.Tensor],
-            optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], *,
-            rows: Sequence[int] | None = None, top: int = 2, rounds: int = 3, seconds: float = 0.5,
-            steps: int | None = None, backend: str = "gloo", timeout: float = 300.0,
-            progress: bool = True, **train_options: Any) -> Confirmed:
+            optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
+            options: ConfirmOptions | None = None, **keywords: Any) -> Confirmed:
     """Train the shortlist of ``table`` for real and choose by measurement (module docstring).
 
-    ``model_fn``, ``data``, ``loss_fn``, ``optimizer``: as :func:`pipelab.train` (``data()`` yields
-    minibatches of the profile's batch size, the one the table was planned for). ``rows``: plan-table
-    rows to measure besides the default (default: :func:`shortlist` with ``top``). ``rounds``: rounds,
-    the candidates interleaved in each (odd, so that "more than half" is a majority). ``seconds``: steady
-    state per run, from each candidate's prediction (:func:`steps_for`), unless ``steps`` fixes the
-    minibatches of every run. A candidate whose run fails is reported (``status``) and not chosen; the
-    default's failing raises. Returns :class:`Confirmed`; its ``row`` is the plan table's index of
-    the choice (``table.candidate(row)``).
+    ``model_fn``, ``data``, ``loss_fn``, ``optimizer``: as :func:`pipelab.train`, ``data()`` yielding
+    minibatches of the profile's batch size. ``keywords`` naming a :class:`ConfirmOptions` field
+    (``rounds=5``, ``steps=8``, ...) set it; the rest go to ``train`` (``backend``, ``timeout``, ...).
+    A candidate whose run fails is reported (``status``) and not chosen; the default's failing raises.
     """
-    if rounds < 1:
-        raise ValueError(f"rounds={rounds} must be >= 1")
-    if steps is not None and steps < 4:
-        raise ValueError(f"steps={steps} must be >= 4 (the steady window leaves out warm-up and drain)")
+    mine = {k: keywords.pop(k) for k in [f.name for f in fields(ConfirmOptions)] if k in keywords}
+    opts = replace(options or ConfirmOptions(), **mine)
+    if opts.rounds < 1:
+        raise ValueError(f"rounds={opts.rounds} must be >= 1")
+    if opts.steps is not None and opts.steps < 4:
+        raise ValueError(f"steps={opts.steps} must be >= 4 (the steady window leaves out warm-up and drain)")
+    chosen = _rows(table, opts)
     batch = table.profile.batch_size
-    if rows is None:
-        chosen_rows = shortlist(table, top)
-    else:
-        default = int(str(table.default.name))
-        chosen_rows = [(default, "default")] + [(int(r), "asked") for r in dict.fromkeys(rows)
-                                                if int(r) != default]
-    known = set(int(str(i)) for i in table.table.index)
-    for r, _ in chosen_rows:
-        if r not in known:
-            raise ValueError(f"row {r} is not in the plan table (rows 0..{len(table.candidates) - 1})")
-        if not (table.table.loc[r, "status"] == "simulated" and bool(table.table.loc[r, "fits"])):
-            raise ValueError(f"row {r} ({table.table.loc[r, 'method']!s}) was not simulated or does not fit "
-                             "in memory: only simulated candidates that fit can be run")
     thr = table.table["throughput"].astype(float)
-    plan_steps = {r: steps or steps_for(float(thr[r]), batch, seconds)
-                  for r, _ in chosen_rows}
+    steps = {r: opts.steps or steps_for(float(thr[r]), batch, opts.seconds) for r, _ in chosen}
     predicted = {}
-    for r, _ in chosen_rows:
-        sim = table.simulate(r, minibatches=plan_steps[r])
+    for r, _ in chosen:
+        sim = table.simulate(r, minibatches=steps[r])
         predicted[r] = sim.trace.steady_throughput(batch, sim.schedule.warmup_minibatches())
-    got: dict[int, list[float]] = {r: [] for r, _ in chosen_rows}
-    failed: dict[int, str] = {}
-
-    from tqdm.auto import tqdm  # optional heavy import (notebook widget or terminal bar)
-    bar = tqdm(total=rounds * len(chosen_rows), desc="confirming", unit="run", disable=not progress,
-               leave=False)
-    try:
-        for _ in range(rounds):
-            for r, role in chosen_rows:
-                bar.update(1)
-                if r in failed:
-                    continue
-                try:
-                    run = table.train(r, model_fn, data, loss_fn, optimizer, steps=plan_steps[r],
-                                      backend=backend, timeout=timeout, progress=False, **train_options)
-                except Exception as e:   # a candidate that cannot run is reported, not chosen
-                    if role == "default":
-                        raise
-                    failed[r] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                    continue
-                got[r].append(run.trace.steady_throughput(batch, run.schedule.warmup_minibatches()))
-    finally:
-        bar.close()
-
-    default_row = chosen_rows[0][0]
-    base = got[default_row]
+    run = functools.partial(table.train, model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer,
+                            progress=False, **keywords)
+    got, failed = _measure(chosen, steps, run, opts, batch)
+    base = got[chosen[0][0]]
     # each candidate's rounds against the default's run of the same round (none for a failed one)
-    ratios = {r: [x / d for x, d in zip(got[r], base)] for r, _ in chosen_rows if r not in failed}
+    ratios = {r: [x / d for x, d in zip(got[r], base)] for r, _ in chosen if r not in failed}
     out = []
-    for r, role in chosen_rows:
+    for r, role in chosen:
         row = table.table.loc[r]
         paired = ratios.get(r, [])
         meas = statistics.median(got[r]) if paired else math.nan
         out.append({"row": r, "method": row["method"], "partitioner": row["partitioner"],
                     "config": row["config"], "microbatches": int(str(row["microbatches"])),
-                    "chunks": row["chunks"], "role": role, "steps": plan_steps[r],
+                    "chunks": row["chunks"], "role": role, "steps": steps[r],
                     "predicted": predicted[r], "measured": meas,
                     "error": (predicted[r] - meas) / meas if paired else math.nan,
                     "vs_default": statistics.median(paired) if paired else math.nan,
                     "wins": sum(p > 1.0 for p in paired), "rounds": len(paired),
                     "rounds_vs_default": ", ".join(f"{p:.2f}" for p in paired),
-                    "per_round": list(got[r]),
-                    "chosen": False, "status": failed.get(r, "measured")})
+                    "per_round": list(got[r]), "chosen": False, "status": failed.get(r, "measured")})
     df = pd.DataFrame(out, columns=list(COLUMNS))
-    pick = choose(ratios, default_row)
+    pick = choose(ratios, chosen[0][0])
     df["chosen"] = df["row"] == pick
-    return Confirmed(df, pick, rounds)
+    return Confirmed(df, pick, opts.rounds)
+
+
+def _rows(table: PlanTable, opts: ConfirmOptions) -> list[tuple[int, str]]:
+    """``(plan-table row, role)`` to measure, default first; a row that cannot run raises."""
+    if opts.rows is None:
+        chosen = shortlist(table, opts.top)
+    else:
+        default = int(str(table.default.name))
+        chosen = [(default, "default")] + [(int(r), "asked") for r in dict.fromkeys(opts.rows)
+                                           if int(r) != default]
+    known = set(int(str(i)) for i in table.table.index)
+    for r, _ in chosen:
+        if r not in known:
+            raise ValueError(f"row {r} is not in the plan table (rows 0..{len(table.candidates) - 1})")
+        if not (table.table.loc[r, "status"] == "simulated" and bool(table.table.loc[r, "fits"])):
+            raise ValueError(f"row {r} ({table.table.loc[r, 'method']!s}) was not simulated or does not fit "
+                             "in memory: only simulated candidates that fit can be run")
+    return chosen
+
+
+def _measure(chosen: list[tuple[int, str]], steps: Mapping[int, int], run: Callable[..., Any],
+             opts: ConfirmOptions, batch: int) -> tuple[dict[int, list[float]], dict[int, str]]:
+    """Each row's steady samples/s round by round, the rows interleaved; and why each failed row failed."""
+    from tqdm.auto import tqdm  # optional heavy import (notebook widget or terminal bar)
+
+    got: dict[int, list[float]] = {r: [] for r, _ in chosen}
+    failed: dict[int, str] = {}
+    bar = tqdm(total=opts.rounds * len(chosen), desc="confirming", unit="run", disable=not opts.progress,
+               leave=False)
+    try:
+        for _ in range(opts.rounds):
+            for r, role in chosen:
+                bar.update(1)
+                if r in failed:
+                    continue
+                try:
+                    res = run(r, steps=steps[r])
+                except Exception as e:   # a candidate that cannot run is reported, not chosen
+                    if role == "default":
+                        raise
+                    failed[r] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    continue
+                got[r].append(res.trace.steady_throughput(batch, res.schedule.warmup_minibatches()))
+    finally:
+        bar.close()
+    return got, failed
 
 
 def choose(paired: Mapping[int, Sequence[float]], default: int) -> int:
-    """The candidate that replaces ``default``, from each candidate's per-round ratios to the default's
-    run of the same round: one faster than the default in more than half of its rounds and with a
-    median ratio above 1; among those the highest median (the first listed on a tie); else
-    ``default``."""
+    """The row that replaces ``default`` given per-round ratios to it: faster in most rounds, highest
+    median above 1 (first listed on a tie); else ``default``."""
     best, best_ratio = default, 1.0
     for r, ratios in paired.items():
         if r == default or not ratios:
@@ -198,4 +206,4 @@ def choose(paired: Mapping[int, Sequence[float]], default: int) -> int:
     return best
 
 
-__all__ = ["COLUMNS", "Confirmed", "choose", "confirm", "shortlist", "steps_for"]
+__all__ = ["COLUMNS", "ConfirmOptions", "Confirmed", "choose", "confirm", "shortlist", "steps_for"]

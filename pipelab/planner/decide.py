@@ -1,24 +1,10 @@
 """The planner's decision: which row of a ranked table replaces the default, given the simulator's error.
 
-The simulator's signed relative error ``e = (predicted - measured) / measured`` of a method, measured
-in ``[lo, hi]``, says that a prediction ``p`` means a measured throughput in
-``[p / (1 + hi), p / (1 + lo)]``; an error of at most ``e`` either way is the range ``[-e, e]``, i.e.
-``[p / (1 + e), p / (1 - e)]``. A candidate replaces the default (1F1B on a uniform split) only when
-the two intervals do not overlap, i.e. when it is sure to be faster:
-
-    predicted_c / (1 + hi_c)  >  predicted_default / (1 + lo_default)
-
-``margin`` gives each row's method its range: one number ``e`` for every method, or a mapping method ->
-``e`` or ``(lo, hi)``. It is an input, measured on the machine the plans are for: the errors file a
-``reproductions/sim_accuracy``-style run writes there (:func:`write_errors`; :func:`load_margin` reads
-it as the signed ranges of its errors less each run's common shift, :func:`less_shift`, which is what
-comparing two predictions of one calibration needs), or a plain number. No host's measurements ship
-as a default: without a margin the planner says so (:data:`NO_MARGIN`) and ranks by prediction alone
-(``margin = 0``). A pipelining method on one replicated stage is data parallelism and takes ``dp``'s
-range.
-Among the candidates that qualify, those whose interval reaches the lower end of the fastest's are a
-tie the simulator cannot break, and the simplest of them wins (:func:`_simpler`). ``margin = 0`` picks
-the fastest. Pure functions of a table.
+A method's signed error range ``[lo, hi]`` of ``(predicted - measured) / measured`` turns a prediction
+``p`` into the interval ``[p / (1 + hi), p / (1 + lo)]`` of measured throughput. A candidate replaces
+the default only when its interval lies above the default's; among those, the ones tied with the fastest
+within the error go to the simplest plan (:func:`_simpler`). ``margin`` is measured on the machine the
+plans are for (:func:`load_margin`); ``margin = 0`` picks the fastest. docs/planner.md has the details.
 """
 
 from __future__ import annotations
@@ -31,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+import pipelab.methods as registry
 from pipelab._io import atomic_write_text
 
 #: what the planner says when it was given no margin (:func:`resolve_margin`)
@@ -40,8 +27,7 @@ NO_MARGIN = ("no simulator error given (margin=None): ranked by prediction alone
 
 
 def _read(path: str | Path, values: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
-    """``values(doc)`` of the JSON file ``path`` that :func:`write_errors` wrote, checked as a margin;
-    a ValueError saying how to rewrite a file that is not one."""
+    """``values(doc)`` of an errors file of :func:`write_errors`, checked as a margin."""
     try:
         out = values(json.loads(Path(path).read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
@@ -52,9 +38,7 @@ def _read(path: str | Path, values: Callable[[dict[str, Any]], dict[str, Any]]) 
 
 
 def load_ranges(path: str | Path, *, relative: bool = False) -> dict[str, tuple[float, float]]:
-    """The per-method signed error ranges of a file :func:`write_errors` wrote (``"ranges"``; a file
-    with only ``"errors"`` gives ``(-e, e)``); with ``relative``, the ranges of the errors less each
-    run's common shift (``"relative_ranges"``; a file without them gives the absolute ranges)."""
+    """Per-method signed error ranges of an errors file; ``relative``: less each run's common shift."""
     def ranges(doc: dict[str, Any]) -> dict[str, tuple[float, float]]:
         raw = ((doc.get("relative_ranges") if relative else None) or doc.get("ranges")
                or {k: (-float(v), float(v)) for k, v in doc["errors"].items()})
@@ -64,22 +48,18 @@ def load_ranges(path: str | Path, *, relative: bool = False) -> dict[str, tuple[
 
 
 def load_errors(path: str | Path) -> dict[str, float]:
-    """The per-method errors of a file :func:`write_errors` wrote (``{"errors": {method: error}}``)."""
+    """The per-method errors of an errors file (``{"errors": {method: error}}``)."""
     out: dict[str, float] = _read(path, lambda doc: {str(k): float(v) for k, v in doc["errors"].items()})
     return out
 
 
 def write_errors(results: pd.DataFrame | str, path: str | Path, *,
                  source: str = "", host: str | None = None, history: int = 5) -> dict[str, float]:
-    """Write the per-method errors of a sim_accuracy results table (:func:`margin_from_accuracy`, each
-    rounded up to 0.01 and at most 0.99, the largest error a margin can be) and their signed ranges
-    (:func:`ranges_from_accuracy`, rounded outwards to 0.01) to ``path`` atomically, with ``source``
-    (what was measured, where, when), and the ranges of the errors less each run's common shift
-    (``relative=True``). Returns the errors written.
+    """Write a sim_accuracy table's per-method errors and signed ranges (absolute and ``relative``),
+    rounded outwards to 0.01, to ``path`` atomically; return the errors.
 
-    With ``host`` (the calibrated machine's name), the file keeps the last ``history`` runs of that
-    host (``"runs"``) and its errors and ranges are their union: one run's ranges do not hold the next
-    run's errors on a shared machine). A file of another host, or without runs, starts the history anew."""
+    With ``host``, the file keeps that host's last ``history`` runs and holds their union (a file of
+    another host starts anew)."""
     if not isinstance(history, int) or isinstance(history, bool) or history < 1:
         raise ValueError(f"history={history!r} must be an int >= 1 (runs kept per host)")
     if isinstance(results, str):
@@ -149,8 +129,7 @@ def _is_range(v: Any) -> bool:
 
 
 def check_margin(margin: Any) -> Margin:
-    """``margin`` if it is a relative error in ``[0, 1)``, or a mapping of method names to such or to
-    signed ranges ``(lo, hi)`` with ``-1 < lo <= hi``; else a ValueError saying what to pass."""
+    """``margin`` checked: an error in ``[0, 1)``, or a mapping method -> such or -> ``(lo, hi)``."""
     values = list(margin.values()) if isinstance(margin, Mapping) else [margin]
     mapping = isinstance(margin, Mapping)
     if not values or any(not (_is_error(v) or (mapping and _is_range(v))) for v in values):
@@ -169,8 +148,8 @@ def _as_range(v: Bound) -> tuple[float, float]:
 
 
 def bounds_of(margin: Margin, method: str, equivalent: str = "") -> tuple[float, float]:
-    """The signed error range ``(lo, hi)`` ``margin`` gives a row of ``method`` (``dp``'s where the row
-    is data parallelism; ``"ALL"``'s, else the widest, for a method it does not name)."""
+    """The signed error range ``margin`` gives a row of ``method`` (``dp``'s where the row is data
+    parallelism; ``"ALL"``'s, else the widest, for a method it does not name)."""
     if not isinstance(margin, Mapping):
         return _as_range(float(margin))
     key = "dp" if equivalent else method
@@ -182,35 +161,19 @@ def bounds_of(margin: Margin, method: str, equivalent: str = "") -> tuple[float,
     return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
 
 
-def error_of(margin: Margin, method: str, equivalent: str = "") -> float:
-    """The largest |error| ``margin`` gives a row of ``method`` (``dp``'s where the row is data
-    parallelism)."""
-    lo, hi = bounds_of(margin, method, equivalent)
-    return max(abs(lo), abs(hi))
-
-
 def _simpler(table: pd.DataFrame, i: Any) -> tuple[Any, ...]:
-    """How complex row ``i``'s plan is, for ties: asynchronous, stages, not ``dp`` itself, chunks,
+    """How complex row ``i``'s plan is, for ties: asynchronous, stages, not data parallelism, chunks,
     recomputation, compression, microbatches, peak memory, then table order (smaller is simpler)."""
     r = table.loc[i]
-    return (not bool(r["synchronous"]), int(r["stages"]), r["method"] != "dp", int(r["chunks"]),
+    return (not bool(r["synchronous"]), int(r["stages"]), registry.get(str(r["method"])).order != "dp",
+            int(r["chunks"]),
             bool(r["recompute"]), r["compression"] != "none", int(r["microbatches"]),
             float(r["peak_memory"]), i)
 
 
 def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataFrame:
-    """Columns ``vs_default``, ``needs_vs_default``, ``within_error`` and ``pick`` of a ranked table
-    (module docstring).
-
-    ``vs_default``: predicted throughput over the default's (row ``default``); ``needs_vs_default``:
-    the ``vs_default`` the row would need to be surely faster than the default given both errors,
-    ``(1 + hi_row) / (1 + lo_default)`` (NaN without a default that fits); ``within_error``: the
-    row's interval of measured throughput overlaps the default's (the simulator cannot tell them
-    apart); ``pick``: the one chosen row. Candidates are the simulated rows that fit; when the default
-    is one of them it stays unless a candidate is surely faster; among those that are (or among all
-    candidates, without a fitting default), the ones tied with the fastest go to the simplest. Pure:
-    the same table gives the same pick, whatever its row order.
-    """
+    """Columns ``vs_default``, ``needs_vs_default`` (``(1 + hi) / (1 + lo_default)``), ``within_error``
+    and ``pick`` of a ranked table (module docstring); the same pick whatever the row order."""
     table = table.copy()
     margin = check_margin(margin)
     ok = (table["status"] == "simulated") & table["fits"].astype(bool)
@@ -247,30 +210,17 @@ def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataF
 
 
 def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
-    """Per method, the worst |throughput error| of a ``reproductions/sim_accuracy`` results table (a
-    DataFrame or the path of its ``results.csv``: columns ``method`` and ``error``, and
-    ``error_recalibrated`` where present), and ``"ALL"``, the worst of all: a measured ``margin`` for
-    :func:`pipelab.planner.plan`."""
-    df = pd.read_csv(results) if isinstance(results, str) else results
-    if "error" not in df or "method" not in df or df["error"].dropna().empty:
-        raise ValueError("margin_from_accuracy needs sim_accuracy's results with columns 'method' and "
-                         "'error' (reproductions/sim_accuracy/results.csv)")
+    """Per method and ``"ALL"``, the worst |error| of a ``reproductions/sim_accuracy`` results table."""
+    df = _results(results, "margin_from_accuracy")
     df = _both_calibrations(df)
     worst = df.dropna(subset=["error"]).assign(e=lambda d: d["error"].abs()).groupby("method")["e"].max()
     return {**{str(k): float(v) for k, v in worst.items()}, "ALL": float(worst.max())}
 
 
 def held_out(results: pd.DataFrame | str, margin: Margin) -> pd.DataFrame:
-    """How a ``reproductions/sim_accuracy`` run's errors fall in a margin written before it: one row
-    per configuration with ``method``, ``error`` less the run's shift (:func:`less_shift`; the errors
-    of the same runs against the run's second calibration, less that calibration's shift, as more rows
-    where the table has them), the margin's ``lo`` and ``hi`` for the method, and ``inside``. With the
-    margin of the runs before (what the planner decided with), the share inside is the margin's
-    measured coverage of a run it never saw."""
-    df = pd.read_csv(results) if isinstance(results, str) else results
-    if "error" not in df or "method" not in df or df["error"].dropna().empty:
-        raise ValueError("held_out needs sim_accuracy's results with columns 'method' and 'error' "
-                         "(reproductions/sim_accuracy/results.csv)")
+    """Per configuration of a sim_accuracy run: ``method``, ``error`` less the run's shift, the margin's
+    ``lo`` and ``hi``, and ``inside`` (with a margin of earlier runs: its held-out coverage)."""
+    df = _results(results, "held_out")
     margin = check_margin(margin)
     df = _both_calibrations(df, relative=True).dropna(subset=["error"])
     bounds = [bounds_of(margin, str(m)) for m in df["method"]]
@@ -280,22 +230,24 @@ def held_out(results: pd.DataFrame | str, margin: Margin) -> pd.DataFrame:
     return out
 
 
-def less_shift(errors: pd.Series) -> pd.Series:
-    """Signed errors relative to their common shift, the median: ``(1 + e) / (1 + median) - 1``.
+def _results(results: pd.DataFrame | str, who: str) -> pd.DataFrame:
+    """A sim_accuracy results table (or its path), checked for columns ``method`` and ``error``."""
+    df = pd.read_csv(results) if isinstance(results, str) else results
+    if "error" not in df or "method" not in df or df["error"].dropna().empty:
+        raise ValueError(f"{who} needs sim_accuracy's results with columns 'method' and 'error' "
+                         "(reproductions/sim_accuracy/results.csv)")
+    return df
 
-    The configurations of one ``reproductions/sim_accuracy`` run are predicted from one calibration
-    and one profile per model and run minutes later on the same machine, so whatever the machine's
-    speed did in between moves all their errors together (the run's shift). Comparing two
-    candidates on one calibration, as the planner does, that shift cancels: if
-    ``e = (1 + s)(1 + r) - 1``, then ``measured_c / measured_d = (predicted_c / predicted_d)
-    (1 + r_d) / (1 + r_c)``, whatever ``s``."""
+
+def less_shift(errors: pd.Series) -> pd.Series:
+    """Signed errors relative to their median, ``(1 + e) / (1 + median) - 1``: a shift common to one
+    run's errors cancels when two predictions of one calibration are compared (docs/planner.md)."""
     return (1 + errors) / (1 + float(errors.median())) - 1
 
 
 def _both_calibrations(df: pd.DataFrame, relative: bool = False) -> pd.DataFrame:
-    """``df`` with each configuration twice where it has ``error_recalibrated`` (the same real runs
-    against a second calibration's prediction): once with each error in column ``error``; with
-    ``relative``, each column's errors less that calibration's shift (:func:`less_shift`)."""
+    """``df`` with each configuration again for ``error_recalibrated`` where present (``relative``:
+    each calibration's errors less its shift)."""
     def rel(col: pd.Series) -> pd.Series:
         return less_shift(col) if relative and col.notna().any() else col
 
@@ -308,20 +260,10 @@ def _both_calibrations(df: pd.DataFrame, relative: bool = False) -> pd.DataFrame
 
 def ranges_from_accuracy(results: pd.DataFrame | str, *,
                          relative: bool = False) -> dict[str, tuple[float, float]]:
-    """Per method, the signed range ``(lo, hi)`` of ``(simulated - measured) / measured`` over a
-    ``reproductions/sim_accuracy`` results table (columns ``method``, ``error`` and, when present,
-    ``measured_spread``), and ``"ALL"``, the union: a measured ``margin`` for
-    :func:`pipelab.planner.plan`. Each configuration's error is widened by the spread of its real
-    rounds, ``(max - min) / median`` taken as ``median x (1 +- spread / 2)`` (at most +-90%). Where
-    the table has ``error_recalibrated`` (the same runs against a second calibration's prediction), a
-    configuration's range covers both errors: a user calibrates once, and one calibration's
-    predictions lie several percent from the next's on a shared machine. With ``relative``, each
-    error is taken less its calibration's common shift first (:func:`less_shift`): the range a
-    comparison of two predictions of one calibration needs (:func:`load_margin`)."""
-    df = pd.read_csv(results) if isinstance(results, str) else results
-    if "error" not in df or "method" not in df or df["error"].dropna().empty:
-        raise ValueError("ranges_from_accuracy needs sim_accuracy's results with columns 'method' and "
-                         "'error' (reproductions/sim_accuracy/results.csv)")
+    """Per method and ``"ALL"``, the signed error range over a sim_accuracy results table, each error
+    widened by half its runs' spread (at most 90%) and covering both calibrations (``relative``: each
+    less its shift, :func:`less_shift`)."""
+    df = _results(results, "ranges_from_accuracy")
     df = _both_calibrations(df, relative).dropna(subset=["error"])
     half = (df["measured_spread"].fillna(0.0).clip(lower=0.0) / 2).clip(upper=0.9) \
         if "measured_spread" in df else pd.Series(0.0, index=df.index)
@@ -334,16 +276,13 @@ def ranges_from_accuracy(results: pd.DataFrame | str, *,
 
 
 def load_margin(path: str | Path) -> dict[str, tuple[float, float]]:
-    """The margin an errors file of :func:`write_errors` gives the planner: per method, the signed
-    ranges of its errors less each run's common shift (``load_ranges(path, relative=True)``)."""
+    """The planner's margin from an errors file: ``load_ranges(path, relative=True)``."""
     return load_ranges(path, relative=True)
 
 
 def resolve_margin(margin: Margin | str | Path | None) -> tuple[Margin, str]:
-    """``(margin, where it came from)`` of what :func:`pipelab.planner.plan` was given: ``None`` is 0
-    with :data:`NO_MARGIN`; a path is an errors file of :func:`write_errors` (:func:`load_margin`), or a
-    sim_accuracy ``results.csv`` (:func:`ranges_from_accuracy`, relative); a number or a mapping is
-    checked as it is (:func:`check_margin`)."""
+    """``(margin, its source)``: None is 0 (:data:`NO_MARGIN`); a path an errors file or a sim_accuracy
+    ``results.csv``; a number or mapping is checked."""
     if margin is None:
         return 0.0, NO_MARGIN
     if isinstance(margin, (str, Path)):
@@ -362,5 +301,5 @@ def resolve_margin(margin: Margin | str | Path | None) -> tuple[Margin, str]:
 
 
 __all__ = ["NO_MARGIN", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "bounds_of", "check_margin", "decide",
-           "error_of", "held_out", "less_shift", "load_errors", "load_margin", "load_ranges",
+           "held_out", "less_shift", "load_errors", "load_margin", "load_ranges",
            "margin_from_accuracy", "ranges_from_accuracy", "resolve_margin", "write_errors"]

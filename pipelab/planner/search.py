@@ -1,10 +1,7 @@
 """The planner's search: candidates priced by closed-form bounds, simulated in order of their bound.
 
-:func:`plan` enumerates methods x partitions x microbatches x chunks x recomputation x compression,
-skips a candidate once a simulated one that fits is at least as fast as its bound and no larger than
-its memory floor (it can reach neither the Pareto front nor the top), and returns a ranked
-:class:`PlanTable`. Deterministic: candidates are ordered by (bound, key). The decision rule is
-:mod:`pipelab.planner.decide`; docs/planner.md explains both.
+A candidate is skipped once a simulated one that fits is at least as fast as its bound and no larger
+than its memory floor. Deterministic: candidates are ordered by (bound, key). docs/planner.md.
 """
 
 from __future__ import annotations
@@ -96,8 +93,7 @@ class PlanTable:
 
     @property
     def default(self) -> pd.Series:
-        """The default's row: 1F1B-flush on a uniform layer split over the most stages, ``M = P``
-        (always simulated, never skipped). Raises when ``1f1b-flush`` was not searched."""
+        """The default's row: 1F1B-flush on a uniform split over the most stages, ``M = P``."""
         if self.default_row is None:
             raise ValueError("the default (1f1b-flush on a uniform split) was not searched: add '1f1b-flush' "
                              "to methods")
@@ -110,22 +106,13 @@ class PlanTable:
 
     @property
     def best(self) -> pd.Series:
-        """The planner's pick (column ``pick``): the default unless a candidate that fits is predicted
-        surely faster than it given ``margin`` (module docstring); raises when none fits."""
-        ok = self.table[self.table["pick"]]
-        if ok.empty:
-            raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
-                             "recomputation / compression")
-        return ok.iloc[0]
+        """The planner's pick (column ``pick``); raises when none fits."""
+        return _first(self.table[self.table["pick"]])
 
     @property
     def fastest(self) -> pd.Series:
         """The fastest predicted candidate that fits (rank 1), whatever the margin; raises when none fits."""
-        ok = self.table[self.table["rank"] == 1]
-        if ok.empty:
-            raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
-                             "recomputation / compression")
-        return ok.iloc[0]
+        return _first(self.table[self.table["rank"] == 1])
 
     def candidate(self, row: int | None = None) -> Candidate:
         """The candidate of table index ``row`` (default: the best)."""
@@ -140,10 +127,8 @@ class PlanTable:
     def train(self, row: int | None, model_fn: Callable[[], Any], data: Callable[[], Iterable[Any]],
               loss_fn: Callable[[Any, Any], Any], optimizer: Callable[[Any], Any], *, steps: int,
               **options: Any) -> Any:
-        """Train the candidate of table index ``row`` (default: the best) for real with
-        :func:`pipelab.train`: its plan (split into virtual stages where it has chunks), method,
-        microbatches and options; ``options`` go to ``train`` as well (``backend``, ``timeout``, ...).
-        Returns the :class:`~pipelab.runtime.launch.RunResult`."""
+        """Train the candidate of table index ``row`` (default: the best) with :func:`pipelab.train`;
+        ``options`` go to ``train`` as well (``backend``, ``timeout``, ...)."""
         from pipelab.runtime.launch import train  # the planner itself never starts a process
 
         c = self.candidate(row)
@@ -182,6 +167,13 @@ class PlanTable:
         return head_line + t.to_string()
 
 
+def _first(rows: pd.DataFrame) -> pd.Series:
+    if rows.empty:
+        raise ValueError("no candidate fits in memory: raise memory_limit, add workers, or allow "
+                         "recomputation / compression")
+    return rows.iloc[0]
+
+
 def _shown(v: float | tuple[float, float]) -> str:
     """A margin entry for people: ``30%`` (either way) or ``+15%..+29%`` (a signed range)."""
     return f"{v[0]:+.0%}..{v[1]:+.0%}" if isinstance(v, tuple) else f"{v:.0%}"
@@ -196,10 +188,8 @@ def _recompute_profile(profile: Profile) -> Profile:
 
 
 def _simulate(c: Candidate, profile: Profile, cluster: Cluster, optimizer: str, **kw: Any) -> SimResult:
-    """Simulate candidate ``c`` (recomputation priced on a copy of the profile, see the module docstring).
-
-    ``dp`` runs as the runtime trains it: each of its ``M`` microbatches (one per replica) is ``1/M`` of
-    the profile's minibatch (the simulator takes every dp microbatch as one profile minibatch)."""
+    """Simulate candidate ``c``: recomputation on a copy of the profile; dp with each of its ``M``
+    microbatches (one per replica) ``1/M`` of the minibatch, as the runtime trains it."""
     opts: dict[str, Any] = {k: v for k, v in c.options().items() if k != "recompute"}
     prof = _recompute_profile(profile) if c.recompute else profile
     if registry.get(c.method).order == "dp":
@@ -219,8 +209,7 @@ def _stage_counts(workers: int, layers: int) -> list[int]:
     return out
 
 
-def _plans(profile: Profile, cluster: Cluster, cm: CostModel, need: set[str], optimizer: str
-           ) -> list[tuple[str, Plan]]:
+def _plans(profile: Profile, cluster: Cluster, need: set[str], optimizer: str) -> list[tuple[str, Plan]]:
     """(partitioner, plan) pairs to try, deduplicated on their stages."""
     W, n, bs = cluster.num_workers, len(profile), profile.batch_size
     out: list[tuple[str, Plan]] = []
@@ -277,13 +266,22 @@ def _microbatch_counts(stages: int, batch: int, opts: Sequence[int] | None, *, d
     return [max(d for d in divisors(batch) if d <= max(stages, 1))]
 
 
-def _candidates(profile: Profile, cluster: Cluster, cm: CostModel, names: Sequence[str], *,
-                microbatches: Sequence[int] | None, chunks: Sequence[int], recompute: Sequence[bool],
-                compression: Sequence[str | None], optimizer: str) -> list[Candidate]:
+@dataclass(frozen=True)
+class _Space:
+    """What :func:`plan` searches besides the partitions (its keywords of the same names)."""
+
+    methods: tuple[str, ...]
+    microbatches: Sequence[int] | None
+    chunks: Sequence[int]
+    recompute: Sequence[bool]
+    compression: Sequence[str | None]
+
+
+def _candidates(profile: Profile, cluster: Cluster, space: _Space, optimizer: str) -> list[Candidate]:
     """Every candidate of the search space (before pruning)."""
-    specs = [registry.get(m) for m in names]
+    specs = [registry.get(m) for m in space.methods]
     need = {"dp" if s.order == "dp" else "hetpipe" if s.order == "hetpipe" else "pipelined" for s in specs}
-    plans = _plans(profile, cluster, cm, need, optimizer)
+    plans = _plans(profile, cluster, need, optimizer)
     synthetic = profile.source == "synthetic"   # its times split into any microbatch count
     out: list[Candidate] = []
     for spec in specs:
@@ -300,32 +298,23 @@ def _candidates(profile: Profile, cluster: Cluster, cm: CostModel, names: Sequen
             elif is_dp:
                 ms = [cluster.num_workers] if cluster.num_workers <= profile.batch_size else []
             else:
-                ms = _microbatch_counts(P, profile.batch_size, microbatches, divide=not synthetic)
+                ms = _microbatch_counts(P, profile.batch_size, space.microbatches, divide=not synthetic)
             cks: list[int | None] = [None]
             if spec.order == "interleaved":
-                cks = [v for v in chunks if v * P <= len(profile)]
+                cks = [v for v in space.chunks if v * P <= len(profile)]
             for m in ms:
                 for v in cks:
-                    for rc in (recompute if not is_dp else (False,)):
-                        for comp in (compression if P > 1 else (None,)):
+                    for rc in (space.recompute if not is_dp else (False,)):
+                        for comp in (space.compression if P > 1 else (None,)):
                             out.append(Candidate(spec.name, pname, plan, m, v, rc, comp))
     return out
 
 
 def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float | None
            ) -> tuple[float, int]:
-    """(seconds per minibatch no schedule can beat, bytes of memory the busiest worker cannot go below).
-
-    Time: the busiest worker's compute of one minibatch (each replica of a stage takes 1/r of its
-    microbatches) plus its stages' updates for methods that update once per minibatch; for a flushed
-    straight pipeline (GPipe, 1F1B, ZB-H1), simulated for one minibatch, also, for every stage ``k``,
-    the forwards of microbatch 0 up to ``k``, ``k``'s own ``M`` forwards and backwards, and the last
-    microbatch's input gradients back down (its weight gradients may wait: ZB-H1); the update is left
-    out of that term (it overlaps the way down). Memory: weights and optimizer state of the stages a
-    worker hosts (the gradient buffer is freed at each update), plus one microbatch's activations per
-    stage (``M`` of them under GPipe, which holds the whole minibatch before its backward; none for
-    methods whose backward recomputes its forward).
-    """
+    """(seconds per minibatch no schedule can beat, bytes the busiest worker cannot go below): its
+    compute and updates (a flushed pipeline's fill and drain too); its weights, optimizer state and
+    held activations (docs/planner.md)."""
     cm = cms[c.recompute]
     spec = registry.get(c.method)
     is_dp = spec.order == "dp"
@@ -428,8 +417,8 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     cms = {rc: CostModel(_recompute_profile(profile) if rc else profile, cl, optimizer=optimizer,
                          allreduce_overlap=allreduce_overlap)
            for rc in set(recompute) | {False}}
-    cands = _candidates(profile, cl, cms[False], names, microbatches=microbatches, chunks=chunks,
-                        recompute=recompute, compression=compression, optimizer=optimizer)
+    space = _Space(names, microbatches, chunks, recompute, compression)
+    cands = _candidates(profile, cl, space, optimizer)
     if not cands:
         raise ValueError(f"no candidate for methods {list(names)} on {W} workers and {len(profile)} layers")
     bounds = [_bound(c, cms, memory_bandwidth) for c in cands]
@@ -480,8 +469,9 @@ def _method_names(cl: Cluster, methods: Iterable[str] | None) -> tuple[str, ...]
 
 def _default_index(cands: Sequence[Candidate]) -> int | None:
     """The default's candidate: the baseline method on a uniform split over every worker, ``M = P``."""
-    uniform = [i for i, c in enumerate(cands) if c.method == registry.BASELINE and c.partitioner == "uniform"
-               and not c.recompute and c.compression is None and c.microbatches == c.plan.num_stages]
+    uniform = [i for i, c in enumerate(cands)
+               if registry.get(c.method).baseline and c.partitioner == "uniform" and not c.recompute
+               and c.compression is None and c.microbatches == c.plan.num_stages]
     return max(uniform, key=lambda i: (cands[i].plan.num_stages, -cands[i].plan.num_workers), default=None)
 
 
@@ -565,9 +555,8 @@ def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int,
 
 
 def _with_optimizer_state(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]) -> list[int]:
-    """A flushed method simulated for one minibatch: add the optimizer state its first update
-    allocates (torch does so lazily), which every later minibatch holds throughout; each later
-    minibatch repeats the first one's memory timeline on top of it."""
+    """Add the optimizer state a flushed method's first update allocates (torch does so lazily), which
+    every later minibatch holds throughout (the simulation covers one minibatch)."""
     return [p + sum(int(cm.state_factor * cm.param_bytes(a, e)) for a, e in ranges)
             for p, ranges in zip(peak, _hosted(res, cm, c))]
 
@@ -580,8 +569,7 @@ def _recompute_peak(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]
 
 
 def _rank(table: pd.DataFrame) -> pd.DataFrame:
-    """Rank the simulated rows that fit by throughput (1 = fastest), and mark the
-    Pareto front: a fitting row no other fitting row beats on throughput without using more memory."""
+    """Rank the fitting rows by throughput (1 = fastest) and mark their Pareto front against memory."""
     table = table.copy()
     ok = (table["status"] == "simulated") & table["fits"]
     # fastest first; a tie (to 9 significant digits) goes to the smaller peak memory, then to row order

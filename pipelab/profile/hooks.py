@@ -1,12 +1,9 @@
-"""What the profiler measures with: a timer, and a counter of the bytes autograd saves for backward.
-
-Shared by the layer profiler (:mod:`pipelab.profile.measure`) and the loss's measurement
-(:mod:`pipelab.profile.loss`).
-"""
+"""What the profiler measures with: a timer, how many runs, and a counter of the bytes autograd saves."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,14 +46,19 @@ class Timer:
         return time.perf_counter() - started
 
 
-class SavedBytes:
-    """Counts the unique storages autograd saves for backward, parameters excluded.
+@dataclass(frozen=True)
+class Timing:
+    """``warmup`` untimed runs, then ``repeats`` timed by ``timer``; a time is their median."""
 
-    ``params`` holds the storage addresses (``untyped_storage().data_ptr()``) of the weights;
-    ``inputs`` maps the storage addresses of the layer's inputs to the values (fx node names) they
-    hold: a saved input is not counted here but in ``saved_inputs`` (value -> bytes), so that the
-    profiler counts it once, at the layer that produces it (see ``measure._measure``).
-    """
+    timer: Timer
+    warmup: int = 1
+    repeats: int = 3
+
+
+class SavedBytes:
+    """Counts the unique storages autograd saves for backward, weights (storage addresses ``params``)
+    excluded; a saved input (``inputs``: storage address -> value name) goes to ``saved_inputs``
+    instead, so that the profiler counts it once, at the layer that produces it."""
 
     def __init__(self, params: set[int], inputs: dict[int, str] | None = None) -> None:
         self.params = params
@@ -89,4 +91,4 @@ class SavedBytes:
         return sum(self.storages.values())
 
 
-__all__ = ["SavedBytes", "Timer", "detach", "tensors"]
+__all__ = ["SavedBytes", "Timer", "Timing", "detach", "tensors"]

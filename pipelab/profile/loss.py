@@ -1,11 +1,7 @@
 """The loss's costs: its forward and backward seconds and the bytes it saves for its backward.
 
-The runtime's last stage computes the loss inside its forward (``loss_fn(output, target)``), so
-the loss's time is part of that stage's compute and what autograd saves for the loss's backward (a
-cross-entropy's log-softmax of the logits, the targets it reads; a mean squared error's output and
-targets) is held with the stage's activations until its backward.
-:func:`pipelab.profile.measure.profile` adds the times to the last layer and records the bytes as
-``Profile.loss_saved_bytes``.
+The runtime's last stage computes the loss in its forward, so the profiler adds these times to the
+last layer and records the bytes (held with that stage's activations) as ``Profile.loss_saved_bytes``.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from pipelab.profile.hooks import SavedBytes, Timer
+from pipelab.profile.hooks import SavedBytes, Timer, Timing
 
 
 @dataclass(frozen=True)
@@ -39,20 +35,15 @@ def _leaf(out: Any) -> Any:
 def measure_loss(loss_fn: Callable[..., torch.Tensor], output: Any, target: Any = None, *,
                  params: set[int] | frozenset[int] = frozenset(),
                  output_values: dict[int, str] | None = None,
-                 counted: set[str] | frozenset[str] = frozenset(), timer: Timer | None = None,
-                 warmup: int = 1, repeats: int = 3) -> LossCosts:
-    """Time ``loss_fn`` on the model's ``output`` and count what it saves for its backward.
+                 counted: set[str] | frozenset[str] = frozenset(), timing: Timing | None = None) -> LossCosts:
+    """Time ``loss_fn(output, target)`` (``loss_fn(output)`` without a target) and count what it saves.
 
-    The loss is ``loss_fn(output, target)`` when ``target`` is given (the function ``pl.train`` takes),
-    else ``loss_fn(output)``. Saved bytes are the unique storages autograd saves while computing it,
-    weights (storage addresses ``params``) excluded. A saved model output (``output_values``: its
-    storage addresses -> value names) counts unless a layer's saved bytes count that value already
-    (``counted``), so that each stored tensor is counted once; the targets count by their own size (a
-    compact copy of them is used). One untimed run counts, then
-    ``warmup`` untimed and ``repeats`` timed runs; times are medians.
+    Saved bytes: unique storages, weights (addresses ``params``) left out, a saved model output
+    (``output_values``: address -> value name) left out when a layer counts it already (``counted``).
     """
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
+    tm = timing or Timing(Timer(torch.device("cpu")))
+    if not isinstance(tm.repeats, int) or tm.repeats < 1:
+        raise ValueError(f"repeats={tm.repeats!r} must be an integer >= 1")
     # a compact copy: targets sliced from a larger tensor would count that tensor's whole storage
     target = fx.node.map_aggregate(target, lambda t: t.clone() if isinstance(t, torch.Tensor) else t)
 
@@ -74,19 +65,18 @@ def measure_loss(loss_fn: Callable[..., torch.Tensor], output: Any, target: Any 
         raise ValueError(f"{how} failed: {exc}{hint}") from None
     saved = counter.total + sum(n for v, n in counter.saved_inputs.items() if v not in counted)
     del loss, counter
-    tm = timer or Timer(torch.device("cpu"))
     fwd: list[float] = []
     bwd: list[float] = []
-    for r in range(warmup + repeats):
+    for r in range(tm.warmup + tm.repeats):
         leaf = _leaf(output)
-        t0 = tm.start()
+        t0 = tm.timer.start()
         loss = call(leaf)
-        f = tm.stop(t0)
-        t0 = tm.start()
+        f = tm.timer.stop(t0)
+        t0 = tm.timer.start()
         if loss.requires_grad:
             loss.backward()
-        b = tm.stop(t0)
-        if r >= warmup:
+        b = tm.timer.stop(t0)
+        if r >= tm.warmup:
             fwd.append(f)
             bwd.append(b)
     return LossCosts(statistics.median(fwd), statistics.median(bwd), saved)

@@ -1,25 +1,9 @@
 """The profiler: measure a model layer by layer and return a :class:`~pipelab.profile.records.Profile`.
 
-Layers are the ones the runtime builds stages from (:func:`pipelab.graph.layer_members`: a module
-with the getitems that unpack its output). Like PipeDream's profiler (SOSP'19 §3.1) it records
-forward and backward time, output and weight bytes per layer, measured three ways:
-
-* forward: the traced graph runs node by node in whole forward passes (autograd on, as in
-  training) with a timer around each layer;
-* backward: each layer runs alone on fresh copies of its real inputs and ``torch.autograd.grad``
-  of its outputs with respect to its inputs and weights is timed, which isolates one layer's
-  backward without hooks into the autograd engine;
-* whole passes (``whole=True``, the default): the model's forward with the loss and its backward,
-  timed as a training step runs them; every layer's forward and backward times are scaled by one
-  factor each so that they add up to those (the layers' timers leave out what runs between layers,
-  and the isolated backwards add autograd's set-up per call).
-
-The timer is ``time.perf_counter`` on CPU and CUDA events on a GPU; a layer's time is the median
-over ``repeats``. Besides times the profiler records output bytes (real dtypes), the bytes alive
-across every cut (from the fx graph: skip connections and attention inputs included), parameter
-bytes (each shared weight once), forward FLOPs (``torch.utils.flop_counter``; recurrent layers by
-closed form), and the bytes autograd saves for backward (unique storages seen by
-``saved_tensors_hooks``, weights excluded).
+As PipeDream's profiler (SOSP'19 §3.1), per layer (:func:`pipelab.graph.layer_members`): forward
+time, timed inside whole forward passes; backward time, of the layer alone (:mod:`.layer_timing`);
+output, weight and saved bytes, FLOPs, and the bytes alive across every cut. With ``whole=True`` the
+layers' times are scaled to add up to a timed training step. Times are medians over ``repeats``.
 """
 
 from __future__ import annotations
@@ -27,7 +11,7 @@ from __future__ import annotations
 import copy
 import operator
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -37,10 +21,11 @@ from torch import nn
 
 from pipelab.graph import LAYER_OPS, layer_members, live_across_cuts, tensor_bytes, trace
 from pipelab.profile.checks import warn_dominant_layer
-from pipelab.profile.hooks import SavedBytes as _SavedBytes
 from pipelab.profile.hooks import Timer as _Timer
+from pipelab.profile.hooks import Timing
 from pipelab.profile.hooks import detach as _detach
 from pipelab.profile.hooks import tensors as _tensors
+from pipelab.profile.layer_timing import LayerRunner, Pass, measure_layer
 from pipelab.profile.loss import measure_loss
 from pipelab.profile.records import Layer, Profile
 
@@ -65,29 +50,6 @@ def _resolve_device(device: str | torch.device) -> torch.device:
         raise ValueError(f"device={str(device)!r} but CUDA is not available here; profile with device='cpu' "
                          "or run on a machine with a GPU")
     return dev
-
-
-class _LayerRunner:
-    """Runs one fx node on given inputs, with the weights it uses, for timing in isolation."""
-
-    def __init__(self, gm: fx.GraphModule, node: fx.Node) -> None:
-        self.node = node
-        self.params: list[torch.Tensor] = []
-        if node.op == "call_module":
-            mod = gm.get_submodule(str(node.target))
-            self.fn: Callable[..., Any] = mod
-            self.params = [p for p in mod.parameters() if p.requires_grad]
-            self.kind = type(mod).__name__
-        elif node.op == "call_function":
-            self.fn = node.target  # type: ignore[assignment]
-            self.kind = getattr(node.target, "__name__", str(node.target))
-        else:  # call_method
-            method = str(node.target)
-            self.fn = lambda obj, *a, **k: getattr(obj, method)(*a, **k)
-            self.kind = method
-
-    def __call__(self, args: Any, kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
 
 
 class _Group:
@@ -231,14 +193,15 @@ class _Timing:
               ) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]], int]:
         """(layers, bytes per value, edges, the loss's saved bytes) at the batch of ``a``."""
         gm, warmup, repeats = self.gm, self.warmup, self.repeats
-        layers, value_bytes, edges, counted = _measure(gm, a, self.dev, warmup, repeats, show, self.name)
         timer = _Timer(self.dev)
+        timing = Timing(timer, warmup, repeats)
+        layers, value_bytes, edges, counted = _measure(gm, a, timing, show, self.name)
         fwd, output, output_values = _forward_in_context(gm, a, timer, warmup, repeats)
         layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
         saved = 0
         if self.loss_fn is not None:
             lc = measure_loss(self.loss_fn, output, y, params=self.param_ids, output_values=output_values,
-                              counted=counted, timer=timer, warmup=warmup, repeats=repeats)
+                              counted=counted, timing=timing)
             last = layers[-1]
             layers[-1] = replace(last, fwd_s=last.fwd_s + lc.fwd_s, bwd_s=last.bwd_s + lc.bwd_s)
             saved = lc.saved_bytes
@@ -272,9 +235,8 @@ class _Timing:
 def _whole_passes(gm: fx.GraphModule, args: tuple[Any, ...], target: Any,
                   loss_fn: Callable[..., torch.Tensor] | None, timer: _Timer, warmup: int,
                   steps: int) -> tuple[float, float]:
-    """Median seconds of the whole model's forward (with the loss, as the last stage computes it) and
-    of its backward, over ``steps`` training steps after ``max(warmup, 2)`` untimed ones; the
-    gradients they leave are dropped."""
+    """Median seconds of the whole model's forward (with the loss) and backward over ``steps`` training
+    steps after ``max(warmup, 2)`` untimed ones; their gradients are dropped."""
     fs, bs = [], []
     for i in range(max(warmup, 2) + steps):
         t0 = timer.start()
@@ -300,8 +262,7 @@ def _whole_passes(gm: fx.GraphModule, args: tuple[Any, ...], target: Any,
 
 def _scaled_to(layers: list[Layer], fwd_all: float,
                bwd_all: float) -> tuple[list[Layer], tuple[float, float]]:
-    """``layers`` with forward times scaled to add up to ``fwd_all`` and backward times (their
-    weight-gradient parts too) to ``bwd_all``; and the two factors (1 where the layers add up to 0)."""
+    """``layers`` scaled to add up to ``fwd_all`` and ``bwd_all``, and the two factors."""
     f_sum, b_sum = sum(x.fwd_s for x in layers), sum(x.bwd_s for x in layers)
     ff = fwd_all / f_sum if f_sum > 0 else 1.0
     fb = bwd_all / b_sum if b_sum > 0 else 1.0
@@ -320,84 +281,27 @@ def _fit_fixed(layer: Layer, small: Layer, batch: int, b: int) -> Layer:
     )
 
 
-def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmup: int, repeats: int,
-             progress: bool, name: str
+def _measure(gm: fx.GraphModule, args: tuple[Any, ...], timing: Timing, progress: bool, name: str
              ) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]], set[str]]:
     """The layers (saved bytes, backward times; forward times of ``_forward_in_context`` replace
     theirs), each value's bytes, the layer graph's edges, and the values some layer's saved bytes count."""
     from tqdm.auto import tqdm
 
-    groups = {members[0].name: _Group(members) for members in layer_members(gm)}
-    pos = {n.name: i for i, g in enumerate(groups.values()) for n in [g.head, *g.rest]}
-    timer = _Timer(dev)
-    param_ids = {p.untyped_storage().data_ptr() for p in gm.parameters()}
-    counted_params: set[int] = set()
-    env: dict[str, Any] = {}
-    requires: dict[str, bool] = {}
-    value_bytes: dict[str, int] = {}
-    last_use: dict[str, int] = {}
-    for i, n in enumerate(gm.graph.nodes):
-        for inp in n.all_input_nodes:
-            last_use[inp.name] = i
+    walk = _LayerWalk(gm, Pass({}, {}, {p.untyped_storage().data_ptr() for p in gm.parameters()}, timing))
+    env = walk.ctx.env
+    last_use = _last_use(gm.graph.nodes)
     placeholders = iter(args)
-    # a value that a layer saves of its inputs is counted once, at the layer that produces it (a
-    # stage holds its output until its backward) unless that layer saves it itself; a model input
-    # is the profile's input_bytes
-    consumer_saved: dict[str, int] = {}
-    producer_saved: set[str] = set()
-    outputs_of: dict[int, list[str]] = {}     # layer index -> its output values
-    layers: list[Layer] = []
-    edges: list[tuple[int, int]] = []
-    used_names: set[str] = set()
-    bar = tqdm(total=len(groups), desc=f"profiling {name}", disable=not progress, leave=False)
+    bar = tqdm(total=len(walk.groups), desc=f"profiling {name}", disable=not progress, leave=False)
     try:
         for idx, node in enumerate(gm.graph.nodes):
             if node.op == "placeholder":
                 v = next(placeholders, None)
-                env[node.name] = v
-                requires[node.name] = False
-                value_bytes[node.name] = tensor_bytes(v)
+                walk.value(node.name, v, False)
             elif node.op == "get_attr":
-                attr: Any = gm
-                for part in str(node.target).split("."):
-                    attr = getattr(attr, part)
-                env[node.name] = attr
-                requires[node.name] = isinstance(attr, torch.Tensor) and attr.requires_grad
-            elif node.name in groups:  # a layer's head (its getitems' values are computed with it)
-                group = groups[node.name]
-                runner = _LayerRunner(gm, node)
-                saved_in: dict[str, int] = {}
-                saved_own: set[int] = set()
-                lay, out = _measure_layer(runner, node, env, requires, param_ids, timer, warmup, repeats,
-                                          group.handed_on, saved_in, saved_own)
-                for vname, nbytes in saved_in.items():
-                    consumer_saved[vname] = max(consumer_saved.get(vname, 0), nbytes)
-                for vname, v in group.unpack(out).items():
-                    outputs_of.setdefault(len(layers), []).append(vname)
-                    if any(t.untyped_storage().data_ptr() in saved_own for t in _tensors(v)):
-                        producer_saved.add(vname)
-                param_bytes = param_tensors = 0
-                for p in runner.params + [env[a.name] for a in node.all_input_nodes
-                                          if a.op == "get_attr" and isinstance(env[a.name], nn.Parameter)]:
-                    if id(p) not in counted_params:
-                        counted_params.add(id(p))
-                        param_bytes += p.numel() * p.element_size()
-                        param_tensors += 1
-                lname = str(node.target) if node.op == "call_module" else node.name
-                if lname in used_names:
-                    lname = node.name
-                used_names.add(lname)
-                out_bytes = sum(tensor_bytes(v) for v in group.handed_on(out))
-                layers.append(Layer(name=lname, kind=runner.kind, fwd_s=lay[0], bwd_s=lay[1],
-                                    out_bytes=out_bytes, param_bytes=param_bytes, flops=lay[2],
-                                    saved_bytes=lay[3], wgrad_s=lay[4], param_tensors=param_tensors))
-                for member in [group.head, *group.rest]:
-                    edges.extend((pos[a.name], pos[member.name]) for a in member.all_input_nodes
-                                 if a.name in pos and pos[a.name] != pos[member.name])
-                for vname, v in group.unpack(out).items():
-                    env[vname] = _detach(v)
-                    requires[vname] = any(t.requires_grad for t in _tensors(v))
-                    value_bytes[vname] = tensor_bytes(v)
+                env[node.name] = attr = _attr(gm, node)
+                walk.ctx.requires[node.name] = isinstance(attr, torch.Tensor) and attr.requires_grad
+            elif node.name in walk.groups:  # a layer's head (its getitems' values are computed with it)
+                walk.layer(node)
                 bar.update(1)
             # free values nobody needs any more (as fx.Interpreter does), keeping memory at one pass
             for inp in node.all_input_nodes:
@@ -407,33 +311,104 @@ def _measure(gm: fx.GraphModule, args: tuple[Any, ...], dev: torch.device, warmu
                 env.pop(node.name, None)
     finally:
         bar.close()
-    for vname, nbytes in consumer_saved.items():
-        at = pos.get(vname)
-        if at is not None and at < len(layers) and vname not in producer_saved:
-            layers[at] = replace(layers[at], saved_bytes=layers[at].saved_bytes + nbytes)
-    for at, names in outputs_of.items():
-        if at < len(layers):
-            saved = any(v in producer_saved or v in consumer_saved for v in names)
-            layers[at] = replace(layers[at], out_saved=saved)
-    counted = producer_saved | {v for v in consumer_saved if pos.get(v, len(layers)) < len(layers)}
-    return layers, value_bytes, edges, counted
+    return walk.result()
+
+
+class _LayerWalk:
+    """What :func:`_measure` gathers layer by layer. A value a layer saves of its inputs is counted once,
+    at the layer that produces it (a stage holds its output until its backward), unless that layer
+    saves it itself; a model input is the profile's ``input_bytes``."""
+
+    def __init__(self, gm: fx.GraphModule, ctx: Pass) -> None:
+        self.gm, self.ctx = gm, ctx
+        self.groups = {members[0].name: _Group(members) for members in layer_members(gm)}
+        self.pos = {n.name: i for i, g in enumerate(self.groups.values()) for n in [g.head, *g.rest]}
+        self.value_bytes: dict[str, int] = {}
+        self.consumer_saved: dict[str, int] = {}
+        self.producer_saved: set[str] = set()
+        self.outputs_of: dict[int, list[str]] = {}     # layer index -> its output values
+        self.layers: list[Layer] = []
+        self.edges: list[tuple[int, int]] = []
+        self.counted_params: set[int] = set()
+        self.used_names: set[str] = set()
+
+    def value(self, name: str, v: Any, requires: bool) -> None:
+        """Record value ``name``: kept for the layers that read it, and its bytes."""
+        self.ctx.env[name] = v
+        self.ctx.requires[name] = requires
+        self.value_bytes[name] = tensor_bytes(v)
+
+    def layer(self, node: fx.Node) -> None:
+        """Measure the layer headed by ``node`` and record its values."""
+        group, runner = self.groups[node.name], LayerRunner(self.gm, node)
+        got, out = measure_layer(self.ctx, runner, node, group.handed_on)
+        for vname, nbytes in got.saved_inputs.items():
+            self.consumer_saved[vname] = max(self.consumer_saved.get(vname, 0), nbytes)
+        for vname, v in group.unpack(out).items():
+            self.outputs_of.setdefault(len(self.layers), []).append(vname)
+            if any(t.untyped_storage().data_ptr() in got.saved_storages for t in _tensors(v)):
+                self.producer_saved.add(vname)
+        param_bytes = param_tensors = 0
+        env = self.ctx.env
+        for p in runner.params + [env[a.name] for a in node.all_input_nodes
+                                  if a.op == "get_attr" and isinstance(env[a.name], nn.Parameter)]:
+            if id(p) not in self.counted_params:
+                self.counted_params.add(id(p))
+                param_bytes += p.numel() * p.element_size()
+                param_tensors += 1
+        lname = str(node.target) if node.op == "call_module" else node.name
+        if lname in self.used_names:
+            lname = node.name
+        self.used_names.add(lname)
+        out_bytes = sum(tensor_bytes(v) for v in group.handed_on(out))
+        self.layers.append(Layer(name=lname, kind=runner.kind, fwd_s=got.fwd_s, bwd_s=got.bwd_s,
+                                 out_bytes=out_bytes, param_bytes=param_bytes, flops=got.flops,
+                                 saved_bytes=got.saved_bytes, wgrad_s=got.wgrad_s,
+                                 param_tensors=param_tensors))
+        pos = self.pos
+        for member in [group.head, *group.rest]:
+            self.edges.extend((pos[a.name], pos[member.name]) for a in member.all_input_nodes
+                              if a.name in pos and pos[a.name] != pos[member.name])
+        for vname, v in group.unpack(out).items():
+            self.value(vname, _detach(v), any(t.requires_grad for t in _tensors(v)))
+
+    def result(self) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]], set[str]]:
+        """The layers with the saved inputs counted at their producers, and what :func:`_measure` returns."""
+        layers, pos = self.layers, self.pos
+        for vname, nbytes in self.consumer_saved.items():
+            at = pos.get(vname)
+            if at is not None and at < len(layers) and vname not in self.producer_saved:
+                layers[at] = replace(layers[at], saved_bytes=layers[at].saved_bytes + nbytes)
+        for at, names in self.outputs_of.items():
+            if at < len(layers):
+                saved = any(v in self.producer_saved or v in self.consumer_saved for v in names)
+                layers[at] = replace(layers[at], out_saved=saved)
+        counted = self.producer_saved | {v for v in self.consumer_saved
+                                         if pos.get(v, len(layers)) < len(layers)}
+        return layers, self.value_bytes, self.edges, counted
+
+
+def _last_use(nodes: Iterable[fx.Node]) -> dict[str, int]:
+    """Each value's last reader: node name -> index of the last node that reads it."""
+    return {inp.name: i for i, n in enumerate(nodes) for inp in n.all_input_nodes}
+
+
+def _attr(gm: fx.GraphModule, node: fx.Node) -> Any:
+    """The attribute a ``get_attr`` node reads."""
+    attr: Any = gm
+    for part in str(node.target).split("."):
+        attr = getattr(attr, part)
+    return attr
 
 
 def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer, warmup: int,
                         repeats: int) -> tuple[list[float], Any, dict[int, str]]:
-    """Median forward seconds of every layer, timed inside whole forward passes (grad enabled).
-
-    Timing each layer where it really runs makes the layer times add up to the model's forward
-    time (a layer alone on a warm input misses allocator and cache effects). Also returns the last
-    pass's output (detached) and its tensors' storage addresses -> their fx node names.
-    """
+    """Median forward seconds of every layer timed where it runs, inside whole forward passes; the last
+    pass's output (detached) and its tensors' storage addresses -> their fx node names."""
     nodes = list(gm.graph.nodes)
     # only layer heads are timed; the getitems unpacking their outputs run untimed (they copy nothing)
-    runners = {members[0].name: _LayerRunner(gm, members[0]) for members in layer_members(gm)}
-    last_use: dict[str, int] = {}
-    for i, n in enumerate(nodes):
-        for inp in n.all_input_nodes:
-            last_use[inp.name] = i
+    runners = {members[0].name: LayerRunner(gm, members[0]) for members in layer_members(gm)}
+    last_use = _last_use(nodes)
     samples: list[list[float]] = [[] for _ in runners]
     output: Any = None
     output_values: dict[int, str] = {}
@@ -449,10 +424,7 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
             if node.op == "placeholder":
                 env[node.name] = next(placeholders, None)
             elif node.op == "get_attr":
-                attr: Any = gm
-                for part in str(node.target).split("."):
-                    attr = getattr(attr, part)
-                env[node.name] = attr
+                env[node.name] = _attr(gm, node)
             elif node.name in runners:
                 a, k = fx.node.map_arg(node.args, value), fx.node.map_arg(node.kwargs, value)
                 t0 = timer.start()
@@ -473,128 +445,6 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
                 samples[i].append(t)
     return [statistics.median(s) for s in samples], output, output_values
 
-
-def _fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
-                  origins: dict[int, str] | None = None) -> tuple[Any, Any, list[torch.Tensor]]:
-    """Copies of a node's inputs as new autograd leaves (those whose originals need grad), so that
-    in-place layers never touch the stored values and backward stops at this layer. ``origins``, if
-    given, receives each copy's storage address -> the input value's name."""
-    leaves: list[torch.Tensor] = []
-
-    def fresh(a: fx.Node) -> Any:
-        v = env[a.name]
-        if a.op == "get_attr":
-            return v  # weights used directly: the real parameter
-
-        def copy_one(t: Any) -> Any:
-            if not isinstance(t, torch.Tensor):
-                return t
-            leaf = t.detach()
-            if requires.get(a.name, False) and t.is_floating_point():
-                leaf = leaf.requires_grad_()
-                leaves.append(leaf)
-            copy = leaf.clone()
-            if origins is not None:
-                origins[copy.untyped_storage().data_ptr()] = a.name
-            return copy
-
-        return fx.node.map_aggregate(v, copy_one)
-
-    a = fx.node.map_arg(node.args, fresh)
-    k = fx.node.map_arg(node.kwargs, fresh)
-    return a, k, leaves
-
-
-def _measure_layer(runner: _LayerRunner, node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
-                   param_ids: set[int], timer: _Timer, warmup: int, repeats: int,
-                   handed_on: Callable[[Any], list[Any]] = lambda out: [out],
-                   saved_inputs: dict[str, int] | None = None, saved_storages: set[int] | None = None,
-                   ) -> tuple[tuple[float, float, int, int, float], Any]:
-    """(fwd_s, bwd_s, flops, saved_bytes, wgrad_s) of one layer, and its head's output (from the first
-    run). ``wgrad_s`` is the weight-gradient part of the backward: the full backward's time less the
-    time of the input gradient alone (timed on a second forward), clipped to ``[0, bwd_s]``.
-
-    ``handed_on(out)`` picks, from the head's output, what leaves the layer; backward starts from
-    gradients of those values only, as in training (an LSTM whose final states nobody uses gets
-    no gradient for them). ``saved_bytes`` leaves out what the layer saves of its inputs;
-    ``saved_inputs`` receives that (input value -> bytes), ``saved_storages`` the addresses of the
-    storages it counted (of the first run, whose output it returns)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    attr_params = [
-        env[a.name]
-        for a in node.all_input_nodes
-        if a.op == "get_attr" and isinstance(env[a.name], torch.Tensor) and env[a.name].requires_grad
-    ]
-    fwd: list[float] = []
-    bwd: list[float] = []
-    bin_: list[float] = []
-    weights = runner.params + attr_params
-    flops = saved = 0
-    first_out: Any = None
-    for r in range(1 + warmup + repeats):
-        origins: dict[int, str] = {}
-        args, kwargs, leaves = _fresh_inputs(node, env, requires, origins)
-        wrt = leaves + runner.params + attr_params
-        if r == 0:  # untimed run that counts FLOPs and saved bytes
-            counter = _SavedBytes(param_ids, origins)
-            with FlopCounterMode(display=False) as fc, torch.autograd.graph.saved_tensors_hooks(
-                    counter.pack, counter.unpack):
-                out = runner(args, kwargs)
-            flops, saved, first_out = int(fc.get_total_flops()), counter.total, out
-            if saved_inputs is not None:
-                saved_inputs.update(counter.saved_inputs)
-            if saved_storages is not None:
-                saved_storages.update(counter.storages)
-            del counter
-            if flops == 0 and isinstance(runner.fn, nn.RNNBase):
-                flops = _rnn_flops(runner.fn, args[0])
-        else:
-            t0 = timer.start()
-            out = runner(args, kwargs)
-            f = timer.stop(t0)
-        outs = [t for t in _tensors(handed_on(out)) if t.requires_grad]
-        b = 0.0
-        if outs and wrt:
-            grads = [torch.ones_like(t) for t in outs]
-            t0 = timer.start()
-            torch.autograd.grad(outs, wrt, grads, allow_unused=True)
-            b = timer.stop(t0)
-        bi = b
-        if r > warmup and outs and weights:
-            # the input gradient alone, on a fresh graph (zero-bubble schedules run it as B)
-            args, kwargs, leaves = _fresh_inputs(node, env, requires)
-            outs = [t for t in _tensors(handed_on(runner(args, kwargs))) if t.requires_grad]
-            bi = 0.0
-            if outs and leaves:
-                t0 = timer.start()
-                torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
-                bi = timer.stop(t0)
-        if r > warmup:
-            fwd.append(f)
-            bwd.append(b)
-            bin_.append(bi)
-    b_med = statistics.median(bwd)
-    w_med = min(max(b_med - statistics.median(bin_), 0.0), b_med)
-    return (statistics.median(fwd), b_med, flops, saved, w_med), first_out
-
-
-def _rnn_flops(rnn: nn.RNNBase, x: Any) -> int:
-    """Matmul FLOPs of a recurrent layer, which the flop counter does not see (fused kernels):
-    per token, direction and layer ``2 * G*H * (in + H)`` with G = 4 gates (LSTM), 3 (GRU), 1 (RNN)."""
-    if isinstance(x, nn.utils.rnn.PackedSequence):
-        tokens = int(x.data.shape[0])
-    elif isinstance(x, torch.Tensor) and x.dim() >= 2:
-        tokens = x.numel() // x.shape[-1]
-    else:
-        return 0
-    gates = {"LSTM": 4, "GRU": 3}.get(rnn.mode, 1)
-    dirs = 2 if rnn.bidirectional else 1
-    h, total = rnn.hidden_size, 0
-    for layer in range(rnn.num_layers):
-        inp = rnn.input_size if layer == 0 else h * dirs
-        total += dirs * 2 * gates * h * (inp + h)
-    return tokens * total
 
 
 __all__ = ["profile"]

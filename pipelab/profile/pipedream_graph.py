@@ -1,20 +1,12 @@
-"""Read PipeDream's ``graph.txt`` layer profiles into the fields of a Profile record.
-
-PipeDream (Narayanan et al., SOSP'19, section 3.1) profiles each layer once and writes a graph:
+"""Read PipeDream's ``graph.txt`` layer profiles (SOSP'19 §3.1) into the fields of a Profile record.
 
     nodeN -- Description -- forward_compute_time=MS, backward_compute_time=MS, activation_size=BYTES,
     parameter_size=BYTES[ -- stage_id=K]
     <TAB>nodeA -- nodeB
 
-Times are milliseconds per minibatch, sizes bytes; ``activation_size`` is the node's output for
-the whole minibatch (``[a; b; c]`` for a node with several outputs, e.g. an LSTM). This module
-parses that text (:func:`parse_graph`), linearizes the DAG topologically, and computes what every
-cut between consecutive layers must carry: the outputs of every *distinct* node before the cut
-with an edge to a node after it (a tensor consumed by two later nodes is sent once).
-
-Every node becomes one layer (``Input`` nodes included), so a profile's totals equal the sums of
-the file's fields. Five of PipeDream's profiles ship with pipelab; :func:`shipped` finds them by name.
-This module imports nothing of pipelab's: the record is built by ``Profile.from_pipedream``.
+Times are ms per minibatch, sizes bytes (``[a; b]`` for several outputs). Every node becomes one
+layer in a topological order; a cut carries the outputs of every distinct node before it with an
+edge after it (a tensor consumed twice is sent once). Imports nothing of pipelab's.
 """
 
 from __future__ import annotations
@@ -73,13 +65,7 @@ class GraphNode:
 
 
 def _aliases_input(node: GraphNode) -> bool:
-    """Whether a node's output shares its input's storage (``ReLU(inplace)``, views, ``Size``).
-
-    PipeDream's profiles record every node's output size, but an in-place ReLU or a ``View`` holds
-    no memory of its own. The activation memory a stage stashes is therefore estimated as the sum of
-    the outputs of the other nodes (``saved_bytes``); counting the aliases too would roughly double
-    VGG-16's activation memory (half its nodes are in-place ReLUs).
-    """
+    """Whether a node's output shares its input's storage (``ReLU(inplace)``, views): it saves no bytes."""
     d = node.desc
     return "inplace" in d or node.kind in ("View", "Size", "Flatten", "Identity", "__getitem__")
 
@@ -135,11 +121,7 @@ def _number(text: str, field: str, where: str) -> float:
 
 
 def parse_graph(text: str, *, source: str = "graph.txt") -> PipeDreamGraph:
-    """Parse the text of a PipeDream ``graph.txt``.
-
-    Raises ``ValueError`` naming the file and line for anything that is not a node or edge line,
-    a malformed or negative number, a duplicate node, or an edge to an unknown node.
-    """
+    """Parse the text of a PipeDream ``graph.txt``; a ValueError names the file and line of a bad one."""
     nodes: list[GraphNode] = []
     edges: list[tuple[str, str]] = []
     seen: set[str] = set()
@@ -193,13 +175,8 @@ def _lstm_hidden(desc: str) -> int | None:
 
 
 def infer_batch_size(graph: PipeDreamGraph) -> int | None:
-    """The minibatch size the profile was taken at, when the file shows it, else ``None``.
-
-    Image models: the ``Input`` node's activation divided by one 3xHxW float32 image, for H in
-    224 (ImageNet), 299 (Inception-v3), 331 (NASNet-large), whichever divides exactly.
-    Recurrent models: a plain ``LSTM(in, hidden)`` node's second output is ``h_n`` of shape
-    ``[1, batch, hidden]`` in float32, so ``batch = bytes / (4 * hidden)``.
-    """
+    """The minibatch size the profile was taken at, when the file shows it, else ``None``: the input over
+    one 3xHxW float32 image (H of :data:`_IMAGE_SIDES`), or an LSTM's ``h_n`` bytes over ``4 * hidden``."""
     for n in graph.nodes:
         hidden = _lstm_hidden(n.desc)
         if hidden and len(n.activation_bytes) >= 2:
@@ -268,11 +245,8 @@ def shipped(name: str) -> Path:
 
 def read_fields(path: str | os.PathLike[str], batch_size: int | None = None,
                 model: str | None = None) -> dict[str, Any]:
-    """Read a PipeDream ``graph.txt`` (a path, or a shipped name such as ``"vgg16"``) as a Profile's fields.
-
-    ``batch_size`` overrides the minibatch inferred from the file (see :func:`infer_batch_size`;
-    1 when nothing can be inferred). Times stay per minibatch of that size.
-    """
+    """A PipeDream ``graph.txt`` (a path, or a shipped name such as ``"vgg16"``) as a Profile's fields;
+    ``batch_size`` overrides the inferred one (1 when none is)."""
     p = Path(path)
     if not p.exists() and isinstance(path, str) and os.sep not in path and not path.endswith(".txt"):
         key = _ALIASES.get(path.strip().lower(), path.strip().lower())

@@ -1,17 +1,10 @@
 """The Profile record: a model as an ordered list of layers with their costs.
 
-A :class:`Profile` is the first box of pipelab's data flow (``profile() -> Profile -> partition()``).
-Layers are in a topological order of the model's graph; boundary ``i`` lies between layer ``i`` and
-layer ``i + 1`` and ``cut_bytes[i]`` counts *every* tensor alive across it (skip connections and
-attention inputs included), which is what a pipeline cut there must send forward (and what its
-gradient sends back).
-
-Times are seconds per minibatch of ``batch_size`` samples; sizes are bytes. A layer's time for a
-smaller batch of ``b`` samples is affine in ``b``: ``fixed + (t - fixed) * b / batch_size``, where
-``fwd_fixed_s``/``bwd_fixed_s`` is the part that does not shrink with the batch (per-call work: kernel
-launches, Python dispatch, reading the weights of a memory-bound layer). It is zero (linear scaling,
-as PipeDream assumes) unless the profiler measured it (``pl.profile(..., small_batch=b)``); the cost
-model (:meth:`pipelab.costs.CostModel.compute_s`) is where it is applied.
+Layers are in a topological order of the model's graph; ``cut_bytes[i]`` counts every tensor alive
+across the boundary after layer ``i`` (skip connections included): what a cut there sends forward.
+Times are seconds per minibatch of ``batch_size`` samples, sizes bytes. A time for ``b`` samples is
+affine in ``b``, ``fixed + (t - fixed) * b / batch_size``, where ``fwd_fixed_s``/``bwd_fixed_s`` (zero
+unless measured with ``small_batch``) does not shrink with the batch.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ import hashlib
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
@@ -45,21 +38,16 @@ class Layer:
     out_bytes: int
     param_bytes: int
     flops: int = 0
-    #: bytes autograd saves for backward, each saved value counted once, at the layer that produces it
-    #: (a value a later layer saves as its input counts here; the model's inputs are ``input_bytes``),
-    #: so a stage's activations are its layers' sum plus its input (``CostModel.activation_bytes``)
+    #: bytes autograd saves for backward, each value once, at the layer that produces it
     saved_bytes: int = 0
-    #: seconds of ``fwd_s``/``bwd_s`` that a smaller batch still pays in full (see the module docstring)
+    #: seconds of ``fwd_s``/``bwd_s`` that a smaller batch still pays in full
     fwd_fixed_s: float = 0.0
     bwd_fixed_s: float = 0.0
-    #: whether ``saved_bytes`` counts this layer's output (some layer saves it); None: not measured. A
-    #: pipeline stage holds its output until its backward whether saved or not (``activation_bytes``)
+    #: whether ``saved_bytes`` counts this layer's output; None: not measured
     out_saved: bool | None = None
-    #: seconds of ``bwd_s`` that compute weight gradients (the rest is the input gradient); None
-    #: when not measured (PipeDream's profiles): zero-bubble schedules then assume half
+    #: seconds of ``bwd_s`` computing weight gradients; None: not measured (zero-bubble assumes half)
     wgrad_s: float | None = None
-    #: parameter tensors of the layer (each shared weight once; an optimizer step pays per tensor);
-    #: None when not measured (PipeDream's profiles, older files): the cost model then counts none
+    #: parameter tensors (an optimizer step pays per tensor); None: not measured
     param_tensors: int | None = None
 
     def __post_init__(self) -> None:
@@ -105,11 +93,8 @@ class RangeTotals:
 
 @dataclass(frozen=True)
 class Profile:
-    """Per-layer costs of a model, in topological order, plus what crosses every cut.
-
-    ``edges`` (optional) are the data-flow edges between layer indices, kept for drawing the layer
-    graph; the partitioners need only the linear order and ``cut_bytes``.
-    """
+    """Per-layer costs of a model, in topological order, plus what crosses every cut; ``edges``: the
+    data-flow edges between layer indices, for drawing."""
 
     layers: tuple[Layer, ...]
     cut_bytes: tuple[int, ...]
@@ -120,14 +105,9 @@ class Profile:
     model: str = ""
     source: str = ""
     edges: tuple[tuple[int, int], ...] = field(default=())
-    #: bytes the loss saves for its backward per minibatch (a cross-entropy's log-softmax of the logits,
-    #: the targets it reads, the model's output where no layer counts it already), measured by
-    #: ``pl.profile(..., loss_fn=...)``; the last stage computes the loss inside its forward and holds
-    #: them until its backward (``CostModel.activation_bytes``). 0 when not measured (PipeDream's
-    #: profiles, older files, a profile taken without ``loss_fn``)
+    #: bytes the loss saves for its backward, held by the last stage (0: not measured)
     loss_saved_bytes: int = 0
 
-    # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
         object.__setattr__(self, "cut_bytes", tuple(int(c) for c in self.cut_bytes))
@@ -152,7 +132,6 @@ class Profile:
             if not (0 <= a < b < n):
                 raise ValueError(f"edge ({a}, {b}) is not forward between layer indices 0..{n - 1}")
 
-    # ------------------------------------------------------------------ access
     def __len__(self) -> int:
         return len(self.layers)
 
@@ -213,10 +192,7 @@ class Profile:
         return sum(layer.param_bytes for layer in self.layers)
 
     def fingerprint(self) -> str:
-        """A short hash of the layer structure (names and parameter bytes), not of the timings.
-
-        Plans remember it so that a plan made for one model is refused for another.
-        """
+        """A short hash of the layer names and parameter bytes (not timings): a plan's model check."""
         h = hashlib.sha1()
         for layer in self.layers:
             h.update(f"{layer.name}|{layer.param_bytes};".encode())
@@ -245,32 +221,15 @@ class Profile:
         """A copy with all times multiplied by ``time`` (e.g. another device's relative speed)."""
         if not (time > 0 and math.isfinite(time)):
             raise ValueError("time scale must be a positive finite number")
-        layers = tuple(
-            Layer(
-                **{
-                    **asdict(layer),
-                    "fwd_s": layer.fwd_s * time,
-                    "bwd_s": layer.bwd_s * time,
-                    "fwd_fixed_s": layer.fwd_fixed_s * time,
-                    "bwd_fixed_s": layer.bwd_fixed_s * time,
-                    "wgrad_s": None if layer.wgrad_s is None else layer.wgrad_s * time,
-                }
-            )
-            for layer in self.layers
-        )
-        return Profile(layers=layers, cut_bytes=self.cut_bytes, batch_size=batch_size or self.batch_size,
-                       dtype=self.dtype, device=self.device, input_bytes=self.input_bytes, model=self.model,
-                       source=self.source, edges=self.edges, loss_saved_bytes=self.loss_saved_bytes)
+        layers = tuple(replace(ly, fwd_s=ly.fwd_s * time, bwd_s=ly.bwd_s * time,
+                               fwd_fixed_s=ly.fwd_fixed_s * time, bwd_fixed_s=ly.bwd_fixed_s * time,
+                               wgrad_s=None if ly.wgrad_s is None else ly.wgrad_s * time)
+                       for ly in self.layers)
+        return replace(self, layers=layers, batch_size=batch_size or self.batch_size)
 
     def at_batch_size(self, batch_size: int) -> Profile:
-        """This profile rescaled to minibatches of ``batch_size`` samples, and recorded as such.
-
-        Times follow the affine model of the module docstring, ``fixed + (t - fixed) * b / B``
-        (``B`` this profile's batch size; linear where ``fwd_fixed_s``/``bwd_fixed_s`` are zero, as in
-        PipeDream's profiles); outputs, saved activations (the loss's too), cut bytes, input bytes and
-        flops scale linearly with the batch; weights do not change. ``source`` records the rescaling.
-        Going up in batch size extrapolates (the fixed part is paid once per call either way).
-        """
+        """This profile at minibatches of ``batch_size`` samples: times affine (module docstring), bytes
+        of activations and cuts and flops linear, weights unchanged; ``source`` records it."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer (samples per minibatch)")
         if batch_size == self.batch_size:
@@ -281,25 +240,20 @@ class Profile:
             return fixed + (total - fixed) * r
 
         layers = tuple(
-            Layer(**{**asdict(layer), "fwd_s": t(layer.fwd_s, layer.fwd_fixed_s),
-                     "bwd_s": t(layer.bwd_s, layer.bwd_fixed_s),
-                     # the weight-gradient part keeps its share of the backward
-                     "wgrad_s": None if layer.wgrad_s is None or not layer.bwd_s
-                     else layer.wgrad_s * t(layer.bwd_s, layer.bwd_fixed_s) / layer.bwd_s,
-                     "out_bytes": int(round(layer.out_bytes * r)),
-                     "saved_bytes": int(round(layer.saved_bytes * r)),
-                     "flops": int(round(layer.flops * r))})
-            for layer in self.layers
-        )
+            replace(ly, fwd_s=t(ly.fwd_s, ly.fwd_fixed_s), bwd_s=t(ly.bwd_s, ly.bwd_fixed_s),
+                    # the weight-gradient part keeps its share of the backward
+                    wgrad_s=None if ly.wgrad_s is None or not ly.bwd_s
+                    else ly.wgrad_s * t(ly.bwd_s, ly.bwd_fixed_s) / ly.bwd_s,
+                    out_bytes=int(round(ly.out_bytes * r)), saved_bytes=int(round(ly.saved_bytes * r)),
+                    flops=int(round(ly.flops * r)))
+            for ly in self.layers)
         note = (f"rescaled from batch {self.batch_size} to {batch_size} (times affine in the batch, "
                 f"activations and cuts linear)")
-        return Profile(layers=layers, cut_bytes=tuple(int(round(c * r)) for c in self.cut_bytes),
-                       batch_size=batch_size, dtype=self.dtype, device=self.device,
-                       input_bytes=int(round(self.input_bytes * r)), model=self.model,
-                       source=f"{self.source}; {note}" if self.source else note, edges=self.edges,
+        return replace(self, layers=layers, cut_bytes=tuple(int(round(c * r)) for c in self.cut_bytes),
+                       batch_size=batch_size, input_bytes=int(round(self.input_bytes * r)),
+                       source=f"{self.source}; {note}" if self.source else note,
                        loss_saved_bytes=int(round(self.loss_saved_bytes * r)))
 
-    # ------------------------------------------------------------------ constructors
     @classmethod
     def synthetic(
         cls,
@@ -309,15 +263,14 @@ class Profile:
         param_bytes: Sequence[int] | None = None,
         batch_size: int = 1,
         *,
-        cut_bytes: Sequence[int] | None = None,
         names: Sequence[str] | None = None,
-        input_bytes: int = 0,
-        model: str = "synthetic",
+        **fields: Any,
     ) -> Profile:
         """A profile from plain numbers, for tests and teaching.
 
-        ``bwd_s`` defaults to twice ``fwd_s``; ``out_bytes`` and ``param_bytes`` to zero;
-        ``cut_bytes`` to ``out_bytes`` of the layer before each cut (a plain chain).
+        ``bwd_s`` defaults to twice ``fwd_s``; ``out_bytes`` and ``param_bytes`` to zero. ``fields``:
+        other Profile fields (``cut_bytes``, default each cut's ``out_bytes``: a plain chain;
+        ``input_bytes``; ``model``, default ``"synthetic"``).
         """
         n = len(fwd_s)
         if n == 0:
@@ -331,10 +284,9 @@ class Profile:
                 raise ValueError(f"{label} has {len(seq)} entries but fwd_s has {n}; give one per layer")
         layers = tuple(Layer(name=nm[i], kind="synthetic", fwd_s=float(fwd_s[i]), bwd_s=float(bwd[i]),
                              out_bytes=int(outs[i]), param_bytes=int(params[i])) for i in range(n))
-        cuts = list(cut_bytes) if cut_bytes is not None else [int(o) for o in outs[:-1]]
-        return cls(layers=layers, cut_bytes=tuple(int(c) for c in cuts), batch_size=batch_size,
-                   input_bytes=input_bytes, model=model, source="synthetic",
-                   edges=tuple((i, i + 1) for i in range(n - 1)))
+        return cls(**{"cut_bytes": [int(o) for o in outs[:-1]], "model": "synthetic", "source": "synthetic",
+                      "edges": tuple((i, i + 1) for i in range(n - 1)), **fields},
+                   layers=layers, batch_size=batch_size)
 
     @classmethod
     def from_pipedream(cls, path: str | os.PathLike[str], *, batch_size: int | None = None,
@@ -348,7 +300,6 @@ class Profile:
         layers = tuple(Layer(**d) for d in fields["layers"])
         return cls(**{**fields, "layers": layers})
 
-    # ------------------------------------------------------------------ (de)serialization
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (without the schema envelope)."""
         return {
@@ -369,7 +320,6 @@ class Profile:
                        dtype=d.get("dtype", "float32"), device=d.get("device", "cpu"),
                        input_bytes=int(d.get("input_bytes", 0)), model=d.get("model", ""),
                        source=d.get("source", ""), edges=tuple(tuple(e) for e in d.get("edges", ())),
-                       # absent in files written before the loss was measured: nothing known, 0
                        loss_saved_bytes=int(d.get("loss_saved_bytes", 0)))
         except KeyError as exc:
             raise ValueError(
@@ -389,10 +339,7 @@ class Profile:
 
     @classmethod
     def open(cls, spec: str | os.PathLike[str]) -> Profile:
-        """A profile from a pipelab JSON file, a PipeDream ``graph.txt``, or a shipped name (``"vgg16"``).
-
-        The command-line tools accept all three forms through this one function.
-        """
+        """A profile from a pipelab JSON file, a PipeDream ``graph.txt``, or a shipped name (``"vgg16"``)."""
         p = Path(spec)
         if p.suffix == ".json":
             return cls.load(p)

@@ -1,23 +1,8 @@
 """Schedules as data: build, print, save, load and validate per-worker action lists.
 
 ``build(method, plan, microbatches=M, minibatches=K, **options) -> Schedule`` is a pure function of
-the plan's topology (or an int ``P`` for a straight ``P``-stage pipeline). The runtime executes
-exactly these lists, the simulator times them and the views draw them.
-
-Contract (stable; see also :mod:`pipelab.schedules.actions`):
-
-- worker ``w``'s list is in the order it executes; microbatch ``m`` (global, ``0..M*K-1``) is in
-  minibatch ``m // M`` and runs stage ``s`` on replica ``m % replicas_s`` (``Schedule.worker_of``);
-- sync methods (``dp``, ``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``, ``zb-h1``): each worker
-  ends each minibatch with one ``U`` (microbatch field = minibatch) per stage it hosts; replicas of
-  a stage all-reduce there (``options["allreduce"]``);
-- ``pipedream``/``naive-async``/``pipemare``/``hetpipe``: ``M = 1``, a ``U`` after each ``B``
-  (replicas' ``k``-th ``U``'s pair up for the all-reduce, none for hetpipe); the first three also
-  take ``M = N > 1`` (PipeMare's N microbatches per minibatch): no flush, one ``U`` per stage per
-  minibatch after its last ``B``;
-- ``2bw``/``buffered``: ``M`` microbatches per minibatch, one ``U`` per stage per minibatch after
-  its last ``B``;
-- ``versions`` (for the async methods) follow :func:`pipelab.schedules.versions.assign_versions`.
+the plan's topology (or an int ``P``: a straight ``P``-stage pipeline). The runtime executes exactly
+these lists, the simulator times them and the views draw them. The contract: docs/schedules.md.
 """
 
 from __future__ import annotations
@@ -43,60 +28,27 @@ class MethodScheduleError(ScheduleError, MethodError):
     """An unknown method or option met by :func:`build` (the registry's message; both error types)."""
 
 
-def _dp(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-    return sync.dp(p, M, K)
+def _coalesced(name: str, p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
+    kv = options.get("versions", 2)
+    if isinstance(kv, bool) or not isinstance(kv, int) or kv < 2:
+        raise ScheduleError(f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}")
+    return async_.coalesced(p, name, M, K, delay=kv - 1)
 
 
-def _gpipe(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-    return sync.gpipe(p, M, K)
+Builder = Callable[[str, Plan, int, int, dict[str, Any]], Schedule]
 
-
-def _flush(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-    return sync.one_f_one_b_flush(p, M, K)
-
-
-def _interleaved(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-    return sync.interleaved(p, M, K, int(options["chunks"]))
-
-
-def _zb_h1(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-    return sync.zb_h1(p, M, K)
-
-
-def _async_1f1b(method: str) -> Callable[[Plan, int, int, dict[str, Any]], Schedule]:
-    def build_it(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-        return async_.per_minibatch_async(
-            p,
-            method,
-            K,
-            vertical_sync=bool(options.get("vertical_sync", False)),
-            extra_in_flight=int(options.get("extra_in_flight", 0)),
-            microbatches=M,
-        )
-    return build_it
-
-
-def _coalesced(method: str) -> Callable[[Plan, int, int, dict[str, Any]], Schedule]:
-    def build_it(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-        kv = options.get("versions", 2)
-        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 2:
-            raise ScheduleError(
-                f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}"
-            )
-        return async_.coalesced(p, method, M, K, delay=kv - 1)
-    return build_it
-
-
-def _hetpipe_order(p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-    return _hetpipe.hetpipe(p, K, D=int(options.get("D", 0)))
-
-
-#: the schedule builder of each :attr:`pipelab.methods.Method.order`; the ``async-1f1b`` and
-#: ``coalesced`` builders take the method's name (it names the schedule and its version rule)
-BUILDERS: dict[str, Callable[[str], Callable[[Plan, int, int, dict[str, Any]], Schedule]]] = {
-    "dp": lambda _: _dp, "gpipe": lambda _: _gpipe, "1f1b-flush": lambda _: _flush,
-    "interleaved": lambda _: _interleaved, "zb-h1": lambda _: _zb_h1, "async-1f1b": _async_1f1b,
-    "coalesced": _coalesced, "hetpipe": lambda _: _hetpipe_order,
+#: the schedule builder of each :attr:`pipelab.methods.Method.order`: (method name, plan, M, K, options)
+BUILDERS: dict[str, Builder] = {
+    "dp": lambda name, p, M, K, o: sync.dp(p, M, K),
+    "gpipe": lambda name, p, M, K, o: sync.gpipe(p, M, K),
+    "1f1b-flush": lambda name, p, M, K, o: sync.one_f_one_b_flush(p, M, K),
+    "interleaved": lambda name, p, M, K, o: sync.interleaved(p, M, K, int(o["chunks"])),
+    "zb-h1": lambda name, p, M, K, o: sync.zb_h1(p, M, K),
+    "async-1f1b": lambda name, p, M, K, o: async_.per_minibatch_async(
+        p, name, K, vertical_sync=bool(o.get("vertical_sync", False)),
+        extra_in_flight=int(o.get("extra_in_flight", 0)), microbatches=M),
+    "coalesced": _coalesced,
+    "hetpipe": lambda name, p, M, K, o: _hetpipe.hetpipe(p, K, D=int(o.get("D", 0))),
 }
 
 
@@ -110,9 +62,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
         minibatches: K (default 1 for sync methods; for async ones enough for a steady state, a
             multiple of the replica counts).
         options: the method's (``pipelab.methods``), e.g. ``chunks`` (interleaved-1f1b; with an int
-            P the plan gets ``chunks * P`` virtual stages), and every method's ``drain_every=N`` or
-            ``segments=[n0, ...]``: an asynchronous schedule built as complete segments (fill, steady
-            state, drain; :mod:`.segments`) so that a checkpoint after each resumes exactly.
+            P, ``chunks * P`` virtual stages), and ``drain_every=N`` or ``segments=[n0, ...]``: an
+            asynchronous schedule as drained segments (:mod:`.segments`) for exact checkpoints.
     """
     spec = _checked(method, options)
     options = dict(options)
@@ -131,14 +82,13 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
                                 else plan)
     p = resolve_plan(plan)
     M = _microbatches(spec, p, microbatches, options)
-    # replicas of a stage pair their k-th updates, so with an update per microbatch every replica
-    # needs the same number of microbatches: K a multiple of every replica count
+    # replicas pair their k-th updates: with an update per microbatch, K a multiple of every replica count
     per_microbatch = spec.update == "microbatch" and M == 1   # async 1F1B with N > 1: one U per minibatch
     step = math.lcm(*p.replicas) if per_microbatch and spec.replicas_allreduce else 1
     K = _minibatches(spec, p, M, minibatches, step, options)
     if (drain_every is not None or seg_sizes is not None) and not spec.synchronous:
         return _drained(method, p, M, K, drain_every, seg_sizes, step, options)
-    return BUILDERS[spec.order](spec.name)(p, M, K, options)
+    return BUILDERS[spec.order](spec.name, p, M, K, options)
 
 
 def _checked(method: str, options: dict[str, Any]) -> _methods.Method:
@@ -223,15 +173,5 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
     return segments.concat_built(lambda n: build(method, p, microbatches=mb, minibatches=n, **options), sizes)
 
 
-__all__ = [
-    "BUILDERS",
-    "Action",
-    "MethodScheduleError",
-    "Schedule",
-    "ScheduleError",
-    "build",
-    "from_torch",
-    "to_torch_csv",
-    "to_torch_order",
-    "validate",
-]
+__all__ = ["BUILDERS", "Action", "MethodScheduleError", "Schedule", "ScheduleError", "build", "from_torch",
+           "to_torch_csv", "to_torch_order", "validate"]

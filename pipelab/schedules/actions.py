@@ -1,15 +1,9 @@
 """The schedule IR: actions like ``1F0`` and per-worker ordered action lists.
 
-An :class:`Action` is (stage, kind, microbatch): ``F`` forward, ``B`` backward (input gradient, and
-weight gradient too unless the schedule splits it off), ``W`` weight gradient (zero-bubble
-schedules), ``U`` optimizer step. For ``U`` the ``microbatch`` field holds the *minibatch* index
-the update closes. For interleaved schedules ``stage`` is the virtual stage (chunk ``c`` of worker
-``w`` in a ``P``-worker pipeline is stage ``c * P + w``).
-
-A :class:`Schedule` is the single source of truth: the runtime executes it, the simulator times
-it, the views draw it. It holds, per worker, the ordered list of actions, plus which workers host
-each stage's replicas (microbatch ``m`` of stage ``s`` runs on replica ``m % replicas``, PipeDream's
-round-robin) and, for methods that keep several weight versions, the version each action reads.
+An :class:`Action` is (stage, kind, microbatch): ``F`` forward, ``B`` backward (weight gradient too
+unless the stage splits it off), ``W`` weight gradient, ``U`` optimizer step, whose ``microbatch``
+field is the minibatch it closes. A :class:`Schedule` holds, per worker, the ordered actions, which
+workers host each stage's replicas and, for multi-version methods, the version each action reads.
 """
 
 from __future__ import annotations
@@ -61,14 +55,9 @@ class Action:
 
 @dataclass(frozen=True, repr=False)
 class Schedule(Described):
-    """Per-worker ordered action lists and the facts needed to execute, time and draw them.
-
-    ``stage_ranks[s]`` lists the workers hosting stage ``s``'s replicas, in replica order.
-    ``versions`` (optional) parallels ``actions``: for each action the weight version it reads
-    (F, B, W) or produces (U); ``None`` means the method keeps a single version.
-    ``microbatches`` is M per minibatch, ``minibatches`` K; microbatch ``m`` belongs to minibatch
-    ``m // M``.
-    """
+    """Per-worker ordered action lists: ``stage_ranks[s]`` the workers hosting stage ``s``'s replicas;
+    ``versions`` (None: single-version) the version each action reads (F, B, W) or produces (U);
+    ``microbatches`` M per minibatch, ``minibatches`` K."""
 
     method: str
     num_stages: int
@@ -127,16 +116,12 @@ class Schedule(Described):
     def __len__(self) -> int:
         return sum(len(a) for a in self.actions)
 
-    # ------------------------------------------------------------------ views of the lists
     def __str__(self) -> str:
         return self.grid()
 
     def grid(self, mark: tuple[int, int] | None = None, *, max_steps: int | None = None) -> str:
-        """The schedule as text: one row per worker, one column per step of its list.
-
-        ``mark=(worker, index)`` brackets that step (the validator uses it to show a failure);
-        ``max_steps`` elides long rows around the mark (or after the start).
-        """
+        """The schedule as text, one row per worker; ``mark=(worker, index)`` brackets that step and
+        ``max_steps`` elides long rows around it."""
         longest = max((len(a) for a in self.actions), default=0)
         lo, hi = 0, longest
         if max_steps is not None and longest > max_steps:
@@ -171,17 +156,8 @@ class Schedule(Described):
         return out
 
     def versions_alive(self, worker: int) -> tuple[int, ...]:
-        """For each action of ``worker``: distinct weight versions of that action's stage held right after it.
-
-        A version is held from its creation (version 0 at the start, version ``k`` at the stage's
-        ``k``-th ``U``) while it is the latest or some *later* action of the stage on this worker
-        still reads it: a stashed microbatch's ``B``/``W`` (PipeDream weight stashing, SOSP'19
-        §3.3), but also a vertically synced ``F`` that has not arrived yet and will ask for the
-        input stage's (older) version (§3.3, "vertical sync"), or a delayed minibatch's ``F`` (2BW,
-        buffered). A method whose backward reads the newest weights (naive async, PipeMare) keeps
-        one. This is what the runtime's weight policies keep (``RunResult.versions_held``) and
-        what the simulator's memory timeline charges, so all three count the same versions.
-        """
+        """For each action of ``worker``: distinct weight versions of its stage held right after it (a
+        version is held while it is the latest or a later action still reads it; docs/schedules.md)."""
         acts = self.actions[worker]
         if self.versions is None:
             return tuple(1 for _ in acts)
@@ -206,16 +182,8 @@ class Schedule(Described):
         return tuple(out)
 
     def versions_held(self, stage: int) -> int:
-        """Most distinct weight versions of ``stage`` alive at once on any of its workers
-        (the maximum of :meth:`versions_alive` over the stage's actions).
-
-        Closed forms, stage ``s`` of a straight ``P``-stage pipeline with enough minibatches:
-        PipeDream (stashing) ``P - s`` (SOSP'19 §3.3: one per in-flight minibatch, NOAM = P at the
-        input stage); PipeDream with ``vertical_sync`` ``P`` at *every* stage (a stage also keeps
-        the input stage's versions of the ``s`` minibatches still on their way to it); naive
-        async and PipeMare 1 (no stash: ``B`` reads the newest weights); 2BW 2; ``buffered`` K;
-        flushed methods 1.
-        """
+        """Most weight versions of ``stage`` alive at once on any of its workers (closed forms per
+        method: docs/schedules.md)."""
         if not 0 <= stage < self.num_stages:
             raise ValueError(f"stage {stage} is outside 0..{self.num_stages - 1}")
         best = 1
@@ -234,18 +202,11 @@ class Schedule(Described):
                    for w in self.stage_ranks[stage])
 
     def warmup_minibatches(self) -> int:
-        """Minibatches a run of this schedule takes to fill (and to drain): those in flight at the
-        input stage over all its replicas, in whole minibatches, at least one. The steady-state
-        window of a simulated or measured trace leaves them out at both ends."""
+        """Minibatches a run takes to fill (and to drain), at least one: a steady window leaves them out."""
         return max(1, -(-self.in_flight(0) * len(self.stage_ranks[0]) // self.microbatches))
 
-    # ------------------------------------------------------------------ CSV
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """Save as CSV: a ``#``-line of JSON metadata, then one row per worker ``w,<action>[@version],...``.
-
-        Edit the rows by hand to try a custom order, load it with :meth:`from_csv`, and check it
-        with ``pipelab.schedules.validate``.
-        """
+        """Save as CSV to edit by hand: a ``#``-line of JSON metadata, then rows ``w,<action>[@version]``."""
         meta = {"method": self.method, "num_stages": self.num_stages,
                 "stage_ranks": [list(r) for r in self.stage_ranks], "microbatches": self.microbatches,
                 "minibatches": self.minibatches, "options": self.options,

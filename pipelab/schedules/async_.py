@@ -1,34 +1,13 @@
 """Asynchronous (no-flush) 1F1B schedules: ``pipedream``, ``naive-async``, ``pipemare``, ``2bw``,
 ``buffered``.
 
-All share one order: stage ``s`` admits the microbatches of every worker of stages ``>= s``
-before its first backward (PipeDream's NOAM = ceil(workers / input replicas) per input replica,
-SOSP'19 §3.2), then alternates one backward and one forward, never flushing; the run's end
-drains. Microbatch ``m`` of stage ``s`` runs on replica ``m % replicas_s`` (round-robin).
+All share one order: stage ``s`` admits the microbatches of every worker of stages ``>= s`` before
+its first backward (PipeDream's NOAM, SOSP'19 §3.2), then alternates one backward and one forward,
+never flushing. They differ in when weights change (a ``U`` after every ``B``, or one per minibatch
+after its last ``B``) and which version each action reads (docs/schedules.md)::
 
-What differs is when weights change and which version each action reads:
-
-- ``pipedream``, ``naive-async``, ``pipemare``: by default each "microbatch" is a minibatch
-  (``M = 1``); a ``U`` (microbatch field = that minibatch) follows every ``B``; replicas' ``k``-th
-  ``U``'s all-reduce together. With ``M = N > 1`` microbatches per minibatch (PipeMare's setting,
-  Yang et al., MLSys'21, Table 1) the order is the same 1F1B over all ``N*K`` microbatches, never
-  flushed, with one ``U`` per stage per minibatch after its last ``B`` (gradients accumulate over
-  the minibatch's microbatches, which may have read different versions). Versions: ``pipedream``
-  stashes (B reads the version its F read, the latest when F ran), ``vertical_sync=True`` makes
-  every stage use the input stage's version; ``naive-async``/``pipemare`` read the latest weights
-  in F and in B (no stash). On a straight pipeline stage ``s`` (from 0) of ``P`` then reads, in
-  F, weights ``ceil((P - 1 - s) / N)`` updates older than the update its gradient lands in, and
-  in B (latest rule) the newest ones (:func:`pipelab.schedules.worker_view.stage_delays`).
-- ``2bw``, ``buffered``: ``M`` microbatches per minibatch, gradients coalesced, one ``U`` per stage
-  per minibatch (microbatch field ``k``) right after its last ``B``. Minibatch ``k`` reads version
-  ``max(0, k - d)`` on every stage, with ``d = 1`` for 2BW (W(t+1) = W(t) - nu grad f(W(t-1)),
-  Narayanan et al. ICML'21 §3) and ``d = K - 1`` for ``buffered`` with ``versions=K`` (at most K
-  versions alive per stage, after Lv et al. CCGrid'23).
-
-Picture (pipedream, straight P=3, ``U`` after each B)::
-
-    w0: F0 F1 F2 B0 U0 F3 B1 U1 F4 B2 U2 ...
-    w2: .. .. F0 B0 U0 F1 B1 U1 F2 B2 U2 ...
+    pipedream, P=3   w0: F0 F1 F2 B0 U0 F3 B1 U1 F4 B2 U2 ...
+                     w2: .. .. F0 B0 U0 F1 B1 U1 F2 B2 U2 ...
 """
 
 from __future__ import annotations
@@ -65,14 +44,8 @@ def _orders(plan: Plan, total: int, extra: int = 0) -> tuple[list[list[Action]],
 def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool = False,
                         allreduce: bool = True, extra: dict[str, object] | None = None,
                         extra_in_flight: int = 0, microbatches: int = 1) -> Schedule:
-    """PipeDream-style 1F1B without flush: with ``microbatches = 1`` a ``U`` after every ``B``;
-    with ``N > 1`` one ``U`` per stage per minibatch of ``N`` microbatches, after its last ``B``.
-
-    ``extra_in_flight = e`` admits ``e * lcm(replicas)`` more minibatches at every stage than NOAM
-    (``e`` more per stage of a straight pipeline): PipeDream's NOAM keeps the pipeline full only
-    when transfers are short next to compute; with long transfers a minibatch's round trip outlasts
-    NOAM minibatches of work. The price is more stashed versions and activations.
-    """
+    """PipeDream-style 1F1B without flush: a ``U`` after every ``B`` (``microbatches = 1``) or one per
+    stage per minibatch; ``extra_in_flight = e`` admits ``e * lcm(replicas)`` more than NOAM."""
     if extra_in_flight < 0:
         raise ScheduleError(f"extra_in_flight={extra_in_flight} must be >= 0")
     M = microbatches
@@ -91,24 +64,11 @@ def per_minibatch_async(plan: Plan, method: str, K: int, *, vertical_sync: bool 
         rule = "vertical"
     ranks = tuple(s.ranks for s in plan.stages)
     versions = assign_versions(rule, acts, ranks, M)
-    options: dict[str, object] = {
-        "allreduce": allreduce and any(r > 1 for r in plan.replicas),
-        "weights": rule,
-        "vertical_sync": vertical_sync,
-        "noam": plan.noam,
-        "extra_in_flight": extra_in_flight,
-    }
-    options.update(extra or {})
-    return Schedule(
-        method=method,
-        num_stages=plan.num_stages,
-        stage_ranks=ranks,
-        microbatches=M,
-        minibatches=K,
-        actions=tuple(tuple(a) for a in acts),
-        versions=versions,
-        options=options,
-    )
+    options: dict[str, object] = {"allreduce": allreduce and any(r > 1 for r in plan.replicas),
+                                  "weights": rule, "vertical_sync": vertical_sync, "noam": plan.noam,
+                                  "extra_in_flight": extra_in_flight, **(extra or {})}
+    return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=ranks, microbatches=M,
+                    minibatches=K, actions=tuple(tuple(a) for a in acts), versions=versions, options=options)
 
 
 def coalesced(plan: Plan, method: str, M: int, K: int, delay: int) -> Schedule:
@@ -128,18 +88,7 @@ def coalesced(plan: Plan, method: str, M: int, K: int, delay: int) -> Schedule:
     acts = [insert_minibatch_updates(a, loc, M, K, lead) for a, loc in zip(lists, local)]
     ranks = tuple(s.ranks for s in plan.stages)
     versions = assign_versions("delay", acts, ranks, M, delay)
-    return Schedule(
-        method=method,
-        num_stages=plan.num_stages,
-        stage_ranks=ranks,
-        microbatches=M,
-        minibatches=K,
-        actions=tuple(tuple(a) for a in acts),
-        versions=versions,
-        options={
-            "allreduce": any(r > 1 for r in plan.replicas),
-            "weights": "delay",
-            "delay": delay,
-            "versions": delay + 1,
-        },
-    )
+    return Schedule(method=method, num_stages=plan.num_stages, stage_ranks=ranks, microbatches=M,
+                    minibatches=K, actions=tuple(tuple(a) for a in acts), versions=versions,
+                    options={"allreduce": any(r > 1 for r in plan.replicas), "weights": "delay",
+                             "delay": delay, "versions": delay + 1})

@@ -1,24 +1,13 @@
 """Crossing sends: an action that sends to a worker while that worker's own message to it leaves.
 
-On a host where gloo's I/O threads compete with the compute threads for as many cores as there are
-workers, an action whose message crosses one in the opposite direction on the same pair of workers
-can take longer (``gpipe``, whose two directions never overlap, never crosses). This is a host effect
-(:class:`pipelab.measured.HostEffects`), applied only where asked (:mod:`pipelab.sim.host_effects`);
-``reproductions/sim_accuracy/README.md`` measures whether it earns its place.
-
-:func:`crossed_actions` says which actions of a trace crossed, by one rule for a measured and a
-simulated trace: an ``F``/``B`` whose output goes to another worker, during which (start to end,
-inclusive) an action of that worker whose output comes back to this one ended (who sends what to whom:
-:func:`pipelab.schedules.messages.sent_by`).
-:func:`pipelab.calibrate.message_overhead` measures the extra on a real run with it
-(``HostEffects.cross_s``), and the host-effects layer adds it to the actions a first pass finds
-crossed (:class:`Stalled`), then simulates again.
-
-Arrivals: a message that arrives while its receiver computes costs that action time too (gloo's I/O
-thread takes the bytes in on the receiver's core), whatever the action sends.
-:func:`arrived_actions` says which actions of a trace had one (by the same clock as the crossings:
-the sending action's end), so that the calibration leaves them out of the quiet actions it compares
-with; an arrival's extra is no term of the model (it did not earn its place on held-out models).
+Where gloo's I/O threads share the cores with compute, an action whose message crosses one in the
+opposite direction on the same pair of workers can take longer (GPipe never crosses). A host effect
+(:class:`pipelab.measured.HostEffects`), applied only where asked
+(:mod:`pipelab.sim.host_effects`). :func:`crossed_actions` says which actions of a trace crossed, by
+one rule for measured and simulated traces: an ``F``/``B`` whose output goes to another worker,
+during which (inclusive) an action of that worker whose output comes back ended; :class:`Stalled`
+adds the measured extra to them. :func:`arrived_actions` says which actions had a message arrive
+while they computed, so that the calibration leaves them out of the quiet actions it compares with.
 """
 
 from __future__ import annotations
@@ -48,9 +37,8 @@ def _sending(schedule: Schedule, events: Iterable[Any]) -> list[tuple[int, int, 
 
 
 def crossed_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int, Action]]:
-    """``(worker, action)`` of every sending ``F``/``B`` in ``events`` (objects with ``worker``,
-    ``stage``, ``kind``, ``microbatch``, ``start_s``, ``end_s``: a trace's compute events) during which
-    the worker it sends to finished an action that sends back to it (module docstring)."""
+    """``(worker, action)`` of every sending ``F``/``B`` in ``events`` (a trace's compute events) during
+    which the worker it sends to finished an action that sends back to it."""
     acts = _sending(schedule, events)
     sends: dict[tuple[int, int], list[float]] = {}     # (src, dst) -> end times of src's sending actions
     for w, dst, _, _, end in acts:
@@ -68,9 +56,8 @@ def crossed_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int,
 
 
 def arrived_actions(schedule: Schedule, events: Iterable[Any]) -> set[tuple[int, Action]]:
-    """``(worker, action)`` of every compute action in ``events`` (``F``, ``B``, ``W``, ``U``; objects as
-    for :func:`crossed_actions`) during which (after its start, up to its end) another worker's action
-    that sends to this worker ended: a message arrived while it computed (module docstring)."""
+    """``(worker, action)`` of every compute action in ``events`` during which (after its start, up to
+    its end) another worker's action that sends to this worker ended."""
     evs = list(events)
     arrivals: dict[int, list[float]] = {}     # dst -> end times of the actions sending to it
     for _, dst, _, _, end in _sending(schedule, evs):

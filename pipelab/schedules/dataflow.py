@@ -1,26 +1,10 @@
 """The dataflow core of a schedule: what each action waits for, and its discrete-event execution.
 
-One definition of the dependency rules, shared by the validator's deadlock check, the simulator
-(:mod:`pipelab.sim`, which supplies profile-based :class:`Costs`) and the Gantt view's unit-cost
-layout (:func:`dependencies` for its list scheduler, :func:`run` with :class:`UnitCosts` otherwise).
-
-Semantics (the same the runtime has): each worker runs its list in order; an action starts when
-the worker is free and its inputs are there (``F`` of stage ``s`` needs the activation of ``F`` of
-stage ``s-1`` for that microbatch; ``B`` needs its own ``F`` and the gradient of ``B`` of stage
-``s+1``; ``W`` needs its ``B``). Sends are asynchronous: when an ``F``/``B`` ends, its output is
-sent to the consumer's worker over the *channels* the costs name (by default the directed link;
-:class:`pipelab.sim.simulate.ProfileCosts` adds each side's network port per level, which models
-NIC contention); transfers sharing a channel run one at a time in the order they are issued, and a
-transfer passes its channels in order, cut-through (the switch between them buffers).
-Completions are processed in time order (a heap), so channels are claimed in time order.
-
-A ``U`` of a replicated stage (``schedule.options["allreduce"]``) waits for the matching ``U`` of
-every replica (their ``k``-th ``U``'s pair up). The gradient all-reduce may overlap the backward
-or follow it, as the costs decide: they give a *tail*, the seconds from the start of a replica's
-last gradient action of the stage to the reduced gradient being ready (see :class:`Costs.allreduce`).
-
-Deadlock: if no worker can advance, :class:`Deadlock` lists every stuck worker's next step and what
-it waits for.
+One definition of the dependency rules (:func:`dependencies`), shared by the validator's deadlock
+check, the simulator (which supplies profile-based :class:`Costs`) and the Gantt view. Each worker
+runs its list in order; an action starts once its worker is free and its inputs have arrived; sends
+are asynchronous and serialise on the channels the costs name, in the order they are issued; a
+replicated stage's ``U`` waits for its replicas' all-reduce. docs/schedules.md has the details.
 """
 
 from __future__ import annotations
@@ -32,19 +16,13 @@ from dataclasses import dataclass
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.trace import Event
 
-#: how many actions ahead pipelab's runtime posts its receives (:func:`pipelab.runtime.process.execute`);
-#: with a rendezvous transport (gloo) a message moves only once its receive is posted
+#: how many actions ahead pipelab's runtime posts its receives (:func:`pipelab.runtime.process.execute`)
 POST_AHEAD = 4
 
 
 def dependencies(kind: str, stage: int, mb: int, last: int) -> list[tuple[str, int, int]]:
-    """What action ``(kind, stage, mb)`` waits for besides its worker's previous action, as
-    ``(kind, stage, microbatch)`` keys, in a pipeline whose last stage is ``last``.
-
-    ``F(s, m)`` needs ``F(s-1, m)``; ``B(s, m)`` needs ``F(s, m)`` and ``B(s+1, m)``; ``W(s, m)``
-    needs ``B(s, m)``; a ``U`` needs nothing else (its worker's own ``B``/``W`` come before it in the
-    list). :func:`run` applies the same rules to the data those actions ship.
-    """
+    """What action ``(kind, stage, mb)`` waits for besides its worker's previous action: ``F(s, m)``
+    needs ``F(s-1, m)``; ``B(s, m)`` needs ``F(s, m)`` and ``B(s+1, m)``; ``W(s, m)`` needs ``B(s, m)``."""
     if kind == "F":
         return [("F", stage - 1, mb)] if stage > 0 else []
     if kind == "B":
@@ -67,10 +45,8 @@ class Costs:
         raise NotImplementedError
 
     def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
-        """Resources a transfer ``src -> dst`` passes, in order (default: the directed link alone).
-        Each carries one transfer at a time per slot, in the order they are issued; a transfer holds
-        each channel for its duration and enters the next one cut-through (not before it entered
-        this one, and once that one is free)."""
+        """Resources a transfer ``src -> dst`` passes, in order (default: the directed link alone); each
+        carries one transfer per slot at a time, entered cut-through."""
         return ((src, dst),)
 
     def channel_slots(self, channel: Hashable) -> int:
@@ -78,28 +54,21 @@ class Costs:
         return 1
 
     def post_ahead(self) -> int | None:
-        """Rendezvous: a message moves only once its receiver has posted the receive, which a worker
-        does for its next ``post_ahead()`` actions when it starts each action. ``None`` (the default):
-        data flows as soon as it is produced. This and the next two are hooks of the engine for a
-        transport's behaviour; only the host effects (:mod:`pipelab.sim.host_effects`) set them."""
+        """Rendezvous: a message moves once its receive is posted, ``post_ahead()`` actions ahead; None:
+        as soon as it is produced. This and the next two are set by :mod:`pipelab.sim.host_effects`."""
         return None
 
     def busy_sender_s(self, src: int) -> float:
-        """Seconds a message waits to leave when its sender starts its next action at once (a
-        backend whose sends progress on a thread that competes with the compute for a core)."""
+        """Seconds a message waits to leave when its sender starts its next action at once."""
         return 0.0
 
     def rendezvous_s(self, src: int, dst: int) -> float:
-        """Seconds the receiver's "ready" notice takes to reach the sender when a message waited for
-        its receive to be posted."""
+        """Seconds the receiver's "ready" notice takes to reach a sender that waited for it."""
         return 0.0
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
-        """(tail, comm seconds, bytes) of stage ``stage``'s gradient all-reduce over ``workers``.
-
-        ``tail`` counts from the start of the last gradient action (which takes ``grad_s``) to
-        the reduced gradient; a tail of ``grad_s`` means the all-reduce hides completely.
-        """
+        """(tail, comm seconds, bytes) of stage ``stage``'s all-reduce over ``workers``; ``tail`` counts from
+        the start of the last gradient action (``grad_s`` long: hidden completely) to the reduced gradient."""
         raise NotImplementedError
 
 
@@ -111,35 +80,27 @@ class Delegating(Costs):
         self.base = base
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
-        """As the base costs."""
         return self.base.compute(worker, action, split)
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
-        """As the base costs."""
         return self.base.send(src, dst, action)
 
     def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
-        """As the base costs."""
         return self.base.channels(src, dst)
 
     def channel_slots(self, channel: Hashable) -> int:
-        """As the base costs."""
         return self.base.channel_slots(channel)
 
     def post_ahead(self) -> int | None:
-        """As the base costs."""
         return self.base.post_ahead()
 
     def busy_sender_s(self, src: int) -> float:
-        """As the base costs."""
         return self.base.busy_sender_s(src)
 
     def rendezvous_s(self, src: int, dst: int) -> float:
-        """As the base costs."""
         return self.base.rendezvous_s(src, dst)
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
-        """As the base costs."""
         return self.base.allreduce(stage, workers, grad_s)
 
 
@@ -185,13 +146,9 @@ Key = tuple[str, int, int]   # data or done key: ("a"|"g"|"f"|"b"|"r", stage, mi
 
 
 class Engine:
-    """The discrete-event execution of one schedule under one set of costs (:func:`run`).
-
-    Each worker starts its next action once it is free and every input is published
-    (:meth:`start`); the end of an action is an event in a heap, handled in time order
-    (:meth:`complete`): it publishes the worker's own data, starts its next action, and ships the
-    output to the consumer (:meth:`deliver`, :meth:`ship`), rendezvous and channels included.
-    """
+    """The discrete-event execution of one schedule under one set of costs (:func:`run`): :meth:`start`
+    an action once its inputs are published; :meth:`complete` its end, in time order (a heap), which
+    publishes its data, starts the next action and ships the output (:meth:`deliver`, :meth:`ship`)."""
 
     def __init__(self, schedule: Schedule, costs: Costs) -> None:
         self.costs = costs
@@ -214,8 +171,7 @@ class Engine:
         self.events: list[Event] = []
         self.heap: list[tuple[float, int, int]] = []         # (end time, seq, worker)
         self.seq = 0
-        # rendezvous: where each worker runs each action, each action's end, and the sends waiting
-        # for their receive to be posted (keyed by the receiver and the action whose end posts it)
+        # rendezvous: each action's index and end per worker; sends parked until their receive is posted
         self.ahead = costs.post_ahead()
         self.index_of = ([{(a.kind, a.stage, a.microbatch): i for i, a in enumerate(lst)}
                           for lst in self.acts] if self.ahead is not None else [])
@@ -260,12 +216,8 @@ class Engine:
         self.publish(key, self.ship(a, src, dst, end))
 
     def ship(self, a: Action, src: int, dst: int, end: float) -> float:
-        """Send ``a``'s output from ``end`` over its channels; return its arrival time.
-
-        The channels form a path (egress port, then ingress port); each serialises its transfers, and
-        a transfer enters a channel once it is free and the transfer has entered the previous one
-        (cut-through: the switch buffers), so an uncontended transfer takes exactly its seconds.
-        """
+        """Send ``a``'s output from ``end`` over its channels (each serialising, entered cut-through);
+        return its arrival time."""
         secs, nbytes = self.costs.send(src, dst, a)
         if secs == 0.0 and nbytes == 0:
             return end
@@ -361,8 +313,7 @@ class Engine:
             # this action's end posts those receives: the parked sends move now
             posted = max(pend, end) + self.costs.rendezvous_s(psrc, pdst)
             self.publish(pkey, self.ship(pa, psrc, pdst, posted))
-        # the worker's own data first, then its next action: whether it starts at once decides how
-        # soon what this action sends can leave (costs.busy_sender_s)
+        # own data first, then the next action: whether it starts at once delays the send (busy_sender_s)
         if kind in ("F", "B"):
             self.publish((kind.lower(), s, m), end)
         before = self.ptr[w]

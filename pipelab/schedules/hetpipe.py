@@ -1,12 +1,9 @@
 """HetPipe (Park et al., USENIX ATC'20): virtual workers (VWs), each a PipeDream pipeline.
 
-Simplest form compatible with ``pipelab.partition.hetero``: every stage has ``V`` replicas and
-replica ``v`` of each stage belongs to virtual worker ``v``; microbatch (= minibatch) ``m`` goes
-to VW ``m % V`` (``Schedule.worker_of``). Inside a VW the order and versions are PipeDream's
-(1F1B, ``U`` after each ``B``, weight stashing over the VW's *local* updates). Replicas do **not**
-all-reduce: VWs synchronize through a parameter server at wave boundaries under HetPipe's
-Wave Synchronous Parallel model, every ``wave`` minibatches of a VW (``wave`` = NOAM of the VW)
-with staleness bound ``D`` (``schedule.options["wave"]``, ``["D"]``; the runtime applies them).
+Replica ``v`` of every stage belongs to VW ``v``; minibatch ``m`` goes to VW ``m % V``. Inside a VW:
+PipeDream's order and weight stashing over its local updates; no all-reduce across VWs, which
+synchronise through a parameter server every ``wave`` minibatches with staleness bound ``D``
+(``schedule.options``; the runtime applies them).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The messages of a schedule, per ordered pair of workers, in the order each side handles them.
 
-Every ``F`` of stage ``s < S-1`` sends its activation to the worker running ``F`` of stage ``s+1``
-for that microbatch, and every ``B`` of stage ``s > 0`` sends its gradient to the worker running
-``B`` of stage ``s-1`` (:func:`pipelab.schedules.dataflow.dependencies`). A hand-off between two
-stages of one worker (interleaved chunks) is no message.
-
-For each ordered pair ``(src, dst)`` of workers, :func:`pair_sequences` lists the messages in the
-order ``src`` sends them (its action order) and in the order ``dst`` receives them (its action
-order, which is also the order the runtime posts its receives in). NCCL ignores tags and MPI
-matches by order within a tag: the ``k``-th receive ``dst`` posts from ``src`` takes the ``k``-th
-message ``src`` sent. A schedule can run on such a transport only when the two sequences are the
-same for every pair; :func:`first_mismatch` finds where they are not, and the validator reports it.
-When they are the same, in-order matching hands every receive exactly its message, so it adds no
-wait beyond the dataflow (the validator's deadlock check, with asynchronous sends, covers it).
+Every ``F`` of stage ``s < S-1`` sends its activation to the worker of ``F`` of ``s+1``, every ``B``
+of ``s > 0`` its gradient to the worker of ``B`` of ``s-1``; a hand-off on one worker is no message.
+NCCL ignores tags and MPI matches in order, so a schedule runs on them only when, for every pair,
+the sender's and the receiver's sequences agree (:func:`first_mismatch` finds where they do not).
 """
 
 from __future__ import annotations

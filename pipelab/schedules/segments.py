@@ -1,38 +1,9 @@
 """Drained segments: a schedule built as consecutive complete schedules, for exact checkpoints.
 
-An asynchronous schedule (``pipedream``, ``naive-async``, ``pipemare``, ``2bw``, ``buffered``,
-``hetpipe``) never flushes: at any update some later minibatches are already in flight, holding
-stashed weight versions and activations. A checkpoint taken there cannot be resumed to the same
-trajectory. PipeDream checkpoints where its pipeline is empty: each stage saves its weights after
-the backward pass of an epoch's last minibatch (Narayanan et al., SOSP'19, §4, checkpointing), and its
-runtime drains the pipeline at the end of every epoch, paying one fill and one drain per epoch.
-
-:func:`concat` joins complete schedules (fill, steady state, drain each) worker by worker, shifting
-microbatch/minibatch indices and weight versions so that the result is one schedule of ``sum(K_j)``
-minibatches whose weight versions continue across segments. Its ``options["segments"]`` lists the
-segment lengths (minibatches). ``pl.schedules.build(..., drain_every=N)`` builds segments of ``N``
-minibatches (the last one shorter when ``N`` does not divide ``K``).
-
-The boundary after a segment is a *consistent cut*: every message of a segment is sent and received
-inside it, every replica pair's all-reduce too, and a worker's last action of a segment is an
-update (of the last minibatch it ran in the segment); so when each worker saves its state right after
-its own last action of segment ``j``, nothing is in flight and each stage holds a single weight
-version. Resuming from that state and executing the remaining segments reproduces the
-uninterrupted run exactly.
-
-Cost: every segment pays one pipeline fill and one drain. With unit costs (``F = f``, a full
-backward ``B = b``, no transfers) a straight ``P``-stage 1F1B segment of ``n`` minibatches of ``M``
-microbatches takes ``(n M + P - 1)(f + b)``; ``K`` minibatches in one schedule take
-``(K M + P - 1)(f + b)`` and drained every ``N`` they take ``(K M + (K / N)(P - 1))(f + b)``, i.e.
-``(K / N - 1)(P - 1)(f + b)`` more: one fill and drain per extra segment.
-``pl.simulate(..., drain_every=N)`` times it with a profile's costs
-(``reproductions/benchmarks/checkpoint_drain_cost.py`` prints both).
-
-Version rules across segments (:func:`pipelab.schedules.versions.assign_versions`): ``stash``,
-``vertical`` and ``latest`` count updates, so they continue unchanged; the delayed rule of 2BW and
-``buffered`` restarts after a drain like a fresh pipeline: minibatch ``k`` of a segment starting
-at minibatch ``k0`` reads version ``max(k0, k - d)`` (the segment's first minibatches read the
-weights the drain left, which is the only version held at the cut).
+An asynchronous schedule never flushes, so a checkpoint at an update cannot resume the same
+trajectory. :func:`concat` joins complete schedules (fill, steady state, drain), shifting indices
+and weight versions so that versions continue; each boundary is a consistent cut (nothing in flight,
+each worker's last action an update), so resuming there reproduces the run. docs/schedules.md.
 """
 
 from __future__ import annotations
@@ -67,8 +38,7 @@ def aligned_sizes(start: int, total: int, every: int) -> list[int]:
 
 
 def boundaries(schedule: Schedule) -> list[int]:
-    """Minibatch counts at which ``schedule`` is drained: the end of every segment (``[K]`` if
-    unsegmented)."""
+    """Minibatch counts at which ``schedule`` is drained (``[K]`` if unsegmented)."""
     sizes = schedule.options.get("segments") or [schedule.minibatches]
     out, n = [], 0
     for s in sizes:
@@ -77,29 +47,9 @@ def boundaries(schedule: Schedule) -> list[int]:
     return out
 
 
-def segment_start(minibatch: int, segments: Sequence[int] | None) -> int:
-    """The first minibatch of the segment holding ``minibatch`` (0 without segments)."""
-    if not segments:
-        return 0
-    start = 0
-    for s in segments:
-        if minibatch < start + int(s):
-            return start
-        start += int(s)
-    raise ScheduleError(
-        f"minibatch {minibatch} is beyond the segments {list(segments)} ({start} minibatches)"
-    )
-
-
 def concat(parts: Sequence[Schedule]) -> Schedule:
-    """Join complete schedules of the same method and topology one after the other, per worker.
-
-    Part ``j``'s microbatch ``m`` becomes ``m + M * K0`` and its updates' minibatch ``k`` becomes
-    ``k + K0`` (``K0`` = minibatches of the parts before it); a version ``v`` read or produced on
-    stage ``s`` of worker ``w`` becomes ``v + u`` with ``u`` the updates of ``s`` on ``w`` in earlier
-    parts. ``options["segments"]`` of the result lists the parts' lengths (nested segments are
-    flattened). Raises :class:`ScheduleError` if the parts differ in method, stages, workers or ``M``.
-    """
+    """Join complete schedules of one method and topology, per worker, indices and versions shifted by
+    the parts before; ``options["segments"]`` lists the parts' lengths."""
     if not parts:
         raise ScheduleError("concat needs at least one schedule")
     first = parts[0]
@@ -138,12 +88,8 @@ def concat(parts: Sequence[Schedule]) -> Schedule:
 
 
 def check_drained(schedule: Schedule) -> None:
-    """Raise :class:`ScheduleError` unless every segment boundary of ``schedule`` is a consistent cut.
-
-    On every worker the actions of segment ``j`` all precede those of segment ``j + 1``, and each
-    worker's last action in a segment is an update (where the runtime checkpoints). Messages and
-    all-reduces never cross a boundary because they pair actions of the same microbatch/minibatch.
-    """
+    """Raise :class:`ScheduleError` unless on every worker the segments do not overlap and each ends with
+    an update (where the runtime checkpoints)."""
     ends = boundaries(schedule)
     if ends[-1] != schedule.minibatches:
         raise ScheduleError(

@@ -1,11 +1,7 @@
-"""The steps every schedule builder composes: plan resolution, the 1F1B order, U insertion, versions.
+"""The steps every schedule builder composes: plan resolution, the 1F1B order, U insertion.
 
-Every builder is a pure function of (plan topology, M, K, options). The helpers here are the only
-place where the weight-version rules live, so the builders, the validator and the runtime agree.
-
-Version numbering (per stage, per worker): version 0 is the initial weights; the ``k``-th ``U``
-of a stage on a worker (1-based) produces version ``k``. Replicas of a stage that all-reduce keep
-identical versions, because their ``k``-th ``U``'s pair up.
+Version numbering (per stage, per worker): version 0 is the initial weights; the ``k``-th ``U`` of a
+stage on a worker produces version ``k``; replicas that all-reduce pair their ``k``-th ``U``'s.
 """
 
 from __future__ import annotations
@@ -59,15 +55,10 @@ def insert_updates(acts: Sequence[Action]) -> list[Action]:
 
 def insert_minibatch_updates(acts: Sequence[Action], local: dict[int, list[int]], M: int, K: int,
                              lead: dict[int, int] | None = None) -> list[Action]:
-    """One ``U`` per stage per minibatch ``k`` (microbatch field = ``k``), as early as allowed.
-
-    ``U(k)`` goes after the last local gradient action of minibatch ``k`` (right after ``U(k-1)``
-    when this replica has none, so that every replica's ``k``-th ``U`` exists to pair up) and, with
-    ``lead[s] = G`` (microbatches in flight at stage ``s``), after every local forward of a
-    microbatch ``<= (k+1) M - 2 + G``: in 1F1B order the stage's last backward of minibatch ``k``
-    comes after those forwards, so a replica that blocked in the all-reduce earlier would hold back
-    a forward its partners wait for (a deadlock with replicated stages).
-    """
+    """One ``U`` per stage per minibatch ``k``, as early as allowed: after the last local gradient of
+    ``k`` and, with ``lead[s] = G`` in flight, after every local forward of a microbatch
+    ``<= (k+1) M - 2 + G`` (a replica blocked in the all-reduce earlier would hold back a forward its
+    partners wait for)."""
     split = {a.stage for a in acts if a.kind == "W"}
     lead = lead or {}
     remaining: dict[tuple[int, int], int] = {}

@@ -1,11 +1,7 @@
 """Synchronous (flushing) schedules: ``dp``, ``gpipe``, ``1f1b-flush``, ``interleaved-1f1b``, ``zb-h1``.
 
-Every worker ends minibatch ``k`` with one ``U`` (microbatch field ``k``) per stage it hosts;
-replicas of a stage all-reduce their gradients there, so all methods here compute plain
-minibatch SGD with a single weight version (``versions`` is ``None``).
-
-Microbatch ``m`` (global id ``k*M + i``) of stage ``s`` runs on replica ``m % replicas_s``.
-Pictures (P=3, M=4, one minibatch, worker rows; ``U`` omitted)::
+Every worker ends minibatch ``k`` with one ``U`` per stage it hosts (replicas all-reduce there): plain
+minibatch SGD with one weight version. Pictures (P=3, M=4, one minibatch, worker rows; ``U`` omitted)::
 
     gpipe        w0: F0 F1 F2 F3 .. .. .. .. B0 B1 B2 B3
                  w2: .. .. F0 F1 F2 F3 B0 B1 B2 B3
@@ -29,14 +25,11 @@ def _local(plan: Plan, stage: int, worker: int, mbs: range) -> list[int]:
     return [m for m in mbs if m % st.replicas == j]
 
 
-def _per_minibatch(
-    plan: Plan,
-    method: str,
-    M: int,
-    K: int,
-    order: Callable[[list[int], int, int], list[Action]],
-    options: dict[str, object],
-) -> Schedule:
+Order = Callable[[list[int], int, int], list[Action]]
+
+
+def _per_minibatch(plan: Plan, method: str, M: int, K: int, order: Order,
+                   options: dict[str, object]) -> Schedule:
     """Build a flushing schedule: for each minibatch, ``order(local_mbs, stage, worker)`` then ``U``."""
     reps = plan.replicas
     lists: list[list[Action]] = [[] for _ in range(plan.num_workers)]
@@ -46,15 +39,9 @@ def _per_minibatch(
                 local = _local(plan, st.index, w, range(k * M, (k + 1) * M))
                 lists[w] += order(local, st.index, w)
                 lists[w].append(Action(st.index, "U", k))
-    return Schedule(
-        method=method,
-        num_stages=plan.num_stages,
-        stage_ranks=tuple(s.ranks for s in plan.stages),
-        microbatches=M,
-        minibatches=K,
-        actions=tuple(tuple(a) for a in lists),
-        options={"allreduce": any(r > 1 for r in reps), "weights": "single", **options},
-    )
+    return Schedule(method=method, num_stages=plan.num_stages, microbatches=M, minibatches=K,
+                    stage_ranks=tuple(s.ranks for s in plan.stages), actions=tuple(tuple(a) for a in lists),
+                    options={"allreduce": any(r > 1 for r in reps), "weights": "single", **options})
 
 
 def gpipe(plan: Plan, M: int, K: int) -> Schedule:
@@ -68,14 +55,12 @@ def one_f_one_b_flush(plan: Plan, M: int, K: int) -> Schedule:
     """PipeDream-Flush / Megatron 1F1B (Narayanan et al., ICML'21 §3.3): ``P - s`` forwards in
     flight at stage ``s`` (all workers of later stages, with replication), then one-forward-
     one-backward, drain, ``U``."""
-    reps = plan.replicas
+    return _per_minibatch(plan, "1f1b-flush", M, K, _flush_order(plan.replicas), {})
 
-    def order(local: list[int], s: int, w: int) -> list[Action]:
-        if not local:
-            return []
-        warm = in_flight(reps, s)   # per replica: ceil(workers downstream / replicas)
-        return one_f_one_b(local, warm, s)
-    return _per_minibatch(plan, "1f1b-flush", M, K, order, {})
+
+def _flush_order(reps: tuple[int, ...]) -> Order:
+    """1F1B's order of one stage's microbatches: ``in_flight`` forwards per replica first."""
+    return lambda local, s, w: one_f_one_b(local, in_flight(reps, s), s) if local else []
 
 
 def dp(plan: Plan, M: int, K: int) -> Schedule:
@@ -142,34 +127,26 @@ def interleaved(plan: Plan, M: int, K: int, chunks: int) -> Schedule:
 
 
 def zb_h1(plan: Plan, M: int, K: int) -> Schedule:
-    """ZB-H1 (Qi et al., ICLR'24 "Zero Bubble Pipeline Parallelism" §3.1): backward split into ``B``
-    (input gradient) and ``W`` (weight gradient). Stage ``s`` keeps 1F1B's order of ``F`` and ``B``
-    (``P - s`` forwards before the first backward) and runs ``W`` of microbatch ``k - s`` right after
-    ``B`` of ``k``: the last stages defer weight gradients into what would be 1F1B's bubbles and
-    drain them at the end. At most ``P`` microbatches hold activations on any stage (1F1B's peak).
-    With equal F, B, W the bubble is ``(P-1)(T_F + T_B - T_W)`` per worker, a third of 1F1B's
-    ``(P-1)(T_F + T_B + T_W)`` (paper §3.1), once ``M >= P``::
+    """ZB-H1 (Qi et al., ICLR'24 §3.1): 1F1B's order of ``F`` and ``B`` (input gradient), with ``W``
+    (weight gradient) of microbatch ``k - s`` right after ``B`` of ``k`` on stage ``s``, so the last
+    stages fill 1F1B's bubbles; with equal F, B, W the bubble is a third of 1F1B's once ``M >= P``::
 
         P=3, M=4   w0: F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3
                    w2: F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
     """
-    reps = plan.replicas
+    flush = _flush_order(plan.replicas)
 
     def order(local: list[int], s: int, w: int) -> list[Action]:
-        if not local:
-            return []
-        warm = in_flight(reps, s)   # per replica: ceil(workers downstream / replicas)
         out: list[Action] = []
         pending: list[int] = []
-        for a in one_f_one_b(local, warm, s):
+        for a in flush(local, s, w):
             out.append(a)
             if a.kind == "B":
                 pending.append(a.microbatch)
                 if len(pending) > s:
                     out.append(Action(s, "W", pending.pop(0)))
         return out + [Action(s, "W", m) for m in pending]
-    sch = _per_minibatch(plan, "zb-h1", M, K, order, {"split_backward": True})
-    return sch
+    return _per_minibatch(plan, "zb-h1", M, K, order, {"split_backward": True})
 
 
 __all__ = ["gpipe", "one_f_one_b_flush", "dp", "interleaved", "zb_h1"]

@@ -1,20 +1,10 @@
 """The private parts of ``torch.distributed.pipelining`` that pipelab's torch bridge relies on, pinned.
 
-pipelab reads torch's schedules (:mod:`pipelab.schedules.torch_import`) and hands its own to torch's
-engine (:mod:`pipelab.torch_bridge`) through torch's schedule IR, which torch keeps private: the
-``_Action`` rows (``1F0``, ``0I1``, ``0W1``, ``(0F3;3B1)OVERLAP_F_B``), ``_ComputationType``, the
-per-rank ``pipeline_order`` every schedule class computes for all ranks in its constructor,
-``PipelineScheduleSingle._get_pipeline_order``, and ``_PipelineScheduleRuntime`` with
-``_prepare_schedule_with_comms`` (lowering a compute-only order to one with sends and receives).
-Private names may change in any release, so this module is the one place that names them:
-
-* :data:`TESTED_TORCH` is the torch release the project installs (``Makefile``, ``environment.yml``)
-  and the bridge was checked against; ``tests/test_torch_bridge.py`` fails when the installed torch
-  differs, so an upgrade is re-checked on purpose rather than discovered by a user;
-* :func:`problems` lists every name, field, enum value and signature the bridge uses that is missing
-  or changed, and :func:`require` raises :class:`TorchAPIError` with that list (the bridge calls it
-  before it touches torch's private API). Another torch release that still has everything the bridge
-  needs works, with a warning that it was not the release tested.
+torch keeps its schedule IR private (``_Action``, ``_ComputationType``, ``pipeline_order``,
+``_PipelineScheduleRuntime``); this module is the one place that names them. :data:`TESTED_TORCH` is
+the release the bridge was checked against (``tests/test_torch_bridge.py`` fails when the installed
+torch differs); :func:`problems` lists every name, field and signature that is missing or changed, and
+:func:`require` raises :class:`TorchAPIError` with that list.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """torch.distributed.pipelining's schedules as pipelab schedules, and back (the schedule IR only).
 
-torch's schedules are data too: per rank, a list of ``_Action`` rows such as ``1F0`` (stage 1,
-forward, microbatch 0), ``0I1``/``0W1`` (backward split into input and weight gradients),
-``0B1`` (full backward), ``(0F3;3B1)OVERLAP_F_B`` (DualPipeV: two actions issued together), and
-``None`` (an idle step torch keeps for drawing). Every schedule class computes the list of *every*
-rank in its constructor; :func:`from_torch` reads it and returns a :class:`Schedule` that
-pipelab's validator checks, its simulator times on any cluster and its Gantt view draws.
-
-Mapping (torch -> pipelab), exact in both order and semantics:
-
-* ``F`` -> ``F``; ``I`` -> ``B`` and ``W`` -> ``W`` (a pipelab stage with ``W`` actions computes
-  only input gradients in ``B``, Qi et al., ICLR'24 §2);
-* ``B`` (full backward) -> ``B`` on a stage that never splits, and ``B`` followed at once by ``W``
-  on a stage that splits other microbatches (DualPipeV mixes both): torch's full backward is its
-  input and weight gradient back to back, which is what the pair computes;
-* ``OVERLAP_F_B`` -> its sub-actions in order (torch's runtime executes them one after the other);
-* ``None`` and communication/FSDP actions (``SEND_F``, ``RECV_B``, ``UNSHARD``, ``REDUCE_GRAD``,
-  ...) are dropped: pipelab derives transfers from the dataflow (:mod:`pipelab.schedules.dataflow`);
-* stage placement is read from the lists (each stage on the one rank whose list holds it): torch's
-  loop placement (stage ``s`` on rank ``s % P``, interleaved schedules) and V placement (ZB-V,
-  DualPipeV: stage ``s`` and ``2P - 1 - s`` on rank ``s``) alike;
-* one torch ``step()`` is one minibatch of ``M`` microbatches: ``minibatches=K`` repeats it ``K``
-  times (microbatch ``m`` of step ``k`` is ``k M + m``), each worker ending each with one ``U`` per
-  stage it hosts, as every synchronous pipelab schedule does.
-
-:func:`to_torch_order` is the way back for synchronous pipelab schedules (the bridge,
-:mod:`pipelab.torch_bridge`, runs it on torch's engine), and :func:`to_torch_csv` writes it in
-torch's compute-only CSV format (``_PipelineScheduleRuntime._load_csv``). Plans torch cannot
-express are refused with :class:`ScheduleError` saying why and what to use instead.
-
-The private torch names used are pinned in :mod:`pipelab.schedules.torch_api`.
+torch's schedules are data too: per rank, a list of ``_Action`` rows (``1F0``, ``0I1``/``0W1``,
+``0B1``, ``(0F3;3B1)OVERLAP_F_B``, ``None``), computed for every rank in the constructor.
+:func:`from_torch` maps them exactly (order and semantics) onto a :class:`Schedule` that pipelab
+validates, simulates and draws; :func:`to_torch_order` and :func:`to_torch_csv` go back for
+synchronous schedules. The mapping: docs/schedules.md; the private torch names: :mod:`.torch_api`.
 """
 
 from __future__ import annotations
@@ -202,19 +177,18 @@ def _placement(stage_ranks: Sequence[int], P: int) -> str:
 def from_torch(source: Any, *, workers: int | None = None, microbatches: int | None = None,
                minibatches: int = 1, stages_per_worker: int | None = None, method: str | None = None,
                check: bool = True) -> Schedule:
-    """A torch.distributed.pipelining schedule as a pipelab :class:`Schedule` (see the module doc).
+    """A torch.distributed.pipelining schedule as a pipelab :class:`Schedule`.
 
-    ``source`` is a torch schedule class or its name (``"ZBVZeroBubble"``, ``"DualPipeV"``,
-    ``"LoopedBFS"``, ``"InterleavedZeroBubble"``, ``"Interleaved1F1B"``, ``"GPipe"``; built for
-    ``workers=P`` ranks with ``microbatches=M`` and ``stages_per_worker`` stages each, default 2 for
-    multi-stage classes), a torch schedule object, a compute-only CSV file (torch's ``_dump_csv``
-    format, one row per rank), or a dict rank -> actions (``_Action`` or strings like ``"0F1"``).
-    ``minibatches=K`` repeats torch's step ``K`` times. ``method`` names the schedule (default
-    ``"torch:<class>"``). With ``check`` (default) the result passes :func:`pipelab.schedules.validate`
-    or a :class:`ScheduleError` says what is wrong.
+    Args:
+        source: a torch schedule class or its name (``"ZBVZeroBubble"``, ``"DualPipeV"``, ...; built
+            for ``workers=P`` ranks, ``microbatches=M``, ``stages_per_worker``, default 2 for
+            multi-stage classes), a torch schedule object, a compute-only CSV file (torch's
+            ``_dump_csv``), or a dict rank -> actions (``_Action`` or strings like ``"0F1"``).
+        minibatches: K repeats of torch's step.
+        method: the schedule's name (default ``"torch:<class>"``).
+        check: validate the result (:func:`pipelab.schedules.validate`).
 
-    Example: ``pl.schedules.from_torch("ZBVZeroBubble", workers=4, microbatches=8)`` has 8 stages,
-    stage ``s`` and ``7 - s`` on worker ``s``, and ``B``/``W`` split on every stage.
+    Example: ``pl.schedules.from_torch("ZBVZeroBubble", workers=4, microbatches=8)``.
     """
     if isinstance(minibatches, bool) or not isinstance(minibatches, int) or minibatches < 1:
         raise ScheduleError(f"minibatches={minibatches!r} must be an int >= 1")
@@ -287,7 +261,6 @@ def _checked_microbatches(rows: dict[int, list[tuple[int, str, int]]], M: int | 
     return M
 
 
-# ---------------------------------------------------------------------------- pipelab -> torch
 def _refuse(schedule: Schedule) -> None:
     """Raise :class:`ScheduleError` saying why, if torch's engine cannot run ``schedule``."""
     spec = _methods.METHODS.get(schedule.method)
@@ -311,13 +284,8 @@ def _refuse(schedule: Schedule) -> None:
 
 
 def to_torch_order(schedule: Schedule) -> dict[int, list[str]]:
-    """One minibatch of a synchronous pipelab schedule in torch's IR: rank -> action strings.
-
-    ``B`` becomes torch's ``I`` on a stage with ``W`` actions and its full backward ``B`` elsewhere;
-    ``U`` is dropped (after ``step()`` the caller steps the optimizer, which is a flush). Every
-    minibatch of the schedule must have the same order (pipelab's builders are periodic), since
-    torch repeats one order each step. Refuses asynchronous methods and replicated stages, saying why.
-    """
+    """One minibatch of a synchronous pipelab schedule in torch's IR: rank -> action strings (``B`` is
+    ``I`` on a stage with ``W`` actions; ``U`` dropped). Every minibatch must share one order."""
     _refuse(schedule)
     M, K = schedule.microbatches, schedule.minibatches
     split = {a.stage for acts in schedule.actions for a in acts if a.kind == "W"}
@@ -339,8 +307,7 @@ def to_torch_order(schedule: Schedule) -> dict[int, list[str]]:
 
 
 def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str]) -> Path:
-    """Write :func:`to_torch_order` as torch's compute-only CSV (one row per rank), atomically; torch reads
-    it with ``_PipelineScheduleRuntime._load_csv(path)`` and :func:`from_torch` reads it back."""
+    """Write :func:`to_torch_order` as torch's compute-only CSV (``_PipelineScheduleRuntime._load_csv``)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     for _, row in sorted(to_torch_order(schedule).items()):

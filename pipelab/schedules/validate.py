@@ -1,25 +1,11 @@
 """The schedule validator: structure, dependencies, weight-version rules, deadlock freedom.
 
-``validate(schedule)`` returns ``None`` or raises :class:`ScheduleError` whose message names the
-rule broken and prints the schedule grid with the failing step in brackets. Checks, in order:
-
-1. every action is on a worker that hosts its stage, and ``F``/``B``/``W`` on the replica
-   ``Schedule.worker_of`` picks; every microbatch ``0..M*K-1`` has exactly one ``F`` and one ``B``
-   (and one ``W`` where the stage splits backward) per stage;
-2. same-worker order: ``B`` after its ``F``, ``W`` after its ``B``; ``U(k)`` of a stage after every
-   local gradient (``B``, or ``W`` when split) of minibatch ``k``; each replica has one ``U`` per
-   minibatch of the stage, in order, the same count on every replica;
-3. versions: single-version (sync) methods read weights only after the previous minibatch's ``U``
-   (a flush); multi-version schedules never read a version not yet produced on that worker, and
-   match the method's rule (:func:`pipelab.schedules.versions.assign_versions`);
-4. drained segments (``options["segments"]``, :mod:`pipelab.schedules.segments`): no worker
-   overlaps two segments and each ends a segment with an update (a consistent cut);
-5. deadlock freedom: the schedule runs to the end in the simulator with unit costs (blocking
-   actions, asynchronous sends); otherwise the stuck steps are reported;
-6. per-pair message order: for every ordered pair of workers, the sender sends and the receiver
-   receives their messages in one sequence (:mod:`pipelab.schedules.messages`), as NCCL and MPI
-   match them; a schedule that would need tags to match out of order is refused, naming the pair
-   and both sequences.
+``validate(schedule)`` raises :class:`ScheduleError` naming the rule broken, with the schedule grid
+and the failing step in brackets. Rules, in order: (1) every action on the right worker, every
+``F``/``B`` (and ``W``) exactly once; (2) ``B`` after its ``F``, ``W`` after its ``B``, ``U(k)`` after
+the local gradients of minibatch ``k``, one ``U`` per minibatch per replica; (3) versions: a flush
+for single-version methods, else the method's rule; (4) drained segments are consistent cuts;
+(5) no deadlock with unit costs; (6) every pair of workers handles its messages in one order.
 """
 
 from __future__ import annotations
@@ -44,16 +30,7 @@ def _fail(schedule: Schedule, what: str, at: tuple[int, int] | None) -> Schedule
 
 def validate(schedule: Schedule, *, in_order: bool = True) -> None:
     """Raise :class:`ScheduleError` (with the grid and the failing step marked) unless ``schedule`` is
-    valid.
-
-    ``in_order`` also requires rule 6 (:func:`check_message_order`): every pair of workers handles
-    the messages between them in one sequence, as NCCL and pipelab's tag-blind transport match them
-    when the runtime sends each message right after the action that makes it. Every schedule
-    pipelab builds keeps it; some of torch's (ZB-V, DualPipeV), imported with
-    ``schedules.from_torch``, need the sends reordered, which torch's own engine does with
-    explicit send and receive steps (tagged gloo runs them as they are): ``in_order=False`` checks
-    everything else.
-    """
+    valid; ``in_order=False`` skips rule 6 (some of torch's schedules need their sends reordered)."""
     _structure(schedule)
     _order(schedule)
     _versions(schedule)
@@ -66,7 +43,6 @@ def validate(schedule: Schedule, *, in_order: bool = True) -> None:
 def _segments(sch: Schedule) -> None:
     if not sch.options.get("segments"):
         return
-
     try:
         check_drained(sch)
     except ScheduleError as exc:
@@ -208,9 +184,7 @@ def _deadlock(sch: Schedule) -> None:
 
 
 def check_message_order(sch: Schedule) -> None:
-    """Rule 6 alone: raise :class:`ScheduleError` unless, for every ordered pair of workers, the
-    sender sends and the receiver receives their messages in one sequence (what a transport that
-    matches in order, like NCCL, needs; the runtime checks every schedule it is given with it)."""
+    """Rule 6 alone: every ordered pair of workers sends and receives its messages in one sequence."""
     for seq in pair_sequences(sch).values():
         k = first_mismatch(seq)
         if k is not None:

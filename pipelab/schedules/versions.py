@@ -1,9 +1,8 @@
 """Weight versions: the rule of each method's schedule for which version every action reads.
 
-:attr:`pipelab.methods.Method.versions` names the rule (:data:`VERSION_RULES`);
+:attr:`pipelab.methods.Method.versions` names the rule (:data:`VERSION_RULES`, docs/schedules.md);
 :func:`assign_versions` applies it when a builder makes a schedule, and the runtime's weight policies
-keep exactly the versions the schedule then names. :func:`delayed_rule` is the delayed rule's
-closed form, also the oracle of the runtime's delayed policies.
+keep exactly those versions.
 """
 
 from __future__ import annotations
@@ -17,12 +16,8 @@ VERSION_RULES = ("single", "stash", "vertical", "latest", "delay")
 
 
 def delayed_rule(minibatch: int, delay: int, segments: Sequence[int] | None = None) -> int:
-    """Version minibatch ``k`` reads under the delayed rule: ``max(k0, k - delay)``.
-
-    ``k0`` is the first minibatch of ``k``'s drained segment (0 without ``segments``, see
-    :mod:`pipelab.schedules.segments`): after a drain the pipeline restarts like a fresh one, from
-    the version the drain left (one update per minibatch, so version ``k0``).
-    """
+    """Version minibatch ``k`` reads under the delayed rule: ``max(k0, k - delay)``, ``k0`` the first
+    minibatch of its drained segment (0 without ``segments``)."""
     start = 0
     for s in segments or ():
         if minibatch < start + int(s):
@@ -39,21 +34,8 @@ def assign_versions(
     delay: int = 0,
     segments: Sequence[int] | None = None,
 ) -> tuple[tuple[int, ...], ...]:
-    """The weight version each action reads (F, B, W) or produces (U), by rule.
-
-    - ``"stash"`` (PipeDream, SOSP'19 §3.3 weight stashing): ``F`` reads the latest version on
-      its worker; ``B``/``W`` read the version their microbatch's ``F`` read on that stage.
-    - ``"vertical"`` (PipeDream vertical sync): every stage's ``F``/``B``/``W`` of microbatch ``m``
-      read the version the input stage's ``F`` of ``m`` read.
-    - ``"latest"`` (naive async, PipeMare): ``F``, ``B`` and ``W`` read the latest version when
-      they run.
-    - ``"delay"`` (2BW: ``delay=1``, Narayanan et al., ICML'21, §3; ``buffered`` K: ``delay=K-1``):
-      minibatch ``k`` reads version ``max(0, k - delay)`` on every stage; a drained segment starting
-      at ``k0`` restarts from ``max(k0, k - delay)`` (:func:`delayed_rule`).
-    - ``"single"``: everything reads version 0 except that ``U`` still counts (sync methods).
-
-    ``U`` always produces the number of ``U``'s of that stage so far on the worker.
-    """
+    """The weight version each action reads (F, B, W) or produces (U: the stage's ``U``'s so far on the
+    worker) under ``rule``: ``"stash"``, ``"vertical"``, ``"latest"``, ``"delay"`` or ``"single"``."""
     input_version: dict[int, int] = {}
     # workers of the input stage first: vertical sync needs the input stage's versions
     order = sorted(range(len(actions)), key=lambda w: 0 if w in stage_ranks[0] else 1)

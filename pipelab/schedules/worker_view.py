@@ -1,16 +1,8 @@
 """A worker's view of its schedule: what it precomputes before its first action (no processes).
 
-The runtime's workers precompute these once, before their first action; they live here so that
-they can be tested, and read, without starting a run:
-
-* :func:`update_pairs`: for each ``U``, its index among its stage's updates (replicas pair their
-  ``k``-th updates in the all-reduce) and the divisor of the summed gradient;
-* :func:`checkpoint_points`: at which actions a worker takes the checkpoints of a run;
-* :func:`stage_reads`: the weight version every ``F`` and ``B``/``W`` of one stage on one worker
-  reads, as the schedule names it (the runtime's weight policies keep exactly these versions and
-  never derive them again);
-* :func:`stage_delays`: per stage, PipeMare's ``(tau_fwd, tau_bwd)``, the most optimizer steps
-  between the version an action reads and the update its gradient lands in.
+:func:`update_pairs` (each ``U``'s all-reduce partner index and gradient divisor),
+:func:`checkpoint_points`, :func:`stage_reads` (the versions the runtime's weight policies keep) and
+:func:`stage_delays` (PipeMare's delays) live here so that they can be tested without a run.
 """
 
 from __future__ import annotations
@@ -25,12 +17,8 @@ from pipelab.schedules.segments import boundaries
 
 def update_pairs(schedule: Schedule, rank: int, stages: Iterable[int], syncs: Callable[[int], bool],
                  microbatches: int) -> tuple[dict[int, int], dict[int, float]]:
-    """For each ``U`` of worker ``rank`` (by action index): its index among its stage's updates, and
-    the divisor of the summed gradient (gradient actions the update covers, over all replicas that
-    all-reduce, per ``microbatches``). ``syncs(s)``: whether stage ``s``'s replicas all-reduce.
-
-    Raises ``ValueError`` when replicas of a stage do not update in lockstep.
-    """
+    """For each ``U`` of worker ``rank`` (by action index): its index among its stage's updates, and the
+    divisor of the summed gradient; ``syncs(s)``: whether stage ``s``'s replicas all-reduce."""
     counts: dict[tuple[int, int], list[int]] = {}   # (worker, stage) -> contributions per U
     for s in stages:
         for w in (schedule.stage_ranks[s] if syncs(s) else (rank,)):
@@ -67,13 +55,8 @@ def update_pairs(schedule: Schedule, rank: int, stages: Iterable[int], syncs: Ca
 
 
 def checkpoint_points(schedule: Schedule, rank: int, every: int, start: int = 0) -> dict[int, int]:
-    """Action index -> run step (minibatches done) of every checkpoint worker ``rank`` takes.
-
-    Flushed methods: the last ``U`` of minibatch ``k`` on this worker, step ``start + k + 1``.
-    Drained asynchronous schedules (built with ``segments``): this worker's last action (an update)
-    of every segment, step ``start +`` the segment's end. Only steps that are multiples of
-    ``every`` (none when ``every`` is 0). ``start``: the step a resumed run starts from.
-    """
+    """Action index -> run step of every checkpoint worker ``rank`` takes (after a minibatch's last ``U``,
+    or a drained segment's end), at steps that are multiples of ``every``; ``start``: a resumed run's."""
     ends: list[int] = boundaries(schedule) if every and schedule.options.get("segments") else []
     last: dict[int, int] = {}    # step -> index of this worker's last action before it
     M = schedule.microbatches
@@ -90,14 +73,8 @@ def checkpoint_points(schedule: Schedule, rank: int, every: int, start: int = 0)
 
 @dataclass(frozen=True)
 class StageReads:
-    """The weight versions one worker's actions on one stage read, in the schedule's words.
-
-    ``forward``: ``(microbatch, version)`` of every ``F`` of the stage on the worker, in execution
-    order; ``backward``: microbatch -> the version its ``B`` (and ``W``, which reads the same one)
-    reads. ``single`` is true for single-version methods, whose schedules record version 0 for
-    every read (the weights change only at flushes). Version ``v`` means "after ``v`` updates of
-    this stage on this worker" (:func:`pipelab.schedules.versions.assign_versions`).
-    """
+    """The versions one worker's actions on one stage read: ``forward`` ``(microbatch, version)`` in order,
+    ``backward`` microbatch -> version (``B`` and ``W``); ``single`` for single-version methods."""
 
     forward: tuple[tuple[int, int], ...] = ()
     backward: Mapping[int, int] = field(default_factory=dict)
@@ -105,11 +82,8 @@ class StageReads:
 
 
 def stage_reads(schedule: Schedule, rank: int, stage: int) -> StageReads:
-    """The versions worker ``rank``'s actions on ``stage`` read, from ``schedule.versions``.
-
-    Raises ``ValueError`` for a multi-version method's schedule that records no versions (one
-    built by hand without them): the runtime does not guess them.
-    """
+    """The versions worker ``rank``'s actions on ``stage`` read (a multi-version schedule without
+    recorded versions raises: the runtime does not guess them)."""
     rule = version_rule(schedule)
     if schedule.versions is None:
         if rule != "single":
@@ -141,13 +115,8 @@ def version_rule(schedule: Schedule) -> str:
 
 
 def stage_delays(schedule: Schedule) -> dict[int, tuple[int, int]]:
-    """Per stage ``(tau_fwd, tau_bwd)``: the most updates between the version a minibatch's ``F``
-    (``B``) reads and the version its stage's update then changes (PipeMare's delays, Yang et al.,
-    MLSys'21 §3), over every minibatch of ``schedule``; replicas of a stage are pooled.
-
-    Version ``u`` produced by a ``U`` is applied to version ``u - 1``, so the delay of a read of
-    version ``v`` is ``u - 1 - v``. Raises ``ValueError`` when the schedule records no versions.
-    """
+    """Per stage ``(tau_fwd, tau_bwd)``: the most updates between the version a minibatch's ``F`` (``B``)
+    reads and the one its update changes (PipeMare's delays, Yang et al., MLSys'21 §3)."""
     if schedule.versions is None:
         raise ValueError("the schedule has no per-action weight versions; build it with "
                          "pl.schedules.build('pipemare' or 'naive-async', ...)")
