@@ -1,12 +1,10 @@
 """The Trace record: what happened (or would happen) on every worker, action by action.
 
-Both the simulator and the runtime produce a :class:`Trace`; views draw it. One :class:`Event` per
-executed action (kinds ``F``, ``B``, ``W``, ``U``) and optionally per transfer (kinds ``send``,
-``recv``, ``allreduce``), with start/end seconds relative to the run's start, bytes moved, and the
-weight version the action read. A replicated stage's update is two events in both: its
-``allreduce`` (in a measured trace from the ``U``'s start, so it holds the wait for the other
-replicas) and then the ``U`` that holds the optimizer step alone, so busy time (``F``/``B``/``W``/
-``U``) means the same in a simulated and a measured trace.
+The simulator and the runtime both produce a :class:`Trace`; views draw it. One :class:`Event` per
+action (``F``, ``B``, ``W``, ``U``) and optionally per transfer (``send``, ``recv``, ``allreduce``),
+in seconds from the run's start. A replicated stage's update is an ``allreduce`` (measured: from the
+``U``'s start, the wait for the other replicas included) then a ``U`` holding the optimizer step alone,
+so busy time means the same in a simulated and a measured trace.
 """
 
 from __future__ import annotations
@@ -26,14 +24,12 @@ from pipelab.metrics import COMPUTE_KINDS
 if TYPE_CHECKING:
     import pandas as pd
 
-
-
 @dataclass(frozen=True)
 class Event:
     """One action (or transfer) on one worker.
 
-    ``weight_version`` is the version of the stage's weights the action read (-1 when not tracked);
-    ``step`` is the index of the action in its worker's action list (-1 for transfers).
+    ``weight_version``: the version of the stage's weights the action read (-1: not tracked); ``step``:
+    the action's index in its worker's list (-1 for transfers).
     """
 
     worker: int
@@ -96,9 +92,8 @@ class Trace(Described):
         out: dict[int, list[Event]] = {}
         for e in self.compute_events():
             out.setdefault(e.worker, []).append(e)
-        return {
-            w: [e.action for e in sorted(evs, key=lambda e: (e.step, e.start_s))] for w, evs in out.items()
-        }
+        return {w: [e.action for e in sorted(evs, key=lambda e: (e.step, e.start_s))]
+                for w, evs in out.items()}
 
     @property
     def makespan(self) -> float:
@@ -138,9 +133,8 @@ class Trace(Described):
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
             raw = doc["traceEvents"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})"
-            ) from None
+            raise ValueError(f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})") \
+                from None
         events = []
         for ev in raw:
             if ev.get("ph") != "X":
@@ -164,15 +158,12 @@ class Trace(Described):
         return metrics.bubble_by_worker(self.busy_time(), self.makespan)
 
     def steady_window(self, in_flight: int = 1) -> tuple[float, float, int]:
-        """``(start, end, minibatches)`` between minibatch completions, skipping ``in_flight`` of
-        warm-up and as many of drain (at least one each, so a real run's start-up, first calls and
-        process skew are never inside): :func:`pipelab.metrics.steady_window` over the trace's own
-        ``microbatches``/``minibatches`` metadata. The same window for a simulated and a measured
-        trace, so their rates compare like for like."""
-        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
+        """``(start, end, minibatches)`` between minibatch completions without ``in_flight`` (at least
+        one) of warm-up and as many of drain: the same window for a simulated and a measured trace."""
+        K = int(self.meta.get("minibatches", 0))
         if K < 3:
             raise ValueError(f"a trace of {K} minibatches has no steady window; run at least 3")
-        done = metrics.minibatch_completions(self.compute_events(), M, K)
+        done = self._completions()
         window = metrics.steady_window(done, min(max(in_flight, 1), (K - 1) // 2), 1)
         if window is None:
             raise ValueError(f"a trace of {K} minibatches is too short for a steady window; run more steps")
@@ -180,27 +171,31 @@ class Trace(Described):
 
     def steady_throughput(self, batch_size: int | None = None, in_flight: int = 1) -> float:
         """Samples per second over :meth:`steady_window` (``batch_size`` defaults to the trace's)."""
-        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
-        if batch is None:
-            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        batch = self._batch(batch_size)
         start, end, n = self.steady_window(in_flight)
-        return n * int(batch) / (end - start)
+        return n * batch / (end - start)
 
     def steady_rounds(self, rounds: int = 5, batch_size: int | None = None,
                       in_flight: int = 1) -> list[float]:
-        """Samples per second of ``rounds`` consecutive parts of :meth:`steady_window`, each the same
-        number of minibatch completions (give or take one): how much one run's rate moves."""
-        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
-        if batch is None:
-            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        """Samples per second of ``rounds`` equal parts of :meth:`steady_window` (how a run's rate moves)."""
+        batch = self._batch(batch_size)
         start, end, n = self.steady_window(in_flight)
         if not 1 <= rounds <= n:
             raise ValueError(f"rounds={rounds} must be in 1..{n}, the minibatches of the steady window")
-        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
-        done = metrics.minibatch_completions(self.compute_events(), M, K)
+        done = self._completions()
         first = done.index(start)             # the window runs from completion ``first`` to ``first + n``
         cuts = [first + round(j * n / rounds) for j in range(rounds + 1)]
-        return [(b - a) * int(batch) / (done[b] - done[a]) for a, b in zip(cuts, cuts[1:])]
+        return [(b - a) * batch / (done[b] - done[a]) for a, b in zip(cuts, cuts[1:])]
+
+    def _batch(self, batch_size: int | None) -> int:
+        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
+        if batch is None:
+            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        return int(batch)
+
+    def _completions(self) -> list[float]:
+        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
+        return metrics.minibatch_completions(self.compute_events(), M, K)
 
     def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write one JSON object per line (first line: metadata), atomically."""
