@@ -162,7 +162,6 @@ class Cluster(Described):
             raise ValueError(f"cluster {self.name!r}: level sizes {sizes} multiply to {n} but there are "
                              f"{len(self.devices)} devices; give one device per worker")
 
-    # ------------------------------------------------------------------ access
     @property
     def num_workers(self) -> int:
         """Number of workers (devices)."""
@@ -234,7 +233,6 @@ class Cluster(Described):
                              f"choose the same number of GPUs in each chosen server")
         return Cluster(f"{self.name}[{len(ws)}]", tuple(levels), devices, allreduce_ring=self.allreduce_ring)
 
-    # ------------------------------------------------------------------ constructors
     @classmethod
     def flat(cls, workers: int, bandwidth: float = 10 * GB, memory: int = 16 * 2**30, latency: float = 0.0,
              speed: float = 1.0, *, name: str | None = None, device: str = "gpu") -> Cluster:
@@ -382,7 +380,6 @@ class Cluster(Described):
         ring = "flat" if allreduce == "gloo-ring" else self.allreduce_ring
         return replace(self, name=self.name + tag, levels=tuple(levels), allreduce_ring=ring)
 
-    # ------------------------------------------------------------------ output
     @property
     def homogeneous(self) -> bool:
         """True when every device is identical."""

@@ -102,7 +102,6 @@ class Trace(Described):
             return 0.0
         return max(e.end_s for e in self.events) - min(e.start_s for e in self.events)
 
-    # ------------------------------------------------------------------ exports
     def to_dataframe(self) -> pd.DataFrame:
         """One row per event, with a ``duration_s`` column."""
         import pandas as pd
@@ -148,7 +147,6 @@ class Trace(Described):
                                 step=int(a.get("step", -1)), peer=int(a.get("peer", -1))))
         return cls(events=tuple(events), meta=dict(doc.get("otherData", {})))
 
-    # ------------------------------------------------------------------ measures
     def busy_time(self, start: float | None = None, end: float | None = None) -> dict[int, float]:
         """Per worker, seconds spent in compute actions (F/B/W/U), clipped to ``[start, end]`` if given."""
         return metrics.busy_time(self.events, self.workers, start, end)

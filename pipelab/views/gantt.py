@@ -47,7 +47,6 @@ BARS_MAX = 2000
 RASTER_MAX_BINS = 4000
 
 
-# ---------------------------------------------------------------------------- unit-cost layout
 def schedule_trace(
     schedule: Schedule, *, costs: Mapping[str, float] | None = None, engine: bool = True
 ) -> Trace:
@@ -122,7 +121,6 @@ def _list_schedule(schedule: Schedule, cost: Mapping[str, float], meta: dict[str
     return Trace.from_events(events, **meta, layout_engine="pipelab.views.gantt")
 
 
-# ---------------------------------------------------------------------------- helpers
 def bubble_fraction(trace: Trace | Sequence[Event], *, num_workers: int | None = None) -> float:
     """Idle share of worker time, ``1 - busy / (workers * makespan)`` (:mod:`pipelab.metrics`)."""
     return metrics.bubble_fraction(trace.events if isinstance(trace, Trace) else trace, num_workers)
@@ -179,7 +177,6 @@ def color_key(e: Event, color_by: str) -> int:
     return e.microbatch if color_by == "microbatch" else max(e.weight_version, 0)
 
 
-# ---------------------------------------------------------------------------- the view
 def gantt(
     trace_or_schedule: Trace | Schedule | Sequence[Event] | Any,
     *,

@@ -150,7 +150,6 @@ class ScheduleExplorer(_Explorer):
         return [html.escape(self.message)]
 
 
-# ---------------------------------------------------------------------------- PlanExplorer
 class PlanExplorer(_Explorer):
     """Partition ``profile`` with :func:`pipelab.partition` for a cluster and method of your choice.
 

@@ -25,35 +25,21 @@ class LiveGantt(Displayable):
     (``reproductions/benchmarks/live_trace_cost.py`` measures what redrawing costs a run).
     """
 
-    def __init__(
-        self,
-        handle: Any,
-        *,
-        hz: float = 4.0,
-        live: bool | None = None,
-        color_by: str = "microbatch",
-        title: str | None = None,
-        start: bool = True,
-        cpu_share: float = 0.02,
-        interval: float = 1.0,
-    ) -> None:
+    def __init__(self, handle: Any, *, hz: float = 4.0, live: bool | None = None,
+                 color_by: str = "microbatch", title: str | None = None, start: bool = True,
+                 cpu_share: float = 0.02, interval: float = 1.0) -> None:
         if not hasattr(handle, "events"):
-            raise TypeError(
-                f"LiveGantt needs a job handle with .events (from pl.launch); got {type(handle).__name__}"
-            )
+            raise TypeError(f"LiveGantt needs a job handle with .events (from pl.launch); got "
+                            f"{type(handle).__name__}")
         if not hz > 0:
             raise ValueError(f"hz={hz} must be > 0 (redraws per second)")
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share={cpu_share} must be in (0, 1] (the share of time spent redrawing)")
-        self.handle = handle
-        self.hz = float(hz)
-        self.cpu_share = float(cpu_share)
         if not interval > 0:
             raise ValueError(f"interval={interval} must be > 0 seconds (the longest wait between redraws)")
-        self.interval = float(interval)
+        self.handle, self.color_by, self.title = handle, color_by, title
+        self.hz, self.cpu_share, self.interval = float(hz), float(cpu_share), float(interval)
         self.redraw_cpu_s = 0.0
-        self.color_by = color_by
-        self.title = title
         self.live = live_frontend() if live is None else bool(live)
         self.events: list[Event] = []
         self.redraws = 0
@@ -61,7 +47,6 @@ class LiveGantt(Displayable):
         self.result: Any = None
         self._lock = threading.Lock()
         self._done = threading.Event()
-        self._t0 = time.monotonic()
         self._thread: threading.Thread | None = None
         self._started = False
         self._ended = False
@@ -74,7 +59,6 @@ class LiveGantt(Displayable):
             if start:
                 self.start()
 
-    # -------------------------------------------------------------- consuming
     def start(self) -> None:
         """Start the background thread that consumes ``handle.events`` (idempotent)."""
         with self._lock:
@@ -127,7 +111,6 @@ class LiveGantt(Displayable):
         """Whether the event stream has ended."""
         return self._done.is_set()
 
-    # -------------------------------------------------------------- drawing
     def trace(self) -> Trace:
         """The events received so far, as a Trace."""
         with self._lock:
