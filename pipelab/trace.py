@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -236,8 +236,3 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     return str(obj)
-
-
-def events_of(trace_or_events: Trace | Sequence[Event]) -> tuple[Event, ...]:
-    """Events of a Trace or a plain sequence of events."""
-    return trace_or_events.events if isinstance(trace_or_events, Trace) else tuple(trace_or_events)
