@@ -47,19 +47,15 @@ BARS_MAX = 2000
 RASTER_MAX_BINS = 4000
 
 
-def schedule_trace(
-    schedule: Schedule, *, costs: Mapping[str, float] | None = None, engine: bool = True
-) -> Trace:
+def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = None) -> Trace:
     """Lay a schedule out in time with per-kind unit costs and free transfers.
 
-    Uses the simulator's engine (:func:`pipelab.schedules.dataflow.run`), so chart and simulator agree;
-    ``engine=False`` uses :func:`_list_schedule`, the tests' oracle (no all-reduce barrier). Raises
-    ``ValueError`` naming the stuck actions if the schedule deadlocks or is incomplete.
+    Uses the simulator's engine (:func:`pipelab.schedules.dataflow.run`), so chart and simulator agree.
+    Raises ``ValueError`` naming the stuck actions if the schedule deadlocks or is incomplete.
     """
     if len(schedule) == 0:
-        raise ValueError(
-            "the schedule has no actions; build it with pl.schedules.build(method, plan, microbatches=...)"
-        )
+        raise ValueError("the schedule has no actions; build it with pl.schedules.build(method, plan, "
+                         "microbatches=...)")
     split = any(a.kind == "W" for acts in schedule.actions for a in acts)
     cost = dict(UNIT_COSTS_SPLIT if split else UNIT_COSTS)
     cost.update(costs or {})
@@ -75,50 +71,13 @@ def schedule_trace(
                                      f"the schedule is incomplete (check its builder)")
     meta = {"method": schedule.method, "unit_costs": cost, "layout": "unit-cost",
             "stage_ranks": [list(r) for r in schedule.stage_ranks]}
-    if engine:
-        uc = UnitCosts(f=cost["F"], b=cost["B"], w=cost["W"] if split else 0.0, u=cost["U"])
-        try:
-            evs = run(schedule, uc)
-        except Deadlock as exc:
-            raise ValueError(f"the {schedule.method!r} schedule deadlocks: {exc}") from None
-        evs = [e for e in evs if e.kind in COMPUTE_KINDS or e.end_s > e.start_s]
-        return Trace.from_events(evs, **meta, layout_engine="pipelab.schedules.dataflow")
-    return _list_schedule(schedule, cost, meta)
-
-
-def _list_schedule(schedule: Schedule, cost: Mapping[str, float], meta: dict[str, Any]) -> Trace:
-    """List scheduling: each action starts once its worker is free and its inputs are done
-    (``F(s,m)`` after ``F(s-1,m)``; ``B(s,m)`` after ``F(s,m)`` and ``B(s+1,m)``; ``W`` after ``B``)."""
-    last = schedule.num_stages - 1
-    done: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * schedule.num_workers
-    ptr = [0] * schedule.num_workers
-    events: list[Event] = []
-    remaining = len(schedule)
-    while remaining:
-        progress = False
-        for w, acts in enumerate(schedule.actions):
-            while ptr[w] < len(acts):
-                a = acts[ptr[w]]
-                need = dependencies(a.kind, a.stage, a.microbatch, last)
-                if any(d not in done for d in need):
-                    break
-                start = max([free[w], *(done[d] for d in need)])
-                end = start + float(cost[a.kind])
-                done[(a.kind, a.stage, a.microbatch)] = free[w] = end
-                events.append(Event(worker=w, stage=a.stage, kind=a.kind, microbatch=a.microbatch,
-                                    start_s=start, end_s=end, weight_version=schedule.version_of(w, ptr[w]),
-                                    step=ptr[w]))
-                ptr[w] += 1
-                remaining -= 1
-                progress = True
-        if not progress:
-            stuck = ", ".join(
-                f"w{w}:{acts[ptr[w]]}" for w, acts in enumerate(schedule.actions) if ptr[w] < len(acts)
-            )
-            raise ValueError(f"the {schedule.method!r} schedule deadlocks: every worker waits ({stuck}); "
-                             f"each waits for an action that is queued behind another waiting one")
-    return Trace.from_events(events, **meta, layout_engine="pipelab.views.gantt")
+    uc = UnitCosts(f=cost["F"], b=cost["B"], w=cost["W"] if split else 0.0, u=cost["U"])
+    try:
+        evs = run(schedule, uc)
+    except Deadlock as exc:
+        raise ValueError(f"the {schedule.method!r} schedule deadlocks: {exc}") from None
+    evs = [e for e in evs if e.kind in COMPUTE_KINDS or e.end_s > e.start_s]
+    return Trace.from_events(evs, **meta, layout_engine="pipelab.schedules.dataflow")
 
 
 def bubble_fraction(trace: Trace | Sequence[Event], *, num_workers: int | None = None) -> float:
