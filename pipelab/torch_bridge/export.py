@@ -132,9 +132,8 @@ def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
              options: BridgeOptions | None = None) -> Any:
     """This rank's part of ``plan`` run by ``schedule``, as a torch schedule object to ``.step()``.
 
-    Call it on every rank of an initialized process group, each with the whole ``model`` holding the
-    same weights; rank ``w`` runs worker ``w``'s actions. Asynchronous methods and replicated stages
-    are refused (:class:`ScheduleError` says what to use instead).
+    Call it on every rank of an initialized process group, each with the same weights in ``model``.
+    Asynchronous methods and replicated stages raise :class:`ScheduleError` saying what to use instead.
 
     Args:
         schedule: a pipelab :class:`Schedule` for ``plan`` or a method name built with ``microbatches``.
@@ -151,7 +150,7 @@ def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
     elif microbatches is not None and microbatches != schedule.microbatches:
         raise ValueError(f"the schedule runs {schedule.microbatches} microbatches per minibatch, not "
                          f"microbatches={microbatches}; drop microbatches= or build the schedule with it")
-    order = to_torch_order(schedule)          # refuses what torch cannot run, before anything else
+    order = to_torch_order(schedule)          # refuses what torch cannot run
     _ranges(plan, schedule)
     torch_api.require()
     import torch.distributed as dist

@@ -1,11 +1,8 @@
 """Gantt chart of a pipeline: one row per worker, one box per action.
 
-Draws a :class:`~pipelab.trace.Trace` (simulated or measured), a result with ``.trace``, or a bare
-:class:`~pipelab.schedules.actions.Schedule` laid out with unit costs (:func:`schedule_trace`).
-Kinds differ by pattern (F solid, B hatched, W dotted, U thick outline), colour is the microbatch or
-weight version, and every legend swatch is a colour drawn in the chart. Transfers are thin grey bars.
-Above :data:`BARS_MAX` actions the chart is painted as one heatmap instead of SVG boxes
-(``reproductions/benchmarks/gantt_render.py`` times both).
+Draws a :class:`~pipelab.trace.Trace`, a result with ``.trace``, or a bare schedule laid out with unit
+costs (:func:`schedule_trace`). Kinds differ by pattern, colour is the microbatch or weight version;
+above :data:`BARS_MAX` actions the chart is one heatmap (``reproductions/benchmarks/gantt_render.py``).
 """
 
 from __future__ import annotations

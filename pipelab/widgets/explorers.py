@@ -58,16 +58,14 @@ class _Explorer(Displayable):
 class ScheduleExplorer(_Explorer):
     """Pick a method and a pipeline shape; see its schedule laid out with unit costs, bubble and memory.
 
-    Controls: method, stages P, microbatches M (minibatches for the methods that treat every
-    microbatch as a minibatch), v (virtual stages per worker, interleaved-1f1b), K (weight versions,
-    buffered). Every change rebuilds the schedule with :func:`pipelab.schedules.build`, lays it out
-    with the simulator's unit costs (F=1, B=2; F=B=W=1 when split) and redraws both figures.
+    Controls: method, stages P, microbatches M (minibatches for per-microbatch methods), v (virtual
+    stages per worker, interleaved-1f1b) and K (weight versions, buffered).
     """
 
     def __init__(self, *, method: str = "1f1b-flush", stages: int = 4, microbatches: int = 8, v: int = 2,
                  K: int = 2, live: bool | None = None) -> None:
         self._methods = list(methods.names())
-        methods.get(method)     # an unknown method: the registry's error, listing the valid ones
+        methods.get(method)     # an unknown method: the registry's error
         self.live = live_frontend() if live is None else bool(live)
         self.values: dict[str, Any] = {"method": method, "stages": stages, "microbatches": microbatches,
                                        "v": v, "K": K}

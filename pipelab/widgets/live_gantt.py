@@ -18,11 +18,9 @@ from pipelab.widgets.sync import sync_figure
 class LiveGantt(Displayable):
     """A Gantt chart of ``handle.events`` (what :func:`pipelab.launch` returns), redrawn as they arrive.
 
-    A background thread consumes the events. A redraw rebuilds the chart from every event so far; after
-    one that took ``c`` CPU seconds the next waits ``c / cpu_share`` seconds, capped at
-    ``max(interval, 3 c)``, and at least ``1 / hz``. A failed job's error shows in the status line.
-    Without a live front end the display waits for the job to end and shows the finished chart
-    (``reproductions/benchmarks/live_trace_cost.py`` measures what redrawing costs a run).
+    A redraw rebuilds the chart from every event so far; after one of ``c`` CPU seconds the next waits
+    ``c / cpu_share``, at most ``max(interval, 3 c)`` and at least ``1 / hz``. Without a live front end
+    the display waits for the job's end (``reproductions/benchmarks/live_trace_cost.py``).
     """
 
     def __init__(self, handle: Any, *, hz: float = 4.0, live: bool | None = None,
@@ -95,10 +93,8 @@ class LiveGantt(Displayable):
             self._done.set()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait until the job's event stream ends (and the last redraw is done); True if it did.
-
-        If nothing consumes the stream yet (static mode), consume it here, in the caller's thread.
-        """
+        """Wait until the event stream ends and the last redraw is done (consuming it here if nothing
+        does yet); True if it did."""
         with self._lock:
             mine = not self._started
             self._started = True
