@@ -28,30 +28,6 @@ NCCL_TCP_BUS_BANDWIDTH: dict[str, float] = {"ethernet-10g": 0.6 * 10 * 1e9 / 8, 
 #: 20 MB over 4 machines on 40 GbE in 10,608 us (gloo's README, "Example output"). PyTorch's gloo group
 #: copies a CUDA tensor to the host once and back once, overlapped across DDP buckets.
 GLOO_ALLREDUCE_BUS_BANDWIDTH = 2 * 3 / 4 * 20e6 / 10_608e-6
-#: bytes of one all-reduce call of PyTorch's DistributedDataParallel (``bucket_cap_mb=25``)
-DDP_BUCKET_BYTES = 25 * 2**20
-
-
-def nccl24_tree_threshold(nodes: int, ranks: int, nvlink: bool, channels: int = 1) -> float:
-    """Bytes below which NCCL 2.4 all-reduces with its tree rather than its ring (``ncclTreeThreshold``,
-    ``src/init.cu``): where the two latency + bandwidth times cross; 0 where the tree never wins, ``inf``
-    where it always does (two NVLink nodes)."""
-    for label, v in (("nodes", nodes), ("ranks", ranks), ("channels", channels)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{label}={v!r} must be a positive integer")
-    ring_bw = 5000.0 * (channels if nvlink else 1)          # bytes per us
-    tree_bw = ring_bw * (3 / 4 if nvlink else 2 / 3)
-    if nvlink and nodes == 2:
-        tree_bw *= 2
-    ring_lat = 6.0 * (ranks - 1)
-    tree_lat = 15.0 * (nodes.bit_length() - 1) + 4.0 * (ranks // nodes - 1)
-    if nodes < 2 or ring_lat <= tree_lat:
-        return 0.0
-    if tree_bw > ring_bw:
-        return math.inf
-    return ring_bw * tree_bw / (ring_bw - tree_bw) * (ring_lat - tree_lat)
-
-
 def nccl_flat_ring(levels: Sequence[Any]) -> tuple[Any, ...]:
     """``levels`` as the one flat ring NCCL builds through every worker (NVIDIA/nccl#471: no 2-D rings),
     at the slowest crossed level's bus bandwidth and latency. For an all-reduce over every worker only
