@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab.metrics import COMPUTE_KINDS
 from pipelab.schedules.actions import Action, Schedule
@@ -216,9 +217,7 @@ def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
 
     levels = [idle(level0, False), idle(level1, False), idle(level2, False), idle(level2, True),
               _idle(trace.events, nw)]
-    busy = [0.0] * nw
-    for e in comp.values():
-        busy[e.worker] += e.end_s - e.start_s
+    busy = metrics.busy_time(comp.values(), range(nw))
     rows = []
     for w in range(nw):
         row: dict[str, float] = {"busy": busy[w], "idle": levels[-1][1][w]}
