@@ -133,16 +133,9 @@ def color_key(e: Event, color_by: str) -> int:
     return e.microbatch if color_by == "microbatch" else max(e.weight_version, 0)
 
 
-def gantt(
-    trace_or_schedule: Trace | Schedule | Sequence[Event] | Any,
-    *,
-    color_by: str = "microbatch",
-    show_transfers: bool = True,
-    title: str | None = None,
-    costs: Mapping[str, float] | None = None,
-    time_unit: str | None = None,
-    render: str = "auto",
-) -> go.Figure:
+def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_by: str = "microbatch",
+          show_transfers: bool = True, title: str | None = None, costs: Mapping[str, float] | None = None,
+          time_unit: str | None = None, render: str = "auto") -> go.Figure:
     """Draw one row per worker and one box per action; the title carries the bubble fraction.
 
     Args:

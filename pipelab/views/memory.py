@@ -117,16 +117,9 @@ def _from_source(source: Any, profile: Profile | None, optimizer: str,
                     f"memory, or a mapping worker -> bytes; got {type(source).__name__}")
 
 
-def memory(
-    sim_or_plan: Any,
-    profile: Profile | None = None,
-    *,
-    limit: float | None = None,
-    optimizer: str = "sgd-momentum",
-    microbatches: int = 1,
-    title: str | None = None,
-    unit: str = "GB",
-) -> go.Figure:
+def memory(sim_or_plan: Any, profile: Profile | None = None, *, limit: float | None = None,
+           optimizer: str = "sgd-momentum", microbatches: int = 1, title: str | None = None,
+           unit: str = "GB") -> go.Figure:
     """Per-worker stacked bars of memory by component, with the device ``limit`` (bytes) as a line.
 
     Args:

@@ -59,10 +59,8 @@ def compare_table(results: Mapping[str, Any], *, baseline: str | None = None) ->
     return pd.DataFrame(rows).set_index("name")
 
 
-def compare(
-    results: Mapping[str, Any] | Any, run: Any = None, /, *, baseline: str | None = None,
-    title: str | None = None, **kwargs: Any
-) -> go.Figure:
+def compare(results: Mapping[str, Any] | Any, run: Any = None, /, *, baseline: str | None = None,
+            title: str | None = None, **kwargs: Any) -> go.Figure:
     """Throughput and speed-up over ``baseline`` of named results, plans or samples/s numbers.
 
     ``compare(sim_trace, run_trace)`` is :func:`~pipelab.views.accuracy.compare_traces` (``kwargs`` go
