@@ -67,19 +67,16 @@ class BubbleBreakdown(Described):
 
 
 class _TraceCosts(Costs):
-    """Durations of the actions from a table, messages from a table (fixed latencies, no contention)."""
+    """Durations of the actions from a table, messages from a table (fixed latencies, no contention);
+    updates take no time (they are the last part, read off the measured trace)."""
 
-    def __init__(self, durations: Mapping[_Key, float], latency: Mapping[tuple[int, int, str, int], float],
-                 updates: bool) -> None:
-        self.durations = durations
-        self.latency = latency
-        self.updates = updates
+    def __init__(self, durations: Mapping[_Key, float], latency: Mapping[_Key, float]) -> None:
+        self.durations, self.latency = durations, latency
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
-        """The table's duration (0 for a ``U`` unless updates count)."""
-        if action.kind == "U" and not self.updates:
-            return 0.0
-        return self.durations.get((worker, action.stage, action.kind, action.microbatch), 0.0)
+        """The table's duration (0 for a ``U``)."""
+        key = (worker, action.stage, action.kind, action.microbatch)
+        return 0.0 if action.kind == "U" else self.durations.get(key, 0.0)
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         """The message's measured latency (0 when transfers do not count)."""
@@ -213,7 +210,7 @@ def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
     lat = _latencies(trace, comp, schedule)
 
     def idle(durations: Mapping[_Key, float], transfers: bool) -> tuple[float, list[float]]:
-        return _idle(run(schedule, _TraceCosts(durations, lat if transfers else {}, False)), nw)
+        return _idle(run(schedule, _TraceCosts(durations, lat if transfers else {})), nw)
 
     levels = [idle(level0, False), idle(level1, False), idle(level2, False), idle(level2, True),
               _idle(trace.events, nw)]
