@@ -73,8 +73,9 @@ class Method:
 
     - ``synchronous``: flushes every minibatch, so the result equals plain minibatch SGD.
     - ``update``: ``"minibatch"`` (one ``U`` per stage per minibatch of ``M`` microbatches) or
-      ``"microbatch"`` (by default ``M = 1``, a ``U`` after each backward; the async-1F1B methods,
-      PipeDream and PipeMare, also run ``M = N`` microbatches per minibatch, one ``U`` per minibatch).
+      ``"microbatch"`` (by default ``M = 1``, a ``U`` after each backward; the ``async-1f1b`` order's
+      methods, PipeDream, naive-async and PipeMare, also run ``M = N`` microbatches per minibatch with
+      one ``U`` per minibatch).
     - ``order``, ``weights``: keys of the schedule builder and of the runtime's weight policy.
     - ``versions``: the rule of :func:`pipelab.schedules.versions.assign_versions`.
     - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U``.
