@@ -24,6 +24,7 @@ from pipelab.metrics import COMPUTE_KINDS
 if TYPE_CHECKING:
     import pandas as pd
 
+
 @dataclass(frozen=True)
 class Event:
     """One action (or transfer) on one worker.

@@ -30,6 +30,7 @@ def _shell() -> Any:
         return None
     return get_ipython()
 
+
 def static_html(fig: go.Figure) -> str:
     """HTML for a report: plotly.js inlined on the first figure of this kernel (always outside IPython)."""
     shell = _shell()
@@ -81,4 +82,3 @@ def ipywidgets() -> Any:
     import ipywidgets as w
 
     return w
-

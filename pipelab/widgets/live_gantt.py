@@ -180,4 +180,3 @@ def _last_loss(handle: Any) -> float | None:
         return None
     loss = getattr(handle, "loss", None)
     return float(loss) if isinstance(loss, (int, float)) else None
-
