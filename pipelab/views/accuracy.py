@@ -1,6 +1,5 @@
 """Simulated against measured: both Gantt charts of one schedule on one time axis, each action
-coloured by the relative error of its duration, ``(measured - simulated) / simulated`` (red: slower
-than predicted, blue: faster).
+coloured by ``(measured - simulated) / simulated`` of its duration (red: slower than predicted).
 
 Actions pair up by (worker, stage, kind, microbatch, occurrence). ``layout="rows"`` puts each worker's
 measured row under its simulated one; ``"panels"`` draws all simulated rows, then all measured ones.
