@@ -6,8 +6,7 @@ The data flow (each arrow a pure function or a process launch, each box a frozen
                                                         |                            |
                            Cluster ---------------------+--> simulate() / train() --> Trace --> views
 
-Public names are imported lazily, so ``import pipelab`` is cheap and a notebook that only
-simulates never pays for what it does not use.
+Public names are imported lazily, so ``import pipelab`` is cheap.
 """
 
 from __future__ import annotations
@@ -19,40 +18,21 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+#: public names that are modules rather than objects inside a module
+_MODULES = ("metrics", "models", "planner", "schedules", "torch_bridge", "views", "widgets")
+#: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "Profile": "pipelab.profile.records",
-    "Layer": "pipelab.profile.records",
+    "Profile": "pipelab.profile.records", "Layer": "pipelab.profile.records",
     "profile": "pipelab.profile.measure",
-    "Cluster": "pipelab.cluster",
-    "Calibration": "pipelab.cluster",
-    "calibrate": "pipelab.calibrate",
-    "Plan": "pipelab.partition.plan",
-    "Stage": "pipelab.partition.plan",
-    "partition": "pipelab.partition",
-    "Action": "pipelab.schedules.actions",
-    "Schedule": "pipelab.schedules.actions",
-    "simulate": "pipelab.sim",
-    "plan": "pipelab.planner",
-    "PlanTable": "pipelab.planner",
-    "confirm": "pipelab.planner",
-    "planner": "pipelab.planner",
-    "explain": "pipelab.explain",
-    "SimResult": "pipelab.sim",
-    "Trace": "pipelab.trace",
-    "Event": "pipelab.trace",
-    "train": "pipelab.runtime",
+    "Cluster": "pipelab.cluster", "Calibration": "pipelab.cluster", "calibrate": "pipelab.calibrate",
+    "Plan": "pipelab.partition.plan", "Stage": "pipelab.partition.plan", "partition": "pipelab.partition",
+    "Action": "pipelab.schedules.actions", "Schedule": "pipelab.schedules.actions",
+    "simulate": "pipelab.sim", "SimResult": "pipelab.sim", "explain": "pipelab.explain",
+    "plan": "pipelab.planner", "PlanTable": "pipelab.planner", "confirm": "pipelab.planner",
+    "Trace": "pipelab.trace", "Event": "pipelab.trace", "train": "pipelab.runtime",
     "launch": "pipelab.runtime",
-    "models": "pipelab.models",
-    "metrics": "pipelab.metrics",
-    "schedules": "pipelab.schedules",
-    "torch_bridge": "pipelab.torch_bridge",
-    "views": "pipelab.views",
-    "widgets": "pipelab.widgets",
+    **{m: f"pipelab.{m}" for m in _MODULES},
 }
-
-# public names that are modules rather than objects inside a module
-_MODULES = frozenset({"metrics", "models", "planner", "schedules", "torch_bridge", "views", "widgets"})
 
 __all__ = sorted(_EXPORTS)
 
@@ -63,8 +43,7 @@ def __getattr__(name: str) -> Any:
     if mod is None:
         raise AttributeError(f"module 'pipelab' has no attribute {name!r}")
     module = importlib.import_module(mod)
-    # a package exported under its own name ("models") is the module itself, unless it defines a
-    # function of that name ("partition" -> pipelab.partition.partition)
+    # a package exported under its own name is the module, unless it defines a function of that name
     value = getattr(module, name, module) if mod.endswith("." + name) else getattr(module, name)
     globals()[name] = value
     return value
@@ -74,11 +53,8 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
 
 
-# ``pl.partition``, ``pl.profile`` and ``pl.explain`` are functions that share their names with
-# subpackages. Importing a submodule (``import pipelab.partition.plan``, which any schedule or model
-# import does) makes Python set the package attribute to the subpackage, shadowing the function:
-# ``pl.partition(...)`` would then fail with "'module' object is not callable" depending on import
-# order. So those modules are made callable: calling one calls its function.
+# ``pl.partition`` etc. are functions named like subpackages: importing a submodule sets the package
+# attribute to the subpackage, shadowing the function, so those modules are made callable.
 _CALLABLE_SUBPACKAGES: dict[str, tuple[str, str]] = {
     "pipelab.partition": ("pipelab.partition", "partition"),
     "pipelab.profile": ("pipelab.profile.measure", "profile"),

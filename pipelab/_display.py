@@ -1,9 +1,5 @@
-"""How records show themselves: a short ``repr`` (what ``describe()`` says) and an HTML form for notebooks.
-
-A record's full field dump can run to hundreds of kilobytes (a trace's events, a profile's layers),
-so records take :class:`Described`: ``repr(x)`` is the first lines of ``x.describe()`` and
-``_repr_html_`` the whole of it, escaped, in a ``<pre>`` block. The record's data stays in its fields.
-"""
+"""How records show themselves: ``repr`` is the first lines of ``describe()``, ``_repr_html_`` all of it
+(a record's field dump can run to megabytes)."""
 
 from __future__ import annotations
 

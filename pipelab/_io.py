@@ -1,9 +1,7 @@
-"""Small shared helpers: atomic file writes and JSON envelopes with a schema version.
+"""Atomic file writes and JSON records with a schema version.
 
-Every record that pipelab writes (profiles, plans, traces, checkpoints' metadata) goes through
-:func:`atomic_write_text` / :func:`atomic_write_bytes`, so a crash mid-write never leaves a
-half-written file behind: data goes to a temporary file in the same folder, is flushed and fsynced,
-and is then renamed over the target (rename is atomic on POSIX).
+Every file pipelab writes goes through :func:`atomic_write_bytes` (a temporary file in the same folder,
+fsynced, renamed over the target), so a crash never leaves a half-written file.
 """
 
 from __future__ import annotations
@@ -67,11 +65,7 @@ def write_record(path: str | os.PathLike[str], kind: str, schema: int, payload: 
 
 
 def read_record(path: str | os.PathLike[str], kind: str, schema: int) -> dict[str, Any]:
-    """Load a JSON record written by :func:`write_record`, checking its kind and schema version.
-
-    Raises ``ValueError`` with a message that says what the file is and what to do when it is not
-    a pipelab ``kind`` record of a schema this version understands.
-    """
+    """Load a JSON record written by :func:`write_record`; ``ValueError`` for another kind or schema."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file")

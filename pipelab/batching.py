@@ -1,10 +1,5 @@
-"""A minibatch split into microbatches: the one default count ``M`` and the one divisibility check.
-
-Every entry point that takes a microbatch count (``partition``, ``simulate``, ``plan``, ``train``,
-``schedules.build``) draws its default from :func:`default_microbatches` and checks a count against
-the minibatch with :func:`check_divides`, so a count one of them accepts, all of them accept.
-Invariant: a minibatch of ``B`` samples splits into ``M`` microbatches of ``B / M`` samples each, ``M``
-dividing ``B``.
+"""A minibatch split into microbatches: the one default count ``M`` and the one divisibility check,
+which every entry point taking a microbatch count uses. Invariant: ``M`` divides the batch ``B``.
 """
 
 from __future__ import annotations
@@ -12,12 +7,8 @@ from __future__ import annotations
 
 def default_microbatches(stages: int, *, replicas: int = 1, workers: int | None = None,
                          data_parallel: bool = False) -> int:
-    """``M`` when none is given: one per stage, and at least one per replica of the most replicated
-    stage (data parallelism: one per worker).
-
-    One microbatch per stage is the fewest that keeps every stage of a 1F1B pipeline busy in its
-    steady state; replicas take microbatches in turn, so a stage of ``r`` replicas needs ``r``.
-    """
+    """``M`` when none is given: one per stage (the fewest that keep a 1F1B pipeline busy), at least one
+    per replica of the most replicated stage (data parallelism: one per worker)."""
     n = workers if data_parallel and workers else max(stages, replicas)
     return max(1, int(n))
 
@@ -34,10 +25,8 @@ def check_divides(batch: int, microbatches: int) -> None:
     if batch >= 1 and batch % microbatches:
         near = [str(d) for d in divisors(batch) if d > 1]
         listed = ", ".join(near[:8]) + (", ..." if len(near) > 8 else "")
-        raise ValueError(
-            f"a minibatch of {batch} samples does not split into microbatches={microbatches} equal "
-            f"parts; use a divisor of {batch} ({listed}) or change the batch size"
-        )
+        raise ValueError(f"a minibatch of {batch} samples does not split into microbatches={microbatches} "
+                         f"equal parts; use a divisor of {batch} ({listed}) or change the batch size")
 
 
 __all__ = ["check_divides", "default_microbatches", "divisors"]

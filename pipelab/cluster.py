@@ -1,52 +1,10 @@
 """The Cluster record: devices arranged in a hierarchy of interconnect levels.
 
-A cluster is ``num_workers`` devices (one worker per device) grouped by levels, innermost first:
-``levels[0]`` groups ``levels[0].size`` consecutive workers (e.g. the GPUs of one server, joined by
-PCIe or NVLink), ``levels[1]`` groups ``levels[1].size`` of those groups (servers joined by a network
-switch), and so on; ``prod(level.size) == num_workers``. Worker ``w`` sits in level-``k`` block
-``w // prod(size of levels 0..k)``. A transfer between two workers crosses the link of the innermost
-level whose block holds both.
-
-``Device.speed`` is relative throughput, 1.0 meaning "the device the profile was measured on"
-(the cost model divides profiled times by it). Bandwidths are bytes per second in one direction
-(links are full duplex); latencies are seconds per message.
-
-Presets (``Cluster.preset(name)`` or ``Cluster.parse("name:SxG")``; S servers of G GPUs):
-
-=============  ==================  ===========  ===============================  ======================
-preset         device              per server   inside a server                  across servers
-=============  ==================  ===========  ===============================  ======================
-pipedream-a    V100 PCIe 16 GB     4            PCIe, 10 GB/s                    10 Gbps Ethernet
-pipedream-b    V100 16 GB          8            NVLink (V100), 50 GB/s p2p       25 Gbps Ethernet
-pipedream-c    Titan X 12 GB       1            --                               40 Gbps Ethernet
-dgx-h100       H100 80 GB          8            NVLink 4, 450 GB/s per direction 400 Gbps IB per GPU
-a100-ib        A100 80 GB          8            NVLink 3, 300 GB/s per direction 200 Gbps IB per GPU
-hetpipe        TITAN V/RTX, 2060,  4 (1 type    PCIe 3 x16, ~10 GB/s             56 Gbps InfiniBand
-               Quadro P4000        per node)
-=============  ==================  ===========  ===============================  ======================
-
-Sources: clusters A, B, C are PipeDream (Narayanan et al., SOSP'19) §5.1 "Clusters" (A: 4 V100 per
-server, PCIe inside, 10 Gbps across; B: 8 V100 per server (AWS p3.16xlarge), NVLink inside, 25 Gbps
-across; C: one Titan X per server, 40 Gbps); A's servers were Azure NCv3 VMs (V100 PCIe: PipeDream's
-driver configs pull their image from an Azure registry, ``fiddlev3.azurecr.io``, and a reading of the
-paper lists "Azure NC24 v3"), whose PCIe cards run at :data:`V100_PCIE_OVER_SXM2` of an SXM2
-module; the 10 GB/s PCIe figure is the link's, NCCL's measured rate there
-:data:`NCCL_NCV3_PCIE_BUS_BANDWIDTH`. The V100
-NVLink point-to-point figure (2 NVLink-2 bricks of 25 GB/s between most GPU pairs of a p3.16xlarge /
-DGX-1 hybrid cube mesh) and the H100/A100 figures are NVIDIA's data sheets (DGX H100: 900 GB/s
-bidirectional NVLink 4 per GPU and one 400 Gbps ConnectX-7 per GPU; DGX A100: 600 GB/s
-bidirectional NVLink 3 and one 200 Gbps HDR adapter per GPU). The heterogeneous "hetpipe" cluster
-is the one of HetPipe (Park et al., USENIX ATC'20) §6: four nodes, each with four GPUs of one type
-(TITAN V, TITAN RTX, GeForce RTX 2060, Quadro P4000), InfiniBand between nodes. Relative speeds
-there are the vendors' FP32 peak ratios to TITAN V (14.9, 16.3, 6.5, 5.3 TFLOPS), a first-order
-proxy; replace them with measured ratios when you have them.
-
-Latencies are round figures (about 5 us for PCIe/NVLink, 10-25 us for Ethernet, 2 us for IB).
-
-A preset's ``transport`` option prices a runtime's transports (:data:`PRESET_TRANSPORTS`): ``"link"``
-the raw links; ``"pipedream"`` PipeDream's pipelined runs (gloo: tensors through host memory, gloo's
-ring for replicated stages); ``"nccl"`` a data-parallel run on NCCL (one flat ring at NCCL's measured
-bus bandwidths, :data:`NCCL_MEASURED_BUS_BANDWIDTH` over the Ethernet defaults).
+Levels are innermost first: ``levels[0]`` groups ``levels[0].size`` consecutive workers (the GPUs of a
+server), ``levels[1]`` groups that many of those blocks, and so on; ``prod(level.size) == num_workers``.
+A transfer crosses the link of the innermost level whose block holds both workers. ``Device.speed`` is
+throughput relative to the profiled device; bandwidths are bytes/s per direction, latencies seconds.
+The presets, their sources and their ``transport`` options: ``docs/clusters.md``.
 """
 
 from __future__ import annotations
@@ -99,9 +57,9 @@ class Device:
 class Level:
     """One interconnect level: ``size`` sub-blocks per block, joined by links of ``bandwidth`` B/s.
 
-    ``uplinks`` is how many independent links of that bandwidth each sub-block has into this level
-    (e.g. 8 InfiniBand adapters per DGX server): a single transfer uses one, a collective that
-    moves data of several GPUs of a sub-block at once can use up to ``uplinks`` of them in parallel.
+    ``uplinks``: parallel links per sub-block (e.g. 8 InfiniBand adapters per DGX server), which a
+    collective may use at once. ``p2p_bandwidth`` and ``allreduce_bandwidth`` override ``bandwidth``
+    for pipeline transfers and ring all-reduces where a transport differs from the link.
     """
 
     name: str
@@ -109,11 +67,7 @@ class Level:
     bandwidth: float
     latency: float = 0.0
     uplinks: int = 1
-    #: bytes/s a pipeline transfer (activation or gradient) achieves at this level where the transport
-    #: differs from the raw link, e.g. PipeDream's gloo path through host memory (None: ``bandwidth``)
     p2p_bandwidth: float | None = None
-    #: bus bandwidth (bytes/s) an all-reduce achieves per link at this level in the ring formula,
-    #: e.g. NCCL's measured bus bandwidth over TCP (None: ``bandwidth``); see :meth:`Cluster.with_transport`
     allreduce_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
@@ -124,9 +78,8 @@ class Level:
                                  f"or a finite number of bytes/s > 0")
         if not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"level {self.name!r}: size={self.size!r} must be an integer >= 1")
-        if not (
-            isinstance(self.bandwidth, (int, float)) and self.bandwidth > 0 and not math.isnan(self.bandwidth)
-        ):
+        bw = self.bandwidth
+        if not (isinstance(bw, (int, float)) and bw > 0 and not math.isnan(bw)):
             raise ValueError(f"level {self.name!r}: bandwidth={self.bandwidth!r} must be > 0 bytes/s")
         if not (isinstance(self.latency, (int, float)) and math.isfinite(self.latency) and self.latency >= 0):
             raise ValueError(f"level {self.name!r}: latency={self.latency!r} must be a finite number >= 0 s")
@@ -135,29 +88,19 @@ class Level:
 
     @property
     def transfer_bandwidth(self) -> float:
-        """Bytes/s of one pipeline transfer at this level: ``p2p_bandwidth`` where the transport sets
-        it, else the link's ``bandwidth`` (the one rate the cost model's transfers use)."""
+        """Bytes/s of one pipeline transfer at this level (the one rate the cost model's transfers use)."""
         return self.bandwidth if self.p2p_bandwidth is None else float(self.p2p_bandwidth)
 
     @property
     def ring_bandwidth(self) -> float:
-        """Bytes/s per link inside a ring all-reduce at this level: ``allreduce_bandwidth`` where the
-        transport sets it, else the link's ``bandwidth``."""
+        """Bytes/s per link inside a ring all-reduce at this level."""
         return self.bandwidth if self.allreduce_bandwidth is None else float(self.allreduce_bandwidth)
 
 
-
-#: a V100 PCIe card's speed over a V100 SXM2 module's: 14 against 15.7 TFLOPS FP32, the same 5,120 CUDA
-#: cores at boost clocks of 1380 and 1530 MHz (NVIDIA's Tesla V100 datasheet). Cluster A's GPUs are PCIe
-#: cards (Azure NCv3: "Tesla V100-PCIE-16GB"), cluster B's SXM2 modules (AWS p3.16xlarge)
+#: a V100 PCIe card's speed over a V100 SXM2 module's: 14 against 15.7 TFLOPS FP32 (Tesla V100 datasheet)
 V100_PCIE_OVER_SXM2 = 14.0 / 15.7
-#: NCCL all-reduce bus bandwidth (bytes/s) between V100 PCIe GPUs inside one of Azure's NCv3 VMs (the
-#: instance family of PipeDream's cluster A): nccl-tests' ``all_reduce_perf`` on a Standard_NC12s_v3,
-#: 2 x Tesla V100-PCIE-16GB, each GPU in its own PCI domain (``nvidia-smi topo -m``: NODE, one NUMA
-#: node), reached 6.88 GB/s of bus bandwidth from 64 MB to 2 GB (6.82 at 16 MB; 6.74 with P2P turned
-#: off, so NCCL's path through host memory) (marconetto/azadventures, ``chapter18/README.md``, a recent
-#: NCCL on driver 570). No 4-GPU or 2019 measurement on these VMs was found. Below the PCIe link's
-#: 10 GB/s: not a link rate but NCCL's measured rate on that machine.
+#: NCCL all-reduce bus bandwidth (bytes/s) between the V100 PCIe GPUs of an Azure NCv3 VM (cluster A's
+#: family): nccl-tests' all_reduce_perf, 64 MB to 2 GB (marconetto/azadventures, chapter18/README.md)
 NCCL_NCV3_PCIE_BUS_BANDWIDTH = 6.88e9
 #: NCCL's measured all-reduce bus bandwidth by preset and level name, where it is not the link's rate
 NCCL_MEASURED_BUS_BANDWIDTH: dict[str, dict[str, float]] = {
@@ -169,35 +112,16 @@ PRESET_TRANSPORTS = ("link", "pipedream", "nccl")
 # preset name -> (device, gpus per server, default servers, inner level (or None), outer level)
 _V100 = Device("V100-16GB", 1.0, 16 * 2**30)
 _PRESETS: dict[str, tuple[Device, int, int, Level | None, Level]] = {
-    "pipedream-a": (_V100, 4, 4, Level("pcie", 4, 10 * GB, 5e-6), Level("ethernet-10g", 4, 10 * Gbps, 25e-6)),
-    "pipedream-b": (
-        _V100,
-        8,
-        2,
-        Level("nvlink", 8, 50 * GB, 5e-6),
-        Level("ethernet-25g", 2, 25 * Gbps, 25e-6),
-    ),
-    "pipedream-c": (
-        Device("TitanX-12GB", 1.0, 12 * 2**30),
-        1,
-        4,
-        None,
-        Level("ethernet-40g", 4, 40 * Gbps, 10e-6),
-    ),
-    "dgx-h100": (
-        Device("H100-80GB", 1.0, 80 * 2**30),
-        8,
-        2,
-        Level("nvlink4", 8, 450 * GB, 3e-6),
-        Level("infiniband-400g", 2, 400 * Gbps, 2e-6, uplinks=8),
-    ),
-    "a100-ib": (
-        Device("A100-80GB", 1.0, 80 * 2**30),
-        8,
-        2,
-        Level("nvlink3", 8, 300 * GB, 3e-6),
-        Level("infiniband-200g", 2, 200 * Gbps, 2e-6, uplinks=8),
-    ),
+    "pipedream-a": (_V100, 4, 4, Level("pcie", 4, 10 * GB, 5e-6),
+                    Level("ethernet-10g", 4, 10 * Gbps, 25e-6)),
+    "pipedream-b": (_V100, 8, 2, Level("nvlink", 8, 50 * GB, 5e-6),
+                    Level("ethernet-25g", 2, 25 * Gbps, 25e-6)),
+    "pipedream-c": (Device("TitanX-12GB", 1.0, 12 * 2**30), 1, 4, None,
+                    Level("ethernet-40g", 4, 40 * Gbps, 10e-6)),
+    "dgx-h100": (Device("H100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink4", 8, 450 * GB, 3e-6),
+                 Level("infiniband-400g", 2, 400 * Gbps, 2e-6, uplinks=8)),
+    "a100-ib": (Device("A100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink3", 8, 300 * GB, 3e-6),
+                Level("infiniband-200g", 2, 200 * Gbps, 2e-6, uplinks=8)),
 }
 
 # HetPipe ATC'20 §6 GPU types; speed relative to TITAN V from FP32 peak TFLOPS (vendor data sheets)
@@ -218,10 +142,8 @@ class Cluster(Described):
     devices: tuple[Device, ...]
     #: what :func:`pipelab.calibrate.calibrate` measured, when the cluster is a calibrated machine
     calibration: Calibration | None = None
-    #: how a group's all-reduce runs (:data:`ALLREDUCE_RINGS`): ``"hierarchical"``, a ring per level, each
-    #: over that level's links; ``"flat"``, one ring through the group's workers in rank order (gloo's, set
-    #: by ``with_transport(allreduce="gloo-ring")``), every worker moving ``2 (p - 1) / p`` of the bytes
-    #: over the slowest level the group crosses
+    #: ``"hierarchical"`` (a ring per level) or ``"flat"`` (one ring through the group in rank order,
+    #: over the slowest level it crosses: gloo's)
     allreduce_ring: str = "hierarchical"
 
     def __post_init__(self) -> None:
@@ -233,16 +155,13 @@ class Cluster(Described):
         if not self.devices:
             raise ValueError(f"cluster {self.name!r} has zero workers; give at least one device")
         if not self.levels:
-            raise ValueError(
-                f"cluster {self.name!r} needs at least one level (use Cluster.flat for one switch)"
-            )
+            raise ValueError(f"cluster {self.name!r} needs at least one level (Cluster.flat: one switch)")
         n = math.prod(lv.size for lv in self.levels)
         if n != len(self.devices):
             sizes = " x ".join(str(lv.size) for lv in self.levels)
             raise ValueError(f"cluster {self.name!r}: level sizes {sizes} multiply to {n} but there are "
                              f"{len(self.devices)} devices; give one device per worker")
 
-    # ------------------------------------------------------------------ access
     @property
     def num_workers(self) -> int:
         """Number of workers (devices)."""
@@ -287,12 +206,8 @@ class Cluster(Described):
         return self.levels[k]
 
     def subset(self, workers: Sequence[int]) -> Cluster:
-        """A flat-ordered cluster of the given workers (kept in their original hierarchy when aligned).
-
-        Used by partitioners' ``workers=`` option: the selection must be a union of whole blocks of
-        some level or lie inside one block; otherwise its hierarchy is flattened to the slowest
-        link among the selected workers.
-        """
+        """The cluster of the given workers, in their hierarchy: a regular sub-grid (whole blocks of a
+        level, or part of one block), else ``ValueError``."""
         ws = sorted(set(int(w) for w in workers))
         if not ws:
             raise ValueError("workers= selects zero workers; pick at least one")
@@ -301,7 +216,7 @@ class Cluster(Described):
         devices = tuple(self.devices[w] for w in ws)
         if len(ws) == 1:
             return Cluster(f"{self.name}[{ws[0]}]", (Level("local", 1, self.levels[0].bandwidth),), devices)
-        # rebuild levels: for each level count distinct sub-blocks per block among the selection
+        # per level: the distinct sub-blocks per block among the selection
         levels: list[Level] = []
         for k, lv in enumerate(self.levels):
             inner, outer = self.block_size(k - 1), self.block_size(k)
@@ -318,7 +233,6 @@ class Cluster(Described):
                              f"choose the same number of GPUs in each chosen server")
         return Cluster(f"{self.name}[{len(ws)}]", tuple(levels), devices, allreduce_ring=self.allreduce_ring)
 
-    # ------------------------------------------------------------------ constructors
     @classmethod
     def flat(cls, workers: int, bandwidth: float = 10 * GB, memory: int = 16 * 2**30, latency: float = 0.0,
              speed: float = 1.0, *, name: str | None = None, device: str = "gpu") -> Cluster:
@@ -326,18 +240,18 @@ class Cluster(Described):
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers={workers!r}: a cluster needs at least one worker")
         dev = Device(device, speed, int(memory))
-        return cls(
-            name or f"flat:{workers}", (Level("switch", workers, bandwidth, latency),), (dev,) * workers
-        )
+        level = Level("switch", workers, bandwidth, latency)
+        return cls(name or f"flat:{workers}", (level,), (dev,) * workers)
 
     @classmethod
     def preset(cls, name: str, *, servers: int | None = None, gpus_per_server: int | None = None,
                speed: float | None = None, memory: int | None = None, transport: str = "link") -> Cluster:
-        """A named cluster (see the module docstring for the table and sources).
+        """A named cluster (``docs/clusters.md``: the table, the sources and the transports).
 
         Args:
             speed: the devices' speed relative to the profiled device (default 1.0: the same type).
-            transport: one of :data:`PRESET_TRANSPORTS` (see the module docstring).
+            transport: ``"link"`` (the raw links), ``"pipedream"`` (PipeDream's gloo runtime) or ``"nccl"``
+                (a data-parallel run on NCCL: one flat ring at NCCL's measured bus bandwidths).
         """
         if transport not in PRESET_TRANSPORTS:
             raise ValueError(f"transport={transport!r} is not one of {PRESET_TRANSPORTS}")
@@ -345,10 +259,9 @@ class Cluster(Described):
         if key == "hetpipe":
             return cls.hetpipe(servers=servers or 4, gpus_per_server=gpus_per_server or 4)
         if key not in _PRESETS:
-            raise ValueError(
-                f"unknown cluster preset {name!r}; choose one of {', '.join([*_PRESETS, 'hetpipe'])} "
-                f"or build one with Cluster.flat / Cluster(...)"
-            )
+            raise ValueError(f"unknown cluster preset {name!r}; choose one of "
+                             f"{', '.join([*_PRESETS, 'hetpipe'])} or build one with Cluster.flat / "
+                             f"Cluster(...)")
         dev, g0, s0, inner, outer = _PRESETS[key]
         g = g0 if gpus_per_server is None else gpus_per_server
         s = s0 if servers is None else servers
@@ -356,9 +269,8 @@ class Cluster(Described):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{label}={v!r} must be an integer >= 1")
         if inner is None and g != 1:
-            raise ValueError(
-                f"preset {name!r} has one GPU per server; use servers=N (got gpus_per_server={g})"
-            )
+            raise ValueError(f"preset {name!r} has one GPU per server; use servers=N "
+                             f"(got gpus_per_server={g})")
         if speed is not None or memory is not None:
             dev = Device(dev.name, dev.speed if speed is None else speed,
                          dev.memory_bytes if memory is None else int(memory))
@@ -383,8 +295,7 @@ class Cluster(Described):
 
     @classmethod
     def of(cls, cluster: Cluster | str) -> Cluster:
-        """``cluster`` itself, or the cluster a spec string names (:meth:`parse`): what every function
-        taking a cluster accepts."""
+        """``cluster`` itself, or the cluster a spec string names (:meth:`parse`)."""
         if isinstance(cluster, Cluster):
             return cluster
         if isinstance(cluster, str):
@@ -400,9 +311,8 @@ class Cluster(Described):
             return cls.load(spec.strip())
         m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?::\s*(\d+)\s*(?:[xX]\s*(\d+))?)?\s*", spec)
         if not m:
-            raise ValueError(
-                f"cannot read cluster spec {spec!r}; write e.g. 'pipedream-a:4x4' (servers x GPUs)"
-            )
+            raise ValueError(f"cannot read cluster spec {spec!r}; write e.g. 'pipedream-a:4x4' "
+                             f"(servers x GPUs)")
         name, a, b = m.group(1), m.group(2), m.group(3)
         if name.lower() == "flat":
             if a is None or b is not None:
@@ -426,11 +336,7 @@ class Cluster(Described):
     @classmethod
     def heterogeneous(cls, servers: Sequence[Sequence[Device]], *, intra: Level, inter: Level,
                       name: str = "heterogeneous") -> Cluster:
-        """Servers given as lists of devices (same count per server), ``intra``/``inter`` links.
-
-        Only the bandwidth, latency and uplinks of ``intra``/``inter`` are used; their sizes are
-        set from ``servers``.
-        """
+        """Servers given as lists of devices (same count per server); ``intra``/``inter``'s sizes are set."""
         if not servers:
             raise ValueError("heterogeneous cluster needs at least one server")
         per = {len(s) for s in servers}
@@ -460,17 +366,12 @@ class Cluster(Described):
                        host_copy_bandwidth: float = HOST_COPY_BYTES_PER_S,
                        allreduce_bus_bandwidth: dict[str, float] | None = None,
                        gloo_allreduce_bandwidth: float = GLOO_ALLREDUCE_BUS_BANDWIDTH) -> Cluster:
-        """This cluster with its transfers priced by a transport (same devices and links).
+        """This cluster with its transfers priced by a transport (:mod:`pipelab.transports`).
 
         Args:
-            pipeline: ``"link"`` or ``"gloo-host"`` (PipeDream's gloo path: a device-to-host copy, the
-                TCP transfer, over loopback a host copy, and a host-to-device copy, store and forward).
-            allreduce: ``"link"``; ``"nccl-ring"`` (the levels named in ``allreduce_bus_bandwidth``,
-                default :data:`pipelab.transports.NCCL_TCP_BUS_BANDWIDTH`, at NCCL's measured bus
-                bandwidth); or ``"gloo-ring"`` (one flat ring on the host at the slower of the level's
-                path and ``gloo_allreduce_bandwidth``; the host copies hide behind other buckets).
-
-        See :func:`pipelab.transports.transport_levels` for the rates.
+            pipeline: ``"link"`` or ``"gloo-host"`` (device -> host copy, TCP, host -> device copy).
+            allreduce: ``"link"``, ``"nccl-ring"`` (the levels named in ``allreduce_bus_bandwidth`` at
+                NCCL's bus bandwidth) or ``"gloo-ring"`` (one flat ring on the host).
         """
         levels = transport_levels(self.levels, pipeline, allreduce, host_copy_bandwidth=host_copy_bandwidth,
                                   allreduce_bus_bandwidth=allreduce_bus_bandwidth,
@@ -479,7 +380,6 @@ class Cluster(Described):
         ring = "flat" if allreduce == "gloo-ring" else self.allreduce_ring
         return replace(self, name=self.name + tag, levels=tuple(levels), allreduce_ring=ring)
 
-    # ------------------------------------------------------------------ output
     @property
     def homogeneous(self) -> bool:
         """True when every device is identical."""
@@ -538,8 +438,7 @@ class Cluster(Described):
         return cls.from_dict(read_record(path, "cluster", CLUSTER_SCHEMA))
 
     def with_workers(self, workers: int) -> Cluster:
-        """The same machine with ``workers`` workers on one switch (a calibrated single host: the
-        calibrated link, devices and calibration; any cluster: its first device and innermost link)."""
+        """The same machine with ``workers`` workers on one switch (first device, innermost link)."""
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers={workers!r} must be an integer >= 1")
         lv = self.levels[0]

@@ -1,30 +1,17 @@
 """Bubbles explained: split each worker's idle time into its causes, and find the critical path.
 
-``explain(trace, schedule)`` works on any trace of a schedule, simulated or measured. It replays the
-schedule (:func:`pipelab.schedules.dataflow.run`, the simulator's own core) with the durations the
-trace measured, stripped of one cause at a time, and reads each cause as the idle time it adds:
+:func:`explain` replays the schedule (:func:`pipelab.schedules.dataflow.run`) with the trace's
+durations, adding one cause at a time, and reads each cause as the idle time it adds:
 
-0. **fill/drain**: every stage's actions at the mean over stages of that kind's median duration, no
-   transfer time, no update: the idle time inherent to the schedule's order
-   (``(P-1)/(M+P-1)`` of the makespan for GPipe and 1F1B with equal stages);
-1. **imbalance**: each stage's actions at their own median (per stage and kind, slowdown removed):
-   waiting on a slower stage;
-2. **straggler**: each action at its measured duration: the workers slowed by ``slowdown`` (known
-   factors, as ``train(slowdown=...)`` emulates them or a cluster of mixed devices has them) and
-   single actions slower than their stage's median (a shared machine's stalls);
-3. **transfer**: plus each message's measured latency (the sender's end to the receiver's arrival):
-   waiting on a transfer;
-4. **update**: the measured trace itself, with its optimizer steps and all-reduces (and anything
-   the replay does not model: what is left).
+0. **fill/drain**: every action at its kind's typical duration, no transfers, no updates;
+1. **imbalance**: each stage at its own median durations (slowdown removed);
+2. **straggler**: every action at its measured duration (slowed workers, single stalls);
+3. **transfer**: plus each message's measured latency;
+4. **update**: the measured trace itself (updates, all-reduces, and what the replay does not model).
 
-Part ``k`` on worker ``w`` is ``idle_k(w) - idle_{k-1}(w)``, idle = makespan - busy (F, B, W, U), so
-the parts of a worker sum to its idle time in the trace exactly. ``straggler_by_culprit`` says whose
-slowness it was: per slowed worker ``j``, the idle time the others gain when ``j`` alone runs at its
-measured durations. A part may be negative where removing a cause lengthens no-one's wait but
-shortens the worker's own busy time (the straggler's own row, whose busy time grows as its idle does
-not).
-
-Pure: a trace and a schedule in, a :class:`BubbleBreakdown` out.
+Part ``k`` on worker ``w`` is ``idle_k(w) - idle_{k-1}(w)``, so a worker's parts sum to its idle time
+exactly; a part may be negative (a straggler's own row). ``straggler_by_culprit[j]``: the idle time the
+other workers gain when ``j`` alone runs at its measured durations.
 """
 
 from __future__ import annotations
@@ -36,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab.metrics import COMPUTE_KINDS
 from pipelab.schedules.actions import Action, Schedule
@@ -79,19 +67,16 @@ class BubbleBreakdown(Described):
 
 
 class _TraceCosts(Costs):
-    """Durations of the actions from a table, messages from a table (fixed latencies, no contention)."""
+    """Durations of the actions from a table, messages from a table (fixed latencies, no contention);
+    updates take no time (they are the last part, read off the measured trace)."""
 
-    def __init__(self, durations: Mapping[_Key, float], latency: Mapping[tuple[int, int, str, int], float],
-                 updates: bool) -> None:
-        self.durations = durations
-        self.latency = latency
-        self.updates = updates
+    def __init__(self, durations: Mapping[_Key, float], latency: Mapping[_Key, float]) -> None:
+        self.durations, self.latency = durations, latency
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
-        """The table's duration (0 for a ``U`` unless updates count)."""
-        if action.kind == "U" and not self.updates:
-            return 0.0
-        return self.durations.get((worker, action.stage, action.kind, action.microbatch), 0.0)
+        """The table's duration (0 for a ``U``)."""
+        key = (worker, action.stage, action.kind, action.microbatch)
+        return 0.0 if action.kind == "U" else self.durations.get(key, 0.0)
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         """The message's measured latency (0 when transfers do not count)."""
@@ -122,18 +107,14 @@ def _idle(events: Sequence[Event], workers: int) -> tuple[float, list[float]]:
 
 def _latencies(trace: Trace, comp: Mapping[_Key, Event], schedule: Schedule
                ) -> dict[tuple[int, int, str, int], float]:
-    """Per message (sender, stage, kind, microbatch): seconds from the sender's end to its arrival.
-
-    From the trace's ``send`` events where it has them; otherwise the receiver's wait past both the
-    producer's end and its own previous action (what bound it), 0 when the message did not bind.
-    """
+    """Per message (sender, stage, kind, microbatch): seconds from the sender's end to its arrival
+    (from ``send`` events, else the receiver's wait past the producer and its own previous action)."""
     out: dict[tuple[int, int, str, int], float] = {}
     by_key = {(e.stage, e.kind, e.microbatch): e for e in comp.values()}
     sends = [e for e in trace.events if e.kind == "send"]
     if sends:
         for s in sends:
-            # the action whose output this is (F to the next stage, B to the previous): of this worker's
-            # F and B of the microbatch, the one that ended last before the message left
+            # the message's producer: this worker's F or B of the microbatch that ended last before it left
             prod: Event | None = None
             for kind in ("F", "B"):
                 p = comp.get((s.worker, s.stage, kind, s.microbatch))
@@ -212,32 +193,28 @@ def critical_path(trace: Trace, schedule: Schedule, *, tol: float = 1e-9) -> tup
 
 def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
             slowdown: Mapping[int, float] | None = None, culprits: bool = True) -> BubbleBreakdown:
-    """Split each worker's idle time in ``trace`` into :data:`PARTS` (see the module's docstring).
+    """Split each worker's idle time in ``trace`` (or a result's ``.trace``) into :data:`PARTS`.
 
-    ``trace`` may be a :class:`Trace` or anything with ``.trace`` and ``.schedule`` (a ``SimResult``,
-    a run's result); ``schedule`` is the schedule the trace ran (default: ``trace.schedule``).
-    ``slowdown`` ({worker: factor >= 1}) names workers known to be slower (default: the trace's
-    ``meta["slowdown"]`` where it has one); without it a worker slower on every action reads as a
-    slower stage (imbalance). ``culprits``: also compute ``straggler_by_culprit`` (one replay per
-    slowed worker).
+    Args:
+        schedule: the schedule the trace ran (default ``trace.schedule``).
+        slowdown: {worker: factor} of workers known to be slower (default ``trace.meta["slowdown"]``);
+            without it a worker slower on every action reads as imbalance.
+        culprits: also compute ``straggler_by_culprit`` (one replay per slowed worker).
     """
     trace, schedule, slowdown = _inputs(trace, schedule, slowdown)
     nw = schedule.num_workers
     comp = _compute_events(trace, schedule)
     actual = {k: e.end_s - e.start_s for k, e in comp.items()}
     level0, level1 = _typical_durations(actual, slowdown)
-    # every action at its measured duration: slowed workers, and single stalls over their median
     level2 = actual
     lat = _latencies(trace, comp, schedule)
 
     def idle(durations: Mapping[_Key, float], transfers: bool) -> tuple[float, list[float]]:
-        return _idle(run(schedule, _TraceCosts(durations, lat if transfers else {}, False)), nw)
+        return _idle(run(schedule, _TraceCosts(durations, lat if transfers else {})), nw)
 
     levels = [idle(level0, False), idle(level1, False), idle(level2, False), idle(level2, True),
               _idle(trace.events, nw)]
-    busy = [0.0] * nw
-    for e in comp.values():
-        busy[e.worker] += e.end_s - e.start_s
+    busy = metrics.busy_time(comp.values(), range(nw))
     rows = []
     for w in range(nw):
         row: dict[str, float] = {"busy": busy[w], "idle": levels[-1][1][w]}

@@ -1,24 +1,10 @@
 """The model as a layer graph: torch.fx tracing at module granularity, cuts, and stage modules.
 
-One place decides what a "layer" is, so that the profiler (which measures layers) and the runtime
-(which builds each stage from a layer range) always agree:
-
-* :func:`trace` traces a model with :class:`LayerTracer`: standard ``torch.nn`` layers are leaves,
-  and so are the classes in ``leaf_modules`` and every module deeper than ``depth``.
-* A *layer* is one ``call_module`` / ``call_function`` / ``call_method`` node (its *head*) together
-  with the chain of ``operator.getitem`` nodes with integer indices that unpack its (nested) tuple
-  output — ``out, (h, c) = lstm(x)`` is one layer, not three. The getitems cost nothing (no compute,
-  no storage of their own), and grouping them means no cut can fall between a module and the
-  unpacking of its result, so what crosses a cut is a tensor (a tuple consumed whole by a later
-  layer is the rare exception, which the runtime reports). Layers are ordered as their heads in the
-  graph's (topological) order; :func:`layer_nodes` returns the heads, :func:`layer_members` the
-  nodes of each layer. ``get_attr`` nodes (parameters used directly) are not layers; they are
-  copied into whichever stage uses them.
-* :func:`live_across_cuts` gives, for every boundary between consecutive layers, the values that
-  are produced before it and used after it (model inputs included): exactly what a pipeline cut
-  there must send. Skip connections and attention inputs are counted by construction.
-* :func:`build_stage` cuts layers ``[start, end)`` out as a ``torch.nn.Module`` taking the live
-  values before the range and returning the live values after it.
+One place decides what a *layer* is, so that the profiler and the runtime always agree: one
+``call_module``/``call_function``/``call_method`` node (its head) with the integer ``getitem`` nodes
+that unpack its output (``out, (h, c) = lstm(x)`` is one layer), so what crosses a cut is a tensor.
+Layers are ordered as their heads in the graph. :func:`live_across_cuts` gives what a cut after each
+layer must send (skip connections included); :func:`build_stage` cuts a layer range out as a module.
 """
 
 from __future__ import annotations
@@ -46,11 +32,8 @@ class LayerTracer(fx.Tracer):
         """Standard torch.nn layers, ``leaf_modules`` instances, and modules at ``depth`` are leaves."""
         if self.leaf_types and isinstance(m, self.leaf_types):
             return True
-        if (
-            self.depth is not None
-            and module_qualified_name
-            and module_qualified_name.count(".") + 1 >= self.depth
-        ):
+        name = module_qualified_name
+        if self.depth is not None and name and name.count(".") + 1 >= self.depth:
             return True
         return bool(super().is_leaf_module(m, module_qualified_name))
 
@@ -88,13 +71,8 @@ def _unpacks(node: fx.Node, layer_of: dict[str, int]) -> bool:
 def layer_members(gm: fx.GraphModule) -> list[list[fx.Node]]:
     """The nodes of every layer: its head first, then the getitems unpacking its output (graph order).
 
-    A getitem with an integer index of a value produced by layer ``i`` (its head or one of its
-    getitems) joins layer ``i``: ``lstm(x)[0]``, ``a, b = x.chunk(2)``, and also ``t[0]`` of a tensor
-    ``t`` (fx cannot tell tuples from tensors; a tensor's integer index is a view, just as free).
-    A getitem with a slice or tensor index stays a layer of its own (it can compute or copy).
-    Such a getitem may sit later in the graph than other layers' heads
-    (``r = rnn(x); f(r[0]); g(r[1])``); it depends on nothing but layer ``i``, so running it with
-    its head is always valid.
+    An integer getitem of layer ``i``'s value joins layer ``i`` even where it sits later in the graph
+    (it depends on nothing else); a slice or tensor index stays a layer of its own (it may copy).
     """
     groups: list[list[fx.Node]] = []
     layer_of: dict[str, int] = {}
@@ -126,13 +104,8 @@ def _is_value(n: fx.Node) -> bool:
 
 
 def live_across_cuts(gm: fx.GraphModule) -> list[list[str]]:
-    """For each boundary ``i`` (after layer ``i``), names of the values alive across it, in graph order.
-
-    A value is alive across boundary ``i`` when it is produced by a placeholder or by a node of a
-    layer at position ``<= i`` and used by a node of a layer at position ``> i`` or by the model's
-    output. A tuple that only its own layer's getitems unpack never crosses a cut; its unpacked
-    elements do, where they are used.
-    """
+    """For each boundary ``i`` (after layer ``i``), the values produced at or before layer ``i`` (inputs
+    included) and used after it or by the output, in graph order."""
     pos = layer_index(gm)
     n_layers = len(set(pos.values()))
     last_use: dict[str, int] = {}
@@ -157,23 +130,16 @@ def live_across_cuts(gm: fx.GraphModule) -> list[list[str]]:
 
 
 def inputs_of_range(gm: fx.GraphModule, start: int, end: int) -> list[str]:
-    """Names of the values a layer range ``[start, end)`` consumes from before it, in graph order.
-
-    Equal to the live set across boundary ``start - 1`` restricted to what the range itself needs
-    is not enough for a pipeline (later stages may need values that merely pass through), so
-    stage inputs are the full live set; this helper returns that set (placeholders for start 0).
-    """
+    """The values entering layer range ``[start, end)``: the whole live set at its start (values a later
+    stage needs pass through), the model's inputs for ``start == 0``."""
     if start == 0:
         return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     return live_across_cuts(gm)[start - 1]
 
 
 class StageModule(nn.Module):
-    """Layers ``[start, end)`` of a traced model as a module: live values in, live values out.
-
-    ``forward(*inputs)`` takes the values named by ``input_names`` (in that order) and returns a
-    tuple of the values named by ``output_names`` — or, for the last stage, the model's output.
-    """
+    """Layers ``[start, end)`` of a traced model as a module: the values named by ``input_names`` in, a
+    tuple of those named by ``output_names`` out (the last stage: the model's output)."""
 
     def __init__(self, gm: fx.GraphModule, start: int, end: int) -> None:
         super().__init__()
@@ -185,8 +151,7 @@ class StageModule(nn.Module):
         self.start, self.end, self.is_last = start, end, end == n
         self.input_names = inputs_of_range(gm, start, end)
         self.output_names = [] if self.is_last else cuts[end - 1]
-        # a layer's getitems come with its head (they may sit later in the graph: copying in graph
-        # order keeps every node after its inputs)
+        # copying in graph order keeps every node after its inputs
         selected = {n.name for group in members[start:end] for n in group}
         graph = fx.Graph()
         env: dict[str, fx.Node] = {}

@@ -1,26 +1,9 @@
 """The method registry: every fact about a training method, in one frozen record per method.
 
-A *method* is a schedule order and a weight-version rule (``../ARCHITECTURE.md``, "Methods").
-Everything that differs between methods is a field of :class:`Method`; the layers above look a
-method up here and dispatch on its fields, never on its name:
-
-* ``schedules.build`` picks the builder registered for :attr:`Method.order` and checks the options
-  against :attr:`Method.options`;
-* the schedule records the weight version every action reads by :attr:`Method.versions`
-  (:func:`pipelab.schedules.versions.assign_versions`), and the runtime's weight policy for
-  :attr:`Method.weights` keeps exactly those versions;
-* the simulator, the partition CLI, ``train`` and the widgets read :attr:`Method.synchronous`,
-  :attr:`Method.update`, :attr:`Method.partitioner`, :attr:`Method.coalesce_wgrad`.
-
-This module sits at the bottom of the package (it imports nothing of pipelab), so every layer can
-use it. The builders and the policies live in their own layers and are found by the string keys
-:attr:`Method.order` and :attr:`Method.weights`; a test checks that each key has exactly one
-implementation. An unknown method or option raises :class:`MethodError` with the same message
-wherever it is met.
-
-Adding a method: one :class:`Method` entry below; a builder for a new ``order`` (or reuse one) in
-``pipelab/schedules/``; a weight policy for a new ``weights`` key (or reuse one) in
-``pipelab/runtime/policies/``. ARCHITECTURE.md walks through an example.
+Everything that differs between methods is a field of :class:`Method`; the layers above look a method
+up here and dispatch on its fields, never on its name. Builders and weight policies are found by the
+keys :attr:`Method.order` and :attr:`Method.weights` (a test checks each key has one implementation).
+This module imports nothing of pipelab, so every layer can use it. Adding a method: ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -38,11 +21,8 @@ class MethodError(ValueError):
 class Option:
     """One keyword option of a method (or of every method).
 
-    ``kind`` is what the value must be (``"int"``, ``"bool"``, ``"float"``, ``"mapping"``, ``"str"``,
-    ``"path"``, ``"list"``, ``"any"``); ``minimum`` bounds numbers from below; ``maximum``
-    (exclusive) from above. ``where`` says which layer consumes it: ``"schedule"`` options shape
-    the schedule (``schedules.build`` takes them), ``"runtime"`` options change how the runtime
-    executes a schedule, never the schedule itself.
+    ``kind`` is a key of ``_KIND_WORDS``; ``maximum`` is exclusive. ``where``: ``"schedule"`` options
+    shape the schedule, ``"runtime"`` ones only how the runtime executes it.
     """
 
     name: str
@@ -93,7 +73,9 @@ class Method:
 
     - ``synchronous``: flushes every minibatch, so the result equals plain minibatch SGD.
     - ``update``: ``"minibatch"`` (one ``U`` per stage per minibatch of ``M`` microbatches) or
-      ``"microbatch"`` (PipeDream-like: ``M = 1``, a ``U`` after each backward).
+      ``"microbatch"`` (by default ``M = 1``, a ``U`` after each backward; the ``async-1f1b`` order's
+      methods, PipeDream, naive-async and PipeMare, also run ``M = N`` microbatches per minibatch with
+      one ``U`` per minibatch).
     - ``order``, ``weights``: keys of the schedule builder and of the runtime's weight policy.
     - ``versions``: the rule of :func:`pipelab.schedules.versions.assign_versions`.
     - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U``.
@@ -138,10 +120,7 @@ class Method:
         return {o.name: o.default for o in self.options if not o.required}
 
     def split_options(self, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``(schedule_options, runtime_options)`` of ``options``, each value checked.
-
-        Raises :class:`MethodError` for an option this method does not take, naming the ones it takes.
-        """
+        """``(schedule_options, runtime_options)`` of ``options``, each value checked."""
         sched: dict[str, Any] = {}
         rt: dict[str, Any] = {}
         for k, v in options.items():
@@ -153,9 +132,8 @@ class Method:
 
 #: options of every method's schedule (asynchronous methods drain; synchronous ones ignore them)
 COMMON_SCHEDULE_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "drain_every", "int", None, "drain the pipeline every N minibatches (exact checkpoints)", minimum=1
-    ),
+    Option("drain_every", "int", None, "drain the pipeline every N minibatches (exact checkpoints)",
+           minimum=1),
     Option("segments", "list", None, "lengths of the drained segments, summing to minibatches"),
 )
 
@@ -263,10 +241,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 
 
 def get(method: str | Method) -> Method:
-    """The :class:`Method` called ``method`` (a :class:`Method` is returned as is).
-
-    Raises :class:`MethodError` listing every method when there is none of that name.
-    """
+    """The :class:`Method` called ``method`` (a :class:`Method` as is); :class:`MethodError` lists all."""
     if isinstance(method, Method):
         return method
     found = METHODS.get(method) if isinstance(method, str) else None

@@ -1,22 +1,9 @@
-"""One definition of each measure of a run, simulated or real: busy time, bubble fraction,
-throughput over a span, the steady-state window of an asynchronous pipeline, and the median period.
+"""One definition of each measure of a run, simulated or real, so every part computes it the same way.
 
-Pure functions over event records (anything with ``worker``, ``kind``, ``microbatch``, ``start_s``
-and ``end_s``, as :class:`~pipelab.trace.Event` has; this module sits below it), so the simulator
-(:mod:`pipelab.sim.simulate`), the
-runtime's results (:mod:`pipelab.runtime.launch`), Table 1's measure mode,
-:class:`~pipelab.trace.Trace` and the Gantt view compute each number the same way.
-
-* busy and idle time: compute actions (F, B, W, U) only; transfers and waits are idle time;
-* the bubble fraction ``1 - busy / (workers * span)``: for GPipe and 1F1B with P stages and M
-  equal microbatches it is ``(P - 1) / (M + P - 1)`` (Huang et al. NeurIPS'19 §2.2; Narayanan et al.
-  SC'21 §2.2);
-* the steady-state window of a pipeline without flushes: between the ``w``-th and the ``(K - w)``-th
-  minibatch completion, ``w`` the minibatches in flight at the input stage, rounded to multiples of
-  the replicas' least common multiple (replicated stages release groups of minibatches at once);
-* minibatches in flight: :func:`in_flight` for a 1F1B pipeline's steady state from its replica
-  counts (what the schedules' warm-up, the cost model's round trip, the partitioners' memory and
-  the simulator's window use), :func:`most_live` for what an action list really keeps.
+Pure functions over event records (anything with ``worker``, ``kind``, ``microbatch``, ``start_s``,
+``end_s``). Busy time counts compute actions (F, B, W, U) only; transfers and waits are idle. The
+bubble fraction is ``1 - busy / (workers * span)``: ``(P - 1) / (M + P - 1)`` for GPipe and 1F1B with
+equal stages (Huang et al. NeurIPS'19 §2.2; Narayanan et al. SC'21 §2.2).
 """
 
 from __future__ import annotations
@@ -72,11 +59,7 @@ def span(events: Sequence[Event]) -> float:
 
 
 def bubble_fraction(events: Iterable[Event], num_workers: int | None = None) -> float:
-    """Idle share of worker time over the compute actions' span: ``1 - busy / (workers * span)``.
-
-    ``num_workers`` defaults to the workers that ran something. Raises ``ValueError`` when there is
-    no compute action.
-    """
+    """``1 - busy / (workers * span)`` over the compute actions (workers default: those that ran)."""
     comp = compute_events(events)
     if not comp:
         raise ValueError("no compute events (F/B/W/U): the bubble fraction of an empty trace is undefined")
@@ -99,9 +82,8 @@ BUSY_SPREAD = 1.25
 
 
 def error_spread(predicted: float, measured: Sequence[float]) -> str:
-    """The relative error ``(predicted - m) / m`` over measurements ``m``: its median, then its range,
-    e.g. ``+3.1% (-2.0% .. +7.4% over 5 rounds)``; when the measurements themselves differ by more than
-    :data:`BUSY_SPREAD`, it says so (the machine was busy: the error is not the simulator's alone)."""
+    """``(predicted - m) / m`` over measurements ``m``: median and range, e.g. ``+3.1% (-2.0% .. +7.4%
+    over 5 rounds)``, noting a busy machine where the measurements differ by over :data:`BUSY_SPREAD`."""
     if not measured or min(measured) <= 0:
         raise ValueError("error_spread needs at least one measurement, each > 0")
     errs = sorted((predicted - m) / m for m in measured)
@@ -120,11 +102,8 @@ def span_throughput(events: Iterable[Event], samples: float) -> float:
 
 
 def minibatch_completions(events: Iterable[Event], microbatches: int, minibatches: int) -> list[float]:
-    """Sorted end times of the ``minibatches`` minibatches: each is its last compute action's end.
-
-    A ``U`` of a pipeline with ``microbatches > 1`` names its minibatch; any other action names
-    a microbatch ``m`` of minibatch ``m // microbatches``.
-    """
+    """Sorted end times of the minibatches (each its last compute action's end; a ``U`` with
+    ``microbatches > 1`` names its minibatch, any other action microbatch ``m`` of ``m // microbatches``)."""
     done = [0.0] * minibatches
     for e in compute_events(events):
         k = e.microbatch if e.kind == "U" and microbatches > 1 else e.microbatch // microbatches
@@ -134,12 +113,8 @@ def minibatch_completions(events: Iterable[Event], microbatches: int, minibatche
 
 
 def steady_window(done: Sequence[float], in_flight: int, group: int) -> tuple[float, float, int] | None:
-    """The steady-state window of sorted completions ``done``: ``(start, end, minibatches in it)``.
-
-    Skips ``in_flight`` completions of warm-up and as many of drain, with both ends at multiples of
-    ``group`` (replicas release ``group`` minibatches at once) where that leaves a window; None when
-    the run is too short to have one.
-    """
+    """``(start, end, minibatches)`` of sorted completions ``done`` without ``in_flight`` of warm-up and
+    as many of drain, both ends at multiples of ``group`` where possible; None for too short a run."""
     K = len(done)
     a, b = -(-in_flight // group) * group, (K - in_flight) // group * group
     if b <= a:
@@ -150,14 +125,8 @@ def steady_window(done: Sequence[float], in_flight: int, group: int) -> tuple[fl
 
 
 def in_flight(replicas: Sequence[int], stage: int, *, per_replica: bool = True) -> int:
-    """Microbatches a 1F1B pipeline keeps in flight at ``stage`` in steady state.
-
-    ``stage`` admits one microbatch for every worker from it to the output stage before its first
-    backward comes back: ``sum(replicas[stage:])`` in all, ``ceil`` of that over ``replicas[stage]``
-    per replica (``per_replica``, the default). For the input stage this is PipeDream's NOAM,
-    ``ceil(workers / input replicas)`` (Narayanan et al., SOSP'19, §3.2); on a straight pipeline of
-    ``P`` stages it is ``P - stage``.
-    """
+    """Microbatches a 1F1B pipeline keeps in flight at ``stage``: ``sum(replicas[stage:])``, per replica
+    its ceiling over ``replicas[stage]`` (the input stage's is PipeDream's NOAM, SOSP'19 §3.2)."""
     if not 0 <= stage < len(replicas):
         raise ValueError(f"stage {stage} is outside 0..{len(replicas) - 1}")
     admitted = sum(int(r) for r in replicas[stage:])
@@ -165,9 +134,7 @@ def in_flight(replicas: Sequence[int], stage: int, *, per_replica: bool = True) 
 
 
 def most_live(kinds: Iterable[str], split_backward: bool = False) -> int:
-    """Most microbatches alive at once in a sequence of action kinds of one stage on one worker:
-    each ``F`` adds one, its last gradient action (``W`` when the backward is split, else ``B``)
-    retires it."""
+    """Most microbatches alive at once in one stage's action kinds (``F`` adds, ``B`` or ``W`` retires)."""
     done = "W" if split_backward else "B"
     live = best = 0
     for k in kinds:
@@ -180,25 +147,12 @@ def most_live(kinds: Iterable[str], split_backward: bool = False) -> int:
 
 
 def median_period(ends: Sequence[float], warmup: int) -> float | None:
-    """The median interval between consecutive sorted completion times after the first ``warmup``
-    (None with fewer than two left): a steady period robust to a shared machine's occasional stalls."""
+    """The median interval between sorted completions after the first ``warmup`` (None if under two)."""
     if len(ends) <= warmup + 1:
         return None
     return statistics.median(b - a for a, b in zip(ends[warmup:], ends[warmup + 1:]))
 
 
-__all__ = [
-    "COMPUTE_KINDS",
-    "Event",
-    "bubble_by_worker",
-    "bubble_fraction",
-    "busy_time",
-    "compute_events",
-    "in_flight",
-    "median_period",
-    "minibatch_completions",
-    "most_live",
-    "span",
-    "span_throughput",
-    "steady_window",
-]
+__all__ = ["COMPUTE_KINDS", "Event", "bubble_by_worker", "bubble_fraction", "busy_time", "compute_events",
+           "in_flight", "median_period", "minibatch_completions", "most_live", "span", "span_throughput",
+           "steady_window"]

@@ -1,19 +1,17 @@
 """The Trace record: what happened (or would happen) on every worker, action by action.
 
-Both the simulator and the runtime produce a :class:`Trace`; views draw it. One :class:`Event` per
-executed action (kinds ``F``, ``B``, ``W``, ``U``) and optionally per transfer (kinds ``send``,
-``recv``, ``allreduce``), with start/end seconds relative to the run's start, bytes moved, and the
-weight version the action read. A replicated stage's update is two events in both: its
-``allreduce`` (in a measured trace from the ``U``'s start, so it holds the wait for the other
-replicas) and then the ``U`` that holds the optimizer step alone, so busy time (``F``/``B``/``W``/
-``U``) means the same in a simulated and a measured trace.
+The simulator and the runtime both produce a :class:`Trace`; views draw it. One :class:`Event` per
+action (``F``, ``B``, ``W``, ``U``) and optionally per transfer (``send``, ``recv``, ``allreduce``),
+in seconds from the run's start. A replicated stage's update is an ``allreduce`` (measured: from the
+``U``'s start, the wait for the other replicas included) then a ``U`` holding the optimizer step alone,
+so busy time means the same in a simulated and a measured trace.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,13 +25,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-
 @dataclass(frozen=True)
 class Event:
     """One action (or transfer) on one worker.
 
-    ``weight_version`` is the version of the stage's weights the action read (-1 when not tracked);
-    ``step`` is the index of the action in its worker's action list (-1 for transfers).
+    ``weight_version``: the version of the stage's weights the action read (-1: not tracked); ``step``:
+    the action's index in its worker's list (-1 for transfers).
     """
 
     worker: int
@@ -96,9 +93,8 @@ class Trace(Described):
         out: dict[int, list[Event]] = {}
         for e in self.compute_events():
             out.setdefault(e.worker, []).append(e)
-        return {
-            w: [e.action for e in sorted(evs, key=lambda e: (e.step, e.start_s))] for w, evs in out.items()
-        }
+        return {w: [e.action for e in sorted(evs, key=lambda e: (e.step, e.start_s))]
+                for w, evs in out.items()}
 
     @property
     def makespan(self) -> float:
@@ -107,7 +103,6 @@ class Trace(Described):
             return 0.0
         return max(e.end_s for e in self.events) - min(e.start_s for e in self.events)
 
-    # ------------------------------------------------------------------ exports
     def to_dataframe(self) -> pd.DataFrame:
         """One row per event, with a ``duration_s`` column."""
         import pandas as pd
@@ -138,9 +133,8 @@ class Trace(Described):
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
             raw = doc["traceEvents"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})"
-            ) from None
+            raise ValueError(f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})") \
+                from None
         events = []
         for ev in raw:
             if ev.get("ph") != "X":
@@ -154,7 +148,6 @@ class Trace(Described):
                                 step=int(a.get("step", -1)), peer=int(a.get("peer", -1))))
         return cls(events=tuple(events), meta=dict(doc.get("otherData", {})))
 
-    # ------------------------------------------------------------------ measures
     def busy_time(self, start: float | None = None, end: float | None = None) -> dict[int, float]:
         """Per worker, seconds spent in compute actions (F/B/W/U), clipped to ``[start, end]`` if given."""
         return metrics.busy_time(self.events, self.workers, start, end)
@@ -164,15 +157,12 @@ class Trace(Described):
         return metrics.bubble_by_worker(self.busy_time(), self.makespan)
 
     def steady_window(self, in_flight: int = 1) -> tuple[float, float, int]:
-        """``(start, end, minibatches)`` between minibatch completions, skipping ``in_flight`` of
-        warm-up and as many of drain (at least one each, so a real run's start-up, first calls and
-        process skew are never inside): :func:`pipelab.metrics.steady_window` over the trace's own
-        ``microbatches``/``minibatches`` metadata. The same window for a simulated and a measured
-        trace, so their rates compare like for like."""
-        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
+        """``(start, end, minibatches)`` between minibatch completions without ``in_flight`` (at least
+        one) of warm-up and as many of drain: the same window for a simulated and a measured trace."""
+        K = int(self.meta.get("minibatches", 0))
         if K < 3:
             raise ValueError(f"a trace of {K} minibatches has no steady window; run at least 3")
-        done = metrics.minibatch_completions(self.compute_events(), M, K)
+        done = self._completions()
         window = metrics.steady_window(done, min(max(in_flight, 1), (K - 1) // 2), 1)
         if window is None:
             raise ValueError(f"a trace of {K} minibatches is too short for a steady window; run more steps")
@@ -180,27 +170,31 @@ class Trace(Described):
 
     def steady_throughput(self, batch_size: int | None = None, in_flight: int = 1) -> float:
         """Samples per second over :meth:`steady_window` (``batch_size`` defaults to the trace's)."""
-        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
-        if batch is None:
-            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        batch = self._batch(batch_size)
         start, end, n = self.steady_window(in_flight)
-        return n * int(batch) / (end - start)
+        return n * batch / (end - start)
 
     def steady_rounds(self, rounds: int = 5, batch_size: int | None = None,
                       in_flight: int = 1) -> list[float]:
-        """Samples per second of ``rounds`` consecutive parts of :meth:`steady_window`, each the same
-        number of minibatch completions (give or take one): how much one run's rate moves."""
-        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
-        if batch is None:
-            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        """Samples per second of ``rounds`` equal parts of :meth:`steady_window` (how a run's rate moves)."""
+        batch = self._batch(batch_size)
         start, end, n = self.steady_window(in_flight)
         if not 1 <= rounds <= n:
             raise ValueError(f"rounds={rounds} must be in 1..{n}, the minibatches of the steady window")
-        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
-        done = metrics.minibatch_completions(self.compute_events(), M, K)
+        done = self._completions()
         first = done.index(start)             # the window runs from completion ``first`` to ``first + n``
         cuts = [first + round(j * n / rounds) for j in range(rounds + 1)]
-        return [(b - a) * int(batch) / (done[b] - done[a]) for a, b in zip(cuts, cuts[1:])]
+        return [(b - a) * batch / (done[b] - done[a]) for a, b in zip(cuts, cuts[1:])]
+
+    def _batch(self, batch_size: int | None) -> int:
+        batch = batch_size if batch_size is not None else self.meta.get("batch_size")
+        if batch is None:
+            raise ValueError("this trace does not record its batch size; pass batch_size=")
+        return int(batch)
+
+    def _completions(self) -> list[float]:
+        M, K = int(self.meta.get("microbatches", 1)), int(self.meta.get("minibatches", 0))
+        return metrics.minibatch_completions(self.compute_events(), M, K)
 
     def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write one JSON object per line (first line: metadata), atomically."""
@@ -243,8 +237,3 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     return str(obj)
-
-
-def events_of(trace_or_events: Trace | Sequence[Event]) -> tuple[Event, ...]:
-    """Events of a Trace or a plain sequence of events."""
-    return trace_or_events.events if isinstance(trace_or_events, Trace) else tuple(trace_or_events)

@@ -60,12 +60,12 @@ def test_live_frontend_detection(monkeypatch):
 
 def test_static_html_inlines_plotlyjs_once_per_kernel(monkeypatch):
     shell = SimpleNamespace()
-    monkeypatch.setattr(widgets, "_shell", lambda: shell)
+    monkeypatch.setattr(widgets.display, "_shell", lambda: shell)
     fig = go.Figure(go.Bar(x=[1], y=[1]))
     first, second = static_html(fig), static_html(fig)
     assert "window.PlotlyConfig" in first and len(first) > 1_000_000
     assert "window.PlotlyConfig" not in second and len(second) < 50_000
-    monkeypatch.setattr(widgets, "_shell", lambda: None)          # outside IPython: always self-contained
+    monkeypatch.setattr(widgets.display, "_shell", lambda: None)  # outside IPython: always self-contained
     assert "window.PlotlyConfig" in static_html(fig)
 
 
@@ -118,7 +118,7 @@ def test_live_gantt_spends_at_most_its_cpu_share_redrawing(monkeypatch, share, i
     # budget ``interval`` caps the wait (a run of a few seconds still shows progress), but a redraw
     # always waits 3 times its cost
     clock = FakeClock()
-    monkeypatch.setattr(widgets, "time", clock)
+    monkeypatch.setattr(widgets.live_gantt, "time", clock)
     evs = [Event(0, 0, "F", m, m / 16, m / 16 + 0.05) for m in range(240)]
 
     class Stream:
@@ -216,6 +216,10 @@ def test_plan_explorer_partitions_on_change():
     assert ex.message.startswith("cannot partition") and ex.plan.num_workers == 8
     with pytest.raises(TypeError, match="Profile"):
         PlanExplorer("vgg16")
+    narrow = PlanExplorer(prof, method="gpipe", live=True, choices={"method": ["gpipe", "pipedream"]})
+    assert list(narrow.controls["method"].options) == ["gpipe", "pipedream"]
+    with pytest.raises(ValueError, match="servers"):
+        PlanExplorer(prof, live=False, choices={"servers": ["1"]})
 
 
 def test_sync_figure_updates_in_place_or_rebuilds():

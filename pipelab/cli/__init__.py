@@ -1,9 +1,5 @@
-"""The ``pipelab`` command line: ``pipelab profile|plan|simulate|train|reproduce``.
-
-One module per sub-command in this package (``pipelab.cli.profile``, ``.plan``, ``.simulate``,
-``.train``; ``reproduce`` runs the checkout's ``reproductions/``); this module only dispatches, so that
-``pipelab --help`` stays fast (nothing heavy is imported until a sub-command runs).
-"""
+"""The ``pipelab`` command line: one module per sub-command; this one only dispatches, so that
+``pipelab --help`` imports nothing heavy (torch is imported inside a sub-command's ``main``)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# sub-command -> "module:function" taking the remaining argv and returning an exit code
+#: sub-command -> (module whose ``main(argv)`` returns the exit code, help line)
 COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("pipelab.cli.profile", "profile a model, or show a saved profile"),
     "plan": ("pipelab.cli.plan", "partition a profile for a cluster"),

@@ -1,9 +1,7 @@
 """What every sub-command shares: one error style, "did you mean", ``--cluster list``, your own model.
 
-Errors read ``pipelab X: error: what was wrong; what to do`` on stderr with exit code 2 (bad input)
-or 1 (the job itself failed). A user's model or data is named ``package.module:function``, resolved
-with the current directory (and a job file's folder) on the import path, as ``python script.py``
-puts the script's folder there.
+Errors read ``pipelab X: error: what was wrong; what to do`` on stderr, exit code 2 (bad input) or 1
+(the job failed). A user's ``package.module:function`` imports with the current directory on the path.
 """
 
 from __future__ import annotations

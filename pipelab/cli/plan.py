@@ -1,13 +1,7 @@
 """``pipelab plan PROFILE --cluster SPEC [--method M | --auto] [-o plan.json]``: plan from the shell.
 
-``--auto`` runs the planner (:func:`pipelab.planner.plan`) over methods, partitions, microbatches,
-chunks, recomputation and compression, prints the ranked candidates, the default (1F1B on a
-uniform split) and the Pareto front, and with ``-o`` writes the pick's plan (``--table`` the whole
-table as CSV).
-
-PROFILE is a pipelab profile JSON (``Profile.save``), a PipeDream ``graph.txt``, the name of a
-shipped PipeDream profile (``vgg16``, ``resnet50``, ``gnmt8``, ``gnmt16``, ...), or your own model as
-``package.module:function`` with ``--input-shape`` (profiled first).
+``--auto`` runs :func:`pipelab.planner.plan` and prints the ranked candidates, the default (1F1B on a
+uniform split) and the Pareto front; ``-o`` writes the pick's plan, ``--table`` the whole table.
 """
 
 from __future__ import annotations

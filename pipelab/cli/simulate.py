@@ -1,11 +1,8 @@
 """``pipelab simulate PROFILE --cluster pipedream-a:4x4 --method pipedream ...``: simulate and report.
 
-PROFILE is a profile JSON (``Profile.save``), a PipeDream ``graph.txt`` or shipped name, or your own
-model as ``package.module:function`` with ``--input-shape``. The plan comes from
-``--plan plan.json`` or is made by ``pipelab.partition.partition`` (``--partition METHOD``, default:
-the method's natural partitioner). Prints the plan, the measured time per minibatch, throughput,
-utilization and peak memory per worker; optionally writes the trace (JSONL / Chrome) and the
-schedule (CSV).
+The plan comes from ``--plan plan.json`` or ``pipelab.partition`` (``--partition``, default the method's
+own partitioner). Prints the plan, time per minibatch, throughput, utilization and peak memory per
+worker; optionally writes the trace and the schedule.
 """
 
 from __future__ import annotations
@@ -32,11 +29,8 @@ from pipelab.sim.simulate import simulate
 
 PROG = "pipelab simulate"
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``pipelab simulate``; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if wants_cluster_list(argv):
-        return print_cluster_list()
+
+def _parser() -> Parser:
     p = Parser(prog=PROG, description=(
         "Simulate a method's schedule on a plan with a profile's costs on a cluster, and report time per "
         "minibatch, throughput, utilization and peak memory per worker."))
@@ -46,9 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--method", default="pipedream", type=str.lower, choices=list(methods.names()),
                    help="schedule (default pipedream)")
     p.add_argument("--plan", help="plan JSON (Plan.save); default: partition the profile")
-    p.add_argument(
-        "--partition", help="partitioner when no --plan (pipedream, prefix-sum, gpipe, hetpipe, dp)"
-    )
+    p.add_argument("--partition", help="partitioner without --plan (pipedream, prefix-sum, gpipe, ...)")
     p.add_argument("--microbatches", type=int, help="per minibatch (default: one per stage)")
     p.add_argument("--minibatches", type=int, help="minibatches to simulate (default: the method's)")
     p.add_argument("--chunks", type=int, help="interleaved-1f1b: virtual stages per worker")
@@ -60,22 +52,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--schedule-csv", help="write the schedule as CSV here")
     p.add_argument("--show-schedule", action="store_true", help="print the schedule grid")
     add_model_input(p)
-    args = p.parse_args(argv)
+    return p
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``pipelab simulate``; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_cluster_list(argv):
+        return print_cluster_list()
+    args = _parser().parse_args(argv)
     try:
         prof = load_profile(args.profile, args)
         cluster = parse_cluster(args.cluster)
         if args.plan:
             plan = Plan.load(args.plan)
         else:
-            plan = partition(
-                prof, cluster, method=args.partition or methods.get(args.method).partitioner
-            )
-        opts: dict[str, Any] = {}
-        if args.chunks is not None:
-            opts["chunks"] = args.chunks
-        if args.versions is not None:
-            opts["versions"] = args.versions
+            plan = partition(prof, cluster, method=args.partition or methods.get(args.method).partitioner)
+        opts: dict[str, Any] = {k: v for k, v in (("chunks", args.chunks), ("versions", args.versions))
+                                if v is not None}
         if args.vertical_sync:
             opts["vertical_sync"] = True
         res = simulate(plan, prof, cluster, method=args.method, microbatches=args.microbatches,

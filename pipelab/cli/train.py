@@ -1,13 +1,8 @@
 """``pipelab train job.json``: run a job described by a JSON file, locally or under torchrun.
 
-Without torchrun's environment (``RANK``/``WORLD_SIZE``) the job starts its own worker processes
-on this machine (``--backend local`` runs the reference executor instead). Under torchrun
-(``torchrun --nproc-per-node 4 -m pipelab.runtime.torchrun job.json``, or ``pipelab train job.json``
-as the torchrun program) each process is one worker, rendezvous is ``env://`` and rank 0 writes the
-outputs. Outputs go to the job's ``out`` folder: ``trace.jsonl``, ``state_dict.pt``, ``losses.json``.
-A job file is data unless ``--trust`` (see :func:`pipelab.runtime.job.load_job_file`).
-The job's ``module:function`` callables import with the job file's folder and the current directory
-on the import path (the job format: ``docs/job_format.md``).
+Without torchrun's ``RANK``/``WORLD_SIZE`` the job starts its own worker processes; under torchrun each
+process is one worker and rank 0 writes ``trace.jsonl``, ``state_dict.pt`` and ``losses.json`` to the
+job's ``out`` folder. A job file is data unless ``--trust`` (the format: ``docs/job_format.md``).
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ PROG = "pipelab train"
 
 
 def _import_path(job: Path) -> None:
-    """Put the job file's folder and the current directory first on the import path (kept, so that
-    the worker processes started next import the job's modules too)."""
+    """Put the job file's folder and the current directory first on the import path (kept for workers)."""
     for folder in (Path.cwd(), job.resolve().parent):
         path = str(folder)
         if path in sys.path:
@@ -51,10 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(PROG, f"no job file {a.job} (pass the path of a job.json; examples/job.json is one)")
     _import_path(job)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        from pipelab.runtime.torchrun import run_torchrun_worker  # torch-heavy: see below
+        from pipelab.runtime.torchrun import run_torchrun_worker
 
         return run_torchrun_worker(a.job, trust=a.trust)
-    # torch-heavy: imported once a command runs, so that `pipelab --help` stays fast
     from pipelab.runtime.job import load_job_file
     from pipelab.runtime.launch import WorkerError, train
     from pipelab.runtime.torchrun import save_outputs

@@ -1,9 +1,5 @@
-"""The model zoo: the papers' models (VGG-16, ResNet-50, GNMT-8/16), small demo models and data.
-
-Everything here builds without downloading anything: torchvision models come without weights,
-GNMT is written in :mod:`pipelab.models.gnmt`, and demo data is either scikit-learn's bundled
-digits or generated. PipeDream's own measured profiles of the papers' models ship too
-(:func:`pipedream_profile`).
+"""The model zoo: the papers' models (VGG-16, ResNet-50, GNMT-8/16), small demo models and data,
+and PipeDream's measured profiles (:func:`pipedream_profile`). Nothing here downloads.
 """
 
 from __future__ import annotations
@@ -20,31 +16,13 @@ from pipelab.models.vision import resnet50, vgg16
 from pipelab.profile.pipedream_format import load_pipedream, shipped
 from pipelab.profile.records import Profile
 
-__all__ = [
-    "GNMT",
-    "REGISTRY",
-    "build",
-    "digits_data",
-    "example",
-    "gnmt",
-    "gnmt_param_count",
-    "mlp",
-    "pipedream_profile",
-    "resnet50",
-    "small_cnn",
-    "synthetic_translation",
-    "tiny_transformer",
-    "vgg16",
-]
+__all__ = ["GNMT", "REGISTRY", "build", "digits_data", "example", "gnmt", "gnmt_param_count", "mlp",
+           "pipedream_profile", "resnet50", "small_cnn", "synthetic_translation", "tiny_transformer", "vgg16"]
 
-# name -> builder, for the CLI and notebooks (keyword arguments pass through)
+#: name -> builder, for the CLI and notebooks (keyword arguments pass through)
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "vgg16": vgg16,
-    "resnet50": resnet50,
-    "gnmt8": lambda **kw: gnmt(num_layers=8, **kw),
-    "gnmt16": lambda **kw: gnmt(num_layers=16, **kw),
-    "mlp": mlp,
-    "small_cnn": small_cnn,
+    "vgg16": vgg16, "resnet50": resnet50, "gnmt8": lambda **kw: gnmt(num_layers=8, **kw),
+    "gnmt16": lambda **kw: gnmt(num_layers=16, **kw), "mlp": mlp, "small_cnn": small_cnn,
     "tiny_transformer": tiny_transformer,
 }
 
@@ -57,19 +35,14 @@ def build(name: str, **kwargs: Any) -> nn.Module:
 
 
 def pipedream_profile(name: str, *, batch_size: int | None = None) -> Profile:
-    """PipeDream's measured profile of a paper model shipped with pipelab (``vgg16``, ``resnet50``,
-    ``alexnet``, ``gnmt8``, ``gnmt16``); times are per minibatch of the size it was measured at."""
-
+    """PipeDream's measured profile of ``vgg16``, ``resnet50``, ``alexnet``, ``gnmt8`` or ``gnmt16``."""
     return load_pipedream(shipped(name), batch_size=batch_size, model=name)
 
 
 def example(name: str, batch: int, *, image_size: int = 224, seq_len: int = 24, vocab: int | None = None,
             hidden: int | None = None, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """A zoo model and one minibatch of sample input for it, e.g. for ``pl.profile(*example("vgg16", 8))``.
-
-    ``image_size`` applies to the image models, ``seq_len`` to the sequence models; ``vocab`` and
-    ``hidden`` resize GNMT (default 32000 and 1024) and the tiny Transformer (vocab only).
-    """
+    """A zoo model and one minibatch of sample input for it, e.g. ``pl.profile(*example("vgg16", 8))``;
+    ``vocab`` and ``hidden`` resize GNMT (default 32000 and 1024), ``vocab`` the tiny Transformer."""
     if batch < 1:
         raise ValueError(f"batch={batch} must be >= 1")
     g = torch.Generator().manual_seed(seed)
@@ -78,16 +51,10 @@ def example(name: str, batch: int, *, image_size: int = 224, seq_len: int = 24, 
             raise ValueError(f"image_size={image_size} is too small for {name}; use 32 or more")
         return build(name), (torch.randn(batch, 3, image_size, image_size, generator=g),)
     if name in ("gnmt8", "gnmt16"):
-        kw: dict[str, Any] = {}
-        if vocab is not None:
-            kw["vocab"] = vocab
-        if hidden is not None:
-            kw["hidden"] = hidden
-        model = build(name, **kw)
-        src, tgt_in, _ = synthetic_translation(
-            batch, vocab=kw.get("vocab", 32000), src_len=seq_len, seed=seed
-        )
-        return model, (src, tgt_in)
+        kw: dict[str, Any] = {k: v for k, v in (("vocab", vocab), ("hidden", hidden)) if v is not None}
+        src, tgt_in, _ = synthetic_translation(batch, vocab=kw.get("vocab", 32000), src_len=seq_len,
+                                               seed=seed)
+        return build(name, **kw), (src, tgt_in)
     if name == "mlp":
         return build(name), (torch.randn(batch, 64, generator=g),)
     if name == "small_cnn":
@@ -95,7 +62,6 @@ def example(name: str, batch: int, *, image_size: int = 224, seq_len: int = 24, 
         return build(name), (x[torch.arange(batch) % len(x)],)
     if name == "tiny_transformer":
         v = vocab or 100
-        return tiny_transformer(vocab=v, max_len=max(64, seq_len)), (
-            torch.randint(0, v, (batch, seq_len), generator=g),
-        )
+        tokens = torch.randint(0, v, (batch, seq_len), generator=g)
+        return tiny_transformer(vocab=v, max_len=max(64, seq_len)), (tokens,)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(REGISTRY)}")

@@ -1,9 +1,4 @@
-"""Small demo models and the data they learn from, for tests and notebooks on a laptop CPU.
-
-Data never downloads: :func:`digits_data` uses scikit-learn's bundled 8x8 handwritten digits
-(1,797 images, 10 classes), and :func:`synthetic_translation` generates a learnable toy
-translation task (reverse the sentence and map each word through a fixed dictionary).
-"""
+"""Small demo models and the data they learn from (bundled or generated), for a laptop CPU."""
 
 from __future__ import annotations
 
@@ -14,10 +9,7 @@ from torch import nn
 
 
 def mlp(in_features: int = 64, hidden: int = 128, depth: int = 3, out_features: int = 10) -> nn.Sequential:
-    """A ReLU multi-layer perceptron with ``depth`` Linear layers (``depth - 1`` hidden ones).
-
-    Its default size fits the flattened 8x8 digits (:func:`digits_data` with ``flat=True``).
-    """
+    """A ReLU perceptron of ``depth`` Linear layers; the default fits the flattened 8x8 digits."""
     if depth < 1:
         raise ValueError(f"depth={depth} must be >= 1")
     widths = [in_features] + [hidden] * (depth - 1) + [out_features]
@@ -30,8 +22,7 @@ def mlp(in_features: int = 64, hidden: int = 128, depth: int = 3, out_features: 
 
 
 def linear_blocks(width: int, blocks: int) -> nn.Sequential:
-    """``blocks`` x (``Linear(width, width)`` + ReLU): a uniform stack whose compute per layer is easy to
-    scale, for benchmarks of the runtime (every block costs the same, so any split is balanced)."""
+    """``blocks`` x (``Linear(width, width)`` + ReLU): equal blocks, so any split is balanced."""
     if width < 1 or blocks < 1:
         raise ValueError(f"width={width} and blocks={blocks} must be >= 1")
     layers: list[nn.Module] = []
@@ -54,10 +45,7 @@ def small_cnn(num_classes: int = 10, channels: int = 16, in_channels: int = 1) -
 
 
 class TinyTransformer(nn.Module):
-    """Token embedding + learned positions + ``depth`` Transformer encoder layers + a vocabulary head.
-
-    ``forward(tokens [B,T] int64) -> logits [B,T,vocab]``; each encoder layer is one pipeline layer.
-    """
+    """Embedding, learned positions, ``depth`` encoder layers, a vocabulary head: tokens -> logits."""
 
     def __init__(self, vocab: int = 100, d_model: int = 32, heads: int = 2, depth: int = 4,
                  max_len: int = 64, dropout: float = 0.0) -> None:
@@ -88,11 +76,8 @@ def tiny_transformer(vocab: int = 100, d_model: int = 32, heads: int = 2, depth:
 
 def digits_data(split: str = "all", *, flat: bool = False, test_fraction: float = 0.2,
                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """scikit-learn's bundled 8x8 digits as ``(images, labels)``.
-
-    Images are float32 in [0, 1], shaped ``[N, 1, 8, 8]`` (``[N, 64]`` with ``flat=True``); labels
-    int64 in 0..9. ``split`` is ``"train"``, ``"test"`` (a fixed shuffled split) or ``"all"``.
-    """
+    """scikit-learn's bundled 8x8 digits: images in [0, 1] ``[N, 1, 8, 8]`` (``[N, 64]`` flat), labels 0..9;
+    ``split`` is ``"train"``, ``"test"`` (a fixed shuffled split) or ``"all"``."""
     from sklearn.datasets import load_digits
 
     if split not in ("train", "test", "all"):
@@ -115,13 +100,8 @@ BOS = 1  # start-of-sentence token fed to the decoder; 0 is padding
 
 def synthetic_translation(n: int, *, vocab: int = 100, src_len: int = 12, min_len: int | None = None,
                           seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A toy translation task: ``(src [n,S], tgt_in [n,S], tgt_out [n,S])``, all int64.
-
-    The "translation" of a sentence is the sentence reversed with each word mapped through a fixed
-    random dictionary; ``tgt_in`` is ``tgt_out`` shifted right behind ``BOS`` (teacher forcing).
-    Words are ``2..vocab-1``; with ``min_len`` set, sentences have random lengths in
-    ``[min_len, src_len]`` and are right-padded with 0 (which the loss should ignore).
-    """
+    """A toy translation task, ``(src, tgt_in, tgt_out)``: the sentence reversed, each word through a fixed
+    dictionary; ``tgt_in`` is ``tgt_out`` behind ``BOS``. With ``min_len``, lengths vary, padded with 0."""
     if vocab < 4:
         raise ValueError(f"vocab={vocab} must be >= 4 (0 = pad, 1 = BOS, and some words)")
     if n < 1 or src_len < 1:

@@ -1,23 +1,10 @@
-"""GNMT (Wu et al. 2016, "Google's Neural Machine Translation System"), as profiled by PipeDream.
+"""GNMT (Wu et al. 2016) as PipeDream profiled it: the MLPerf reference's layout, parameter for parameter.
 
-The layout follows the MLPerf GNMT reference (``seq2seq/models/{encoder,decoder,attention}.py``)
-that PipeDream's translation benchmark uses, and matches PipeDream's own profiles parameter for
-parameter (``gnmt_param_count`` reproduces their ``parameter_size`` sums, see the tests):
-
-* "GNMT-8" is 4 encoder + 4 decoder LSTM layers, "GNMT-16" 8 + 8 (PipeDream, SOSP'19, section 5.1).
-* Encoder: layer 1 is a bidirectional LSTM with ``hidden`` units *per direction* (so its output
-  has ``2 * hidden`` features, as in the reference's ``nn.LSTM(hidden, hidden, bidirectional=True)``
-  and PipeDream's ``EmuBidirLSTM`` of two ``LSTM(1024, 1024)``); layer 2 maps ``2*hidden -> hidden``;
-  layers 3.. are ``hidden -> hidden`` with residual connections (Wu et al. section 3.1).
-* Decoder: layer 1 is the attention LSTM whose output is the query of a normalized Bahdanau
-  attention over the encoder outputs; every later decoder layer takes
-  ``[its input ; attention context]`` (``2*hidden`` features); residuals from decoder layer 3 on.
-* Classifier ``Linear(hidden, vocab)``; dropout between layers.
-
-Deviations, both for torch.fx: sequences are not packed (the attention masks padding tokens
-instead; PipeDream's profile graph also shows plain LSTM calls), and the encoder's bidirectional
-layer is one ``nn.LSTM(bidirectional=True)`` rather than the emulation PipeDream used.
-Each ``nn.LSTM`` is one layer (an fx leaf); the attention's tensor ops are layers of their own.
+GNMT-8 is 4 encoder + 4 decoder LSTM layers, GNMT-16 8 + 8 (PipeDream, SOSP'19, §5.1). Encoder: a
+bidirectional LSTM (``2 * hidden`` out), ``2*hidden -> hidden``, then residual ``hidden -> hidden``
+layers. Decoder: an attention LSTM whose output queries a normalized Bahdanau attention; later layers
+take ``[input ; context]``, residual from layer 3. For torch.fx, sequences are not packed (attention
+masks padding) and each ``nn.LSTM`` is one layer.
 """
 
 from __future__ import annotations

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 
 def vgg16(num_classes: int = 1000) -> nn.Module:
-    """VGG-16 (Simonyan & Zisserman 2015), torchvision's layout: 138,357,544 parameters at 1000 classes.
-
-    Its adaptive average pool makes any input of side >= 32 work, so tests and the quickstart can
-    profile it at small image sizes; parameter counts do not depend on the image size.
-    """
+    """VGG-16 (Simonyan & Zisserman 2015), torchvision's layout: 138,357,544 parameters at 1000 classes;
+    any image side >= 32 works (an adaptive pool)."""
     from torchvision.models import vgg16 as tv_vgg16
 
     return tv_vgg16(weights=None, num_classes=num_classes)
@@ -22,9 +18,3 @@ def resnet50(num_classes: int = 1000) -> nn.Module:
     from torchvision.models import resnet50 as tv_resnet50
 
     return tv_resnet50(weights=None, num_classes=num_classes)
-
-
-def image_batch(batch: int, image_size: int = 224, *, seed: int = 0) -> torch.Tensor:
-    """A random ``[batch, 3, image_size, image_size]`` float32 batch (a sample input for profiling)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, 3, image_size, image_size, generator=g)

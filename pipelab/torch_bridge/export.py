@@ -1,15 +1,14 @@
 """pipelab plan + schedule -> torch ``PipelineStage``s and a torch schedule that runs pipelab's order.
 
-The schedule object is a small subclass of torch's ``_PipelineScheduleRuntime`` (the runtime torch's
-own multi-stage schedules use): it sets ``pipeline_order`` to pipelab's per-worker order in torch's
-IR and lowers it with torch's ``_prepare_schedule_with_comms`` (which adds the sends and receives),
-exactly as torch's ``_load_csv`` does with a compute-only CSV. Everything else (``step``, loss and
-gradient scaling, p2p, FSDP unshard/reshard) is torch's.
+The schedule object subclasses torch's ``_PipelineScheduleRuntime``: it sets ``pipeline_order`` to
+pipelab's per-worker order and lowers it with torch's ``_prepare_schedule_with_comms``, as torch's
+``_load_csv`` does. Everything else (``step``, loss and gradient scaling, p2p, FSDP) is torch's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -24,6 +23,24 @@ from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.torch_format import to_torch_order
 
 
+@dataclass(frozen=True)
+class BridgeOptions:
+    """The rarely changed settings of :func:`to_torch`.
+
+    Args:
+        device: the stages' device (default CUDA under NCCL, else CPU).
+        group: the pipeline process group (default the world).
+        leaf_modules, depth: as the plan's profile was traced (:func:`pipelab.graph.trace`).
+        scale_grads: divide gradients by the microbatches, so a step's gradient is the minibatch's.
+    """
+
+    device: torch.device | str | None = None
+    group: Any = None
+    leaf_modules: Sequence[type[nn.Module]] = ()
+    depth: int | None = None
+    scale_grads: bool = True
+
+
 def _ranges(plan: Plan, schedule: Schedule) -> list[tuple[int, int]]:
     if schedule.num_stages != plan.num_stages:
         raise ScheduleError(f"the schedule has {schedule.num_stages} stages but the plan has "
@@ -35,12 +52,8 @@ def _ranges(plan: Plan, schedule: Schedule) -> list[tuple[int, int]]:
 def stage_modules(plan: Plan, schedule: Schedule, model: nn.Module, *, rank: int,
                   leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None
                   ) -> dict[int, StageModule]:
-    """Worker ``rank``'s stages of ``schedule``, cut out of ``model`` by ``plan``'s layer ranges.
-
-    The same fx split as pipelab's runtime (:class:`pipelab.graph.StageModule`: the live values
-    before the range in, the live values after it out), with the model's own parameters (shared, not
-    copied). ``leaf_modules``/``depth`` must be those the plan's profile was traced with.
-    """
+    """Worker ``rank``'s stages, cut out of ``model`` by ``plan``'s layer ranges with pipelab's fx split
+    (:class:`pipelab.graph.StageModule`), sharing the model's parameters."""
     ranges = _ranges(plan, schedule)
     if not 0 <= rank < schedule.num_workers:
         raise ValueError(f"rank {rank} is outside the schedule's workers 0..{schedule.num_workers - 1}")
@@ -53,17 +66,12 @@ def stage_modules(plan: Plan, schedule: Schedule, model: nn.Module, *, rank: int
 
 
 class _PassThroughGrad(nn.Module):
-    """A stage module that hands on a received value without gradient as a leaf that requires one.
+    """A stage that hands on a received value without gradient as a leaf that requires one.
 
-    A stage passes a value it does not use through to a later stage (a second model input, say) by
-    returning the tensor it received. When that value does not require a gradient (a model input),
-    torch 2.14.1's split backward (``stage_backward_input``/``stage_backward_weight``, the ``I``/``W`` of
-    zero-bubble schedules) computes wrong weight gradients on a later middle stage whose layers consume it:
-    weights 0.04-0.05 off plain training after a few steps, with torch's own ``ScheduleZBVZeroBubble`` and
-    ``ScheduleInterleavedZeroBubble`` alike (tests/test_torch_bridge_mp.py has the case). Handing it on as
-    a detached leaf that requires a gradient (the same values) makes every stage's weight gradients
-    exact; the price is that input gradient, computed and sent back once per microbatch. The bridge
-    wraps stages so only when the schedule splits backward.
+    torch's split backward (the ``I``/``W`` of zero-bubble schedules) gets a later stage's weight
+    gradients wrong when a passed-through value (a second model input, say) has no gradient
+    (tests/test_torch_bridge_mp.py has the case); a leaf with one makes them exact, at the cost of that
+    input gradient. Used only when the schedule splits backward.
     """
 
     def __init__(self, module: StageModule) -> None:
@@ -120,30 +128,29 @@ def _runtime_class() -> type:
 
 def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
              loss_fn: Callable[..., torch.Tensor], microbatches: int | None = None,
-             device: torch.device | str | None = None, group: Any = None,
-             leaf_modules: Sequence[type[nn.Module]] = (), depth: int | None = None,
-             scale_grads: bool = True, wrap: Callable[[int, nn.Module], nn.Module] | None = None) -> Any:
+             wrap: Callable[[int, nn.Module], nn.Module] | None = None,
+             options: BridgeOptions | None = None) -> Any:
     """This rank's part of ``plan`` run by ``schedule``, as a torch schedule object to ``.step()``.
 
-    Call it on every rank of an initialized process group, each with the whole ``model`` holding the
-    same weights; rank ``w`` runs worker ``w``'s actions. Asynchronous methods and replicated stages
-    are refused (:class:`ScheduleError` says what to use instead).
+    Call it on every rank of an initialized process group, each with the same weights in ``model``.
+    Asynchronous methods and replicated stages raise :class:`ScheduleError` saying what to use instead.
 
     Args:
         schedule: a pipelab :class:`Schedule` for ``plan`` or a method name built with ``microbatches``.
         loss_fn: ``loss_fn(output, target)``, the mean loss of a microbatch.
-        group, device: the pipeline process group (the world) and device (CUDA under NCCL, else CPU).
-        scale_grads: divide gradients by the microbatches, so a step's gradient is the minibatch's.
         wrap: ``wrap(stage, module)`` returns the module to run instead (e.g. ``fully_shard``).
+        options: device, process group, tracing rules, gradient scaling (:class:`BridgeOptions`).
 
     Returns: torch's schedule object (``step(*inputs, target=y, losses=[])``, then ``optimizer.step()``).
     """
+    opts = options if options is not None else BridgeOptions()
+    group = opts.group
     if isinstance(schedule, str):
         schedule = build(schedule, plan, microbatches=microbatches, minibatches=1)
     elif microbatches is not None and microbatches != schedule.microbatches:
         raise ValueError(f"the schedule runs {schedule.microbatches} microbatches per minibatch, not "
                          f"microbatches={microbatches}; drop microbatches= or build the schedule with it")
-    order = to_torch_order(schedule)          # refuses what torch cannot run, before anything else
+    order = to_torch_order(schedule)          # refuses what torch cannot run
     _ranges(plan, schedule)
     torch_api.require()
     import torch.distributed as dist
@@ -158,11 +165,13 @@ def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
         raise ValueError(f"the schedule has {schedule.num_workers} workers but the process group has {size} "
                          f"ranks; start {schedule.num_workers} processes (torchrun --nproc-per-node "
                          f"{schedule.num_workers}) or pass the pipeline group as group=")
+    device = opts.device
     if device is None:
         device = (torch.device("cuda", torch.cuda.current_device())
                   if dist.get_backend(group) == "nccl" and torch.cuda.is_available() else torch.device("cpu"))
     device = torch.device(device)
-    modules = stage_modules(plan, schedule, model, rank=rank, leaf_modules=leaf_modules, depth=depth)
+    modules = stage_modules(plan, schedule, model, rank=rank, leaf_modules=opts.leaf_modules,
+                            depth=opts.depth)
     split = any("I" in a for row in order.values() for a in row)
     stages = []
     for s, m in modules.items():
@@ -171,7 +180,7 @@ def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
         run = wrap(s, run) if wrap is not None else run
         stages.append(PipelineStage(run, s, schedule.num_stages, device, group=group))
     return _runtime_class()(stages, schedule.microbatches, loss_fn, order=order, schedule=schedule,
-                            modules=modules, scale_grads=scale_grads)
+                            modules=modules, scale_grads=opts.scale_grads)
 
 
-__all__ = ["stage_modules", "to_torch"]
+__all__ = ["BridgeOptions", "stage_modules", "to_torch"]

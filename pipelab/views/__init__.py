@@ -1,18 +1,8 @@
-"""Views: pure functions from pipelab records to ``plotly.graph_objects.Figure``.
+"""Views: pure functions from pipelab records to ``plotly`` figures (no ipywidgets; see widgets).
 
-- :func:`gantt` — one row per worker, one box per action (Trace, Schedule or a result with ``.trace``);
-  :func:`schedule_trace` lays a bare schedule out with unit costs, :func:`bubble_fraction` measures idle time
-- :func:`partition_graph` — the layer graph coloured by stage (Profile + Plan)
-- :func:`memory` — per-worker memory, stacked by component, against the device limit
-  (:func:`memory_breakdown` for a plan, :func:`schedule_memory` in units for a bare schedule)
-- :func:`compare` — throughput and speed-up across methods or plans; ``compare(sim_trace, run_trace)``
-  is :func:`compare_traces`: simulated and measured Gantt charts on one time axis, each action coloured
-  by its relative error (:func:`action_errors`, :func:`error_summary` give the numbers)
-- :func:`bubbles` — per worker, idle time split into its causes (:func:`pipelab.explain.explain`);
-  :func:`with_critical_path` draws the critical path on a Gantt chart; :func:`pareto` a planner's table
-
-Nothing here imports ipywidgets; live, interactive versions live in :mod:`pipelab.widgets`.
-:func:`to_html` renders a figure for reports that must work offline.
+:func:`gantt` (a trace or schedule), :func:`partition_graph` (profile + plan), :func:`memory` per worker,
+:func:`compare` (methods, or simulated against measured), :func:`bubbles` (idle time by cause),
+:func:`pareto` (a planner's table) and :func:`to_html` for offline reports.
 """
 
 from __future__ import annotations

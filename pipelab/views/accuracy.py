@@ -1,19 +1,8 @@
-"""Simulated against measured: two Gantt charts of the same schedule on one time axis, each action
-coloured by how wrong the simulator was about it.
+"""Simulated against measured: both Gantt charts of one schedule on one time axis, each action
+coloured by ``(measured - simulated) / simulated`` of its duration (red: slower than predicted).
 
-:func:`compare_traces` (also reached as ``pl.views.compare(sim_trace, run_trace)``) pairs every action
-of a simulated trace with the same action of a measured one (same worker, stage, kind, microbatch,
-and occurrence), and colours both boxes by the relative error of the duration,
-``(measured - simulated) / simulated``, on a diverging scale centred at 0 (red: the run took longer
-than predicted, blue: shorter). Hover gives both durations and the error. :func:`action_errors` is
-the per-action table behind it, :func:`error_summary` the median relative error per kind and the
-busy-time error per worker.
-
-Layout: by default the rows are interleaved per worker (``w0 simulated``, ``w0 measured``,
-``w1 simulated``, ...), so the two boxes of one action sit one above the other and a reader sees at
-once which actions drift and how the drift accumulates along the run; ``layout="panels"`` draws
-all simulated rows above all measured ones instead, which keeps each pipeline's shape (its bubble)
-readable as a whole. Both share one x axis: seconds from each trace's first action.
+Actions pair up by (worker, stage, kind, microbatch, occurrence). ``layout="rows"`` puts each worker's
+measured row under its simulated one; ``"panels"`` draws all simulated rows, then all measured ones.
 """
 
 from __future__ import annotations
@@ -25,14 +14,13 @@ import numpy as np
 import plotly.graph_objects as go
 
 from pipelab.trace import COMPUTE_KINDS, Event, Trace
-from pipelab.views.gantt import KIND_NAMES, KIND_STYLE, _as_trace, worker_labels
+from pipelab.views.gantt import KIND_NAMES, KIND_STYLE, _as_trace, rows_layout, worker_labels
 
 if TYPE_CHECKING:
     import pandas as pd
 
-#: the diverging colour scale (plotly's RdBu reversed: blue = faster than simulated, red = slower)
 ERROR_SCALE = "RdBu_r"
-#: the colour scale's default half-range is the largest |relative error|, capped here (±100%)
+#: the colour scale's default half-range: the largest |relative error|, capped here
 ERROR_CAP = 1.0
 NO_ESTIMATE_COLOR = "#bbbbbb"
 LAYOUTS = ("rows", "panels")
@@ -53,11 +41,9 @@ def _key_events(trace: Trace) -> dict[tuple[int, int, str, int, int], Event]:
 
 
 def match_actions(sim: Any, run: Any) -> list[Pair]:
-    """Pair each simulated action with the measured one: ``(sim_event, run_event, relative_error)``.
+    """``(sim_event, run_event, relative_error)`` per action (error NaN where simulated is 0).
 
-    ``relative_error = (measured - simulated) / simulated`` (NaN where the simulated duration is 0).
-    ``sim`` and ``run`` are Traces or results with ``.trace``. Raises ``ValueError`` when the two did
-    not run the same schedule (their per-worker action lists differ), naming the first difference.
+    Raises ``ValueError`` naming the first difference when the two ran different schedules.
     """
     st, rt = _trace_of(sim, "sim"), _trace_of(run, "run")
     a, b = st.actions_by_worker(), rt.actions_by_worker()
@@ -107,13 +93,8 @@ def action_errors(sim: Any, run: Any) -> pd.DataFrame:
 
 
 def error_summary(sim: Any, run: Any) -> dict[str, pd.DataFrame]:
-    """Where the model is wrong, summed up.
-
-    ``"by_kind"``: per action kind, the number of actions, the median relative error of their
-    durations and the total simulated and measured seconds. ``"by_worker"``: per worker, simulated
-    and measured busy time (compute actions, :func:`pipelab.metrics.busy_time`) and its relative
-    error ``(run - sim) / sim``.
-    """
+    """``"by_kind"``: actions, median relative error and total seconds per kind; ``"by_worker"``:
+    simulated and measured busy time per worker and its relative error."""
     import pandas as pd
 
     df = action_errors(sim, run)
@@ -137,14 +118,13 @@ def compare_traces(sim: Any, run: Any, *, layout: str = "rows", error_range: flo
                    title: str | None = None) -> go.Figure:
     """The simulated and the measured Gantt chart on one time axis, coloured by relative error.
 
-    Each action's two boxes (simulated, measured) are coloured by ``(measured - simulated) /
-    simulated`` of its duration, on a diverging scale centred at 0 whose half-range is
-    ``error_range`` (default: the largest |error|, at most :data:`ERROR_CAP`; errors beyond it
-    saturate); a colourbar shows it. Actions the simulator gave no time are grey. Hover gives both
-    durations and the error. ``layout`` is ``"rows"`` (each worker's simulated row above its
-    measured row) or ``"panels"`` (all simulated rows, then all measured ones). The title carries
-    the median error per kind and the busy-time error per worker (:func:`error_summary`, also in
-    ``fig.layout.meta``). Raises ``ValueError`` when the traces ran different schedules.
+    Args:
+        layout: ``"rows"`` or ``"panels"`` (module doc).
+        error_range: the colour scale's half-range (default: the largest |error|, at most
+            :data:`ERROR_CAP`); actions the simulator gave no time are grey.
+
+    The title and ``fig.layout.meta`` carry :func:`error_summary`. Raises ``ValueError`` when the traces
+    ran different schedules.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; use one of {LAYOUTS}")
@@ -154,12 +134,7 @@ def compare_traces(sim: Any, run: Any, *, layout: str = "rows", error_range: flo
     summary = error_summary(sim, run)
     st, rt = _trace_of(sim, "sim"), _trace_of(run, "run")
     labels = worker_labels(st)
-    workers = sorted(labels)
-    n = len(workers)
-    if layout == "rows":
-        row = {(w, side): 2 * i + side for i, w in enumerate(workers) for side in (0, 1)}
-    else:
-        row = {(w, side): side * (n + 1) + i for i, w in enumerate(workers) for side in (0, 1)}
+    row = _rows(sorted(labels), layout)
     ticks = sorted(row.items(), key=lambda kv: kv[1])
     ticktext = [f"{labels[w]} · {'measured' if side else 'simulated'}" for (w, side), _ in ticks]
     finite = [abs(e) for _, _, e in pairs if not math.isnan(e)]
@@ -181,22 +156,26 @@ def compare_traces(sim: Any, run: Any, *, layout: str = "rows", error_range: flo
         title={"text": f"{head}<br><sup>median duration error per kind: {kinds_txt} · busy time: "
                        f"{busy_txt} · makespan {st.makespan:.4g} s simulated, {rt.makespan:.4g} s "
                        f"measured</sup>"},
-        barmode="overlay", bargap=0.15, hovermode="closest", plot_bgcolor="#f4f4f4",
         coloraxis={"colorscale": ERROR_SCALE, "cmid": 0.0, "cmin": -half, "cmax": half,
                    "colorbar": {"title": {"text": "(measured − simulated)<br>/ simulated"},
                                 "tickformat": "+.0%"}},
         xaxis={"title": {"text": "time (s) from each trace's first action"}, "rangemode": "tozero"},
-        yaxis={"tickmode": "array", "tickvals": [r for _, r in ticks], "ticktext": ticktext,
-               "autorange": "reversed", "zeroline": False, "showgrid": False},
-        height=min(160 + 28 * len(ticks), 2400), margin={"l": 10, "r": 10, "t": 90, "b": 40},
-        legend={"orientation": "h", "y": 1.0, "x": 1.0, "xanchor": "right", "yanchor": "bottom"},
+        **rows_layout(ticktext, top=90, base=160, tickvals=[r for _, r in ticks]),
         meta={"layout": layout, "error_range": half, "boxes": 2 * len(pairs),
               "median_rel_error": {str(k): float(v) for k, v in by_kind["median_rel_error"].items()},
               "busy_rel_error": {str(w): float(v) for w, v in by_worker["busy_rel_error"].items()}},
     )
     if layout == "panels":
-        fig.add_hline(y=n, line={"color": "#888", "dash": "dot", "width": 1})
+        fig.add_hline(y=len(labels), line={"color": "#888", "dash": "dot", "width": 1})
     return fig
+
+
+def _rows(workers: list[int], layout: str) -> dict[tuple[int, int], int]:
+    """The y row of each (worker, side), side 0 simulated and 1 measured; "panels" leaves a gap row."""
+    n = len(workers)
+    if layout == "rows":
+        return {(w, side): 2 * i + side for i, w in enumerate(workers) for side in (0, 1)}
+    return {(w, side): side * (n + 1) + i for i, w in enumerate(workers) for side in (0, 1)}
 
 
 def _error_bars(group: list[Pair], kind: str, row: dict[tuple[int, int], int], t0s: tuple[float, float],

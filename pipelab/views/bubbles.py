@@ -55,7 +55,7 @@ def with_critical_path(fig: go.Figure, trace: Trace, path: Sequence[Event], *, c
                        ) -> go.Figure:
     """Draw ``path`` (:func:`pipelab.explain.critical_path`) over a :func:`~pipelab.views.gantt` of
     ``trace``: a line through the middle of each action and message on it. Returns ``fig``."""
-    comp = [e for e in trace.events if e.kind in ("F", "B", "W", "U")]
+    comp = trace.compute_events()
     if not comp:
         raise ValueError("the trace has no action to draw a critical path over")
     t0 = min(e.start_s for e in comp)
@@ -63,12 +63,9 @@ def with_critical_path(fig: go.Figure, trace: Trace, path: Sequence[Event], *, c
     xs: list[float | None] = []
     ys: list[float | None] = []
     for e in path:
-        if e.kind == "send":   # a message: from the sender's row to the receiver's
-            xs += [e.start_s - t0, e.end_s - t0]
-            ys += [row_of.get(e.worker, 0), row_of.get(e.peer, 0)]
-        else:
-            xs += [e.start_s - t0, e.end_s - t0]
-            ys += [row_of.get(e.worker, 0)] * 2
+        to = e.peer if e.kind == "send" else e.worker      # a message: from the sender to the receiver
+        xs += [e.start_s - t0, e.end_s - t0]
+        ys += [row_of.get(e.worker, 0), row_of.get(to, 0)]
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="critical path",
                              line={"color": color, "width": 3}, hoverinfo="skip"))
     fig.update_layout(meta={**(fig.layout.meta or {}), "critical_path": len(path)})

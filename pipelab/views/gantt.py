@@ -1,20 +1,8 @@
 """Gantt chart of a pipeline: one row per worker, one box per action.
 
-Works for a simulated :class:`~pipelab.trace.Trace`, a runtime trace (same type), a result object
-with a ``.trace`` (``SimResult``, ``RunResult``) and a bare :class:`~pipelab.schedules.actions.Schedule`,
-which is first laid out with unit costs (:func:`schedule_trace`) so that it can be drawn before any
-profile or cluster exists.
-
-Drawing: up to :data:`BARS_MAX` actions, one ``go.Bar`` trace per action kind (``base`` = start,
-``x`` = duration, horizontal; numeric colour arrays, so building 65k boxes takes a fraction of a
-second). Kinds differ by fill pattern and outline (F solid, B hatched ``/``, W dotted, U thick dark
-outline); colour is the microbatch or the weight version; hover gives stage, microbatch, version,
-times and bytes. The legend says both, apart: each kind by its pattern on a neutral grey, and each
-colour in use by its microbatch (or version), so every legend swatch is a colour drawn in the chart.
-Transfers (``send``/``recv``/``allreduce``) are thin grey bars under each row.
-Browsers draw SVG boxes at about a millisecond each, so larger charts are painted as one heatmap
-image on a time grid instead (``render="raster"``: F as is, B darker, W lighter, U black); see
-``reproductions/benchmarks/gantt_render.py`` for bars vs shapes vs raster timings.
+Draws a :class:`~pipelab.trace.Trace`, a result with ``.trace``, or a bare schedule laid out with unit
+costs (:func:`schedule_trace`). Kinds differ by pattern, colour is the microbatch or weight version;
+above :data:`BARS_MAX` actions the chart is one heatmap (``reproductions/benchmarks/gantt_render.py``).
 """
 
 from __future__ import annotations
@@ -32,9 +20,8 @@ from pipelab.schedules.actions import Schedule
 from pipelab.schedules.dataflow import Deadlock, UnitCosts, dependencies, run
 from pipelab.trace import COMPUTE_KINDS, Event, Trace
 
-#: Unit costs used to lay out a bare schedule: backward = 2 forward (the usual rule of thumb, e.g.
-#: Narayanan et al. SC'21 §2.2). When a schedule splits the weight gradient off (``W`` actions, Zero
-#: Bubble, Qi et al. ICLR'24 §2) F, B and W cost the same, as in that paper's analysis.
+#: Unit costs of a bare schedule: B = 2 F (Narayanan et al. SC'21 §2.2); F = B = W with a split-off
+#: weight gradient (Zero Bubble, Qi et al. ICLR'24 §2).
 UNIT_COSTS: dict[str, float] = {"F": 1.0, "B": 2.0, "W": 1.0, "U": 0.0}
 UNIT_COSTS_SPLIT: dict[str, float] = {"F": 1.0, "B": 1.0, "W": 1.0, "U": 0.0}
 
@@ -47,45 +34,25 @@ KIND_STYLE: dict[str, dict[str, Any]] = {
     "U": {"pattern_shape": "x", "line": {"width": 2.0, "color": "#000"}, "opacity": 1.0},
 }
 TRANSFER_COLOR = "#7f7f7f"
-#: the fill of a kind's legend entry (the kind is its pattern and outline; colours are the microbatch's)
 KIND_LEGEND_COLOR = "#d9d9d9"
-#: most colour entries in the legend (the palette repeats after len(PALETTE) keys)
 LEGEND_COLORS_MAX = 8
-#: the legend groups of the legend-only entries (no data; :func:`action_traces` leaves them out)
+#: the legend-only entries' groups (:func:`action_traces` leaves them out)
 LEGEND_GROUPS = ("kinds", "colours")
 COLOR_BY = ("microbatch", "version")
-#: above this many actions ``render="auto"`` paints a raster instead of one SVG box per action: plotly
-#: draws SVG bars at roughly 1 ms each on a 2-core machine, a raster in about a second regardless
-#: (reproductions/benchmarks/gantt_render.py)
+#: most actions ``render="auto"`` draws as SVG boxes before it paints a raster
 BARS_MAX = 2000
-#: most time bins (heatmap columns) of a raster Gantt
 RASTER_MAX_BINS = 4000
 
 
-# ---------------------------------------------------------------------------- unit-cost layout
-def schedule_trace(
-    schedule: Schedule, *, costs: Mapping[str, float] | None = None, engine: bool = True
-) -> Trace:
-    """Lay a schedule out in time with per-kind unit costs (no communication), respecting dependencies.
+def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = None) -> Trace:
+    """Lay a schedule out in time with per-kind unit costs and free transfers.
 
-    Rules (the data dependencies of pipeline training): ``F(s, m)`` after ``F(s-1, m)``; ``B(s, m)``
-    after ``F(s, m)`` and ``B(s+1, m)``; ``W(s, m)`` after ``B(s, m)``; and each worker runs its
-    actions in list order (so a ``U`` follows the backward passes its list puts before it). Each action
-    starts as soon as both hold (list scheduling), which is what a simulator does with zero-cost
-    transfers; the all-reduce barrier between replicas at a ``U`` is not modelled here.
-
-    The simulator's discrete-event engine (:func:`pipelab.schedules.dataflow.run` with ``UnitCosts``) is
-    used, so the chart and the simulator cannot drift (it also models the all-reduce
-    barrier of replicated stages); ``engine=False`` forces the small list scheduler below, which is
-    the fallback and the tests' oracle (it does not model that barrier).
-
-    Raises ``ValueError`` naming the stuck actions if the schedule deadlocks or needs an action that
-    no worker runs.
+    Uses the simulator's engine (:func:`pipelab.schedules.dataflow.run`), so chart and simulator agree.
+    Raises ``ValueError`` naming the stuck actions if the schedule deadlocks or is incomplete.
     """
     if len(schedule) == 0:
-        raise ValueError(
-            "the schedule has no actions; build it with pl.schedules.build(method, plan, microbatches=...)"
-        )
+        raise ValueError("the schedule has no actions; build it with pl.schedules.build(method, plan, "
+                         "microbatches=...)")
     split = any(a.kind == "W" for acts in schedule.actions for a in acts)
     cost = dict(UNIT_COSTS_SPLIT if split else UNIT_COSTS)
     cost.update(costs or {})
@@ -101,70 +68,23 @@ def schedule_trace(
                                      f"the schedule is incomplete (check its builder)")
     meta = {"method": schedule.method, "unit_costs": cost, "layout": "unit-cost",
             "stage_ranks": [list(r) for r in schedule.stage_ranks]}
-    if engine:
-        # UnitCosts charges B as b + w when a stage has no separate W action
-        uc = UnitCosts(f=cost["F"], b=cost["B"], w=cost["W"] if split else 0.0, u=cost["U"])
-        try:
-            evs = run(schedule, uc)
-        except Deadlock as exc:
-            raise ValueError(f"the {schedule.method!r} schedule deadlocks: {exc}") from None
-        # zero-cost transfers would only clutter the chart
-        evs = [e for e in evs if e.kind in COMPUTE_KINDS or e.end_s > e.start_s]
-        return Trace.from_events(evs, **meta, layout_engine="pipelab.schedules.dataflow")
-    return _list_schedule(schedule, cost, meta)
+    uc = UnitCosts(f=cost["F"], b=cost["B"], w=cost["W"] if split else 0.0, u=cost["U"])
+    try:
+        evs = run(schedule, uc)
+    except Deadlock as exc:
+        raise ValueError(f"the {schedule.method!r} schedule deadlocks: {exc}") from None
+    evs = [e for e in evs if e.kind in COMPUTE_KINDS or e.end_s > e.start_s]
+    return Trace.from_events(evs, **meta, layout_engine="pipelab.schedules.dataflow")
 
 
-def _list_schedule(schedule: Schedule, cost: Mapping[str, float], meta: dict[str, Any]) -> Trace:
-    """Plain list scheduling of ``schedule`` under per-kind ``cost`` (the fallback layout)."""
-    last = schedule.num_stages - 1
-    done: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * schedule.num_workers
-    ptr = [0] * schedule.num_workers
-    events: list[Event] = []
-    remaining = len(schedule)
-    while remaining:
-        progress = False
-        for w, acts in enumerate(schedule.actions):
-            while ptr[w] < len(acts):
-                a = acts[ptr[w]]
-                need = dependencies(a.kind, a.stage, a.microbatch, last)
-                if any(d not in done for d in need):
-                    break
-                start = max([free[w], *(done[d] for d in need)])
-                end = start + float(cost[a.kind])
-                done[(a.kind, a.stage, a.microbatch)] = free[w] = end
-                events.append(Event(worker=w, stage=a.stage, kind=a.kind, microbatch=a.microbatch,
-                                    start_s=start, end_s=end, weight_version=schedule.version_of(w, ptr[w]),
-                                    step=ptr[w]))
-                ptr[w] += 1
-                remaining -= 1
-                progress = True
-        if not progress:
-            stuck = ", ".join(
-                f"w{w}:{acts[ptr[w]]}" for w, acts in enumerate(schedule.actions) if ptr[w] < len(acts)
-            )
-            raise ValueError(f"the {schedule.method!r} schedule deadlocks: every worker waits ({stuck}); "
-                             f"each waits for an action that is queued behind another waiting one")
-    return Trace.from_events(events, **meta, layout_engine="pipelab.views.gantt")
-
-
-# ---------------------------------------------------------------------------- helpers
 def bubble_fraction(trace: Trace | Sequence[Event], *, num_workers: int | None = None) -> float:
-    """Idle share of worker time: ``1 - busy / (workers * makespan)`` over compute events
-    (:func:`pipelab.metrics.bubble_fraction`).
-
-    For GPipe and 1F1B with P stages and M microbatches of equal cost this equals the closed form
-    ``(P - 1) / (M + P - 1)`` (Huang et al. NeurIPS'19 §2.2; Narayanan et al. SC'21 §2.2).
-    """
+    """Idle share of worker time, ``1 - busy / (workers * makespan)`` (:mod:`pipelab.metrics`)."""
     return metrics.bubble_fraction(trace.events if isinstance(trace, Trace) else trace, num_workers)
 
 
 def worker_labels(trace: Trace, stage_ranks: Sequence[Sequence[int]] | None = None) -> dict[int, str]:
-    """Row labels such as ``"w3 · stage 1 (replica 0)"``; several stages for interleaved workers.
-
-    ``stage_ranks`` (from the schedule, or ``trace.meta["stage_ranks"]``) gives replica indices; without
-    it replicas are numbered by worker rank within each stage, which is how plans assign ranks.
-    """
+    """Row labels such as ``"w3 · stage 1 (replica 0)"``; replicas numbered by ``stage_ranks`` (default
+    ``trace.meta["stage_ranks"]``, else by rank within each stage)."""
     if stage_ranks is None and "stage_ranks" in trace.meta:
         stage_ranks = trace.meta["stage_ranks"]
     stages_of: dict[int, set[int]] = {}
@@ -209,37 +129,21 @@ def _as_trace(source: Any, costs: Mapping[str, float] | None) -> tuple[Trace, fl
 
 
 def color_key(e: Event, color_by: str) -> int:
-    """The number an event is coloured by: its microbatch, or its weight version (0 if untracked).
-
-    The box's colour is ``PALETTE[color_key(e, color_by) % len(PALETTE)]``.
-    """
+    """The number an event is coloured by (``PALETTE[key % len(PALETTE)]``): microbatch or weight version."""
     return e.microbatch if color_by == "microbatch" else max(e.weight_version, 0)
 
 
-# ---------------------------------------------------------------------------- the view
-def gantt(
-    trace_or_schedule: Trace | Schedule | Sequence[Event] | Any,
-    *,
-    color_by: str = "microbatch",
-    show_transfers: bool = True,
-    title: str | None = None,
-    costs: Mapping[str, float] | None = None,
-    time_unit: str | None = None,
-    render: str = "auto",
-) -> go.Figure:
-    """Draw one row per worker and one box per action; return a ``plotly`` figure.
+def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_by: str = "microbatch",
+          show_transfers: bool = True, title: str | None = None, costs: Mapping[str, float] | None = None,
+          time_unit: str | None = None, render: str = "auto") -> go.Figure:
+    """Draw one row per worker and one box per action; the title carries the bubble fraction.
 
-    ``color_by`` is ``"microbatch"`` or ``"version"`` (the weight version each action read: PipeDream's
-    stashing shows as colour bands). ``costs`` lays out a bare schedule with these per-kind durations
-    (default :data:`UNIT_COSTS`). ``time_unit`` labels the x axis (default ``"s"`` for traces and
-    ``"unit"`` for schedules). The title carries the bubble fraction. Raises ``ValueError`` for an
-    empty trace or an unknown ``color_by``.
-
-    ``render``: ``"bars"`` draws one SVG box per action (exact, hover per box); ``"raster"`` paints the
-    chart as one heatmap image on a time grid as fine as the shortest action (capped at
-    :data:`RASTER_MAX_BINS` columns), which a browser draws in about a second even for 64 workers x
-    512 microbatches, where SVG boxes take minutes; ``"auto"`` picks bars up to :data:`BARS_MAX`
-    actions.
+    Args:
+        color_by: ``"microbatch"`` or ``"version"`` (the weight version an action read).
+        costs: per-kind durations for a bare schedule (default :data:`UNIT_COSTS`).
+        time_unit: the x axis label (default ``"s"``, ``"unit"`` for schedules).
+        render: ``"bars"`` (one SVG box per action), ``"raster"`` (one heatmap on a time grid of at most
+            :data:`RASTER_MAX_BINS` bins) or ``"auto"`` (bars up to :data:`BARS_MAX` actions).
     """
     if color_by not in COLOR_BY:
         raise ValueError(f"color_by={color_by!r}; use one of {COLOR_BY}")
@@ -251,14 +155,11 @@ def gantt(
     if not compute:
         raise ValueError(f"nothing to draw: the trace has {len(trace)} events and none is an action "
                          f"(F/B/W/U); run or simulate at least one step before drawing")
-    labels = worker_labels(
-        trace, trace_or_schedule.stage_ranks if isinstance(trace_or_schedule, Schedule) else None
-    )
+    labels = worker_labels(trace)       # a laid-out schedule carries its stage_ranks in trace.meta
     rows = [labels[w] for w in sorted(labels)]
     bubble = source_bubble if source_bubble is not None else bubble_fraction(trace, num_workers=len(rows))
     unit = time_unit or ("unit" if is_schedule or trace.meta.get("layout") == "unit-cost" else "s")
     t0 = min(e.start_s for e in compute)
-
     row_of = {w: i for i, w in enumerate(sorted(labels))}
     raster = render == "raster" or (render == "auto" and len(compute) > BARS_MAX)
     if raster:
@@ -270,38 +171,29 @@ def gantt(
     head = title or (f"{method} pipeline" if method else "pipeline")
     fig.update_layout(
         title={"text": f"{head} — bubble {bubble:.1%}, makespan {trace.makespan:.4g} {unit}"},
-        barmode="overlay",
-        bargap=0.15,
-        hovermode="closest",
-        plot_bgcolor="#f4f4f4",
         xaxis={"title": {"text": f"time ({unit})"}, "rangemode": "tozero"},
-        yaxis={
-            "tickmode": "array",
-            "tickvals": list(range(len(rows))),
-            "ticktext": rows,
-            "autorange": "reversed",
-            "zeroline": False,
-            "showgrid": False,
-        },
-        height=min(140 + 28 * len(rows), 2400),
-        margin={"l": 10, "r": 10, "t": 60, "b": 40},
-        legend={"orientation": "h", "y": 1.0, "x": 1.0, "xanchor": "right", "yanchor": "bottom"},
-        meta={
-            **(fig.layout.meta or {}),
-            "bubble_fraction": bubble,
-            "color_by": color_by,
-            "boxes": len(compute),
-        },
-    )
+        meta={**(fig.layout.meta or {}), "bubble_fraction": bubble, "color_by": color_by,
+              "boxes": len(compute)},
+        **rows_layout(rows, top=60, base=140))
     return fig
+
+
+def rows_layout(rows: Sequence[str], *, top: int, base: int,
+                tickvals: Sequence[int] | None = None) -> dict[str, Any]:
+    """The layout charts of horizontal bars share: one labelled row per entry of ``rows``, top down."""
+    ticks = list(range(len(rows))) if tickvals is None else list(tickvals)
+    return {"barmode": "overlay", "bargap": 0.15, "hovermode": "closest", "plot_bgcolor": "#f4f4f4",
+            "yaxis": {"tickmode": "array", "tickvals": ticks, "ticktext": list(rows), "autorange": "reversed",
+                      "zeroline": False, "showgrid": False},
+            "height": min(base + 28 * len(rows), 2400), "margin": {"l": 10, "r": 10, "t": top, "b": 40},
+            "legend": {"orientation": "h", "y": 1.0, "x": 1.0, "xanchor": "right", "yanchor": "bottom"}}
 
 
 def _bars(compute: Sequence[Event], trace: Trace, labels: Mapping[int, str], row_of: Mapping[int, int],
           t0: float, color_by: str, unit: str, show_transfers: bool) -> go.Figure:
     """One go.Bar per kind: exact boxes with per-box hover (the default up to BARS_MAX actions)."""
     ncol = len(PALETTE)
-    # A discrete colour scale over the palette: value k (0..ncol-1) paints PALETTE[k]. Numeric colour
-    # arrays keep a 65k-box figure fast to build (plotly validates colour strings one by one).
+    # value k paints PALETTE[k]: numeric colour arrays build fast (plotly checks colour strings one by one)
     scale = [[pos, c] for k, c in enumerate(PALETTE) for pos in (k / ncol, (k + 1) / ncol)]
     fig = go.Figure()
     for kind in COMPUTE_KINDS:
@@ -342,8 +234,7 @@ def _bars(compute: Sequence[Event], trace: Trace, labels: Mapping[int, str], row
 
 
 def _legend(fig: go.Figure, compute: Sequence[Event], color_by: str, raster: bool) -> None:
-    """Legend-only entries: each kind by its pattern on grey (raster: by its shading), then the colours
-    in use by their key, so that no swatch shows a colour the chart does not use for that meaning."""
+    """Legend-only entries: each kind by its pattern on grey (raster: its shading), then the colours."""
     kinds = [k for k in COMPUTE_KINDS if any(e.kind == k for e in compute)]
     shading = {"F": "as is", "B": "darker", "W": "lighter", "U": "black"}
     for kind in kinds:
@@ -379,11 +270,8 @@ def _shade(color: str, toward: tuple[int, int, int], amount: float) -> str:
 
 
 def raster_colorscale() -> tuple[list[list[Any]], int]:
-    """The heatmap colour scale of raster mode and its number of steps.
-
-    Value ``kind_index * len(PALETTE) + k`` paints colour ``k`` of the palette shaded by kind: F as is,
-    B darker, W lighter, U black (kind_index is the position in ``COMPUTE_KINDS``).
-    """
+    """Raster mode's colour scale and its steps: value ``kind_index * len(PALETTE) + k`` paints palette
+    colour ``k`` shaded by kind (F as is, B darker, W lighter, U black)."""
     steps: list[str] = []
     for kind in COMPUTE_KINDS:
         for c in PALETTE:
@@ -409,8 +297,7 @@ def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, colo
     for e in compute:
         if e.duration_s > 0:
             by_row.setdefault(row_of[e.worker], []).append(e)
-    # a worker runs one action at a time, so a bin centre lies in at most one action of its row:
-    # the last one starting at or before it, if that one has not ended yet
+    # a bin centre lies in the row's last action starting at or before it, if that has not ended
     for r, evs in by_row.items():
         evs.sort(key=lambda e: e.start_s)
         starts = np.array([e.start_s - t0 for e in evs])

@@ -1,11 +1,8 @@
 """Per-worker memory, stacked by component, against the device limit.
 
-Components: ``weights`` (the stage's parameters), ``stashed versions`` (extra weight copies a method
-keeps: PipeDream stashes one per in-flight minibatch, Narayanan et al. SOSP'19 §3.3; 2BW keeps two,
-Narayanan et al. ICML'21 §3.1; Lv et al.'s buffered method at most K), ``activations`` (what the
-in-flight microbatches saved for backward), ``gradients`` (one buffer) and ``optimizer state``
-(momentum: one slot per parameter; Adam: two). Plans are costed by the simulator's cost model, so the
-chart, the partitioner's memory check and the simulator agree.
+Components: weights, stashed versions (extra weight copies a method keeps), activations saved for
+backward, gradients and optimizer state. Plans are costed by the simulator's cost model, so the chart,
+the partitioner's memory check and the simulator agree.
 """
 
 from __future__ import annotations
@@ -25,23 +22,14 @@ COMPONENTS = ("weights", "stashed versions", "gradients", "optimizer state", "ac
 COMPONENT_COLORS = {"weights": "#1f77b4", "stashed versions": "#9467bd", "gradients": "#8c564b",
                     "optimizer state": "#2ca02c", "activations": "#ff7f0e", "total": "#7f7f7f"}
 
-
-#: display names of the simulator's memory components (pipelab.costs.CostModel.memory_bytes)
+#: display names of the components of pipelab.costs.CostModel.memory_bytes
 _COMPONENT_NAMES = {"weights": "weights", "stashed_weights": "stashed versions", "gradients": "gradients",
                     "optimizer": "optimizer state", "activations": "activations"}
 
 
 def memory_breakdown(plan: Plan, profile: Profile, *, optimizer: str = "sgd-momentum",
                      microbatches: int = 1) -> dict[int, dict[str, int]]:
-    """Predicted peak bytes per worker and component for ``plan`` on ``profile``.
-
-    The numbers come from the one cost model that partitioners and the simulator use
-    (:meth:`pipelab.costs.CostModel.memory_bytes`), per replica of stage ``s`` with parameters
-    ``P_s``: weights ``P_s``; stashed versions ``(versions_s - 1) * P_s``; gradients ``P_s``; optimizer
-    state (momentum ``P_s``, Adam ``2 P_s``); activations of ``in_flight_s`` microbatches of
-    ``minibatch / microbatches`` samples.
-    """
-
+    """Predicted peak bytes per worker and component (:meth:`pipelab.costs.CostModel.memory_bytes`)."""
     plan.validate(profile)
     # memory does not depend on the interconnect: any cluster with enough workers will do
     cm = CostModel(profile, Cluster.flat(plan.num_workers), optimizer=optimizer)
@@ -56,13 +44,11 @@ def memory_breakdown(plan: Plan, profile: Profile, *, optimizer: str = "sgd-mome
 
 
 def schedule_memory(schedule: Schedule) -> dict[int, dict[str, int]]:
-    """Memory of a bare schedule in *units*: one stage's weights, one microbatch's saved activations.
+    """Memory of a bare schedule in units (a stage's weights, a microbatch's activations) per worker.
 
-    Per worker: ``weights`` = stages hosted; ``stashed versions`` = extra weight versions alive at
-    once (``Schedule.versions_held(stage) - 1`` summed over its stages); ``activations`` = the most
-    microbatches whose forward ran and whose last backward (``B``, or ``W`` when split) has not, found
-    by walking the worker's list. Closed forms: GPipe keeps all ``M`` (Huang et al. §2.2), 1F1B at most
-    ``P - s`` on stage ``s`` (Narayanan et al. SC'21 §2.2).
+    ``activations`` is the most microbatches whose forward ran and whose last backward (``B``, or ``W``
+    when split) has not: GPipe keeps all ``M`` (Huang et al. §2.2), 1F1B ``P - s`` on stage ``s``
+    (Narayanan et al. SC'21 §2.2).
     """
     if len(schedule) == 0:
         raise ValueError("the schedule has no actions; build it with pl.schedules.build(...)")
@@ -71,11 +57,9 @@ def schedule_memory(schedule: Schedule) -> dict[int, dict[str, int]]:
     for w, acts in enumerate(schedule.actions):
         stages = schedule.stages_of(w) or tuple(sorted({a.stage for a in acts}))
         held = getattr(schedule, "versions_held", None)
-        stash = (
-            sum(max(held(s) - 1, 0) for s in stages)
-            if callable(held) and schedule.versions is not None
-            else 0
-        )
+        stash = 0
+        if callable(held) and schedule.versions is not None:
+            stash = sum(max(held(s) - 1, 0) for s in stages)
         live: set[tuple[int, int]] = set()
         peak = 0
         for a in acts:
@@ -133,23 +117,16 @@ def _from_source(source: Any, profile: Profile | None, optimizer: str,
                     f"memory, or a mapping worker -> bytes; got {type(source).__name__}")
 
 
-def memory(
-    sim_or_plan: Any,
-    profile: Profile | None = None,
-    *,
-    limit: float | None = None,
-    optimizer: str = "sgd-momentum",
-    microbatches: int = 1,
-    title: str | None = None,
-    unit: str = "GB",
-) -> go.Figure:
-    """Per-worker stacked bars of memory by component (GB), with the device ``limit`` (bytes) as a line.
+def memory(sim_or_plan: Any, profile: Profile | None = None, *, limit: float | None = None,
+           optimizer: str = "sgd-momentum", microbatches: int = 1, title: str | None = None,
+           unit: str = "GB") -> go.Figure:
+    """Per-worker stacked bars of memory by component, with the device ``limit`` (bytes) as a line.
 
-    ``sim_or_plan``: a Plan (plus its ``profile`` for the breakdown), a SimResult/RunResult with a
-    ``memory_breakdown`` / ``memory`` / ``peak_memory`` attribute, or a mapping worker -> bytes or ->
-    {component: bytes}, or a bare Schedule (drawn in units, see :func:`schedule_memory`). Workers over
-    the limit (same unit as the data: bytes, or units for a schedule) are named in the title.
-    ``unit`` is ``"GB"``, ``"MB"`` or ``"B"`` for byte data.
+    Args:
+        sim_or_plan: a Plan (with ``profile`` for the breakdown), a result with ``memory_breakdown``,
+            ``memory`` or ``peak_memory``, a mapping worker -> bytes (or -> {component: bytes}), or a
+            bare Schedule (drawn in units, :func:`schedule_memory`).
+        unit: ``"GB"``, ``"MB"`` or ``"B"`` for byte data.
     """
     if isinstance(sim_or_plan, Schedule):
         data, unit = _normalize(schedule_memory(sim_or_plan)), "units"

@@ -1,10 +1,7 @@
 """The layer graph of a profile, coloured by the stage a plan gives each layer.
 
-Layout: layers are placed in layers of a layered (Sugiyama-style) drawing — x is a layer's depth,
-the longest path from an input in the data-flow graph, so every edge points right; layers of equal
-depth (parallel branches) are spread vertically. Node colour = stage, node area ~ compute time
-(forward + backward), edge width ~ bytes the edge carries (the producing layer's output). Each stage
-is annotated with its replica count and ranks.
+A layered drawing: x is a layer's longest-path depth from an input, so every edge points right; layers
+of equal depth spread vertically. Node area ~ forward + backward time, edge width ~ bytes carried.
 """
 
 from __future__ import annotations
@@ -20,10 +17,8 @@ from pipelab.views.gantt import PALETTE
 
 
 def layer_graph(profile: Profile) -> nx.DiGraph:
-    """A ``networkx.DiGraph`` over layer indices with ``profile.edges`` (a chain if it has none).
-
-    Node attributes: ``name``, ``kind``, ``compute_s``, ``param_bytes``; edge attribute ``bytes``.
-    """
+    """``profile.edges`` (a chain if it has none) as a DiGraph; nodes carry ``name``, ``kind``,
+    ``compute_s``, ``param_bytes``, edges ``bytes``."""
     g = nx.DiGraph()
     for i, layer in enumerate(profile.layers):
         g.add_node(i, name=layer.name, kind=layer.kind, compute_s=layer.fwd_s + layer.bwd_s,
@@ -69,70 +64,17 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
     g = layer_graph(profile)
     pos = layered_positions(g)
     stage_of = {i: plan.stage_of_layer(i).index for i in g.nodes}
-
-    fig = go.Figure()
-    # edges, bucketed by width (plotly line width is per trace): 1..8 px on a log scale of bytes
-    max_b = max((d["bytes"] for *_, d in g.edges(data=True)), default=0)
-    buckets: dict[float, tuple[list[float | None], list[float | None]]] = {}
-    for a, b, d in g.edges(data=True):
-        width = (
-            1.0 if max_b <= 0 or d["bytes"] <= 0 else 1.0 + 7.0 * math.log1p(d["bytes"]) / math.log1p(max_b)
-        )
-        xs, ys = buckets.setdefault(round(width), ([], []))
-        xs += [pos[a][0], pos[b][0], None]
-        ys += [pos[a][1], pos[b][1], None]
-    for width, (xs, ys) in sorted(buckets.items()):
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"width": width, "color": "#9a9a9a"},
-                                 hoverinfo="skip", showlegend=False, name=f"edges {width:g}px"))
-    # nodes, one trace per stage (legend = stages)
-    max_c = max((d["compute_s"] for _, d in g.nodes(data=True)), default=0.0)
-    for st in plan.stages:
-        nodes = [n for n in sorted(g.nodes) if stage_of[n] == st.index]
-        sizes = [
-            8.0 + 32.0 * math.sqrt(g.nodes[n]["compute_s"] / max_c) if max_c > 0 else 14.0 for n in nodes
-        ]
-        fig.add_trace(
-            go.Scatter(
-                x=[pos[n][0] for n in nodes],
-                y=[pos[n][1] for n in nodes],
-                mode="markers",
-                name=f"stage {st.index} ×{st.replicas}",
-                marker={
-                    "size": sizes,
-                    "color": PALETTE[st.index % len(PALETTE)],
-                    "line": {"width": 1, "color": "#333"},
-                },
-                customdata=[
-                    [
-                        n,
-                        g.nodes[n]["name"],
-                        g.nodes[n]["kind"],
-                        g.nodes[n]["compute_s"] * 1e3,
-                        _fmt_bytes(g.nodes[n]["param_bytes"]),
-                        _fmt_bytes(profile.layers[n].out_bytes),
-                    ]
-                    for n in nodes
-                ],
-                hovertemplate=(
-                    f"stage {st.index} (×{st.replicas}, ranks {list(st.ranks)})<br>"
-                    "layer %{customdata[0]}: <b>%{customdata[1]}</b> (%{customdata[2]})<br>"
-                    "fwd+bwd %{customdata[3]:.3g} ms, params %{customdata[4]}, "
-                    "output %{customdata[5]}<extra></extra>"
-                ),
-            )
-        )
+    fig = go.Figure([*_edge_traces(g, pos), *_node_traces(profile, plan, g, pos, stage_of)])
     top = max((y for _, y in pos.values()), default=0.0) + 0.8
     for st in plan.stages:
         stage_x = [pos[n][0] for n in range(st.start, st.end)]
         ranks = ",".join(map(str, st.ranks)) if len(st.ranks) <= 6 else f"{st.ranks[0]}–{st.ranks[-1]}"
         # alternate heights so labels of neighbouring narrow stages do not overlap
         fig.add_annotation(x=sum(stage_x) / len(stage_x), y=top + 0.6 * (st.index % 2), showarrow=False,
-                           yanchor="bottom",
-                           text=f"<b>S{st.index}</b> ×{st.replicas}<br>ranks {ranks}",
+                           yanchor="bottom", text=f"<b>S{st.index}</b> ×{st.replicas}<br>ranks {ranks}",
                            font={"color": PALETTE[st.index % len(PALETTE)], "size": 11})
-    head = (
-        title or f"{profile.model or 'model'}: plan {plan.config!r} ({plan.method}), {plan.num_stages} stages"
-    )
+    head = title or (f"{profile.model or 'model'}: plan {plan.config!r} ({plan.method}), "
+                     f"{plan.num_stages} stages")
     fig.update_layout(
         title={"text": head}, hovermode="closest", plot_bgcolor="white",
         xaxis={"title": {"text": "depth (topological layer)"}, "showgrid": False, "zeroline": False},
@@ -141,6 +83,45 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
         meta={"stage_of_layer": [stage_of[i] for i in range(len(profile))]},
     )
     return fig
+
+
+def _edge_traces(g: nx.DiGraph, pos: dict[int, tuple[float, float]]) -> list[go.Scatter]:
+    """The edges, one trace per width (1 to 8 px on a log scale of bytes; plotly's width is per trace)."""
+    max_b = max((d["bytes"] for *_, d in g.edges(data=True)), default=0)
+    buckets: dict[float, tuple[list[float | None], list[float | None]]] = {}
+    for a, b, d in g.edges(data=True):
+        thick = max_b > 0 and d["bytes"] > 0
+        width = 1.0 + 7.0 * math.log1p(d["bytes"]) / math.log1p(max_b) if thick else 1.0
+        xs, ys = buckets.setdefault(round(width), ([], []))
+        xs += [pos[a][0], pos[b][0], None]
+        ys += [pos[a][1], pos[b][1], None]
+    return [go.Scatter(x=xs, y=ys, mode="lines", line={"width": width, "color": "#9a9a9a"},
+                       hoverinfo="skip", showlegend=False, name=f"edges {width:g}px")
+            for width, (xs, ys) in sorted(buckets.items())]
+
+
+def _node_traces(profile: Profile, plan: Plan, g: nx.DiGraph, pos: dict[int, tuple[float, float]],
+                 stage_of: dict[int, int]) -> list[go.Scatter]:
+    """The layers, one trace per stage (so the legend lists the stages)."""
+    max_c = max((d["compute_s"] for _, d in g.nodes(data=True)), default=0.0)
+    out = []
+    for st in plan.stages:
+        nodes = [n for n in sorted(g.nodes) if stage_of[n] == st.index]
+        info = [g.nodes[n] for n in nodes]
+        out.append(go.Scatter(
+            x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], mode="markers",
+            name=f"stage {st.index} ×{st.replicas}",
+            marker={"size": [8.0 + 32.0 * math.sqrt(d["compute_s"] / max_c) if max_c > 0 else 14.0
+                             for d in info],
+                    "color": PALETTE[st.index % len(PALETTE)], "line": {"width": 1, "color": "#333"}},
+            customdata=[[n, d["name"], d["kind"], d["compute_s"] * 1e3, _fmt_bytes(d["param_bytes"]),
+                         _fmt_bytes(profile.layers[n].out_bytes)] for n, d in zip(nodes, info, strict=True)],
+            hovertemplate=(f"stage {st.index} (×{st.replicas}, ranks {list(st.ranks)})<br>"
+                           "layer %{customdata[0]}: <b>%{customdata[1]}</b> (%{customdata[2]})<br>"
+                           "fwd+bwd %{customdata[3]:.3g} ms, params %{customdata[4]}, "
+                           "output %{customdata[5]}<extra></extra>"),
+        ))
+    return out
 
 
 def stage_colors(plan: Plan) -> list[str]:

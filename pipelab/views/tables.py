@@ -1,11 +1,4 @@
-"""Comparisons across methods or plans (throughput, speed-up), and offline HTML for reports.
-
-``compare(sim_trace, run_trace)`` (two positional traces) is routed to
-:func:`pipelab.views.accuracy.compare_traces`, the simulated-against-measured Gantt chart.
-
-``compare({"dp": sim_dp, "pipedream": sim_pd, "gpipe": plan_g})`` accepts simulation results, run
-results, plans (their predictions) and plain numbers (samples per second), side by side.
-"""
+"""Comparisons across methods or plans (throughput, speed-up), and offline HTML for reports."""
 
 from __future__ import annotations
 
@@ -50,10 +43,8 @@ def throughput_of(result: Any) -> float:
 
 
 def compare_table(results: Mapping[str, Any], *, baseline: str | None = None) -> pd.DataFrame:
-    """One row per entry: ``throughput`` (samples/s) and ``speedup`` over ``baseline``.
-
-    ``baseline`` defaults to ``"dp"`` when present, else the first entry.
-    """
+    """One row per entry: ``throughput`` (samples/s) and ``speedup`` over ``baseline`` (default "dp",
+    else the first entry)."""
     import pandas as pd
 
     if not results:
@@ -68,17 +59,12 @@ def compare_table(results: Mapping[str, Any], *, baseline: str | None = None) ->
     return pd.DataFrame(rows).set_index("name")
 
 
-def compare(
-    results: Mapping[str, Any] | Any, run: Any = None, /, *, baseline: str | None = None,
-    title: str | None = None, **kwargs: Any
-) -> go.Figure:
-    """Bars of throughput (samples/s) and speed-up over ``baseline`` for each named result; or, given
-    two traces, the simulated against the measured Gantt chart.
+def compare(results: Mapping[str, Any] | Any, run: Any = None, /, *, baseline: str | None = None,
+            title: str | None = None, **kwargs: Any) -> go.Figure:
+    """Throughput and speed-up over ``baseline`` of named results, plans or samples/s numbers.
 
-    ``compare({"dp": sim_dp, "gpipe": sim_g})`` compares methods or plans. ``compare(sim_trace,
-    run_trace)`` (Traces or results with ``.trace``) is
-    :func:`pipelab.views.accuracy.compare_traces`: both charts on one time axis, each action
-    coloured by its relative error; ``kwargs`` (``layout``, ``error_range``) go there.
+    ``compare(sim_trace, run_trace)`` is :func:`~pipelab.views.accuracy.compare_traces` (``kwargs`` go
+    there): the simulated against the measured Gantt chart.
     """
     if run is not None:
         return compare_traces(results, run, title=title, **kwargs)
@@ -105,9 +91,5 @@ def compare(
 
 
 def to_html(fig: go.Figure, *, include_plotlyjs: bool | str = True, full_html: bool = False) -> str:
-    """HTML for ``fig`` that renders without a server or a network (plotly.js inlined by default).
-
-    In a notebook report include plotly.js once (the first figure) and pass ``include_plotlyjs=False``
-    for the rest; :mod:`pipelab.widgets` does that bookkeeping per kernel.
-    """
+    """HTML for ``fig`` that renders offline (plotly.js inlined unless ``include_plotlyjs=False``)."""
     return str(fig.to_html(include_plotlyjs=include_plotlyjs, full_html=full_html))

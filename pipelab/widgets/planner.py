@@ -11,10 +11,11 @@ import plotly.graph_objects as go
 from pipelab.explain import explain
 from pipelab.planner import PlanTable
 from pipelab.views import bubbles, gantt, pareto, with_critical_path
-from pipelab.widgets import _Displayable, _widgets, live_frontend, sync_figure
+from pipelab.widgets.display import Displayable, ipywidgets, live_frontend
+from pipelab.widgets.sync import sync_figure
 
 
-class PlannerExplorer(_Displayable):
+class PlannerExplorer(Displayable):
     """Explore a :class:`~pipelab.planner.PlanTable` (``pl.plan(...)``): click a point of the scatter
     (or call :meth:`select`) to see that candidate simulated: Gantt chart with the critical path,
     peak memory per worker against the limit, and the bubble breakdown (:func:`pipelab.explain`)."""
@@ -29,7 +30,7 @@ class PlannerExplorer(_Displayable):
         self.figures: dict[str, go.Figure] = {}
         self.message = ""
         if self.live:
-            w = _widgets()
+            w = ipywidgets()
             self.info = w.HTML()
             self.views = {k: go.FigureWidget() for k in ("pareto", "gantt", "memory", "bubbles")}
             self.widget = w.VBox([self.views["pareto"], self.info, self.views["gantt"],

@@ -1,8 +1,5 @@
-"""Copying a figure into a live ``FigureWidget``: in place where the traces match, strict JSON always.
-
-A widget's messages are strict JSON, so no NaN or infinity may reach one (a raster Gantt's empty
-cells are NaN); :func:`sync_figure` sends every figure through :func:`json_safe` first.
-"""
+"""Copying a figure into a live ``FigureWidget``: in place where the traces match, as strict JSON
+(no NaN or infinity, which a raster Gantt's empty cells are)."""
 
 from __future__ import annotations
 

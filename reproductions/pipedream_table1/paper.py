@@ -39,13 +39,7 @@ from pipelab.partition import partition
 from pipelab.partition.pipedream_conf import plan_from_pipedream
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
-from pipelab.transports import (
-    DDP_BUCKET_BYTES,
-    GLOO_ALLREDUCE_BUS_BANDWIDTH,
-    NCCL_TCP_BUS_BANDWIDTH,
-    nccl24_tree_threshold,
-    nccl_flat_ring,
-)
+from pipelab.transports import GLOO_ALLREDUCE_BUS_BANDWIDTH, NCCL_TCP_BUS_BANDWIDTH, nccl_flat_ring
 from reproductions._common.report import svg_heatmap
 from reproductions.pipedream_table1.rows import TABLE1, PaperRow, config_shape, simulate_plan
 
@@ -70,6 +64,38 @@ GLOO_ALLREDUCE_ONE_CORE = 1.073e9
 #: uses); cluster B's NVLink keeps its link rate (its DP is bound by the Ethernet)
 PAPER_NCCL_BUS_BANDWIDTH: dict[str, float] = {**NCCL_TCP_BUS_BANDWIDTH,
                                               **NCCL_MEASURED_BUS_BANDWIDTH["pipedream-a"]}
+
+#: bytes of one all-reduce call of PyTorch's DistributedDataParallel: its gradient buckets
+#: (``bucket_cap_mb=25``, the default since PyTorch 1.0)
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def nccl24_tree_threshold(nodes: int, ranks: int, nvlink: bool, channels: int = 1) -> float:
+    """Bytes below which NCCL 2.4 all-reduces with its tree rather than its ring, by default (no
+    ``NCCL_TREE_THRESHOLD``): NCCL 2.4's own model of the two (``ncclTreeThreshold``, ``src/init.cu``).
+
+    Latency: 6 us per ring step over ``ranks - 1`` steps; the tree 15 us per level of a binary tree of
+    ``nodes`` plus 4 us per rank inside a node. Bandwidth per channel: the tree at 2/3 of the ring's
+    over PCIe, at 3/4 with NVLink (whose ring runs ``channels`` channels), doubled on two NVLink nodes.
+    The tree is never used on one node or where the ring's latency is not the larger (0 bytes), always
+    where its bandwidth is the higher (two NVLink nodes: ``inf``), else below the size at which the two
+    times cross. E.g. cluster B (two 8-GPU NVLink servers): ``inf``, every bucket goes by the tree;
+    cluster A (PCIe, 4 x 4): 480 kB, so DistributedDataParallel's 25 MiB buckets take the ring."""
+    for label, v in (("nodes", nodes), ("ranks", ranks), ("channels", channels)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{label}={v!r} must be a positive integer")
+    ring_bw = 5000.0 * (channels if nvlink else 1)          # bytes per us
+    tree_bw = ring_bw * (3 / 4 if nvlink else 2 / 3)
+    if nvlink and nodes == 2:
+        tree_bw *= 2
+    ring_lat = 6.0 * (ranks - 1)
+    tree_lat = 15.0 * (nodes.bit_length() - 1) + 4.0 * (ranks // nodes - 1)
+    if nodes < 2 or ring_lat <= tree_lat:
+        return 0.0
+    if tree_bw > ring_bw:
+        return math.inf
+    return ring_bw * tree_bw / (ring_bw - tree_bw) * (ring_lat - tree_lat)
+
 
 #: the optimizer of PipeDream's runs per model, as the cost model names it: SGD with momentum for the image
 #: models, Adam (two moments per weight: more memory, a longer step) for GNMT
@@ -154,7 +180,7 @@ class PaperSetting:
     through every rank at the slowest level's bus bandwidth (:func:`pipelab.transports.nccl_flat_ring`);
     ``"hierarchical"`` as the cost model's ring per level (the earlier model); ``"two-server-tree"``
     the flat ring except where NCCL 2.4 chose its tree for DistributedDataParallel's buckets
-    (:func:`pipelab.transports.nccl24_tree_threshold`: on two NVLink servers, cluster B), whose network
+    (:func:`nccl24_tree_threshold`: on two NVLink servers, cluster B), whose network
     carries each byte once each way on two servers: priced as the ring per level, whose Ethernet hop
     moves ``2 (p - 1) / p = 1`` of the bytes for ``p = 2``. ``gloo_allreduce_bandwidth``: gloo's host-side
     ring rate for the replicated stages (None: :data:`~pipelab.transports.GLOO_ALLREDUCE_BUS_BANDWIDTH`).
