@@ -171,3 +171,11 @@ def load_profile(spec: str, args: argparse.Namespace) -> Any:
 
         hint = suggest(spec, SHIPPED) if not Path(spec).suffix else ""
         raise ValueError(f"{exc}{hint}") from None
+
+
+def compression(text: str) -> str | float:
+    """A ``--compression`` value: a codec name (``fp16``, ``bf16``, ``int8``, ``none``) or a ratio >= 1."""
+    try:
+        return float(text)
+    except ValueError:
+        return text

@@ -16,6 +16,7 @@ from pipelab.cli._common import (
     Parser,
     add_model_input,
     cluster_help,
+    compression,
     fail,
     load_profile,
     parse_cluster,
@@ -41,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="partitioner (default pipedream)")
     ap.add_argument("--straight", action="store_true", help="pipedream: no replication")
     ap.add_argument("--memory-limit-gb", type=float, default=None, help="per-worker memory limit in GiB")
-    ap.add_argument("--compression-ratio", type=float, default=1.0, help="activation compression (2 = fp16)")
+    ap.add_argument("--compression", type=compression, default=None,
+                   help="activation compression: fp16, bf16, int8 or a ratio (default none)")
     ap.add_argument("--optimizer", default="sgd-momentum", help="sgd, sgd-momentum or adam")
     ap.add_argument("--allreduce-overlap", default="ddp", choices=("ddp", "none"),
                     help="replicated stages' all-reduce: overlapped with backward (ddp) or after it "
@@ -90,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("--microbatches applies to --method gpipe (the other partitioners predict "
                                  "whole minibatches; pipelab simulate --microbatches times any M)")
             opts["microbatches"] = args.microbatches
-        plan = partition(prof, cluster, args.method, compression=args.compression_ratio,
+        plan = partition(prof, cluster, args.method, compression=args.compression,
                          optimizer=args.optimizer, allreduce_overlap=args.allreduce_overlap, **opts)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         return fail(PROG, exc)

@@ -16,6 +16,7 @@ from pipelab.cli._common import (
     Parser,
     add_model_input,
     cluster_help,
+    compression,
     fail,
     load_profile,
     parse_cluster,
@@ -46,7 +47,8 @@ def _parser() -> Parser:
     p.add_argument("--chunks", type=int, help="interleaved-1f1b: virtual stages per worker")
     p.add_argument("--versions", type=int, help="buffered: weight versions K")
     p.add_argument("--vertical-sync", action="store_true", help="pipedream: vertical sync")
-    p.add_argument("--compression", type=float, default=1.0, help="activation compression ratio (2 = fp16)")
+    p.add_argument("--compression", type=compression, default=None,
+                   help="activation compression: fp16, bf16, int8 or a ratio (default none)")
     p.add_argument("--trace", help="write the trace as JSONL here")
     p.add_argument("--chrome", help="write a Chrome/Perfetto trace here")
     p.add_argument("--schedule-csv", help="write the schedule as CSV here")
