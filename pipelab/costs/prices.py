@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -117,15 +117,14 @@ class Prices:
         kf, kb = (cal.factor("F"), cal.factor("B")) if cal is not None else (1.0, 1.0)
         # weight-gradient part of each backward (half where the profiler did not measure it)
         w = np.array([layer.bwd_s / 2 if layer.wgrad_s is None else layer.wgrad_s for layer in layers])
-        sums = {"pf": f * kf, "pb": b * kb, "pw": w * kb, "pp": p, "pa": act,
-                "qf": [layer.fwd_fixed_s * kf for layer in layers],     # batch-independent parts
-                "qb": [layer.bwd_fixed_s * kb for layer in layers],
-                "pt": [layer.param_tensors or 0 for layer in layers]}   # an optimizer step pays per tensor
+        sums: dict[str, Any] = {"pf": f * kf, "pb": b * kb, "pw": w * kb, "pp": p, "pa": act,
+                                "qf": [layer.fwd_fixed_s * kf for layer in layers],   # fixed parts
+                                "qb": [layer.bwd_fixed_s * kb for layer in layers],
+                                "pt": [layer.param_tensors or 0 for layer in layers]}   # tensors, for U
         for name, values in sums.items():
             object.__setattr__(self, name, np.concatenate([np.zeros(1), np.cumsum(values)]))
         object.__setattr__(self, "cuts", np.array(self.profile.cut_bytes, dtype=np.float64))
 
-    # ------------------------------------------------------------------ basics
     @property
     def num_layers(self) -> int:
         """Layers in the profile."""
@@ -244,7 +243,6 @@ class Prices:
             return 0.0
         return 2.0 * nbytes / self.compression_ratio / self.host_staging_bandwidth
 
-    # ------------------------------------------------------------------ ports (shared by the simulator)
     def ports(self, src: int, dst: int) -> tuple[Hashable, Hashable]:
         """The sender's egress and the receiver's ingress port of ``src -> dst``, owned by their blocks
         one level below the level crossed (two GPUs of a server share its NIC)."""
@@ -299,7 +297,6 @@ class Prices:
             return terms[0][1] + terms[1][1]
         return max(t for _, t in terms)
 
-    # ------------------------------------------------------------------ all-reduce
     def allreduce_coeffs(self, workers: Sequence[int], compute_s: float | None = None) -> tuple[float, float]:
         """``(seconds per byte, fixed seconds)`` of a hierarchical (or the cluster's ``"flat"``) ring
         all-reduce over ``workers``; on a calibrated cluster ``compute_s`` before it picks the latency."""
@@ -354,7 +351,6 @@ class Prices:
         staged = 0.0 if self.host_staging_bandwidth is None else 2.0 * nbytes / self.host_staging_bandwidth
         return fixed + kappa * nbytes + staged
 
-    # ------------------------------------------------------------------ a replica's minibatch
     def replica_time_s(self, start: int, end: int, workers: Sequence[int], microbatches: int = 1) -> float:
         """Seconds one replica of ``[start, end)`` needs for a whole minibatch, all-reduce over ``workers``
         included (at the slowest replica's speed; ``microbatches`` does not change it).
