@@ -43,11 +43,7 @@ def _need(ok: bool, problem: str) -> None:
 
 @dataclass(frozen=True)
 class HostEffects:
-    """What one host adds to the core model (0 or None: no effect).
-
-    ``cross_s``: extra seconds of an ``F``/``B`` whose message crosses the peer's; ``cross_interleaved_s``
-    the same with virtual stages (None: ``cross_s``); ``busy_sender_s``: a busy sender's message's wait.
-    """
+    """What one host adds to the core model (0 or None: no effect; the terms: docs/cost_model.md)."""
 
     cross_s: float = 0.0
     cross_interleaved_s: float | None = None
@@ -107,11 +103,8 @@ class HostEffects:
 
 @dataclass(frozen=True, repr=False)
 class Calibration(Described):
-    """What :func:`pipelab.calibrate.calibrate` measured on one machine (terms: docs/cost_model.md).
-
-    Terms are medians of repeats; ``spread``: their (max - min) / median; ``residual``: each fit's
-    relative RMS error; ``samples``: the raw sweeps.
-    """
+    """What :func:`pipelab.calibrate.calibrate` measured on one machine: medians of repeats, their
+    ``spread`` ((max - min) / median), each fit's relative RMS ``residual``, the raw ``samples``."""
 
     host: str
     backend: str

@@ -1,8 +1,6 @@
-"""The fits behind calibration: pure functions of measured timings, tested on synthetic data.
-
-Each fit is least squares relative to each time (small, latency-bound messages weigh as much as
-large ones), clipped at 0, and returns its parameters with the relative RMS residual. The ring
-all-reduce is ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009).
+"""The fits behind calibration: least squares relative to each time (small messages weigh as much as
+large ones), clipped at 0, each returned with its relative RMS residual. The ring all-reduce is
+``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009).
 """
 
 from __future__ import annotations

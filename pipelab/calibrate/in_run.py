@@ -1,8 +1,5 @@
-"""Calibration's measurements through the real runtime: short runs of small models, priced action by action.
-
-Each function runs ``repeats`` rounds and returns one figure per round (the caller keeps the median and
-the spread). An action's own cost is its wall time less the profiled compute of its layers.
-"""
+"""Calibration's measurements through the real runtime: short runs of small models, priced action by
+action (wall time less the profiled compute), one figure per round of ``repeats``."""
 
 from __future__ import annotations
 

@@ -54,10 +54,7 @@ def _unscaled(cluster: Cluster) -> Cluster:
 
 def factors(trace: Trace, ranges: Sequence[tuple[int, int]], model: CostModel, microbatches: int,
             skip_minibatches: int = 1) -> dict[str, float]:
-    """Per kind (``F``, ``B``), the median factor over ``trace``'s actions, priced by ``model`` (no factor).
-
-    Actions of the first ``skip_minibatches`` minibatches and of stages taking no time are left out.
-    """
+    """Per kind (``F``, ``B``), the median factor over ``trace``'s actions past ``skip_minibatches``."""
     per: dict[str, list[float]] = {k: [] for k in FACTOR_KINDS}
     for e in trace.compute_events():
         if e.kind not in per or e.microbatch // microbatches < skip_minibatches:

@@ -43,13 +43,8 @@ class SteadyStateBound(Prices):
 
     def steady_state(self, ranges: Sequence[tuple[int, int]], workers: Sequence[Sequence[int]], *,
                      in_flight: Sequence[int] | None = None) -> SteadyState:
-        """Seconds per minibatch of an asynchronous (PipeDream-style, no flush) pipeline, with the terms.
-
-        Stage ``s`` runs layers ``ranges[s]`` on workers ``workers[s]``, minibatch ``m`` on replica
-        ``m % r_s`` (round-robin, PipeDream SOSP'19 §3.2); ``in_flight[s]`` minibatches per replica
-        between its forward and backward (default :func:`pipelab.metrics.in_flight`). The time is
-        the largest of the compute, port, round-trip and 1F1B-cycle bounds (docs/cost_model.md).
-        """
+        """Seconds per minibatch of an asynchronous pipeline: stage ``s`` runs ``ranges[s]`` round-robin
+        on ``workers[s]``, ``in_flight[s]`` minibatches per replica (default: :func:`metrics.in_flight`)."""
         P = len(ranges)
         if P == 0 or len(workers) != P:
             raise ValueError(f"steady_state needs one worker list per stage; got {P} ranges and "
@@ -60,7 +55,6 @@ class SteadyStateBound(Prices):
                  for s in range(P - 1)]
         flights = list(in_flight) if in_flight is not None else [
             metrics.in_flight([len(w) for w in workers], s) for s in range(P)]
-        # Little's law: stage s keeps flights[s] * r_s minibatches over a round trip
         rt = [(sum(rep_time[s:]) + 2 * sum(waits[s:])) / (flights[s] * len(workers[s])) for s in range(P)]
         cycles = self._one_f_one_b_cycles(rep_time, waits, flights, [len(w) for w in workers])
         time = max([*compute, *loads.values(), *rt, *cycles.values()])
@@ -103,9 +97,7 @@ class SteadyStateBound(Prices):
     @staticmethod
     def _one_f_one_b_cycles(rep_time: Sequence[float], waits: Sequence[float], flights: Sequence[int],
                             replicas: Sequence[int]) -> dict[tuple[int, int], float]:
-        """``{(s, e): seconds per minibatch}`` of the slowest window ``s..e`` (``e > s``) of adjacent
-        unreplicated stages starting at each ``s``: its compute and both ways of its cuts over the
-        ``N_s - N_e + 1`` minibatches it completes."""
+        """``{(s, e): seconds per minibatch}``: each ``s``'s slowest 1F1B window of unreplicated stages."""
         out: dict[tuple[int, int], float] = {}
         P, s0 = len(rep_time), 0
         while s0 < P:

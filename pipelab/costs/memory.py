@@ -15,12 +15,8 @@ class Memory(Prices):
 
     def activation_bytes(self, start: int, end: int, microbatches: int = 1, *,
                          recompute: bool = False) -> int:
-        """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward.
-
-        What autograd saves for the layers (and the loss, on the last stage), the stage's input, and its
-        output where no layer saves it; with ``recompute`` (the forward builds no graph) only the input
-        and output (a last stage's output, a loss: nothing).
-        """
+        """Bytes one in-flight microbatch keeps on a stage until its backward: what autograd saves, the
+        input, and the output where no layer saves it (with ``recompute``: input and output only)."""
         self._range(start, end)
         inp = self.profile.input_bytes if start == 0 else int(self.cuts[start - 1])
         if recompute:
@@ -47,9 +43,7 @@ class Memory(Prices):
         return parts
 
     def memory_arrays(self, microbatches: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """``(P, A)`` over ranges ``[i, j)``: parameter bytes and one microbatch's activation bytes.
-
-        A range with ``v`` versions and ``k`` in flight holds ``(v + 1 + opt) * P + k * A``."""
+        """``(P, A)`` over ranges ``[i, j)``: parameter bytes and one microbatch's activation bytes."""
         inp = np.concatenate([[float(self.profile.input_bytes)], self.cuts, [0.0]])
         layers, n = self.profile.layers, len(self.profile)
         out = np.array([0.0] + [float(layers[j - 1].out_bytes) if j < n and layers[j - 1].out_saved is False

@@ -59,7 +59,6 @@ class Prices:
     allreduce_bandwidth: float | None = None
     #: CUDA stages over gloo: bytes/s of the two device<->host copies every message and all-reduce pays
     host_staging_bandwidth: float | None = None
-    # prefix sums over layers, filled in __post_init__
     pf: np.ndarray = field(init=False, repr=False, compare=False)
     pb: np.ndarray = field(init=False, repr=False, compare=False)
     pw: np.ndarray = field(init=False, repr=False, compare=False)
@@ -172,12 +171,8 @@ class Prices:
 
     def backward_split_s(self, start: int, end: int, worker: int,
                          microbatches: int = 1) -> tuple[float, float]:
-        """(input gradient ``B``, weight gradient ``W``) seconds of one microbatch, backward split as the
-        runtime splits it, with each action's overhead.
-
-        ``B`` is the chain of input gradients (nothing at the first stage); ``W`` walks it again to the
-        weights: every weight gradient plus the input gradients of all layers but the first.
-        """
+        """(``B``, ``W``) seconds of one microbatch with overheads: ``B`` the input gradients (none at the
+        first stage), ``W`` every weight gradient plus the input gradients of all layers but the first."""
         fixed = self.runtime_work_s(start, end)[1]     # B takes the gradient in and sends its own out
         b = self.layers_s(start, end, worker, microbatches)[1]
         full = float(self.pb[end] - self.pb[start])
@@ -202,11 +197,8 @@ class Prices:
         return int(self.pt[end] - self.pt[start])
 
     def update_s(self, start: int, end: int, worker: int, memory_bandwidth: float | None = None) -> float:
-        """Seconds of the optimizer step of ``[start, end)`` with the runtime's ``U`` overhead.
-
-        The calibrated step where there is one; else weights, gradients and state streamed once through
-        memory (default bandwidth: the calibrated host's, else a V100's HBM2).
-        """
+        """Seconds of the optimizer step with the ``U`` overhead: the calibrated step, else weights,
+        gradients and state streamed once through memory (the calibrated host's, else HBM2)."""
         cal = self.cluster.calibration
         if memory_bandwidth is None:
             memory_bandwidth = cal.memory_bandwidth if cal is not None else HBM_BYTES_PER_S
@@ -352,12 +344,8 @@ class Prices:
         return fixed + kappa * nbytes + staged
 
     def replica_time_s(self, start: int, end: int, workers: Sequence[int], microbatches: int = 1) -> float:
-        """Seconds one replica of ``[start, end)`` needs for a whole minibatch, all-reduce over ``workers``
-        included (at the slowest replica's speed; ``microbatches`` does not change it).
-
-        ``"ddp"``: ``F + max_l [B(l..end) + kappa * P(start..l]] + fixed``; ``"none"``:
-        ``F + B + kappa * P(start..end) + fixed``.
-        """
+        """Seconds one replica (the slowest) needs for a whole minibatch with its all-reduce over ``workers``:
+        ``F + max_l [B(l..end) + kappa * P(start..l]] + fixed`` (``"ddp"``), ``F + B + kappa * P + fixed``."""
         self._range(start, end)
         ws = list(workers)
         if not ws:
@@ -377,11 +365,8 @@ class Prices:
     def replica_time_matrix(
         self, speed: float, kappa: float, fixed: float, steps: float = 0.0, *, transpose: bool = False
     ) -> np.ndarray:
-        """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges (``inf`` where ``j <= i``).
-
-        ``steps > 0`` (:meth:`allreduce_latency_steps`): the fixed part is ``steps`` latencies at each
-        range's own compute. ``transpose=True`` returns ``T.T``, contiguous for reductions over ``i``.
-        """
+        """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges (``inf`` where ``j <= i``);
+        ``steps`` from :meth:`allreduce_latency_steps`; ``transpose=True``: ``T.T``, contiguous over ``i``."""
         n = self.num_layers
         pf, pb, pp = self.pf / speed, self.pb / speed, self.pp
         i = np.arange(n + 1)[:, None]

@@ -1,8 +1,5 @@
-"""The opt-in host-effects layer: what one machine adds to the core cost model (docs/cost_model.md).
-
-A :class:`~pipelab.measured.HostEffects` record applies per message (a busy sender's late message,
-through the engine's ``busy_sender_s`` hook) and per action (a last pass adds the crossing stall to
-the actions a first pass finds crossed; ``cross_interleaved_s`` where stages outnumber workers).
+"""The opt-in host-effects layer (docs/cost_model.md): a busy sender's late message, per message, and
+a last pass adding the crossing stall to the actions a first pass finds crossed.
 
 Invariants: a neutral record gives the core's events exactly, and no term makes an action shorter.
 """

@@ -108,11 +108,8 @@ class ProfileCosts(Costs):
     def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
                  memory_bandwidth: float | None = None, workers: list[int] | None = None,
                  recompute_forward: bool = False) -> None:
-        """Args:
-            ranges: stage ``s``'s layers at ``ranges[s]``.
-            workers: the cluster worker of each schedule rank (default identity).
-            recompute_forward: every ``B`` first runs its stage's forward again.
-        """
+        """``ranges[s]``: stage ``s``'s layers; ``workers[r]``: rank ``r``'s cluster worker (default
+        identity); ``recompute_forward``: every ``B`` first runs its stage's forward again."""
         self.model = model
         self.recompute_forward = recompute_forward
         self.ranges = ranges
@@ -198,16 +195,9 @@ class ProfileCosts(Costs):
 def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_size: int = 1,
                       memory: Mapping[int, tuple[int, ...]] | None = None,
                       minibatch_scale: int = 1, host_effects: HostEffects | None = None) -> SimResult:
-    """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it.
-
-    Sync methods are measured over the whole run, async ones between completions past warm-up and
-    before drain.
-
-    Args:
-        minibatch_scale: divides the time per minibatch (``M`` for ``dp``: a microbatch is a minibatch).
-        memory: stage -> its byte terms (:func:`_memory`; None: memory 0).
-        host_effects: also apply that record (None: the core model alone).
-    """
+    """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it (async methods without
+    warm-up and drain). ``minibatch_scale`` divides the time per minibatch (``M`` for ``dp``); ``memory``:
+    stage -> its byte terms (:func:`_memory`); ``host_effects``: also apply that record."""
     costs = costs if costs is not None else UnitCosts()
     try:
         events = run(schedule, costs) if host_effects is None else run_with(schedule, costs, host_effects)
