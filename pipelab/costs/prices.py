@@ -7,6 +7,7 @@ so a layer range costs O(1); their assumptions are stated once, in docs/cost_mod
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -254,10 +255,7 @@ class Prices:
         if not ws:
             raise ValueError("port_share needs at least one worker")
         inner = self.cluster.block_size(level - 1)
-        per: dict[int, int] = {}
-        for w in ws:
-            per[w // inner] = per.get(w // inner, 0) + 1
-        return max(per.values()) / len(ws) / self.cluster.levels[level].uplinks
+        return max(Counter(w // inner for w in ws).values()) / len(ws) / self.cluster.levels[level].uplinks
 
     def stage_port_s(self, start: int, end: int, workers: Sequence[int], prev: int | None = None,
                      nxt: int | None = None, copies: int = 1) -> float:
@@ -307,14 +305,12 @@ class Prices:
         for k, lv in enumerate(self.cluster.levels):
             inner, outer = self.cluster.block_size(k - 1), self.cluster.block_size(k)
             groups: dict[int, set[int]] = {}
-            members: dict[int, int] = {}
             for w in ws:
                 groups.setdefault(w // outer, set()).add(w // inner)
-                members[w // inner] = members.get(w // inner, 0) + 1
             p = max(len(g) for g in groups.values())
             if p <= 1:
                 continue
-            links = min(lv.uplinks, max(members.values()))
+            links = min(lv.uplinks, max(Counter(w // inner for w in ws).values()))
             bw = lv.ring_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
             crossed.append((bw, lv.latency))
             per_byte += 2.0 * (p - 1) / p / (bw * links)
