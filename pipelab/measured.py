@@ -1,9 +1,6 @@
-"""What calibration measured on one machine: :class:`Calibration` and :class:`HostEffects`.
+"""What calibration measured on one machine: :class:`Calibration` (mechanisms every machine has) and
+:class:`HostEffects` (what one host adds, applied only where asked).
 
-A :class:`~pipelab.cluster.Cluster` may carry a :class:`Calibration`. Its core terms are mechanisms
-every machine has (message latency and bandwidth, the ring all-reduce, the runtime's own seconds per
-action and message, the optimizer step, memory bandwidth, compute inside a run); :class:`HostEffects`
-holds what one host adds beyond them, applied only where asked (:mod:`pipelab.sim.host_effects`).
 Files round-trip through ``to_dict``/``from_dict``; a term absent from an older file loads neutral.
 """
 
@@ -21,7 +18,7 @@ FACTOR_KINDS = ("F", "B")
 
 HOST_TERMS = ("cross", "busy_sender")
 
-# message_s keys of older files that are host effects, and terms since retired (they load as nothing)
+# message_s keys of older files that are host effects
 _OLD_HOST_MESSAGE_KEYS = {"cross": "cross_s", "cross_interleaved": "cross_interleaved_s",
                           "busy_sender": "busy_sender_s"}
 
@@ -35,14 +32,18 @@ def _finite(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _need(ok: bool, problem: str) -> None:
+    if not ok:
+        raise ValueError(f"calibration: {problem}")
+
+
 @dataclass(frozen=True)
 class HostEffects:
-    """What one host adds to the core model (0 or None: no effect).
-
-    ``cross_s``: extra seconds of an ``F``/``B`` whose message crosses the peer's
-    (:mod:`pipelab.schedules.crossing`); ``cross_interleaved_s`` the same in a schedule with virtual
-    stages (None: ``cross_s``); ``busy_sender_s``: seconds a message waits when its sender computes on.
-    """
+    """What one host adds to the core model (0 or None: no effect; the terms: docs/cost_model.md)."""
 
     cross_s: float = 0.0
     cross_interleaved_s: float | None = None
@@ -102,17 +103,8 @@ class HostEffects:
 
 @dataclass(frozen=True, repr=False)
 class Calibration(Described):
-    """What :func:`pipelab.calibrate.calibrate` measured on one machine (see docs/cost_model.md).
-
-    Provenance: ``host``, ``backend``, ``device``, ``date``, ``torch``, ``cores``, ``workers``. Terms,
-    medians of repeats: ``p2p_*`` (one-way ``alpha + n / beta``), ``allreduce_*`` (the ring model),
-    ``overhead_s`` (runtime seconds per action kind), ``message_s`` (runtime seconds per ``send`` and
-    ``recv``), ``optimizer_s`` (per optimizer: fixed, per parameter byte, per tensor),
-    ``memory_bandwidth``, ``compute_slowdown``, ``compute_factor`` (per kind, a calibrated model's
-    in-run time over its profile), ``allreduce_after`` (``(compute s, ring latency s)`` points) and
-    ``host_effects``. ``spread``: (max - min) / median of the repeats; ``residual``: each fit's relative
-    RMS error; ``samples``: the raw sweeps.
-    """
+    """What :func:`pipelab.calibrate.calibrate` measured on one machine: medians of repeats, their
+    ``spread`` ((max - min) / median), each fit's relative RMS ``residual``, the raw ``samples``."""
 
     host: str
     backend: str
@@ -141,48 +133,36 @@ class Calibration(Described):
     def __post_init__(self) -> None:
         for name in ("p2p_latency_s", "allreduce_latency_s"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"calibration: {name}={v!r} must be a finite number >= 0 seconds")
+            _need(_number(v) and v >= 0, f"{name}={v!r} must be a finite number >= 0 seconds")
         for name in ("p2p_bandwidth", "allreduce_bandwidth", "memory_bandwidth"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"calibration: {name}={v!r} must be a finite number > 0 bytes/s")
+            _need(_number(v) and v > 0, f"{name}={v!r} must be a finite number > 0 bytes/s")
         bad = sorted(set(self.overhead_s) - {"F", "B", "W", "U"})
-        if bad:
-            raise ValueError(f"calibration: overhead_s has kinds {bad}; use F, B, W, U")
+        _need(not bad, f"overhead_s has kinds {bad}; use F, B, W, U")
         for k, v in self.overhead_s.items():
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"calibration: overhead_s[{k!r}]={v!r} must be a finite number >= 0")
+            _need(_number(v) and v >= 0, f"overhead_s[{k!r}]={v!r} must be a finite number >= 0")
         opt: dict[str, tuple[float, float, float]] = {}
         for k, v in self.optimizer_s.items():
-            if len(v) not in (2, 3):
-                raise ValueError(f"calibration: optimizer_s[{k!r}]={tuple(v)!r} must be (fixed s, s per byte"
-                                 "[, s per tensor])")
-            terms = (float(v[0]), float(v[1]), float(v[2]) if len(v) == 3 else 0.0)
-            if not all(math.isfinite(t) and t >= 0 for t in terms):
-                raise ValueError(f"calibration: optimizer_s[{k!r}]={terms!r} must be numbers >= 0")
-            opt[k] = terms
+            _need(len(v) in (2, 3), f"optimizer_s[{k!r}]={tuple(v)!r} must be (fixed s, s per byte"
+                  "[, s per tensor])")
+            opt[k] = (float(v[0]), float(v[1]), float(v[2]) if len(v) == 3 else 0.0)
+            _need(all(math.isfinite(t) and t >= 0 for t in opt[k]),
+                  f"optimizer_s[{k!r}]={opt[k]!r} must be numbers >= 0")
         object.__setattr__(self, "optimizer_s", opt)
         bad = sorted(set(self.message_s) - {"send", "recv"})
-        if bad:
-            raise ValueError(f"calibration: message_s has {bad}; it holds the runtime's 'send' and 'recv' "
-                             "(a host effect goes in host_effects=HostEffects(...))")
-        if not isinstance(self.host_effects, HostEffects):
-            raise ValueError(f"calibration: host_effects={self.host_effects!r} must be a HostEffects record")
-        after = []
+        _need(not bad, f"message_s has {bad}; it holds the runtime's 'send' and 'recv' (a host effect goes "
+              "in host_effects=HostEffects(...))")
+        _need(isinstance(self.host_effects, HostEffects),
+              f"host_effects={self.host_effects!r} must be a HostEffects record")
         for pt in self.allreduce_after:
-            ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in pt)
-            if len(pt) != 2 or not ok:
-                raise ValueError(f"calibration: allreduce_after point {tuple(pt)!r} must be (compute seconds "
-                                 ">= 0, latency seconds >= 0)")
-            after.append((float(pt[0]), float(pt[1])))
-        object.__setattr__(self, "allreduce_after", tuple(sorted(after)))
+            _need(len(pt) == 2 and all(_number(v) and v >= 0 for v in pt),
+                  f"allreduce_after point {tuple(pt)!r} must be (compute seconds >= 0, latency seconds >= 0)")
+        after = sorted((float(c), float(a)) for c, a in self.allreduce_after)
+        object.__setattr__(self, "allreduce_after", tuple(after))
         bad = sorted(set(self.compute_factor) - set(FACTOR_KINDS))
-        if bad:
-            raise ValueError(f"calibration: compute_factor has kinds {bad}; use {', '.join(FACTOR_KINDS)}")
+        _need(not bad, f"compute_factor has kinds {bad}; use {', '.join(FACTOR_KINDS)}")
         for k, v in self.compute_factor.items():
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"calibration: compute_factor[{k!r}]={v!r} must be a finite number > 0")
+            _need(_number(v) and v > 0, f"compute_factor[{k!r}]={v!r} must be a finite number > 0")
 
     def overhead(self, kind: str) -> float:
         """The runtime's seconds per action of ``kind`` (``W`` falls back to ``B``'s, 0 if unmeasured)."""

@@ -183,3 +183,13 @@ def test_calibrate_model_needs_a_calibrated_cluster() -> None:
     with pytest.raises(ValueError, match="calibrated cluster"):
         calibrate_model(Cluster.flat(2), nn.Identity, list, nn.functional.mse_loss, _profile(),
                         optimizer=lambda ps: None)  # type: ignore[arg-type, return-value]
+
+
+def test_model_runs_refuse_too_few_rounds_or_steps() -> None:
+    from pipelab.calibrate import ModelRuns
+
+    with pytest.raises(ValueError, match="repeats=1"):
+        ModelRuns(repeats=1)
+    with pytest.raises(ValueError, match="steps=2"):
+        ModelRuns(steps=2)
+    assert ModelRuns().repeats == 3

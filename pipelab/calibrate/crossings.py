@@ -1,13 +1,6 @@
-"""Crossing sends and arrivals, measured in real runs (:mod:`pipelab.schedules.crossing` says which
-actions crossed or had an arrival; these functions price them).
-
-* :func:`_crossings`: a run's forward and backward durations split into crossed, arrived and quiet
-  ones, and the round's extras (used by :func:`pipelab.calibrate.message_overhead` on the tiny
-  model's ``1f1b-flush`` run);
-* :func:`_extra`: the mean extra of one class over the quiet actions of the same worker and kind;
-* :func:`interleaved_crossing`: the same extra in an interleaved run, which interleaved schedules
-  take (``HostEffects.cross_interleaved_s``).
-"""
+"""Crossing sends and arrivals priced in real runs: the extra of a crossed action, or one with an
+arrival, over the quiet actions of the same worker and kind (:mod:`pipelab.schedules.crossing` says
+which actions crossed)."""
 
 from __future__ import annotations
 
@@ -24,9 +17,8 @@ from pipelab.schedules.crossing import arrived_actions, crossed_actions
 
 def extras_over_quiet(durations: dict[tuple[int, str, str], list[float]], cls: str
                       ) -> list[tuple[int, float]]:
-    """``(count, mean extra seconds)`` per worker and kind of the actions of class ``cls``
-    (``"crossed"``, ``"arrived"``) in ``durations`` (keyed ``(worker, kind, class)``) over the
-    ``"quiet"`` ones of the same worker and kind; pairs without a quiet twin are left out."""
+    """``(count, mean extra seconds)`` of class ``cls`` over ``"quiet"``, per ``(worker, kind, class)`` key
+    of ``durations`` that has a quiet twin."""
     out = []
     for (w, kind, c), ts in durations.items():
         quiet = durations.get((w, kind, "quiet"))
@@ -36,9 +28,7 @@ def extras_over_quiet(durations: dict[tuple[int, str, str], list[float]], cls: s
 
 
 def _extra(durations: dict[tuple[int, str, str], list[float]], cls: str) -> float:
-    """Mean extra seconds of an action of class ``cls`` (``"crossed"``, ``"arrived"``) over a quiet
-    one of the same worker and kind, weighted by the counts of ``cls`` (0 where there are none); a
-    cost, so each worker and kind's extra counts at least 0."""
+    """Mean extra seconds of class ``cls`` over quiet actions, weighted by count, each at least 0."""
     pairs = extras_over_quiet(durations, cls)
     den = sum(n for n, _ in pairs)
     return sum(n * max(d, 0.0) for n, d in pairs) / den if den else 0.0
@@ -46,11 +36,8 @@ def _extra(durations: dict[tuple[int, str, str], list[float]], cls: str) -> floa
 
 def _crossings(run: Any, pooled: dict[tuple[int, str, str], list[float]], cross_rounds: list[float],
                arrive_rounds: list[float]) -> tuple[set[tuple[int, Action]], set[tuple[int, Action]]]:
-    """Durations of the run's ``F``/``B`` past its first quarter (start-up), split into those whose
-    message crossed the peer's (:func:`pipelab.schedules.crossing.crossed_actions`; sending actions),
-    those during which a message arrived (:func:`~pipelab.schedules.crossing.arrived_actions`) and the
-    quiet rest: added to ``pooled``, and this round's two extras appended to ``cross_rounds`` and
-    ``arrive_rounds``; returns ``(crossed, arrived but not crossed)``."""
+    """Pool the run's ``F``/``B`` durations past its first quarter as crossed, arrived or quiet, append
+    the round's two extras; returns ``(crossed, arrived but not crossed)``."""
     comp = list(run.trace.compute_events())
     t0, t1 = min(e.start_s for e in comp), max(e.end_s for e in comp)
     crossed = crossed_actions(run.schedule, comp)
@@ -70,10 +57,8 @@ def _crossings(run: Any, pooled: dict[tuple[int, str, str], list[float]], cross_
 
 
 def interleaved_crossing(repeats: int, backend: str = "gloo", steps: int = 48) -> list[float]:
-    """The crossing extra (:func:`_crossings`) of an interleaved schedule, one figure per round: a
-    two-worker ``interleaved-1f1b`` run (two chunks a worker, 4 microbatches) of
-    :func:`tiny.medium_model` cut in four. The stall a crossed action pays depends on the schedule,
-    so interleaving gets its own figure; it crosses on most actions, so a round holds hundreds."""
+    """The crossing extra of a two-worker ``interleaved-1f1b`` run of the medium model cut in four, one
+    figure per round (the stall depends on the schedule)."""
     n = len(layer_nodes(trace(medium_model())))     # the plan needs the count only: no profile
     plan = Plan.from_boundaries(n, [n // 4, n // 2, 3 * n // 4], batch_size=64)
     out: list[float] = []

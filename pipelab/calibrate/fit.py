@@ -1,18 +1,6 @@
-"""The fits behind calibration: pure functions of measured timings, tested on synthetic data.
-
-* :func:`fit_alpha_beta`: a message of ``n`` bytes takes ``alpha + n / beta`` seconds (latency
-  ``alpha``, bandwidth ``beta``; Hockney's model), fitted by least squares relative to each time, so
-  that small messages (latency-bound) weigh as much as large ones;
-* :func:`fit_ring`: a ring all-reduce of ``n`` bytes over ``p`` workers takes
-  ``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009; Thakur et al.,
-  IJHPCA 2005), fitted over sizes and group sizes;
-* :func:`fit_affine`: ``y = a + b x``;
-* :func:`fit_step`: an optimizer step ``a + b * bytes + c * tensors`` (torch's CPU optimizers loop
-  over the parameter tensors, so a stage of many small tensors pays per tensor);
-* :func:`spread`: the relative spread ``(max - min) / median`` of repeated figures.
-
-Each fit returns its parameters and the relative RMS residual of the fit, which calibration
-records beside them.
+"""The fits behind calibration: least squares relative to each time (small messages weigh as much as
+large ones), clipped at 0, each returned with its relative RMS residual. The ring all-reduce is
+``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009).
 """
 
 from __future__ import annotations
@@ -25,8 +13,7 @@ import numpy as np
 
 
 def _weighted_lstsq(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Least squares of ``a @ x = y`` relative to ``y`` (rows scaled by ``1 / y``); the relative RMS
-    residual. Coefficients are clipped at 0 (a time cannot have a negative part)."""
+    """``(x clipped at 0, relative RMS residual)`` of least squares of ``a @ x = y`` relative to ``y``."""
     if np.any(y <= 0) or not np.all(np.isfinite(y)):
         raise ValueError("timings must be finite and > 0 seconds")
     w = 1.0 / y
@@ -37,11 +24,8 @@ def _weighted_lstsq(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float, float]:
-    """``(alpha seconds, beta bytes/s, relative RMS residual)`` of ``t = alpha + n / beta``.
-
-    Needs at least two distinct sizes. A fit whose bandwidth term vanishes (all sizes cost the
-    same) reports ``beta = inf``.
-    """
+    """``(alpha seconds, beta bytes/s, residual)`` of ``t = alpha + n / beta`` (Hockney; ``inf``: no
+    bandwidth term)."""
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
     if n.shape != t.shape or len(set(n.tolist())) < 2:
@@ -51,8 +35,7 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[floa
 
 
 def fit_ring(samples: Sequence[tuple[float, int, float]]) -> tuple[float, float, float]:
-    """``(alpha, beta, residual)`` of the ring all-reduce ``t = 2(p-1) alpha + 2(p-1)/p * n / beta``
-    from ``(n bytes, p workers, t seconds)`` samples (at least two distinct ``n`` or ``p``)."""
+    """``(alpha, beta, residual)`` of the ring all-reduce from ``(n bytes, p workers, t seconds)`` samples."""
     rows = [(2.0 * (p - 1), 2.0 * (p - 1) / p * n) for n, p, _ in samples if p > 1]
     if len(set(rows)) < 2:
         raise ValueError("fit_ring needs samples of at least two distinct sizes or group sizes (p > 1)")
@@ -73,8 +56,7 @@ def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, 
 
 def fit_step(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float, float, float]:
     """``(a, b, c, residual)`` of an optimizer step ``t = a + b * bytes + c * tensors`` from
-    ``(bytes, tensors, t seconds)`` rows (relative least squares, clipped at 0); needs rows of at
-    least two byte counts and two tensor counts, not all on one line."""
+    ``(bytes, tensors, t seconds)`` rows (torch's CPU optimizers loop over tensors)."""
     x = np.asarray([(1.0, float(n), float(k)) for n, k, _ in rows], dtype=np.float64)
     y = np.asarray([t for _, _, t in rows], dtype=np.float64)
     if len(rows) < 3 or np.linalg.matrix_rank(x) < 3:

@@ -1,8 +1,5 @@
-"""Calibration's measurements through the real runtime: short runs of small models, priced action by action.
-
-Each function runs ``repeats`` rounds and returns one figure per round (the caller keeps the median and
-the spread). An action's own cost is its wall time less the profiled compute of its layers.
-"""
+"""Calibration's measurements through the real runtime: short runs of small models, priced action by
+action (wall time less the profiled compute), one figure per round of ``repeats``."""
 
 from __future__ import annotations
 
@@ -48,11 +45,8 @@ def _medians(samples: dict[str, list[float]], keys: Sequence[str] | None = None)
 
 def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
                      prof: Any = None) -> dict[str, list[float]]:
-    """Per action kind, the runtime's seconds beyond the layers' compute, one figure per round.
-
-    A one-worker ``zb-h1`` run (F, B, W and U all occur) of the tiny model: an action's time runs from
-    its start to the next action's start, less its profiled compute.
-    """
+    """Per action kind, the runtime's seconds beyond the layers' compute, one figure per round: in a
+    one-worker ``zb-h1`` run of the tiny model, start to next start less the profiled compute."""
     prof = prof if prof is not None else _tiny_profile()
     M = 4
     cm = CostModel(prof, Cluster.flat(1))
@@ -78,12 +72,7 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
 def allreduce_in_run(repeats: int, backend: str = "gloo", steps: int = 96,
                      rows: int = 64) -> list[tuple[int, float, float]]:
     """``(gradient bytes, mean seconds of a U, mean compute seconds before it)`` per round of a
-    two-replica ``dp`` run of the medium model on minibatches of ``rows``.
-
-    A U's time is its all-reduce and its step together (the step is taken off by the caller). The
-    mean, not the median: a run pays every all-reduce, and after compute one takes either about a
-    millisecond or several. :func:`~pipelab.calibrate.calibrate` runs it at two compute lengths.
-    """
+    two-replica ``dp`` run of the medium model (the mean: a run pays every all-reduce, fast or slow)."""
     model = medium_model()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     layers = len(layer_nodes(trace(model)))     # the plan needs the count only: no profile
@@ -110,8 +99,8 @@ def ring_latency_of(seconds: float, nbytes: int, bandwidth: float, group: int = 
 
 
 def _latencies(trace: Any) -> tuple[list[float], list[float]]:
-    """``(latencies, late)``: each message's time from its sender's end to its receiver's wait's end,
-    for receivers already waiting, and for messages sent before the receiver asked (late ones)."""
+    """``(latencies, late)``: sender's end to receiver's wait's end, for receivers already waiting and
+    for messages sent before the receiver asked."""
     ends = {(e.kind, e.stage, e.microbatch): e.end_s for e in trace.compute_events()}
     lat, late = [], []
     for e in trace.events:
@@ -126,26 +115,19 @@ def _latencies(trace: Any) -> tuple[list[float], list[float]]:
     return lat, late
 
 
-def message_overhead(
-    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 72, prof: Any = None
-) -> dict[str, list[float]]:
+def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 72,
+                     prof: Any = None) -> dict[str, list[float]]:
     """The runtime's seconds per message, and a message's latency inside a run, one figure per round.
 
-    A two-worker ``1f1b-flush`` run of the tiny model cut after its first layer. Keys: ``"send"`` and
-    ``"recv"`` (the work on quiet actions: neither crossed nor with an arrival; actions that waited for
-    their message are left out), ``"latency"`` (to a receiver already waiting), ``"busy"`` (a late
-    message from a sender that computed on; ``"busy_all"`` pools them), ``"cross"`` and ``"arrive"``
-    (the extra of a crossed action, of one with an arrival, over quiet ones;
-    :mod:`pipelab.calibrate.crossings`). ``base``: the runtime's seconds per action kind.
+    A two-worker ``1f1b-flush`` run of the tiny model cut after its first layer. Keys: ``"send"``,
+    ``"recv"`` (on quiet actions that did not wait), ``"latency"``, ``"busy"`` (``"busy_all"`` pooled),
+    ``"cross"``, ``"arrive"`` (:mod:`.crossings`). ``base``: the runtime's seconds per action kind.
     """
     prof = prof if prof is not None else _tiny_profile()
     M = 4
     cm = CostModel(prof, Cluster.flat(2))
-    comp = {
-        (s, k): v
-        for s, (a, b) in enumerate(((0, 1), (1, len(prof))))
-        for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))
-    }
+    comp = {(s, k): v for s, (a, b) in enumerate(((0, 1), (1, len(prof))))
+            for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))}
     role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
     out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": [], "busy_all": [],
@@ -179,22 +161,17 @@ def message_overhead(
     return out
 
 
-def compute_slowdown(
-    repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 48
-) -> list[float]:
-    """In-run over profiled compute time, one figure per round: the median over the forwards and
-    backwards of a two-worker run of the medium model cut in the middle, the runtime's own seconds
-    per action and message (``base``) taken off first."""
+def compute_slowdown(repeats: int, base: dict[str, float], backend: str = "gloo",
+                     steps: int = 48) -> list[float]:
+    """In-run over profiled compute time of the medium model's ``F``/``B`` in a two-worker run, one
+    median per round, the runtime's own seconds (``base``) taken off first."""
     x = next(iter(medium_data()))[0]
     prof = measure_profile(medium_model(), x, progress=False, repeats=5)
     M = 2
     cm = CostModel(prof, Cluster.flat(2))
     cut = len(prof) // 2
-    own = {
-        (s, k): v
-        for s, (a, b) in enumerate(((0, cut), (cut, len(prof))))
-        for k, v in zip("FB", cm.layers_s(a, b, s, microbatches=M))
-    }
+    own = {(s, k): v for s, (a, b) in enumerate(((0, cut), (cut, len(prof))))
+           for k, v in zip("FB", cm.layers_s(a, b, s, microbatches=M))}
     plan = Plan.from_boundaries(len(prof), [cut], batch_size=64)
     out = []
     for _ in range(repeats):
@@ -202,11 +179,8 @@ def compute_slowdown(
         evs = [e for e in run.trace.compute_events() if e.kind in "FB"]
         skip = len(evs) // steps
         work = {k: base.get(k, 0.0) + base.get("send", 0.0) + base.get("recv", 0.0) for k in "FB"}
-        ratios = [
-            (e.end_s - e.start_s - work[e.kind]) / own[(e.stage, e.kind)]
-            for e in evs[skip:]
-            if own[(e.stage, e.kind)] > 0
-        ]
+        ratios = [(e.end_s - e.start_s - work[e.kind]) / own[(e.stage, e.kind)] for e in evs[skip:]
+                  if own[(e.stage, e.kind)] > 0]
         if ratios:
             out.append(statistics.median(ratios))
     return out

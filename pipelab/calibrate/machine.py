@@ -1,12 +1,6 @@
-"""Calibrate this machine: run every measurement, fit the terms, and write the calibrated cluster.
-
-What is measured, ``repeats`` rounds each (medians kept, spreads recorded): point-to-point latency and
-bandwidth (Hockney's ``alpha + n / beta``); the ring all-reduce (``2(p-1) alpha + 2(p-1)/p n / beta``),
-its latency set from ``dp`` runs through the real runtime; the runtime's own seconds per action and
-per message; compute inside a run against the profile; the optimizer step; memory bandwidth; and the
-host effects (:class:`~pipelab.measured.HostEffects`), applied only where asked. The result is a
-one-switch cluster of ``workers`` devices whose link is the measured path, saved atomically with its
-provenance.
+"""Calibrate this machine: run every measurement ``repeats`` rounds, fit the terms (medians kept,
+spreads recorded), and return a one-switch cluster whose link is the measured path, saved atomically
+with its provenance. The terms are listed in docs/cost_model.md.
 """
 
 from __future__ import annotations
@@ -51,14 +45,10 @@ def _check_backend(backend: str, workers: int) -> None:
     if backend == "nccl":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if not torch.distributed.is_nccl_available() or n < workers:
-            raise ValueError(
-                f"backend='nccl' needs one CUDA GPU per worker ({workers}) and NCCL; this "
-                f"machine has {n} GPU(s): calibrate backend='gloo'"
-            )
-        raise ValueError(
-            "backend='nccl' calibration is not implemented yet: the probes move CPU tensors; "
-            "calibrate backend='gloo'"
-        )
+            raise ValueError(f"backend='nccl' needs one CUDA GPU per worker ({workers}) and NCCL; this "
+                             f"machine has {n} GPU(s): calibrate backend='gloo'")
+        raise ValueError("backend='nccl' calibration is not implemented yet: the probes move CPU tensors; "
+                         "calibrate backend='gloo'")
 
 
 def calibrate(
@@ -87,6 +77,20 @@ def calibrate(
     if len(sizes) < 2 or sizes[0] < 4:
         raise ValueError(f"sizes={sizes!r}: give at least two distinct message sizes of >= 4 bytes")
     _check_backend(backend, workers)
+    got = _measure(workers, backend, sizes, repeats, progress)
+    cal = _assemble(got, workers=workers, backend=backend, repeats=repeats)
+    level = Level(f"{backend}-host", workers, cal.p2p_bandwidth, cal.p2p_latency_s)
+    mem = memory_bytes if memory_bytes is not None else _host_memory()
+    dev = Device(cal.device, 1.0 / max(cal.compute_slowdown, 1.0), int(mem))   # this CPU inside a run
+    cluster = Cluster(name or f"{cal.host}:{workers}", (level,), (dev,) * workers, calibration=cal)
+    if path is not None:
+        cluster.save(path)
+    return cluster
+
+
+def _measure(workers: int, backend: str, sizes: Sequence[int], repeats: int, progress: bool
+             ) -> dict[str, Any]:
+    """Every raw measurement, by label."""
     from tqdm.auto import tqdm
 
     tiny = _tiny_profile()      # one profile of the tiny model, for the two runs that use it
@@ -105,25 +109,13 @@ def calibrate(
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
         ("crossings, interleaved", lambda: interleaved_crossing(max(repeats // 2, 2), backend)),
     ]
-    bar = tqdm(total=len(steps) + 1, desc="calibrating", disable=not progress, leave=False)
     got: dict[str, Any] = {}
-    try:
+    with tqdm(total=len(steps), desc="calibrating", disable=not progress, leave=False) as bar:
         for label, fn in steps:
             bar.set_postfix_str(label)
             got[label] = fn()
             bar.update(1)
-        cal = _assemble(got, workers=workers, backend=backend, repeats=repeats)
-        bar.update(1)
-    finally:
-        bar.close()
-    level = Level(f"{backend}-host", workers, cal.p2p_bandwidth, cal.p2p_latency_s)
-    mem = memory_bytes if memory_bytes is not None else _host_memory()
-    # the device is "this CPU inside a run": speed 1 / the measured slowdown
-    dev = Device(cal.device, 1.0 / max(cal.compute_slowdown, 1.0), int(mem))
-    cluster = Cluster(name or f"{cal.host}:{workers}", (level,), (dev,) * workers, calibration=cal)
-    if path is not None:
-        cluster.save(path)
-    return cluster
+    return got
 
 
 def _host_memory() -> int:
@@ -156,8 +148,7 @@ def _fit_allreduce(ar: list[tuple[int, int, int, float]],
 
 
 def _ring_latency_in_run(got: dict[str, Any], beta: float, sgd: tuple[float, ...]) -> dict[str, list[float]]:
-    """Per ``dp`` run kind, each round's ring latency that gives the U it measured, less its SGD step
-    and the runtime's own U work."""
+    """Per ``dp`` run kind, each round's ring latency giving its U, less the SGD step and U overhead."""
     params = list(medium_model().parameters())
     step = sgd[0] + sgd[1] * sum(p.numel() * p.element_size() for p in params) + sgd[2] * len(params)
     u_over = statistics.median(got["runtime overhead"].get("U") or [0.0])
@@ -179,7 +170,7 @@ def _host_effects(msg: dict[str, list[float]], inter: list[float]) -> tuple[Host
         sp["host_effects.cross_s"] = spread(cross_rounds)
     if inter:
         sp["host_effects.cross_interleaved_s"] = spread(inter)
-    # a round has a few late messages: the pooled median, not the median of the rounds' medians
+    # a round has few late messages: the pooled median
     host = HostEffects(cross_s=statistics.median(cross) if cross else 0.0,
                        busy_sender_s=statistics.median(pooled or busy) if busy else 0.0,
                        cross_interleaved_s=statistics.median(inter) if inter else None)
@@ -241,24 +232,17 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
 
 
 def check(cluster: Cluster, *, backend: str | None = None) -> None:
-    """Warn when ``cluster``'s calibration was made on another host or for another backend
-    (naming where and when it was made); silent for an uncalibrated cluster."""
+    """Warn when ``cluster``'s calibration was made on another host or for another backend."""
     cal = cluster.calibration
     if cal is None:
         return
     where = f"calibrated on {cal.host!r} for {cal.backend} at {cal.date} (torch {cal.torch})"
     if cal.host != socket.gethostname():
-        warnings.warn(
-            f"cluster {cluster.name!r} was {where}, not on this host ({socket.gethostname()!r}); "
-            "its figures may not hold here: run `pipelab calibrate` on this machine",
-            stacklevel=2,
-        )
+        warnings.warn(f"cluster {cluster.name!r} was {where}, not on this host ({socket.gethostname()!r}); "
+                      "its figures may not hold here: run `pipelab calibrate` on this machine", stacklevel=2)
     if backend is not None and backend != cal.backend:
-        warnings.warn(
-            f"cluster {cluster.name!r} was {where}, but it is used for backend {backend!r}; "
-            f"calibrate with backend={backend!r}",
-            stacklevel=2,
-        )
+        warnings.warn(f"cluster {cluster.name!r} was {where}, but it is used for backend {backend!r}; "
+                      f"calibrate with backend={backend!r}", stacklevel=2)
 
 
 def load(path: str | os.PathLike[str], *, backend: str | None = None) -> Cluster:

@@ -1,23 +1,8 @@
 """Calibrate the model at hand: how much longer its layers take inside a real run than profiled.
 
-The profiler times each layer alone, in one process (:mod:`pipelab.profile.measure`); inside a
-two-worker run the same layers share the machine's cores with the other worker, the backend's
-I/O threads and the parent, and the stage's backward is one autograd call where the profiler
-made one per layer. Neither is a property of the machine alone: it depends on the model's
-kernels. :func:`calibrate_model` measures it on the model itself, in a run of its own (not the
-run being predicted): a two-worker ``1f1b-flush`` run of the model cut in two by GPipe's time
-balance, ``repeats`` times. For every ``F`` and ``B`` after the first minibatch,
-
-    factor = (measured duration - the runtime's own work of that action) / the profiled layers' time
-
-(the runtime's work, ``CostModel.runtime_work_s``, is the calibration's per-action and per-message
-seconds; the layers' time is ``CostModel.layers_s`` on the cluster without a factor). The median
-over a round's actions of each kind is that round's figure; the calibration keeps the median of
-the rounds and their spread (``Calibration.compute_factor``, ``spread["compute_factor.F"]``), and
-the cost model multiplies the profile's forward and backward times by it (``W`` by ``B``'s).
-
-:func:`factors` is the pure part (a trace and the prices in, the per-kind figures out), tested on
-synthetic traces.
+In a two-worker ``1f1b-flush`` run of the model cut in two, per kind, the median over actions and then
+over rounds of ``(duration - the runtime's own work) / the profiled layers' time`` is
+``Calibration.compute_factor``; the cost model multiplies the profile's times by it (``W`` by ``B``'s).
 """
 
 from __future__ import annotations
@@ -25,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +26,23 @@ from pipelab.runtime import train
 from pipelab.trace import Trace
 
 
+@dataclass(frozen=True)
+class ModelRuns:
+    """How :func:`calibrate_model` runs the model: rounds, minibatches and microbatches per round, backend."""
+
+    repeats: int = 3
+    steps: int = 12
+    microbatches: int = 4
+    backend: str = "gloo"
+    timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.repeats, int) or self.repeats < 2:
+            raise ValueError(f"repeats={self.repeats!r} must be an int >= 2 (the spread needs two rounds)")
+        if not isinstance(self.steps, int) or self.steps < 3:
+            raise ValueError(f"steps={self.steps!r} must be an int >= 3 (the first minibatch warms up)")
+
+
 def _unscaled(cluster: Cluster) -> Cluster:
     """``cluster`` with its calibration's compute factors removed (the profile's own times)."""
     cal = cluster.calibration
@@ -51,12 +54,7 @@ def _unscaled(cluster: Cluster) -> Cluster:
 
 def factors(trace: Trace, ranges: Sequence[tuple[int, int]], model: CostModel, microbatches: int,
             skip_minibatches: int = 1) -> dict[str, float]:
-    """Per kind (``F``, ``B``), the median over ``trace``'s actions of that kind of (duration - the
-    runtime's own work) / (the layers' time), both from ``model`` (whose cluster has no factor).
-
-    ``ranges[s]`` is stage ``s``'s layers; actions of the first ``skip_minibatches`` minibatches
-    (warm-up) and stages whose layers take no time are left out.
-    """
+    """Per kind (``F``, ``B``), the median factor over ``trace``'s actions past ``skip_minibatches``."""
     per: dict[str, list[float]] = {k: [] for k in FACTOR_KINDS}
     for e in trace.compute_events():
         if e.kind not in per or e.microbatch // microbatches < skip_minibatches:
@@ -77,46 +75,41 @@ def calibrate_model(
     profile: Profile,
     *,
     optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
-    microbatches: int = 4,
-    steps: int = 12,
     repeats: int = 3,
-    backend: str = "gloo",
-    name: str | None = None,
-    timeout: float = 120.0,
+    runs: ModelRuns | None = None,
 ) -> Cluster:
-    """``cluster`` (calibrated by :func:`pipelab.calibrate.calibrate`) with the compute factors of
-    ``model_fn``'s model measured inside ``repeats`` two-worker runs (see the module docstring).
+    """``cluster`` (from :func:`pipelab.calibrate.calibrate`) with ``model_fn``'s compute factors.
 
-    ``data``, ``loss_fn`` and ``optimizer`` are what :func:`pipelab.runtime.train` takes (module-level
-    functions: the workers are spawned); ``profile`` is the model's profile measured on this machine
-    at the batch ``data`` yields; ``name`` names the model in the calibration (default: the
-    profile's). A few seconds per round for a model of a few milliseconds per minibatch.
+    Args:
+        data, loss_fn, optimizer: as :func:`pipelab.train` takes them (module-level: workers spawn).
+        profile: the model's profile on this machine at ``data``'s batch; its ``model`` names it.
+        repeats: rounds (``runs.repeats`` where ``runs`` is given).
+        runs: steps, microbatches, backend and timeout of each round.
     """
     base = _unscaled(cluster)
-    if not isinstance(repeats, int) or repeats < 2:
-        raise ValueError(f"repeats={repeats!r} must be an int >= 2 (the spread needs two rounds)")
-    if not isinstance(steps, int) or steps < 3:
-        raise ValueError(f"steps={steps!r} must be an int >= 3 (the first minibatch warms up)")
+    runs = runs if runs is not None else ModelRuns(repeats=repeats)
+    M = runs.microbatches
     if len(profile) < 2:
         raise ValueError(f"profile of {len(profile)} layer(s): calibrate_model cuts the model in two stages")
     cl = base.with_workers(2)
-    plan: Plan = partition(profile, cl, method="gpipe", stages=2, microbatches=microbatches)
+    plan: Plan = partition(profile, cl, method="gpipe", stages=2, microbatches=M)
     ranges = [(st.start, st.end) for st in plan.stages]
     cm = CostModel(profile, cl)
     rounds: dict[str, list[float]] = {k: [] for k in FACTOR_KINDS}
-    for _ in range(repeats):
+    for _ in range(runs.repeats):
         run = train(model_fn, plan, method="1f1b-flush", data=data, loss_fn=loss_fn, optimizer=optimizer,
-                    steps=steps, microbatches=microbatches, backend=backend, progress=False, timeout=timeout)
-        for k, v in factors(run.trace, ranges, cm, microbatches).items():
+                    steps=runs.steps, microbatches=M, backend=runs.backend, progress=False,
+                    timeout=runs.timeout)
+        for k, v in factors(run.trace, ranges, cm, M).items():
             rounds[k].append(v)
     got = {k: statistics.median(v) for k, v in rounds.items() if v}
     cal = base.calibration
     assert cal is not None
     sp = {**cal.spread, **{f"compute_factor.{k}": spread(v) for k, v in rounds.items() if v}}
     samples = {**cal.samples, "compute_factor": {k: list(v) for k, v in rounds.items()}}
-    new = dataclasses.replace(cal, compute_factor=got, compute_model=name or profile.model, spread=sp,
+    new = dataclasses.replace(cal, compute_factor=got, compute_model=profile.model, spread=sp,
                               samples=samples)
     return dataclasses.replace(cluster, calibration=new)
 
 
-__all__ = ["calibrate_model", "factors"]
+__all__ = ["ModelRuns", "calibrate_model", "factors"]

@@ -1,14 +1,6 @@
-"""The raw measurements behind calibration (:mod:`.fit` turns them into terms).
-
-* :func:`p2p_and_allreduce`: worker processes (one thread each, pinned as the runtime pins them) time
-  one-way messages between ranks 0 and 1 (half a ping-pong, on the runtime's two lanes, after an idle
-  moment as between a pipeline's actions) over a sweep of sizes, and all-reduces after a moment of
-  compute over sizes and group sizes 2..workers;
-* :func:`optimizer_steps`: ``step()`` of SGD, SGD with momentum and Adam over several parameter sets;
-* :func:`memory_copy`: a large tensor copy.
-
-Every worker process is reaped: one that fails or outlives ``timeout`` ends the measurement with an
-error naming its rank.
+"""The raw measurements behind calibration: messages and all-reduces between worker processes set up
+as the runtime's, optimizer steps, a memory copy. Every process is reaped; one that fails or outlives
+``timeout`` ends the measurement with an error naming its rank.
 """
 
 from __future__ import annotations
@@ -60,6 +52,55 @@ def _wait(work: Any) -> None:
         work.wait()
 
 
+def _p2p_sweep(rank: int, sizes: Sequence[int], repeats: int) -> list[tuple[int, int, float]]:
+    """``(round, bytes, one-way seconds)``: half a ping-pong between ranks 0 and 1 on the runtime's two
+    lanes, after an idle moment as a pipeline's messages come between actions (rank 0's figures)."""
+    up: Any = dist.new_group(list(range(dist.get_world_size())))
+    down: Any = dist.new_group(list(range(dist.get_world_size())))
+    p2p: list[tuple[int, int, float]] = []
+    for r in range(repeats):
+        for n in sizes:
+            buf = torch.zeros(max(n // 4, 1), dtype=torch.float32)
+            dist.barrier()
+            trips = []
+            for _ in range(_trips(n) + 1):     # the first trip warms the connection for this size
+                if rank == 0:
+                    time.sleep(IDLE_S)
+                    t0 = time.perf_counter()
+                    _wait(dist.isend(buf, 1, group=up))
+                    _wait(dist.irecv(buf, 1, group=down))
+                    trips.append((time.perf_counter() - t0) / 2)
+                elif rank == 1:
+                    _wait(dist.irecv(buf, 0, group=up))
+                    _wait(dist.isend(buf, 0, group=down))
+            if rank == 0:
+                p2p.append((r, n, statistics.median(trips[1:])))
+    return p2p
+
+
+def _allreduce_sweep(rank: int, sizes: Sequence[int], repeats: int) -> list[tuple[int, int, int, float]]:
+    """``(round, bytes, group size, mean seconds)`` of all-reduces over groups 2..world, each right after
+    compute as a run's ``U`` (the mean: one takes ~0.3 ms or a scheduler slice, and a run pays the mix)."""
+    world = dist.get_world_size()
+    groups: dict[int, Any] = {p: dist.new_group(list(range(p))) for p in range(2, world + 1)}
+    ar: list[tuple[int, int, int, float]] = []
+    for r in range(repeats):
+        for p, g in groups.items():
+            for n in sizes:
+                buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
+                dist.barrier()
+                if rank < p:
+                    dist.all_reduce(buf, group=g)   # warm-up
+                    ts = []
+                    for _ in range(max(_trips(n), AR_TRIPS)):
+                        _compute(BUSY_S)
+                        t0 = time.perf_counter()
+                        dist.all_reduce(buf, group=g)
+                        ts.append(time.perf_counter() - t0)
+                    ar.append((r, n, p, statistics.fmean(ts)))
+    return ar
+
+
 def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[int], repeats: int,
                 queue: Any) -> None:
     """One probe process: ping-pong between ranks 0 and 1, then all-reduces over groups 2..world."""
@@ -71,46 +112,8 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
-        up: Any = dist.new_group(list(range(world)))
-        down: Any = dist.new_group(list(range(world)))
-        p2p: list[tuple[int, int, float]] = []         # (round, bytes, one-way seconds)
-        for r in range(repeats):
-            for n in sizes:
-                buf = torch.zeros(max(n // 4, 1), dtype=torch.float32)
-                k = _trips(n)
-                dist.barrier()
-                trips = []
-                for _ in range(k + 1):     # the first trip warms the connection for this size
-                    # idle first: a pipeline's messages come between actions and pay the wake-ups
-                    if rank == 0:
-                        time.sleep(IDLE_S)
-                        t0 = time.perf_counter()
-                        _wait(dist.isend(buf, 1, group=up))
-                        _wait(dist.irecv(buf, 1, group=down))
-                        trips.append((time.perf_counter() - t0) / 2)
-                    elif rank == 1:
-                        _wait(dist.irecv(buf, 0, group=up))
-                        _wait(dist.isend(buf, 0, group=down))
-                if rank == 0:
-                    p2p.append((r, n, statistics.median(trips[1:])))
-        groups: dict[int, Any] = {p: dist.new_group(list(range(p))) for p in range(2, world + 1)}
-        ar: list[tuple[int, int, int, float]] = []      # (round, bytes, group size, seconds)
-        for r in range(repeats):
-            for p, g in groups.items():
-                for n in sizes:
-                    buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
-                    dist.barrier()
-                    if rank < p:
-                        dist.all_reduce(buf, group=g)   # warm-up
-                        ts = []
-                        for _ in range(max(_trips(n), AR_TRIPS)):
-                            # as a run's U: right after compute, with no barrier first
-                            _compute(BUSY_S)
-                            t0 = time.perf_counter()
-                            dist.all_reduce(buf, group=g)
-                            ts.append(time.perf_counter() - t0)
-                        # the mean: after compute one takes ~0.3 ms or a scheduler slice; a run pays the mix
-                        ar.append((r, n, p, statistics.fmean(ts)))
+        p2p = _p2p_sweep(rank, sizes, repeats)
+        ar = _allreduce_sweep(rank, sizes, repeats)
         dist.barrier()
         queue.put(("ok", rank, {"p2p": p2p, "allreduce": ar}))
     except BaseException:
@@ -157,12 +160,17 @@ def p2p_and_allreduce(workers: int, backend: str, sizes: Sequence[int], repeats:
                 raise RuntimeError(f"calibration probe: worker {rank} failed:\n{payload}")
             results[rank] = payload
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _reap(*procs)
     return dict(results[0])
+
+
+def _reap(*procs: Any) -> None:
+    """Join each process, killing one still alive after 5 s."""
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _worker_call(fn_name: str, args: tuple[Any, ...], queue: Any) -> None:
@@ -179,10 +187,9 @@ def _worker_call(fn_name: str, args: tuple[Any, ...], queue: Any) -> None:
 
 
 def in_worker(fn_name: str, *args: Any, timeout: float = 120.0) -> Any:
-    """``fn_name(*args)`` (a probe of this module) run in a fresh spawned process set up like a
-    runtime worker (one thread; freed memory kept, :func:`~pipelab.runtime.options.tune_malloc`), so
-    a probe that allocates weight-sized tensors pays what a worker pays, not the page faults of this
-    process's defaults; the process is reaped, and a failure or a hang raises ``RuntimeError``."""
+    """``fn_name(*args)`` (a probe of this module) in a fresh process set up like a runtime worker (one
+    thread, :func:`~pipelab.runtime.options.tune_malloc`), so a probe pays what a worker pays; a failure
+    or a hang raises ``RuntimeError``."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_worker_call, args=(fn_name, args, queue), daemon=True)
@@ -193,10 +200,7 @@ def in_worker(fn_name: str, *args: Any, timeout: float = 120.0) -> Any:
         raise RuntimeError(f"calibration probe {fn_name}: no result within {timeout:.0f} s "
                            f"(exit code {proc.exitcode})") from None
     finally:
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        _reap(proc)
     if status != "ok":
         raise RuntimeError(f"calibration probe {fn_name} failed:\n{payload}")
     return payload
@@ -208,8 +212,7 @@ TENSOR_COUNTS = (4, 32)
 
 def last_level_cache_bytes(default: int = 32 << 20,
                            sysfs: str | os.PathLike[str] = "/sys/devices/system/cpu/cpu0/cache") -> int:
-    """The size of this host's last-level CPU cache (Linux sysfs: cpu0's cache index of the highest
-    level), or ``default`` where it cannot be read."""
+    """This host's last-level CPU cache bytes (Linux sysfs), or ``default`` where it cannot be read."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     try:
         base = Path(sysfs)
@@ -221,16 +224,14 @@ def last_level_cache_bytes(default: int = 32 << 20,
         return default
 
 
-#: bytes written between two timed optimizer steps (the last-level cache): as a run's forward and
-#: backward evict the weights, gradients and state between two steps
+#: bytes written between two timed optimizer steps, as a run's forward and backward evict the state
 EVICT_BYTES = last_level_cache_bytes()
 
 
 def optimizer_steps(param_bytes: Sequence[int], repeats: int,
                     tensor_counts: Sequence[int] = TENSOR_COUNTS) -> dict[str, list[tuple[int, int, float]]]:
-    """Per optimizer, ``(parameter bytes, parameter tensors, median seconds of one step())`` over
-    ``param_bytes`` x ``tensor_counts``, timed as the runtime's ``U`` has it: ``step()`` then
-    ``zero_grad(set_to_none=True)`` on fresh gradients, after :data:`EVICT_BYTES` of other writes."""
+    """Per optimizer, ``(parameter bytes, tensors, median seconds)`` of the runtime's ``U`` (``step()``
+    then ``zero_grad(set_to_none=True)``) over ``param_bytes`` x ``tensor_counts``, caches evicted."""
     evict = torch.empty(EVICT_BYTES // 4)
     out: dict[str, list[tuple[int, int, float]]] = {}
     for name, make in OPTIMIZERS.items():
@@ -252,7 +253,6 @@ def optimizer_steps(param_bytes: Sequence[int], repeats: int,
                 rows.append((int(sum(p.numel() * 4 for p in ps)), count, statistics.median(ts[2:])))
         out[name] = rows
     return out
-
 
 
 def per_call(fn: Any, calls: int) -> float:

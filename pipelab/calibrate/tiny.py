@@ -37,8 +37,7 @@ MEDIUM = 256
 
 
 def medium_model() -> nn.Module:
-    """Four Linear layers of width 256: enough compute per action (about a millisecond at batch 64)
-    that a two-worker run measures how much slower the layers compute inside a run than alone."""
+    """Four Linear layers of width 256: enough compute per action to measure compute inside a run."""
     layers: list[nn.Module] = []
     for _ in range(4):
         layers += [nn.Linear(MEDIUM, MEDIUM), nn.ReLU()]

@@ -1,10 +1,7 @@
 """The one cost model: compute, point-to-point transfers, all-reduce and memory of a layer range.
 
-Partitioners and the simulator both ask this module what things cost, so a plan's prediction and
-a simulated run agree by construction. All times are seconds, sizes bytes.
-
-The assumptions behind each formula (compute scaling with microbatch size, full-duplex links,
-hierarchical ring all-reduce, overlap with the backward, ports) are stated once, in docs/cost_model.md.
+Partitioners and the simulator both ask it what things cost, so a plan's prediction and a simulated
+run agree by construction. Times are seconds, sizes bytes; the assumptions are in docs/cost_model.md.
 """
 
 from __future__ import annotations
@@ -22,22 +19,10 @@ from pipelab.costs.prices import (
     compression_ratio_of,
 )
 
-__all__ = [
-    "CODEC_RATIOS",
-    "compression_ratio_of",
-    "ALLREDUCE_OVERLAP",
-    "HBM_BYTES_PER_S",
-    "OPTIMIZER_STATE",
-    "CostModel",
-    "Prices",
-    "SteadyState",
-]
+__all__ = ["CODEC_RATIOS", "compression_ratio_of", "ALLREDUCE_OVERLAP", "HBM_BYTES_PER_S", "OPTIMIZER_STATE",
+           "CostModel", "Prices", "SteadyState"]
 
 
 @dataclass(frozen=True)
 class CostModel(SteadyStateBound, Memory):
-    """Costs of layer ranges of ``profile`` on ``cluster`` (see the module docstring).
-
-    Primitive prices come from :class:`~pipelab.costs.prices.Prices`, the steady-state bound from
-    :class:`~pipelab.costs.bound.SteadyStateBound`, memory from :class:`~pipelab.costs.memory.Memory`.
-    """
+    """Costs of layer ranges of ``profile`` on ``cluster``: prices, the steady-state bound, memory."""

@@ -1,11 +1,8 @@
 """Whether a profile's device is the cluster's: a CPU profile priced on a GPU cluster is said once.
 
-Compute on worker ``w`` costs the profiled seconds divided by ``cluster.speed(w)`` (1.0: the device the
-profile was measured on). A profile measured on a CPU and a preset of named GPUs at speed 1.0 is a
-simulation of GPUs computing at the CPU's speed; :func:`check_device` warns about it once per
-(profile device, cluster) pair, naming the factor in use and how to set it. Generic devices
-(``Cluster.flat``'s ``"gpu"``) and calibrated clusters are the profiled device by definition, and a
-synthetic profile was measured on no device.
+Compute costs the profiled seconds divided by ``cluster.speed(w)``, so a CPU profile on named GPUs at
+speed 1.0 simulates GPUs at the CPU's speed: warned once per (profile device, cluster). Generic
+devices and calibrated clusters are the profiled device; a synthetic profile has none.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ def _kind(name: str) -> str:
 
 def check_device(profile: Profile, cluster: Cluster) -> None:
     """Warn once when ``profile`` was measured on a CPU and ``cluster`` has accelerators, or the reverse."""
-    if cluster.calibration is not None or profile.source == "synthetic":   # no device measured either way
+    if cluster.calibration is not None or profile.source == "synthetic":
         return
     kinds = {_kind(d.name) for d in cluster.devices} - {"generic"}
     prof_kind = "cpu" if str(profile.device).lower().startswith("cpu") else "accelerator"

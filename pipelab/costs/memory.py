@@ -13,19 +13,10 @@ from pipelab.costs.prices import OPTIMIZER_STATE, Prices
 class Memory(Prices):
     """Memory prices over :class:`Prices` (mixed into :class:`~pipelab.costs.CostModel`)."""
 
-    # ------------------------------------------------------------------ memory
     def activation_bytes(self, start: int, end: int, microbatches: int = 1, *,
                          recompute: bool = False) -> int:
-        """Bytes one in-flight microbatch keeps on a stage ``[start, end)`` until its backward.
-
-        What autograd saves for the stage's layers (the profile's ``saved_bytes``; on the last stage
-        also what the loss saves, ``Profile.loss_saved_bytes``, already in the prefix sums ``pa``), the
-        stage's input, and its output where no layer saves it (``Layer.out_saved`` False: a pipeline
-        stage holds its output until its backward, the root of that backward). With ``recompute`` (the
-        backward recomputes the forward: ``recompute=True``, or a method whose backward reads the
-        newest weights, so the forward builds no graph) only the stage's input and output (the
-        model's last stage outputs a loss: nothing; its forward, the loss's included, builds no graph).
-        """
+        """Bytes one in-flight microbatch keeps on a stage until its backward: what autograd saves, the
+        input, and the output where no layer saves it (with ``recompute``: input and output only)."""
         self._range(start, end)
         inp = self.profile.input_bytes if start == 0 else int(self.cuts[start - 1])
         if recompute:
@@ -37,12 +28,7 @@ class Memory(Prices):
 
     def memory_bytes(self, start: int, end: int, *, versions: int, in_flight: int,
                      microbatches: int = 1) -> dict[str, int]:
-        """Peak bytes of one replica of ``[start, end)``.
-
-        ``weights`` + ``stashed_weights`` (``versions - 1`` extra copies, PipeDream's weight stashing)
-        + ``gradients`` (one buffer) + ``optimizer`` state + ``activations`` of ``in_flight``
-        microbatches of ``minibatch / microbatches`` samples each.
-        """
+        """Peak bytes of one replica of ``[start, end)`` by part, and their ``total``."""
         if versions < 1 or in_flight < 1:
             raise ValueError(f"versions={versions} and in_flight={in_flight} must be >= 1")
         p = self.param_bytes(start, end)
@@ -57,10 +43,7 @@ class Memory(Prices):
         return parts
 
     def memory_arrays(self, microbatches: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """``(P, A)`` matrices over ranges ``[i, j)``: parameter bytes and one microbatch's activation bytes.
-
-        Memory of a range with ``v`` versions and ``k`` in flight is ``(v + 1 + opt) * P + k * A``.
-        """
+        """``(P, A)`` over ranges ``[i, j)``: parameter bytes and one microbatch's activation bytes."""
         inp = np.concatenate([[float(self.profile.input_bytes)], self.cuts, [0.0]])
         layers, n = self.profile.layers, len(self.profile)
         out = np.array([0.0] + [float(layers[j - 1].out_bytes) if j < n and layers[j - 1].out_saved is False

@@ -1,14 +1,16 @@
 """Primitive prices of the cost model: compute, transfers, ports, all-reduce and a replica's minibatch.
 
-The assumptions behind every formula are stated once, in docs/cost_model.md.
+Prices are closed forms over prefix sums of the profile's layers (index ``i``: layers ``[0, i)``),
+so a layer range costs O(1); their assumptions are stated once, in docs/cost_model.md.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,18 +22,15 @@ if TYPE_CHECKING:
 
 HBM_BYTES_PER_S = 900e9   # NVIDIA V100 data sheet: 900 GB/s HBM2
 
-#: how a replicated stage's gradient all-reduce meets its backward pass (see the module docstring):
-#: ``"ddp"`` layer by layer behind backward, ``"none"`` all of it after backward
+#: a replicated stage's all-reduce: ``"ddp"`` layer by layer behind backward, ``"none"`` after it
 ALLREDUCE_OVERLAP = ("ddp", "none")
 
-#: bytes on the wire per byte of a float32 activation, per codec of ``train(compression=...)``
-#: (:mod:`pipelab.runtime.compress`; large tensors: int8's 4-byte scale per tensor is negligible)
+#: float32 bytes per byte on the wire, per codec of ``train(compression=...)`` (int8's scale: negligible)
 CODEC_RATIOS: dict[str, float] = {"none": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 4.0}
 
 
 def compression_ratio_of(compression: str | float | None = None) -> float:
-    """The activation compression ratio of a codec name of ``train(compression=...)`` (``"fp16"`` -> 2.0,
-    ``"int8"`` -> 4.0, None or ``"none"`` -> 1.0), or of a number (the ratio itself)."""
+    """The compression ratio of a codec name (``"fp16"`` -> 2.0; None -> 1.0) or of a number (itself)."""
     if compression is None:
         return 1.0
     if isinstance(compression, str):
@@ -59,11 +58,8 @@ class Prices:
     optimizer: str = "sgd-momentum"
     allreduce_overlap: str = "ddp"
     allreduce_bandwidth: float | None = None
-    #: CUDA stages over gloo (``train(device="cuda")``): bytes/s of a device<->host copy; every message
-    #: then pays a device-to-host copy at the sender and a host-to-device copy at the receiver around the
-    #: host transfer, and an all-reduce the same two copies of the gradients. None: no staging (NCCL, CPU)
+    #: CUDA stages over gloo: bytes/s of the two device<->host copies every message and all-reduce pays
     host_staging_bandwidth: float | None = None
-    # prefix sums over layers (index i = total of layers [0, i)), filled in __post_init__
     pf: np.ndarray = field(init=False, repr=False, compare=False)
     pb: np.ndarray = field(init=False, repr=False, compare=False)
     pw: np.ndarray = field(init=False, repr=False, compare=False)
@@ -75,72 +71,60 @@ class Prices:
     cuts: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.compression_ratio, (int, float)) and math.isfinite(self.compression_ratio)
-                and self.compression_ratio >= 1.0):
+        self._check_options()
+        object.__setattr__(self, "cluster", cluster_of(self.cluster))
+        check_device(self.profile, self.cluster)
+        self._prefix_sums()
+
+    def _check_options(self) -> None:
+        """Raise ``ValueError`` on a bad compression ratio, optimizer, overlap or bandwidth."""
+        def positive(v: object) -> bool:
+            return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+
+        if not (positive(self.compression_ratio) and self.compression_ratio >= 1.0):
             raise ValueError(f"compression_ratio={self.compression_ratio!r} must be a finite number >= 1 "
                              f"(2.0 for fp16 activations, 4.0 for int8)")
         if self.optimizer not in OPTIMIZER_STATE:
-            raise ValueError(
-                f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZER_STATE)}"
-            )
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZER_STATE)}")
         if self.allreduce_overlap not in ALLREDUCE_OVERLAP:
             raise ValueError(
                 f"allreduce_overlap={self.allreduce_overlap!r} is not one of {ALLREDUCE_OVERLAP}: "
                 f"'ddp' overlaps the all-reduce with backward layer by layer (PyTorch DDP), "
                 f"'none' all-reduces after backward (pipelab's runtime)"
             )
-        if self.allreduce_bandwidth is not None and not (
-                isinstance(self.allreduce_bandwidth, (int, float)) and math.isfinite(self.allreduce_bandwidth)
-                and self.allreduce_bandwidth > 0):
+        if self.allreduce_bandwidth is not None and not positive(self.allreduce_bandwidth):
             raise ValueError(f"allreduce_bandwidth={self.allreduce_bandwidth!r} must be None (the links' "
                              f"bandwidth) or a finite number of bytes/s > 0")
         hs = self.host_staging_bandwidth
-        if hs is not None and not (isinstance(hs, (int, float)) and math.isfinite(hs) and hs > 0):
+        if hs is not None and not positive(hs):
             raise ValueError(f"host_staging_bandwidth={hs!r} must be None (no staging) or a finite number of "
                              "bytes/s > 0 (a device-to-host copy's speed, e.g. 12e9 over PCIe 3 x16)")
-        object.__setattr__(self, "cluster", cluster_of(self.cluster))
-        check_device(self.profile, self.cluster)
+
+    def _prefix_sums(self) -> None:
+        """Fill the prefix sums; times carry the calibrated factor of each kind (``W`` scales with ``B``)."""
         layers = self.profile.layers
-        f = np.array([layer.fwd_s for layer in layers], dtype=np.float64)
-        b = np.array([layer.bwd_s for layer in layers], dtype=np.float64)
-        p = np.array([layer.param_bytes for layer in layers], dtype=np.float64)
-        saved = np.array([layer.saved_bytes for layer in layers], dtype=np.float64)
-        # activations stashed for backward: the profile's saved_bytes when it has them, else each
-        # layer's output (PipeDream's profiles only record outputs)
+        f, b, p, saved, out = (np.array([getattr(layer, k) for layer in layers], dtype=np.float64)
+                               for k in ("fwd_s", "bwd_s", "param_bytes", "saved_bytes", "out_bytes"))
+        # activations kept for backward: saved_bytes where the profile has them (PipeDream's: outputs),
+        # plus what the loss saves, on the last layer (the last stage holds it until its backward)
         loss_saved = float(self.profile.loss_saved_bytes)
-        act = saved if saved.sum() > 0 or loss_saved > 0 else np.array([layer.out_bytes for layer in layers],
-                                                                        dtype=np.float64)
-        # what the loss saves for its backward belongs to the last layer's range: the last stage computes
-        # the loss inside its forward and holds it until its backward (0 where the profile has none)
+        act = saved if saved.sum() > 0 or loss_saved > 0 else out
         act = np.concatenate([act[:-1], act[-1:] + loss_saved])
         for label, arr in (("fwd_s", f), ("bwd_s", b), ("param_bytes", p), ("activation bytes", act)):
             if not np.all(np.isfinite(arr)) or np.any(arr < 0):
                 raise ValueError(f"profile has NaN, infinite or negative {label}; fix the profile")
-        z = np.zeros(1)
-        # the layers' times as they run inside a run of this machine: the profile's, times the
-        # calibrated factor of each kind (1 without a calibration of the model; W scales with B)
         cal = self.cluster.calibration
         kf, kb = (cal.factor("F"), cal.factor("B")) if cal is not None else (1.0, 1.0)
-        object.__setattr__(self, "pf", np.concatenate([z, np.cumsum(f * kf)]))
-        object.__setattr__(self, "pb", np.concatenate([z, np.cumsum(b * kb)]))
-        # weight-gradient part of each backward (measured by the profiler; half where it is unknown)
+        # weight-gradient part of each backward (half where the profiler did not measure it)
         w = np.array([layer.bwd_s / 2 if layer.wgrad_s is None else layer.wgrad_s for layer in layers])
-        object.__setattr__(self, "pw", np.concatenate([z, np.cumsum(w * kb)]))
-        # fixed (batch-independent) parts of the times, for microbatches (see the module docstring)
-        object.__setattr__(
-            self, "qf", np.concatenate([z, np.cumsum([layer.fwd_fixed_s * kf for layer in layers])])
-        )
-        object.__setattr__(
-            self, "qb", np.concatenate([z, np.cumsum([layer.bwd_fixed_s * kb for layer in layers])])
-        )
-        object.__setattr__(self, "pp", np.concatenate([z, np.cumsum(p)]))
-        # parameter tensors (an optimizer step pays per tensor; 0 where the profile did not count them)
-        tensors = [layer.param_tensors or 0 for layer in layers]
-        object.__setattr__(self, "pt", np.concatenate([z, np.cumsum(tensors)]))
-        object.__setattr__(self, "pa", np.concatenate([z, np.cumsum(act)]))
+        sums: dict[str, Any] = {"pf": f * kf, "pb": b * kb, "pw": w * kb, "pp": p, "pa": act,
+                                "qf": [layer.fwd_fixed_s * kf for layer in layers],   # fixed parts
+                                "qb": [layer.bwd_fixed_s * kb for layer in layers],
+                                "pt": [layer.param_tensors or 0 for layer in layers]}   # tensors, for U
+        for name, values in sums.items():
+            object.__setattr__(self, name, np.concatenate([np.zeros(1), np.cumsum(values)]))
         object.__setattr__(self, "cuts", np.array(self.profile.cut_bytes, dtype=np.float64))
 
-    # ------------------------------------------------------------------ basics
     @property
     def num_layers(self) -> int:
         """Layers in the profile."""
@@ -152,15 +136,12 @@ class Prices:
             raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{n}")
 
     def overhead_s(self, kind: str) -> float:
-        """The runtime's own seconds per action of ``kind`` (F, B, W, U) on a calibrated cluster
-        (:attr:`pipelab.cluster.Cluster.calibration`), 0 otherwise."""
+        """The runtime's own seconds per action of ``kind`` (F, B, W, U); 0 on an uncalibrated cluster."""
         cal = self.cluster.calibration
         return cal.overhead(kind) if cal is not None else 0.0
 
     def layers_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
-        """(forward, backward) seconds of the layers ``[a, b)`` alone for one microbatch: affine in the
-        batch, times the calibrated factor of each kind inside a run (``Calibration.compute_factor``,
-        1 without one), divided by the worker's speed, without the runtime's per-action work."""
+        """(forward, backward) seconds of the layers alone for one microbatch, without the runtime's work."""
         self._range(start, end)
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
@@ -171,41 +152,28 @@ class Prices:
         return float(f) / speed, float(b) / speed
 
     def compute_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
-        """(forward, backward) seconds of one microbatch (``minibatch / microbatches``) of ``[a, b)``:
-        the layers' times (affine in the batch, divided by the worker's speed) plus the runtime's
-        per-action overhead of a calibrated cluster."""
+        """(forward, backward) seconds of one microbatch: :meth:`layers_s` plus :meth:`runtime_work_s`."""
         f, b = self.layers_s(start, end, worker, microbatches)
         rf, rb = self.runtime_work_s(start, end)
         return f + rf, b + rb
 
     def runtime_work_s(self, start: int, end: int) -> tuple[float, float]:
-        """The runtime's own seconds in the forward and in the backward of stage ``[start, end)`` on
-        a calibrated cluster (0 otherwise): per action, plus per message. A stage with a neighbour
-        receives its input and sends its output (forward), and the other way round for gradients
-        (backward)."""
+        """The runtime's own (forward, backward) seconds of a stage: per action, plus per message to and
+        from each neighbour (0 on an uncalibrated cluster)."""
         into, out = start > 0, end < self.num_layers
         send, recv = self.message_s("send"), self.message_s("recv")
         return (self.overhead_s("F") + into * recv + out * send,
                 self.overhead_s("B") + out * recv + into * send)
 
     def message_s(self, role: str) -> float:
-        """The runtime's own seconds per message on the ``"send"``-ing or ``"recv"``-ing worker of a
-        calibrated cluster, 0 otherwise."""
+        """The runtime's own seconds per message of ``role`` (``"send"``, ``"recv"``); 0 if uncalibrated."""
         cal = self.cluster.calibration
         return float(cal.message_s.get(role, 0.0)) if cal is not None else 0.0
 
     def backward_split_s(self, start: int, end: int, worker: int,
                          microbatches: int = 1) -> tuple[float, float]:
-        """(input gradient ``B``, weight gradient ``W``) seconds of one microbatch of ``[a, b)`` when
-        backward is split (zero bubble), as pipelab's runtime splits it, plus each action's overhead.
-
-        ``B`` differentiates the stage's output with respect to its input only: the chain of input
-        gradients of its layers (nothing at the first stage, whose input needs no gradient). ``W``
-        then differentiates with respect to the weights, which walks the same chain again down to
-        the first layer's weights: every layer's weight gradient plus the input gradients of all
-        layers but the first (the whole backward at the first stage). Per layer the split is the
-        profile's measured one (``Layer.wgrad_s``; half of the backward where a profile lacks it).
-        """
+        """(``B``, ``W``) seconds of one microbatch with overheads: ``B`` the input gradients (none at the
+        first stage), ``W`` every weight gradient plus the input gradients of all layers but the first."""
         fixed = self.runtime_work_s(start, end)[1]     # B takes the gradient in and sends its own out
         b = self.layers_s(start, end, worker, microbatches)[1]
         full = float(self.pb[end] - self.pb[start])
@@ -230,14 +198,8 @@ class Prices:
         return int(self.pt[end] - self.pt[start])
 
     def update_s(self, start: int, end: int, worker: int, memory_bandwidth: float | None = None) -> float:
-        """Seconds of the optimizer step of ``[start, end)``.
-
-        On a calibrated cluster: the measured step of :attr:`optimizer` (fixed seconds, plus seconds
-        per parameter byte, plus seconds per parameter tensor) plus the runtime's ``U`` overhead.
-        Otherwise the step streams weights, gradients and optimizer state once through device
-        memory, ``param_bytes * (3 + state) / memory_bandwidth``, scaled by the worker's speed
-        (default bandwidth: the calibrated host's, else a V100's HBM2).
-        """
+        """Seconds of the optimizer step with the ``U`` overhead: the calibrated step, else weights,
+        gradients and state streamed once through memory (the calibrated host's, else HBM2)."""
         cal = self.cluster.calibration
         if memory_bandwidth is None:
             memory_bandwidth = cal.memory_bandwidth if cal is not None else HBM_BYTES_PER_S
@@ -269,20 +231,14 @@ class Prices:
         return lv.latency + nbytes / self.compression_ratio / lv.transfer_bandwidth + self.staging_s(nbytes)
 
     def staging_s(self, nbytes: int) -> float:
-        """Seconds of the two host copies (device to host, host to device) of a message of ``nbytes``
-        (compressed) when CUDA stages talk over gloo; 0 without ``host_staging_bandwidth``."""
+        """Seconds of a message's two device<->host copies (0 without ``host_staging_bandwidth``)."""
         if self.host_staging_bandwidth is None:
             return 0.0
         return 2.0 * nbytes / self.compression_ratio / self.host_staging_bandwidth
 
-    # ------------------------------------------------------------------ ports (shared by the simulator)
     def ports(self, src: int, dst: int) -> tuple[Hashable, Hashable]:
-        """The sender's egress and the receiver's ingress port of a transfer ``src -> dst``.
-
-        At level ``k`` a port belongs to the level-``k-1`` block: a GPU inside a server, the whole
-        server across servers, so that two GPUs of one server sending to another server share its
-        NIC. Full duplex: egress and ingress are separate ports.
-        """
+        """The sender's egress and the receiver's ingress port of ``src -> dst``, owned by their blocks
+        one level below the level crossed (two GPUs of a server share its NIC)."""
         k = self.cluster.level_between(src, dst)
         if k < 0:
             raise ValueError(f"ports({src}, {dst}): a worker does not send to itself over a link")
@@ -294,33 +250,22 @@ class Prices:
         return self.cluster.levels[port[1]].uplinks  # type: ignore[index]
 
     def port_share(self, workers: Sequence[int], level: int) -> float:
-        """Largest fraction of a stage's round-robin traffic at ``level`` that one port carries.
-
-        A port at level ``k`` belongs to a level-``k-1`` block and has ``uplinks`` links; round-robin
-        gives each of the stage's replicas ``1 / len(workers)`` of the minibatches.
-        """
+        """Largest fraction of a stage's round-robin traffic at ``level`` that one port (link) carries."""
         ws = list(workers)
         if not ws:
             raise ValueError("port_share needs at least one worker")
         inner = self.cluster.block_size(level - 1)
-        per: dict[int, int] = {}
-        for w in ws:
-            per[w // inner] = per.get(w // inner, 0) + 1
-        return max(per.values()) / len(ws) / self.cluster.levels[level].uplinks
+        return max(Counter(w // inner for w in ws).values()) / len(ws) / self.cluster.levels[level].uplinks
 
     def stage_port_s(self, start: int, end: int, workers: Sequence[int], prev: int | None = None,
                      nxt: int | None = None, copies: int = 1) -> float:
-        """The partitioners' port term of one stage: busy seconds per minibatch of its busiest port
-        from its own two cuts (activation in and gradient out at the input cut, activation out and
-        gradient in at the output cut).
+        """The partitioners' additive port term: busy seconds per minibatch of a stage's busiest port
+        from its own two cuts (both cuts at one level load the same ports: their times add).
 
-        ``workers`` are the stage's (contiguous) workers, ``prev`` the last worker of the previous
-        stage and ``nxt`` the first of the next (None at the pipeline's ends); each cut is priced at
-        the level of that link. When both cuts cross the same level they load the same ports, so
-        their times add (a middle stage's port carries both directions of both cuts); otherwise
-        they use different ports. ``copies`` pipelines replicated in disjoint blocks share the
-        minibatches. It is additive over stages (what the DP needs) and equals the
-        :meth:`steady_state` port term when no port carries traffic of two stages' cuts.
+        Args:
+            workers: the stage's contiguous workers.
+            prev, nxt: the previous stage's last and the next's first worker (None at the ends).
+            copies: pipelines in disjoint blocks that share the minibatches.
         """
         self._range(start, end)
         ws = list(workers)
@@ -342,13 +287,9 @@ class Prices:
             return terms[0][1] + terms[1][1]
         return max(t for _, t in terms)
 
-    # ------------------------------------------------------------------ all-reduce
     def allreduce_coeffs(self, workers: Sequence[int], compute_s: float | None = None) -> tuple[float, float]:
-        """``(seconds per byte, fixed seconds)`` of a hierarchical ring all-reduce over ``workers``
-        (at ``allreduce_bandwidth`` per link where it is set), or of one flat ring through them where the
-        cluster's ``allreduce_ring`` is ``"flat"``. On a calibrated cluster, ``compute_s``
-        (what each replica computed since the last all-reduce) picks the ring's latency
-        (:meth:`~pipelab.measured.Calibration.allreduce_latency`; None: the calibration's one)."""
+        """``(seconds per byte, fixed seconds)`` of a hierarchical (or the cluster's ``"flat"``) ring
+        all-reduce over ``workers``; on a calibrated cluster ``compute_s`` before it picks the latency."""
         ws = sorted(set(int(w) for w in workers))
         for w in ws:
             self.cluster.speed(w)
@@ -356,7 +297,6 @@ class Prices:
             return 0.0, 0.0
         cal = self.cluster.calibration
         if cal is not None and len(self.cluster.levels) == 1:
-            # the calibrated ring: 2 (p - 1) steps of latency, 2 (p - 1) / p of the data per link
             p = len(ws)
             bw = cal.allreduce_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
             return 2.0 * (p - 1) / p / bw, 2.0 * (p - 1) * cal.allreduce_latency(compute_s)
@@ -365,31 +305,26 @@ class Prices:
         for k, lv in enumerate(self.cluster.levels):
             inner, outer = self.cluster.block_size(k - 1), self.cluster.block_size(k)
             groups: dict[int, set[int]] = {}
-            members: dict[int, int] = {}
             for w in ws:
                 groups.setdefault(w // outer, set()).add(w // inner)
-                members[w // inner] = members.get(w // inner, 0) + 1
             p = max(len(g) for g in groups.values())
             if p <= 1:
                 continue
-            links = min(lv.uplinks, max(members.values()))
+            links = min(lv.uplinks, max(Counter(w // inner for w in ws).values()))
             bw = lv.ring_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
             crossed.append((bw, lv.latency))
             per_byte += 2.0 * (p - 1) / p / (bw * links)
             fixed += 2.0 * (p - 1) * lv.latency
         if self.cluster.allreduce_ring == "flat" and crossed:
-            # one ring through all the group's workers: each moves 2 (P - 1) / P of the bytes, the ring as
-            # fast as its slowest link, every step one latency of the slowest-latency level crossed
+            # one ring through all: as fast as its slowest link, each step the slowest latency crossed
             n = len(ws)
             return (2.0 * (n - 1) / n / min(bw for bw, _ in crossed),
                     2.0 * (n - 1) * max(lat for _, lat in crossed))
         return per_byte, fixed
 
     def allreduce_latency_steps(self, workers: Sequence[int]) -> float:
-        """How many ring latencies the all-reduce over ``workers`` pays, ``2 (p - 1)``, where the
-        latency depends on the compute before it (a calibrated cluster with
-        ``Calibration.allreduce_after``); 0 elsewhere, where :meth:`allreduce_coeffs`' fixed part
-        holds whatever the compute."""
+        """``2 (p - 1)`` ring latencies where the latency depends on the compute before it
+        (``Calibration.allreduce_after``); 0 where :meth:`allreduce_coeffs`' fixed part holds."""
         cal = self.cluster.calibration
         p = len(set(int(w) for w in workers))
         if cal is None or not cal.allreduce_after or len(self.cluster.levels) != 1 or p <= 1:
@@ -397,33 +332,22 @@ class Prices:
         return 2.0 * (p - 1)
 
     def allreduce_s(self, nbytes: int, workers: Sequence[int], compute_s: float | None = None) -> float:
-        """Seconds of a hierarchical ring all-reduce of ``nbytes`` over ``workers`` (0 for one worker),
-        after ``compute_s`` of compute on each replica (:meth:`allreduce_coeffs`)."""
+        """Seconds of an all-reduce of ``nbytes`` over ``workers`` after ``compute_s`` of compute."""
         kappa, fixed = self.allreduce_coeffs(workers, compute_s)
         if kappa == 0.0 or nbytes == 0:
             return 0.0
         staged = 0.0 if self.host_staging_bandwidth is None else 2.0 * nbytes / self.host_staging_bandwidth
         return fixed + kappa * nbytes + staged
 
-    # ------------------------------------------------------------------ a replica's minibatch
     def replica_time_s(self, start: int, end: int, workers: Sequence[int], microbatches: int = 1) -> float:
-        """Seconds one replica of ``[start, end)`` needs for a minibatch, all-reduce over ``workers``.
-
-        Backward runs from layer ``end-1`` down to ``start``. With ``allreduce_overlap="ddp"`` layer
-        ``l``'s gradient is all-reduced when its backward is done and the previous reduction has
-        finished, so ``T = F + max_l [B(l..end) + kappa * P(start..l]] + fixed``; with ``"none"``
-        the stage's gradients are all-reduced in one call after backward,
-        ``T = F + B + kappa * P(start..end) + fixed``. Replicas run at the slowest one's speed (they
-        wait for each other in the all-reduce). ``microbatches`` is accepted for the callers that
-        price a minibatch of several microbatches; the time is the whole minibatch's either way.
-        """
+        """Seconds one replica (the slowest) needs for a whole minibatch with its all-reduce over ``workers``:
+        ``F + max_l [B(l..end) + kappa * P(start..l]] + fixed`` (``"ddp"``), ``F + B + kappa * P + fixed``."""
         self._range(start, end)
         ws = list(workers)
         if not ws:
             raise ValueError("replica_time_s needs at least one worker")
         speed = min(self.cluster.speed(w) for w in ws)
         f = (self.pf[end] - self.pf[start]) / speed + sum(self.runtime_work_s(start, end))
-        # the replica computes the range's forward and backward between two all-reduces
         work = float(f + (self.pb[end] - self.pb[start]) / speed)
         kappa, fixed = self.allreduce_coeffs(ws, work)
         if kappa == 0.0:
@@ -437,27 +361,17 @@ class Prices:
     def replica_time_matrix(
         self, speed: float, kappa: float, fixed: float, steps: float = 0.0, *, transpose: bool = False
     ) -> np.ndarray:
-        """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges at once
-        (``inf`` where ``j <= i``). ``steps`` > 0 (:meth:`allreduce_latency_steps`): the all-reduce's
-        fixed part is ``steps`` latencies at the range's own compute, as :meth:`replica_time_s` takes
-        it, instead of ``fixed``.
-
-        Vectorised: ``max_l`` over ``[i, j)`` is a running maximum along each row of a triangular
-        matrix, one ``np.maximum.accumulate`` call (``allreduce_overlap="ddp"``; with ``"none"`` it
-        is ``F + B + kappa * P + fixed`` of the range). ``transpose=True`` returns ``T.T`` (rows
-        ``j``), contiguous for reductions over ``i``.
-        """
+        """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges (``inf`` where ``j <= i``);
+        ``steps`` from :meth:`allreduce_latency_steps`; ``transpose=True``: ``T.T``, contiguous over ``i``."""
         n = self.num_layers
         pf, pb, pp = self.pf / speed, self.pb / speed, self.pp
         i = np.arange(n + 1)[:, None]
         j = np.arange(n + 1)[None, :]
-        # per range, besides its layers: the runtime's F and B overheads, a message at each cut
         overheads = self.overhead_s("F") + self.overhead_s("B")
         per_cut = self.message_s("send") + self.message_s("recv")
         cuts = ((i > 0).astype(float) + (j < n).astype(float)) * per_cut if per_cut else 0.0
         cal = self.cluster.calibration
         if steps > 0 and cal is not None and cal.allreduce_after:
-            # each range's compute between two all-reduces, as replica_time_s has it
             work = (pf + pb)[None, :] - (pf + pb)[:, None] + overheads + cuts
             fixed_m: float | np.ndarray = steps * cal.allreduce_latencies(work)
         else:

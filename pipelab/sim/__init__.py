@@ -1,11 +1,4 @@
-"""Simulate a schedule on a cluster: ``pl.simulate(plan, profile, cluster, method=...) -> SimResult``.
-
-- :mod:`pipelab.schedules.dataflow` — discrete-event execution of a schedule (blocking actions, async sends);
-- :mod:`pipelab.sim.simulate` — ``simulate``, ``simulate_schedule``, ``SimResult`` (metrics, memory).
-
-The cost model it prices actions with is :mod:`pipelab.costs` (one layer below, shared with the
-partitioners); ``CostModel`` is re-exported here for convenience.
-"""
+"""Simulate a schedule on a cluster: ``pl.simulate(plan, profile, cluster, method=...) -> SimResult``."""
 
 from __future__ import annotations
 

@@ -1,27 +1,9 @@
 """``simulate`` and ``SimResult``: time a schedule on a cluster with the one cost model.
 
-The simulator executes the very :class:`~pipelab.schedules.Schedule` that the runtime runs
-(:mod:`pipelab.schedules.dataflow`), with durations from the one cost model
-(:class:`pipelab.costs.CostModel`):
-
-- ``F``/``B`` of a stage: the profile's forward/backward seconds of its layers for one microbatch
-  (minibatch / ``M``), divided by the worker's speed; ``zb-h1`` splits each backward in halves,
-  ``B`` (input gradient) and ``W`` (weight gradient), since profiles do not separate them;
-- ``U``: the optimizer step streams weights, gradients and optimizer state once through device
-  memory: ``param_bytes * (3 + state) / memory_bandwidth`` (default 900 GB/s, a V100's HBM2);
-- transfers: ``CostModel.transfer_s`` of the cut's bytes per microbatch; a transfer passes the
-  sender's egress and the receiver's ingress port at the level it crosses (``CostModel.ports``: a
-  GPU's port inside a server, the server's NIC across servers, ``Level.uplinks`` links each), one
-  transfer per link at a time, cut-through (the switch buffers between the two ports);
-- all-reduce of replicated stages, one at a time per stage, as ``CostModel.allreduce_overlap`` says
-  (same formulas as ``CostModel.replica_time_s``): ``"ddp"`` (default) overlaps it layer by layer
-  with the last backward; ``"none"`` starts it once the last gradient action is done, as pipelab's
-  runtime does (``pl.simulate(..., allreduce_overlap="none")`` to model a pipelab run).
-
-Memory per worker over time: weights, a gradient buffer (from the first weight gradient to the
-update), optimizer state (from the first update: allocated lazily) per hosted stage, one extra weight
-copy per additional version alive (stashing; PipeMare's delta buffer), and the activations of every
-microbatch between its ``F`` and its last gradient action (:func:`_memory`).
+The simulator executes the very :class:`~pipelab.schedules.Schedule` the runtime runs
+(:mod:`pipelab.schedules.dataflow`), each action priced by :class:`pipelab.costs.CostModel`: compute,
+transfers through the ports they cross, all-reduce as ``allreduce_overlap`` says, the optimizer step.
+Memory per worker over time follows what the runtime holds (docs/cost_model.md).
 """
 
 from __future__ import annotations
@@ -46,23 +28,20 @@ from pipelab.schedules.steps import ScheduleError
 from pipelab.sim.host_effects import HostCosts, HostEffects, run_with
 from pipelab.trace import Event, Trace
 
+if TYPE_CHECKING:
+    from pipelab.profile.records import Profile
+
 
 def _synchronous(method: str) -> bool:
-    """Whether ``method`` flushes every minibatch (a schedule of an unregistered name counts as one)."""
+    """Whether ``method`` flushes every minibatch (an unregistered name counts as one)."""
     spec = methods.METHODS.get(method)
     return spec is None or spec.synchronous
 
 
 def _order(method: str) -> str | None:
-    """The builder key of ``method`` (None for a schedule of an unregistered name)."""
+    """The builder key of ``method`` (None for an unregistered name)."""
     spec = methods.METHODS.get(method)
     return spec.order if spec is not None else None
-
-
-if TYPE_CHECKING:
-    from pipelab.profile.records import Profile
-
-
 
 @dataclass(frozen=True, repr=False)
 class SimResult(Described):
@@ -129,11 +108,8 @@ class ProfileCosts(Costs):
     def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
                  memory_bandwidth: float | None = None, workers: list[int] | None = None,
                  recompute_forward: bool = False) -> None:
-        """``ranges[s]`` = stage ``s``'s layers; one microbatch is 1/``microbatches`` of the profile's
-        minibatch; ``workers[r]`` is the cluster worker of schedule rank ``r`` (default identity, see
-        ``plan.notes["workers"]`` of HetPipe plans); ``recompute_forward``: every ``B`` first runs
-        its stage's forward again (methods whose backward reads the newest weights, not the ones its
-        forward read: naive-async, PipeMare)."""
+        """``ranges[s]``: stage ``s``'s layers; ``workers[r]``: rank ``r``'s cluster worker (default
+        identity); ``recompute_forward``: every ``B`` first runs its stage's forward again."""
         self.model = model
         self.recompute_forward = recompute_forward
         self.ranges = ranges
@@ -185,9 +161,7 @@ class ProfileCosts(Costs):
         return hit
 
     def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
-        """The sender's egress and the receiver's ingress port at the level the transfer crosses
-        (:meth:`CostModel.ports`, the ports the partitioners' steady state loads): a GPU's port
-        inside a server, the whole server's NIC across servers, ``Level.uplinks`` links each."""
+        """The sender's egress and the receiver's ingress port (:meth:`CostModel.ports`)."""
         hit = self._channels.get((src, dst))
         if hit is None:
             hit = self._channels[(src, dst)] = self.model.ports(self._w(src), self._w(dst))
@@ -198,15 +172,12 @@ class ProfileCosts(Costs):
         return self.model.port_slots(channel) if isinstance(channel, tuple) else 1
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
-        """See :meth:`Costs.allreduce`: tail = max_l [B(l..end) + kappa * P(start..l)] + fixed with
-        ``allreduce_overlap="ddp"`` (``B`` of one microbatch: the last gradient action's), and
-        ``grad_s + kappa * P(start..end) + fixed`` with ``"none"`` (all-reduce after backward)."""
+        """See :meth:`Costs.allreduce`; the formulas of :meth:`CostModel.replica_time_s`."""
         a, e = self.ranges[stage]
         cm = self.model
         nbytes = cm.param_bytes(a, e)
         phys = [self._w(w) for w in workers]
         slowest = min(phys, key=cm.cluster.speed)
-        # what a replica computes between two all-reduces: its share of the minibatch's microbatches
         f, b = cm.compute_s(a, e, slowest, microbatches=self.M)
         work = -(-self.M // len(phys)) * (f + b)
         kappa, fixed = cm.allreduce_coeffs(phys, work)
@@ -224,19 +195,9 @@ class ProfileCosts(Costs):
 def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_size: int = 1,
                       memory: Mapping[int, tuple[int, ...]] | None = None,
                       minibatch_scale: int = 1, host_effects: HostEffects | None = None) -> SimResult:
-    """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it.
-
-    ``time_per_minibatch`` is the steady-state seconds per schedule minibatch divided by
-    ``minibatch_scale`` (``simulate`` passes ``M`` for ``dp``, whose every microbatch is a whole
-    profile minibatch on one replica, as in PipeDream's data-parallel baseline); ``throughput`` is
-    ``batch_size`` samples per ``time_per_minibatch``. Sync methods are measured over the whole run
-    (makespan / K); async methods between the ``w``-th and the ``(K - w)``-th minibatch completion,
-    ``w`` = minibatches in flight at the input stage (warm-up and drain excluded).
-
-    ``memory`` maps stage -> its byte terms (:func:`_memory`; without it memory is 0).
-    ``host_effects``: also apply that record's crossing pass (:mod:`pipelab.sim.host_effects`);
-    None: the core model alone.
-    """
+    """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it (async methods without
+    warm-up and drain). ``minibatch_scale`` divides the time per minibatch (``M`` for ``dp``); ``memory``:
+    stage -> its byte terms (:func:`_memory`); ``host_effects``: also apply that record."""
     costs = costs if costs is not None else UnitCosts()
     try:
         events = run(schedule, costs) if host_effects is None else run_with(schedule, costs, host_effects)
@@ -250,9 +211,7 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
     window = (0.0, end)
     tpm = end / K
     if not _synchronous(schedule.method):
-        # Replicas finish minibatches out of order, and a replicated stage's all-reduce releases its
-        # group of minibatches at once: measure between sorted completions whose counts are multiples
-        # of L = lcm(replica counts), skipping w minibatches of warm-up and of drain.
+        # replicas complete out of order, in groups: count completions in multiples of lcm(replicas)
         done = metrics.minibatch_completions(comp, M, K)
         w = schedule.warmup_minibatches()
         L = math.lcm(*(len(r) for r in schedule.stage_ranks)) if M == 1 else 1
@@ -274,21 +233,11 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
 
 def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[int, ...]]
             ) -> dict[int, list[tuple[float, int]]]:
-    """Per worker, (time, bytes) after every change: weights, gradients, optimizer state, extra
-    versions, live activations, as the runtime holds them (:mod:`pipelab.runtime.memory` measures it).
+    """Per worker, (time, bytes) after every change, as the runtime holds them (docs/cost_model.md).
 
-    ``memory[s] = (static, activations, p[, buffers[, grad_out]])``: ``p`` the bytes of one weight copy,
-    ``static`` weights + gradient buffer + optimizer state (``(2 + state) * p``), ``buffers`` bytes of
-    weight-sized buffers a method always keeps (PipeMare's delta), ``grad_out`` the output gradient
-    of one microbatch, which a split backward keeps from its ``B`` to its ``W``. Weights count from
-    the start; the
-    gradient buffer from the stage's first weight-gradient action (``B``, or ``W`` where backward is
-    split) until its next ``U`` (the optimizer's ``zero_grad(set_to_none=True)`` frees it); the
-    optimizer state from the end of the stage's first ``U`` (torch allocates it lazily at the first
-    step). Activations of a microbatch count from its ``F``'s start to the end of its last gradient
-    action; a weight version counts while the schedule says it is held
-    (:meth:`Schedule.versions_alive`: the latest, or one a later action of the stage will read), the
-    count the runtime keeps.
+    ``memory[s] = (static, activations, p[, buffers[, grad_out]])``: ``p`` one weight copy, ``static``
+    ``(2 + state) * p``, ``buffers`` weight-sized buffers always kept (PipeMare's delta), ``grad_out``
+    the output gradient a split backward keeps from ``B`` to ``W``.
     """
     split = {e.stage for e in comp if e.kind == "W"}
     by_worker: dict[int, list[Event]] = {}
@@ -349,8 +298,7 @@ def _host_effects_of(host_effects: HostEffects | bool, cluster: Cluster) -> Host
 
 
 def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
-    """Split ``profile``'s layers into ``chunks * P`` stages of balanced compute for interleaved 1F1B
-    (exact min-max split, :func:`pipelab.partition.balance.balance_by_time`)."""
+    """Split ``profile``'s layers into ``chunks * P`` stages of balanced compute (interleaved 1F1B)."""
     n_st = chunks * plan.num_stages
     if n_st > len(profile):
         raise ScheduleError(
@@ -392,9 +340,8 @@ def _fits(sch: Schedule, plan: Plan, cluster: Cluster, is_dp: bool) -> list[int]
 
 def _stage_memory(cm: CostModel, profile: Profile, ranges: list[tuple[int, int]], micro: int,
                   spec: Any, recompute: bool) -> dict[int, tuple[int, ...]]:
-    """Per stage: (weights+gradients+state, activations, weights, PipeMare's delta, a split B's output
-    gradient) bytes, the inputs of the memory timeline."""
-    buffers = 1 if spec is not None and spec.weights == "pipemare" else 0   # discrepancy correction's delta
+    """Per stage: the byte terms of :func:`_memory`."""
+    buffers = 1 if spec is not None and spec.weights == "pipemare" else 0
     mem: dict[int, tuple[int, ...]] = {}
     for s, (a, e) in enumerate(ranges):
         p = cm.param_bytes(a, e)
@@ -414,16 +361,12 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
     """Simulate ``method`` on ``plan`` with ``profile``'s costs on ``cluster``.
 
     Args:
-        plan: a Plan, or an int P (an even straight plan); interleaved methods (``chunks=v``) re-split
-            P stages into ``v * P`` virtual ones.
+        plan: a Plan, or an int P (an even plan); ``chunks=v`` re-splits it into ``v * P`` virtual stages.
         cluster: a Cluster or a spec string (``"flat:2"``, a preset).
         compression: ``"fp16"``, ``"bf16"``, ``"int8"`` or a ratio.
-        allreduce_overlap: ``"ddp"`` (behind the backward, layer by layer) or ``"none"`` (after it, as
-            pipelab's runtime).
-        schedule: overrides the built one.
-        host_staging_bandwidth: device-host copies of CUDA stages over gloo.
-        host_effects: ``True`` for the cluster's calibrated :class:`~pipelab.measured.HostEffects`, a
-            record, or ``False`` for the core model alone.
+        allreduce_overlap: ``"ddp"`` (behind the backward) or ``"none"`` (after it, as pipelab's runtime).
+        host_staging_bandwidth: bytes/s of the device-host copies of CUDA stages over gloo.
+        host_effects: ``True`` for the cluster's calibrated record, a record, or ``False`` (the core alone).
     """
     cluster = Cluster.of(cluster)
     host = _host_effects_of(host_effects, cluster)
@@ -440,8 +383,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
     micro = 1 if is_dp else sch.microbatches
     if profile.source != "synthetic":   # a synthetic profile's times split into any M (tests, teaching)
         check_divides(profile.batch_size, micro)
-    # a backward that reads the newest weights recomputes its forward: between F and B a stage keeps
-    # its input and output only
+    # a backward that reads the newest weights recomputes its forward
     recompute = spec is not None and spec.versions == "latest"
     core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
     costs: Costs = core if host is None else HostCosts(core, host)

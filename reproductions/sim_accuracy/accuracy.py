@@ -384,7 +384,7 @@ def model_clusters(cluster: Cluster, profs: dict[str, Profile], *, repeats: int 
     for name, prof in profs.items():
         model_fn, data_fn, loss_fn, batch = MODELS[name]
         out[name] = calibrate_model(cluster, model_fn, functools.partial(data_fn, batch), loss_fn, prof,
-                                    optimizer=sgd, name=name, repeats=repeats)
+                                    optimizer=sgd, repeats=repeats)
     return out
 
 
