@@ -32,7 +32,7 @@ microbatches = None          # None: (4,) by default, (1, 2, 4, 8) with full
 steps = None                 # minibatches per run (None: about a second of steady state per run)
 rounds = 3                   # real runs per configuration: the median is compared, the spread kept
 cluster_path = None          # a calibrated cluster JSON; None: calibrate now
-model_factors = False        # predict with each model's compute factor inside a run (pl.calibrate_model)
+model_factors = False        # predict with each model's compute factor inside a run (pipelab.calibrate.calibrate_model)
 pair_model_factors = True    # measure those factors anyway and report the same runs' error with them
 fresh_profiles = True        # also profile each model again right before each configuration's runs
 recalibrate = True           # calibrate again after the runs and compare its predictions too
@@ -67,7 +67,7 @@ print(cluster.calibration.describe())
 # %%
 profiles = acc.profiles(models)
 # with model_factors: per model, the factor by which its layers compute slower inside a run than
-# profiled, measured in two-worker runs of its own (pl.calibrate_model), not in the runs below
+# profiled, measured in two-worker runs of its own (pipelab.calibrate.calibrate_model), not in the runs below
 # (README: measured, it lowered the CNN's backward by 17% and made the matrix's error larger)
 # with pair_model_factors they are measured either way and each row also carries the error the same
 # real runs give with them (error_model_factor), so their effect is read off paired, in one run
