@@ -33,6 +33,8 @@ TOL_PTS = 2.0
 #: test accuracy the time-to-accuracy runs (grid.py --tta) must reach (shapes: chance 0.25, a linear
 #: classifier 0.585)
 TTA_TARGET = 0.6
+#: depths a Table 1 row's stage count maps to (the nearest; a row whose depth was not run is left out)
+GRID_DEPTHS = (2, 4, 8)
 LABELS = {"pipemare-T1": "pipemare without T1", "pipemare-T2": "pipemare without T2",
           "pipemare-K25": "pipemare, K = run/4", "pipemare-K25-Dtau": "pipemare, K = run/4, γ = 0.1^(1/τ)"}
 
@@ -209,7 +211,9 @@ def time_to_accuracy(rows: list[dict[str, Any]], table1: Path, target: float = T
         for row in t1:
             stages = int(row["stages"])
             hw = float(row["simulated_speedup"])
-            P = 1 if stages <= 1 else min(depths, key=lambda d: (abs(d - stages), -d))
+            P = 1 if stages <= 1 else min(GRID_DEPTHS, key=lambda d: (abs(d - stages), -d))
+            if stages > 1 and P not in depths:      # e.g. make reproduce's subset runs P = 2 only
+                continue
             for method in (["dp"] if stages <= 1 else methods):
                 own = {lr: rs for (t, P_, m, lr), rs in grid.items() if t == task and P_ == P and m == method}
                 for which in ("dp_step_size", "own_best_step_size"):
