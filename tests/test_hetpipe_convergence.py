@@ -30,7 +30,8 @@ def test_vgg19_scaled_to_hetpipes_input_has_its_sizes() -> None:
     assert cpu.layers[0].out_bytes == cpu.batch_size * 64 * 64 * 64 * 4
     grow = (32 / cpu.batch_size) * (224 / 64) ** 2
     assert big.layers[0].fwd_s == pytest.approx(cpu.layers[0].fwd_s * grow)
-    fc = next(i for i, x in enumerate(big.layers) if x.kind == "Linear")   # after the adaptive pool: batch only
+    fc = next(i for i, x in enumerate(big.layers) if x.kind == "Linear")   # after the adaptive pool:
+    # the classifier grows with the batch only
     assert big.layers[fc].fwd_s == pytest.approx(cpu.layers[fc].fwd_s * 32 / cpu.batch_size)
     assert big.param_bytes == cpu.param_bytes
 
