@@ -62,7 +62,9 @@ def convergence_subset(out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     here = REPRODUCTIONS / "convergence"
     steps = ((here / "grid.py", "--out", str(out / "cells_subset.csv")),
-             (here / "report.py", str(out / "cells_subset.csv"), "--out", str(out)))
+             (here / "grid.py", "--tta-subset", "--out", str(out / "cells_tta_subset.csv")),
+             (here / "report.py", str(out / "cells_subset.csv"), "--tta", str(out / "cells_tta_subset.csv"),
+              "--out", str(out)))
     for script, *args in steps:
         done = subprocess.run([sys.executable, str(script), *args], check=False)
         if done.returncode:

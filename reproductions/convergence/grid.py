@@ -9,7 +9,8 @@ taken), as ``pipelab.reproduce.stash_experiment`` does for the digits.
 Methods (``METHODS``): ``dp`` (P replicas), ``gpipe`` (M = P), ``pipedream`` (M = 1, stashing),
 ``pipedream+vertical_sync``, ``naive-async`` (M = 1, no stash), ``2bw`` (M = P), ``buffered:3``
 (K = 3 versions, M = P), ``pipemare`` (M = 1, T1 over the whole run + T2), ``pipemare-T1`` (T2 only),
-``pipemare-T2`` (T1 only); PipeMare with neither technique is ``naive-async`` exactly (tested). Every
+``pipemare-T2`` (T1 only), ``pipemare-K25`` (T1's K a quarter of the run), ``pipemare-K25-Dtau`` (and T2's
+decay ``0.1 ** (1 / tau)``); PipeMare with neither technique is ``naive-async`` exactly (tested). Every
 method takes one optimizer step per minibatch of ``BATCH`` samples, so the step counts and
 samples per step are the same for all.
 
@@ -48,9 +49,10 @@ from torch import nn  # noqa: E402
 from pipelab.graph import layer_nodes, trace  # noqa: E402
 from pipelab.partition.plan import Plan  # noqa: E402
 from pipelab.runtime import train  # noqa: E402
+from pipelab.runtime.guards import NonFiniteError  # noqa: E402
 
 METHODS = ["dp", "gpipe", "pipedream", "pipedream+vertical_sync", "naive-async", "2bw", "buffered:3",
-           "pipemare", "pipemare-T1", "pipemare-T2"]
+           "pipemare", "pipemare-T1", "pipemare-T2", "pipemare-K25", "pipemare-K25-Dtau"]
 EPOCHS = {"shapes": 4, "chars": 3}
 #: SGD with momentum 0.9; a factor 2 apart, around the step size where data parallelism does best
 LRS = {"shapes": [0.015, 0.03, 0.06], "chars": [0.015, 0.03, 0.06]}
@@ -60,6 +62,12 @@ FULL = {"tasks": ["shapes", "chars"], "stages": [2, 4, 8], "seeds": [0, 1, 2],
         "methods": [m for m in METHODS if m != "gpipe"]}
 SUBSET = {"tasks": ["shapes"], "stages": [4], "seeds": [0], "lrs": [0.015, 0.06],
           "methods": ["dp", "pipedream", "naive-async", "pipemare"]}
+#: time to accuracy (report.py): runs long enough, at step sizes small enough, for the pipelines to reach
+#: a target accuracy; ``--tta`` into cells_tta.csv
+TTA = {"tasks": ["shapes"], "stages": [2, 4, 8], "seeds": [0, 1, 2], "lrs": [0.0075, 0.015],
+       "methods": ["dp", "pipedream", "pipedream+vertical_sync", "pipemare"], "epochs": 12}
+#: ``make reproduce``'s part of it: VGG-16's depth (P = 2), one seed, DP and PipeDream (cells_tta_subset.csv)
+TTA_SUBSET = {**TTA, "stages": [2], "seeds": [0], "lrs": [0.015], "methods": ["dp", "pipedream"]}
 FIELDS = ["task", "stages", "method", "lr", "seed", "epochs", "final_accuracy", "best_accuracy",
           "accuracy_per_epoch", "loss_per_epoch", "diverged", "seconds", "commit"]
 
@@ -75,6 +83,10 @@ def spec(method: str, stages: int, steps_total: int) -> tuple[str, dict[str, Any
     if method == "naive-async":
         return "naive-async", {}, 1
     opts: dict[str, Any] = {"warmup_steps": steps_total}      # T1's K: the whole run (weight_buffer/run.py)
+    if method.startswith("pipemare-K25"):     # T1's K: the first quarter of the run (a warm-up)
+        opts["warmup_steps"] = max(1, steps_total // 4)
+        if method.endswith("Dtau"):            # T2's decay gamma = D ** (1 / tau), D = 0.1
+            opts.update(decay=0.1, decay_from_delay=True)
     if method == "pipemare-T1":
         opts["lr_reschedule"] = False
     elif method == "pipemare-T2":
@@ -90,6 +102,12 @@ def _model(task: str) -> nn.Module:
                 nn.init.zeros_(m.b.weight)
                 nn.init.zeros_(m.b.bias)
     return net
+
+
+def constant_accuracy(task: str) -> float:
+    """Test accuracy of always predicting the test set's most frequent class (what a dead model gets)."""
+    y = tasks._chars_test()[1] if task == "chars" else tasks._shapes_test()[1]
+    return round(float(torch.bincount(y).max()) / len(y), 4)
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -114,10 +132,16 @@ def run_cell(task: str, stages: int, method: str, lr: float, seed: int,
     with tempfile.TemporaryDirectory() as tmp:
         for e in range(epochs):
             resume = {"resume": tmp} if e else {}
-            r = train(model_fn, plan, method=name, data=data, loss_fn=_loss,
-                      optimizer=functools.partial(torch.optim.SGD, lr=lr, momentum=0.9),
-                      steps=per_epoch * (e + 1), microbatches=micro, backend="local", seed=seed,
-                      progress=False, checkpoint_every=per_epoch, checkpoint_dir=tmp, **resume, **opts)
+            try:
+                r = train(model_fn, plan, method=name, data=data, loss_fn=_loss,
+                          optimizer=functools.partial(torch.optim.SGD, lr=lr, momentum=0.9),
+                          steps=per_epoch * (e + 1), microbatches=micro, backend="local", seed=seed,
+                          progress=False, checkpoint_every=per_epoch, checkpoint_dir=tmp, **resume, **opts)
+            except NonFiniteError:     # a NaN loss: diverged; a constant prediction's accuracy from here on
+                diverged = True
+                accs += [constant_accuracy(task)] * (epochs - e)
+                losses += [float("nan")] * (epochs - e)
+                break
             ls = [float(v) for v in r.losses]
             mean_loss = sum(ls) / max(len(ls), 1)
             net = _model(task)
@@ -162,6 +186,9 @@ def skipped(method: str, stages: int, seed: int, sel: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--full", action="store_true", help="the whole grid (FULL), into cells.csv")
+    ap.add_argument("--tta", action="store_true", help="the time-to-accuracy runs (TTA), into cells_tta.csv")
+    ap.add_argument("--tta-subset", action="store_true", help="make reproduce's part of TTA (TTA_SUBSET)")
+    ap.add_argument("--epochs", type=int, help="epochs per run (default: EPOCHS, or the selection's)")
     ap.add_argument("--tasks", nargs="+")
     ap.add_argument("--stages", nargs="+", type=int)
     ap.add_argument("--seeds", nargs="+", type=int)
@@ -169,12 +196,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lrs", nargs="+", type=float)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
-    base = FULL if a.full else SUBSET
+    base = TTA if a.tta else TTA_SUBSET if a.tta_subset else FULL if a.full else SUBSET
     sel = {k: getattr(a, k, None) or v for k, v in base.items()}
+    epochs = a.epochs or sel.get("epochs")
     bad = [m for m in sel["methods"] if m not in METHODS]
     if bad:
         raise SystemExit(f"unknown grid method(s) {bad}; choose from {METHODS}")
-    out = a.out or HERE / ("cells.csv" if a.full else "cells_subset.csv")
+    name = ("cells_tta.csv" if a.tta else "cells_tta_subset.csv" if a.tta_subset else
+            "cells.csv" if a.full else "cells_subset.csv")
+    out = a.out or HERE / name
     done: set[tuple[str, int, str, float, int]] = set()
     if out.exists():
         with out.open() as f:
@@ -193,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                         for m in sel["methods"]:
                             if (task, P, m, lr, seed) in done or skipped(m, P, seed, sel):
                                 continue
-                            row = run_cell(task, P, m, lr, seed)
+                            row = run_cell(task, P, m, lr, seed, epochs)
                             w.writerow(row)
                             f.flush()
                             print(f"{task} P={P} {m:24s} lr={lr:<7g} seed={seed} "

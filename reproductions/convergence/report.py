@@ -1,7 +1,8 @@
 """Read the grid's cells: per-cell summary over seeds, heatmaps, verdicts and time to accuracy.
 
-Usage: ``.venv/bin/python reproductions/convergence/report.py [cells.csv ...] [--out DIR]`` (default:
-the ``cells*.csv`` beside this file, the subset's left out). Writes ``summary.csv``,
+Usage: ``.venv/bin/python reproductions/convergence/report.py [cells.csv ...] [--tta cells_tta.csv ...]
+[--out DIR]`` (default: the grid's ``cells*.csv`` beside this file, the subsets' left out, and
+``cells_tta.csv`` for the time to accuracy). Writes ``summary.csv``,
 ``heatmap_<task>.svg``, ``stable_ranges.csv``, ``time_to_accuracy.csv`` and ``results.md`` into
 ``DIR`` (default: beside this file).
 
@@ -13,8 +14,8 @@ the ``cells*.csv`` beside this file, the subset's left out). Writes ``summary.cs
 * **Time to accuracy** (PipeDream's "up to 5.3x faster", SOSP'19 Table 1): the product of the
   simulated epoch-time speed-up of PipeDream over DP on each Table 1 row
   (``../pipedream_table1/results.csv``) and the measured statistical-efficiency ratio
-  ``epochs DP needs / epochs PipeDream needs`` to reach ``TARGET_FRACTION`` of DP's final accuracy, at
-  the grid depth nearest the row's stage count and DP's best step size, per seed.
+  ``epochs DP needs / epochs the method needs`` to reach test accuracy ``TTA_TARGET``, at the grid
+  depth nearest the row's stage count, per seed, from the time-to-accuracy runs (``grid.py --tta``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,13 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 TOL_PTS = 2.0
-TARGET_FRACTION = 0.95
-LABELS = {"pipemare-T1": "pipemare without T1", "pipemare-T2": "pipemare without T2"}
+#: test accuracy the time-to-accuracy runs (grid.py --tta) must reach (shapes: chance 0.25, a linear
+#: classifier 0.585)
+TTA_TARGET = 0.6
+#: depths a Table 1 row's stage count maps to (the nearest; a row whose depth was not run is left out)
+GRID_DEPTHS = (2, 4, 8)
+LABELS = {"pipemare-T1": "pipemare without T1", "pipemare-T2": "pipemare without T2",
+          "pipemare-K25": "pipemare, K = run/4", "pipemare-K25-Dtau": "pipemare, K = run/4, γ = 0.1^(1/τ)"}
 
 
 def load(paths: list[Path]) -> list[dict[str, Any]]:
@@ -160,63 +166,86 @@ def stable_ranges(summary: list[dict[str, Any]], methods: list[str]) -> list[dic
     return out
 
 
-def epochs_to(curve: list[float], target: float) -> float:
-    """First epoch (from 1) whose accuracy reaches ``target``; inf if none."""
-    return next((i + 1.0 for i, a in enumerate(curve) if a >= target), math.inf)
+def epochs_to(curve: list[float], target: float, chance: float = 0.25) -> float:
+    """Epochs (from 1) until the accuracy first reaches ``target``, linearly interpolated between the
+    epoch before (epoch 0: ``chance``) and the first epoch at or above it; inf if none does."""
+    prev, at = chance, 0.0
+    for i, a in enumerate(curve):
+        if a >= target:
+            return at + (i + 1 - at) * (target - prev) / (a - prev) if a > prev else float(i + 1)
+        prev, at = a, float(i + 1)
+    return math.inf
 
 
-def time_to_accuracy(rows: list[dict[str, Any]], table1: Path) -> list[dict[str, Any]]:
-    """Per Table 1 row and task: simulated speed-up x statistical-efficiency ratio (see the module doc)."""
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def time_to_accuracy(rows: list[dict[str, Any]], table1: Path, target: float = TTA_TARGET
+                     ) -> list[dict[str, Any]]:
+    """Per Table 1 row, task and pipelined method: simulated speed-up x statistical efficiency.
+
+    Statistical efficiency is ``epochs DP needs / epochs the method needs`` to reach test accuracy
+    ``target``, per seed, at the grid depth nearest the row's stage count; DP at the step size where it
+    gets there soonest (median over seeds), the method at DP's step size and at its own soonest. A seed
+    on which the method never gets there counts 0; one on which DP never does is left out."""
     if not table1.exists():
         return []
     with table1.open() as f:
         t1 = list(csv.DictReader(f))
     out = []
     grid = cells(rows)
+
+    def soonest(rs_by_lr: dict[float, list[dict[str, Any]]]) -> float:
+        return min(rs_by_lr, key=lambda lr: (_med([epochs_to(r["curve"], target) for r in rs_by_lr[lr]]),
+                                             -_med([r["final_accuracy"] for r in rs_by_lr[lr]])))
+
     for task in sorted({r["task"] for r in rows}):
         dp_by_lr = {lr: rs for (t, P, m, lr), rs in grid.items() if t == task and m == "dp"}
         if not dp_by_lr:
             continue
-        best_lr = max(dp_by_lr, key=lambda lr: statistics.mean(r["final_accuracy"] for r in dp_by_lr[lr]))
-        dp_rows = dp_by_lr[best_lr]
-        target = TARGET_FRACTION * statistics.mean(r["final_accuracy"] for r in dp_rows)
-        dp_epochs = {r["seed"]: epochs_to(r["curve"], target) for r in dp_rows}
+        dp_lr = soonest(dp_by_lr)
+        dp_epochs = {r["seed"]: epochs_to(r["curve"], target) for r in dp_by_lr[dp_lr]}
         depths = sorted({P for (t, P, _, _) in grid if t == task})
+        methods = sorted({m for (t, _, m, _) in grid if t == task and m != "dp"})
         for row in t1:
             stages = int(row["stages"])
             hw = float(row["simulated_speedup"])
-            P = 1 if stages <= 1 else min(depths, key=lambda d: (abs(d - stages), -d))
-            for which in ("dp_step_size", "own_best_step_size"):
-                if stages <= 1:
-                    ratios, reached, lr = [1.0], 1, best_lr
-                else:
-                    lr = best_lr
-                    if which == "own_best_step_size":
-                        own = {lr_: rs for (t, P_, m, lr_), rs in grid.items()
-                               if t == task and P_ == P and m == "pipedream"}
-                        if not own:
-                            continue
-                        lr = max(own, key=lambda x: statistics.mean(r["final_accuracy"] for r in own[x]))
-                    # seeds whose DP run reaches the target (a DP seed that never does has no ratio)
-                    pd_rows = [r for r in grid.get((task, P, "pipedream", lr), [])
-                               if math.isfinite(dp_epochs.get(r["seed"], math.inf))]
-                    ratios = [dp_epochs[r["seed"]] / epochs_to(r["curve"], target) for r in pd_rows]
-                    reached = sum(math.isfinite(epochs_to(r["curve"], target)) for r in pd_rows)
-                if not ratios:
-                    continue
-                prod = [hw * x for x in ratios]
-                out.append({"task": task, "model": row["model"], "cluster": row["cluster"],
-                            "servers_x_gpus": row["servers_x_gpus"], "config": row["config"],
-                            "stages": stages,
-                            "grid_depth": P, "pipedream_lr": which, "lr": lr, "dp_lr": best_lr,
-                            "target_accuracy": round(target, 4), "simulated_speedup": hw,
-                            "stat_efficiency_mean": round(statistics.mean(ratios), 3),
-                            "stat_efficiency_min": round(min(ratios), 3),
-                            "stat_efficiency_max": round(max(ratios), 3),
-                            "time_to_accuracy_speedup_mean": round(statistics.mean(prod), 3),
-                            "time_to_accuracy_speedup_min": round(min(prod), 3),
-                            "time_to_accuracy_speedup_max": round(max(prod), 3), "seeds": len(ratios),
-                            "seeds_reaching_target": reached, "paper_speedup": row["paper_speedup"]})
+            P = 1 if stages <= 1 else min(GRID_DEPTHS, key=lambda d: (abs(d - stages), -d))
+            if stages > 1 and P not in depths:      # e.g. make reproduce's subset runs P = 2 only
+                continue
+            for method in (["dp"] if stages <= 1 else methods):
+                own = {lr: rs for (t, P_, m, lr), rs in grid.items() if t == task and P_ == P and m == method}
+                for which in ("dp_step_size", "own_best_step_size"):
+                    if stages <= 1:
+                        lr, ratios, reached = dp_lr, [1.0], 1
+                    else:
+                        lr = dp_lr if which == "dp_step_size" else (soonest(own) if own else dp_lr)
+                        m_rows = [r for r in own.get(lr, [])
+                                  if math.isfinite(dp_epochs.get(r["seed"], math.inf))]
+                        ratios = [dp_epochs[r["seed"]] / epochs_to(r["curve"], target) for r in m_rows]
+                        reached = sum(math.isfinite(epochs_to(r["curve"], target)) for r in m_rows)
+                    if not ratios:
+                        continue
+                    prod = [hw * x for x in ratios]
+                    out.append({"task": task, "model": row["model"], "cluster": row["cluster"],
+                                "servers_x_gpus": row["servers_x_gpus"], "config": row["config"],
+                                "stages": stages, "grid_depth": P, "method": method, "step_size": which,
+                                "lr": lr, "dp_lr": dp_lr, "target_accuracy": target,
+                                "dp_epochs_median": round(_med([v for v in dp_epochs.values()
+                                                                if math.isfinite(v)]), 2),
+                                "simulated_speedup": hw,
+                                "stat_efficiency_median": round(_med(ratios), 3),
+                                "stat_efficiency_min": round(min(ratios), 3),
+                                "stat_efficiency_max": round(max(ratios), 3),
+                                "time_to_accuracy_speedup_median": round(_med(prod), 3),
+                                "time_to_accuracy_speedup_min": round(min(prod), 3),
+                                "time_to_accuracy_speedup_max": round(max(prod), 3), "seeds": len(ratios),
+                                "seeds_reaching_target": reached, "paper_speedup": row["paper_speedup"],
+                                "commits": " ".join(sorted({r["commit"] for r in rows
+                                                            if r["task"] == task}))})
+                    if stages <= 1:
+                        break
     return out
 
 
@@ -234,24 +263,33 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cells", nargs="*", type=Path)
+    ap.add_argument("--tta", nargs="*", type=Path, default=None,
+                    help="time-to-accuracy cells (default: cells_tta.csv beside this file, if there)")
     ap.add_argument("--out", type=Path, default=HERE)
     a = ap.parse_args(argv)
     out_dir = a.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = list(a.cells) or sorted(HERE.glob("cells*.csv"))
-    paths = [p for p in paths if p.name != "cells_subset.csv"] or paths
-    rows = load(paths)
+    given = list(a.cells)
+    found = sorted(HERE.glob("cells*.csv"))
+    tta_default = [p for p in found if p.name == "cells_tta.csv"] if not given else []
+    tta_paths = list(a.tta) if a.tta is not None else tta_default
+    grid_found = [p for p in found if not p.name.startswith(("cells_subset", "cells_tta"))]
+    paths = [p for p in (given or grid_found) if p not in tta_paths]
+    rows = load(paths) if paths else []
     from grid import METHODS
 
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     summary = summarize(rows)
-    _write_csv(out_dir / "summary.csv", summary)
+    if summary:
+        _write_csv(out_dir / "summary.csv", summary)
     for task, chance in (("shapes", 0.25), ("chars", 0.332)):
         if any(r["task"] == task for r in summary):
             (out_dir / f"heatmap_{task}.svg").write_text(heatmap_svg(summary, task, methods, chance))
     stable = stable_ranges(summary, methods)
-    _write_csv(out_dir / "stable_ranges.csv", stable)
-    tta = time_to_accuracy(rows, HERE.parent / "pipedream_table1" / "results.csv")
+    if stable:
+        _write_csv(out_dir / "stable_ranges.csv", stable)
+    tta_rows = load(tta_paths) if tta_paths else []
+    tta = time_to_accuracy(tta_rows, HERE.parent / "pipedream_table1" / "results.csv")
     _write_csv(out_dir / "time_to_accuracy.csv", tta)
     commits = sorted({r["commit"] for r in rows})
     md = ["# Convergence grid: results", "",
@@ -262,19 +300,22 @@ def main(argv: list[str] | None = None) -> None:
     md += [f"| {r['task']} | {r['stages']} | {LABELS.get(r['method'], r['method'])} | "
            f"{r['lrs_within_tol_of_dp'] or '-'} | {r['lrs_run']} |" for r in stable]
     if tta:
+        tc = sorted({c for r in tta for c in r["commits"].split()})
         md += ["", "## Time to accuracy = simulated epoch-time speed-up x statistical efficiency", "",
-               f"Target: {TARGET_FRACTION:g} x DP's final accuracy (mean over seeds) at its best step size; "
-               "seeds whose DP run never reaches it are left out; a PipeDream seed that never reaches it "
-               "counts 0 (ratio DP epochs / infinity).", "",
-               "| task | model | cluster | config | grid P | PipeDream lr | seeds reaching | simulated × "
-               "| epochs ratio DP/PipeDream (min-max) | product × (min-max) | paper × |",
-               "|---|---|---|---|---|---|---|---|---|---|---|"]
+               f"Cells from {', '.join(p.name for p in tta_paths)}; made at commit(s) {', '.join(tc)}. "
+               f"Target: test accuracy {TTA_TARGET:g}; epochs to it interpolated between evaluations; "
+               "DP at the step size where it gets there soonest; a seed whose DP run never gets there is "
+               "left out, a seed on which the method never does counts 0.", "",
+               "| task | model | cluster | config | grid P | method | lr | seeds reaching | simulated × "
+               "| epochs DP / method, median (min-max) | product ×, median (min-max) | paper × |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['task']} | {r['model']} | {r['cluster']} {r['servers_x_gpus']} | {r['config']} | "
-               f"{r['grid_depth']} | {r['lr']:g} ({r['pipedream_lr'].replace('_', ' ')}) | "
+               f"{r['grid_depth']} | {LABELS.get(r['method'], r['method'])} | {r['lr']:g} "
+               f"({r['step_size'].replace('_', ' ')}) | "
                f"{r['seeds_reaching_target']}/{r['seeds']} | {r['simulated_speedup']:.2f} | "
-               f"{r['stat_efficiency_mean']:.2f} "
+               f"{r['stat_efficiency_median']:.2f} "
                f"({r['stat_efficiency_min']:.2f}-{r['stat_efficiency_max']:.2f}) | "
-               f"{r['time_to_accuracy_speedup_mean']:.2f} ({r['time_to_accuracy_speedup_min']:.2f}-"
+               f"{r['time_to_accuracy_speedup_median']:.2f} ({r['time_to_accuracy_speedup_min']:.2f}-"
                f"{r['time_to_accuracy_speedup_max']:.2f}) | {r['paper_speedup']} |" for r in tta]
     (out_dir / "results.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

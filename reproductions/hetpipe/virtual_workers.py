@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-from pipelab.cluster import Cluster
+from pipelab.cluster import HETPIPE_DEVICES, Cluster
 from pipelab.graph import layer_nodes, trace
 from pipelab.models import pipedream_profile
 from pipelab.partition import partition
@@ -114,7 +114,31 @@ def _vw_minibatch_s(sim: Any, num_vws: int) -> list[float]:
     return out
 
 
-def hetpipe_simulated(profile_name: str, cluster: str, *, staleness: Sequence[int] = (0, 1, 2, 4),
+def dp_cluster(prof: Profile, cluster: Cluster) -> tuple[Cluster, str]:
+    """The devices data parallelism can use: all of ``cluster``, or, when a replica does not fit on its
+    smallest GPUs, HetPipe's cluster without the node types of least memory (Horovod cannot train on a
+    GPU that cannot hold the model). Returns the cluster and a note saying what was left out."""
+    try:
+        partition(prof, cluster, method="dp")
+        return cluster, ""
+    except ValueError as exc:
+        if not cluster.name.startswith("hetpipe"):
+            raise
+        first = str(exc).split(";")[0]
+    by_memory = sorted(HETPIPE_DEVICES, key=lambda t: HETPIPE_DEVICES[t].memory_bytes, reverse=True)
+    for keep in range(len(by_memory) - 1, 0, -1):
+        types = "".join(t for t in "VRGQ" if t in by_memory[:keep])
+        sub = Cluster.hetpipe(servers=len(types), gpus_per_server=cluster.num_workers // 4 or 1, types=types)
+        try:
+            partition(prof, sub, method="dp")
+        except ValueError:
+            continue
+        gone = ", ".join(HETPIPE_DEVICES[t].name for t in "VRGQ" if t not in types)
+        return sub, f"only {sub.num_workers} GPUs: {first} on {gone}"
+    raise ValueError(f"data parallelism does not fit on any node type of {cluster.name}: {first}")
+
+
+def hetpipe_simulated(profile_name: str | Profile, cluster: str, *, staleness: Sequence[int] = (0, 1, 2, 4),
                       minibatches: int = 48, batch_size: int = 32, policies: Sequence[str] = ("ED", "NP"),
                       waves: int = 50) -> pd.DataFrame:
     """Simulated samples/s of data parallelism and of HetPipe per VW policy and staleness bound ``D``.
@@ -122,17 +146,20 @@ def hetpipe_simulated(profile_name: str, cluster: str, *, staleness: Sequence[in
     The pipelines inside the virtual workers are simulated by ``pl.simulate`` (method ``hetpipe``);
     the wave synchronisation across them by :func:`wsp_makespan`, with each VW's seconds per wave
     taken from that simulation; a push and a pull each move the largest stage's weights over the
-    cluster's outermost link (the parameter server sharded by stage, HetPipe §5).
+    cluster's outermost link (the parameter server sharded by stage, HetPipe §5). ``profile_name``: a
+    shipped PipeDream profile (rebatched to ``batch_size``) or a :class:`Profile` used as it is.
     """
     import pandas as pd
 
 
-    prof = rebatch(pipedream_profile(profile_name), batch_size)
+    prof = (profile_name if isinstance(profile_name, _Profile)
+            else rebatch(pipedream_profile(profile_name), batch_size))
     cl = Cluster.preset(cluster)
-    dp_plan = partition(prof, cl, method="dp")
-    dp = simulate(dp_plan, prof, cl, method="dp", minibatches=max(4, minibatches // 4))
+    dp_cl, dp_note = dp_cluster(prof, cl)
+    dp_plan = partition(prof, dp_cl, method="dp")
+    dp = simulate(dp_plan, prof, dp_cl, method="dp", minibatches=max(4, minibatches // 4))
     rows: list[dict[str, Any]] = [{"config": f"dp ({dp_plan.config})", "policy": "", "D": None,
-                                   "samples_per_s": dp.throughput, "speedup_over_dp": 1.0, "note": ""}]
+                                   "samples_per_s": dp.throughput, "speedup_over_dp": 1.0, "note": dp_note}]
     link = cl.levels[-1]
     for policy in policies:
         try:
