@@ -299,9 +299,10 @@ def test_sim_accuracy_notebook(tmp_path: Path) -> None:
     assert list(df["method"]) == ["gpipe", "pipedream"] and (df["measured"] > 0).all()
     assert (df["simulated"] > 0).all() and df["error"].notna().all()
     # a host effect only ever slows an action or a message: with every one, no prediction is faster
-    # than with one left out, nor than the core model's, which has none
-    for col in ("error_without_cross", "error_without_busy_sender", "error_core"):
-        assert (df["error"] <= df[col] + 1e-9).all(), col
+    # than the core model's, which has none. (Against one term left out there is no such order: the
+    # crossing pass finds its crossed actions in a first pass, which a busy sender's delays change.)
+    assert (df["error"] <= df["error_core"] + 1e-9).all()
+    assert df[["error_without_cross", "error_without_busy_sender"]].notna().all().all()
     assert "ALL" in (tmp_path / "results.md").read_text()
     # a profile taken right before each configuration's runs, paired; no model factors asked for
     assert (df["error_fresh_profile"].abs() < 10).all() and df["error_model_factor"].isna().all()
