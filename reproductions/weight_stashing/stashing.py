@@ -21,8 +21,11 @@ from pipelab.models import digits_data, small_cnn
 from pipelab.models.demo import batches
 from pipelab.partition.plan import Plan
 from pipelab.runtime import supported_methods
+from pipelab.runtime.guards import NonFiniteError
 from pipelab.runtime.launch import train
 from reproductions.pipedream_table1.measure import cross_entropy
+
+CHANCE = 0.1   # test accuracy of a diverged run: ten digit classes, one predicted
 
 
 def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
@@ -122,12 +125,19 @@ def stash_experiment(methods: Sequence[str], *, stages: int = 4, epochs: int = 8
             ckpt = str(Path(tmp) / spec.replace("+", "_").replace(":", "_"))
             for epoch in range(epochs):
                 resume: dict[str, Any] = {"resume": ckpt} if epoch else {}
-                run = train(functools.partial(digits_model, channels), plan, method=name, data=data,
-                               loss_fn=cross_entropy,
-                               optimizer=functools.partial(torch.optim.SGD, lr=lr, momentum=momentum),
-                               steps=per_epoch * (epoch + 1), microbatches=micro, backend=backend, seed=seed,
-                               progress=False, checkpoint_every=per_epoch, checkpoint_dir=ckpt,
-                               **resume, **opts)
+                try:
+                    run = train(functools.partial(digits_model, channels), plan, method=name, data=data,
+                                loss_fn=cross_entropy,
+                                optimizer=functools.partial(torch.optim.SGD, lr=lr, momentum=momentum),
+                                steps=per_epoch * (epoch + 1), microbatches=micro, backend=backend, seed=seed,
+                                progress=False, checkpoint_every=per_epoch, checkpoint_dir=ckpt,
+                                **resume, **opts)
+                except NonFiniteError as exc:   # diverged: it predicts one class from here on (chance)
+                    print(f"{spec} diverged in epoch {epoch + 1} (seed {seed}, lr {lr}): {exc}")
+                    rows += [{"method": spec, "epoch": e + 1, "test_accuracy": CHANCE,
+                              "train_loss": float("nan")} for e in range(epoch, epochs)]
+                    bar.update(epochs - epoch)
+                    break
                 state = str(Path(tmp) / "weights.pt")
                 torch.save(run.state_dict(), state)
                 losses = [float(v) for v in run.losses]
