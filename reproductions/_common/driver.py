@@ -177,8 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--quick", action="store_true", help="tiny sizes (seconds, for tests); results go to --out"
     )
     p.add_argument("--out", default=None, help="write results here instead of into reproductions/<part>/")
-    p.add_argument("--full", action="store_true", help="also Table 1's sensitivity grid and cited alternatives "
-                   "(300 simulated rows, about 4 minutes; their committed CSVs are read otherwise)")
+    p.add_argument("--full", action="store_true",
+                   help="also Table 1's sensitivity grid and cited alternatives (300 simulated rows, about "
+                   "4 minutes; their committed CSVs are read otherwise)")
     p.add_argument("--minibatches", type=int, default=64, help="simulated minibatches per Table 1 row")
     p.add_argument("--quickstart", action="store_true",
                    help="only profile VGG-16 on this CPU and print its table beside PipeDream's")
