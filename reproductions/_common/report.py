@@ -37,6 +37,20 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     return atomic_write_text(path, df.to_csv(index=False))
 
 
+def write_rows(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Write dict rows as CSV (atomically), the columns those of the first row."""
+    import csv
+    import io
+
+    if not rows:
+        raise ValueError(f"{path}: no rows to write")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    return atomic_write_text(path, buf.getvalue())
+
+
 def write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write a text file (atomically): a result table, an SVG chart."""
     return atomic_write_text(path, text)

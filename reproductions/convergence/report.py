@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))   # the checkout's root, for reproductions._common
+
+from reproductions._common.report import write_rows  # noqa: E402
+
 TOL_PTS = 2.0
 #: test accuracy the time-to-accuracy runs (grid.py --tta) must reach (shapes: chance 0.25, a linear
 #: classifier 0.585)
@@ -249,15 +253,6 @@ def time_to_accuracy(rows: list[dict[str, Any]], table1: Path, target: float = T
     return out
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -281,16 +276,17 @@ def main(argv: list[str] | None = None) -> None:
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     summary = summarize(rows)
     if summary:
-        _write_csv(out_dir / "summary.csv", summary)
+        write_rows(out_dir / "summary.csv", summary)
     for task, chance in (("shapes", 0.25), ("chars", 0.332)):
         if any(r["task"] == task for r in summary):
             (out_dir / f"heatmap_{task}.svg").write_text(heatmap_svg(summary, task, methods, chance))
     stable = stable_ranges(summary, methods)
     if stable:
-        _write_csv(out_dir / "stable_ranges.csv", stable)
+        write_rows(out_dir / "stable_ranges.csv", stable)
     tta_rows = load(tta_paths) if tta_paths else []
     tta = time_to_accuracy(tta_rows, HERE.parent / "pipedream_table1" / "results.csv")
-    _write_csv(out_dir / "time_to_accuracy.csv", tta)
+    if tta:
+        write_rows(out_dir / "time_to_accuracy.csv", tta)
     commits = sorted({r["commit"] for r in rows})
     md = ["# Convergence grid: results", "",
           f"Cells from {', '.join(p.name for p in paths)}; made at commit(s) {', '.join(commits)}.",

@@ -55,6 +55,7 @@ import torch  # noqa: E402
 from pipelab.graph import layer_nodes, trace  # noqa: E402
 from pipelab.partition.plan import Plan  # noqa: E402
 from pipelab.runtime import train  # noqa: E402
+from reproductions._common.report import write_rows  # noqa: E402
 
 TASK = "shapes"
 B = 8                 # samples per device minibatch (HetPipe: 32 per GPU; scaled to the task)
@@ -194,15 +195,8 @@ def hardware() -> list[dict[str, Any]]:
                             "D": "" if pd.isna(r["D"]) else int(r["D"]),
                             "samples_per_s": r["samples_per_s"], "speedup_over_dp": r["speedup_over_dp"],
                             "note": r["note"]})
-    _write(HARDWARE, out)
+    write_rows(HARDWARE, out)
     return out
-
-
-def _write(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
 
 
 def _spread(xs: list[float]) -> str:
@@ -257,7 +251,7 @@ def report() -> list[dict[str, Any]]:
     for target in TARGETS:
         out += _products(rows, hw, target)
     if out:
-        _write(OUT, out)
+        write_rows(OUT, out)
     print(f"{TASK}: epochs to each target test accuracy per seed; median (min-max) over the seeds on which "
           "DP reaches it (a WSP seed that never does counts 0)\n")
     print("| target | model | profile | HetPipe | DP GPUs | simulated × | seeds DP/WSP reach "

@@ -25,7 +25,6 @@ writes ``lv_real.csv``, ``lv_simulated.csv`` and prints both tables with the rat
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import os
 import statistics
@@ -41,6 +40,10 @@ from torch import nn  # noqa: E402
 import pipelab as pl  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))   # the checkout's root, for reproductions._common
+
+from reproductions._common.report import write_rows  # noqa: E402
+
 CONFIGS = ("lv", "pipedream", "gpipe")
 
 
@@ -158,13 +161,6 @@ def ratios(rows: list[dict[str, Any]], tp: str, mem: str) -> list[str]:
     return out
 
 
-def _write(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -172,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     sim = simulated()
-    _write(a.out / "lv_simulated.csv", sim)
+    write_rows(a.out / "lv_simulated.csv", sim)
     for line in ratios(sim, "throughput", "peak_memory_max_worker_gib"):
         print("simulated", line)
     rr = real(a.rounds)
-    _write(a.out / "lv_real.csv", rr)
+    write_rows(a.out / "lv_real.csv", rr)
     for line in ratios(rr, "throughput_median", "peak_memory_max_worker_mib"):
         print("real CPU", line)
     return 0
