@@ -128,8 +128,9 @@ def table1_results_md(folder: Path) -> str:
     if (folder / "alternatives.csv").exists():
         md += ("\n## Cited alternatives to the defaults' terms\n\n"
                "The whole table under each cited alternative (`alternatives.csv`, "
-               "`reproductions.pipedream_table1.paper.ALTERNATIVES`): rows of 10 where pipelab's choice has the "
-               "paper's shape and is within 25% (in brackets: the paper's own configurations within 25%), "
+               "`reproductions.pipedream_table1.paper.ALTERNATIVES`): rows of 10 where pipelab's choice "
+               "has the paper's shape and is within 25% (in brackets: the paper's own configurations within "
+               "25%), "
                "then each row's error and pipelab's choice.\n\n"
                + alternatives_markdown(pd.read_csv(folder / "alternatives.csv")))
     if (folder / "measure.csv").exists():
