@@ -28,10 +28,9 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from _pair import run_pair  # noqa: E402  (this folder's helper: two processes, reaped)
 
 from pipelab.runtime.affinity import pin_worker  # noqa: E402
-from pipelab.runtime.job import free_port  # noqa: E402
 
 
 def _busy(us: float) -> None:
@@ -73,21 +72,7 @@ def _worker(rank: int, port: int, lanes: bool, trips: int, compute_us: float, nb
 
 def one_run(lanes: bool, trips: int, compute_us: float, nbytes: int) -> float:
     """Microseconds per round of one two-process run."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    ps = [ctx.Process(target=_worker, args=(r, port, lanes, trips, compute_us, nbytes, q))
-          for r in range(2)]
-    for p in ps:
-        p.start()
-    try:
-        return float(q.get(timeout=120))
-    finally:
-        for p in ps:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    return float(run_pair(_worker, lanes, trips, compute_us, nbytes, reports=1, timeout=120)[0])
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from datetime import timedelta  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from _pair import run_pair  # noqa: E402  (this folder's helper: two processes, reaped)
 from torch import nn  # noqa: E402
 
 import pipelab as pl  # noqa: E402
@@ -132,24 +133,7 @@ def _torch_worker(rank: int, port: int, name: str, method: str, steps: int, out:
 
 
 def _torch(name: str, method: str, steps: int) -> float:
-    import torch.multiprocessing as mp
-
-    from pipelab.runtime.job import free_port
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    ps = [ctx.Process(target=_torch_worker, args=(r, port, name, method, steps, q)) for r in range(2)]
-    for p in ps:
-        p.start()
-    try:
-        return float(q.get(timeout=600))
-    finally:
-        for p in ps:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    return float(run_pair(_torch_worker, name, method, steps, reports=1, timeout=600)[0])
 
 
 def _single(name: str, steps: int) -> float:
