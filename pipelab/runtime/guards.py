@@ -44,15 +44,30 @@ def check_loss(loss: torch.Tensor, *, step: int, stage: int, action: str, mode: 
     warn(msg + ("; its update is skipped" if mode == "skip" else "; training goes on (on_nonfinite='warn')"))
 
 
+def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether every value of ``tensors`` is finite: one fused pass per device and dtype."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t.detach())
+    for (device, dtype), ts in groups.items():
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            if not all(bool(torch.isfinite(t).all()) for t in ts):
+                return False
+            continue
+        found = torch.zeros(1, device=device)
+        # AMP's check multiplies by an exact 1.0: the values are unchanged, ``found`` turns 1 on a NaN or inf
+        torch._amp_foreach_non_finite_check_and_unscale_(ts, found, torch.ones(1, device=device))
+        if found.item() != 0:
+            return False
+    return True
+
+
 def check_grads(grads: Sequence[torch.Tensor], *, step: int, stage: int, action: str, mode: str,
                 warn: Callable[[str], None]) -> bool:
     """Whether the update of ``action`` may step (``False``: skip it); raises or warns per ``mode``."""
-    if not grads:
+    if not grads or all_finite(grads):
         return True
-    finite = torch.stack([torch.isfinite(g).all() for g in grads])
-    if bool(finite.all()):
-        return True
-    bad = next(g for g, ok in zip(grads, finite.tolist()) if not ok)
+    bad = next(g for g in grads if not bool(torch.isfinite(g).all()))
     msg = f"gradient is {_what(bad)} at step {step} (stage {stage}, action {action})"
     if mode == "raise":
         raise NonFiniteError(msg)

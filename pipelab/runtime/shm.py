@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import socket
+import struct
 import tempfile
 import time
 from collections import deque
@@ -36,6 +37,7 @@ class _Timespec(ctypes.Structure):
 SLOT_HEADER = 64       # per slot: stamp (k + 1), tag, payload bytes
 MAX_RING_BYTES = 64 << 20   # K shrinks so one ring stays under this (a full ring queues at the sender)
 MAX_SLOTS = 64
+_WORD, _PAIR = struct.Struct("<q"), struct.Struct("<qq")   # header words, native x86-64 order
 
 
 def available(backend: str) -> bool:
@@ -78,62 +80,66 @@ class _Ring:
         self.map = mmap.mmap(fd, size)
         os.close(fd)
         self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
-        self.words = self.bytes.view(torch.int64)
         if create is not None:
-            self.words[1], self.words[2] = create
-        self.k, self.slot = int(self.words[1]), int(self.words[2])
-        self.stride = (SLOT_HEADER + self.slot) // 8
+            _WORD.pack_into(self.map, 8, create[0])
+            _WORD.pack_into(self.map, 16, create[1])
+        self.k, self.slot = self._get(8), self._get(16)
+        self.bell_addr = ctypes.c_void_p(self.bytes.data_ptr() + 24)
 
-    def _word(self, j: int) -> int:
-        return HEADER // 8 + j * self.stride
+    def _get(self, offset: int) -> int:
+        return int(_WORD.unpack_from(self.map, offset)[0])
+
+    def _at(self, k: int) -> int:
+        """Byte offset of message ``k``'s slot header."""
+        return HEADER + (k % self.k) * (SLOT_HEADER + self.slot)
 
     def consumed(self) -> int:
-        return int(self.words[0])
+        return self._get(0)
 
     def stamp(self, k: int) -> int:
-        return int(self.words[self._word(k % self.k)])
+        return self._get(self._at(k))
 
     def bell(self) -> int:
         """The bell's count (low 32 bits: the futex word)."""
-        return int(self.words[3]) & 0xFFFFFFFF
+        return self._get(24) & 0xFFFFFFFF
 
     def ring(self) -> None:
         """Raise the bell and wake a receiver sleeping on it."""
-        self.words[3] = (int(self.words[3]) + 1) & 0xFFFFFFFF
+        _WORD.pack_into(self.map, 24, (self._get(24) + 1) & 0xFFFFFFFF)
         assert _libc is not None
-        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.bytes.data_ptr() + 24), _FUTEX_WAKE, 1, None, None, 0)
+        _libc.syscall(_SYS_FUTEX, self.bell_addr, _FUTEX_WAKE, 1, None, None, 0)
 
     def sleep(self, seen: int, seconds: float) -> None:
         """Sleep while the bell still reads ``seen`` (at most ``seconds``)."""
         ts = _Timespec(int(seconds), int((seconds % 1) * 1e9))
         assert _libc is not None
-        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.bytes.data_ptr() + 24), _FUTEX_WAIT,
-                      ctypes.c_uint32(seen), ctypes.byref(ts), None, 0)
+        _libc.syscall(_SYS_FUTEX, self.bell_addr, _FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(ts),
+                      None, 0)
 
     def write(self, k: int, tag: int, buf: torch.Tensor) -> None:
         """Copy message ``k`` into its slot, then stamp it (the stamp last)."""
-        w = self._word(k % self.k)
+        at = self._at(k)
         n = buf.numel() * buf.element_size()
-        start = w * 8 + SLOT_HEADER
         if n:
+            start = at + SLOT_HEADER
             self.bytes[start:start + n].copy_(buf.reshape(-1).view(torch.uint8))
-        self.words[w + 1], self.words[w + 2] = tag, n
-        self.words[w] = k + 1
+        _PAIR.pack_into(self.map, at + 8, tag, n)
+        _WORD.pack_into(self.map, at, k + 1)
 
     def read(self, k: int, out: torch.Tensor) -> tuple[int, int]:
         """Copy message ``k`` (stamped) into ``out``; count it consumed; return its (tag, bytes)."""
-        w = self._word(k % self.k)
-        t, n = int(self.words[w + 1]), int(self.words[w + 2])
+        at = self._at(k)
+        t, n = _PAIR.unpack_from(self.map, at + 8)
         want = out.numel() * out.element_size()
         if n == want and n:
-            start = w * 8 + SLOT_HEADER
+            start = at + SLOT_HEADER
             out.reshape(-1).view(torch.uint8).copy_(self.bytes[start:start + n])
         if n == want:
-            self.words[0] = k + 1
-        return t, n
+            _WORD.pack_into(self.map, 0, k + 1)
+        return int(t), int(n)
 
     def close(self) -> None:
-        del self.words, self.bytes
+        del self.bytes
         self.map.close()
 
 
