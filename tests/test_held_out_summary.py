@@ -27,18 +27,23 @@ def _rows() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_each_variant_is_scored_against_the_median_of_the_rounds() -> None:
+def test_each_configuration_scores_the_median_of_its_rounds_errors() -> None:
     got = held_out.summary(_rows()).set_index("variant")
-    assert got.loc["core", "median_abs_error"] == pytest.approx((0.1 + 0.3) / 2)   # 99/90 - 1, 260/200 - 1
-    assert got.loc["core", "worst_abs_error"] == pytest.approx(0.3)
-    assert got.loc["all", "median_abs_error"] == pytest.approx(0.0)
+    # core, gpipe: 99/100 - 1 = -0.01 and 99/80 - 1 = +0.2375, median +0.11375; pipedream 260/200 - 1 twice
+    gpipe, pipedream = (-0.01 + 0.2375) / 2, 0.3
+    assert got.loc["core", "median_abs_error"] == pytest.approx((gpipe + pipedream) / 2)
+    assert got.loc["core", "worst_abs_error"] == pytest.approx(pipedream)
+    # all, gpipe: -0.1 and +0.125, median +0.0125; pipedream exact
+    assert got.loc["all", "median_abs_error"] == pytest.approx(0.0125 / 2)
     # per round: core's |errors| (0.01, 0.3) then (0.2375, 0.3): medians 0.155 and 0.26875
     assert got.loc["core", "round_median_lo"] == pytest.approx(0.155)
     assert got.loc["core", "round_median_hi"] == pytest.approx(0.26875)
     assert set(got["configs"]) == {2}
-    # less the model's shift: core's errors +0.1 and +0.3 about their median +0.2
-    assert got.loc["core", "worst_abs_less_shift"] == pytest.approx(1.3 / 1.2 - 1)
-    assert got.loc["core", "median_abs_less_shift"] == pytest.approx(((1 - 1.1 / 1.2) + (1.3 / 1.2 - 1)) / 2)
+    # less the model's shift: core's two errors about their median
+    shift = (gpipe + pipedream) / 2
+    assert got.loc["core", "worst_abs_less_shift"] == pytest.approx((1 + pipedream) / (1 + shift) - 1)
+    assert got.loc["core", "median_abs_less_shift"] == pytest.approx(
+        ((1 - (1 + gpipe) / (1 + shift)) + ((1 + pipedream) / (1 + shift) - 1)) / 2)
 
 
 def test_every_term_of_the_record_gets_its_left_out_variant() -> None:

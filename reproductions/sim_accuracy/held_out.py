@@ -99,16 +99,16 @@ def measure(spec: tuple[Any, Any, Any, int], plan: Any, method: str, m: int, ste
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per group and variant: median and worst |error| over the configurations (each configuration's
-    error against the median of its rounds), the same less each model's common shift, and the range
+    error the median of its rounds' errors), the same less each model's common shift, and the range
     of the per-round median |error|."""
     rows = []
     preds = [c[len("pred_"):] for c in df.columns if c.startswith("pred_")]
     for group, part in df.groupby("group", sort=False):
-        per_cfg = part.groupby(["model", "method", "microbatches"], sort=False)
-        meas = per_cfg["measured"].median()
         for v in preds:
-            pred = per_cfg[f"pred_{v}"].first()
-            err = (pred - meas) / meas
+            # each round's prediction against its own run (fresh rounds predict anew), median over rounds
+            err = ((part[f"pred_{v}"] - part["measured"]) / part["measured"]).groupby(
+                [part["model"], part["method"], part["microbatches"]], sort=False).median()
+            err.index.names = ["model", "method", "microbatches"]
             by_round = [((r[f"pred_{v}"] - r["measured"]) / r["measured"]).abs().median()
                         for _, r in part.groupby("round")]
             # less each model's common shift (the median signed error of its configurations): what a
@@ -126,12 +126,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run(cluster: pl.Cluster, groups: tuple[str, ...] = ("held-out",), *, rounds: int = 3,
-        steps: int = 40, **options: Any) -> pd.DataFrame:
-    """One row per configuration and round: the measured steady-state rate and every prediction
-    (``pred_<variant>``: :func:`variants`), the models of ``groups`` (:data:`GROUPS`) profiled and
-    planned as the quickstart does, every configuration run once per round, in turn (``options``: to
-    ``pl.train``, e.g. ``shared_memory=True``)."""
+def cases_of(cluster: pl.Cluster, groups: tuple[str, ...], steps: int) -> list[tuple[Any, ...]]:
+    """Every configuration of ``groups``: the models profiled and planned as the quickstart does, and
+    every variant's prediction on ``cluster``."""
     cal = cluster.calibration
     if cal is None:
         raise ValueError("held_out.run needs a calibrated cluster (pl.calibrate)")
@@ -143,32 +140,55 @@ def run(cluster: pl.Cluster, groups: tuple[str, ...] = ("held-out",), *, rounds:
             for method, m in CONFIGS:
                 pred = predict(profs[m], cluster, plan, method, m, steps, spec[3], cal.host_effects)
                 cases.append((group, name, spec, method, m, plan, pred))
+    return cases
+
+
+def run(cluster: pl.Cluster | None, groups: tuple[str, ...] = ("held-out",), *, rounds: int = 3,
+        steps: int = 40, **options: Any) -> pd.DataFrame:
+    """One row per configuration and round: the measured steady-state rate and every prediction
+    (``pred_<variant>``: :func:`variants`), every configuration run once per round, in turn
+    (``options``: to ``pl.train``, e.g. ``shared_memory=True``).
+
+    ``cluster=None`` (fresh): each round repeats the whole recipe, ``pl.calibrate``, the profiles, the
+    plans and the predictions, right before its runs; else one calibration serves every round.
+    """
+    fresh = cluster is None
     rows = []
     for r in range(rounds):
+        if fresh or r == 0:
+            cluster = pl.calibrate(workers=2, progress=False).with_workers(2) if fresh else cluster
+            assert cluster is not None and cluster.calibration is not None
+            cases = cases_of(cluster, groups, steps)
+            slowdown = cluster.calibration.compute_slowdown
         for group, name, spec, method, m, plan, pred in cases:
             meas = measure(spec, plan, method, m, steps, **options)
             rows.append({"group": group, "model": name, "method": method, "microbatches": m, "round": r,
-                         "config": plan.config, "measured": meas,
+                         "config": plan.config, "compute_slowdown": slowdown, "measured": meas,
                          **{f"pred_{k}": v for k, v in pred.items()}})
         print(f"round {r + 1}/{rounds} done, load {_load()}", flush=True)
     return pd.DataFrame(rows)
 
 
-def report(df: pd.DataFrame, cluster: pl.Cluster, head: str = "") -> str:
-    """The markdown of :func:`summary` and of every configuration's errors, under ``head``."""
-    cal = cluster.calibration
-    assert cal is not None
+def report(df: pd.DataFrame, cluster: pl.Cluster | None, head: str = "") -> str:
+    """The markdown of :func:`summary` and of every configuration's errors, under ``head`` (``cluster``:
+    the one calibration of every round; ``None``: each round calibrated afresh)."""
     table = summary(df)
+    slow = ", ".join(f"{v:.2f}" for v in df.groupby("round")["compute_slowdown"].first())
     lines = [f"# Host effects on {' and '.join(df['group'].unique())} models ({df['round'].nunique()} paired "
-             "rounds)", "", f"machine: {cal.describe().splitlines()[0]}",
-             f"host effects measured: {cal.host_effects.describe()}", head, ""]
+             "rounds)", ""]
+    if cluster is not None and cluster.calibration is not None:
+        lines += [f"machine: {cluster.calibration.describe().splitlines()[0]}",
+                  f"host effects measured: {cluster.calibration.host_effects.describe()}"]
+    else:
+        lines += ["every round calibrated, profiled and predicted afresh (the quickstart's recipe, repeated)"]
+    lines += [f"compute_slowdown by round: {slow}", head, ""]
     shown = table.copy()
     for c in [c for c in table.columns if "error" in c or "shift" in c or c.startswith("round_")]:
         shown[c] = table[c].map("{:+.1%}".format if "signed" in c else "{:.1%}".format)
     lines.append(markdown_table(shown))
     per = df.groupby(["group", "model", "method", "microbatches"], sort=False).agg(
         measured=("measured", "median"), spread=("measured", lambda s: (s.max() - s.min()) / s.median()),
-        **{c: (c, "first") for c in df.columns if c.startswith("pred_")}).reset_index()
+        **{c: (c, "median") for c in df.columns if c.startswith("pred_")}).reset_index()
     for c in [c for c in per.columns if c.startswith("pred_")]:
         per[c.replace("pred_", "err_")] = ((per[c] - per["measured"]) / per["measured"]).map("{:+.1%}".format)
     per["measured"] = per["measured"].map("{:.0f}".format)
@@ -190,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=40, help="minibatches per real run (default 40)")
     ap.add_argument("--fitted", action="store_true", help="also the fitted models (cnn, transformer)")
     ap.add_argument("--cluster", default=None, help="a calibrated cluster JSON (default: calibrate now)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="calibrate, profile and predict again before each round's runs")
     ap.add_argument("--out", default=str(HERE), help="where to write held_out.csv and held_out.md")
     ap.add_argument("--shared-memory", action="store_true",
                     help="real runs with train(shared_memory=True): messages through shared memory, not gloo")
@@ -198,10 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 1 and --steps >= 8 (a steady window needs minibatches)")
     t0 = time.perf_counter()
     load0 = _load()
-    cluster = (pl.Cluster.load(args.cluster) if args.cluster else pl.calibrate(workers=2)).with_workers(2)
-    if cluster.calibration is None:
-        ap.error(f"{args.cluster}: not a calibrated cluster; write one with `pipelab calibrate -o`")
-    print(cluster.calibration.describe())
+    if args.fresh and args.cluster:
+        ap.error("--fresh calibrates before every round; leave out --cluster")
+    cluster = None
+    if not args.fresh:
+        cluster = (pl.Cluster.load(args.cluster) if args.cluster else pl.calibrate(workers=2)).with_workers(2)
+        if cluster.calibration is None:
+            ap.error(f"{args.cluster}: not a calibrated cluster; write one with `pipelab calibrate -o`")
+        print(cluster.calibration.describe())
     extra = {"shared_memory": True} if args.shared_memory else {}
     df = run(cluster, ("held-out", "fitted") if args.fitted else ("held-out",), rounds=args.rounds,
              steps=args.steps, **extra)
