@@ -29,10 +29,9 @@ from pipelab.runtime.lifeline import ORPHANED_EXIT, use_loopback, watch_launcher
 from pipelab.runtime.options import tune_malloc
 from pipelab.runtime.param_server import WSPClient
 from pipelab.runtime.worker import Worker, WorkerResult
-from pipelab.schedules.dataflow import POST_AHEAD
 from pipelab.trace import Event
 
-LOOKAHEAD = POST_AHEAD   # post the receives of this many upcoming actions early (the simulator knows it)
+LOOKAHEAD = 4   # post the receives of this many upcoming actions early
 
 
 class Clock:

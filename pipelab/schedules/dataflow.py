@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.trace import Event
 
-#: how many actions ahead pipelab's runtime posts its receives (:func:`pipelab.runtime.process.execute`)
-POST_AHEAD = 4
-
 
 def dependencies(kind: str, stage: int, mb: int, last: int) -> list[tuple[str, int, int]]:
     """What action ``(kind, stage, mb)`` waits for besides its worker's previous action: ``F(s, m)``
@@ -53,19 +50,6 @@ class Costs:
         """How many transfers ``channel`` carries at once (e.g. a server's several uplinks)."""
         return 1
 
-    def post_ahead(self) -> int | None:
-        """Rendezvous: a message moves once its receive is posted, ``post_ahead()`` actions ahead; None:
-        as soon as it is produced. This and the next two are set by :mod:`pipelab.sim.host_effects`."""
-        return None
-
-    def busy_sender_s(self, src: int) -> float:
-        """Seconds a message waits to leave when its sender starts its next action at once."""
-        return 0.0
-
-    def rendezvous_s(self, src: int, dst: int) -> float:
-        """Seconds the receiver's "ready" notice takes to reach a sender that waited for it."""
-        return 0.0
-
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """(tail, comm seconds, bytes) of stage ``stage``'s all-reduce over ``workers``; ``tail`` counts from
         the start of the last gradient action (``grad_s`` long: hidden completely) to the reduced gradient."""
@@ -73,8 +57,8 @@ class Costs:
 
 
 class Delegating(Costs):
-    """``base``'s costs in every respect; subclasses change one (the host effects,
-    :mod:`pipelab.sim.host_effects`, and its later pass: :class:`pipelab.schedules.crossing.Stalled`)."""
+    """``base``'s costs in every respect; subclasses change one (the host effects' crossing pass,
+    :class:`pipelab.schedules.crossing.Stalled`)."""
 
     def __init__(self, base: Costs) -> None:
         self.base = base
@@ -90,15 +74,6 @@ class Delegating(Costs):
 
     def channel_slots(self, channel: Hashable) -> int:
         return self.base.channel_slots(channel)
-
-    def post_ahead(self) -> int | None:
-        return self.base.post_ahead()
-
-    def busy_sender_s(self, src: int) -> float:
-        return self.base.busy_sender_s(src)
-
-    def rendezvous_s(self, src: int, dst: int) -> float:
-        return self.base.rendezvous_s(src, dst)
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         return self.base.allreduce(stage, workers, grad_s)
@@ -171,12 +146,6 @@ class Engine:
         self.events: list[Event] = []
         self.heap: list[tuple[float, int, int]] = []         # (end time, seq, worker)
         self.seq = 0
-        # rendezvous: each action's index and end per worker; sends parked until their receive is posted
-        self.ahead = costs.post_ahead()
-        self.index_of = ([{(a.kind, a.stage, a.microbatch): i for i, a in enumerate(lst)}
-                          for lst in self.acts] if self.ahead is not None else [])
-        self.ends: list[list[float]] = [[] for _ in range(self.nw)]
-        self.parked: dict[tuple[int, int], list[tuple[Action, int, int, float, Key]]] = {}
 
     def run(self) -> list[Event]:
         """Run every worker to its end; raise :class:`Deadlock` naming the stuck ones."""
@@ -195,25 +164,9 @@ class Engine:
             for w2 in self.waiting.pop(key):
                 self.start(w2)
 
-    def deliver(self, a: Action, src: int, dst: int, end: float, key: Key, delay: float) -> None:
-        """Publish the data of ``a`` at ``dst`` once it can move: a hand-off on one worker at once;
-        a message ``delay`` after ``end`` (a busy sender), and with a rendezvous once posted."""
-        if dst == src:
-            self.publish(key, end)
-            return
-        end += delay
-        if self.ahead is not None:
-            consumer = ("F", a.stage + 1, a.microbatch) if a.kind == "F" else ("B", a.stage - 1, a.microbatch)
-            j = self.index_of[dst][consumer] - self.ahead      # the receive is posted when action j ends
-            if j >= 0:
-                if len(self.ends[dst]) <= j:                   # not posted yet: wait for that action's end
-                    self.parked.setdefault((dst, j), []).append((a, src, dst, end, key))
-                    return
-                posted = self.ends[dst][j]
-                if posted > end:
-                    self.publish(key, self.ship(a, src, dst, posted + self.costs.rendezvous_s(src, dst)))
-                    return
-        self.publish(key, self.ship(a, src, dst, end))
+    def deliver(self, a: Action, src: int, dst: int, end: float, key: Key) -> None:
+        """Publish the data of ``a`` at ``dst``: a hand-off on one worker at once, else once shipped."""
+        self.publish(key, end if dst == src else self.ship(a, src, dst, end))
 
     def ship(self, a: Action, src: int, dst: int, end: float) -> float:
         """Send ``a``'s output from ``end`` over its channels (each serialising, entered cut-through);
@@ -308,24 +261,15 @@ class Engine:
         a = self.acts[w][self.ptr[w] - 1]
         s, kind, m = a.stage, a.kind, a.microbatch
         end = self.free[w]
-        self.ends[w].append(end)
-        for pa, psrc, pdst, pend, pkey in self.parked.pop((w, len(self.ends[w]) - 1), []):
-            # this action's end posts those receives: the parked sends move now
-            posted = max(pend, end) + self.costs.rendezvous_s(psrc, pdst)
-            self.publish(pkey, self.ship(pa, psrc, pdst, posted))
-        # own data first, then the next action: whether it starts at once delays the send (busy_sender_s)
-        if kind in ("F", "B"):
+        if kind in ("F", "B"):   # own data first, then the next action, then the message
             self.publish((kind.lower(), s, m), end)
-        before = self.ptr[w]
         self.start(w)
-        busy = self.ptr[w] > before and self.events[-1].worker == w and self.events[-1].start_s <= end
-        delay = self.costs.busy_sender_s(w) if busy else 0.0
         if kind == "F" and s < self.S - 1:
             rs = self.ranks[s + 1]
-            self.deliver(a, w, rs[m % len(rs)], end, ("a", s, m), delay)
+            self.deliver(a, w, rs[m % len(rs)], end, ("a", s, m))
         elif kind == "B" and s > 0:
             rs = self.ranks[s - 1]
-            self.deliver(a, w, rs[m % len(rs)], end, ("g", s, m), delay)
+            self.deliver(a, w, rs[m % len(rs)], end, ("g", s, m))
 
     def _check_done(self) -> None:
         acts, ptr = self.acts, self.ptr
