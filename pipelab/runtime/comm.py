@@ -197,11 +197,6 @@ def unpack(buf: torch.Tensor, specs: Sequence[TensorSpec]) -> list[torch.Tensor]
     return out
 
 
-def message_bytes(specs: Sequence[TensorSpec]) -> int:
-    """Payload bytes of a message (without padding)."""
-    return sum(s.nbytes for s in specs)
-
-
 @dataclass
 class Recv:
     """A receive a worker's next action needs: from ``src`` with ``tag``, laid out as ``specs``."""
