@@ -158,17 +158,18 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
 def compute_slowdown(repeats: int, base: dict[str, float], backend: str = "gloo",
                      steps: int = 48) -> list[float]:
     """In-run over profiled compute time of the medium model's ``F``/``B`` in a two-worker run, one
-    median per round, the runtime's own seconds (``base``) taken off first."""
+    median per round, the runtime's own seconds (``base``) taken off first. Each round profiles the
+    model right before its run, so a drift of the machine's speed between rounds cancels in the ratio."""
     x = next(iter(medium_data()))[0]
-    prof = measure_profile(medium_model(), x, progress=False, repeats=5)
     M = 2
-    cm = CostModel(prof, Cluster.flat(2))
-    cut = len(prof) // 2
-    own = {(s, k): v for s, (a, b) in enumerate(((0, cut), (cut, len(prof))))
-           for k, v in zip("FB", cm.layers_s(a, b, s, microbatches=M))}
-    plan = Plan.from_boundaries(len(prof), [cut], batch_size=64)
     out = []
     for _ in range(repeats):
+        prof = measure_profile(medium_model(), x, progress=False, repeats=5)
+        cm = CostModel(prof, Cluster.flat(2))
+        cut = len(prof) // 2
+        own = {(s, k): v for s, (a, b) in enumerate(((0, cut), (cut, len(prof))))
+               for k, v in zip("FB", cm.layers_s(a, b, s, microbatches=M))}
+        plan = Plan.from_boundaries(len(prof), [cut], batch_size=64)
         run = _run(medium_model, medium_data, plan, "1f1b-flush", steps, M, backend)
         evs = [e for e in run.trace.compute_events() if e.kind in "FB"]
         skip = len(evs) // steps
