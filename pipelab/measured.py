@@ -16,16 +16,16 @@ from pipelab._display import Described
 
 FACTOR_KINDS = ("F", "B")
 
-HOST_TERMS = ("cross",)
+HOST_TERMS = ("cross", "busy_sender")
 
 # message_s keys of older files that are host effects
 _OLD_HOST_MESSAGE_KEYS = {"cross": "cross_s", "cross_interleaved": "cross_interleaved_s",
                           "busy_sender": "busy_sender_s"}
 
-_NEUTRAL: dict[str, dict[str, Any]] = {"cross": {"cross_s": 0.0, "cross_interleaved_s": None}}
+_NEUTRAL: dict[str, dict[str, Any]] = {
+    "cross": {"cross_s": 0.0, "cross_interleaved_s": None}, "busy_sender": {"busy_sender_s": 0.0}}
 
-# terms that left the model (they did not lower the error on held-out models): older files load without them
-_RETIRED = ("duty_slowdown", "arrive_s", "post_ahead", "stash_s", "busy_sender_s")
+_RETIRED = ("duty_slowdown", "arrive_s", "post_ahead", "stash_s")
 
 
 def _finite(v: Any) -> bool:
@@ -47,10 +47,13 @@ class HostEffects:
 
     cross_s: float = 0.0
     cross_interleaved_s: float | None = None
+    busy_sender_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (_finite(self.cross_s) and self.cross_s >= 0):
-            raise ValueError(f"host effects: cross_s={self.cross_s!r} must be a finite number >= 0 seconds")
+        for name in ("cross_s", "busy_sender_s"):
+            v = getattr(self, name)
+            if not (_finite(v) and v >= 0):
+                raise ValueError(f"host effects: {name}={v!r} must be a finite number >= 0 seconds")
         ci = self.cross_interleaved_s
         if ci is not None and not (_finite(ci) and ci >= 0):
             raise ValueError(f"host effects: cross_interleaved_s={ci!r} must be None or a number >= 0 "
@@ -84,6 +87,8 @@ class HostEffects:
             parts.append(f"crossed action +{self.cross_s * 1e6:.0f} us"
                          + (f" ({self.cross_interleaved_s * 1e6:.0f} us interleaved)"
                             if self.cross_interleaved_s is not None else ""))
+        if self.busy_sender_s:
+            parts.append(f"a busy sender's message +{self.busy_sender_s * 1e6:.0f} us")
         return "; ".join(parts) if parts else "none"
 
     def to_dict(self) -> dict[str, Any]:

@@ -33,13 +33,13 @@ def test_the_eviction_between_steps_is_the_last_level_cache_read_from_sysfs(tmp_
     assert probes.last_level_cache_bytes(5, sysfs=tmp_path / "missing") == 5
 
 
-def test_a_file_with_retired_terms_loads_without_them() -> None:
+def test_a_file_with_the_retired_stash_and_duty_terms_loads_without_them() -> None:
     cal = bare_calibration(host_effects=HostEffects(cross_s=1e-3))
     old = {k: v for k, v in cal.to_dict().items() if k != "host_effects"}
     old.update(stash_s={"call": 9e-6, "tensor": 3.5e-6}, duty_slowdown=[[0.2, 1.37]],
-               message_s={"send": 1e-5, "cross": 1e-3, "arrive": 2e-4, "busy_sender": 3e-4})
+               message_s={"send": 1e-5, "cross": 1e-3, "arrive": 2e-4})
     again = Calibration.from_dict(json.loads(json.dumps(old)))
     assert again.host_effects == HostEffects(cross_s=1e-3) and again.message_s == {"send": 1e-5}
     newer = cal.to_dict()
-    newer["host_effects"].update(post_ahead=4, arrive_s=2e-4, stash_s={"call": 1e-6}, busy_sender_s=3e-4)
+    newer["host_effects"].update(post_ahead=4, arrive_s=2e-4, stash_s={"call": 1e-6})
     assert Calibration.from_dict(newer) == cal

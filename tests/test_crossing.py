@@ -88,7 +88,7 @@ def test_stalled_costs_apply_once_and_delegate_the_rest() -> None:
     assert st.compute(0, Action(0, "F", 0), False) == base.compute(0, Action(0, "F", 0), False) + STALL
     assert st.compute(1, Action(0, "F", 0), False) == base.compute(1, Action(0, "F", 0), False)
     assert st.send(0, 1, Action(0, "F", 0)) == base.send(0, 1, Action(0, "F", 0))
-    assert st.channels(0, 1) == base.channels(0, 1)
+    assert st.busy_sender_s(0) == base.busy_sender_s(0) and st.channels(0, 1) == base.channels(0, 1)
 
 
 def test_the_calibrated_extras_are_each_class_mean_over_the_quiet_ones() -> None:
@@ -146,7 +146,7 @@ def test_the_core_simulation_has_no_host_effect_unless_asked() -> None:
     from pipelab.profile.records import Profile
     from pipelab.sim import simulate
 
-    host = HostEffects(cross_s=1e-3, cross_interleaved_s=2e-3)
+    host = HostEffects(cross_s=1e-3, busy_sender_s=3e-4)
     cal = Calibration(host="h", backend="gloo", device="cpu", date="d", torch="t", cores=2, workers=2,
                       p2p_latency_s=1e-5, p2p_bandwidth=1e9, allreduce_latency_s=1e-5,
                       allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={}, memory_bandwidth=1e10,
@@ -158,8 +158,8 @@ def test_the_core_simulation_has_no_host_effect_unless_asked() -> None:
     assert neutral.time_per_minibatch == core.time_per_minibatch
     with_host = simulate(2, prof, cl, "1f1b-flush", microbatches=4, minibatches=3, host_effects=True)
     assert with_host.time_per_minibatch > core.time_per_minibatch
-    assert host.without(*host.terms).terms == () and set(host.terms) == {"cross"}
-    assert host.without("cross") == HostEffects()
+    assert host.without(*host.terms).terms == () and set(host.terms) == {"cross", "busy_sender"}
+    assert host.without("busy_sender") == HostEffects(cross_s=1e-3)
     with pytest.raises(ValueError, match="not calibrated"):
         simulate(2, prof, Cluster.flat(2), "1f1b-flush", microbatches=4, host_effects=True)
     with pytest.raises(ValueError, match="unknown host terms"):

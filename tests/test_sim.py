@@ -393,3 +393,23 @@ def test_newest_weight_backward_recomputes_the_forward() -> None:
         for w in (0, 1):
             b = [e.duration_s for e in res.trace.compute_events() if e.kind == "B" and e.worker == w]
             assert b == pytest.approx([(3e-3, 4e-3)[w] + extra[w]] * 4), method
+
+
+def test_a_busy_sender_delays_messages_but_not_a_hand_off_on_its_own_worker() -> None:
+    from dataclasses import dataclass
+
+    from pipelab.schedules.actions import Action, Schedule
+    from pipelab.schedules.dataflow import UnitCosts, run
+
+    @dataclass(frozen=True)
+    class Busy(UnitCosts):
+        def busy_sender_s(self, src: int) -> float:
+            return 10.0
+
+    # stages 0 and 1 on worker 0: 0F0 hands its output to 1F0 in place, which starts at once
+    local = Schedule("x", 2, ((0,), (0,)), 1, 1, (tuple(Action.parse(a) for a in ("0F0", "1F0")),))
+    assert {e.action: e.start_s for e in run(local, Busy()) if e.kind == "F"}["1F0"] == pytest.approx(1.0)
+    # across workers, 0F0's sender goes straight on to 0F1: the message leaves 10 s late
+    acts = (tuple(Action.parse(a) for a in ("0F0", "0F1")), tuple(Action.parse(a) for a in ("1F0", "1F1")))
+    two = Schedule("x", 2, ((0,), (1,)), 2, 1, acts)
+    assert {e.action: e.start_s for e in run(two, Busy()) if e.kind == "F"}["1F0"] == pytest.approx(11.0)

@@ -98,10 +98,11 @@ def ring_latency_of(seconds: float, nbytes: int, bandwidth: float, group: int = 
     return max((seconds - steps / group * nbytes / bandwidth) / steps, 0.0)
 
 
-def _latencies(trace: Any) -> list[float]:
-    """Sender's end to receiver's wait's end, for receivers already waiting when the message left."""
+def _latencies(trace: Any) -> tuple[list[float], list[float]]:
+    """``(latencies, late)``: sender's end to receiver's wait's end, for receivers already waiting and
+    for messages sent before the receiver asked."""
     ends = {(e.kind, e.stage, e.microbatch): e.end_s for e in trace.compute_events()}
-    lat = []
+    lat, late = [], []
     for e in trace.events:
         if e.kind != "recv":
             continue
@@ -109,7 +110,9 @@ def _latencies(trace: Any) -> list[float]:
         sent = ends.get(src)
         if sent is not None and e.start_s < sent < e.end_s:
             lat.append(e.end_s - sent)
-    return lat
+        elif sent is not None and sent <= e.start_s:
+            late.append(e.end_s - sent)
+    return lat, late
 
 
 def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo", steps: int = 72,
@@ -117,7 +120,7 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
     """The runtime's seconds per message, and a message's latency inside a run, one figure per round.
 
     A two-worker ``1f1b-flush`` run of the tiny model cut after its first layer. Keys: ``"send"``,
-    ``"recv"`` (on quiet actions that did not wait), ``"latency"``,
+    ``"recv"`` (on quiet actions that did not wait), ``"latency"``, ``"busy"`` (``"busy_all"`` pooled),
     ``"cross"``, ``"arrive"`` (:mod:`.crossings`). ``base``: the runtime's seconds per action kind.
     """
     prof = prof if prof is not None else _tiny_profile()
@@ -127,16 +130,19 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
             for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))}
     role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
-    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [],
+    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": [], "busy_all": [],
                                    "cross_rounds": [], "arrive_rounds": []}
     pooled: dict[tuple[int, str, str], list[float]] = {}
     for _ in range(repeats):
         run = _run(tiny_model, tiny_data, plan, "1f1b-flush", steps, M, backend)
         crossed, arrived = _crossings(run, pooled, out["cross_rounds"], out["arrive_rounds"])
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
-        lat = _latencies(run.trace)
+        lat, busy = _latencies(run.trace)
         if lat:
             out["latency"].append(statistics.median(lat))
+        if busy:
+            out["busy"].append(statistics.median(busy))
+            out["busy_all"].extend(busy)
         per: dict[str, list[float]] = {"send": [], "recv": []}
         for w in (0, 1):
             evs = sorted((e for e in run.trace.compute_events() if e.worker == w), key=lambda e: e.start_s)

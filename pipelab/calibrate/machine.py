@@ -159,15 +159,20 @@ def _ring_latency_in_run(got: dict[str, Any], beta: float, sgd: tuple[float, ...
 def _host_effects(msg: dict[str, list[float]], inter: list[float]) -> tuple[HostEffects, dict[str, float]]:
     """The host-effects record of the message measurements (popped from ``msg``), and its spreads."""
     cross_rounds = msg.pop("cross_rounds", [])
+    busy, pooled = msg.pop("busy", []), msg.pop("busy_all", [])
     cross = msg.pop("cross", [])
-    for retired in ("arrive", "arrive_rounds"):
-        msg.pop(retired, None)
+    msg.pop("arrive", None)
+    msg.pop("arrive_rounds", None)
     sp = {}
+    if busy:
+        sp["host_effects.busy_sender_s"] = spread(busy)
     if cross:
         sp["host_effects.cross_s"] = spread(cross_rounds)
     if inter:
         sp["host_effects.cross_interleaved_s"] = spread(inter)
+    # a round has few late messages: the pooled median
     host = HostEffects(cross_s=statistics.median(cross) if cross else 0.0,
+                       busy_sender_s=statistics.median(pooled or busy) if busy else 0.0,
                        cross_interleaved_s=statistics.median(inter) if inter else None)
     return host, sp
 

@@ -50,6 +50,11 @@ class Costs:
         """How many transfers ``channel`` carries at once (e.g. a server's several uplinks)."""
         return 1
 
+    def busy_sender_s(self, src: int) -> float:
+        """Seconds a message waits to leave when its sender starts its next action at once (set by
+        :mod:`pipelab.sim.host_effects`)."""
+        return 0.0
+
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         """(tail, comm seconds, bytes) of stage ``stage``'s all-reduce over ``workers``; ``tail`` counts from
         the start of the last gradient action (``grad_s`` long: hidden completely) to the reduced gradient."""
@@ -57,8 +62,8 @@ class Costs:
 
 
 class Delegating(Costs):
-    """``base``'s costs in every respect; subclasses change one (the host effects' crossing pass,
-    :class:`pipelab.schedules.crossing.Stalled`)."""
+    """``base``'s costs in every respect; subclasses change one (the host effects,
+    :mod:`pipelab.sim.host_effects`, and its later pass: :class:`pipelab.schedules.crossing.Stalled`)."""
 
     def __init__(self, base: Costs) -> None:
         self.base = base
@@ -74,6 +79,9 @@ class Delegating(Costs):
 
     def channel_slots(self, channel: Hashable) -> int:
         return self.base.channel_slots(channel)
+
+    def busy_sender_s(self, src: int) -> float:
+        return self.base.busy_sender_s(src)
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
         return self.base.allreduce(stage, workers, grad_s)
@@ -164,9 +172,10 @@ class Engine:
             for w2 in self.waiting.pop(key):
                 self.start(w2)
 
-    def deliver(self, a: Action, src: int, dst: int, end: float, key: Key) -> None:
-        """Publish the data of ``a`` at ``dst``: a hand-off on one worker at once, else once shipped."""
-        self.publish(key, end if dst == src else self.ship(a, src, dst, end))
+    def deliver(self, a: Action, src: int, dst: int, end: float, key: Key, delay: float) -> None:
+        """Publish the data of ``a`` at ``dst`` once it can move: a hand-off on one worker at once;
+        a message ``delay`` after ``end`` (a busy sender)."""
+        self.publish(key, end if dst == src else self.ship(a, src, dst, end + delay))
 
     def ship(self, a: Action, src: int, dst: int, end: float) -> float:
         """Send ``a``'s output from ``end`` over its channels (each serialising, entered cut-through);
@@ -261,15 +270,19 @@ class Engine:
         a = self.acts[w][self.ptr[w] - 1]
         s, kind, m = a.stage, a.kind, a.microbatch
         end = self.free[w]
-        if kind in ("F", "B"):   # own data first, then the next action, then the message
+        # own data first, then the next action: whether it starts at once delays the send (busy_sender_s)
+        if kind in ("F", "B"):
             self.publish((kind.lower(), s, m), end)
+        before = self.ptr[w]
         self.start(w)
+        busy = self.ptr[w] > before and self.events[-1].worker == w and self.events[-1].start_s <= end
+        delay = self.costs.busy_sender_s(w) if busy else 0.0
         if kind == "F" and s < self.S - 1:
             rs = self.ranks[s + 1]
-            self.deliver(a, w, rs[m % len(rs)], end, ("a", s, m))
+            self.deliver(a, w, rs[m % len(rs)], end, ("a", s, m), delay)
         elif kind == "B" and s > 0:
             rs = self.ranks[s - 1]
-            self.deliver(a, w, rs[m % len(rs)], end, ("g", s, m))
+            self.deliver(a, w, rs[m % len(rs)], end, ("g", s, m), delay)
 
     def _check_done(self) -> None:
         acts, ptr = self.acts, self.ptr

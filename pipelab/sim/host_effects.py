@@ -1,5 +1,5 @@
-"""The opt-in host-effects layer (docs/cost_model.md): a last pass adding the crossing stall to the
-actions a first pass of the core model finds crossed.
+"""The opt-in host-effects layer (docs/cost_model.md): a busy sender's late message, per message, and
+a last pass adding the crossing stall to the actions a first pass finds crossed.
 
 Invariants: a neutral record gives the core's events exactly, and no term makes an action shorter.
 """
@@ -10,8 +10,20 @@ import pipelab.metrics as metrics
 from pipelab.measured import HostEffects
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.crossing import Stalled, crossed_actions
-from pipelab.schedules.dataflow import Costs, run
+from pipelab.schedules.dataflow import Costs, Delegating, run
 from pipelab.trace import Event
+
+
+class HostCosts(Delegating):
+    """``base``'s core costs plus ``host``'s per-message effect."""
+
+    def __init__(self, base: Costs, host: HostEffects) -> None:
+        super().__init__(base)
+        self.host = host
+
+    def busy_sender_s(self, src: int) -> float:
+        """How late a message leaves when its sender computes on at once."""
+        return self.host.busy_sender_s
 
 
 def run_with(schedule: Schedule, costs: Costs, host: HostEffects) -> list[Event]:
@@ -25,4 +37,4 @@ def run_with(schedule: Schedule, costs: Costs, host: HostEffects) -> list[Event]
     return events
 
 
-__all__ = ["HostEffects", "run_with"]
+__all__ = ["HostCosts", "HostEffects", "run_with"]

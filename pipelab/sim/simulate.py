@@ -25,7 +25,7 @@ from pipelab.schedules import build
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
 from pipelab.schedules.steps import ScheduleError
-from pipelab.sim.host_effects import HostEffects, run_with
+from pipelab.sim.host_effects import HostCosts, HostEffects, run_with
 from pipelab.trace import Event, Trace
 
 if TYPE_CHECKING:
@@ -385,7 +385,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
         check_divides(profile.batch_size, micro)
     # a backward that reads the newest weights recomputes its forward
     recompute = spec is not None and spec.versions == "latest"
-    costs = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
+    core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
+    costs: Costs = core if host is None else HostCosts(core, host)
     mem = _stage_memory(cm, profile, ranges, micro, spec, recompute)
     res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,
                             minibatch_scale=sch.microbatches if is_dp else 1, host_effects=host)
