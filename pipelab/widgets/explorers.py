@@ -193,7 +193,8 @@ class PlanExplorer(_Explorer):
         cluster = Cluster.preset(v["preset"], servers=int(v["servers"]),
                                  gpus_per_server=int(v["gpus_per_server"]))
         gb = float(v["memory_limit_gb"])
-        return partition(self.profile, cluster, method=v["method"], **({"memory_limit": gb * 1e9} if gb else {}))
+        kw: dict[str, Any] = {"memory_limit": gb * 1e9} if gb else {}
+        return partition(self.profile, cluster, method=v["method"], **kw)
 
     def redraw(self) -> None:
         """Partition again and redraw; an infeasible choice shows its error and keeps the old figure."""
