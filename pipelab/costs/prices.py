@@ -87,9 +87,9 @@ class Prices:
         if self.optimizer not in OPTIMIZER_STATE:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZER_STATE)}")
         if self.allreduce_overlap not in ALLREDUCE_OVERLAP:
-            raise ValueError(f"allreduce_overlap={self.allreduce_overlap!r} is not one of {ALLREDUCE_OVERLAP}: "
-                             "'ddp' overlaps the all-reduce with backward layer by layer (PyTorch DDP), "
-                             "'none' all-reduces after backward (pipelab's runtime)")
+            raise ValueError(f"allreduce_overlap={self.allreduce_overlap!r} is not one of "
+                             f"{ALLREDUCE_OVERLAP}: 'ddp' overlaps the all-reduce with backward layer by "
+                             "layer (PyTorch DDP), 'none' all-reduces after backward (pipelab's runtime)")
         if self.allreduce_bandwidth is not None and not positive(self.allreduce_bandwidth):
             raise ValueError(f"allreduce_bandwidth={self.allreduce_bandwidth!r} must be None (the links' "
                              f"bandwidth) or a finite number of bytes/s > 0")

@@ -24,14 +24,7 @@ from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition import partition
 from pipelab.partition.balance import balance_by_time, uniform_cuts
 from pipelab.partition.plan import Plan
-from pipelab.planner.decide import (
-    NO_MARGIN,
-    ONE_STAGE_ASYNC,
-    ONE_STAGE_SYNC,
-    Margin,
-    decide,
-    resolve_margin,
-)
+from pipelab.planner.decide import NO_MARGIN, ONE_STAGE_ASYNC, ONE_STAGE_SYNC, Margin, decide, resolve_margin
 from pipelab.profile.records import Layer, Profile
 from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.worker_view import stage_delays

@@ -65,16 +65,8 @@ def write_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, s
     """Write worker ``rank``'s ``state`` for ``step`` atomically; returns the file's path and sha256."""
     buf = io.BytesIO()
     torch.save(
-        {
-            "pipelab": "checkpoint-worker",
-            "schema": SCHEMA_VERSION,
-            "rank": int(rank),
-            "step": int(step),
-            "plan_fingerprint": plan_fingerprint(plan),
-            "method": method,
-            "run": run_id,
-            "state": state,
-        },
+        {"pipelab": "checkpoint-worker", "schema": SCHEMA_VERSION, "rank": int(rank), "step": int(step),
+         "plan_fingerprint": plan_fingerprint(plan), "method": method, "run": run_id, "state": state},
         buf,
     )
     data = buf.getvalue()

@@ -18,12 +18,7 @@ import pipelab.methods as methods
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.schedules.steps import (
-    ScheduleError,
-    insert_minibatch_updates,
-    insert_updates,
-    one_f_one_b,
-)
+from pipelab.schedules.steps import ScheduleError, insert_minibatch_updates, insert_updates, one_f_one_b
 from pipelab.schedules.versions import assign_versions
 
 
