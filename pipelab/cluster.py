@@ -125,12 +125,10 @@ _PRESETS: dict[str, tuple[Device, int, int, Level | None, Level]] = {
 }
 
 # HetPipe ATC'20 §6 GPU types; speed relative to TITAN V from FP32 peak TFLOPS (vendor data sheets)
-HETPIPE_DEVICES: dict[str, Device] = {
-    "V": Device("TITAN-V", 1.0, 12 * 2**30),
-    "R": Device("TITAN-RTX", 16.3 / 14.9, 24 * 2**30),
-    "G": Device("RTX-2060", 6.5 / 14.9, 6 * 2**30),
-    "Q": Device("Quadro-P4000", 5.3 / 14.9, 8 * 2**30),
-}
+HETPIPE_DEVICES: dict[str, Device] = {"V": Device("TITAN-V", 1.0, 12 * 2**30),
+                                      "R": Device("TITAN-RTX", 16.3 / 14.9, 24 * 2**30),
+                                      "G": Device("RTX-2060", 6.5 / 14.9, 6 * 2**30),
+                                      "Q": Device("Quadro-P4000", 5.3 / 14.9, 8 * 2**30)}
 
 
 @dataclass(frozen=True, repr=False)

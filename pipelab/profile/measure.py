@@ -223,12 +223,10 @@ class _Timing:
             small_layers = self.timed(tuple(first(a) for a in args), fx.node.map_aggregate(target, first),
                                       False)[0]
         except Exception as exc:
-            raise ValueError(
-                f"small_batch={small}: the model (or loss_fn) failed on the first "
-                f"{small} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
-                "whole batch's targets cannot run on fewer samples: pass the targets as target= "
-                "(their first samples are used), or profile without small_batch"
-            ) from None
+            raise ValueError(f"small_batch={small}: the model (or loss_fn) failed on the first "
+                             f"{small} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
+                             "whole batch's targets cannot run on fewer samples: pass the targets as target= "
+                             "(their first samples are used), or profile without small_batch") from None
         return [_fit_fixed(layer, s, batch, small) for layer, s in zip(layers, small_layers)]
 
 

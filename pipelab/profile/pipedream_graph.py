@@ -22,22 +22,16 @@ from typing import Any
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "pipedream"
 
 # name -> file in pipelab/data/pipedream (see PROVENANCE.md there)
-SHIPPED: dict[str, str] = {
-    "vgg16": "vgg16_graph.txt",
-    "resnet50": "resnet50_graph.txt",
-    "alexnet": "alexnet_graph.txt",
-    "gnmt8": "gnmt_graph.txt",
-    "gnmt16": "gnmt_large_graph.txt",
-}
+SHIPPED: dict[str, str] = {"vgg16": "vgg16_graph.txt", "resnet50": "resnet50_graph.txt",
+                           "alexnet": "alexnet_graph.txt", "gnmt8": "gnmt_graph.txt",
+                           "gnmt16": "gnmt_large_graph.txt"}
 _ALIASES = {"vgg": "vgg16", "vgg-16": "vgg16", "resnet-50": "resnet50", "gnmt": "gnmt8", "gnmt-8": "gnmt8",
             "gnmt-16": "gnmt16", "gnmt_large": "gnmt16", "gnmt-large": "gnmt16"}
 
-_NODE_RE = re.compile(
-    r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<fwd>[^,]+), "
-    r"backward_compute_time=(?P<bwd>[^,]+), "
-    r"activation_size=(?P<act>\[[^\]]*\]|[^,]+), parameter_size=(?P<param>[^,\s]+)"
-    r"(?: -- stage_id=(?P<stage>-?\d+))?\s*$"
-)
+_NODE_RE = re.compile(r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<fwd>[^,]+), "
+                      r"backward_compute_time=(?P<bwd>[^,]+), "
+                      r"activation_size=(?P<act>\[[^\]]*\]|[^,]+), parameter_size=(?P<param>[^,\s]+)"
+                      r"(?: -- stage_id=(?P<stage>-?\d+))?\s*$")
 _EDGE_RE = re.compile(r"^\s+(?P<a>\S+) -- (?P<b>\S+)\s*$")
 _FLOAT = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 

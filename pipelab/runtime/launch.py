@@ -337,12 +337,9 @@ class Run:
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
                 r, w = ctx.Pipe(duplex=False)
-                p = ctx.Process(
-                    target=process_main,
-                    args=(self.job, rank, w, conns[rank], match, self.stream),
-                    daemon=True,
-                    name=f"pipelab-worker-{rank}",
-                )
+                p = ctx.Process(target=process_main,
+                                args=(self.job, rank, w, conns[rank], match, self.stream), daemon=True,
+                                name=f"pipelab-worker-{rank}")
                 p.start()
                 w.close()    # the worker's end only: its pipe reads EOF once it is gone
                 self._procs.append(p)

@@ -151,11 +151,9 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
     """``method``'s schedule as drained segments of ``every`` minibatches, or of the lengths ``sizes``."""
     if sizes is None:
         sizes = segments.split_sizes(K, every)
-    elif not (
-        isinstance(sizes, (list, tuple))
-        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)
-        and sum(sizes) == K
-    ):
+    elif not (isinstance(sizes, (list, tuple))
+              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)
+              and sum(sizes) == K):
         raise ScheduleError(f"segments={sizes!r} must be a list of ints >= 1 summing to minibatches={K}")
     unit = step
     what = "all-reduces replicas' k-th updates"
