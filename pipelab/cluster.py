@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -385,9 +386,7 @@ class Cluster(Described):
 
     def describe(self) -> str:
         """A few lines for humans: workers, devices, levels with bandwidths."""
-        kinds: dict[Device, int] = {}
-        for d in self.devices:
-            kinds[d] = kinds.get(d, 0) + 1
+        kinds = Counter(self.devices)
         devs = ", ".join(f"{n} x {d.name} (speed {d.speed:.2f}, {d.memory_bytes / 2**30:.0f} GiB)"
                          for d, n in kinds.items())
         lines = [f"Cluster {self.name!r}: {self.num_workers} workers: {devs}"]
