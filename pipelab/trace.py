@@ -99,7 +99,7 @@ class Trace(Described):
     @property
     def makespan(self) -> float:
         """Seconds from the first start to the last end (0 for an empty trace)."""
-        return max(e.end_s for e in self.events) - min(e.start_s for e in self.events) if self.events else 0.0
+        return metrics.span(self.events)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per event, with a ``duration_s`` column."""

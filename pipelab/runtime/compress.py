@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,10 +36,7 @@ class Encoded:
 
     def raw_bytes(self) -> int:
         """Bytes the uncompressed tensor would have taken."""
-        numel = 1
-        for d in self.shape:
-            numel *= d
-        return numel * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
 def check_codec(codec: str | None) -> str:
