@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipelab.costs.devices import check_device, cluster_of
+from pipelab.cluster import Cluster
+from pipelab.costs.devices import check_device
 
 if TYPE_CHECKING:
-    from pipelab.cluster import Cluster
     from pipelab.profile.records import Profile
 
 HBM_BYTES_PER_S = 900e9   # NVIDIA V100 data sheet: 900 GB/s HBM2
@@ -72,7 +72,7 @@ class Prices:
 
     def __post_init__(self) -> None:
         self._check_options()
-        object.__setattr__(self, "cluster", cluster_of(self.cluster))
+        object.__setattr__(self, "cluster", Cluster.of(self.cluster))
         check_device(self.profile, self.cluster)
         self._prefix_sums()
 
