@@ -22,9 +22,7 @@ _warned: set[tuple[str, str]] = set()
 
 def _kind(name: str) -> str:
     n = name.lower()
-    if n.startswith("cpu"):
-        return "cpu"
-    return "generic" if n in GENERIC_DEVICES else "accelerator"
+    return "cpu" if n.startswith("cpu") else "generic" if n in GENERIC_DEVICES else "accelerator"
 
 
 def check_device(profile: Profile, cluster: Cluster) -> None:

@@ -55,9 +55,7 @@ def config_string(replicas: Sequence[int]) -> str:
     """The paper's notation for a list of per-stage replica counts."""
     if len(replicas) == 1:
         return str(replicas[0])
-    if all(r == 1 for r in replicas):
-        return "straight"
-    return "-".join(str(r) for r in replicas)
+    return "straight" if all(r == 1 for r in replicas) else "-".join(str(r) for r in replicas)
 
 
 @dataclass(frozen=True, repr=False)

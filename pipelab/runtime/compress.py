@@ -86,9 +86,7 @@ def payload_specs(shape: Sequence[int], dtype: torch.dtype,
     shp = tuple(int(d) for d in shape)
     if name == "none" or not dtype.is_floating_point:
         return [(shp, dtype)]
-    if name in _CAST:
-        return [(shp, _CAST[name])]
-    return [(shp, torch.int8), ((1,), torch.float32)]
+    return [(shp, _CAST[name])] if name in _CAST else [(shp, torch.int8), ((1,), torch.float32)]
 
 
 def from_payload(payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype,
@@ -106,9 +104,7 @@ def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32
     size = torch.empty((), dtype=dtype).element_size()
     if name == "none" or not dtype.is_floating_point:
         return numel * size
-    if name in _CAST:
-        return numel * 2
-    return numel * 1 + 4
+    return numel * 2 if name in _CAST else numel * 1 + 4
 
 
 def compression_ratio(
@@ -121,9 +117,7 @@ def compression_ratio(
         return 1.0
     if name in _CAST:
         return size / 2
-    if numel is None:
-        return float(size)
-    return numel * size / wire_bytes(numel, name, dtype)
+    return float(size) if numel is None else numel * size / wire_bytes(numel, name, dtype)
 
 
 def max_abs_error_bound(t: torch.Tensor, codec: str | None) -> float:

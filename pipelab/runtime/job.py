@@ -201,9 +201,7 @@ def split_microbatches(x: Any, microbatches: int) -> list[Any]:
 def _shapes(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return (tuple(x.shape), str(x.dtype))
-    if isinstance(x, (tuple, list)):
-        return tuple(_shapes(v) for v in x)
-    return type(x).__name__
+    return tuple(_shapes(v) for v in x) if isinstance(x, (tuple, list)) else type(x).__name__
 
 
 def _same(a: Any, b: Any) -> bool:
