@@ -54,8 +54,8 @@ def concat(parts: Sequence[Schedule]) -> Schedule:
             raise ScheduleError(f"part {j} ({p.method}, {p.num_stages} stages, ranks {p.stage_ranks}, "
                                 f"M={p.microbatches}) does not match part 0 ({first.method}, "
                                 f"{first.num_stages} stages, ranks {first.stage_ranks}, "
-                                f"M={first.microbatches}); concat joins schedules of one method built for one "
-                                "plan")
+                                f"M={first.microbatches}); concat joins schedules of one method built "
+                                "for one plan")
     M, W = first.microbatches, first.num_workers
     actions: list[list[Action]] = [[] for _ in range(W)]
     versions: list[list[int]] | None = None if first.versions is None else [[] for _ in range(W)]
