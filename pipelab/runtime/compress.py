@@ -55,7 +55,6 @@ def encode(t: torch.Tensor, codec: str | None = "none") -> Encoded:
         return Encoded("none", (t,), t.dtype, shape)
     if name in _CAST:
         return Encoded(name, (t.detach().to(_CAST[name]),), t.dtype, shape)
-    # int8, symmetric per-tensor scale
     x = t.detach().float()
     amax = x.abs().max() if x.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
     if not torch.isfinite(amax):
@@ -134,7 +133,6 @@ def max_abs_error_bound(t: torch.Tensor, codec: str | None) -> float:
     return amax * 2.0 ** -8 + slack
 
 
-# ---------------------------------------------------------------------- whole messages
 def encode_message(tensors: Sequence[torch.Tensor], codec: str | None) -> list[torch.Tensor]:
     """The wire tensors of a message: each float member encoded, payloads flattened."""
     out: list[torch.Tensor] = []

@@ -186,7 +186,6 @@ class Run:
             raise
         self._thread.start()
 
-    # ------------------------------------------------------------------ public
     @property
     def pids(self) -> list[int]:
         """Process ids of the workers (empty for the local backend)."""
@@ -245,7 +244,6 @@ class Run:
         if not self._finished:
             self._fail(WorkerError("the job was cancelled"))
 
-    # ------------------------------------------------------------------ internals
     def _take_checkpoint_folders(self) -> None:
         """Lock the checkpoint folder (and the one resumed from) for the run; clean what a killed run left."""
         rt = self.job.runtime

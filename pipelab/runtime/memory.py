@@ -62,7 +62,6 @@ class MemoryMeter:
         self.cuda = device
         torch.cuda.reset_peak_memory_stats(device)
 
-    # ------------------------------------------------------------------ saved tensors
     def _pack(self, t: torch.Tensor) -> Any:
         key = _storage(t)
         if key is None or key[0] in self._weights:
@@ -96,7 +95,6 @@ class MemoryMeter:
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
 
-    # ------------------------------------------------------------------ the count
     def _weight_tensors(self) -> Iterator[torch.Tensor]:
         for st in self.stages.values():
             pol = st.policy

@@ -51,7 +51,6 @@ class WSPServer:
         self._cond = threading.Condition()
         self._t0 = time.time()
 
-    # ------------------------------------------------------------------ state
     @property
     def global_clock(self) -> int:
         """Minimum of the VWs' local clocks."""
@@ -81,7 +80,6 @@ class WSPServer:
                     out[name].add_(u)
         return out
 
-    # ------------------------------------------------------------------ protocol
     def push(self, vw: int, update: Mapping[str, torch.Tensor]) -> int:
         """Add VW ``vw``'s aggregated wave update; advance its clock; return the new global clock."""
         self._check_vw(vw)
@@ -142,7 +140,6 @@ def check_staleness(log: Sequence[WSPEvent], num_virtual_workers: int, staleness
     return worst
 
 
-# ---------------------------------------------------------------------- the process form
 def _to_wire(d: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
     # numpy arrays pickle as plain bytes: no shared-memory file descriptors to leak across pipes.
     return {k: v.detach().cpu().numpy() for k, v in d.items()}
