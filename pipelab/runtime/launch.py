@@ -296,7 +296,6 @@ class Run:
             self._cond.notify_all()
 
     def _run_local(self) -> None:
-
         buf: list[Event] = []
 
         def emit(ev: Event) -> None:
@@ -335,9 +334,8 @@ class Run:
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
                 r, w = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=process_main,
-                                args=(self.job, rank, w, conns[rank], match, self.stream), daemon=True,
-                                name=f"pipelab-worker-{rank}")
+                p = ctx.Process(target=process_main, daemon=True, name=f"pipelab-worker-{rank}",
+                                args=(self.job, rank, w, conns[rank], match, self.stream))
                 p.start()
                 w.close()    # the worker's end only: its pipe reads EOF once it is gone
                 self._procs.append(p)
@@ -348,7 +346,6 @@ class Run:
 
     def _start_wsp_server(self, ctx: Any) -> list[Any]:
         """HetPipe: start the WSP parameter-server process; returns each worker's end of its pipe."""
-
         job = self.job
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(job.seed)
