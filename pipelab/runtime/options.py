@@ -70,9 +70,11 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
     if mode is not None and mode not in ON_NONFINITE:
         raise ValueError(f"on_nonfinite={mode!r}; use one of {ON_NONFINITE} (what a NaN or inf loss or "
                          "gradient does)")
-    for k, v in rt.items():   # booleans and numbers: the kind and bounds the registry declares
+    for k, v in rt.items():   # booleans and counts: the kind and bounds the registry declares
         if k in _NUMERIC_OPTIONS:
             _NUMERIC_OPTIONS[k].check(v)
+    if "decay" in rt and not (isinstance(rt["decay"], (int, float)) and 0.0 <= rt["decay"] < 1.0):
+        raise ValueError(f"decay={rt['decay']!r} must be in [0, 1)")
     n = rt.get("checkpoint_every")
     if n is not None and not rt.get("checkpoint_dir"):
         raise ValueError("checkpoint_every=N needs checkpoint_dir=... (where to write the checkpoints)")
@@ -83,7 +85,7 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
 #: runtime options (every method's and the methods' own) whose values the registry's Option.check checks
 _NUMERIC_OPTIONS = {o.name: o for o in (*methods.COMMON_RUNTIME_OPTIONS,
                                         *(o for m in methods.METHODS.values() for o in m.runtime_options))
-                    if o.kind in ("bool", "int", "float")}
+                    if o.kind in ("bool", "int")}
 
 
 @dataclass(frozen=True)
