@@ -47,10 +47,8 @@ def check_loss(loss: torch.Tensor, *, step: int, stage: int, action: str, mode: 
 def check_grads(grads: Sequence[torch.Tensor], *, step: int, stage: int, action: str, mode: str,
                 warn: Callable[[str], None]) -> bool:
     """Whether the update of ``action`` may step (``False``: skip it); raises or warns per ``mode``."""
-    if not grads:
-        return True
-    finite = torch.stack([torch.isfinite(g).all() for g in grads])
-    if bool(finite.all()):
+    finite = torch.stack([torch.isfinite(g).all() for g in grads]) if grads else None
+    if finite is None or bool(finite.all()):
         return True
     bad = next(g for g, ok in zip(grads, finite.tolist()) if not ok)
     msg = f"gradient is {_what(bad)} at step {step} (stage {stage}, action {action})"
