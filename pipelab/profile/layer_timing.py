@@ -149,7 +149,6 @@ def _first_run(ctx: Pass, runner: LayerRunner, node: fx.Node, handed_on: Callabl
 
 
 def _grad_outputs(value: Any) -> list[torch.Tensor]:
-    """The tensors of ``value`` that need grad."""
     return [t for t in _tensors(value) if t.requires_grad]
 
 

@@ -388,7 +388,6 @@ def _last_use(nodes: Iterable[fx.Node]) -> dict[str, int]:
 
 
 def _attr(gm: fx.GraphModule, node: fx.Node) -> Any:
-    """The attribute a ``get_attr`` node reads."""
     return functools.reduce(getattr, str(node.target).split("."), gm)
 
 
