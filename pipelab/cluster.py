@@ -49,9 +49,8 @@ class Device:
             raise ValueError(f"device {self.name!r}: speed={self.speed!r} must be a positive finite number "
                              f"(1.0 = the device the profile was measured on)")
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
-            raise ValueError(
-                f"device {self.name!r}: memory_bytes={self.memory_bytes!r} must be a positive int"
-            )
+            raise ValueError(f"device {self.name!r}: memory_bytes={self.memory_bytes!r} must be a positive "
+                             "int")
 
 
 @dataclass(frozen=True)

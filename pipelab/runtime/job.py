@@ -140,10 +140,10 @@ def resolve(spec: Any, *, trust: bool = True,
         where = None if found is None else (found.origin if found.origin not in (None, "namespace") else
                                             next(iter(found.submodule_search_locations or []), None))
         if not _inside(where, [Path(r).resolve() for r in roots]):
-            raise ValueError(
-                f"{spec!r}: module {mod!r} ({where or 'not found'}) is outside the job file's folder and the "
-                f"current project and not one of {', '.join(ALLOWED_PREFIXES)}; a job file is data: pass "
-                "--trust (trust=True) to let it name any importable function")
+            raise ValueError(f"{spec!r}: module {mod!r} ({where or 'not found'}) is outside the job file's "
+                             f"folder and the current project and not one of {', '.join(ALLOWED_PREFIXES)}; "
+                             "a job file is data: pass --trust (trust=True) to let it name any importable "
+                             "function")
     try:
         fn = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as exc:

@@ -37,9 +37,8 @@ class Action:
         if self.kind not in KINDS:
             raise ValueError(f"action kind {self.kind!r} is not one of {KINDS}")
         if self.stage < 0 or self.microbatch < 0:
-            raise ValueError(
-                f"action {self.stage}{self.kind}{self.microbatch}: stage and microbatch must be >= 0"
-            )
+            raise ValueError(f"action {self.stage}{self.kind}{self.microbatch}: stage and microbatch must "
+                             "be >= 0")
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.microbatch}"
