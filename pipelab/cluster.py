@@ -214,7 +214,6 @@ class Cluster(Described):
         devices = tuple(self.devices[w] for w in ws)
         if len(ws) == 1:
             return Cluster(f"{self.name}[{ws[0]}]", (Level("local", 1, self.levels[0].bandwidth),), devices)
-        # per level: the distinct sub-blocks per block among the selection
         levels: list[Level] = []
         for k, lv in enumerate(self.levels):
             inner, outer = self.block_size(k - 1), self.block_size(k)

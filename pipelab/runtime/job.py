@@ -264,7 +264,6 @@ class TrainArgs:
 def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
     check_arguments(args)
-    # options that change how the runtime executes, never the schedule, stay out of the builder
     the_method = args.method or (args.schedule.method if args.schedule is not None else None)
     method_options, rt_options = split_options(the_method, args.options)
     runtime = RuntimeOptions.from_options(the_method, rt_options)
