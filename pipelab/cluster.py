@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -48,9 +49,8 @@ class Device:
             raise ValueError(f"device {self.name!r}: speed={self.speed!r} must be a positive finite number "
                              f"(1.0 = the device the profile was measured on)")
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
-            raise ValueError(
-                f"device {self.name!r}: memory_bytes={self.memory_bytes!r} must be a positive int"
-            )
+            raise ValueError(f"device {self.name!r}: memory_bytes={self.memory_bytes!r} must be a positive "
+                             "int")
 
 
 @dataclass(frozen=True)
@@ -125,12 +125,10 @@ _PRESETS: dict[str, tuple[Device, int, int, Level | None, Level]] = {
 }
 
 # HetPipe ATC'20 §6 GPU types; speed relative to TITAN V from FP32 peak TFLOPS (vendor data sheets)
-HETPIPE_DEVICES: dict[str, Device] = {
-    "V": Device("TITAN-V", 1.0, 12 * 2**30),
-    "R": Device("TITAN-RTX", 16.3 / 14.9, 24 * 2**30),
-    "G": Device("RTX-2060", 6.5 / 14.9, 6 * 2**30),
-    "Q": Device("Quadro-P4000", 5.3 / 14.9, 8 * 2**30),
-}
+HETPIPE_DEVICES: dict[str, Device] = {"V": Device("TITAN-V", 1.0, 12 * 2**30),
+                                      "R": Device("TITAN-RTX", 16.3 / 14.9, 24 * 2**30),
+                                      "G": Device("RTX-2060", 6.5 / 14.9, 6 * 2**30),
+                                      "Q": Device("Quadro-P4000", 5.3 / 14.9, 8 * 2**30)}
 
 
 @dataclass(frozen=True, repr=False)
@@ -216,7 +214,6 @@ class Cluster(Described):
         devices = tuple(self.devices[w] for w in ws)
         if len(ws) == 1:
             return Cluster(f"{self.name}[{ws[0]}]", (Level("local", 1, self.levels[0].bandwidth),), devices)
-        # per level: the distinct sub-blocks per block among the selection
         levels: list[Level] = []
         for k, lv in enumerate(self.levels):
             inner, outer = self.block_size(k - 1), self.block_size(k)
@@ -387,9 +384,7 @@ class Cluster(Described):
 
     def describe(self) -> str:
         """A few lines for humans: workers, devices, levels with bandwidths."""
-        kinds: dict[Device, int] = {}
-        for d in self.devices:
-            kinds[d] = kinds.get(d, 0) + 1
+        kinds = Counter(self.devices)
         devs = ", ".join(f"{n} x {d.name} (speed {d.speed:.2f}, {d.memory_bytes / 2**30:.0f} GiB)"
                          for d, n in kinds.items())
         lines = [f"Cluster {self.name!r}: {self.num_workers} workers: {devs}"]

@@ -96,8 +96,7 @@ def _idle(events: Sequence[Event], workers: int) -> tuple[float, list[float]]:
     comp = [e for e in events if e.kind in COMPUTE_KINDS]
     if not comp:
         return 0.0, [0.0] * workers
-    t0 = min(e.start_s for e in comp)
-    t1 = max(e.end_s for e in comp)
+    t0, t1 = min(e.start_s for e in comp), max(e.end_s for e in comp)
     busy = [0.0] * workers
     for e in comp:
         if 0 <= e.worker < workers:
@@ -204,9 +203,8 @@ def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
     trace, schedule, slowdown = _inputs(trace, schedule, slowdown)
     nw = schedule.num_workers
     comp = _compute_events(trace, schedule)
-    actual = {k: e.end_s - e.start_s for k, e in comp.items()}
-    level0, level1 = _typical_durations(actual, slowdown)
-    level2 = actual
+    level2 = {k: e.end_s - e.start_s for k, e in comp.items()}   # every action as measured
+    level0, level1 = _typical_durations(level2, slowdown)
     lat = _latencies(trace, comp, schedule)
 
     def idle(durations: Mapping[_Key, float], transfers: bool) -> tuple[float, list[float]]:
@@ -215,14 +213,9 @@ def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
     levels = [idle(level0, False), idle(level1, False), idle(level2, False), idle(level2, True),
               _idle(trace.events, nw)]
     busy = metrics.busy_time(comp.values(), range(nw))
-    rows = []
-    for w in range(nw):
-        row: dict[str, float] = {"busy": busy[w], "idle": levels[-1][1][w]}
-        prev_idle = 0.0
-        for p, (_, idl) in zip(PARTS, levels):
-            row[p] = idl[w] - prev_idle
-            prev_idle = idl[w]
-        rows.append(row)
+    rows = [{"busy": busy[w], "idle": levels[-1][1][w],
+             **{p: levels[i][1][w] - (levels[i - 1][1][w] if i else 0.0) for i, p in enumerate(PARTS)}}
+            for w in range(nw)]
     table = pd.DataFrame(rows, index=pd.RangeIndex(nw, name="worker"))
     by_culprit: dict[int, float] = {}
     if culprits:
@@ -241,11 +234,10 @@ def _inputs(trace: Trace | Any, schedule: Schedule | None, slowdown: Mapping[int
     """The trace, its schedule and the slowed workers, checked."""
     if schedule is None:
         schedule = getattr(trace, "schedule", None)
-    if hasattr(trace, "trace"):
-        trace = trace.trace
+    trace = getattr(trace, "trace", trace)
     if not isinstance(trace, Trace):
-        raise TypeError(f"explain() needs a pipelab Trace (or a result with .trace), "
-                        f"got {type(trace).__name__}")
+        raise TypeError(f"explain() needs a pipelab Trace (or a result with .trace), got "
+                        f"{type(trace).__name__}")
     if not isinstance(schedule, Schedule):
         raise TypeError("explain() needs the Schedule the trace ran: pass schedule=, "
                         "or a SimResult / run result")

@@ -30,12 +30,10 @@ class LayerTracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         """Standard torch.nn layers, ``leaf_modules`` instances, and modules at ``depth`` are leaves."""
-        if self.leaf_types and isinstance(m, self.leaf_types):
-            return True
         name = module_qualified_name
-        if self.depth is not None and name and name.count(".") + 1 >= self.depth:
-            return True
-        return bool(super().is_leaf_module(m, module_qualified_name))
+        return (bool(self.leaf_types) and isinstance(m, self.leaf_types)
+                or self.depth is not None and bool(name) and name.count(".") + 1 >= self.depth
+                or bool(super().is_leaf_module(m, name)))
 
 
 def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
@@ -56,8 +54,7 @@ def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
             f"torch.fx cannot trace {type(model).__name__}: {type(exc).__name__}: {exc}. "
             "Make the offending submodule a leaf (leaf_modules=[ThatClass] or depth=N), or remove "
             "Python control flow that depends on tensor values from forward()") from None
-    name = type(model).__name__
-    return fx.GraphModule(tracer.root, graph, name)
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
 def _unpacks(node: fx.Node, layer_of: dict[str, int]) -> bool:
@@ -122,11 +119,8 @@ def live_across_cuts(gm: fx.GraphModule) -> list[list[str]]:
             if user_pos is None:
                 continue
             last_use[inp.name] = max(last_use.get(inp.name, -1), user_pos)
-    cuts: list[list[str]] = []
     order = [n.name for n in gm.graph.nodes if _is_value(n)]
-    for i in range(n_layers - 1):
-        cuts.append([v for v in order if produced_at[v] <= i < last_use.get(v, -2)])
-    return cuts
+    return [[v for v in order if produced_at[v] <= i < last_use.get(v, -2)] for i in range(n_layers - 1)]
 
 
 def inputs_of_range(gm: fx.GraphModule, start: int, end: int) -> list[str]:
@@ -154,9 +148,7 @@ class StageModule(nn.Module):
         # copying in graph order keeps every node after its inputs
         selected = {n.name for group in members[start:end] for n in group}
         graph = fx.Graph()
-        env: dict[str, fx.Node] = {}
-        for name in self.input_names:
-            env[name] = graph.placeholder(name)
+        env: dict[str, fx.Node] = {name: graph.placeholder(name) for name in self.input_names}
         attr_nodes = {n.name: n for n in gm.graph.nodes if n.op == "get_attr"}
 
         def lookup_name(name: str) -> fx.Node:
@@ -199,19 +191,13 @@ def build_stage(model_or_gm: nn.Module, start: int, end: int, *,
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
     """Wrap a stage's inputs as a tuple (a lone tensor becomes a 1-tuple)."""
-    if isinstance(value, tuple):
-        return value
-    if isinstance(value, list):
-        return tuple(value)
-    return (value,)
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
 def tensor_bytes(value: Any) -> int:
     """Bytes of every tensor inside ``value`` (nested tuples/lists/dicts), using real dtypes."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
-    if isinstance(value, (tuple, list)):
-        return sum(tensor_bytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (tuple, list, dict)):
+        return sum(tensor_bytes(v) for v in (value.values() if isinstance(value, dict) else value))
     return 0

@@ -39,26 +39,15 @@ class Option:
         if value is None and not self.required:
             return
         owner = f" of method {method!r}" if method else ""
-        ok = {
-            "int": isinstance(value, int) and not isinstance(value, bool),
-            "bool": isinstance(value, bool),
-            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-            "mapping": isinstance(value, Mapping),
-            "str": isinstance(value, str),
-            "path": isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"),
-            "list": isinstance(value, (list, tuple)),
-            "any": True,
-        }[self.kind]
-        if ok and self.minimum is not None and value < self.minimum:
-            ok = False
-        if ok and self.maximum is not None and value >= self.maximum:
-            ok = False
-        if not ok:
-            bound = ""
-            if self.minimum is not None:
-                bound += f" >= {self.minimum:g}"
-            if self.maximum is not None:
-                bound += f" and < {self.maximum:g}"
+        ok = {"int": isinstance(value, int) and not isinstance(value, bool), "bool": isinstance(value, bool),
+              "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+              "mapping": isinstance(value, Mapping), "str": isinstance(value, str),
+              "path": isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"),
+              "list": isinstance(value, (list, tuple)), "any": True}[self.kind]
+        if not (ok and (self.minimum is None or value >= self.minimum)
+                and (self.maximum is None or value < self.maximum)):
+            bound = (f" >= {self.minimum:g}" if self.minimum is not None else "") + \
+                (f" and < {self.maximum:g}" if self.maximum is not None else "")
             raise MethodError(f"{self.name}={value!r}{owner} must be {_KIND_WORDS[self.kind]}{bound} "
                               f"({self.doc})")
 
@@ -188,8 +177,7 @@ _SOURCES = {
 
 #: every method, by name (the order is the order menus and tables list them in)
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method(name="dp", synchronous=True, update="minibatch", order="dp", versions="single",
-           weights="single",
+    Method(name="dp", synchronous=True, update="minibatch", order="dp", versions="single", weights="single",
            description="data parallel: one stage on every worker, all-reduce per minibatch",
            source="baseline", coalesce_wgrad=True, partitioner="dp"),
     Method(name="gpipe", synchronous=True, update="minibatch", order="gpipe", versions="single",
@@ -200,17 +188,14 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            source=_SOURCES["flush"], coalesce_wgrad=True, baseline=True),
     Method(name="interleaved-1f1b", synchronous=True, update="minibatch", order="interleaved",
            versions="single", weights="single", description="Megatron interleaved 1F1B, option chunks=v",
-           source=_SOURCES["megatron"],
-           options=(Option("chunks", "int", None, "virtual stages per worker", minimum=1, required=True),),
-           coalesce_wgrad=True),
+           source=_SOURCES["megatron"], coalesce_wgrad=True,
+           options=(Option("chunks", "int", None, "virtual stages per worker", minimum=1, required=True),)),
     Method(name="zb-h1", synchronous=True, update="minibatch", order="zb-h1", versions="single",
-           weights="single",
-           description="zero-bubble ZB-H1: backward split into B (input grad) and W (weight grad)",
-           source=_SOURCES["zb"]),
+           weights="single", source=_SOURCES["zb"],
+           description="zero-bubble ZB-H1: backward split into B (input grad) and W (weight grad)"),
     Method(name="pipedream", synchronous=False, update="microbatch", order="async-1f1b", versions="stash",
-           weights="stash",
+           weights="stash", source=_SOURCES["pipedream"],
            description="PipeDream: 1F1B, NOAM in flight, no flush, weight stashing; option vertical_sync",
-           source=_SOURCES["pipedream"],
            options=(Option("vertical_sync", "bool", False, "every stage reads the input stage's version"),
                     _IN_FLIGHT)),
     Method(name="naive-async", synchronous=False, update="microbatch", order="async-1f1b",
@@ -222,19 +207,15 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            description="PipeMare: no stash; LR rescheduling and discrepancy correction in the runtime",
            source=_SOURCES["pipemare"], options=(_IN_FLIGHT,), runtime_options=_PIPEMARE_RUNTIME),
     Method(name="2bw", synchronous=False, update="minibatch", order="coalesced", versions="delay",
-           weights="delay",
-           description="PipeDream-2BW: two weight versions, gradient coalescing over M microbatches",
-           source=_SOURCES["flush"]),
+           weights="delay", source=_SOURCES["flush"],
+           description="PipeDream-2BW: two weight versions, gradient coalescing over M microbatches"),
     Method(name="buffered", synchronous=False, update="minibatch", order="coalesced", versions="delay",
-           weights="delay",
+           weights="delay", source=_SOURCES["lv"], partitioner="prefix-sum",
            description="bounded weight buffer of K versions (Lv et al.), option versions=K",
-           source=_SOURCES["lv"],
-           options=(Option("versions", "int", 2, "weight versions kept (K >= 2; K = 2 is 2BW)", minimum=2),),
-           partitioner="prefix-sum"),
+           options=(Option("versions", "int", 2, "weight versions kept (K >= 2; K = 2 is 2BW)", minimum=2),)),
     Method(name="hetpipe", synchronous=False, update="microbatch", order="hetpipe", versions="stash",
-           weights="wsp",
+           weights="wsp", source=_SOURCES["hetpipe"],
            description="HetPipe: PipeDream inside virtual workers, WSP across them; option D",
-           source=_SOURCES["hetpipe"],
            options=(Option("D", "int", 0, "WSP staleness bound in waves", minimum=0),),
            replicas_allreduce=False, partitioner="hetpipe", heterogeneous=True),
 )}

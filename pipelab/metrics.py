@@ -43,8 +43,7 @@ def compute_events(events: Iterable[E]) -> list[E]:
 def busy_time(events: Iterable[Event], workers: Iterable[int], start: float | None = None,
               end: float | None = None) -> dict[int, float]:
     """Per worker of ``workers``, seconds in compute actions, clipped to ``[start, end]`` if given."""
-    lo = -math.inf if start is None else start
-    hi = math.inf if end is None else end
+    lo, hi = -math.inf if start is None else start, math.inf if end is None else end
     out: dict[int, float] = {w: 0.0 for w in workers}
     for e in compute_events(events):
         out[e.worker] += max(0.0, min(e.end_s, hi) - max(e.start_s, lo))
@@ -53,9 +52,7 @@ def busy_time(events: Iterable[Event], workers: Iterable[int], start: float | No
 
 def span(events: Sequence[Event]) -> float:
     """Seconds from the first start to the last end of ``events`` (0 when there are none)."""
-    if not events:
-        return 0.0
-    return max(e.end_s for e in events) - min(e.start_s for e in events)
+    return max(e.end_s for e in events) - min(e.start_s for e in events) if events else 0.0
 
 
 def bubble_fraction(events: Iterable[Event], num_workers: int | None = None) -> float:
@@ -63,18 +60,13 @@ def bubble_fraction(events: Iterable[Event], num_workers: int | None = None) -> 
     comp = compute_events(events)
     if not comp:
         raise ValueError("no compute events (F/B/W/U): the bubble fraction of an empty trace is undefined")
-    s = span(comp)
-    workers = num_workers or len({e.worker for e in comp})
-    if s <= 0:
-        return 0.0
-    return 1.0 - sum(e.end_s - e.start_s for e in comp) / (workers * s)
+    s, workers = span(comp), num_workers or len({e.worker for e in comp})
+    return 1.0 - sum(e.end_s - e.start_s for e in comp) / (workers * s) if s > 0 else 0.0
 
 
 def bubble_by_worker(busy: dict[int, float], window_s: float) -> dict[int, float]:
     """Per worker, the idle fraction ``1 - busy / window_s`` of a window (0 for an empty window)."""
-    if window_s <= 0:
-        return {w: 0.0 for w in busy}
-    return {w: 1.0 - b / window_s for w, b in busy.items()}
+    return {w: 1.0 - b / window_s if window_s > 0 else 0.0 for w, b in busy.items()}
 
 
 #: rounds of one run whose rates differ by more than this factor say the machine's speed moved under it
@@ -108,8 +100,7 @@ def minibatch_completions(events: Iterable[Event], microbatches: int, minibatche
     for e in compute_events(events):
         k = e.microbatch if e.kind == "U" and microbatches > 1 else e.microbatch // microbatches
         done[k] = max(done[k], e.end_s)
-    done.sort()
-    return done
+    return sorted(done)
 
 
 def steady_window(done: Sequence[float], in_flight: int, group: int) -> tuple[float, float, int] | None:
@@ -119,9 +110,7 @@ def steady_window(done: Sequence[float], in_flight: int, group: int) -> tuple[fl
     a, b = -(-in_flight // group) * group, (K - in_flight) // group * group
     if b <= a:
         a, b = in_flight, K - in_flight
-    if b > a:
-        return done[a - 1], done[b - 1], b - a
-    return None
+    return (done[a - 1], done[b - 1], b - a) if b > a else None
 
 
 def in_flight(replicas: Sequence[int], stage: int, *, per_replica: bool = True) -> int:

@@ -99,28 +99,23 @@ class Trace(Described):
     @property
     def makespan(self) -> float:
         """Seconds from the first start to the last end (0 for an empty trace)."""
-        if not self.events:
-            return 0.0
-        return max(e.end_s for e in self.events) - min(e.start_s for e in self.events)
+        return metrics.span(self.events)
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per event, with a ``duration_s`` column."""
         import pandas as pd
 
-        df = pd.DataFrame([asdict(e) for e in self.events],
-                          columns=[f for f in Event.__dataclass_fields__])
+        df = pd.DataFrame([asdict(e) for e in self.events], columns=list(Event.__dataclass_fields__))
         df["duration_s"] = df["end_s"] - df["start_s"]
         return df
 
     def to_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
         """Write Chrome trace-event JSON (opens in Perfetto or chrome://tracing): one event per action."""
-        evs = []
-        for e in self.events:
-            evs.append({"name": e.action, "cat": e.kind, "ph": "X", "pid": 0, "tid": e.worker,
-                        "ts": e.start_s * 1e6, "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
-                        "args": {"stage": e.stage, "microbatch": e.microbatch, "bytes": e.bytes,
-                                 "weight_version": e.weight_version, "step": e.step, "peer": e.peer,
-                                 "start_s": e.start_s, "end_s": e.end_s}})
+        evs = [{"name": e.action, "cat": e.kind, "ph": "X", "pid": 0, "tid": e.worker, "ts": e.start_s * 1e6,
+                "dur": max(e.end_s - e.start_s, 0.0) * 1e6,
+                "args": {"stage": e.stage, "microbatch": e.microbatch, "bytes": e.bytes,
+                         "weight_version": e.weight_version, "step": e.step, "peer": e.peer,
+                         "start_s": e.start_s, "end_s": e.end_s}} for e in self.events]
         meta = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": w, "args": {"name": f"worker {w}"}}
                 for w in self.workers]
         doc = {"traceEvents": meta + evs, "displayTimeUnit": "ms", "otherData": _jsonable(self.meta)}
@@ -136,9 +131,7 @@ class Trace(Described):
             raise ValueError(f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})") \
                 from None
         events = []
-        for ev in raw:
-            if ev.get("ph") != "X":
-                continue
+        for ev in (ev for ev in raw if ev.get("ph") == "X"):
             a = ev.get("args", {})
             start = a.get("start_s", ev["ts"] / 1e6)
             events.append(Event(worker=int(ev["tid"]), stage=int(a.get("stage", -1)), kind=str(ev["cat"]),
@@ -198,8 +191,7 @@ class Trace(Described):
 
     def save_jsonl(self, path: str | os.PathLike[str]) -> Path:
         """Write one JSON object per line (first line: metadata), atomically."""
-        lines = [json.dumps({"meta": _jsonable(self.meta)})]
-        lines += [json.dumps(asdict(e)) for e in self.events]
+        lines = [json.dumps({"meta": _jsonable(self.meta)}), *(json.dumps(asdict(e)) for e in self.events)]
         return atomic_write_text(path, "\n".join(lines) + "\n")
 
     @classmethod

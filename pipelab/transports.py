@@ -28,6 +28,8 @@ NCCL_TCP_BUS_BANDWIDTH: dict[str, float] = {"ethernet-10g": 0.6 * 10 * 1e9 / 8, 
 #: 20 MB over 4 machines on 40 GbE in 10,608 us (gloo's README, "Example output"). PyTorch's gloo group
 #: copies a CUDA tensor to the host once and back once, overlapped across DDP buckets.
 GLOO_ALLREDUCE_BUS_BANDWIDTH = 2 * 3 / 4 * 20e6 / 10_608e-6
+
+
 def nccl_flat_ring(levels: Sequence[Any]) -> tuple[Any, ...]:
     """``levels`` as the one flat ring NCCL builds through every worker (NVIDIA/nccl#471: no 2-D rings),
     at the slowest crossed level's bus bandwidth and latency. For an all-reduce over every worker only
@@ -35,9 +37,9 @@ def nccl_flat_ring(levels: Sequence[Any]) -> tuple[Any, ...]:
     crossed = [lv for lv in levels if lv.size > 1] or list(levels[:1])
     n = math.prod(int(lv.size) for lv in levels)
     slowest = min(crossed, key=lambda lv: lv.ring_bandwidth)
-    bus = float(slowest.ring_bandwidth)
     return (replace(slowest, name=f"nccl-flat-ring({slowest.name})", size=n, uplinks=1,
-                    latency=max(float(lv.latency) for lv in crossed), allreduce_bandwidth=bus),)
+                    latency=max(float(lv.latency) for lv in crossed),
+                    allreduce_bandwidth=float(slowest.ring_bandwidth)),)
 
 
 def transport_levels(levels: Sequence[Any], pipeline: str = "link", allreduce: str = "link", *,
@@ -60,9 +62,8 @@ def transport_levels(levels: Sequence[Any], pipeline: str = "link", allreduce: s
     for k, lv in enumerate(levels):
         changes: dict[str, Any] = {}
         net = host_copy_bandwidth if (k == 0 and multi_gpu_servers) else lv.bandwidth
-        via_host = 1.0 / (2.0 / host_copy_bandwidth + 1.0 / net)
-        if pipeline == "gloo-host":
-            changes["p2p_bandwidth"] = via_host
+        if pipeline == "gloo-host":    # device -> host, the link, host -> device, one after another
+            changes["p2p_bandwidth"] = 1.0 / (2.0 / host_copy_bandwidth + 1.0 / net)
         if allreduce == "nccl-ring" and lv.name in bus:
             changes["allreduce_bandwidth"] = float(bus[lv.name])
         elif allreduce == "gloo-ring":

@@ -27,15 +27,14 @@ from pipelab.planner.decide import (
     ONE_STAGE_ASYNC,
     ONE_STAGE_SYNC,
     bounds_of,
-    held_out,
     less_shift,
     load_errors,
     load_margin,
     load_ranges,
     ranges_from_accuracy,
     resolve_margin,
-    write_errors,
 )
+from reproductions.sim_accuracy.errors_file import held_out, write_errors
 
 REPO = Path(__file__).resolve().parents[1]
 

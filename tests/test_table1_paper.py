@@ -14,10 +14,15 @@ import pipelab as pl
 from pipelab.cluster import NCCL_NCV3_PCIE_BUS_BANDWIDTH, V100_PCIE_OVER_SXM2
 from pipelab.costs import CostModel
 from pipelab.models import pipedream_profile
-from pipelab.partition.pipedream_conf import available, load_config, plan_from_pipedream, stage_bounds
 from pipelab.transports import GLOO_ALLREDUCE_BUS_BANDWIDTH, NCCL_TCP_BUS_BANDWIDTH, nccl_flat_ring
 from reproductions.pipedream_table1 import paper as tp
 from reproductions.pipedream_table1.paper import DDP_BUCKET_BYTES, nccl24_tree_threshold
+from reproductions.pipedream_table1.pipedream_conf import (
+    available,
+    load_config,
+    plan_from_pipedream,
+    stage_bounds,
+)
 from reproductions.pipedream_table1.rows import TABLE1, simulate_plan
 
 RESULTS = Path(__file__).resolve().parents[1] / "reproductions" / "pipedream_table1" / "results.csv"

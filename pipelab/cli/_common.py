@@ -44,12 +44,6 @@ def fail(prog: str, message: object, code: int = 2) -> int:
     return code
 
 
-def cluster_help() -> str:
-    """The ``--cluster`` help line, naming every preset."""
-    return ("cluster: a preset with its size (e.g. pipedream-a:4x4 for servers x GPUs, flat:8), or a "
-            "calibrated cluster JSON (pipelab calibrate -o me.json); --cluster list prints the presets")
-
-
 def print_cluster_list() -> int:
     """``--cluster list``: every preset with its default size and device."""
     from pipelab.cluster import Cluster
@@ -65,11 +59,29 @@ def print_cluster_list() -> int:
     return 0
 
 
-def wants_cluster_list(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` asks for ``--cluster list`` (checked before required arguments are)."""
-    args = list(argv)
-    return any(a == "--cluster=list" or (a == "--cluster" and args[i + 1:i + 2] == ["list"])
-               for i, a in enumerate(args))
+def add_profile_and_cluster(p: argparse.ArgumentParser, cluster_default: str | None = None) -> None:
+    """The options ``plan`` and ``simulate`` share: the profile, ``--cluster``, ``--compression``, the
+    input of a ``module:function`` model."""
+    p.add_argument("profile", help="profile JSON, PipeDream graph.txt, shipped name (vgg16, gnmt8, ...) or "
+                                   "package.module:function with --input-shape")
+    p.add_argument("--cluster", required=cluster_default is None, default=cluster_default,
+                   help="cluster: a preset with its size (e.g. pipedream-a:4x4 for servers x GPUs, flat:8), "
+                        "or a calibrated cluster JSON (pipelab calibrate -o me.json); --cluster list prints "
+                        "the presets" + (f" (default {cluster_default})" if cluster_default else ""))
+    p.add_argument("--compression", type=compression, default=None,
+                   help="activation compression: fp16, bf16, int8 or a ratio (default none)")
+    add_model_input(p)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | None:
+    """``argv`` (default ``sys.argv[1:]``) parsed, or None once ``--cluster list`` printed the presets
+    (checked before required arguments are)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--cluster=list" or (a == "--cluster" and args[i + 1:i + 2] == ["list"])
+           for i, a in enumerate(args)):
+        print_cluster_list()
+        return None
+    return parser.parse_args(args)
 
 
 def parse_cluster(spec: str) -> Any:

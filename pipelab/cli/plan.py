@@ -12,17 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipelab._io import atomic_write_text
-from pipelab.cli._common import (
-    Parser,
-    add_model_input,
-    cluster_help,
-    compression,
-    fail,
-    load_profile,
-    parse_cluster,
-    print_cluster_list,
-    wants_cluster_list,
-)
+from pipelab.cli._common import Parser, add_profile_and_cluster, fail, load_profile, parse_args, parse_cluster
 from pipelab.cluster import Cluster
 from pipelab.partition import METHODS, partition
 from pipelab.planner import plan as auto_plan
@@ -35,15 +25,11 @@ def _parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description=(
         "Partition a profile into pipeline stages for a cluster (--method), or search every method, "
         "partition, microbatch count and option with the planner (--auto)."))
-    ap.add_argument("profile", help="profile JSON, PipeDream graph.txt, shipped name (vgg16, gnmt8, ...) or "
-                                    "package.module:function with --input-shape")
-    ap.add_argument("--cluster", required=True, help=cluster_help())
+    add_profile_and_cluster(ap)
     ap.add_argument("--method", default="pipedream", type=str.lower, choices=METHODS,
                     help="partitioner (default pipedream)")
     ap.add_argument("--straight", action="store_true", help="pipedream: no replication")
     ap.add_argument("--memory-limit-gb", type=float, default=None, help="per-worker memory limit in GiB")
-    ap.add_argument("--compression", type=compression, default=None,
-                   help="activation compression: fp16, bf16, int8 or a ratio (default none)")
     ap.add_argument("--optimizer", default="sgd-momentum", help="sgd, sgd-momentum or adam")
     ap.add_argument("--allreduce-overlap", default="ddp", choices=("ddp", "none"),
                     help="replicated stages' all-reduce: overlapped with backward (ddp) or after it "
@@ -63,16 +49,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--table", default=None, help="--auto: write the whole ranked table as CSV here")
     ap.add_argument("--no-progress", action="store_true", help="--auto: no progress bar")
     ap.add_argument("-o", "--output", default=None, help="write the plan JSON here")
-    add_model_input(ap)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, partition, print the plan; write it with ``-o``. Returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if wants_cluster_list(argv):
-        return print_cluster_list()
-    args = _parser().parse_args(argv)
+    args = parse_args(_parser(), argv)
+    if args is None:
+        return 0
     try:
         prof = load_profile(args.profile, args)
         if args.batch_size is not None:

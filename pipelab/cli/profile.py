@@ -21,11 +21,9 @@ PROG = "pipelab profile"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog=PROG,
-        description="Profile a model layer by layer (your own as package.module:function, or one of "
-                    "the zoo's), import a PipeDream graph.txt, or show a saved profile.",
-    )
+    p = Parser(prog=PROG, description="Profile a model layer by layer (your own as package.module:function, "
+                                      "or one of the zoo's), import a PipeDream graph.txt, or show a saved "
+                                      "profile.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", metavar="MODEL",
                      help="package.module:function returning an nn.Module (with --input-shape; the current "

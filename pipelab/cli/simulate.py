@@ -12,17 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipelab import methods
-from pipelab.cli._common import (
-    Parser,
-    add_model_input,
-    cluster_help,
-    compression,
-    fail,
-    load_profile,
-    parse_cluster,
-    print_cluster_list,
-    wants_cluster_list,
-)
+from pipelab.cli._common import Parser, add_profile_and_cluster, fail, load_profile, parse_args, parse_cluster
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.schedules import ScheduleError
@@ -35,9 +25,7 @@ def _parser() -> Parser:
     p = Parser(prog=PROG, description=(
         "Simulate a method's schedule on a plan with a profile's costs on a cluster, and report time per "
         "minibatch, throughput, utilization and peak memory per worker."))
-    p.add_argument("profile", help="profile JSON, PipeDream graph.txt, shipped name (vgg16, gnmt8, ...) or "
-                                   "package.module:function with --input-shape")
-    p.add_argument("--cluster", default="pipedream-a:4x4", help=cluster_help() + " (default pipedream-a:4x4)")
+    add_profile_and_cluster(p, "pipedream-a:4x4")
     p.add_argument("--method", default="pipedream", type=str.lower, choices=list(methods.names()),
                    help="schedule (default pipedream)")
     p.add_argument("--plan", help="plan JSON (Plan.save); default: partition the profile")
@@ -47,22 +35,18 @@ def _parser() -> Parser:
     p.add_argument("--chunks", type=int, help="interleaved-1f1b: virtual stages per worker")
     p.add_argument("--versions", type=int, help="buffered: weight versions K")
     p.add_argument("--vertical-sync", action="store_true", help="pipedream: vertical sync")
-    p.add_argument("--compression", type=compression, default=None,
-                   help="activation compression: fp16, bf16, int8 or a ratio (default none)")
     p.add_argument("--trace", help="write the trace as JSONL here")
     p.add_argument("--chrome", help="write a Chrome/Perfetto trace here")
     p.add_argument("--schedule-csv", help="write the schedule as CSV here")
     p.add_argument("--show-schedule", action="store_true", help="print the schedule grid")
-    add_model_input(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pipelab simulate``; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if wants_cluster_list(argv):
-        return print_cluster_list()
-    args = _parser().parse_args(argv)
+    args = parse_args(_parser(), argv)
+    if args is None:
+        return 0
     try:
         prof = load_profile(args.profile, args)
         cluster = parse_cluster(args.cluster)

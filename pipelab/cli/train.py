@@ -19,11 +19,8 @@ PROG = "pipelab train"
 
 def _import_path(job: Path) -> None:
     """Put the job file's folder and the current directory first on the import path (kept for workers)."""
-    for folder in (Path.cwd(), job.resolve().parent):
-        path = str(folder)
-        if path in sys.path:
-            sys.path.remove(path)
-        sys.path.insert(0, path)
+    for path in (str(Path.cwd()), str(job.resolve().parent)):
+        sys.path[:] = [path, *(p for p in sys.path if p != path)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

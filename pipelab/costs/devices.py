@@ -8,7 +8,7 @@ devices and calibrated clusters are the profiled device; a synthetic profile has
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pipelab.cluster import Cluster
@@ -20,18 +20,9 @@ GENERIC_DEVICES = ("gpu", "device")
 _warned: set[tuple[str, str]] = set()
 
 
-def cluster_of(cluster: Any) -> Cluster:
-    """``cluster``, or the cluster a spec string such as ``"flat:2"`` names."""
-    from pipelab.cluster import Cluster
-
-    return Cluster.of(cluster)
-
-
 def _kind(name: str) -> str:
     n = name.lower()
-    if n.startswith("cpu"):
-        return "cpu"
-    return "generic" if n in GENERIC_DEVICES else "accelerator"
+    return "cpu" if n.startswith("cpu") else "generic" if n in GENERIC_DEVICES else "accelerator"
 
 
 def check_device(profile: Profile, cluster: Cluster) -> None:

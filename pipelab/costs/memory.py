@@ -32,13 +32,9 @@ class Memory(Prices):
         if versions < 1 or in_flight < 1:
             raise ValueError(f"versions={versions} and in_flight={in_flight} must be >= 1")
         p = self.param_bytes(start, end)
-        parts = {
-            "weights": p,
-            "stashed_weights": (versions - 1) * p,
-            "gradients": p,
-            "optimizer": OPTIMIZER_STATE[self.optimizer] * p,
-            "activations": in_flight * self.activation_bytes(start, end, microbatches),
-        }
+        parts = {"weights": p, "stashed_weights": (versions - 1) * p, "gradients": p,
+                 "optimizer": OPTIMIZER_STATE[self.optimizer] * p,
+                 "activations": in_flight * self.activation_bytes(start, end, microbatches)}
         parts["total"] = sum(parts.values())
         return parts
 

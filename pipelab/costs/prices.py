@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipelab.costs.devices import check_device, cluster_of
+from pipelab.cluster import Cluster
+from pipelab.costs.devices import check_device
 
 if TYPE_CHECKING:
-    from pipelab.cluster import Cluster
     from pipelab.profile.records import Profile
 
 HBM_BYTES_PER_S = 900e9   # NVIDIA V100 data sheet: 900 GB/s HBM2
@@ -72,7 +72,7 @@ class Prices:
 
     def __post_init__(self) -> None:
         self._check_options()
-        object.__setattr__(self, "cluster", cluster_of(self.cluster))
+        object.__setattr__(self, "cluster", Cluster.of(self.cluster))
         check_device(self.profile, self.cluster)
         self._prefix_sums()
 
@@ -87,11 +87,9 @@ class Prices:
         if self.optimizer not in OPTIMIZER_STATE:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZER_STATE)}")
         if self.allreduce_overlap not in ALLREDUCE_OVERLAP:
-            raise ValueError(
-                f"allreduce_overlap={self.allreduce_overlap!r} is not one of {ALLREDUCE_OVERLAP}: "
-                f"'ddp' overlaps the all-reduce with backward layer by layer (PyTorch DDP), "
-                f"'none' all-reduces after backward (pipelab's runtime)"
-            )
+            raise ValueError(f"allreduce_overlap={self.allreduce_overlap!r} is not one of "
+                             f"{ALLREDUCE_OVERLAP}: 'ddp' overlaps the all-reduce with backward layer by "
+                             "layer (PyTorch DDP), 'none' all-reduces after backward (pipelab's runtime)")
         if self.allreduce_bandwidth is not None and not positive(self.allreduce_bandwidth):
             raise ValueError(f"allreduce_bandwidth={self.allreduce_bandwidth!r} must be None (the links' "
                              f"bandwidth) or a finite number of bytes/s > 0")
@@ -358,9 +356,8 @@ class Prices:
         tail = (self.pb[end] - self.pb[ls]) / speed + kappa * (self.pp[ls + 1] - self.pp[start])
         return float(f + tail.max() + (fixed if self.pp[end] > self.pp[start] else 0.0))
 
-    def replica_time_matrix(
-        self, speed: float, kappa: float, fixed: float, steps: float = 0.0, *, transpose: bool = False
-    ) -> np.ndarray:
+    def replica_time_matrix(self, speed: float, kappa: float, fixed: float, steps: float = 0.0, *,
+                            transpose: bool = False) -> np.ndarray:
         """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges (``inf`` where ``j <= i``);
         ``steps`` from :meth:`allreduce_latency_steps`; ``transpose=True``: ``T.T``, contiguous over ``i``."""
         n = self.num_layers

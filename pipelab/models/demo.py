@@ -25,10 +25,7 @@ def linear_blocks(width: int, blocks: int) -> nn.Sequential:
     """``blocks`` x (``Linear(width, width)`` + ReLU): equal blocks, so any split is balanced."""
     if width < 1 or blocks < 1:
         raise ValueError(f"width={width} and blocks={blocks} must be >= 1")
-    layers: list[nn.Module] = []
-    for _ in range(blocks):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers)
+    return nn.Sequential(*(m for _ in range(blocks) for m in (nn.Linear(width, width), nn.ReLU())))
 
 
 def small_cnn(num_classes: int = 10, channels: int = 16, in_channels: int = 1) -> nn.Sequential:

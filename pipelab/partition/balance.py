@@ -83,17 +83,16 @@ def partition_gpipe(cm: CostModel, *, stages: int | None = None, microbatches: i
     M = default_microbatches(S) if microbatches is None else microbatches
     if cm.profile.source != "synthetic":   # a synthetic profile's times split into any M
         check_divides(cm.profile.batch_size, M)
-    prof = cm.profile
     if by == "time":
-        sizes = balance_by_time(S, [layer.fwd_s + layer.bwd_s for layer in prof.layers])
+        sizes = balance_by_time(S, [layer.fwd_s + layer.bwd_s for layer in cm.profile.layers])
     elif by == "size":
         P_mat, A_mat = cm.memory_arrays()
         per = [float(P_mat[i, i + 1] * (2 + cm.state_factor) + A_mat[i, i + 1]) for i in range(n)]
         sizes = balance_by_size(S, per)
     else:
         raise ValueError(f"by={by!r}: balance by 'time' or 'size'")
-    bounds = list(np.cumsum(sizes)[:-1].astype(int))
-    plan = build_plan(cm, [int(b) for b in bounds], [1] * S, method="gpipe", run=Pipelining("flush", M),
+    bounds = [int(b) for b in np.cumsum(sizes)[:-1]]
+    plan = build_plan(cm, bounds, [1] * S, method="gpipe", run=Pipelining("flush", M),
                       notes={"balance": by, "bubble_fraction": (S - 1) / (M + S - 1)})
     check_memory(plan, cm, memory_limit)
     assert math.isfinite(plan.time_per_minibatch)

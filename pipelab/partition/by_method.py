@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pipelab.cluster import Cluster
@@ -19,7 +20,15 @@ from pipelab.partition.plan import Plan
 from pipelab.partition.prefix_sum import partition_prefix_sum
 from pipelab.profile.records import Profile
 
-METHODS = ("pipedream", "prefix-sum", "gpipe", "hetpipe", "dp")
+#: each partitioning method: its function and the options it takes
+_PARTITIONERS: dict[str, tuple[Callable[..., Plan], tuple[str, ...]]] = {
+    "pipedream": (partition_pipedream, ("straight", "memory_limit", "workers", "hierarchical")),
+    "prefix-sum": (partition_prefix_sum, ("stages", "memory_limit", "buffers", "workers")),
+    "gpipe": (partition_gpipe, ("stages", "microbatches", "by", "memory_limit")),
+    "hetpipe": (partition_hetpipe, ("policy", "memory_limit")),
+    "dp": (partition_dp, ("workers", "memory_limit")),
+}
+METHODS = tuple(_PARTITIONERS)
 
 
 def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream", *,
@@ -45,24 +54,8 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     m = method.lower()
     if m not in METHODS:
         raise ValueError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
-
-    def allowed(names: tuple[str, ...]) -> None:
-        bad = set(options) - set(names)
-        if bad:
-            raise TypeError(f"method {m!r} does not take option(s) {sorted(bad)}; it takes {list(names)}")
-
-    if m == "pipedream":
-        allowed(("straight", "memory_limit", "workers", "hierarchical"))
-        return partition_pipedream(cm, **options)
-    if m == "prefix-sum":
-        allowed(("stages", "memory_limit", "buffers", "workers"))
-        return partition_prefix_sum(cm, **options)
-    if m == "gpipe":
-        allowed(("stages", "microbatches", "by", "memory_limit"))
-        return partition_gpipe(cm, **options)
-    if m == "hetpipe":
-        allowed(("policy", "memory_limit"))
-        return partition_hetpipe(cm, **options)
-
-    allowed(("workers", "memory_limit"))
-    return partition_dp(cm, **options)
+    fn, takes = _PARTITIONERS[m]
+    bad = set(options) - set(takes)
+    if bad:
+        raise TypeError(f"method {m!r} does not take option(s) {sorted(bad)}; it takes {list(takes)}")
+    return fn(cm, **options)

@@ -52,16 +52,12 @@ def virtual_workers(cluster: Cluster | str, policy: str = "ED") -> list[list[int
         return [list(ws) for ws in zip(*by_type.values())]
     # HD: pair nodes fast-with-slow; each VW takes half of each paired node's GPUs
     if len(nodes) % 2 or g % 2:
-        raise ValueError(
-            "HD pairs nodes and halves them; it needs an even number of nodes and of GPUs per node"
-        )
+        raise ValueError("HD pairs nodes and halves them; it needs an even number of nodes and of GPUs per "
+                         "node")
     order = sorted(range(len(nodes)), key=lambda i: -cluster.devices[nodes[i][0]].speed)
-    vws = []
-    for a, b in zip(order[: len(order) // 2], reversed(order[len(order) // 2:])):
-        h = g // 2
-        vws.append(nodes[a][:h] + nodes[b][:h])
-        vws.append(nodes[a][h:] + nodes[b][h:])
-    return vws
+    h, half = g // 2, len(order) // 2
+    return [nodes[a][part] + nodes[b][part] for a, b in zip(order[:half], reversed(order[half:]))
+            for part in (slice(None, h), slice(h, None))]
 
 
 @dataclass(frozen=True)
@@ -84,10 +80,8 @@ def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequen
         raise ValueError("hetpipe_time_s needs at least one virtual worker's device order")
     k = len(orders[0])
     if any(len(o) != k for o in orders) or len(bounds) != k - 1:
-        raise ValueError(
-            f"every VW order needs one device per stage ({len(bounds) + 1} stages); got orders of "
-            f"lengths {[len(o) for o in orders]}"
-        )
+        raise ValueError(f"every VW order needs one device per stage ({len(bounds) + 1} stages); got orders "
+                         f"of lengths {[len(o) for o in orders]}")
     cuts = [0, *bounds, cm.num_layers]
     ranges = list(zip(cuts[:-1], cuts[1:]))
     flights = [metrics.in_flight([1] * k, s) for s in range(k)]
@@ -106,9 +100,8 @@ def _signature(cm: CostModel, order: Sequence[int]) -> Signature:
             tuple(cm.cluster.level_between(a, b) for a, b in zip(order, order[1:])))
 
 
-def _order_candidates(
-    cm: CostModel, devices: Sequence[int], search_order: bool
-) -> dict[Signature, list[int]]:
+def _order_candidates(cm: CostModel, devices: Sequence[int], search_order: bool
+                      ) -> dict[Signature, list[int]]:
     """Device orders of one VW to try, one per :data:`Signature` (same devices and links: same times)."""
     if search_order and len(devices) <= MAX_ORDER_SEARCH:
         orders = sorted(itertools.permutations(devices))
@@ -197,17 +190,13 @@ class _StageTerms:
         return float(best[n]), bounds[::-1]
 
 
-def _fits(
-    cm: CostModel, cuts: Sequence[int], orders: Sequence[Sequence[int]], memory_limit: float | None
-) -> bool:
+def _fits(cm: CostModel, cuts: Sequence[int], orders: Sequence[Sequence[int]],
+          memory_limit: float | None) -> bool:
     k = len(cuts) - 1
-    for s in range(k):
-        need = cm.memory_bytes(cuts[s], cuts[s + 1], versions=k - s, in_flight=k - s)["total"]
-        for o in orders:
-            lim = memory_limit if memory_limit is not None else cm.cluster.memory(o[s])
-            if need > lim:
-                return False
-    return True
+    need = [cm.memory_bytes(cuts[s], cuts[s + 1], versions=k - s, in_flight=k - s)["total"]
+            for s in range(k)]
+    return all(need[s] <= (memory_limit if memory_limit is not None else cm.cluster.memory(o[s]))
+               for s in range(k) for o in orders)
 
 
 def _refine(cm: CostModel, bounds: list[int], orders: Sequence[Sequence[int]], memory_limit: float | None
@@ -228,11 +217,9 @@ def shared_partition(cm: CostModel, vws: Sequence[Sequence[int]], *, memory_limi
     _check_vws(cm, vws)
     found = _dp_candidates(cm, vws, search_order, _StageTerms(cm, memory_limit))
     if not found:
-        raise ValueError(
-            f"no partition of {cm.profile.model or 'this model'} over virtual workers "
-            f"{[list(v) for v in vws]} fits in their memory; use a smaller batch or more devices "
-            f"per virtual worker"
-        )
+        raise ValueError(f"no partition of {cm.profile.model or 'this model'} over virtual workers "
+                         f"{[list(v) for v in vws]} fits in their memory; use a smaller batch or more "
+                         "devices per virtual worker")
     # the DP's stage costs bracket the exact ones; refine the few best candidates on the exact score
     best: tuple[float, list[int], list[list[int]]] | None = None
     for (bnd, ords), _ in sorted(found.items(), key=lambda kv: kv[1])[:REFINE_CANDIDATES]:
@@ -254,9 +241,8 @@ def _check_vws(cm: CostModel, vws: Sequence[Sequence[int]]) -> None:
     if any(len(v) != k for v in vws):
         raise ValueError(f"virtual workers of different sizes {[len(v) for v in vws]} cannot share one plan")
     if k > n:
-        raise ValueError(
-            f"{k} devices but the model has {n} layers; use at most {n} devices per virtual worker"
-        )
+        raise ValueError(f"{k} devices but the model has {n} layers; use at most {n} devices per virtual "
+                         "worker")
 
 
 def _dp_candidates(cm: CostModel, vws: Sequence[Sequence[int]], search_order: bool, terms: _StageTerms
@@ -293,9 +279,8 @@ def _dp_candidates(cm: CostModel, vws: Sequence[Sequence[int]], search_order: bo
 def partition_virtual_worker(cm: CostModel, devices: Sequence[int], *, memory_limit: float | None = None,
                              search_order: bool = True) -> tuple[float, list[int], list[int]]:
     """Best straight pipeline over ``devices`` (one VW): ``(time, boundaries, device order)``."""
-    t, bounds, orders = shared_partition(
-        cm, [list(devices)], memory_limit=memory_limit, search_order=search_order
-    )
+    t, bounds, orders = shared_partition(cm, [list(devices)], memory_limit=memory_limit,
+                                         search_order=search_order)
     return t.time_s, bounds, orders[0]
 
 

@@ -55,9 +55,7 @@ def config_string(replicas: Sequence[int]) -> str:
     """The paper's notation for a list of per-stage replica counts."""
     if len(replicas) == 1:
         return str(replicas[0])
-    if all(r == 1 for r in replicas):
-        return "straight"
-    return "-".join(str(r) for r in replicas)
+    return "straight" if all(r == 1 for r in replicas) else "-".join(str(r) for r in replicas)
 
 
 @dataclass(frozen=True, repr=False)
@@ -130,10 +128,8 @@ class Plan(Described):
         if self.num_layers < 1:
             raise ValueError("a Plan needs num_layers >= 1")
         if len(self.stages) > self.num_layers:
-            raise ValueError(
-                f"Plan has {len(self.stages)} stages but the model has {self.num_layers} layers; "
-                f"use at most {self.num_layers} stages"
-            )
+            raise ValueError(f"Plan has {len(self.stages)} stages but the model has {self.num_layers} "
+                             f"layers; use at most {self.num_layers} stages")
         expect = 0
         for i, s in enumerate(self.stages):
             if s.index != i:
@@ -159,35 +155,24 @@ class Plan(Described):
                                  f"({profile.model or 'unknown'}, {profile.fingerprint()}); partition again")
 
     @classmethod
-    def from_boundaries(
-        cls,
-        num_layers: int,
-        boundaries: Sequence[int],
-        replicas: Sequence[int] | None = None,
-        *,
-        method: str = "manual",
-        batch_size: int = 1,
-        **kw: Any,
-    ) -> Plan:
+    def from_boundaries(cls, num_layers: int, boundaries: Sequence[int],
+                        replicas: Sequence[int] | None = None, *, method: str = "manual", batch_size: int = 1,
+                        **kw: Any) -> Plan:
         """A plan from cut points: ``boundaries=[3, 5]`` on 8 layers gives stages [0,3) [3,5) [5,8).
 
         ``replicas`` (default all 1) gives each stage's replica count; ranks are assigned in order.
         """
         cuts = [0, *[int(b) for b in boundaries], num_layers]
         if any(b <= a for a, b in zip(cuts, cuts[1:])):
-            raise ValueError(
-                f"boundaries {list(boundaries)} must be strictly increasing inside 1..{num_layers - 1}"
-            )
+            raise ValueError(f"boundaries {list(boundaries)} must be strictly increasing inside "
+                             f"1..{num_layers - 1}")
         reps = list(replicas) if replicas is not None else [1] * (len(cuts) - 1)
         if len(reps) != len(cuts) - 1:
             raise ValueError(f"{len(cuts) - 1} stages but {len(reps)} replica counts")
-        stages, rank = [], 0
-        for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
-            stages.append(
-                Stage(index=i, start=a, end=b, replicas=reps[i], ranks=tuple(range(rank, rank + reps[i])))
-            )
-            rank += reps[i]
-        return cls(stages=tuple(stages), num_layers=num_layers, method=method, batch_size=batch_size, **kw)
+        first = [sum(reps[:i]) for i in range(len(reps))]    # each stage's first rank
+        stages = tuple(Stage(index=i, start=a, end=b, replicas=r, ranks=tuple(range(first[i], first[i] + r)))
+                       for i, (a, b, r) in enumerate(zip(cuts, cuts[1:], reps)))
+        return cls(stages=stages, num_layers=num_layers, method=method, batch_size=batch_size, **kw)
 
     @classmethod
     def even(cls, num_layers: int, num_stages: int, **kw: Any) -> Plan:
@@ -224,9 +209,8 @@ class Plan(Described):
             d["memory_per_worker"] = tuple(d.get("memory_per_worker", ()))
             return cls(stages=stages, **d)
         except (KeyError, TypeError) as exc:
-            raise ValueError(
-                f"malformed plan JSON ({exc}); re-create it with pl.partition(...).save()"
-            ) from None
+            raise ValueError(f"malformed plan JSON ({exc}); re-create it with "
+                             "pl.partition(...).save()") from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the plan as JSON (atomically)."""
@@ -235,10 +219,8 @@ class Plan(Described):
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         """Read a plan written by :meth:`save`."""
-        d = read_record(path, "plan", SCHEMA_VERSION)
-        d.pop("pipelab", None)   # the envelope written by write_record is not a Plan field
-        d.pop("schema", None)
-        return cls.from_dict(d)
+        d = read_record(path, "plan", SCHEMA_VERSION)   # less the envelope written by write_record
+        return cls.from_dict({k: v for k, v in d.items() if k not in ("pipelab", "schema")})
 
     @property
     def assumes(self) -> str:
@@ -256,11 +238,9 @@ class Plan(Described):
         shape = (f"one stage on {self.num_workers} replicas" if self.num_stages == 1 else
                  f"{self.config}, {self.num_stages} stages on {self.num_workers} workers")
         lines = [f"Plan {shape} ({self.method}) for {self.model or 'model'} on {self.cluster or 'a cluster'}"]
-        for s in self.stages:
-            lines.append(
-                f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas} on ranks {list(s.ranks)}"
-                + (f", {s.time_s * 1e3:.2f} ms per minibatch on one replica" if s.time_s else "")
-            )
+        lines += [f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas} on ranks {list(s.ranks)}"
+                  + (f", {s.time_s * 1e3:.2f} ms per minibatch on one replica" if s.time_s else "")
+                  for s in self.stages]
         if not math.isnan(self.time_per_minibatch):
             t_ms = self.time_per_minibatch * 1e3
             lines.append(f"  predicted {t_ms:.2f} ms per minibatch of {self.batch_size}"

@@ -35,8 +35,7 @@ def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:
 
 def dp_time_s(cm: CostModel, workers: Sequence[int]) -> float:
     """Seconds per minibatch of plain data parallelism over ``workers``."""
-    ws = list(workers)
-    return cm.replica_time_s(0, cm.num_layers, ws) / len(ws)
+    return cm.replica_time_s(0, cm.num_layers, list(workers)) / len(workers)
 
 
 def search_objective(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int],
@@ -173,11 +172,10 @@ def _flush_time(cm: CostModel, stages: Sequence[Stage], stage_ws: Sequence[Seque
     """GPipe's time per minibatch: two flow shops of ``M`` identical jobs (all forwards over the stages
     and cuts' links, then all backwards), each the sum of its machines' times plus ``M - 1`` times the
     slowest, then the later of the all-reduce tails and the updates."""
-    fwd, bwd = [], []
-    for st, ws in zip(stages, stage_ws):
-        f, b = cm.compute_s(st.start, st.end, min(ws, key=cm.cluster.speed), M)
-        fwd.append(f / st.replicas)
-        bwd.append(b / st.replicas)
+    fb = [cm.compute_s(st.start, st.end, min(ws, key=cm.cluster.speed), M)
+          for st, ws in zip(stages, stage_ws)]
+    fwd = [f / st.replicas for (f, _), st in zip(fb, stages)]
+    bwd = [b / st.replicas for (_, b), st in zip(fb, stages)]
     fwd_span = sum(fwd) + sum(cut_terms) + (M - 1) * max([*fwd, *cut_terms])
     bwd_span = sum(bwd) + sum(cut_terms) + (M - 1) * max([*bwd, *cut_terms])
     tails = [st.time_s / st.replicas - terms[i] * M for i, st in enumerate(stages)]
@@ -190,17 +188,14 @@ def _flush_time(cm: CostModel, stages: Sequence[Stage], stage_ws: Sequence[Seque
                                                               "backward_span_s": bwd_span}
 
 
-def check_memory(
-    plan: Plan, cm: CostModel, memory_limit: float | None, ranks_of: Sequence[int] | None = None
-) -> None:
+def check_memory(plan: Plan, cm: CostModel, memory_limit: float | None,
+                 ranks_of: Sequence[int] | None = None) -> None:
     """Raise ``ValueError`` naming the first worker whose predicted memory exceeds its limit."""
     phys = list(ranks_of) if ranks_of is not None else list(range(plan.num_workers))
     for r, m in enumerate(plan.memory_per_worker):
         lim = memory_limit if memory_limit is not None else cm.cluster.memory(phys[r])
         if m > lim:
             st = plan.stage_of_rank(r)
-            raise ValueError(
-                f"no plan fits in memory: stage {st.index} (layers [{st.start}, {st.end})) needs "
-                f"{m / 2**30:.2f} GiB per worker but the limit is {lim / 2**30:.2f} GiB; "
-                f"use more workers, microbatches, a smaller batch, or raise memory_limit"
-            )
+            raise ValueError(f"no plan fits in memory: stage {st.index} (layers [{st.start}, {st.end})) "
+                             f"needs {m / 2**30:.2f} GiB per worker but the limit is {lim / 2**30:.2f} GiB; "
+                             "use more workers, microbatches, a smaller batch, or raise memory_limit")

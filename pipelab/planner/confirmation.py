@@ -59,19 +59,14 @@ def shortlist(table: PlanTable, top: int = 2) -> list[tuple[int, str]]:
     """``(plan-table row, role)`` to measure, each once: default, pick, fastest, the next ``top`` that fit."""
     if top < 0:
         raise ValueError(f"top={top} must be >= 0")
-    rows: list[tuple[int, str]] = [(int(str(table.default.name)), "default")]
-    rows.append((int(str(table.best.name)), "pick"))
-    rows.append((int(str(table.fastest.name)), "fastest"))
     ok = table.table[(table.table["status"] == "simulated") & table.table["fits"]]
-    for i, name in enumerate(ok.sort_values("throughput", ascending=False, kind="stable").index[:top + 1]):
-        rows.append((int(str(name)), f"next {i + 1}"))
-    seen: set[int] = set()
-    out = []
-    for r, role in rows:
-        if r not in seen:
-            seen.add(r)
-            out.append((r, role))
-    return out
+    fastest = ok.sort_values("throughput", ascending=False, kind="stable").index[:top + 1]
+    rows = [(table.default.name, "default"), (table.best.name, "pick"), (table.fastest.name, "fastest"),
+            *((name, f"next {i + 1}") for i, name in enumerate(fastest))]
+    roles: dict[int, str] = {}
+    for name, role in rows:
+        roles.setdefault(int(str(name)), role)     # each row once, under its first role
+    return list(roles.items())
 
 
 def steps_for(throughput: float, batch: int, seconds: float) -> int:
@@ -116,10 +111,9 @@ def confirm(table: PlanTable, model_fn: Callable[[], torch.nn.Module], data: Cal
     batch = table.profile.batch_size
     thr = table.table["throughput"].astype(float)
     steps = {r: opts.steps or steps_for(float(thr[r]), batch, opts.seconds) for r, _ in chosen}
-    predicted = {}
-    for r, _ in chosen:
-        sim = table.simulate(r, minibatches=steps[r])
-        predicted[r] = sim.trace.steady_throughput(batch, sim.schedule.warmup_minibatches())
+    sims = {r: table.simulate(r, minibatches=steps[r]) for r, _ in chosen}
+    predicted = {r: s.trace.steady_throughput(batch, s.schedule.warmup_minibatches())
+                 for r, s in sims.items()}
     run = functools.partial(table.train, model_fn=model_fn, data=data, loss_fn=loss_fn, optimizer=optimizer,
                             progress=False, **keywords)
     got, failed = _measure(chosen, steps, run, opts, batch)

@@ -6,6 +6,7 @@ than its memory floor. Deterministic: candidates are ordered by (bound, key). do
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import warnings
@@ -24,14 +25,7 @@ from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition import partition
 from pipelab.partition.balance import balance_by_time, uniform_cuts
 from pipelab.partition.plan import Plan
-from pipelab.planner.decide import (
-    NO_MARGIN,
-    ONE_STAGE_ASYNC,
-    ONE_STAGE_SYNC,
-    Margin,
-    decide,
-    resolve_margin,
-)
+from pipelab.planner.decide import NO_MARGIN, ONE_STAGE_ASYNC, ONE_STAGE_SYNC, Margin, decide, resolve_margin
 from pipelab.profile.records import Layer, Profile
 from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.worker_view import stage_delays
@@ -66,14 +60,8 @@ class Candidate:
 
     def options(self) -> dict[str, Any]:
         """The keyword options of ``simulate``/``train`` for this candidate."""
-        out: dict[str, Any] = {}
-        if self.chunks is not None:
-            out["chunks"] = self.chunks
-        if self.compression is not None:
-            out["compression"] = self.compression
-        if self.recompute:
-            out["recompute"] = True
-        return out
+        given = {"chunks": self.chunks, "compression": self.compression, "recompute": self.recompute or None}
+        return {k: v for k, v in given.items() if v is not None}
 
 
 @dataclass(frozen=True, repr=False)
@@ -200,10 +188,7 @@ def _simulate(c: Candidate, profile: Profile, cluster: Cluster, optimizer: str, 
 
 def _stage_counts(workers: int, layers: int) -> list[int]:
     """2, 4, 8, ... up to the workers (and the workers themselves), at most one per layer."""
-    out, s = [], 2
-    while s <= min(workers, layers):
-        out.append(s)
-        s *= 2
+    out = [2 ** k for k in range(1, min(workers, layers).bit_length())]
     if 2 <= workers <= layers and workers not in out:
         out.append(workers)
     return out
@@ -302,11 +287,9 @@ def _candidates(profile: Profile, cluster: Cluster, space: _Space, optimizer: st
             cks: list[int | None] = [None]
             if spec.order == "interleaved":
                 cks = [v for v in space.chunks if v * P <= len(profile)]
-            for m in ms:
-                for v in cks:
-                    for rc in (space.recompute if not is_dp else (False,)):
-                        for comp in (space.compression if P > 1 else (None,)):
-                            out.append(Candidate(spec.name, pname, plan, m, v, rc, comp))
+            rcs, comps = space.recompute if not is_dp else (False,), space.compression if P > 1 else (None,)
+            out += [Candidate(spec.name, pname, plan, m, v, rc, comp)
+                    for m, v, rc, comp in itertools.product(ms, cks, rcs, comps)]
     return out
 
 
@@ -578,8 +561,7 @@ def _rank(table: pd.DataFrame) -> pd.DataFrame:
     table["rank"] = 0
     table.loc[order, "rank"] = list(range(1, len(order) + 1))
     fit = table[ok].sort_values(["peak_memory", "throughput"], ascending=[True, False])
-    best = -math.inf
-    front = []
+    best, front = -math.inf, []
     for idx, r in fit.iterrows():
         if r["throughput"] > best * (1 + 1e-9):   # a float tie is no better
             front.append(idx)

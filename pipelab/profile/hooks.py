@@ -61,8 +61,7 @@ class SavedBytes:
     instead, so that the profiler counts it once, at the layer that produces it."""
 
     def __init__(self, params: set[int], inputs: dict[int, str] | None = None) -> None:
-        self.params = params
-        self.inputs = inputs or {}
+        self.params, self.inputs = params, inputs or {}
         self.storages: dict[int, int] = {}
         self.saved_inputs: dict[str, int] = {}
 

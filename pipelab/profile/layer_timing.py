@@ -78,9 +78,7 @@ def fresh_inputs(node: fx.Node, env: dict[str, Any], requires: dict[str, bool],
 
         return fx.node.map_aggregate(v, copy_one)
 
-    a = fx.node.map_arg(node.args, fresh)
-    k = fx.node.map_arg(node.kwargs, fresh)
-    return a, k, leaves
+    return fx.node.map_arg(node.args, fresh), fx.node.map_arg(node.kwargs, fresh), leaves
 
 
 class Measured(NamedTuple):
@@ -151,7 +149,6 @@ def _first_run(ctx: Pass, runner: LayerRunner, node: fx.Node, handed_on: Callabl
 
 
 def _grad_outputs(value: Any) -> list[torch.Tensor]:
-    """The tensors of ``value`` that need grad."""
     return [t for t in _tensors(value) if t.requires_grad]
 
 
@@ -176,11 +173,9 @@ def _rnn_flops(rnn: nn.RNNBase, x: Any) -> int:
         return 0
     gates = {"LSTM": 4, "GRU": 3}.get(rnn.mode, 1)
     dirs = 2 if rnn.bidirectional else 1
-    h, total = rnn.hidden_size, 0
-    for layer in range(rnn.num_layers):
-        inp = rnn.input_size if layer == 0 else h * dirs
-        total += dirs * 2 * gates * h * (inp + h)
-    return tokens * total
+    h = rnn.hidden_size
+    return tokens * sum(dirs * 2 * gates * h * ((rnn.input_size if layer == 0 else h * dirs) + h)
+                        for layer in range(rnn.num_layers))
 
 
 __all__ = ["LayerRunner", "Measured", "Pass", "fresh_inputs", "measure_layer"]

@@ -9,6 +9,7 @@ layers' times are scaled to add up to a timed training step. Times are medians o
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 import statistics
 from collections.abc import Callable, Iterable, Sequence
@@ -31,10 +32,8 @@ from pipelab.profile.records import Layer, Profile
 
 
 def _as_args(sample_input: Any) -> tuple[Any, ...]:
-    if isinstance(sample_input, torch.Tensor):
-        return (sample_input,)
-    if isinstance(sample_input, (tuple, list)):
-        return tuple(sample_input)
+    if isinstance(sample_input, (torch.Tensor, tuple, list)):
+        return (sample_input,) if isinstance(sample_input, torch.Tensor) else tuple(sample_input)
     raise TypeError(f"sample_input must be a tensor or a tuple of the model's positional inputs, "
                     f"got {type(sample_input).__name__}")
 
@@ -223,12 +222,10 @@ class _Timing:
             small_layers = self.timed(tuple(first(a) for a in args), fx.node.map_aggregate(target, first),
                                       False)[0]
         except Exception as exc:
-            raise ValueError(
-                f"small_batch={small}: the model (or loss_fn) failed on the first "
-                f"{small} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
-                "whole batch's targets cannot run on fewer samples: pass the targets as target= "
-                "(their first samples are used), or profile without small_batch"
-            ) from None
+            raise ValueError(f"small_batch={small}: the model (or loss_fn) failed on the first "
+                             f"{small} samples ({type(exc).__name__}: {exc}); a loss_fn tied to the "
+                             "whole batch's targets cannot run on fewer samples: pass the targets as target= "
+                             "(their first samples are used), or profile without small_batch") from None
         return [_fit_fixed(layer, s, batch, small) for layer, s in zip(layers, small_layers)]
 
 
@@ -264,11 +261,9 @@ def _scaled_to(layers: list[Layer], fwd_all: float,
                bwd_all: float) -> tuple[list[Layer], tuple[float, float]]:
     """``layers`` scaled to add up to ``fwd_all`` and ``bwd_all``, and the two factors."""
     f_sum, b_sum = sum(x.fwd_s for x in layers), sum(x.bwd_s for x in layers)
-    ff = fwd_all / f_sum if f_sum > 0 else 1.0
-    fb = bwd_all / b_sum if b_sum > 0 else 1.0
-    out = [replace(x, fwd_s=x.fwd_s * ff, bwd_s=x.bwd_s * fb,
-                   wgrad_s=None if x.wgrad_s is None else x.wgrad_s * fb) for x in layers]
-    return out, (ff, fb)
+    ff, fb = fwd_all / f_sum if f_sum > 0 else 1.0, bwd_all / b_sum if b_sum > 0 else 1.0
+    return [replace(x, fwd_s=x.fwd_s * ff, bwd_s=x.bwd_s * fb,
+                    wgrad_s=None if x.wgrad_s is None else x.wgrad_s * fb) for x in layers], (ff, fb)
 
 
 def _fit_fixed(layer: Layer, small: Layer, batch: int, b: int) -> Layer:
@@ -276,9 +271,8 @@ def _fit_fixed(layer: Layer, small: Layer, batch: int, b: int) -> Layer:
     def fixed(t_big: float, t_small: float) -> float:
         return min(max((t_small * batch - t_big * b) / (batch - b), 0.0), t_big)
 
-    return replace(
-        layer, fwd_fixed_s=fixed(layer.fwd_s, small.fwd_s), bwd_fixed_s=fixed(layer.bwd_s, small.bwd_s)
-    )
+    return replace(layer, fwd_fixed_s=fixed(layer.fwd_s, small.fwd_s),
+                   bwd_fixed_s=fixed(layer.bwd_s, small.bwd_s))
 
 
 def _measure(gm: fx.GraphModule, args: tuple[Any, ...], timing: Timing, progress: bool, name: str
@@ -394,11 +388,7 @@ def _last_use(nodes: Iterable[fx.Node]) -> dict[str, int]:
 
 
 def _attr(gm: fx.GraphModule, node: fx.Node) -> Any:
-    """The attribute a ``get_attr`` node reads."""
-    attr: Any = gm
-    for part in str(node.target).split("."):
-        attr = getattr(attr, part)
-    return attr
+    return functools.reduce(getattr, str(node.target).split("."), gm)
 
 
 def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer, warmup: int,
@@ -441,10 +431,9 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
                     env.pop(inp.name, None)
         env.clear()  # frees this pass's activations and autograd graph, outside any timer
         if r >= warmup:
-            for i, t in enumerate(times):
-                samples[i].append(t)
+            for s, t in zip(samples, times):
+                s.append(t)
     return [statistics.median(s) for s in samples], output, output_values
-
 
 
 __all__ = ["profile"]

@@ -12,6 +12,7 @@ edge after it (a tensor consumed twice is sent once). Imports nothing of pipelab
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import os
 import re
@@ -22,22 +23,16 @@ from typing import Any
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "pipedream"
 
 # name -> file in pipelab/data/pipedream (see PROVENANCE.md there)
-SHIPPED: dict[str, str] = {
-    "vgg16": "vgg16_graph.txt",
-    "resnet50": "resnet50_graph.txt",
-    "alexnet": "alexnet_graph.txt",
-    "gnmt8": "gnmt_graph.txt",
-    "gnmt16": "gnmt_large_graph.txt",
-}
+SHIPPED: dict[str, str] = {"vgg16": "vgg16_graph.txt", "resnet50": "resnet50_graph.txt",
+                           "alexnet": "alexnet_graph.txt", "gnmt8": "gnmt_graph.txt",
+                           "gnmt16": "gnmt_large_graph.txt"}
 _ALIASES = {"vgg": "vgg16", "vgg-16": "vgg16", "resnet-50": "resnet50", "gnmt": "gnmt8", "gnmt-8": "gnmt8",
             "gnmt-16": "gnmt16", "gnmt_large": "gnmt16", "gnmt-large": "gnmt16"}
 
-_NODE_RE = re.compile(
-    r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<fwd>[^,]+), "
-    r"backward_compute_time=(?P<bwd>[^,]+), "
-    r"activation_size=(?P<act>\[[^\]]*\]|[^,]+), parameter_size=(?P<param>[^,\s]+)"
-    r"(?: -- stage_id=(?P<stage>-?\d+))?\s*$"
-)
+_NODE_RE = re.compile(r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<fwd>[^,]+), "
+                      r"backward_compute_time=(?P<bwd>[^,]+), "
+                      r"activation_size=(?P<act>\[[^\]]*\]|[^,]+), parameter_size=(?P<param>[^,\s]+)"
+                      r"(?: -- stage_id=(?P<stage>-?\d+))?\s*$")
 _EDGE_RE = re.compile(r"^\s+(?P<a>\S+) -- (?P<b>\S+)\s*$")
 _FLOAT = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 
@@ -137,11 +132,8 @@ def parse_graph(text: str, *, source: str = "graph.txt") -> PipeDreamGraph:
                 raise ValueError(f"{where}: node {nid!r} is defined twice; each node needs one line")
             seen.add(nid)
             act = m.group("act").strip()
-            if act.startswith("["):
-                parts = [p for p in act[1:-1].split(";") if p.strip()]
-                acts = tuple(_number(p, "activation_size", where) for p in parts)
-            else:
-                acts = (_number(act, "activation_size", where),)
+            parts = [p for p in act[1:-1].split(";") if p.strip()] if act.startswith("[") else [act]
+            acts = tuple(_number(p, "activation_size", where) for p in parts)
             stage = m.group("stage")
             nodes.append(GraphNode(
                 node_id=nid, desc=m.group("desc").strip(),
@@ -210,10 +202,7 @@ def profile_fields(graph: PipeDreamGraph, *, batch_size: int | None = None, mode
     for a, last in last_use.items():
         diff[a] += out_bytes[a]
         diff[last] -= out_bytes[a]
-    cut_bytes, running = [], 0
-    for i in range(n - 1):
-        running += diff[i]
-        cut_bytes.append(running)
+    cut_bytes = list(itertools.accumulate(diff[:n - 1]))
     layers = tuple(dict(name=node.node_id, kind=node.kind, fwd_s=node.fwd_ms / 1e3, bwd_s=node.bwd_ms / 1e3,
                         out_bytes=out_bytes[i], param_bytes=int(round(node.param_bytes)),
                         saved_bytes=0 if _aliases_input(node) else out_bytes[i])
@@ -235,8 +224,7 @@ def profile_fields(graph: PipeDreamGraph, *, batch_size: int | None = None, mode
 def shipped(name: str) -> Path:
     """Path of a PipeDream profile shipped with pipelab: ``vgg16``, ``resnet50``, ``alexnet``,
     ``gnmt8`` (PipeDream's ``gnmt``) or ``gnmt16`` (``gnmt_large``)."""
-    key = name.strip().lower()
-    key = _ALIASES.get(key, key)
+    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
     if key not in SHIPPED:
         raise ValueError(f"no shipped PipeDream profile named {name!r}; choose one of "
                          f"{', '.join(SHIPPED)} or pass the path of a graph.txt")

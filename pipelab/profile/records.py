@@ -165,16 +165,11 @@ class Profile:
         if not (0 <= start < end <= n):
             raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{n}")
         sel = self.layers[start:end]
-        return RangeTotals(
-            start=start, end=end,
-            fwd_s=sum(layer.fwd_s for layer in sel),
-            bwd_s=sum(layer.bwd_s for layer in sel),
-            param_bytes=sum(layer.param_bytes for layer in sel),
-            flops=sum(layer.flops for layer in sel),
-            saved_bytes=sum(layer.saved_bytes for layer in sel),
-            in_bytes=self.input_bytes if start == 0 else self.cut_bytes[start - 1],
-            out_bytes=self.layers[-1].out_bytes if end == n else self.cut_bytes[end - 1],
-        )
+        sums = {k: sum(getattr(ly, k) for ly in sel) for k in ("fwd_s", "bwd_s", "param_bytes", "flops",
+                                                               "saved_bytes")}
+        return RangeTotals(start=start, end=end, **sums,
+                           in_bytes=self.input_bytes if start == 0 else self.cut_bytes[start - 1],
+                           out_bytes=self.layers[-1].out_bytes if end == n else self.cut_bytes[end - 1])
 
     @property
     def fwd_s(self) -> float:
@@ -193,26 +188,18 @@ class Profile:
 
     def fingerprint(self) -> str:
         """A short hash of the layer names and parameter bytes (not timings): a plan's model check."""
-        h = hashlib.sha1()
-        for layer in self.layers:
-            h.update(f"{layer.name}|{layer.param_bytes};".encode())
-        return h.hexdigest()[:12]
+        text = "".join(f"{ly.name}|{ly.param_bytes};" for ly in self.layers)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
 
     def summary(self) -> pd.DataFrame:
         """One row per layer (times in ms, sizes in MB) as a pandas DataFrame, with a total row."""
         import pandas as pd
 
-        rows = []
-        for i, layer in enumerate(self.layers):
-            rows.append({
-                "layer": layer.name, "kind": layer.kind,
-                "fwd_ms": layer.fwd_s * 1e3, "bwd_ms": layer.bwd_s * 1e3,
-                "out_MB": layer.out_bytes / 1e6,
-                "cut_MB": self.cut_bytes[i] / 1e6 if i < len(self.cut_bytes) else float("nan"),
-                "params_MB": layer.param_bytes / 1e6, "GFLOP": layer.flops / 1e9,
-                "saved_MB": layer.saved_bytes / 1e6,
-            })
-        df = pd.DataFrame(rows)
+        cuts = [*self.cut_bytes, math.nan]
+        df = pd.DataFrame([{
+            "layer": ly.name, "kind": ly.kind, "fwd_ms": ly.fwd_s * 1e3, "bwd_ms": ly.bwd_s * 1e3,
+            "out_MB": ly.out_bytes / 1e6, "cut_MB": cut / 1e6, "params_MB": ly.param_bytes / 1e6,
+            "GFLOP": ly.flops / 1e9, "saved_MB": ly.saved_bytes / 1e6} for ly, cut in zip(self.layers, cuts)])
         total = {"layer": "TOTAL", "kind": "", **{c: df[c].sum() for c in
                  ("fwd_ms", "bwd_ms", "out_MB", "params_MB", "GFLOP", "saved_MB")}, "cut_MB": float("nan")}
         return pd.concat([df, pd.DataFrame([total])], ignore_index=True)
@@ -255,17 +242,9 @@ class Profile:
                        loss_saved_bytes=int(round(self.loss_saved_bytes * r)))
 
     @classmethod
-    def synthetic(
-        cls,
-        fwd_s: Sequence[float],
-        bwd_s: Sequence[float] | None = None,
-        out_bytes: Sequence[int] | None = None,
-        param_bytes: Sequence[int] | None = None,
-        batch_size: int = 1,
-        *,
-        names: Sequence[str] | None = None,
-        **fields: Any,
-    ) -> Profile:
+    def synthetic(cls, fwd_s: Sequence[float], bwd_s: Sequence[float] | None = None,
+                  out_bytes: Sequence[int] | None = None, param_bytes: Sequence[int] | None = None,
+                  batch_size: int = 1, *, names: Sequence[str] | None = None, **fields: Any) -> Profile:
         """A profile from plain numbers, for tests and teaching.
 
         ``bwd_s`` defaults to twice ``fwd_s``; ``out_bytes`` and ``param_bytes`` to zero. ``fields``:
@@ -302,14 +281,10 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (without the schema envelope)."""
-        return {
-            "model": self.model, "source": self.source, "batch_size": self.batch_size,
-            "dtype": self.dtype, "device": self.device, "input_bytes": self.input_bytes,
-            "layers": [asdict(layer) for layer in self.layers],
-            "cut_bytes": list(self.cut_bytes),
-            "edges": [list(e) for e in self.edges],
-            "loss_saved_bytes": self.loss_saved_bytes,
-        }
+        return {"model": self.model, "source": self.source, "batch_size": self.batch_size,
+                "dtype": self.dtype, "device": self.device, "input_bytes": self.input_bytes,
+                "layers": [asdict(layer) for layer in self.layers], "cut_bytes": list(self.cut_bytes),
+                "edges": [list(e) for e in self.edges], "loss_saved_bytes": self.loss_saved_bytes}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
@@ -322,9 +297,8 @@ class Profile:
                        source=d.get("source", ""), edges=tuple(tuple(e) for e in d.get("edges", ())),
                        loss_saved_bytes=int(d.get("loss_saved_bytes", 0)))
         except KeyError as exc:
-            raise ValueError(
-                f"profile JSON lacks field {exc}; re-create it with pl.profile(...).save()"
-            ) from None
+            raise ValueError(f"profile JSON lacks field {exc}; re-create it with "
+                             "pl.profile(...).save()") from None
         except TypeError as exc:
             raise ValueError(f"profile JSON has a malformed layer ({exc})") from None
 
@@ -340,10 +314,7 @@ class Profile:
     @classmethod
     def open(cls, spec: str | os.PathLike[str]) -> Profile:
         """A profile from a pipelab JSON file, a PipeDream ``graph.txt``, or a shipped name (``"vgg16"``)."""
-        p = Path(spec)
-        if p.suffix == ".json":
-            return cls.load(p)
-        return cls.from_pipedream(spec)
+        return cls.load(spec) if Path(spec).suffix == ".json" else cls.from_pipedream(spec)
 
     def _repr_html_(self) -> str:
         return html_pre(repr(self)) + self.summary().to_html(float_format=lambda v: f"{v:.3f}")

@@ -29,13 +29,9 @@ _STEP_RE = re.compile(r"^step-(\d{8})$")
 
 def plan_fingerprint(plan: Any) -> str:
     """A short hash of the plan's layout (layers per stage, replicas, ranks), predictions left out."""
-    doc = {
-        "num_layers": int(plan.num_layers),
-        "profile": getattr(plan, "profile_fingerprint", ""),
-        "stages": [
-            [int(s.start), int(s.end), int(s.replicas), [int(r) for r in s.ranks]] for s in plan.stages
-        ],
-    }
+    doc = {"num_layers": int(plan.num_layers), "profile": getattr(plan, "profile_fingerprint", ""),
+           "stages": [[int(s.start), int(s.end), int(s.replicas), [int(r) for r in s.ranks]]
+                      for s in plan.stages]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -64,19 +60,9 @@ def write_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, s
                  plan: Any, method: str, run_id: str = "") -> tuple[Path, str]:
     """Write worker ``rank``'s ``state`` for ``step`` atomically; returns the file's path and sha256."""
     buf = io.BytesIO()
-    torch.save(
-        {
-            "pipelab": "checkpoint-worker",
-            "schema": SCHEMA_VERSION,
-            "rank": int(rank),
-            "step": int(step),
-            "plan_fingerprint": plan_fingerprint(plan),
-            "method": method,
-            "run": run_id,
-            "state": state,
-        },
-        buf,
-    )
+    torch.save({"pipelab": "checkpoint-worker", "schema": SCHEMA_VERSION, "rank": int(rank),
+                "step": int(step), "plan_fingerprint": plan_fingerprint(plan), "method": method,
+                "run": run_id, "state": state}, buf)
     data = buf.getvalue()
     d = step_dir(checkpoint_dir, step)
     path = atomic_write_bytes(d / f"rank-{int(rank)}.pt", data)
@@ -118,8 +104,7 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
 
 def latest(checkpoint_dir: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint folder under ``checkpoint_dir``, or ``None``."""
-    cps = list_checkpoints(checkpoint_dir)
-    return cps[-1] if cps else None
+    return next(reversed(list_checkpoints(checkpoint_dir)), None)
 
 
 def resolve(path: str | os.PathLike[str]) -> Path:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,10 +36,7 @@ class Encoded:
 
     def raw_bytes(self) -> int:
         """Bytes the uncompressed tensor would have taken."""
-        numel = 1
-        for d in self.shape:
-            numel *= d
-        return numel * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
 def check_codec(codec: str | None) -> str:
@@ -57,7 +55,6 @@ def encode(t: torch.Tensor, codec: str | None = "none") -> Encoded:
         return Encoded("none", (t,), t.dtype, shape)
     if name in _CAST:
         return Encoded(name, (t.detach().to(_CAST[name]),), t.dtype, shape)
-    # int8, symmetric per-tensor scale
     x = t.detach().float()
     amax = x.abs().max() if x.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
     if not torch.isfinite(amax):
@@ -88,9 +85,7 @@ def payload_specs(shape: Sequence[int], dtype: torch.dtype,
     shp = tuple(int(d) for d in shape)
     if name == "none" or not dtype.is_floating_point:
         return [(shp, dtype)]
-    if name in _CAST:
-        return [(shp, _CAST[name])]
-    return [(shp, torch.int8), ((1,), torch.float32)]
+    return [(shp, _CAST[name])] if name in _CAST else [(shp, torch.int8), ((1,), torch.float32)]
 
 
 def from_payload(payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype,
@@ -108,9 +103,7 @@ def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32
     size = torch.empty((), dtype=dtype).element_size()
     if name == "none" or not dtype.is_floating_point:
         return numel * size
-    if name in _CAST:
-        return numel * 2
-    return numel * 1 + 4
+    return numel * 2 if name in _CAST else numel * 1 + 4
 
 
 def compression_ratio(
@@ -123,9 +116,7 @@ def compression_ratio(
         return 1.0
     if name in _CAST:
         return size / 2
-    if numel is None:
-        return float(size)
-    return numel * size / wire_bytes(numel, name, dtype)
+    return float(size) if numel is None else numel * size / wire_bytes(numel, name, dtype)
 
 
 def max_abs_error_bound(t: torch.Tensor, codec: str | None) -> float:
@@ -142,7 +133,6 @@ def max_abs_error_bound(t: torch.Tensor, codec: str | None) -> float:
     return amax * 2.0 ** -8 + slack
 
 
-# ---------------------------------------------------------------------- whole messages
 def encode_message(tensors: Sequence[torch.Tensor], codec: str | None) -> list[torch.Tensor]:
     """The wire tensors of a message: each float member encoded, payloads flattened."""
     out: list[torch.Tensor] = []

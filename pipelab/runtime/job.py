@@ -79,9 +79,8 @@ class Job:
 
     def syncs(self, stage: int) -> bool:
         """Whether the replicas of ``stage`` all-reduce at ``U`` (not for HetPipe's virtual workers)."""
-        return len(self.schedule.stage_ranks[stage]) > 1 and bool(
-            self.schedule.options.get("allreduce", True)
-        )
+        replicated = len(self.schedule.stage_ranks[stage]) > 1
+        return replicated and bool(self.schedule.options.get("allreduce", True))
 
     @property
     def world_size(self) -> int:
@@ -93,13 +92,11 @@ class Job:
 ALLOWED_PREFIXES = ("torch.optim", "torch.nn", "torchvision.models", "pipelab.models", "pipelab.data")
 #: never a factory, trusted or not: they run commands, touch files or load code
 REFUSED_MODULES = frozenset({
-    "builtins", "os", "posix", "nt", "subprocess", "_posixsubprocess", "sys", "shutil", "importlib",
-    "runpy", "pickle", "marshal", "shelve", "ctypes", "socket", "signal", "pty", "code", "codeop", "pydoc",
-    "io", "_io",
-    "pathlib", "tempfile", "glob", "multiprocessing", "threading", "asyncio", "webbrowser", "urllib", "http",
-    "ftplib", "smtplib", "zipfile", "tarfile", "sqlite3", "torch.hub", "torch.serialization",
-    "torch.utils.cpp_extension", "torch.jit", "torch.package", "functools", "operator", "types", "inspect",
-})
+    "builtins", "os", "posix", "nt", "subprocess", "_posixsubprocess", "sys", "shutil", "importlib", "runpy",
+    "pickle", "marshal", "shelve", "ctypes", "socket", "signal", "pty", "code", "codeop", "pydoc", "io",
+    "_io", "pathlib", "tempfile", "glob", "multiprocessing", "threading", "asyncio", "webbrowser", "urllib",
+    "http", "ftplib", "smtplib", "zipfile", "tarfile", "sqlite3", "torch.hub", "torch.serialization",
+    "torch.utils.cpp_extension", "torch.jit", "torch.package", "functools", "operator", "types", "inspect"})
 #: job-file keys (top level or in ``options``) that are paths: relative to the job, inside its folder
 PATH_KEYS = ("out", "checkpoint_dir", "resume")
 
@@ -110,10 +107,8 @@ def _refused(module: str) -> bool:
 
 
 def _inside(path: str | None, roots: Sequence[Path]) -> bool:
-    if not path:
-        return False
-    p = Path(path).resolve()
-    return any(p == r or r in p.parents for r in roots)
+    p = Path(path).resolve() if path else None
+    return p is not None and any(p == r or r in p.parents for r in roots)
 
 
 def resolve(spec: Any, *, trust: bool = True,
@@ -125,10 +120,8 @@ def resolve(spec: Any, *, trust: bool = True,
     """
     if callable(spec):
         return spec
-    kwargs: dict[str, Any] = {}
-    if isinstance(spec, dict):
-        kwargs = dict(spec.get("kwargs", {}))
-        spec = spec.get("fn")
+    kwargs: dict[str, Any] = dict(spec.get("kwargs", {})) if isinstance(spec, dict) else {}
+    spec = spec.get("fn") if isinstance(spec, dict) else spec
     if not isinstance(spec, str) or ":" not in spec:
         raise ValueError(f"{spec!r} is not a callable reference; write 'package.module:function'")
     mod, _, name = spec.partition(":")
@@ -147,10 +140,10 @@ def resolve(spec: Any, *, trust: bool = True,
         where = None if found is None else (found.origin if found.origin not in (None, "namespace") else
                                             next(iter(found.submodule_search_locations or []), None))
         if not _inside(where, [Path(r).resolve() for r in roots]):
-            raise ValueError(
-                f"{spec!r}: module {mod!r} ({where or 'not found'}) is outside the job file's folder and the "
-                f"current project and not one of {', '.join(ALLOWED_PREFIXES)}; a job file is data: pass "
-                "--trust (trust=True) to let it name any importable function")
+            raise ValueError(f"{spec!r}: module {mod!r} ({where or 'not found'}) is outside the job file's "
+                             f"folder and the current project and not one of {', '.join(ALLOWED_PREFIXES)}; "
+                             "a job file is data: pass --trust (trust=True) to let it name any importable "
+                             "function")
     try:
         fn = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as exc:
@@ -208,9 +201,7 @@ def split_microbatches(x: Any, microbatches: int) -> list[Any]:
 def _shapes(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return (tuple(x.shape), str(x.dtype))
-    if isinstance(x, (tuple, list)):
-        return tuple(_shapes(v) for v in x)
-    return type(x).__name__
+    return tuple(_shapes(v) for v in x) if isinstance(x, (tuple, list)) else type(x).__name__
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -224,8 +215,7 @@ def _same(a: Any, b: Any) -> bool:
 def first_minibatch(data: Callable[[], Iterable[Any]]) -> tuple[Any, Any]:
     """The first ``(inputs, targets)`` of ``data()``, checked for form."""
     try:
-        it = iter(data())
-        mb = next(it)
+        mb = next(iter(data()))
     except StopIteration:
         raise ValueError("data() yielded no minibatch; it must yield (inputs, targets) pairs") from None
     if not (isinstance(mb, (tuple, list)) and len(mb) == 2):
@@ -274,7 +264,6 @@ class TrainArgs:
 def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
     check_arguments(args)
-    # options that change how the runtime executes, never the schedule, stay out of the builder
     the_method = args.method or (args.schedule.method if args.schedule is not None else None)
     method_options, rt_options = split_options(the_method, args.options)
     runtime = RuntimeOptions.from_options(the_method, rt_options)
@@ -290,11 +279,9 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     options = {**schedule.options, **method_options}
     policy_for(schedule.method, {**options, **runtime.method, "schedule": schedule,
                                  "microbatches": microbatches})  # fails early
-
     gm, state_keys, n_inputs = model_facts(args)
     ranges = stage_ranges(args.plan, schedule)
     batch, specs = cut_layouts(gm, args, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
-
     if args.backend != "local" and check_rendezvous and args.port is not None:
         check_port(args.port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
     return Job(model_fn=args.model_fn, data=args.data, loss_fn=args.loss_fn, optimizer=args.optimizer,
@@ -474,10 +461,7 @@ def load_job_file(path: str | os.PathLike[str], *,
     roots = (p.resolve().parent, Path.cwd().resolve())
     callables = {k: resolve(doc[k], trust=trust, roots=roots) for k in JOB_KEYS[:4]}
     plan_spec = doc["plan"]
-    if isinstance(plan_spec, str):
-        plan = Plan.load(Path(plan_spec) if Path(plan_spec).is_absolute() else p.parent / plan_spec)
-    else:
-        plan = Plan.from_dict(plan_spec)
+    plan = Plan.load(p.parent / plan_spec) if isinstance(plan_spec, str) else Plan.from_dict(plan_spec)
     options = dict(doc.get("options", {}))
     for k in PATH_KEYS:
         if options.get(k) is not None:

@@ -186,7 +186,6 @@ class Run:
             raise
         self._thread.start()
 
-    # ------------------------------------------------------------------ public
     @property
     def pids(self) -> list[int]:
         """Process ids of the workers (empty for the local backend)."""
@@ -245,7 +244,6 @@ class Run:
         if not self._finished:
             self._fail(WorkerError("the job was cancelled"))
 
-    # ------------------------------------------------------------------ internals
     def _take_checkpoint_folders(self) -> None:
         """Lock the checkpoint folder (and the one resumed from) for the run; clean what a killed run left."""
         rt = self.job.runtime
@@ -298,7 +296,6 @@ class Run:
             self._cond.notify_all()
 
     def _run_local(self) -> None:
-
         buf: list[Event] = []
 
         def emit(ev: Event) -> None:
@@ -337,12 +334,8 @@ class Run:
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
                 r, w = ctx.Pipe(duplex=False)
-                p = ctx.Process(
-                    target=process_main,
-                    args=(self.job, rank, w, conns[rank], match, self.stream),
-                    daemon=True,
-                    name=f"pipelab-worker-{rank}",
-                )
+                p = ctx.Process(target=process_main, daemon=True, name=f"pipelab-worker-{rank}",
+                                args=(self.job, rank, w, conns[rank], match, self.stream))
                 p.start()
                 w.close()    # the worker's end only: its pipe reads EOF once it is gone
                 self._procs.append(p)
@@ -353,7 +346,6 @@ class Run:
 
     def _start_wsp_server(self, ctx: Any) -> list[Any]:
         """HetPipe: start the WSP parameter-server process; returns each worker's end of its pipe."""
-
         job = self.job
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(job.seed)

@@ -87,10 +87,7 @@ def loopback_interface() -> str | None:
         names = [n for _, n in socket.if_nameindex()]
     except (OSError, AttributeError):
         return None
-    for n in names:
-        if n == "lo" or n.startswith("lo") and sys.platform == "darwin":
-            return n
-    return None
+    return next((n for n in names if n == "lo" or n.startswith("lo") and sys.platform == "darwin"), None)
 
 
 def use_loopback() -> None:

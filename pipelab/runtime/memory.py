@@ -44,9 +44,7 @@ class MemoryMeter:
 
     def __init__(self, stages: dict[int, Any], messages: Callable[[], Iterable[torch.Tensor]] | None = None,
                  *, cuda: torch.device | None = None) -> None:
-        self.stages = stages
-        self.messages = messages
-        self.cuda = cuda
+        self.stages, self.messages, self.cuda = stages, messages, cuda
         self._saved: dict[int, list[int]] = {}      # storage ptr -> [holders alive, nbytes]
         self._weights: set[int] = set()
         self.peak = 0                 # the reported peak (CUDA allocator's, or the storage count)
@@ -62,16 +60,11 @@ class MemoryMeter:
         self.cuda = device
         torch.cuda.reset_peak_memory_stats(device)
 
-    # ------------------------------------------------------------------ saved tensors
     def _pack(self, t: torch.Tensor) -> Any:
         key = _storage(t)
         if key is None or key[0] in self._weights:
             return t
-        ent = self._saved.get(key[0])
-        if ent is None:
-            self._saved[key[0]] = [1, key[1]]
-        else:
-            ent[0] += 1
+        self._saved.setdefault(key[0], [0, key[1]])[0] += 1
         # a detached alias: a tensor autograd saves may be an output of the very node that saves it
         # (ReLU saves its result); holding it with its grad_fn would make a cycle through C++ that no
         # collector breaks, so a node a split backward never runs (one only on the input's path, run by
@@ -96,7 +89,6 @@ class MemoryMeter:
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
 
-    # ------------------------------------------------------------------ the count
     def _weight_tensors(self) -> Iterator[torch.Tensor]:
         for st in self.stages.values():
             pol = st.policy
@@ -150,10 +142,8 @@ class MemoryMeter:
         if held > self.peak_held:
             self.peak_held = held
             self.breakdown = {p: c[p] for p in PARTS}
-        if self.cuda is not None:
-            self.peak = int(torch.cuda.max_memory_allocated(self.cuda))
-        else:
-            self.peak = self.peak_held
+        cuda_peak = torch.cuda.max_memory_allocated(self.cuda) if self.cuda is not None else None
+        self.peak = self.peak_held if cuda_peak is None else int(cuda_peak)
         return held
 
 

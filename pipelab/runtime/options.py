@@ -70,22 +70,22 @@ def check_runtime_options(rt: Mapping[str, Any]) -> None:
     if mode is not None and mode not in ON_NONFINITE:
         raise ValueError(f"on_nonfinite={mode!r}; use one of {ON_NONFINITE} (what a NaN or inf loss or "
                          "gradient does)")
-    for k in ("coalesce_wgrad", "measure_memory", "pin_cores", "resume_fallback", "shared_memory"):
-        if rt.get(k) is not None and not isinstance(rt[k], bool):
-            raise ValueError(f"{k}={rt[k]!r} must be True or False")
-    n = rt.get("checkpoint_every")
-    if n is not None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"checkpoint_every={n!r} must be an int >= 1 (minibatches between checkpoints)")
-        if not rt.get("checkpoint_dir"):
-            raise ValueError("checkpoint_every=N needs checkpoint_dir=... (where to write the checkpoints)")
-    if rt.get("checkpoint_dir") and n is None:
-        raise ValueError("checkpoint_dir=... needs checkpoint_every=N (minibatches between checkpoints)")
-    for k in ("warmup_steps",):
-        if k in rt and (not isinstance(rt[k], int) or rt[k] < 0):
-            raise ValueError(f"{k}={rt[k]!r} must be an int >= 0")
+    for k, v in rt.items():   # booleans and counts: the kind and bounds the registry declares
+        if k in _NUMERIC_OPTIONS:
+            _NUMERIC_OPTIONS[k].check(v)
     if "decay" in rt and not (isinstance(rt["decay"], (int, float)) and 0.0 <= rt["decay"] < 1.0):
         raise ValueError(f"decay={rt['decay']!r} must be in [0, 1)")
+    n = rt.get("checkpoint_every")
+    if n is not None and not rt.get("checkpoint_dir"):
+        raise ValueError("checkpoint_every=N needs checkpoint_dir=... (where to write the checkpoints)")
+    if rt.get("checkpoint_dir") and n is None:
+        raise ValueError("checkpoint_dir=... needs checkpoint_every=N (minibatches between checkpoints)")
+
+
+#: runtime options (every method's and the methods' own) whose values the registry's Option.check checks
+_NUMERIC_OPTIONS = {o.name: o for o in (*methods.COMMON_RUNTIME_OPTIONS,
+                                        *(o for m in methods.METHODS.values() for o in m.runtime_options))
+                    if o.kind in ("bool", "int")}
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,7 @@ class WSPServer:
             raise ValueError(f"num_virtual_workers={num_virtual_workers} must be >= 1")
         if staleness < 0:
             raise ValueError(f"staleness bound D={staleness} must be >= 0 (0 = wave-level BSP)")
-        self.stage = stage
-        self.num_virtual_workers = num_virtual_workers
-        self.staleness = staleness
+        self.stage, self.num_virtual_workers, self.staleness = stage, num_virtual_workers, staleness
         self._committed = {k: v.detach().clone() for k, v in params.items()}
         self._pending: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.clocks = [0] * num_virtual_workers
@@ -51,7 +49,6 @@ class WSPServer:
         self._cond = threading.Condition()
         self._t0 = time.time()
 
-    # ------------------------------------------------------------------ state
     @property
     def global_clock(self) -> int:
         """Minimum of the VWs' local clocks."""
@@ -81,12 +78,10 @@ class WSPServer:
                     out[name].add_(u)
         return out
 
-    # ------------------------------------------------------------------ protocol
     def push(self, vw: int, update: Mapping[str, torch.Tensor]) -> int:
         """Add VW ``vw``'s aggregated wave update; advance its clock; return the new global clock."""
         self._check_vw(vw)
-        missing = set(self._committed) - set(update)
-        extra = set(update) - set(self._committed)
+        missing, extra = set(self._committed) - set(update), set(update) - set(self._committed)
         if missing or extra:
             raise ValueError(f"WSP push from virtual worker {vw} (stage {self.stage}) has wrong keys: "
                              f"missing {sorted(missing)}, unexpected {sorted(extra)}")
@@ -94,8 +89,7 @@ class WSPServer:
             self._pending[(self.clocks[vw], vw)] = {k: v.detach().clone() for k, v in update.items()}
             self.clocks[vw] += 1
             self._commit()
-            self.log.append(WSPEvent(time.time() - self._t0, "push", self.stage, vw, self.clocks[vw],
-                                     self.global_clock))
+            self._log("push", vw)
             self._cond.notify_all()
             return self.global_clock
 
@@ -105,9 +99,12 @@ class WSPServer:
         with self._cond:
             if not self.may_start(vw):
                 return None
-            self.log.append(WSPEvent(time.time() - self._t0, "pull", self.stage, vw, self.clocks[vw],
-                                     self.global_clock))
+            self._log("pull", vw)
             return self.weights(vw), self.global_clock
+
+    def _log(self, kind: str, vw: int) -> None:
+        self.log.append(WSPEvent(time.time() - self._t0, kind, self.stage, vw, self.clocks[vw],
+                                 self.global_clock))
 
     def pull(self, vw: int, timeout: float | None = None) -> tuple[dict[str, torch.Tensor], int]:
         """Block until VW ``vw`` may start its next wave, then return (global weights, global clock)."""
@@ -134,15 +131,13 @@ def check_staleness(log: Sequence[WSPEvent], num_virtual_workers: int, staleness
                 raise AssertionError(f"stage {e.stage} VW {e.vw}: push recorded clock {e.clock}, replay says "
                                      f"{clocks[e.vw]}")
         elif e.kind == "pull":
-            gap = clocks[e.vw] - min(clocks)
-            worst = max(worst, gap)
+            worst = max(worst, gap := clocks[e.vw] - min(clocks))
             if gap > staleness:
                 raise AssertionError(f"stage {e.stage} VW {e.vw} pulled at clock {clocks[e.vw]} while the "
                                      f"global clock was {min(clocks)}: {gap} > D={staleness}")
     return worst
 
 
-# ---------------------------------------------------------------------- the process form
 def _to_wire(d: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
     # numpy arrays pickle as plain bytes: no shared-memory file descriptors to leak across pipes.
     return {k: v.detach().cpu().numpy() for k, v in d.items()}
@@ -170,14 +165,11 @@ def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.T
         return sorted((e for srv in servers.values() for e in srv.log), key=lambda e: e.t)
 
     def serve_waiting() -> None:
-        still = []
-        for c, s, v in waiting:
+        for c, s, v in list(waiting):
             got = servers[s].try_pull(v)
-            if got is None:
-                still.append((c, s, v))
-            else:
+            if got is not None:
+                waiting.remove((c, s, v))
                 c.send(("weights", _to_wire(got[0]), got[1]))
-        waiting[:] = still
 
     while open_conns:
         for c in wait(open_conns):
@@ -198,8 +190,7 @@ def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.T
                 c.send(("ok", g))
                 serve_waiting()
             elif kind == "pull":
-                _, s, v = msg
-                waiting.append((c, s, v))
+                waiting.append((c, msg[1], msg[2]))
                 serve_waiting()
             elif kind == "log":
                 c.send(("log", merged_log()))

@@ -33,7 +33,6 @@ from pipelab.runtime.worker_checkpoint import sealer_for
 
 def save_outputs(out: Path, result: Any) -> None:
     """Write ``trace.jsonl``, ``state_dict.pt`` and strict-JSON ``losses.json`` into ``out``, atomically."""
-
     out.mkdir(parents=True, exist_ok=True)
     result.trace.save_jsonl(out / "trace.jsonl")
     buf = io.BytesIO()
@@ -51,8 +50,7 @@ class _FileSealer:
     """Rank 0's checkpoint coordinator under torchrun: seals a step once every rank's file is on disk."""
 
     def __init__(self, job: Any) -> None:
-        self.job = job
-        self.sealer = sealer_for(job)
+        self.job, self.sealer = job, sealer_for(job)
         self.threads: list[threading.Thread] = []
 
     def saved(self, step: int, rank: int, sha256: str) -> None:
@@ -102,10 +100,8 @@ def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
     """One torchrun process: run this rank's actions; rank 0 writes the outputs and seals checkpoints."""
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if k not in os.environ:
-            print(
-                f"{k} is not set: run this under torchrun, or use `pipelab train job.json` without torchrun",
-                file=sys.stderr,
-            )
+            print(f"{k} is not set: run this under torchrun, or use `pipelab train job.json` without "
+                  "torchrun", file=sys.stderr)
             return 2
     torch.set_num_threads(1)
     watch_launcher()
@@ -134,9 +130,7 @@ def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
         if lock is not None:
             lock.release()
     if rank == 0:
-        results = [r for r, _ in gathered]
-        events = [e for _, evs in gathered for e in evs]
-        res = assemble(job, events, results, 0.0)
+        res = assemble(job, [e for _, evs in gathered for e in evs], [r for r, _ in gathered], 0.0)
         save_outputs(extra["out"], res)
         print(f"[pipelab] wrote {extra['out']}: losses {[round(x, 4) for x in res.losses]}, "
               f"{res.throughput:.1f} samples/s")

@@ -81,9 +81,7 @@ class Checkpointing:
 
         HetPipe saves after the wave's pull, so the weights saved are the server's global weights.
         """
-        if not self.job.runtime.checkpoint_every:
-            return
-        step = self._checkpoint_points().get(i)
+        step = self._checkpoint_points().get(i) if self.job.runtime.checkpoint_every else None
         if step is None:
             return
         rng = torch.get_rng_state()     # this worker's stream (the reference executor swaps it in)

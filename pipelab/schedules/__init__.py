@@ -139,10 +139,9 @@ def _minibatches(spec: _methods.Method, p: Plan, M: int, minibatches: int | None
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise ScheduleError(f"minibatches={K!r} must be an int >= 1")
     if K % step:
-        raise ScheduleError(
-            f"{spec.name} on plan {p.config!r} all-reduces replicas' k-th updates, so every replica "
-            f"needs as many minibatches: use minibatches a multiple of {step} (got {K})"
-        )
+        raise ScheduleError(f"{spec.name} on plan {p.config!r} all-reduces replicas' k-th updates, so every "
+                            f"replica needs as many minibatches: use minibatches a multiple of {step} (got "
+                            f"{K})")
     return K
 
 
@@ -151,11 +150,9 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
     """``method``'s schedule as drained segments of ``every`` minibatches, or of the lengths ``sizes``."""
     if sizes is None:
         sizes = segments.split_sizes(K, every)
-    elif not (
-        isinstance(sizes, (list, tuple))
-        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)
-        and sum(sizes) == K
-    ):
+    elif not (isinstance(sizes, (list, tuple))
+              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)
+              and sum(sizes) == K):
         raise ScheduleError(f"segments={sizes!r} must be a list of ints >= 1 summing to minibatches={K}")
     unit = step
     what = "all-reduces replicas' k-th updates"
@@ -164,11 +161,9 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
         unit = p.replicas[0] * p.num_stages
         what = f"synchronizes its {p.replicas[0]} virtual workers every wave of {p.num_stages} minibatches"
     if any(n % unit for n in sizes):
-        raise ScheduleError(
-            f"{method} on plan {p.config!r} {what}, so every drained segment needs a multiple of "
-            f"{unit} minibatches: use drain_every and minibatches multiples of {unit} (got "
-            f"drain_every={every}, minibatches={K})"
-        )
+        raise ScheduleError(f"{method} on plan {p.config!r} {what}, so every drained segment needs a "
+                            f"multiple of {unit} minibatches: use drain_every and minibatches multiples of "
+                            f"{unit} (got drain_every={every}, minibatches={K})")
     mb = None if _methods.get(method).update == "microbatch" and M == 1 else M
     return segments.concat_built(lambda n: build(method, p, microbatches=mb, minibatches=n, **options), sizes)
 

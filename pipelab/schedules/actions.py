@@ -37,9 +37,8 @@ class Action:
         if self.kind not in KINDS:
             raise ValueError(f"action kind {self.kind!r} is not one of {KINDS}")
         if self.stage < 0 or self.microbatch < 0:
-            raise ValueError(
-                f"action {self.stage}{self.kind}{self.microbatch}: stage and microbatch must be >= 0"
-            )
+            raise ValueError(f"action {self.stage}{self.kind}{self.microbatch}: stage and microbatch must "
+                             "be >= 0")
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.microbatch}"
@@ -162,10 +161,8 @@ class Schedule(Described):
         if self.versions is None:
             return tuple(1 for _ in acts)
         vers = self.versions[worker]
-        last_read: dict[tuple[int, int], int] = {}   # (stage, version) -> index of its last reader
-        for i, a in enumerate(acts):
-            if a.kind != "U":
-                last_read[(a.stage, vers[i])] = i
+        # (stage, version) -> index of its last reader
+        last_read = {(a.stage, vers[i]): i for i, a in enumerate(acts) if a.kind != "U"}
         latest: dict[int, int] = {}
         alive: dict[int, set[int]] = {}
         out: list[int] = []
@@ -186,11 +183,8 @@ class Schedule(Described):
         method: docs/schedules.md)."""
         if not 0 <= stage < self.num_stages:
             raise ValueError(f"stage {stage} is outside 0..{self.num_stages - 1}")
-        best = 1
-        for w in self.stage_ranks[stage]:
-            alive = self.versions_alive(w)
-            best = max([best, *(n for a, n in zip(self.actions[w], alive) if a.stage == stage)])
-        return best
+        return max([1, *(n for w in self.stage_ranks[stage]
+                         for a, n in zip(self.actions[w], self.versions_alive(w)) if a.stage == stage)])
 
     def in_flight(self, stage: int) -> int:
         """Most microbatches of ``stage`` between their ``F`` and last gradient action on one worker
@@ -215,34 +209,29 @@ class Schedule(Described):
         buf.write("#" + json.dumps(meta, default=str) + "\n")
         writer = csv.writer(buf, lineterminator="\n")
         for w, acts in enumerate(self.actions):
-            cells = [str(a) + (f"@{self.versions[w][i]}" if self.versions is not None else "")
-                     for i, a in enumerate(acts)]
-            writer.writerow([w, *cells])
+            writer.writerow([w, *(str(a) + (f"@{self.versions[w][i]}" if self.versions is not None else "")
+                                  for i, a in enumerate(acts))])
         return atomic_write_text(path, buf.getvalue())
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike[str]) -> Schedule:
         """Read a schedule written by :meth:`to_csv` (possibly edited by hand)."""
-        text = Path(path).read_text(encoding="utf-8")
-        lines = text.splitlines()
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
         if not lines or not lines[0].startswith("#"):
             raise ValueError(f"{path}: first line must be '#' + JSON metadata as written by Schedule.to_csv")
         try:
             meta = json.loads(lines[0][1:])
         except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"{path}: metadata line is not JSON ({exc}); re-save with Schedule.to_csv"
-            ) from None
-        rows = list(csv.reader(lines[1:]))
+            raise ValueError(f"{path}: metadata line is not JSON ({exc}); re-save with "
+                             "Schedule.to_csv") from None
         actions: list[list[Action]] = []
         versions: list[list[int]] = []
-        for n, row in enumerate(rows, 2):
+        for n, row in enumerate(csv.reader(lines[1:]), 2):
             if not row:
                 continue
             if int(row[0]) != len(actions):
-                raise ValueError(
-                    f"{path}:{n}: rows must be workers 0, 1, ... in order; found worker {row[0]}"
-                )
+                raise ValueError(f"{path}:{n}: rows must be workers 0, 1, ... in order; found worker "
+                                 f"{row[0]}")
             acts, vers = [], []
             for cell in row[1:]:
                 text_a, _, ver = cell.strip().partition("@")

@@ -18,12 +18,7 @@ import pipelab.methods as methods
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.schedules.steps import (
-    ScheduleError,
-    insert_minibatch_updates,
-    insert_updates,
-    one_f_one_b,
-)
+from pipelab.schedules.steps import ScheduleError, insert_minibatch_updates, insert_updates, one_f_one_b
 from pipelab.schedules.versions import assign_versions
 
 
@@ -79,10 +74,8 @@ def coalesced(plan: Plan, method: str, M: int, K: int, delay: int) -> Schedule:
     # (k - delay) * M - 1, done before it: g0 <= delay * M + 1.
     if g0 > delay * M + 1:
         need = math.ceil((g0 - 1) / delay)
-        raise ScheduleError(
-            f"{method} with {delay + 1} weight versions keeps {g0} microbatches in flight at the "
-            f"input stage, so it needs microbatches >= {need} per minibatch; got {M}"
-        )
+        raise ScheduleError(f"{method} with {delay + 1} weight versions keeps {g0} microbatches in flight at "
+                            f"the input stage, so it needs microbatches >= {need} per minibatch; got {M}")
     lists, local = _orders(plan, M * K)
     lead = {s: in_flight(plan.replicas, s, per_replica=False) for s in range(plan.num_stages)}
     acts = [insert_minibatch_updates(a, loc, M, K, lead) for a, loc in zip(lists, local)]

@@ -51,9 +51,7 @@ def sent_by(schedule: Schedule, worker: int, a: Action) -> tuple[int, Message] |
         dst = schedule.worker_of(s - 1, m)
     else:
         return None
-    if dst == worker:
-        return None
-    return dst, Message("act" if a.kind == "F" else "grad", s, m)
+    return None if dst == worker else (dst, Message("act" if a.kind == "F" else "grad", s, m))
 
 
 def received_by(schedule: Schedule, worker: int, a: Action) -> tuple[int, Message] | None:

@@ -8,6 +8,7 @@ each worker's last action an update), so resuming there reproduces the run. docs
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,10 +22,7 @@ def split_sizes(total: int, every: int) -> list[int]:
         raise ScheduleError(f"drain_every={every!r} must be an int >= 1 (minibatches per drained segment)")
     if total < 1:
         raise ScheduleError(f"minibatches={total} must be >= 1")
-    sizes = [every] * (total // every)
-    if total % every:
-        sizes.append(total % every)
-    return sizes
+    return [every] * (total // every) + ([total % every] if total % every else [])
 
 
 def aligned_sizes(start: int, total: int, every: int) -> list[int]:
@@ -40,11 +38,7 @@ def aligned_sizes(start: int, total: int, every: int) -> list[int]:
 def boundaries(schedule: Schedule) -> list[int]:
     """Minibatch counts at which ``schedule`` is drained (``[K]`` if unsegmented)."""
     sizes = schedule.options.get("segments") or [schedule.minibatches]
-    out, n = [], 0
-    for s in sizes:
-        n += int(s)
-        out.append(n)
-    return out
+    return list(itertools.accumulate(int(s) for s in sizes))
 
 
 def concat(parts: Sequence[Schedule]) -> Schedule:
@@ -57,12 +51,11 @@ def concat(parts: Sequence[Schedule]) -> Schedule:
         same = (p.method, p.num_stages, p.stage_ranks, p.microbatches, p.versions is None)
         want = (first.method, first.num_stages, first.stage_ranks, first.microbatches, first.versions is None)
         if same != want:
-            raise ScheduleError(
-                f"part {j} ({p.method}, {p.num_stages} stages, ranks {p.stage_ranks}, "
-                f"M={p.microbatches}) does not match part 0 ({first.method}, {first.num_stages} "
-                f"stages, ranks {first.stage_ranks}, M={first.microbatches}); concat joins "
-                "schedules of one method built for one plan"
-            )
+            raise ScheduleError(f"part {j} ({p.method}, {p.num_stages} stages, ranks {p.stage_ranks}, "
+                                f"M={p.microbatches}) does not match part 0 ({first.method}, "
+                                f"{first.num_stages} stages, ranks {first.stage_ranks}, "
+                                f"M={first.microbatches}); concat joins schedules of one method built "
+                                "for one plan")
     M, W = first.microbatches, first.num_workers
     actions: list[list[Action]] = [[] for _ in range(W)]
     versions: list[list[int]] | None = None if first.versions is None else [[] for _ in range(W)]
@@ -92,10 +85,8 @@ def check_drained(schedule: Schedule) -> None:
     an update (where the runtime checkpoints)."""
     ends = boundaries(schedule)
     if ends[-1] != schedule.minibatches:
-        raise ScheduleError(
-            f"options['segments'] {schedule.options.get('segments')} cover {ends[-1]} minibatches "
-            f"but the schedule has {schedule.minibatches}"
-        )
+        raise ScheduleError(f"options['segments'] {schedule.options.get('segments')} cover {ends[-1]} "
+                            f"minibatches but the schedule has {schedule.minibatches}")
     M = schedule.microbatches
 
     def seg(a: Action) -> int:
@@ -106,25 +97,17 @@ def check_drained(schedule: Schedule) -> None:
         segs = [seg(a) for a in acts]
         for i in range(1, len(acts)):
             if segs[i] < segs[i - 1]:
-                raise ScheduleError(
-                    f"worker {w} step {i} ({acts[i]}) belongs to segment {segs[i]} but runs after "
-                    f"{acts[i - 1]} of segment {segs[i - 1]}: segments must not overlap on a worker"
-                )
+                raise ScheduleError(f"worker {w} step {i} ({acts[i]}) belongs to segment {segs[i]} but "
+                                    f"runs after {acts[i - 1]} of segment {segs[i - 1]}: segments must not "
+                                    "overlap on a worker")
             if (segs[i] != segs[i - 1]) and acts[i - 1].kind != "U":
-                raise ScheduleError(
-                    f"worker {w}'s last action of segment {segs[i - 1]} is {acts[i - 1]}, not an "
-                    "update; a checkpoint at the segment's end needs the update last"
-                )
+                raise ScheduleError(f"worker {w}'s last action of segment {segs[i - 1]} is {acts[i - 1]}, "
+                                    "not an update; a checkpoint at the segment's end needs the update last")
         if acts and acts[-1].kind != "U":
             raise ScheduleError(f"worker {w}'s last action {acts[-1]} is not an update")
 
 
 def concat_built(build: Callable[[int], Schedule], sizes: Sequence[int]) -> Schedule:
     """``concat`` of ``build(n)`` for every segment length ``n`` in ``sizes`` (each length built once)."""
-    cache: dict[int, Schedule] = {}
-    parts = []
-    for n in sizes:
-        if n not in cache:
-            cache[n] = build(n)
-        parts.append(cache[n])
-    return concat(parts)
+    built = {n: build(n) for n in dict.fromkeys(sizes)}
+    return concat([built[n] for n in sizes])

@@ -61,10 +61,7 @@ def insert_minibatch_updates(acts: Sequence[Action], local: dict[int, list[int]]
     partners wait for)."""
     split = {a.stage for a in acts if a.kind == "W"}
     lead = lead or {}
-    remaining: dict[tuple[int, int], int] = {}
-    for s, mbs in local.items():
-        for k in range(K):
-            remaining[(s, k)] = sum(1 for m in mbs if m // M == k)
+    remaining = {(s, k): sum(1 for m in mbs if m // M == k) for s, mbs in local.items() for k in range(K)}
     fwd_left: dict[int, list[int]] = {s: sorted(mbs) for s, mbs in local.items()}
     next_k = {s: 0 for s in local}
     out: list[Action] = []

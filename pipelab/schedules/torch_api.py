@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from functools import lru_cache
+from functools import lru_cache, reduce
 from types import ModuleType
 
 #: the torch release the bridge was written and tested against (the one the project installs)
@@ -60,13 +60,6 @@ def _schedules() -> ModuleType:
     return schedules
 
 
-def _resolve(root: object, path: str) -> object:
-    obj = root
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def problems() -> list[str]:
     """Every private name, field, enum value or signature of torch's pipelining the bridge uses that
     the installed torch lacks or changed (empty when all is as in :data:`TESTED_TORCH`)."""
@@ -95,7 +88,7 @@ def problems() -> list[str]:
                 out.append(f"schedules._ComputationType.{name} is missing or is not {letter!r}")
     for path, params in _SIGNATURES:
         try:
-            obj = _resolve(mod, path)
+            obj = reduce(getattr, path.split("."), mod)
         except AttributeError:
             out.append(f"schedules.{path} is missing")
             continue
@@ -104,10 +97,8 @@ def problems() -> list[str]:
             out.append(f"schedules.{path} takes {got}, expected it to start with {params}")
     bases = ("_PipelineSchedule", "PipelineScheduleSingle", "PipelineScheduleMulti",
              "_PipelineScheduleRuntime")
-    for name in (*bases, *SCHEDULE_CLASSES):
-        if not inspect.isclass(getattr(mod, name, None)):
-            out.append(f"schedules.{name} is missing")
-    return out
+    return out + [f"schedules.{name} is missing" for name in (*bases, *SCHEDULE_CLASSES)
+                  if not inspect.isclass(getattr(mod, name, None))]
 
 
 @lru_cache(maxsize=1)

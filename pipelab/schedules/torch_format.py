@@ -309,9 +309,7 @@ def to_torch_order(schedule: Schedule) -> dict[int, list[str]]:
 def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str]) -> Path:
     """Write :func:`to_torch_order` as torch's compute-only CSV (``_PipelineScheduleRuntime._load_csv``)."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    for _, row in sorted(to_torch_order(schedule).items()):
-        writer.writerow(row)
+    csv.writer(buf, lineterminator="\n").writerows(row for _, row in sorted(to_torch_order(schedule).items()))
     return atomic_write_text(path, buf.getvalue())
 
 

@@ -66,7 +66,7 @@ def _structure(sch: Schedule) -> None:
             if a.kind == "U":
                 if w not in sch.stage_ranks[a.stage]:
                     raise _fail(sch, f"worker {w} updates stage {a.stage} which it does not host", (w, i))
-                if a.microbatch >= (sch.minibatches if M > 1 or _sync(sch) else total):
+                if a.microbatch >= (sch.minibatches if M > 1 or sch.versions is None else total):
                     raise _fail(sch, "update for a minibatch that does not exist", (w, i))
                 continue
             if a.microbatch >= total:
@@ -86,21 +86,15 @@ def _structure(sch: Schedule) -> None:
                     raise _fail(sch, f"{s}{k}{m} is missing (expected on worker {sch.worker_of(s, m)})", None)
 
 
-def _sync(sch: Schedule) -> bool:
-    return sch.versions is None
-
-
 def _order(sch: Schedule) -> None:
     M = sch.microbatches
-    per_mb_updates = not _sync(sch) and M == 1
+    per_mb_updates = sch.versions is not None and M == 1
     split = {a.stage for acts in sch.actions for a in acts if a.kind == "W"}
     counts: dict[int, list[int]] = {}
     for w, acts in enumerate(sch.actions):
         done: set[tuple[int, str, int]] = set()
-        need: dict[tuple[int, int], int] = Counter()   # (stage, minibatch) -> local gradient actions
-        for a in acts:
-            if a.kind == ("W" if a.stage in split else "B"):
-                need[(a.stage, a.microbatch // M)] += 1
+        need = Counter((a.stage, a.microbatch // M) for a in acts     # (stage, minibatch) -> local gradients
+                       if a.kind == ("W" if a.stage in split else "B"))
         got: Counter[tuple[int, int]] = Counter()
         nu: Counter[int] = Counter()
         last_u: dict[int, int] = {}
@@ -131,9 +125,8 @@ def _order(sch: Schedule) -> None:
                 raise _fail(sch, f"replicas of stage {s} have {ns} updates; replicas all-reduce pairwise, "
                                  f"so they need the same number", None)
         elif any(n != expect for n in ns):
-            raise _fail(
-                sch, f"stage {s} needs one U per minibatch ({expect}) on every replica; found {ns}", None
-            )
+            raise _fail(sch, f"stage {s} needs one U per minibatch ({expect}) on every replica; found {ns}",
+                        None)
 
 
 def _versions(sch: Schedule) -> None:
@@ -158,9 +151,8 @@ def _versions(sch: Schedule) -> None:
             if a.kind == "U":
                 produced[a.stage] += 1
                 if v != produced[a.stage]:
-                    raise _fail(
-                        sch, f"{a} must produce version {produced[a.stage]} (updates so far), not {v}", (w, i)
-                    )
+                    raise _fail(sch, f"{a} must produce version {produced[a.stage]} (updates so far), not "
+                                     f"{v}", (w, i))
             elif v > produced[a.stage] or v < 0:
                 raise _fail(sch, f"{a} reads version {v} but only versions 0..{produced[a.stage]} of stage "
                                  f"{a.stage} exist on this worker at that point", (w, i))

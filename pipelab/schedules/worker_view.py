@@ -22,8 +22,7 @@ def update_pairs(schedule: Schedule, rank: int, stages: Iterable[int], syncs: Ca
     counts: dict[tuple[int, int], list[int]] = {}   # (worker, stage) -> contributions per U
     for s in stages:
         for w in (schedule.stage_ranks[s] if syncs(s) else (rank,)):
-            has_w = any(a.kind == "W" and a.stage == s for a in schedule.actions[w])
-            grad_kind = "W" if has_w else "B"
+            grad_kind = "W" if any(a.kind == "W" and a.stage == s for a in schedule.actions[w]) else "B"
             n, per_u = 0, []
             for a in schedule.actions[w]:
                 if a.stage != s:
@@ -62,10 +61,8 @@ def checkpoint_points(schedule: Schedule, rank: int, every: int, start: int = 0)
     M = schedule.microbatches
     for i, a in enumerate(schedule.actions[rank]):
         k = a.microbatch if a.kind == "U" else a.microbatch // M
-        if ends:
-            step = next(e for e in ends if k < e)     # the end of k's segment
-        else:
-            step = k + 1 if a.kind == "U" else -1
+        # the end of k's segment, else the minibatch a U closes
+        step = next(e for e in ends if k < e) if ends else k + 1 if a.kind == "U" else -1
         if every and step > 0 and (start + step) % every == 0:
             last[start + step] = i
     return {i: step for step, i in last.items()}
@@ -87,31 +84,20 @@ def stage_reads(schedule: Schedule, rank: int, stage: int) -> StageReads:
     rule = version_rule(schedule)
     if schedule.versions is None:
         if rule != "single":
-            raise ValueError(
-                f"the {schedule.method} schedule records no weight versions, but the method keeps "
-                f"several ({rule!r}); build it with pl.schedules.build or give Schedule(versions=...)"
-            )
+            raise ValueError(f"the {schedule.method} schedule records no weight versions, but the method "
+                             f"keeps several ({rule!r}); build it with pl.schedules.build or give "
+                             "Schedule(versions=...)")
         return StageReads()
-    fwd: list[tuple[int, int]] = []
-    bwd: dict[int, int] = {}
-    for a, v in zip(schedule.actions[rank], schedule.versions[rank]):
-        if a.stage != stage:
-            continue
-        if a.kind == "F":
-            fwd.append((a.microbatch, v))
-        elif a.kind in ("B", "W"):
-            bwd[a.microbatch] = v
-    return StageReads(tuple(fwd), bwd, rule == "single")
+    mine = [(a, v) for a, v in zip(schedule.actions[rank], schedule.versions[rank]) if a.stage == stage]
+    return StageReads(tuple((a.microbatch, v) for a, v in mine if a.kind == "F"),
+                      {a.microbatch: v for a, v in mine if a.kind in ("B", "W")}, rule == "single")
 
 
 def version_rule(schedule: Schedule) -> str:
     """The weight-version rule the schedule was built with (its ``weights`` option, else the
     method's registry entry; ``"single"`` for a schedule of no registered method)."""
-    rule = schedule.options.get("weights")
-    if rule:
-        return str(rule)
     spec = methods.METHODS.get(schedule.method)
-    return spec.versions if spec is not None else "single"
+    return str(schedule.options.get("weights") or (spec.versions if spec is not None else "single"))
 
 
 def stage_delays(schedule: Schedule) -> dict[int, tuple[int, int]]:
@@ -132,9 +118,7 @@ def stage_delays(schedule: Schedule) -> dict[int, tuple[int, int]]:
                 f[mb] = min(v, f.get(mb, v))
             elif a.kind == "B":
                 b[mb] = min(v, b.get(mb, v))
-    out: dict[int, tuple[int, int]] = {}
-    for s, (f, b, u) in sorted(per.items()):
-        tf = max((v - 1 - f[m] for m, v in u.items() if m in f), default=0)
-        tb = max((v - 1 - b[m] for m, v in u.items() if m in b), default=0)
-        out[s] = (max(tf, 0), max(tb, 0))
-    return out
+    def most(reads: dict[int, int], u: dict[int, int]) -> int:
+        return max(0, max((v - 1 - reads[m] for m, v in u.items() if m in reads), default=0))
+
+    return {s: (most(f, u), most(b, u)) for s, (f, b, u) in sorted(per.items())}

@@ -117,10 +117,8 @@ def _runtime_class() -> type:
 
         def local_state_dict(self) -> dict[str, torch.Tensor]:
             """This rank's weights, keyed as in the whole model's ``state_dict()`` (detached copies)."""
-            out: dict[str, torch.Tensor] = {}
-            for m in self._pipelab_modules.values():
-                out.update({k: v.detach().clone() for k, v in m.graph_module.state_dict().items()})
-            return out
+            return {k: v.detach().clone() for m in self._pipelab_modules.values()
+                    for k, v in m.graph_module.state_dict().items()}
 
     PipelabSchedule.__module__ = __name__
     return PipelabSchedule
@@ -165,20 +163,17 @@ def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
         raise ValueError(f"the schedule has {schedule.num_workers} workers but the process group has {size} "
                          f"ranks; start {schedule.num_workers} processes (torchrun --nproc-per-node "
                          f"{schedule.num_workers}) or pass the pipeline group as group=")
-    device = opts.device
-    if device is None:
-        device = (torch.device("cuda", torch.cuda.current_device())
-                  if dist.get_backend(group) == "nccl" and torch.cuda.is_available() else torch.device("cpu"))
-    device = torch.device(device)
+    nccl = dist.get_backend(group) == "nccl" and torch.cuda.is_available()
+    device = torch.device(opts.device if opts.device is not None else
+                          torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
     modules = stage_modules(plan, schedule, model, rank=rank, leaf_modules=opts.leaf_modules,
                             depth=opts.depth)
     split = any("I" in a for row in order.values() for a in row)
     stages = []
     for s, m in modules.items():
-        m.to(device)
-        run: nn.Module = _PassThroughGrad(m) if split else m
-        run = wrap(s, run) if wrap is not None else run
-        stages.append(PipelineStage(run, s, schedule.num_stages, device, group=group))
+        run: nn.Module = _PassThroughGrad(m.to(device)) if split else m.to(device)
+        stages.append(PipelineStage(wrap(s, run) if wrap is not None else run, s, schedule.num_stages, device,
+                                    group=group))
     return _runtime_class()(stages, schedule.microbatches, loss_fn, order=order, schedule=schedule,
                             modules=modules, scale_grads=opts.scale_grads)
 

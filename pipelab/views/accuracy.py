@@ -53,13 +53,9 @@ def match_actions(sim: Any, run: Any) -> list[Pair]:
         raise ValueError(f"the traces ran different schedules: {_first_difference(a, b)}; compare a "
                          f"simulation and a run of the same schedule (same method, plan, microbatches "
                          f"and steps), e.g. pl.simulate(...).trace against pl.train(...).trace")
-    ks, kr = _key_events(st), _key_events(rt)
-    pairs = []
-    for key, es in ks.items():
-        er = kr[key]
-        pairs.append((es, er, (er.duration_s - es.duration_s) / es.duration_s if es.duration_s > 0
-                      else math.nan))
-    return pairs
+    kr = _key_events(rt)
+    return [(es, kr[k], (kr[k].duration_s - es.duration_s) / es.duration_s if es.duration_s > 0 else math.nan)
+            for k, es in _key_events(st).items()]
 
 
 def _trace_of(source: Any, which: str) -> Trace:
@@ -86,10 +82,9 @@ def action_errors(sim: Any, run: Any) -> pd.DataFrame:
     """One row per action: worker, stage, kind, microbatch, ``sim_s``, ``run_s``, ``rel_error``."""
     import pandas as pd
 
-    rows = [{"worker": s.worker, "stage": s.stage, "kind": s.kind, "microbatch": s.microbatch,
-             "action": s.action, "sim_s": s.duration_s, "run_s": r.duration_s, "rel_error": err}
-            for s, r, err in match_actions(sim, run)]
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"worker": s.worker, "stage": s.stage, "kind": s.kind, "microbatch": s.microbatch,
+                          "action": s.action, "sim_s": s.duration_s, "run_s": r.duration_s, "rel_error": err}
+                         for s, r, err in match_actions(sim, run)])
 
 
 def error_summary(sim: Any, run: Any) -> dict[str, pd.DataFrame]:
@@ -173,9 +168,8 @@ def compare_traces(sim: Any, run: Any, *, layout: str = "rows", error_range: flo
 def _rows(workers: list[int], layout: str) -> dict[tuple[int, int], int]:
     """The y row of each (worker, side), side 0 simulated and 1 measured; "panels" leaves a gap row."""
     n = len(workers)
-    if layout == "rows":
-        return {(w, side): 2 * i + side for i, w in enumerate(workers) for side in (0, 1)}
-    return {(w, side): side * (n + 1) + i for i, w in enumerate(workers) for side in (0, 1)}
+    return {(w, side): 2 * i + side if layout == "rows" else side * (n + 1) + i
+            for i, w in enumerate(workers) for side in (0, 1)}
 
 
 def _error_bars(group: list[Pair], kind: str, row: dict[tuple[int, int], int], t0s: tuple[float, float],
@@ -186,12 +180,9 @@ def _error_bars(group: list[Pair], kind: str, row: dict[tuple[int, int], int], t
     style = KIND_STYLE[kind]
     marker: dict[str, Any] = {
         "line": style["line"],
+        "color": np.array([p[2] for _, p in boxes]) if estimated else NO_ESTIMATE_COLOR,
         "pattern": {"shape": style["pattern_shape"], "fillmode": "overlay", "fgcolor": "#222", "size": 6,
-                    "solidity": 0.25}}
-    if estimated:
-        marker.update(color=np.array([p[2] for _, p in boxes]), coloraxis="coloraxis")
-    else:
-        marker["color"] = NO_ESTIMATE_COLOR
+                    "solidity": 0.25}, **({"coloraxis": "coloraxis"} if estimated else {})}
     side_names = ("simulated", "measured")
     return go.Bar(
         name=KIND_NAMES[kind] + ("" if estimated else " (no simulated time)"), orientation="h",

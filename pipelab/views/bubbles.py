@@ -27,27 +27,21 @@ def bubbles(breakdown: BubbleBreakdown, *, share: bool = True, busy: bool = Fals
     negative part (a straggler's own row, see :mod:`pipelab.explain`) is drawn below zero.
     """
     if not isinstance(breakdown, BubbleBreakdown):
-        raise TypeError(f"bubbles() draws a BubbleBreakdown (pl.explain(...)), "
-                        f"got {type(breakdown).__name__}")
+        raise TypeError(f"bubbles() draws a BubbleBreakdown (pl.explain(...)), got "
+                        f"{type(breakdown).__name__}")
     t = breakdown.fractions() if share else breakdown.table
     cols = (["busy"] if busy else []) + list(PARTS)
-    fig = go.Figure()
-    for col in cols:
-        fig.add_trace(go.Bar(
-            name=PART_NAMES[col], x=[f"w{w}" for w in t.index], y=t[col].tolist(),
-            marker={"color": PART_COLORS[col]},
-            hovertemplate=f"%{{x}}: {PART_NAMES[col]} %{{y:{'.1%' if share else '.4g'}}}<extra></extra>",
-        ))
+    fig = go.Figure([go.Bar(name=PART_NAMES[col], x=[f"w{w}" for w in t.index], y=t[col].tolist(),
+                            marker={"color": PART_COLORS[col]},
+                            hovertemplate=f"%{{x}}: {PART_NAMES[col]} %{{y:{'.1%' if share else '.4g'}}}"
+                                          "<extra></extra>") for col in cols])
     tot = breakdown.totals()
     head = title or "where the bubbles come from"
-    fig.update_layout(
-        barmode="relative", title={"text": f"{head} — idle {tot['idle']:.1%} of worker time"},
-        yaxis={"title": {"text": "share of the makespan" if share else "seconds"},
-               "tickformat": ".0%" if share else None},
-        xaxis={"title": {"text": "worker"}}, legend={"orientation": "h", "y": -0.2},
-        height=360, margin={"l": 10, "r": 10, "t": 50, "b": 40},
-        meta={"totals": tot},
-    )
+    fig.update_layout(barmode="relative", title={"text": f"{head} — idle {tot['idle']:.1%} of worker time"},
+                      yaxis={"title": {"text": "share of the makespan" if share else "seconds"},
+                             "tickformat": ".0%" if share else None},
+                      xaxis={"title": {"text": "worker"}}, legend={"orientation": "h", "y": -0.2},
+                      height=360, margin={"l": 10, "r": 10, "t": 50, "b": 40}, meta={"totals": tot})
     return fig
 
 

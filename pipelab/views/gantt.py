@@ -54,8 +54,7 @@ def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = No
         raise ValueError("the schedule has no actions; build it with pl.schedules.build(method, plan, "
                          "microbatches=...)")
     split = any(a.kind == "W" for acts in schedule.actions for a in acts)
-    cost = dict(UNIT_COSTS_SPLIT if split else UNIT_COSTS)
-    cost.update(costs or {})
+    cost = {**(UNIT_COSTS_SPLIT if split else UNIT_COSTS), **(costs or {})}
     unknown = set(cost) - set(COMPUTE_KINDS)
     if unknown or any(not (v >= 0) for v in cost.values()):
         raise ValueError(f"costs {dict(costs or {})} must map kinds F/B/W/U to durations >= 0")
@@ -92,11 +91,8 @@ def worker_labels(trace: Trace, stage_ranks: Sequence[Sequence[int]] | None = No
         if e.kind in COMPUTE_KINDS:
             stages_of.setdefault(e.worker, set()).add(e.stage)
     if stage_ranks is None:
-        seen: dict[int, set[int]] = {}
-        for w, ss in stages_of.items():
-            for s in ss:
-                seen.setdefault(s, set()).add(w)
-        stage_ranks = [sorted(seen.get(s, ())) for s in range(max(seen, default=-1) + 1)]
+        last = max((s for ss in stages_of.values() for s in ss), default=-1)
+        stage_ranks = [sorted(w for w, ss in stages_of.items() if s in ss) for s in range(last + 1)]
     labels = {}
     for w in sorted({e.worker for e in trace.events}):
         hosted = sorted(stages_of.get(w, ()))
@@ -162,13 +158,10 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
     t0 = min(e.start_s for e in compute)
     row_of = {w: i for i, w in enumerate(sorted(labels))}
     raster = render == "raster" or (render == "auto" and len(compute) > BARS_MAX)
-    if raster:
-        fig = _raster(compute, row_of, t0, color_by, unit)
-    else:
-        fig = _bars(compute, trace, labels, row_of, t0, color_by, unit, show_transfers)
+    fig = _raster(compute, row_of, t0, color_by, unit) if raster else \
+        _bars(compute, trace, labels, row_of, t0, color_by, unit, show_transfers)
     _legend(fig, compute, color_by, raster)
-    method = trace.meta.get("method", "")
-    head = title or (f"{method} pipeline" if method else "pipeline")
+    head = title or " ".join(filter(None, (trace.meta.get("method", ""), "pipeline")))
     fig.update_layout(
         title={"text": f"{head} — bubble {bubble:.1%}, makespan {trace.makespan:.4g} {unit}"},
         xaxis={"title": {"text": f"time ({unit})"}, "rangemode": "tozero"},
@@ -272,11 +265,9 @@ def _shade(color: str, toward: tuple[int, int, int], amount: float) -> str:
 def raster_colorscale() -> tuple[list[list[Any]], int]:
     """Raster mode's colour scale and its steps: value ``kind_index * len(PALETTE) + k`` paints palette
     colour ``k`` shaded by kind (F as is, B darker, W lighter, U black)."""
-    steps: list[str] = []
-    for kind in COMPUTE_KINDS:
-        for c in PALETTE:
-            steps.append(c if kind == "F" else _shade(c, (0, 0, 0), 0.35) if kind == "B"
-                         else _shade(c, (255, 255, 255), 0.5) if kind == "W" else "rgb(0, 0, 0)")
+    steps = [c if kind == "F" else _shade(c, (0, 0, 0), 0.35) if kind == "B"
+             else _shade(c, (255, 255, 255), 0.5) if kind == "W" else "rgb(0, 0, 0)"
+             for kind in COMPUTE_KINDS for c in PALETTE]
     n = len(steps)
     return [[pos, c] for k, c in enumerate(steps) for pos in (k / n, (k + 1) / n)], n
 
@@ -304,9 +295,7 @@ def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, colo
         ends = np.array([e.end_s - t0 for e in evs])
         idx = np.searchsorted(starts, centres, side="right") - 1
         hit = (idx >= 0) & (centres < ends[np.maximum(idx, 0)])
-        values = np.array(
-            [kind_index[e.kind] * ncol + color_key(e, color_by) % ncol for e in evs], dtype=float
-        )
+        values = np.array([kind_index[e.kind] * ncol + color_key(e, color_by) % ncol for e in evs], float)
         labels = np.array([f"{e.action} v{e.weight_version}" for e in evs], dtype=object)
         z[r, hit] = values[idx[hit]]
         text[r, hit] = labels[idx[hit]]

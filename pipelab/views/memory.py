@@ -33,13 +33,10 @@ def memory_breakdown(plan: Plan, profile: Profile, *, optimizer: str = "sgd-mome
     plan.validate(profile)
     # memory does not depend on the interconnect: any cluster with enough workers will do
     cm = CostModel(profile, Cluster.flat(plan.num_workers), optimizer=optimizer)
-    out: dict[int, dict[str, int]] = {}
-    for st in plan.stages:
-        parts = cm.memory_bytes(st.start, st.end, versions=st.versions, in_flight=st.in_flight,
-                                microbatches=microbatches)
-        comp = {_COMPONENT_NAMES.get(k, k): int(v) for k, v in parts.items() if k != "total"}
-        for r in st.ranks:
-            out[r] = dict(comp)
+    parts = {st.index: cm.memory_bytes(st.start, st.end, versions=st.versions, in_flight=st.in_flight,
+                                       microbatches=microbatches) for st in plan.stages}
+    out = {r: {_COMPONENT_NAMES.get(k, k): int(v) for k, v in parts[st.index].items() if k != "total"}
+           for st in plan.stages for r in st.ranks}
     return dict(sorted(out.items()))
 
 
@@ -57,9 +54,8 @@ def schedule_memory(schedule: Schedule) -> dict[int, dict[str, int]]:
     for w, acts in enumerate(schedule.actions):
         stages = schedule.stages_of(w) or tuple(sorted({a.stage for a in acts}))
         held = getattr(schedule, "versions_held", None)
-        stash = 0
-        if callable(held) and schedule.versions is not None:
-            stash = sum(max(held(s) - 1, 0) for s in stages)
+        stash = (sum(max(held(s) - 1, 0) for s in stages)
+                 if callable(held) and schedule.versions is not None else 0)
         live: set[tuple[int, int]] = set()
         peak = 0
         for a in acts:
@@ -77,11 +73,8 @@ def _normalize(obj: Any) -> dict[int, dict[str, float]]:
     if hasattr(obj, "to_dict") and hasattr(obj, "columns"):          # pandas DataFrame, index = worker
         obj = {int(k): v for k, v in obj.to_dict(orient="index").items()}
     if isinstance(obj, Mapping):
-        res: dict[int, dict[str, float]] = {}
-        for w, v in obj.items():
-            res[int(w)] = ({str(k): float(b) for k, b in v.items()} if isinstance(v, Mapping)
-                           else {"total": float(v)})
-        return res
+        return {int(w): {str(k): float(b) for k, b in v.items()} if isinstance(v, Mapping)
+                else {"total": float(v)} for w, v in obj.items()}
     if isinstance(obj, Sequence) and not isinstance(obj, str):
         return {w: {"total": float(b)} for w, b in enumerate(obj)}
     raise TypeError(f"cannot read a memory breakdown from {type(obj).__name__}")
@@ -90,14 +83,12 @@ def _normalize(obj: Any) -> dict[int, dict[str, float]]:
 def _from_source(source: Any, profile: Profile | None, optimizer: str,
                  microbatches: int) -> tuple[dict[int, dict[str, float]], str]:
     if isinstance(source, Plan):
+        what = f"plan {source.config!r} ({source.method})"
         if profile is not None:
-            return _normalize(
-                memory_breakdown(source, profile, optimizer=optimizer, microbatches=microbatches)
-            ), f"plan {source.config!r} ({source.method})"
+            got = memory_breakdown(source, profile, optimizer=optimizer, microbatches=microbatches)
+            return _normalize(got), what
         if source.memory_per_worker:
-            return _normalize(
-                list(source.memory_per_worker)
-            ), f"plan {source.config!r} ({source.method}), predicted"
+            return _normalize(list(source.memory_per_worker)), f"{what}, predicted"
         raise ValueError("this plan has no memory prediction; pass the profile too: memory(plan, profile)")
     for attr in ("memory_breakdown", "memory"):              # SimResult / RunResult
         val = getattr(source, attr, None)
@@ -140,11 +131,10 @@ def memory(sim_or_plan: Any, profile: Profile | None = None, *, limit: float | N
     names = [c for c in COMPONENTS if any(c in data[w] for w in workers)]
     names += sorted({c for w in workers for c in data[w]} - set(names))
     x = [f"w{w}" for w in workers]
-    fig = go.Figure()
-    for c in names:
-        fig.add_trace(go.Bar(name=c, x=x, y=[data[w].get(c, 0.0) / scale for w in workers],
-                             marker={"color": COMPONENT_COLORS.get(c)},
-                             hovertemplate="%{x}: %{y:.4g} " + unit + " " + c + "<extra></extra>"))
+    fig = go.Figure([go.Bar(name=c, x=x, y=[data[w].get(c, 0.0) / scale for w in workers],
+                            marker={"color": COMPONENT_COLORS.get(c)},
+                            hovertemplate="%{x}: %{y:.4g} " + unit + " " + c + "<extra></extra>")
+                     for c in names])
     totals = [sum(data[w].values()) for w in workers]
     over = [x[i] for i, t in enumerate(totals) if limit is not None and t > limit]
     head = title or f"memory per worker — {what}"

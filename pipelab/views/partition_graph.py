@@ -20,12 +20,10 @@ def layer_graph(profile: Profile) -> nx.DiGraph:
     """``profile.edges`` (a chain if it has none) as a DiGraph; nodes carry ``name``, ``kind``,
     ``compute_s``, ``param_bytes``, edges ``bytes``."""
     g = nx.DiGraph()
-    for i, layer in enumerate(profile.layers):
-        g.add_node(i, name=layer.name, kind=layer.kind, compute_s=layer.fwd_s + layer.bwd_s,
-                   param_bytes=layer.param_bytes)
+    g.add_nodes_from((i, {"name": ly.name, "kind": ly.kind, "compute_s": ly.fwd_s + ly.bwd_s,
+                          "param_bytes": ly.param_bytes}) for i, ly in enumerate(profile.layers))
     edges = profile.edges or tuple((i, i + 1) for i in range(len(profile) - 1))
-    for a, b in edges:
-        g.add_edge(a, b, bytes=profile.layers[a].out_bytes)
+    g.add_edges_from((a, b, {"bytes": profile.layers[a].out_bytes}) for a, b in edges)
     return g
 
 
@@ -37,11 +35,8 @@ def layered_positions(g: nx.DiGraph) -> dict[int, tuple[float, float]]:
     by_depth: dict[int, list[int]] = {}
     for n in sorted(g.nodes):
         by_depth.setdefault(depth[n], []).append(n)
-    pos = {}
-    for d, nodes in by_depth.items():
-        for j, n in enumerate(nodes):
-            pos[n] = (float(d), (len(nodes) - 1) / 2.0 - j)
-    return pos
+    return {n: (float(d), (len(nodes) - 1) / 2.0 - j)
+            for d, nodes in by_depth.items() for j, n in enumerate(nodes)}
 
 
 def _fmt_bytes(n: float) -> str:

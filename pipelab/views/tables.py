@@ -28,8 +28,7 @@ def throughput_of(result: Any) -> float:
         value = result.batch_size / result.time_per_minibatch if result.time_per_minibatch > 0 else math.nan
     else:
         raw = getattr(result, "throughput", None)
-        if raw is None:
-            raw = getattr(result, "samples_per_s", None)
+        raw = getattr(result, "samples_per_s", None) if raw is None else raw
         if callable(raw):
             raw = raw()
         if raw is None:

@@ -32,9 +32,14 @@ class _Explorer(Displayable):
         raise NotImplementedError
 
     def _on_change(self, change: dict[str, Any]) -> None:
-        for k, c in self.controls.items():
-            self.values[k] = c.value
+        self.values.update({k: c.value for k, c in self.controls.items()})
         self.redraw()
+
+    def _observe(self, controls: dict[str, Any]) -> None:
+        """Take ``controls`` and an info line, and redraw whenever a control changes."""
+        self.controls, self.info = controls, ipywidgets().HTML()
+        for c in controls.values():
+            c.observe(self._on_change, names="value")
 
     def _fail(self, message: str) -> None:
         """Show why the figures could not be redrawn; the old ones stay."""
@@ -76,19 +81,14 @@ class ScheduleExplorer(_Explorer):
         if self.live:
             w = ipywidgets()
             style = {"description_width": "initial"}
-            self.controls = {
+            self._observe({
                 "method": w.Dropdown(options=self._methods, value=method, description="method"),
                 "stages": w.IntSlider(value=stages, min=1, max=16, description="stages P", style=style),
                 "microbatches": w.IntSlider(value=microbatches, min=1, max=64, description="microbatches M",
                                             style=style),
                 "v": w.IntSlider(value=v, min=1, max=4, description="v (chunks)", style=style),
-                "K": w.IntSlider(value=K, min=2, max=6, description="K (versions)", style=style),
-            }
-            self.info = w.HTML()
-            self.gantt_figure = go.FigureWidget()
-            self.memory_figure = go.FigureWidget()
-            for c in self.controls.values():
-                c.observe(self._on_change, names="value")
+                "K": w.IntSlider(value=K, min=2, max=6, description="K (versions)", style=style)})
+            self.gantt_figure, self.memory_figure = go.FigureWidget(), go.FigureWidget()
             self.widget = w.VBox([w.HBox([self.controls["method"], self.controls["stages"],
                                           self.controls["microbatches"]]),
                                   w.HBox([self.controls["v"], self.controls["K"], self.info]),
@@ -100,19 +100,14 @@ class ScheduleExplorer(_Explorer):
         m, P, M = self.values["method"], int(self.values["stages"]), int(self.values["microbatches"])
         spec = methods.get(m)
         takes = {o.name for o in spec.options}
-        opts: dict[str, Any] = {}
-        if "chunks" in takes:
-            opts["chunks"] = int(self.values["v"])
-        if "versions" in takes:
-            opts["versions"] = int(self.values["K"])
+        opts = {k: int(self.values[c]) for k, c in (("chunks", "v"), ("versions", "K")) if k in takes}
         plan: Any = P
         if spec.order == "dp":
             plan = Plan.from_boundaries(max(P, 2), [], replicas=[P])
         elif not spec.replicas_allreduce and P >= 2:   # HetPipe: two virtual workers of P stages
             plan = Plan.from_boundaries(2 * P, [P], replicas=[2, 2])
-        if spec.update == "microbatch":
-            return build_schedule(m, plan, minibatches=M, **opts)
-        return build_schedule(m, plan, microbatches=M, **opts)
+        count = "minibatches" if spec.update == "microbatch" else "microbatches"
+        return build_schedule(m, plan, **{count: M}, **opts)
 
     def redraw(self) -> None:
         """Rebuild the schedule and both figures; a bad combination shows its error, keeps the old figures."""
@@ -122,9 +117,8 @@ class ScheduleExplorer(_Explorer):
             self.controls["K"].disabled = "versions" not in takes
         try:
             sched = self.build()
-            g = gantt(
-                sched, title=f"{sched.method}: P={self.values['stages']} M={self.values['microbatches']}"
-            )
+            v = self.values
+            g = gantt(sched, title=f"{sched.method}: P={v['stages']} M={v['microbatches']}")
             mem = memory(sched)
         except (ValueError, TypeError) as exc:
             self._fail(f"cannot draw: {exc}")
@@ -158,8 +152,7 @@ class PlanExplorer(_Explorer):
 
     def __init__(self, profile: Any, *, preset: str = "pipedream-a", servers: int = 2,
                  gpus_per_server: int = 2, method: str = "pipedream", memory_limit_gb: float = 0.0,
-                 live: bool | None = None,
-                 choices: Mapping[str, Iterable[str]] | None = None) -> None:
+                 live: bool | None = None, choices: Mapping[str, Iterable[str]] | None = None) -> None:
         if not isinstance(profile, Profile):
             raise TypeError(f"PlanExplorer needs a pl.Profile; got {type(profile).__name__}")
         choices = dict(choices or {})
@@ -170,29 +163,24 @@ class PlanExplorer(_Explorer):
         self.presets = list(choices.get("preset", Cluster.presets()))
         self.methods = list(choices.get("method", METHODS))
         self.live = live_frontend() if live is None else bool(live)
-        self.values: dict[str, Any] = {"preset": preset, "servers": servers,
-                                       "gpus_per_server": gpus_per_server, "method": method,
-                                       "memory_limit_gb": memory_limit_gb}
+        self.values: dict[str, Any] = {"preset": preset, "servers": servers, "method": method,
+                                       "gpus_per_server": gpus_per_server, "memory_limit_gb": memory_limit_gb}
         self.plan: Any = None
         self.message = ""
         self.figure: go.Figure = go.Figure()
         if self.live:
             w = ipywidgets()
             style = {"description_width": "initial"}
-            self.controls = {
+            self._observe({
                 "preset": w.Dropdown(options=self.presets, value=preset, description="cluster"),
                 "servers": w.IntSlider(value=servers, min=1, max=16, description="servers", style=style),
                 "gpus_per_server": w.IntSlider(value=gpus_per_server, min=1, max=16,
                                                description="GPUs/server", style=style),
                 "method": w.Dropdown(options=self.methods, value=method, description="method"),
-                "memory_limit_gb": w.BoundedFloatText(
-                    value=memory_limit_gb, min=0.0, max=1024.0, step=1.0,
-                    description="memory limit GB (0 = device)", style=style),
-            }
-            self.info = w.HTML()
+                "memory_limit_gb": w.BoundedFloatText(value=memory_limit_gb, min=0.0, max=1024.0, step=1.0,
+                                                      description="memory limit GB (0 = device)", style=style)
+            })
             self.figure = go.FigureWidget()
-            for c in self.controls.values():
-                c.observe(self._on_change, names="value")
             self.widget = w.VBox([w.HBox([self.controls["preset"], self.controls["servers"],
                                           self.controls["gpus_per_server"]]),
                                   w.HBox([self.controls["method"], self.controls["memory_limit_gb"]]),
@@ -204,10 +192,9 @@ class PlanExplorer(_Explorer):
         v = self.values
         cluster = Cluster.preset(v["preset"], servers=int(v["servers"]),
                                  gpus_per_server=int(v["gpus_per_server"]))
-        kw: dict[str, Any] = {"method": v["method"]}
-        if v["memory_limit_gb"]:
-            kw["memory_limit"] = float(v["memory_limit_gb"]) * 1e9
-        return partition(self.profile, cluster, **kw)
+        gb = float(v["memory_limit_gb"])
+        kw: dict[str, Any] = {"memory_limit": gb * 1e9} if gb else {}
+        return partition(self.profile, cluster, method=v["method"], **kw)
 
     def redraw(self) -> None:
         """Partition again and redraw; an infeasible choice shows its error and keeps the old figure."""

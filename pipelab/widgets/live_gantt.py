@@ -37,17 +37,13 @@ class LiveGantt(Displayable):
             raise ValueError(f"interval={interval} must be > 0 seconds (the longest wait between redraws)")
         self.handle, self.color_by, self.title = handle, color_by, title
         self.hz, self.cpu_share, self.interval = float(hz), float(cpu_share), float(interval)
-        self.redraw_cpu_s = 0.0
         self.live = live_frontend() if live is None else bool(live)
         self.events: list[Event] = []
-        self.redraws = 0
+        self.redraw_cpu_s, self.redraws, self.result = 0.0, 0, None
         self.error: BaseException | None = None
-        self.result: Any = None
-        self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._lock, self._done = threading.Lock(), threading.Event()
         self._thread: threading.Thread | None = None
-        self._started = False
-        self._ended = False
+        self._started = self._ended = False
         self.figure: go.Figure = go.FigureWidget() if self.live else go.Figure()
         if self.live:
             w = ipywidgets()
@@ -110,8 +106,7 @@ class LiveGantt(Displayable):
     def trace(self) -> Trace:
         """The events received so far, as a Trace."""
         with self._lock:
-            evs = list(self.events)
-        return Trace.from_events(evs)
+            return Trace.from_events(list(self.events))
 
     def status_text(self) -> str:
         """``step N · X samples/s · loss L · E events`` from what has arrived so far."""
@@ -123,25 +118,21 @@ class LiveGantt(Displayable):
                                   getattr(getattr(self.handle, "job", None), "batch_size", None)) if b), None)
         parts = [f"step {steps}"]
         if steps and elapsed > 0:
-            parts.append(
-                f"{steps * batch / elapsed:.1f} samples/s" if batch else f"{steps / elapsed:.2f} steps/s"
-            )
+            parts.append(f"{steps * batch / elapsed:.1f} samples/s" if batch
+                         else f"{steps / elapsed:.2f} steps/s")
         loss = _last_loss(self.result) if self.result is not None else _last_loss(self.handle)
         if loss is not None:
             parts.append(f"loss {loss:.4g}")
         parts.append(f"{len(evs)} events")
         if self._ended:
-            parts.append(
-                "finished" if self.error is None else f"stopped: {type(self.error).__name__}: {self.error}"
-            )
+            parts.append("finished" if self.error is None
+                         else f"stopped: {type(self.error).__name__}: {self.error}")
         return " · ".join(parts)
 
     def current_figure(self) -> go.Figure | None:
         """The Gantt of the events so far (None until the first action has arrived)."""
         trace = self.trace()
-        if not trace.compute_events():
-            return None
-        return gantt(trace, color_by=self.color_by, title=self.title)
+        return gantt(trace, color_by=self.color_by, title=self.title) if trace.compute_events() else None
 
     def refresh(self) -> None:
         """Redraw the widget from the events received so far (called by the consumer thread)."""

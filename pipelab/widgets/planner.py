@@ -22,8 +22,8 @@ class PlannerExplorer(Displayable):
 
     def __init__(self, table: PlanTable, *, row: int | None = None, live: bool | None = None) -> None:
         if not isinstance(table, PlanTable):
-            raise TypeError(f"PlannerExplorer needs a PlanTable from pl.plan(...); "
-                            f"got {type(table).__name__}")
+            raise TypeError(f"PlannerExplorer needs a PlanTable from pl.plan(...); got "
+                            f"{type(table).__name__}")
         self.table = table
         self.live = live_frontend() if live is None else bool(live)
         self.row = int(str(table.best.name)) if row is None else int(row)
@@ -54,20 +54,15 @@ class PlannerExplorer(Displayable):
         bd = explain(res)
         r = t.loc[row]
         limit = self.table.memory_limit
-        mem = go.Figure(go.Bar(x=[f"w{w}" for w in range(len(res.peak_memory))],
-                               y=[p / 2**30 for p in res.peak_memory], name="simulated peak"))
+        workers = [f"w{w}" for w in range(len(res.peak_memory))]
+        mem = go.Figure(go.Bar(x=workers, y=[p / 2**30 for p in res.peak_memory], name="simulated peak"))
         if limit:
-            mem.add_trace(go.Scatter(x=[f"w{w}" for w in range(len(res.peak_memory))],
-                                     y=[limit[w] / 2**30 for w in range(len(res.peak_memory))],
-                                     mode="lines", name="limit", line={"dash": "dash"}))
+            mem.add_trace(go.Scatter(x=workers, y=[x / 2**30 for x in limit[:len(workers)]], mode="lines",
+                                     name="limit", line={"dash": "dash"}))
         mem.update_layout(title={"text": "peak memory per worker (GiB)"}, height=360)
-        self.figures = {
-            "pareto": pareto(t, selected=row),
-            "gantt": with_critical_path(gantt(res, render="bars" if len(res.trace) < 4000 else "raster"),
-                                        res.trace, bd.critical_path),
-            "memory": mem,
-            "bubbles": bubbles(bd),
-        }
+        chart = gantt(res, render="bars" if len(res.trace) < 4000 else "raster")
+        self.figures = {"pareto": pareto(t, selected=row), "memory": mem, "bubbles": bubbles(bd),
+                        "gantt": with_critical_path(chart, res.trace, bd.critical_path)}
         fits = "fits" if r["fits"] else "does not fit"
         self.message = (f"<b>{html.escape(str(r['method']))}</b> on {html.escape(str(r['partitioner']))} "
                         f"{html.escape(str(r['config']))}, M={r['microbatches']}: "

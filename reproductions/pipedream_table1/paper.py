@@ -5,7 +5,7 @@ driver config (``runtime/*/driver_configs/*.yml``) sets ``batch_size: 64`` per w
 ``distributed_backend: nccl`` for the data-parallel runs, ``gloo`` for the pipelined ones (whose
 replicated stages' DistributedDataParallel groups inherit gloo: ``runtime/runtime.py``); gloo moves a
 tensor between stages through host memory (``runtime/communication.py``: ``tensor.cpu()``, send,
-``.cuda()``). The configuration each pipelined run used is a file (:mod:`pipelab.partition.pipedream_conf`).
+``.cuda()``). The configuration each pipelined run used is a file (:mod:`.pipedream_conf`).
 
 The optimizer is PipeDream's own per model: momentum SGD for the image models
 (``runtime/image_classification/main_with_runtime.py``), Adam for GNMT (``use_adam_optimizer = True`` in
@@ -36,11 +36,11 @@ from pipelab.cluster import NCCL_MEASURED_BUS_BANDWIDTH, V100_PCIE_OVER_SXM2, Cl
 from pipelab.costs import CostModel
 from pipelab.models import pipedream_profile
 from pipelab.partition import partition
-from pipelab.partition.pipedream_conf import plan_from_pipedream
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.transports import GLOO_ALLREDUCE_BUS_BANDWIDTH, NCCL_TCP_BUS_BANDWIDTH, nccl_flat_ring
 from reproductions._common.report import svg_heatmap
+from reproductions.pipedream_table1.pipedream_conf import plan_from_pipedream
 from reproductions.pipedream_table1.rows import TABLE1, PaperRow, config_shape, simulate_plan
 
 if TYPE_CHECKING:

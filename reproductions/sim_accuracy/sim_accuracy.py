@@ -120,7 +120,7 @@ if recalibrate:
           f"worst {again.max():.1%}")
 write_table(df, out / "results.csv")
 if planner_errors:
-    from pipelab.planner.decide import write_errors
+    from reproductions.sim_accuracy.errors_file import write_errors
     planner_errors = out / planner_errors
     # pooled with this host's last runs (one run's ranges do not hold the next run's errors)
     write_errors(df, planner_errors, source=f"reproductions/sim_accuracy, {len(df)} configurations x "

@@ -40,7 +40,6 @@ class WeightPolicy:
         self._next_forward = 0                   # forwards of self.reads.forward run so far
         self._future: Counter[int] = Counter(v for _, v in self.reads.forward)
 
-    # -- the schedule's versions
     def scheduled_forward(self, microbatch: int) -> int:
         """The version the schedule names for this stage's next ``F`` (the newest without a schedule).
 
@@ -74,7 +73,6 @@ class WeightPolicy:
                             f"reads weight version {scheduled}, but this {self.name} policy {holds}; the "
                             "schedule's version rule and the method's weights disagree")
 
-    # -- what the runtime asks
     def forward_version(self, microbatch: int, upstream_version: int | None) -> int:
         """The version ``F`` of ``microbatch`` reads: the schedule's, which must be the newest."""
         v = self.scheduled_forward(microbatch)
@@ -94,7 +92,6 @@ class WeightPolicy:
                                  f"kept the version its forward read, {v}")
         return v
 
-    # -- what the runtime tells it
     def forward_done(self, microbatch: int, version: int) -> None:
         """``F`` of ``microbatch`` ran with ``version``."""
         self.in_flight[microbatch] = version
@@ -134,7 +131,6 @@ class WeightPolicy:
         """Bytes of the distinct storages holding this stage's weights (master and any stashed)."""
         return distinct_bytes([self.params])
 
-    # -- internals
     def _release(self) -> None:
         pass
 

@@ -17,7 +17,6 @@ from pipelab.schedules.versions import delayed_rule
 from pipelab.schedules.worker_view import StageReads
 
 
-# ---------------------------------------------------------------------- pure rules
 def delayed_version(minibatch: int, delay: int) -> int:
     """Version read by every action of ``minibatch`` under a ``delay``-step rule: ``max(0, k - d)``."""
     if delay < 0:
@@ -34,7 +33,6 @@ def delayed_sgd(w0: torch.Tensor, grad: Callable[[int, torch.Tensor], torch.Tens
     return ws
 
 
-# ---------------------------------------------------------------------- version store
 class VersionStore(WeightPolicy):
     """Stashed versions keyed by epoch (every change of the master), copy-on-write, distinct-storage bytes."""
 
@@ -48,7 +46,6 @@ class VersionStore(WeightPolicy):
         self.in_flight_epoch: dict[int, int] = {}
         self.max_weight_bytes = self.weight_bytes()
 
-    # -- stash
     def _aliases_master(self, e: int) -> bool:
         st = self.stash.get(e)
         if not st:
@@ -90,7 +87,6 @@ class VersionStore(WeightPolicy):
         for e in [e for e in self.epoch_version if e not in keep and e != self.epoch]:
             del self.epoch_version[e]
 
-    # -- accounting
     def weight_bytes(self) -> int:
         """Bytes of distinct storages among the master weights and every stashed version."""
         return distinct_bytes([self.params, *self.stash.values()])
@@ -100,7 +96,6 @@ class VersionStore(WeightPolicy):
         """Distinct weight versions held (stashed ones plus the master's)."""
         return len(set(self.stash) | {self.epoch})
 
-    # -- interface
     def weights(self, version: int) -> dict[str, torch.Tensor] | None:
         """Tensors of the epoch the asking action uses (set by forward_version / backward_version)."""
         return self._tensors(self._current)

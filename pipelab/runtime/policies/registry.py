@@ -16,21 +16,9 @@ from pipelab.runtime.policies.wsp import HetPipePolicy
 from pipelab.schedules.worker_view import StageReads, stage_delays
 
 
-def _single(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    return SingleVersion
-
-
 def _stash(method: str, opts: dict[str, Any]) -> PolicyFactory:
     return lambda params, stage, reads=None: Stashing(params, stage, reads,
                                                       vertical_sync=bool(opts.get("vertical_sync", False)))
-
-
-def _latest(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    return NoStash
-
-
-def _delayed(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    return DelayedVersions
 
 
 def _pipemare(method: str, opts: dict[str, Any]) -> PolicyFactory:
@@ -66,9 +54,8 @@ def _wsp(method: str, opts: dict[str, Any]) -> PolicyFactory:
 #: ``factory(params, stage, reads)`` builds one stage's policy (``reads``: the versions the
 #: schedule names for the stage's actions on this worker, :func:`pipelab.schedules.worker_view.stage_reads`)
 POLICIES: dict[str, Callable[[str, dict[str, Any]], PolicyFactory]] = {
-    "single": _single, "stash": _stash, "latest": _latest, "delay": _delayed, "pipemare": _pipemare,
-    "wsp": _wsp,
-}
+    "single": lambda method, opts: SingleVersion, "stash": _stash, "latest": lambda method, opts: NoStash,
+    "delay": lambda method, opts: DelayedVersions, "pipemare": _pipemare, "wsp": _wsp}
 
 
 def policy_for(method: str, options: dict[str, Any] | None = None) -> PolicyFactory:
