@@ -1,12 +1,13 @@
 """Point-to-point messages through shared memory (``shared_memory=True``, :mod:`pipelab.runtime.shm`):
 the same weights bit for bit as over gloo's point-to-point path (the oracle), for flushed, interleaved
 (hand-offs inside a worker), replicated and asynchronous schedules, tagged and tag-blind; a ring that
-reuses a slot only once its message was consumed, and a read of the wrong size consumes nothing; bad
-input is refused before a process starts."""
+reuses a slot only once its message was consumed, and a read of the wrong size consumes nothing; rings
+only on one host with room for them; bad input is refused before a process starts."""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 import pipelab as pl
 from pipelab.runtime import shm
+from pipelab.runtime.comm import TensorSpec
 from pipelab.runtime.options import RuntimeOptions
 
 pytestmark = pytest.mark.skipif(not shm.available("gloo"), reason="shared-memory messages need x86-64 Linux")
@@ -46,6 +48,7 @@ def test_shared_memory_trains_the_weights_gloo_trains(case: tuple[Any, ...],
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), case
     assert over_gloo.losses == over_shm.losses
+    assert (over_gloo.transport, over_shm.transport) == ("gloo", "shared memory")
     assert sum(e.bytes for e in over_shm.trace.compute_events() if e.kind in "FB") > 0
 
 
@@ -66,6 +69,29 @@ def test_a_slot_is_reused_only_once_its_message_was_consumed() -> None:
     assert recv_end.read(1, out) == (11, 16) and torch.equal(out, torch.ones(4))
     assert recv_end.read(2, torch.empty(2)) == (12, 16)   # a size mismatch is not consumed
     assert recv_end.consumed() == 2
+
+
+@pytest.mark.parametrize(("seen", "why"), [
+    ([("a", 1 << 20, 64 << 20), ("a", 1 << 20, 64 << 20)], None),
+    ([("a", 1 << 20, 64 << 20), ("b", 1 << 20, 64 << 20)], "several hosts"),
+    ([("a", 20 << 20, 64 << 20), ("a", 20 << 20, 64 << 20)], "rings need 40.0 MiB and .* 64.0 MiB free"),
+])
+def test_rings_only_on_one_host_with_room_for_them(monkeypatch: pytest.MonkeyPatch, seen: list[Any],
+                                                   why: str | None) -> None:
+    def gather(out: list[Any], _mine: Any) -> None:
+        out[:] = seen
+
+    monkeypatch.setattr(shm.dist, "all_gather_object", gather)
+    got = shm.unusable(2, 0)
+    assert got is None if why is None else (got is not None and re.search(why, got))
+
+
+def test_ring_bytes_follow_the_slot_layout() -> None:
+    f32 = lambda *shape: TensorSpec(shape, "float32")   # noqa: E731
+    msgs = [[f32(4, 8)], [f32(4, 8), f32(3)]]        # 128 B; 128 + 16 B packed: slots of 192 B
+    assert shm.ring_shape(msgs) == (2, 192)
+    assert shm.ring_bytes({1: msgs, 2: [[f32(1)]] * 100}) == (shm.HEADER + 2 * (shm.SLOT_HEADER + 192)
+                                                              + shm.HEADER + 64 * (shm.SLOT_HEADER + 64))
 
 
 def test_bad_shared_memory_input_is_refused_before_any_process_starts() -> None:

@@ -59,6 +59,7 @@ class RunResult(Described):
     wall_s: float = 0.0
     weight_bytes: dict[int, int] = field(default_factory=dict)   # per stage: peak bytes of weights held
     wsp_log: list[Any] = field(default_factory=list)   # hetpipe: the parameter server's pushes and pulls
+    transport: str = "in process"         # how messages travelled: "shared memory", "gloo", "nccl"
     # measure_memory=True, per worker (pipelab.runtime.memory): the peak, the storage count's peak, it
     # without messages (the simulator's terms), its parts at the peak, (action, bytes) after each action
     peak_memory: dict[int, int] = field(default_factory=dict)
@@ -143,7 +144,8 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     if trace_path is not None:
         tr.save_jsonl(trace_path)
     return RunResult(trace=tr, losses=losses, throughput=thr, versions_held=held, schedule=sched,
-                     wall_s=wall_s, weight_bytes=wbytes, wsp_log=wsp_log, _state=state, **memory)
+                     wall_s=wall_s, weight_bytes=wbytes, wsp_log=wsp_log, _state=state,
+                     transport=min(results, key=lambda r: r.rank).transport, **memory)
 
 
 class Run:

@@ -176,22 +176,25 @@ def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups:
               orders: Any, carried: Callable[[Any], bool]) -> DistComm:
     """This worker's transport (a collective: every rank calls it): point-to-point messages through
     shared memory (:class:`~pipelab.runtime.shm.ShmComm`) with ``job.runtime.shared_memory`` (gloo, every
-    worker on this host); else over the process group."""
+    worker on this host, room for the rings); else over the process group."""
     through_host = device.type == "cuda" and job.backend != "nccl"
-    want = bool(job.runtime.shared_memory)
-    if want and shm.available(job.backend) and shm.same_host(job.world_size):
-        incoming: dict[int, list[Any]] = {}
-        for i in range(len(worker.actions)):
-            for r in worker.recvs(i):
-                if r.src != rank:
-                    incoming.setdefault(r.src, []).append(r.specs)
-        sends, _ = peer_orders(job.schedule, rank, carried)
-        outgoing = sorted(d for d, seq in sends.items() if d != rank and seq)
-        return shm.ShmComm.open(rank, job.world_size, device, groups, incoming, outgoing, timeout=job.timeout,
-                                match=mode, orders=orders, through_host=through_host)
-    if want:
-        raise RuntimeError(f"shared_memory=True needs the gloo backend on one x86-64 Linux host (backend "
-                           f"{job.backend!r} here, or the workers run on several hosts); leave it out")
+    if job.runtime.shared_memory:
+        why = f"it needs the gloo backend on x86-64 Linux (backend {job.backend!r} here)"
+        if shm.available(job.backend):
+            incoming: dict[int, list[Any]] = {}
+            for i in range(len(worker.actions)):
+                for r in worker.recvs(i):
+                    if r.src != rank:
+                        incoming.setdefault(r.src, []).append(r.specs)
+            reason = shm.unusable(job.world_size, shm.ring_bytes(incoming))
+            if reason is None:
+                sends, _ = peer_orders(job.schedule, rank, carried)
+                outgoing = sorted(d for d, seq in sends.items() if d != rank and seq)
+                return shm.ShmComm.open(rank, job.world_size, device, groups, incoming, outgoing,
+                                        timeout=job.timeout, match=mode, orders=orders,
+                                        through_host=through_host)
+            why = reason
+        raise RuntimeError(f"shared_memory=True, but {why}; leave it out to use gloo's point-to-point path")
     lanes = None
     if job.backend == "gloo":   # one process group per direction (see pipelab.runtime.comm, "Lanes")
         world = list(range(job.world_size))
@@ -235,6 +238,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             c.stop()
         dist.barrier()
         result = worker.result()
+        result.transport = "shared memory" if isinstance(comm, shm.ShmComm) else job.backend
         return result, (_gather(result, sink, rank, job.world_size) if gather else [])
     except BaseException:    # reported before the teardown below, so the parent reads the cause first
         sink.error(-1, "start-up", traceback.format_exc())

@@ -46,16 +46,43 @@ def available(backend: str) -> bool:
             and platform.machine().lower() in ("x86_64", "amd64"))
 
 
-def same_host(world: int) -> bool:
-    """Whether every rank of the process group runs on this host (a collective: every rank calls it)."""
+def folder_base() -> str | None:
+    """Where the rings' files go: ``/dev/shm`` where it exists, else the temporary folder."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def ring_shape(msgs: Sequence[Sequence[TensorSpec]]) -> tuple[int, int]:
+    """``(K, slot bytes)`` of the ring carrying ``msgs`` (one pair's messages, in order)."""
+    slot = max(8, (max(message_nbytes(m) for m in msgs) + 63) // 64 * 64)
+    return max(1, min(len(msgs), MAX_SLOTS, MAX_RING_BYTES // (SLOT_HEADER + slot))), slot
+
+
+def ring_bytes(incoming: dict[int, list[list[TensorSpec]]]) -> int:
+    """Bytes of the rings a worker receiving ``incoming`` creates."""
+    shapes = [ring_shape(msgs) for msgs in incoming.values()]
+    return sum(HEADER + k * (SLOT_HEADER + slot) for k, slot in shapes)
+
+
+def unusable(world: int, need: int) -> str | None:
+    """Why these workers can't message through shared memory (``None``: they can); a collective.
+
+    ``need`` is this worker's :func:`ring_bytes`; every rank gets rank 0's answer.
+    """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             me = socket.gethostname() + "/" + f.read().strip()
     except OSError:
         me = socket.gethostname()
-    hosts: list[Any] = [None] * world
-    dist.all_gather_object(hosts, me)
-    return len(set(hosts)) == 1
+    st = os.statvfs(folder_base() or tempfile.gettempdir())
+    seen: list[Any] = [None] * world
+    dist.all_gather_object(seen, (me, need, st.f_bavail * st.f_frsize))
+    if len({host for host, _, _ in seen}) > 1:
+        return "the workers run on several hosts"
+    total, free = sum(n for _, n, _ in seen), seen[0][2]
+    if 2 * total > free:   # half the room at most: the rest of the host uses it too
+        return (f"its rings need {total / 2**20:.1f} MiB and {folder_base() or tempfile.gettempdir()} has "
+                f"{free / 2**20:.1f} MiB free (give it at least twice that, e.g. docker's --shm-size)")
+    return None
 
 
 def message_nbytes(specs: Sequence[TensorSpec]) -> int:
@@ -77,7 +104,8 @@ class _Ring:
         else:
             fd = os.open(path, os.O_RDWR)
             size = os.fstat(fd).st_size
-        self.map = mmap.mmap(fd, size)
+        # every page mapped now (a fresh page's first touch costs a fault in the middle of a run)
+        self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         os.close(fd)
         self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
         if create is not None:
@@ -168,15 +196,12 @@ class ShmComm(DistComm):
              **kwargs: Any) -> ShmComm:
         """Create this worker's incoming rings, map its outgoing ones (every rank calls it at once)."""
         comm = cls(rank, device, groups, timeout=timeout, **kwargs)
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        where = [tempfile.mkdtemp(prefix="pipelab-p2p-", dir=base) if rank == 0 else None]
+        where = [tempfile.mkdtemp(prefix="pipelab-p2p-", dir=folder_base()) if rank == 0 else None]
         dist.broadcast_object_list(where, src=0)
         folder = str(where[0])
         try:
             for src, msgs in incoming.items():
-                slot = max(8, (max(message_nbytes(m) for m in msgs) + 63) // 64 * 64)
-                k = max(1, min(len(msgs), MAX_SLOTS, MAX_RING_BYTES // (SLOT_HEADER + slot)))
-                comm._in[src] = _Ring(os.path.join(folder, f"ring{src}-{rank}"), create=(k, slot))
+                comm._in[src] = _Ring(os.path.join(folder, f"ring{src}-{rank}"), create=ring_shape(msgs))
             dist.barrier()
             for dst in outgoing:
                 comm._out[dst] = _Ring(os.path.join(folder, f"ring{rank}-{dst}"))

@@ -59,6 +59,7 @@ class WorkerResult:
     memory_breakdown: dict[str, int] = field(default_factory=dict)
     memory_timeline: list[tuple[int, int]] = field(default_factory=list)
     wsp_log: list[Any] = field(default_factory=list)   # HetPipe, reference executor: the server's log
+    transport: str = "in process"    # how its messages travelled: "shared memory", "gloo", "nccl"
 
 
 class Worker(Checkpointing):
