@@ -49,6 +49,7 @@ def test_shared_memory_trains_the_weights_gloo_trains(case: tuple[Any, ...],
     assert all(torch.equal(a[k], b[k]) for k in a), case
     assert over_gloo.losses == over_shm.losses
     assert (over_gloo.transport, over_shm.transport) == ("gloo", "shared memory")
+    assert "(gloo, messages through shared memory)" in over_shm.describe()
     assert sum(e.bytes for e in over_shm.trace.compute_events() if e.kind in "FB") > 0
 
 

@@ -86,7 +86,10 @@ class RunResult(Described):
         """What ran, the steady-state rate with the start-up apart, and the loss."""
         m = self.trace.meta
         K, M, B = len(self.losses), int(m.get("microbatches", 1)), m.get("batch_size", "?")
-        lines = [f"trained {self.schedule.method} on plan {m.get('config', '?')} ({m.get('backend', '?')}): "
+        how = str(m.get("backend", "?"))
+        if self.transport not in ("in process", how):
+            how += f", messages through {self.transport}"
+        lines = [f"trained {self.schedule.method} on plan {m.get('config', '?')} ({how}): "
                  f"{K} minibatches of {B} samples, M={M} microbatches",
                  f"  steady state {self.steady_throughput:,.0f} samples/s (between minibatch completions, "
                  f"the first and last left out); first action to last {self.throughput:,.0f} samples/s",
