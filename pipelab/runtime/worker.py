@@ -18,16 +18,7 @@ import torch
 
 from pipelab.graph import as_tuple, trace
 from pipelab.runtime import coalesce
-from pipelab.runtime.comm import (
-    ACT,
-    GRAD,
-    VERSION_SPEC,
-    Recv,
-    Send,
-    TensorSpec,
-    grad_specs,
-    tag,
-)
+from pipelab.runtime.comm import ACT, GRAD, VERSION_SPEC, Recv, Send, TensorSpec, grad_specs, tag
 from pipelab.runtime.compress import decode_message, encode_message, message_specs
 from pipelab.runtime.guards import check_grads, check_loss, warn
 from pipelab.runtime.job import Job
@@ -80,9 +71,8 @@ class Worker(Checkpointing):
             self.stages[s] = StageState(job, gm, s, self.device, factory, stage_reads(sched, rank, s))
         del model, gm
         self.split = {s: any(a.kind == "W" and a.stage == s for a in self.actions) for s in self.stages}
-        self.feed = (
-            Feed(job, self.device) if (0 in self.stages or sched.num_stages - 1 in self.stages) else None
-        )
+        ends = 0 in self.stages or sched.num_stages - 1 in self.stages
+        self.feed = Feed(job, self.device) if ends else None
         # this worker's own random stream (dropout, ...): the same in a process and in the
         # reference executor, which swaps it in around each of this worker's actions
         self.rng_state = torch.Generator().manual_seed(job.seed * 1_000_003 + rank + 1).get_state()
@@ -174,11 +164,8 @@ class Worker(Checkpointing):
             if a.kind == "F" and s < P - 1:
                 dst, key, consumer = sched.worker_of(s + 1, m), tag(ACT, s, m, self.nb), Action(s + 1, "F", m)
             elif a.kind == "B" and s > 0:
-                dst, key, consumer = (
-                    sched.worker_of(s - 1, m),
-                    tag(GRAD, s - 1, m, self.nb),
-                    Action(s - 1, "B", m),
-                )
+                dst, key = sched.worker_of(s - 1, m), tag(GRAD, s - 1, m, self.nb)
+                consumer = Action(s - 1, "B", m)
             else:
                 continue
             if dst != me:
@@ -192,11 +179,8 @@ class Worker(Checkpointing):
             for r in self._recvs[i]:
                 if r.src not in sends:
                     continue
-                producer = (
-                    Action(a.stage - 1, "F", a.microbatch)
-                    if a.kind == "F"
-                    else Action(a.stage + 1, "B", a.microbatch)
-                )
+                producer = Action(a.stage - 1, "F", a.microbatch) if a.kind == "F" else \
+                    Action(a.stage + 1, "B", a.microbatch)
                 k = position(r.src, producer)
                 lst, n = sends[r.src], done[r.src]
                 while n < len(lst) and 0 <= lst[n][0] <= k:
@@ -301,11 +285,8 @@ class Worker(Checkpointing):
             torch.autograd.backward(outs, gouts, inputs=targets, retain_graph=split)
         sends: list[Send] = []
         if not st.is_first:
-            msg = [
-                (torch.zeros_like(x) if x.grad is None else x.grad)
-                for x in pend.inputs
-                if x.is_floating_point()
-            ]
+            msg = [torch.zeros_like(x) if x.grad is None else x.grad
+                   for x in pend.inputs if x.is_floating_point()]
             if msg:
                 s = st.index
                 sends.append(Send(self.job.schedule.worker_of(s - 1, m), tag(GRAD, s - 1, m, self.nb),
@@ -397,13 +378,9 @@ class Worker(Checkpointing):
     # ------------------------------------------------------------------ results
     def result(self) -> WorkerResult:
         """What the parent needs at the end: weights (replica 0 only), loss parts, versions held."""
-        sched = self.job.schedule
-        state: dict[str, torch.Tensor] = {}
-        for s, st in self.stages.items():
-            if sched.stage_ranks[s][0] == self.rank:
-                state.update(
-                    {k: v.detach().cpu().clone() for k, v in st.module.graph_module.state_dict().items()}
-                )
+        owned = [st for s, st in self.stages.items() if self.job.schedule.stage_ranks[s][0] == self.rank]
+        state = {k: v.detach().cpu().clone() for st in owned
+                 for k, v in st.module.graph_module.state_dict().items()}
         losses: dict[int, float] = {}
         for st in self.stages.values():
             for k, v in st.losses.items():
