@@ -7,6 +7,7 @@ is raised as a :class:`WorkerError` naming rank, stage and action, and every wor
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import threading
@@ -120,13 +121,9 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
         for s, n in r.versions_held.items():
             held[int(s)] = max(held.get(int(s), 0), int(n))
     memory: dict[str, Any] = {}
-    if job.runtime.measure_memory:
-        ranked = sorted(results, key=lambda r: r.rank)
-        memory = {"peak_memory": {r.rank: r.peak_memory for r in ranked},
-                  "peak_held": {r.rank: r.peak_held for r in ranked},
-                  "peak_state": {r.rank: r.peak_state for r in ranked},
-                  "memory_breakdown": {r.rank: dict(r.memory_breakdown) for r in ranked},
-                  "memory_timeline": {r.rank: list(r.memory_timeline) for r in ranked}}
+    if job.runtime.measure_memory:    # per rank, copied
+        memory = {k: {r.rank: copy.copy(getattr(r, k)) for r in sorted(results, key=lambda r: r.rank)}
+                  for k in ("peak_memory", "peak_held", "peak_state", "memory_breakdown", "memory_timeline")}
     expected = job.state_keys or tuple(state)
     missing = [k for k in expected if k not in state]
     if missing:
@@ -480,10 +477,12 @@ class Run:
 
     def _cause(self, errors: list[Any], results: dict[int, WorkerResult], ended: set[int]) -> WorkerError:
         """The first fault: a worker that died without a word, else the error raised first (stamped time)."""
-        dead = self._died_silently(ended, {e[1] for e in errors}, results)
+        silent = sorted(ended - {e[1] for e in errors} - set(results))   # pipe closed without a word
         first = min(errors, default=None)
-        if dead is not None:
-            d_rank, code = dead
+        if silent:
+            d_rank = silent[0]
+            self._procs[d_rank].join(2.0)
+            code = -1 if self._procs[d_rank].exitcode is None else int(self._procs[d_rank].exitcode)
             noticed = (f"; worker {first[1]} noticed it ({first[3]}):\n{first[4]}" if first is not None
                        else ". Run from a script? Worker processes re-import it, so put the call under "
                             '`if __name__ == "__main__":`')
@@ -496,15 +495,6 @@ class Run:
         last = tb.strip().splitlines()[-1] if tb.strip() else ""
         return WorkerError(f"worker {rank} ({where}) failed: {last}\n{tb}", rank=rank, stage=stage,
                            action=action, worker_traceback=tb)
-
-    def _died_silently(self, ended: set[int], reported: set[int],
-                       results: dict[int, WorkerResult]) -> tuple[int, int] | None:
-        """``(rank, exit code)`` of a worker whose pipe closed without a result or an error, else None."""
-        for rank in sorted(ended - reported - set(results)):
-            p = self._procs[rank]
-            p.join(2.0)
-            return rank, -1 if p.exitcode is None else int(p.exitcode)
-        return None
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:
