@@ -6,6 +6,7 @@ than its memory floor. Deterministic: candidates are ordered by (bound, key). do
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import sys
@@ -213,29 +214,23 @@ def _plans(profile: Profile, cluster: Cluster, need: set[str], optimizer: str) -
             cuts: dict[str, list[int]] = {"uniform": uniform_cuts(n, S)}
             sizes = balance_by_time(S, times)
             cuts["balanced"] = [sum(sizes[:i]) for i in range(1, S)]
-            try:
+            with contextlib.suppress(ValueError, ScheduleError):
                 ps = partition(profile, cluster, "prefix-sum", stages=S, optimizer=optimizer,
                                memory_limit=math.inf)
                 cuts["prefix-sum"] = [st.start for st in ps.stages[1:]]
-            except (ValueError, ScheduleError):
-                pass
             for name in SPLITS:
                 if name in cuts:
                     add(name, Plan.from_boundaries(n, cuts[name], reps, method=name, batch_size=bs))
         for straight in (False, True):
-            try:
+            with contextlib.suppress(ValueError, ScheduleError):
                 add("pipedream" if not straight else "pipedream-straight",
                     partition(profile, cluster, "pipedream", straight=straight, optimizer=optimizer,
                               memory_limit=math.inf))
-            except (ValueError, ScheduleError):
-                pass
     if "dp" in need:
         add("dp", Plan.from_boundaries(n, [], [W], method="dp", batch_size=bs))
     if "hetpipe" in need:
-        try:
+        with contextlib.suppress(ValueError, ScheduleError):
             add("hetpipe", partition(profile, cluster, "hetpipe", optimizer=optimizer, memory_limit=math.inf))
-        except (ValueError, ScheduleError):
-            pass
     return out
 
 

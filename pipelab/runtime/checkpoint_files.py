@@ -10,6 +10,7 @@ file that does not match its hash. Checkpoints are taken at drained points (docs
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -48,12 +49,9 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def write_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, state: dict[str, Any], *,

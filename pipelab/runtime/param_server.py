@@ -9,6 +9,7 @@ reference. One :class:`WSPServer` shard per stage; :func:`serve` runs them behin
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -256,10 +257,8 @@ class WSPClient:
 
     def stop(self) -> None:
         """Tell the server this worker is done."""
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.conn.send(("stop",))
-        except (BrokenPipeError, OSError):
-            pass
 
 
 def events_from_trace(trace: Any) -> list[WSPEvent]:
