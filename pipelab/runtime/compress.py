@@ -106,9 +106,8 @@ def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32
     return numel * 2 if name in _CAST else numel * 1 + 4
 
 
-def compression_ratio(
-    codec: str | None, dtype: torch.dtype = torch.float32, numel: int | None = None
-) -> float:
+def compression_ratio(codec: str | None, dtype: torch.dtype = torch.float32,
+                      numel: int | None = None) -> float:
     """Uncompressed bytes over wire bytes: asymptotic, or exact for ``numel`` (int8's scale included)."""
     name = check_codec(codec)
     size = torch.empty((), dtype=dtype).element_size()

@@ -26,14 +26,9 @@ def delayed_rule(minibatch: int, delay: int, segments: Sequence[int] | None = No
     return max(start, minibatch - delay)
 
 
-def assign_versions(
-    rule: str,
-    actions: Sequence[Sequence[Action]],
-    stage_ranks: Sequence[Sequence[int]],
-    M: int,
-    delay: int = 0,
-    segments: Sequence[int] | None = None,
-) -> tuple[tuple[int, ...], ...]:
+def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks: Sequence[Sequence[int]],
+                    M: int, delay: int = 0, segments: Sequence[int] | None = None
+                    ) -> tuple[tuple[int, ...], ...]:
     """The weight version each action reads (F, B, W) or produces (U: the stage's ``U``'s so far on the
     worker) under ``rule``: ``"stash"``, ``"vertical"``, ``"latest"``, ``"delay"`` or ``"single"``."""
     input_version: dict[int, int] = {}
