@@ -41,9 +41,7 @@ class WorkerResult:
     losses: dict[int, float]                    # minibatch -> its part of the loss (last stage)
     versions_held: dict[int, int]               # stage -> most weight versions held at once
     weight_bytes: dict[int, int]                # stage -> most bytes of weight versions held
-    # measure_memory=True (pipelab.runtime.memory): the peak (CUDA allocator's in a CUDA worker process,
-    # else the storage count), the storage count's peak, the same without messages (the simulator's
-    # terms), its parts at the peak, and (action, bytes) after each
+    # measure_memory=True: RunResult's fields of these names (the peak is the CUDA allocator's on a GPU)
     peak_memory: int = 0
     peak_held: int = 0
     peak_state: int = 0
@@ -104,7 +102,6 @@ class Worker(Checkpointing):
                 vw = self.job.schedule.stage_ranks[s].index(self.rank)
                 st.policy.attach(make_endpoint(s, vw))
 
-    # ------------------------------------------------------------------ messages
     def _wire(self, members: list[TensorSpec]) -> list[TensorSpec]:
         """The tensors that travel for a message of ``members`` (compressed payloads, if any)."""
         if self.codec is None:
@@ -190,7 +187,6 @@ class Worker(Checkpointing):
             out.append(keys)
         return out
 
-    # ------------------------------------------------------------------ F / B / W
     def run(self, i: int, received: list[list[torch.Tensor]]) -> tuple[list[Send], int]:
         """Execute ``F``/``B``/``W`` action ``i``; returns (messages to send, weight version read)."""
         a = self.actions[i]
@@ -323,7 +319,6 @@ class Worker(Checkpointing):
                 p.grad.add_(t.grad)
             t.grad = None
 
-    # ------------------------------------------------------------------ U
     def begin_update(self, i: int) -> torch.Tensor | None:
         """Start update action ``i``: the flattened gradients to sum over replicas (None if unreplicated)."""
         a = self.actions[i]
@@ -375,7 +370,6 @@ class Worker(Checkpointing):
         if self.meter is not None:
             self.meter.sample(i)
 
-    # ------------------------------------------------------------------ results
     def result(self) -> WorkerResult:
         """What the parent needs at the end: weights (replica 0 only), loss parts, versions held."""
         owned = [st for s, st in self.stages.items() if self.job.schedule.stage_ranks[s][0] == self.rank]
