@@ -50,10 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         prof = load_profile(args.profile, args)
         cluster = parse_cluster(args.cluster)
-        if args.plan:
-            plan = Plan.load(args.plan)
-        else:
-            plan = partition(prof, cluster, method=args.partition or methods.get(args.method).partitioner)
+        plan = Plan.load(args.plan) if args.plan else \
+            partition(prof, cluster, method=args.partition or methods.get(args.method).partitioner)
         opts: dict[str, Any] = {k: v for k, v in (("chunks", args.chunks), ("versions", args.versions))
                                 if v is not None}
         if args.vertical_sync:

@@ -179,10 +179,7 @@ class Prices:
             return fixed, self.overhead_s("W")
         wgt = float(self.pw[end] - self.pw[start]) / full          # weight-gradient share
         first_in = float(self.pb[start + 1] - self.pb[start] - (self.pw[start + 1] - self.pw[start])) / full
-        if start == 0:
-            b_in, w = 0.0, b
-        else:
-            b_in, w = b * (1 - wgt), b * (1 - first_in)
+        b_in, w = (0.0, b) if start == 0 else (b * (1 - wgt), b * (1 - first_in))
         return b_in + fixed, w + self.overhead_s("W")
 
     def param_bytes(self, start: int, end: int) -> int:

@@ -210,10 +210,8 @@ class Worker(Checkpointing):
             return st.module(*xs) if w is None else st.reparam(w, *xs)
 
         with torch.set_grad_enabled(grad), (self.meter.saving() if self.meter else nullcontext()):
-            if self.recompute:    # keep only the stage's inputs; recompute activations in backward
-                out = run_maybe_checkpointed(fn, tuple(inputs), True)
-            else:
-                out = fn(*inputs)
+            # recompute: keep only the stage's inputs; recompute activations in backward
+            out = run_maybe_checkpointed(fn, tuple(inputs), self.recompute)
             if st.is_last:
                 assert self.feed is not None
                 loss = self.job.loss_fn(out, self.feed.targets(m)) / self.job.microbatches

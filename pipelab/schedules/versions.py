@@ -52,10 +52,7 @@ def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks:
             elif rule == "delay":
                 v = delayed_rule(a.microbatch // M, delay, segments)
             elif a.kind == "F":
-                if rule == "vertical" and a.stage != 0:
-                    v = input_version.get(a.microbatch, cur)
-                else:
-                    v = cur
+                v = input_version.get(a.microbatch, cur) if rule == "vertical" and a.stage != 0 else cur
             else:
                 v = f_read.get((a.stage, a.microbatch), cur)
             if a.kind == "F":
