@@ -90,7 +90,7 @@ def _allreduce_sweep(rank: int, sizes: Sequence[int], repeats: int) -> list[tupl
                 buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
                 dist.barrier()
                 if rank < p:
-                    dist.all_reduce(buf, group=g)   # warm-up
+                    dist.all_reduce(buf, group=g)
                     ts = []
                     for _ in range(max(_trips(n), AR_TRIPS)):
                         _compute(BUSY_S)

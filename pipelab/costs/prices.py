@@ -116,9 +116,9 @@ class Prices:
         # weight-gradient part of each backward (half where the profiler did not measure it)
         w = np.array([layer.bwd_s / 2 if layer.wgrad_s is None else layer.wgrad_s for layer in layers])
         sums: dict[str, Any] = {"pf": f * kf, "pb": b * kb, "pw": w * kb, "pp": p, "pa": act,
-                                "qf": [layer.fwd_fixed_s * kf for layer in layers],   # fixed parts
+                                "qf": [layer.fwd_fixed_s * kf for layer in layers],
                                 "qb": [layer.bwd_fixed_s * kb for layer in layers],
-                                "pt": [layer.param_tensors or 0 for layer in layers]}   # tensors, for U
+                                "pt": [layer.param_tensors or 0 for layer in layers]}
         for name, values in sums.items():
             object.__setattr__(self, name, np.concatenate([np.zeros(1), np.cumsum(values)]))
         object.__setattr__(self, "cuts", np.array(self.profile.cut_bytes, dtype=np.float64))

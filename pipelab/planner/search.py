@@ -347,7 +347,7 @@ def _progress(total: int, progress: bool | Callable[[int, int], None]) -> Callab
         return lambda done: progress(done, total)
     if not progress:
         return lambda done: None
-    from tqdm.auto import tqdm  # optional heavy import (notebook widget or terminal bar)
+    from tqdm.auto import tqdm
     bar = tqdm(total=total, desc="planning", unit="candidate", file=sys.stderr, leave=False)
 
     def step(done: int) -> None:

@@ -121,7 +121,7 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
         for s, n in r.versions_held.items():
             held[int(s)] = max(held.get(int(s), 0), int(n))
     memory: dict[str, Any] = {}
-    if job.runtime.measure_memory:    # per rank, copied
+    if job.runtime.measure_memory:
         memory = {k: {r.rank: copy.copy(getattr(r, k)) for r in sorted(results, key=lambda r: r.rank)}
                   for k in ("peak_memory", "peak_held", "peak_state", "memory_breakdown", "memory_timeline")}
     expected = job.state_keys or tuple(state)
@@ -327,7 +327,7 @@ class Run:
         conns: list[Any] = [None] * self.job.world_size
         match = p2p_match(self.job.backend)   # read here: a fork server keeps the environment it started with
         try:
-            if methods.get(self.job.method).weights == "wsp":   # HetPipe: start the parameter server
+            if methods.get(self.job.method).weights == "wsp":
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
                 r, w = ctx.Pipe(duplex=False)
@@ -477,7 +477,7 @@ class Run:
 
     def _cause(self, errors: list[Any], results: dict[int, WorkerResult], ended: set[int]) -> WorkerError:
         """The first fault: a worker that died without a word, else the error raised first (stamped time)."""
-        silent = sorted(ended - {e[1] for e in errors} - set(results))   # pipe closed without a word
+        silent = sorted(ended - {e[1] for e in errors} - set(results))
         first = min(errors, default=None)
         if silent:
             d_rank = silent[0]

@@ -28,7 +28,7 @@ def split_sizes(total: int, every: int) -> list[int]:
 def aligned_sizes(start: int, total: int, every: int) -> list[int]:
     """Segment lengths for minibatches ``start .. start + total - 1`` of a run drained after every
     global multiple of ``every`` (a resumed run whose checkpoint step ``start`` is not one)."""
-    split_sizes(1, every)   # checks ``every``
+    split_sizes(1, every)
     if start < 0:
         raise ScheduleError(f"start={start} must be >= 0")
     head = min((-start) % every, total)

@@ -53,7 +53,7 @@ class SimResult(Described):
     throughput: float                     # samples per second (minibatch / time_per_minibatch)
     utilization: tuple[float, ...]        # per worker: busy fraction of the measured window
     bubble_fraction: tuple[float, ...]    # per worker: 1 - utilization
-    peak_memory: tuple[int, ...]          # per worker
+    peak_memory: tuple[int, ...]
     memory_timeline: dict[int, list[tuple[float, int]]] = field(default_factory=dict, repr=False)
     window: tuple[float, float] = (0.0, 0.0)   # the measured interval (steady state for async methods)
     batch_size: int = 1
