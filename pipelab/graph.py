@@ -112,13 +112,10 @@ def live_across_cuts(gm: fx.GraphModule) -> list[list[str]]:
             produced_at[n.name] = -1
         elif n.op in LAYER_OPS:
             produced_at[n.name] = pos[n.name]
+        user_pos = pos[n.name] if n.op in LAYER_OPS else (n_layers if n.op == "output" else None)
         for inp in n.all_input_nodes:
-            if not _is_value(inp):
-                continue
-            user_pos = pos[n.name] if n.op in LAYER_OPS else (n_layers if n.op == "output" else None)
-            if user_pos is None:
-                continue
-            last_use[inp.name] = max(last_use.get(inp.name, -1), user_pos)
+            if user_pos is not None and _is_value(inp):
+                last_use[inp.name] = max(last_use.get(inp.name, -1), user_pos)
     order = [n.name for n in gm.graph.nodes if _is_value(n)]
     return [[v for v in order if produced_at[v] <= i < last_use.get(v, -2)] for i in range(n_layers - 1)]
 
