@@ -255,16 +255,6 @@ def optimizer_steps(param_bytes: Sequence[int], repeats: int,
     return out
 
 
-def per_call(fn: Any, calls: int) -> float:
-    """Seconds per call of ``fn`` after a quarter as many warm-up calls."""
-    for _ in range(calls // 4):
-        fn()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls
-
-
 def memory_copy(nbytes: int, repeats: int) -> list[float]:
     """Bytes per second of ``dst.copy_(src)`` of ``nbytes`` (read plus write), one per repeat."""
     src = torch.ones(max(nbytes // 4, 1))
@@ -278,4 +268,4 @@ def memory_copy(nbytes: int, repeats: int) -> list[float]:
     return out
 
 
-__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "optimizer_steps", "p2p_and_allreduce", "per_call"]
+__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]
