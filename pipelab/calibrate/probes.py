@@ -173,39 +173,6 @@ def _reap(*procs: Any) -> None:
             p.join()
 
 
-def _worker_call(fn_name: str, args: tuple[Any, ...], queue: Any) -> None:
-    """Body of :func:`in_worker`: one thread, glibc tuned as the runtime's workers have it."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    try:
-        from pipelab.runtime.options import tune_malloc
-
-        tune_malloc()
-        queue.put(("ok", globals()[fn_name](*args)))
-    except BaseException:
-        queue.put(("error", traceback.format_exc()))
-
-
-def in_worker(fn_name: str, *args: Any, timeout: float = 120.0) -> Any:
-    """``fn_name(*args)`` (a probe of this module) in a fresh process set up like a runtime worker (one
-    thread, :func:`~pipelab.runtime.options.tune_malloc`), so a probe pays what a worker pays; a failure
-    or a hang raises ``RuntimeError``."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_worker_call, args=(fn_name, args, queue), daemon=True)
-    proc.start()
-    try:
-        status, payload = queue.get(timeout=timeout)
-    except Exception:
-        raise RuntimeError(f"calibration probe {fn_name}: no result within {timeout:.0f} s "
-                           f"(exit code {proc.exitcode})") from None
-    finally:
-        _reap(proc)
-    if status != "ok":
-        raise RuntimeError(f"calibration probe {fn_name} failed:\n{payload}")
-    return payload
-
-
 #: parameter tensors per set in the optimizer sweep: few large ones, and many (a model's biases, norms)
 TENSOR_COUNTS = (4, 32)
 

@@ -119,9 +119,4 @@ def _node_traces(profile: Profile, plan: Plan, g: nx.DiGraph, pos: dict[int, tup
     return out
 
 
-def stage_colors(plan: Plan) -> list[str]:
-    """The colour each stage gets in :func:`partition_graph` (and other views)."""
-    return [PALETTE[s.index % len(PALETTE)] for s in plan.stages]
-
-
-__all__ = ["layer_graph", "layered_positions", "partition_graph", "stage_colors"]
+__all__ = ["layer_graph", "layered_positions", "partition_graph"]
