@@ -38,10 +38,8 @@ class LayerTracer(fx.Tracer):
 
 def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
           depth: int | None = None) -> fx.GraphModule:
-    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity.
-
-    Raises ``TypeError`` with advice when fx cannot trace the model (data-dependent control flow).
-    """
+    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity; ``TypeError`` with advice when fx
+    cannot trace it (data-dependent control flow)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
     if depth is not None and depth < 1:

@@ -229,8 +229,7 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
                         workers: Sequence[int] | None = None, hierarchical: bool = True) -> Plan:
     """PipeDream's plan: the fastest predicted of the DP's layouts (flat, per block of each inner level
     with ``hierarchical``, straight) and data parallelism. ``workers``: a regular subset of the
-    cluster; ``straight``: one worker per stage.
-    """
+    cluster; ``straight``: one worker per stage."""
     cm2 = replace(cm, cluster=cm.cluster.subset(workers)) if workers is not None else cm
     Wall = cm2.cluster.num_workers
     # the best straight pipeline, once: the flat searches' bound and the straight refinement's second start

@@ -119,10 +119,8 @@ class Plan(Described):
         raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
 
     def validate(self, profile: Any = None) -> None:
-        """Raise ``ValueError`` saying what is wrong unless the stages tile ``[0, num_layers)``.
-
-        With ``profile``, also check that the plan was made for that profile's layers.
-        """
+        """Raise ``ValueError`` saying what is wrong unless the stages tile ``[0, num_layers)`` (with
+        ``profile``: and the plan was made for that profile's layers)."""
         if not self.stages:
             raise ValueError("a Plan needs at least one stage")
         if self.num_layers < 1:
@@ -158,10 +156,8 @@ class Plan(Described):
     def from_boundaries(cls, num_layers: int, boundaries: Sequence[int],
                         replicas: Sequence[int] | None = None, *, method: str = "manual", batch_size: int = 1,
                         **kw: Any) -> Plan:
-        """A plan from cut points: ``boundaries=[3, 5]`` on 8 layers gives stages [0,3) [3,5) [5,8).
-
-        ``replicas`` (default all 1) gives each stage's replica count; ranks are assigned in order.
-        """
+        """A plan from cut points (``boundaries=[3, 5]`` on 8 layers: stages [0,3) [3,5) [5,8)); ``replicas``
+        (default all 1) per stage, ranks assigned in order."""
         cuts = [0, *[int(b) for b in boundaries], num_layers]
         if any(b <= a for a, b in zip(cuts, cuts[1:])):
             raise ValueError(f"boundaries {list(boundaries)} must be strictly increasing inside "

@@ -200,10 +200,8 @@ class Sealer:
         self.sealed.append(int(step))
 
     def seal(self, step: int, hashes: dict[int, str] | None = None) -> Path:
-        """Write ``step``'s manifest (``hashes``: rank -> sha256, else read); prune to ``keep`` newest.
-
-        Raises ``FileNotFoundError`` naming the ranks whose file is missing.
-        """
+        """Write ``step``'s manifest (``hashes``: rank -> sha256, else read); prune to ``keep`` newest;
+        ``FileNotFoundError`` names the ranks whose file is missing."""
         d = step_dir(self.root, step)
         missing = [r for r in range(self.n) if not (d / f"rank-{r}.pt").exists()]
         if missing:

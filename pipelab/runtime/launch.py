@@ -214,10 +214,8 @@ class Run:
             return list(self._events)
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        """Block until the job ends; return its result or raise :class:`WorkerError`.
-
-        Ctrl-C while waiting cancels the job (every worker is killed) and re-raises.
-        """
+        """Block until the job ends; return its result or raise :class:`WorkerError` (Ctrl-C while
+        waiting cancels the job, every worker killed, and re-raises)."""
         try:
             deadline = None if timeout is None else time.time() + timeout
             while self._thread.is_alive():

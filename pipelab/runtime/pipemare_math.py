@@ -67,10 +67,8 @@ class PipeMareConfig:
 
 
 class PipeMareState:
-    """One stage's delta EMA and learning-rate factor.
-
-    Per step: ``lr_factor(step)`` before, ``observe(before, after)`` after; ``backward_params`` for B.
-    """
+    """One stage's delta EMA and learning-rate factor: per step ``lr_factor(step)`` before,
+    ``observe(before, after)`` after; ``backward_params`` for B."""
 
     def __init__(self, params: Iterable[torch.Tensor], tau_fwd: int, tau_bwd: int,
                  config: PipeMareConfig | None = None) -> None:

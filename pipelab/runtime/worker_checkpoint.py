@@ -77,10 +77,8 @@ class Checkpointing:
         return self._ckpt_points
 
     def maybe_checkpoint(self, i: int) -> None:
-        """After update ``i``: save if it is this worker's last action before a checkpoint step.
-
-        HetPipe saves after the wave's pull, so the weights saved are the server's global weights.
-        """
+        """After update ``i``: save if it is this worker's last action before a checkpoint step (HetPipe
+        saves after the wave's pull, so the weights saved are the server's global weights)."""
         step = self._checkpoint_points().get(i) if self.job.runtime.checkpoint_every else None
         if step is None:
             return
@@ -97,10 +95,8 @@ class Checkpointing:
             p.after_pull = pulled  # type: ignore[attr-defined]
 
     def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
-        """Write this worker's file of ``step`` and report it to ``on_saved`` (the run's sealer).
-
-        A non-finite state is not written, so the step is never sealed (``on_nonfinite="raise"`` raises).
-        """
+        """Write this worker's file of ``step`` and report it to ``on_saved`` (the run's sealer); a
+        non-finite state is not written, so the step is never sealed (``on_nonfinite="raise"`` raises)."""
         root = self.job.runtime.checkpoint_dir
         assert root is not None     # RuntimeOptions.from_options requires it with checkpoint_every
         plan, method = self.job.plan, self.job.schedule.method

@@ -48,10 +48,8 @@ def _fmt_bytes(n: float) -> str:
 
 
 def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -> go.Figure:
-    """Draw ``profile``'s layer graph with nodes coloured by ``plan``'s stages.
-
-    Raises ``ValueError`` (from ``plan.validate(profile)``) when the plan was made for another model.
-    """
+    """Draw ``profile``'s layer graph with nodes coloured by ``plan``'s stages (``ValueError``, from
+    ``plan.validate(profile)``, when the plan was made for another model)."""
     if not isinstance(profile, Profile) or not isinstance(plan, Plan):
         raise TypeError(f"partition_graph(profile, plan) takes a Profile and a Plan; got "
                         f"{type(profile).__name__} and {type(plan).__name__}")
