@@ -1,7 +1,6 @@
 """The fits behind calibration: least squares relative to each time (small messages weigh as much as
 large ones), clipped at 0, each returned with its relative RMS residual. The ring all-reduce is
-``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009).
-"""
+``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Calibrate this machine: run every measurement ``repeats`` rounds, fit the terms (medians kept,
 spreads recorded), and return a one-switch cluster whose link is the measured path, saved atomically
-with its provenance. The terms are listed in docs/cost_model.md.
-"""
+with its provenance. The terms are listed in docs/cost_model.md."""
 
 from __future__ import annotations
 

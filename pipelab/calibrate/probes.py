@@ -1,7 +1,6 @@
 """The raw measurements behind calibration: messages and all-reduces between worker processes set up
 as the runtime's, optimizer steps, a memory copy. Every process is reaped; one that fails or outlives
-``timeout`` ends the measurement with an error naming its rank.
-"""
+``timeout`` ends the measurement with an error naming its rank."""
 
 from __future__ import annotations
 
