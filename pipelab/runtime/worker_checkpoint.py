@@ -123,17 +123,11 @@ class Checkpointing:
             sealer.seal(step)
 
 
-def manifest_extra(job: Job) -> dict[str, Any]:
-    """What a manifest records beyond the files: ``drain_every`` of a drained asynchronous schedule."""
-    every = job.runtime.checkpoint_every
-    return {"drain_every": every} if job.schedule.options.get("segments") else {}
-
-
 def sealer_for(job: Job) -> ckpt.Sealer | None:
     """The coordinator that seals ``job``'s checkpoints (``None`` when it takes none)."""
     rt = job.runtime
     if not rt.checkpoint_every or rt.checkpoint_dir is None:
         return None
+    drained = {"drain_every": rt.checkpoint_every} if job.schedule.options.get("segments") else {}
     return ckpt.Sealer(rt.checkpoint_dir, plan=job.plan, method=job.schedule.method,
-                       num_workers=job.world_size, run_id=job.run_id, extra=manifest_extra(job),
-                       keep=rt.checkpoint_keep)
+                       num_workers=job.world_size, run_id=job.run_id, extra=drained, keep=rt.checkpoint_keep)
