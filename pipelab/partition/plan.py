@@ -51,13 +51,6 @@ class Stage:
         return self.end - self.start
 
 
-def config_string(replicas: Sequence[int]) -> str:
-    """The paper's notation for a list of per-stage replica counts."""
-    if len(replicas) == 1:
-        return str(replicas[0])
-    return "straight" if all(r == 1 for r in replicas) else "-".join(str(r) for r in replicas)
-
-
 @dataclass(frozen=True, repr=False)
 class Plan(Described):
     """A partition of a profile's layers into stages, with the partitioner's predictions."""
@@ -97,7 +90,10 @@ class Plan(Described):
     @property
     def config(self) -> str:
         """Paper notation: ``"15-1"``, ``"straight"`` or ``"16"``."""
-        return config_string(self.replicas)
+        reps = self.replicas
+        if len(reps) == 1:
+            return str(reps[0])
+        return "straight" if all(r == 1 for r in reps) else "-".join(str(r) for r in reps)
 
     @property
     def noam(self) -> int:

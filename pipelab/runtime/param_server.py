@@ -261,19 +261,14 @@ class WSPClient:
             self.conn.send(("stop",))
 
 
-def events_from_trace(trace: Any) -> list[WSPEvent]:
-    """The ``push``/``pull`` events of a HetPipe run's trace as :class:`WSPEvent` (VW = replica index)."""
+def check_trace(trace: Any, staleness: int) -> int:
+    """:func:`check_staleness` on a run's trace: the largest lead of a VW at a pull."""
     ranks = trace.meta.get("stage_ranks")
     if not ranks:
         raise ValueError("the trace has no meta['stage_ranks']; pass a trace from pl.train(method='hetpipe')")
-    out = [WSPEvent(e.start_s, e.kind, e.stage, list(ranks[e.stage]).index(e.worker), e.microbatch,
-                    e.weight_version) for e in trace.events if e.kind in ("push", "pull")]
-    return sorted(out, key=lambda e: e.t)
-
-
-def check_trace(trace: Any, staleness: int) -> int:
-    """:func:`check_staleness` on a run's trace: the largest lead of a VW at a pull."""
-    evs = events_from_trace(trace)
+    evs = sorted((WSPEvent(e.start_s, e.kind, e.stage, list(ranks[e.stage]).index(e.worker), e.microbatch,
+                           e.weight_version) for e in trace.events if e.kind in ("push", "pull")),
+                 key=lambda e: e.t)    # the push/pull events, VW = replica index
     if not evs:
         raise ValueError("the trace has no push/pull events; is it a hetpipe run with a full wave?")
-    return check_staleness(evs, len(trace.meta["stage_ranks"][0]), staleness)
+    return check_staleness(evs, len(ranks[0]), staleness)
