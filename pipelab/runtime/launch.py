@@ -7,6 +7,7 @@ is raised as a :class:`WorkerError` naming rank, stage and action, and every wor
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
@@ -164,7 +165,12 @@ class Run:
         self._rendezvous: Rendezvous | None = None
         self._timer: threading.Timer | None = None
         self._t0 = time.time()
-        self._bar = _progress_bar(job.steps, progress)
+        self._bar: Any = None
+        if progress:
+            with contextlib.suppress(ImportError):
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=job.steps, desc="train", unit="step")
         self._last_stage_steps: set[int] = set()
         self._take_checkpoint_folders()
         try:
@@ -493,16 +499,6 @@ class Run:
         last = tb.strip().splitlines()[-1] if tb.strip() else ""
         return WorkerError(f"worker {rank} ({where}) failed: {last}\n{tb}", rank=rank, stage=stage,
                            action=action, worker_traceback=tb)
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="train", unit="step")
 
 
 def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
