@@ -298,10 +298,7 @@ def choose_resume(path: str | os.PathLike[str], *, fallback: bool = True) -> Pat
     if (p / "manifest.json").exists():
         verify(p)
         return p
-    cps = list_checkpoints(p)
-    if not cps:
-        raise FileNotFoundError(f"{p} holds no complete checkpoint (no step-*/manifest.json); pass a folder "
-                                "written with checkpoint_every=..., checkpoint_dir=...")
+    cps = list_checkpoints(p) or [resolve(p)]    # resolve raises: no complete checkpoint there
     for i, d in enumerate(reversed(cps)):
         try:
             verify(d)
