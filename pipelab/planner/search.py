@@ -504,11 +504,15 @@ class _Simulation:
         except (ScheduleError, ValueError) as exc:
             return {"status": f"error: {str(exc).splitlines()[0][:120]}"}, None
         synchronous = registry.get(c.method).synchronous
-        peak = list(res.peak_memory)
-        if synchronous:
-            peak = _with_optimizer_state(res, self.cm, c, peak)
-        if c.recompute:
-            peak = _recompute_peak(res, self.cm, c, peak)
+        peak, cm = list(res.peak_memory), self.cm
+        hosted = _hosted(res, cm, c) if synchronous or c.recompute else []
+        if synchronous:   # the optimizer state a flushed method's first update allocates (torch: lazily)
+            peak = [p + sum(int(cm.state_factor * cm.param_bytes(a, e)) for a, e in ranges)
+                    for p, ranges in zip(peak, hosted)]
+        if c.recompute:   # one microbatch's activations of the worker's largest stage
+            M = 1 if registry.get(c.method).order == "dp" else c.microbatches
+            peak = [p + max((cm.activation_bytes(a, e, M) for a, e in ranges), default=0)
+                    for p, ranges in zip(peak, hosted)]
         W = self.cluster.num_workers
         fits = all(p <= self.limit[w] for w, p in enumerate(peak) if w < W)
         versions, delay = _staleness(res, synchronous)
@@ -530,20 +534,6 @@ def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int,
     plan_ = c.plan if c.chunks is None else virtual_plan(c.plan, cm.profile, c.chunks)
     return [[(plan_.stages[s].start, plan_.stages[s].end) for s in sch.stages_of(w)]
             for w in range(sch.num_workers)]
-
-
-def _with_optimizer_state(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]) -> list[int]:
-    """Add the optimizer state a flushed method's first update allocates (torch does so lazily), which
-    every later minibatch holds throughout (the simulation covers one minibatch)."""
-    return [p + sum(int(cm.state_factor * cm.param_bytes(a, e)) for a, e in ranges)
-            for p, ranges in zip(peak, _hosted(res, cm, c))]
-
-
-def _recompute_peak(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]) -> list[int]:
-    """Add to each worker's simulated peak one microbatch's activations of its largest stage."""
-    M = 1 if registry.get(c.method).order == "dp" else c.microbatches
-    return [p + max((cm.activation_bytes(a, e, M) for a, e in ranges), default=0)
-            for p, ranges in zip(peak, _hosted(res, cm, c))]
 
 
 def _rank(table: pd.DataFrame) -> pd.DataFrame:
