@@ -6,6 +6,7 @@ fsynced, renamed over the target), so a crash never leaves a half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -31,23 +32,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     return target
 
 
 def _umask() -> int:
     """The process umask, read without changing it where the OS allows (Linux), else set-and-restore."""
-    try:
+    with contextlib.suppress(OSError):
         with open("/proc/self/status", encoding="ascii") as fh:
             for line in fh:
                 if line.startswith("Umask:"):
                     return int(line.split()[1], 8)
-    except OSError:
-        pass
     current = os.umask(0o022)
     os.umask(current)
     return current

@@ -1,6 +1,5 @@
 """A minibatch split into microbatches: the one default count ``M`` and the one divisibility check,
-which every entry point taking a microbatch count uses. Invariant: ``M`` divides the batch ``B``.
-"""
+which every entry point taking a microbatch count uses. Invariant: ``M`` divides the batch ``B``."""
 
 from __future__ import annotations
 

@@ -390,11 +390,8 @@ class Cluster(Described):
         lines = [f"Cluster {self.name!r}: {self.num_workers} workers: {devs}"]
         for k, lv in enumerate(self.levels):
             up = f", {lv.uplinks} uplinks" if lv.uplinks > 1 else ""
-            via = ""
-            if lv.p2p_bandwidth is not None:
-                via += f", transfers at {lv.p2p_bandwidth / GB:.3g} GB/s"
-            if lv.allreduce_bandwidth is not None:
-                via += f", all-reduce bus {lv.allreduce_bandwidth / GB:.3g} GB/s"
+            rates = (("transfers at", lv.p2p_bandwidth), ("all-reduce bus", lv.allreduce_bandwidth))
+            via = "".join(f", {what} {bw / GB:.3g} GB/s" for what, bw in rates if bw is not None)
             lines.append(f"  level {k} {lv.name}: {lv.size} per block, {lv.bandwidth / GB:.3g} GB/s "
                          f"({lv.bandwidth * 8 / 1e9:.3g} Gbps), latency {lv.latency * 1e6:.3g} us{up}{via}")
         if self.allreduce_ring == "flat":

@@ -203,7 +203,7 @@ def explain(trace: Trace | Any, schedule: Schedule | None = None, *,
     trace, schedule, slowdown = _inputs(trace, schedule, slowdown)
     nw = schedule.num_workers
     comp = _compute_events(trace, schedule)
-    level2 = {k: e.end_s - e.start_s for k, e in comp.items()}   # every action as measured
+    level2 = {k: e.end_s - e.start_s for k, e in comp.items()}
     level0, level1 = _typical_durations(level2, slowdown)
     lat = _latencies(trace, comp, schedule)
 

@@ -38,10 +38,8 @@ class LayerTracer(fx.Tracer):
 
 def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
           depth: int | None = None) -> fx.GraphModule:
-    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity.
-
-    Raises ``TypeError`` with advice when fx cannot trace the model (data-dependent control flow).
-    """
+    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity; ``TypeError`` with advice when fx
+    cannot trace it (data-dependent control flow)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
     if depth is not None and depth < 1:
@@ -91,11 +89,6 @@ def layer_nodes(gm: fx.GraphModule) -> list[fx.Node]:
     return [members[0] for members in layer_members(gm)]
 
 
-def layer_index(gm: fx.GraphModule) -> dict[str, int]:
-    """The layer each layer node belongs to: node name -> layer index (heads and getitems alike)."""
-    return {n.name: i for i, members in enumerate(layer_members(gm)) for n in members}
-
-
 def _is_value(n: fx.Node) -> bool:
     return n.op in LAYER_OPS or n.op == "placeholder"
 
@@ -103,7 +96,7 @@ def _is_value(n: fx.Node) -> bool:
 def live_across_cuts(gm: fx.GraphModule) -> list[list[str]]:
     """For each boundary ``i`` (after layer ``i``), the values produced at or before layer ``i`` (inputs
     included) and used after it or by the output, in graph order."""
-    pos = layer_index(gm)
+    pos = {n.name: i for i, members in enumerate(layer_members(gm)) for n in members}   # heads and getitems
     n_layers = len(set(pos.values()))
     last_use: dict[str, int] = {}
     produced_at: dict[str, int] = {}
@@ -112,23 +105,12 @@ def live_across_cuts(gm: fx.GraphModule) -> list[list[str]]:
             produced_at[n.name] = -1
         elif n.op in LAYER_OPS:
             produced_at[n.name] = pos[n.name]
+        user_pos = pos[n.name] if n.op in LAYER_OPS else (n_layers if n.op == "output" else None)
         for inp in n.all_input_nodes:
-            if not _is_value(inp):
-                continue
-            user_pos = pos[n.name] if n.op in LAYER_OPS else (n_layers if n.op == "output" else None)
-            if user_pos is None:
-                continue
-            last_use[inp.name] = max(last_use.get(inp.name, -1), user_pos)
+            if user_pos is not None and _is_value(inp):
+                last_use[inp.name] = max(last_use.get(inp.name, -1), user_pos)
     order = [n.name for n in gm.graph.nodes if _is_value(n)]
     return [[v for v in order if produced_at[v] <= i < last_use.get(v, -2)] for i in range(n_layers - 1)]
-
-
-def inputs_of_range(gm: fx.GraphModule, start: int, end: int) -> list[str]:
-    """The values entering layer range ``[start, end)``: the whole live set at its start (values a later
-    stage needs pass through), the model's inputs for ``start == 0``."""
-    if start == 0:
-        return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    return live_across_cuts(gm)[start - 1]
 
 
 class StageModule(nn.Module):
@@ -143,7 +125,9 @@ class StageModule(nn.Module):
             raise ValueError(f"stage layer range [{start}, {end}) is outside the model's 0..{n} layers")
         cuts = live_across_cuts(gm)
         self.start, self.end, self.is_last = start, end, end == n
-        self.input_names = inputs_of_range(gm, start, end)
+        # the whole live set at the start (values a later stage needs pass through), or the model's inputs
+        self.input_names = cuts[start - 1] if start else \
+            [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         self.output_names = [] if self.is_last else cuts[end - 1]
         # copying in graph order keeps every node after its inputs
         selected = {n.name for group in members[start:end] for n in group}

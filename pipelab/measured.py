@@ -32,10 +32,6 @@ def _finite(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
-
-
 def _need(ok: bool, problem: str) -> None:
     if not ok:
         raise ValueError(f"calibration: {problem}")
@@ -69,10 +65,7 @@ class HostEffects:
         bad = sorted(set(terms) - set(HOST_TERMS))
         if bad:
             raise ValueError(f"unknown host terms {bad}; use {', '.join(HOST_TERMS)}")
-        neutral: dict[str, Any] = {}
-        for t in terms:
-            neutral.update(_NEUTRAL[t])
-        return replace(self, **neutral)
+        return replace(self, **{k: v for t in terms for k, v in _NEUTRAL[t].items()})
 
     def crossing_s(self, interleaved: bool = False) -> float:
         """The crossing stall of a schedule (``interleaved``: one with virtual stages)."""
@@ -133,14 +126,14 @@ class Calibration(Described):
     def __post_init__(self) -> None:
         for name in ("p2p_latency_s", "allreduce_latency_s"):
             v = getattr(self, name)
-            _need(_number(v) and v >= 0, f"{name}={v!r} must be a finite number >= 0 seconds")
+            _need(_finite(v) and v >= 0, f"{name}={v!r} must be a finite number >= 0 seconds")
         for name in ("p2p_bandwidth", "allreduce_bandwidth", "memory_bandwidth"):
             v = getattr(self, name)
-            _need(_number(v) and v > 0, f"{name}={v!r} must be a finite number > 0 bytes/s")
+            _need(_finite(v) and v > 0, f"{name}={v!r} must be a finite number > 0 bytes/s")
         bad = sorted(set(self.overhead_s) - {"F", "B", "W", "U"})
         _need(not bad, f"overhead_s has kinds {bad}; use F, B, W, U")
         for k, v in self.overhead_s.items():
-            _need(_number(v) and v >= 0, f"overhead_s[{k!r}]={v!r} must be a finite number >= 0")
+            _need(_finite(v) and v >= 0, f"overhead_s[{k!r}]={v!r} must be a finite number >= 0")
         opt: dict[str, tuple[float, float, float]] = {}
         for k, v in self.optimizer_s.items():
             _need(len(v) in (2, 3), f"optimizer_s[{k!r}]={tuple(v)!r} must be (fixed s, s per byte"
@@ -155,14 +148,14 @@ class Calibration(Described):
         _need(isinstance(self.host_effects, HostEffects),
               f"host_effects={self.host_effects!r} must be a HostEffects record")
         for pt in self.allreduce_after:
-            _need(len(pt) == 2 and all(_number(v) and v >= 0 for v in pt),
+            _need(len(pt) == 2 and all(_finite(v) and v >= 0 for v in pt),
                   f"allreduce_after point {tuple(pt)!r} must be (compute seconds >= 0, latency seconds >= 0)")
         after = sorted((float(c), float(a)) for c, a in self.allreduce_after)
         object.__setattr__(self, "allreduce_after", tuple(after))
         bad = sorted(set(self.compute_factor) - set(FACTOR_KINDS))
         _need(not bad, f"compute_factor has kinds {bad}; use {', '.join(FACTOR_KINDS)}")
         for k, v in self.compute_factor.items():
-            _need(_number(v) and v > 0, f"compute_factor[{k!r}]={v!r} must be a finite number > 0")
+            _need(_finite(v) and v > 0, f"compute_factor[{k!r}]={v!r} must be a finite number > 0")
 
     def overhead(self, kind: str) -> float:
         """The runtime's seconds per action of ``kind`` (``W`` falls back to ``B``'s, 0 if unmeasured)."""

@@ -135,13 +135,6 @@ def most_live(kinds: Iterable[str], split_backward: bool = False) -> int:
     return best
 
 
-def median_period(ends: Sequence[float], warmup: int) -> float | None:
-    """The median interval between sorted completions after the first ``warmup`` (None if under two)."""
-    if len(ends) <= warmup + 1:
-        return None
-    return statistics.median(b - a for a, b in zip(ends[warmup:], ends[warmup + 1:]))
-
-
 __all__ = ["COMPUTE_KINDS", "Event", "bubble_by_worker", "bubble_fraction", "busy_time", "compute_events",
-           "in_flight", "median_period", "minibatch_completions", "most_live", "span", "span_throughput",
+           "in_flight", "minibatch_completions", "most_live", "span", "span_throughput",
            "steady_window"]

@@ -17,7 +17,7 @@ import pytest
 
 import pipelab as pl
 import pipelab.calibrate as calib
-from pipelab.calibrate.fit import fit_affine, fit_alpha_beta, fit_ring, spread
+from pipelab.calibrate.fit import fit_alpha_beta, fit_ring, spread
 from pipelab.cluster import Calibration, Cluster
 from pipelab.costs import CostModel
 
@@ -62,8 +62,6 @@ def test_ring_fit_recovers_the_ring_model() -> None:
                for n in (1 << 12, 1 << 16, 1 << 20, 1 << 22) for p in (2, 3, 4)]
     a, b, res = fit_ring(samples)
     assert a == pytest.approx(alpha, rel=1e-9) and b == pytest.approx(beta, rel=1e-9) and res < 1e-9
-    a0, b0, _ = fit_affine([1, 2, 4], [3.0, 5.0, 9.0])
-    assert (a0, b0) == (pytest.approx(1.0), pytest.approx(2.0))
     assert spread([1.0, 1.2, 0.8]) == pytest.approx(0.4) and spread([1.0]) == 0.0
 
 

@@ -1,7 +1,6 @@
 """The fits behind calibration: least squares relative to each time (small messages weigh as much as
 large ones), clipped at 0, each returned with its relative RMS residual. The ring all-reduce is
-``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009).
-"""
+``2 (p - 1) alpha + 2 (p - 1) / p * n / beta`` (Patarasuk and Yuan, JPDC 2009)."""
 
 from __future__ import annotations
 
@@ -44,16 +43,6 @@ def fit_ring(samples: Sequence[tuple[float, int, float]]) -> tuple[float, float,
     return float(alpha), (1.0 / inv_beta if inv_beta > 0 else math.inf), res
 
 
-def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
-    """``(a, b, residual)`` of ``y = a + b x`` (relative least squares, both clipped at 0)."""
-    x = np.asarray(xs, dtype=np.float64)
-    y = np.asarray(ys, dtype=np.float64)
-    if x.shape != y.shape or len(set(x.tolist())) < 2:
-        raise ValueError("fit_affine needs matching xs and ys over at least two distinct xs")
-    (a, b), res = _weighted_lstsq(np.stack([np.ones_like(x), x], axis=1), y)
-    return float(a), float(b), res
-
-
 def fit_step(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float, float, float]:
     """``(a, b, c, residual)`` of an optimizer step ``t = a + b * bytes + c * tensors`` from
     ``(bytes, tensors, t seconds)`` rows (torch's CPU optimizers loop over tensors)."""
@@ -75,4 +64,4 @@ def spread(values: Sequence[float]) -> float:
     return (max(vs) - min(vs)) / med if med > 0 else 0.0
 
 
-__all__ = ["fit_affine", "fit_alpha_beta", "fit_ring", "fit_step", "spread"]
+__all__ = ["fit_alpha_beta", "fit_ring", "fit_step", "spread"]

@@ -1,7 +1,6 @@
 """Calibrate this machine: run every measurement ``repeats`` rounds, fit the terms (medians kept,
 spreads recorded), and return a one-switch cluster whose link is the measured path, saved atomically
-with its provenance. The terms are listed in docs/cost_model.md.
-"""
+with its provenance. The terms are listed in docs/cost_model.md."""
 
 from __future__ import annotations
 
@@ -51,17 +50,9 @@ def _check_backend(backend: str, workers: int) -> None:
                          "calibrate backend='gloo'")
 
 
-def calibrate(
-    *,
-    workers: int = 2,
-    backend: str = "gloo",
-    sizes: Sequence[int] = DEFAULT_SIZES,
-    repeats: int = 5,
-    path: str | os.PathLike[str] | None = None,
-    progress: bool = True,
-    name: str | None = None,
-    memory_bytes: int | None = None,
-) -> Cluster:
+def calibrate(*, workers: int = 2, backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES,
+              repeats: int = 5, path: str | os.PathLike[str] | None = None, progress: bool = True,
+              name: str | None = None, memory_bytes: int | None = None) -> Cluster:
     """Measure this machine and return (and with ``path``, save) a calibrated :class:`Cluster`.
 
     Args:

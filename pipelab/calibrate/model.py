@@ -67,17 +67,11 @@ def factors(trace: Trace, ranges: Sequence[tuple[int, int]], model: CostModel, m
     return {k: statistics.median(v) for k, v in per.items() if v}
 
 
-def calibrate_model(
-    cluster: Cluster,
-    model_fn: Callable[[], torch.nn.Module],
-    data: Callable[[], Iterable[Any]],
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    profile: Profile,
-    *,
-    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
-    repeats: int = 3,
-    runs: ModelRuns | None = None,
-) -> Cluster:
+def calibrate_model(cluster: Cluster, model_fn: Callable[[], torch.nn.Module],
+                    data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
+                    profile: Profile, *,
+                    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer],
+                    repeats: int = 3, runs: ModelRuns | None = None) -> Cluster:
     """``cluster`` (from :func:`pipelab.calibrate.calibrate`) with ``model_fn``'s compute factors.
 
     Args:

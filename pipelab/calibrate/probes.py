@@ -1,7 +1,6 @@
 """The raw measurements behind calibration: messages and all-reduces between worker processes set up
 as the runtime's, optimizer steps, a memory copy. Every process is reaped; one that fails or outlives
-``timeout`` ends the measurement with an error naming its rank.
-"""
+``timeout`` ends the measurement with an error naming its rank."""
 
 from __future__ import annotations
 
@@ -90,7 +89,7 @@ def _allreduce_sweep(rank: int, sizes: Sequence[int], repeats: int) -> list[tupl
                 buf = torch.ones(max(n // 4, 1), dtype=torch.float32)
                 dist.barrier()
                 if rank < p:
-                    dist.all_reduce(buf, group=g)   # warm-up
+                    dist.all_reduce(buf, group=g)
                     ts = []
                     for _ in range(max(_trips(n), AR_TRIPS)):
                         _compute(BUSY_S)
@@ -173,39 +172,6 @@ def _reap(*procs: Any) -> None:
             p.join()
 
 
-def _worker_call(fn_name: str, args: tuple[Any, ...], queue: Any) -> None:
-    """Body of :func:`in_worker`: one thread, glibc tuned as the runtime's workers have it."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    try:
-        from pipelab.runtime.options import tune_malloc
-
-        tune_malloc()
-        queue.put(("ok", globals()[fn_name](*args)))
-    except BaseException:
-        queue.put(("error", traceback.format_exc()))
-
-
-def in_worker(fn_name: str, *args: Any, timeout: float = 120.0) -> Any:
-    """``fn_name(*args)`` (a probe of this module) in a fresh process set up like a runtime worker (one
-    thread, :func:`~pipelab.runtime.options.tune_malloc`), so a probe pays what a worker pays; a failure
-    or a hang raises ``RuntimeError``."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_worker_call, args=(fn_name, args, queue), daemon=True)
-    proc.start()
-    try:
-        status, payload = queue.get(timeout=timeout)
-    except Exception:
-        raise RuntimeError(f"calibration probe {fn_name}: no result within {timeout:.0f} s "
-                           f"(exit code {proc.exitcode})") from None
-    finally:
-        _reap(proc)
-    if status != "ok":
-        raise RuntimeError(f"calibration probe {fn_name} failed:\n{payload}")
-    return payload
-
-
 #: parameter tensors per set in the optimizer sweep: few large ones, and many (a model's biases, norms)
 TENSOR_COUNTS = (4, 32)
 
@@ -255,16 +221,6 @@ def optimizer_steps(param_bytes: Sequence[int], repeats: int,
     return out
 
 
-def per_call(fn: Any, calls: int) -> float:
-    """Seconds per call of ``fn`` after a quarter as many warm-up calls."""
-    for _ in range(calls // 4):
-        fn()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls
-
-
 def memory_copy(nbytes: int, repeats: int) -> list[float]:
     """Bytes per second of ``dst.copy_(src)`` of ``nbytes`` (read plus write), one per repeat."""
     src = torch.ones(max(nbytes // 4, 1))
@@ -278,4 +234,4 @@ def memory_copy(nbytes: int, repeats: int) -> list[float]:
     return out
 
 
-__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "optimizer_steps", "p2p_and_allreduce", "per_call"]
+__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]

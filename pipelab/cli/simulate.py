@@ -7,7 +7,6 @@ worker; optionally writes the trace and the schedule.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,10 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         prof = load_profile(args.profile, args)
         cluster = parse_cluster(args.cluster)
-        if args.plan:
-            plan = Plan.load(args.plan)
-        else:
-            plan = partition(prof, cluster, method=args.partition or methods.get(args.method).partitioner)
+        plan = Plan.load(args.plan) if args.plan else \
+            partition(prof, cluster, method=args.partition or methods.get(args.method).partitioner)
         opts: dict[str, Any] = {k: v for k, v in (("chunks", args.chunks), ("versions", args.versions))
                                 if v is not None}
         if args.vertical_sync:
@@ -73,7 +70,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.schedule_csv:
         print(f"schedule: {res.schedule.to_csv(args.schedule_csv)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

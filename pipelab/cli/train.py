@@ -17,12 +17,6 @@ from pipelab.cli._common import Parser, fail
 PROG = "pipelab train"
 
 
-def _import_path(job: Path) -> None:
-    """Put the job file's folder and the current directory first on the import path (kept for workers)."""
-    for path in (str(Path.cwd()), str(job.resolve().parent)):
-        sys.path[:] = [path, *(p for p in sys.path if p != path)]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``pipelab train JOB.json [--backend gloo|local] [--out DIR] [--chrome FILE]``."""
     p = Parser(prog=PROG, description=(
@@ -40,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = Path(a.job)
     if not job.is_file():
         return fail(PROG, f"no job file {a.job} (pass the path of a job.json; examples/job.json is one)")
-    _import_path(job)
+    for path in (str(Path.cwd()), str(job.resolve().parent)):   # first on the import path, for workers too
+        sys.path[:] = [path, *(p for p in sys.path if p != path)]
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         from pipelab.runtime.torchrun import run_torchrun_worker
 

@@ -116,9 +116,9 @@ class Prices:
         # weight-gradient part of each backward (half where the profiler did not measure it)
         w = np.array([layer.bwd_s / 2 if layer.wgrad_s is None else layer.wgrad_s for layer in layers])
         sums: dict[str, Any] = {"pf": f * kf, "pb": b * kb, "pw": w * kb, "pp": p, "pa": act,
-                                "qf": [layer.fwd_fixed_s * kf for layer in layers],   # fixed parts
+                                "qf": [layer.fwd_fixed_s * kf for layer in layers],
                                 "qb": [layer.bwd_fixed_s * kb for layer in layers],
-                                "pt": [layer.param_tensors or 0 for layer in layers]}   # tensors, for U
+                                "pt": [layer.param_tensors or 0 for layer in layers]}
         for name, values in sums.items():
             object.__setattr__(self, name, np.concatenate([np.zeros(1), np.cumsum(values)]))
         object.__setattr__(self, "cuts", np.array(self.profile.cut_bytes, dtype=np.float64))
@@ -179,10 +179,7 @@ class Prices:
             return fixed, self.overhead_s("W")
         wgt = float(self.pw[end] - self.pw[start]) / full          # weight-gradient share
         first_in = float(self.pb[start + 1] - self.pb[start] - (self.pw[start + 1] - self.pw[start])) / full
-        if start == 0:
-            b_in, w = 0.0, b
-        else:
-            b_in, w = b * (1 - wgt), b * (1 - first_in)
+        b_in, w = (0.0, b) if start == 0 else (b * (1 - wgt), b * (1 - first_in))
         return b_in + fixed, w + self.overhead_s("W")
 
     def param_bytes(self, start: int, end: int) -> int:

@@ -1,6 +1,5 @@
 """The model zoo: the papers' models (VGG-16, ResNet-50, GNMT-8/16), small demo models and data,
-and PipeDream's measured profiles (:func:`pipedream_profile`). Nothing here downloads.
-"""
+and PipeDream's measured profiles (:func:`pipedream_profile`). Nothing here downloads."""
 
 from __future__ import annotations
 

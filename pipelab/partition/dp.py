@@ -13,9 +13,8 @@ from pipelab.partition.plan import Plan
 from pipelab.partition.predict import build_plan, check_memory
 
 
-def partition_dp(
-    cm: CostModel, *, workers: Sequence[int] | None = None, memory_limit: float | None = None
-) -> Plan:
+def partition_dp(cm: CostModel, *, workers: Sequence[int] | None = None,
+                 memory_limit: float | None = None) -> Plan:
     """The data-parallel plan (config ``"W"``) with predictions; raises if the model does not fit."""
     ws = list(workers) if workers is not None else list(range(cm.cluster.num_workers))
     plan = build_plan(cm, [], [len(ws)], method="dp", ranks_of=ws if workers is not None else None)

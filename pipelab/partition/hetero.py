@@ -73,8 +73,7 @@ class HetPipeTime:
 def hetpipe_time_s(cm: CostModel, bounds: Sequence[int], orders: Sequence[Sequence[int]]) -> HetPipeTime:
     """Seconds per minibatch of VWs cutting the model at ``bounds``, VW ``v`` running stage ``s`` on
     ``orders[v][s]``: ``max_v T_v / V`` (each ``T_v`` a straight pipeline's
-    :meth:`CostModel.steady_state`; HetPipe §4-5), at least the busiest port shared by all VWs.
-    """
+    :meth:`CostModel.steady_state`; HetPipe §4-5), at least the busiest port shared by all VWs."""
     V = len(orders)
     if V == 0:
         raise ValueError("hetpipe_time_s needs at least one virtual worker's device order")

@@ -10,6 +10,7 @@ steady state, and the layout with the best prediction wins. docs/partitioning.md
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -99,10 +100,8 @@ class _Search:
         if self.block is None and 1 < W <= n:
             sbounds = straight_bounds
             if sbounds is None:
-                try:
+                with contextlib.suppress(ValueError):
                     sbounds = straight_solve(cm, memory_limit=self.memory_limit, buffers=None)[1]
-                except ValueError:
-                    pass
             if sbounds is not None:
                 comp, port = search_objective(cm, sbounds, [1] * W)
                 U = min(U, max(*comp, *port) * (1 + 1e-9))
@@ -230,17 +229,14 @@ def partition_pipedream(cm: CostModel, *, straight: bool = False, memory_limit: 
                         workers: Sequence[int] | None = None, hierarchical: bool = True) -> Plan:
     """PipeDream's plan: the fastest predicted of the DP's layouts (flat, per block of each inner level
     with ``hierarchical``, straight) and data parallelism. ``workers``: a regular subset of the
-    cluster; ``straight``: one worker per stage.
-    """
+    cluster; ``straight``: one worker per stage."""
     cm2 = replace(cm, cluster=cm.cluster.subset(workers)) if workers is not None else cm
     Wall = cm2.cluster.num_workers
     # the best straight pipeline, once: the flat searches' bound and the straight refinement's second start
     sbounds: list[int] | None = None
     if 1 < Wall <= cm2.num_layers:
-        try:
+        with contextlib.suppress(ValueError):
             sbounds = list(straight_solve(cm2, memory_limit=memory_limit, buffers=None)[1])
-        except ValueError:
-            pass
     best: Plan | None = None
     errors = []
     for block, strt in _searches(cm2, straight, hierarchical):

@@ -51,13 +51,6 @@ class Stage:
         return self.end - self.start
 
 
-def config_string(replicas: Sequence[int]) -> str:
-    """The paper's notation for a list of per-stage replica counts."""
-    if len(replicas) == 1:
-        return str(replicas[0])
-    return "straight" if all(r == 1 for r in replicas) else "-".join(str(r) for r in replicas)
-
-
 @dataclass(frozen=True, repr=False)
 class Plan(Described):
     """A partition of a profile's layers into stages, with the partitioner's predictions."""
@@ -97,7 +90,10 @@ class Plan(Described):
     @property
     def config(self) -> str:
         """Paper notation: ``"15-1"``, ``"straight"`` or ``"16"``."""
-        return config_string(self.replicas)
+        reps = self.replicas
+        if len(reps) == 1:
+            return str(reps[0])
+        return "straight" if all(r == 1 for r in reps) else "-".join(str(r) for r in reps)
 
     @property
     def noam(self) -> int:
@@ -119,10 +115,8 @@ class Plan(Described):
         raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
 
     def validate(self, profile: Any = None) -> None:
-        """Raise ``ValueError`` saying what is wrong unless the stages tile ``[0, num_layers)``.
-
-        With ``profile``, also check that the plan was made for that profile's layers.
-        """
+        """Raise ``ValueError`` saying what is wrong unless the stages tile ``[0, num_layers)`` (with
+        ``profile``: and the plan was made for that profile's layers)."""
         if not self.stages:
             raise ValueError("a Plan needs at least one stage")
         if self.num_layers < 1:
@@ -158,10 +152,8 @@ class Plan(Described):
     def from_boundaries(cls, num_layers: int, boundaries: Sequence[int],
                         replicas: Sequence[int] | None = None, *, method: str = "manual", batch_size: int = 1,
                         **kw: Any) -> Plan:
-        """A plan from cut points: ``boundaries=[3, 5]`` on 8 layers gives stages [0,3) [3,5) [5,8).
-
-        ``replicas`` (default all 1) gives each stage's replica count; ranks are assigned in order.
-        """
+        """A plan from cut points (``boundaries=[3, 5]`` on 8 layers: stages [0,3) [3,5) [5,8)); ``replicas``
+        (default all 1) per stage, ranks assigned in order."""
         cuts = [0, *[int(b) for b in boundaries], num_layers]
         if any(b <= a for a, b in zip(cuts, cuts[1:])):
             raise ValueError(f"boundaries {list(boundaries)} must be strictly increasing inside "

@@ -22,11 +22,6 @@ def in_flight_pipedream(replicas: Sequence[int]) -> list[int]:
     return [in_flight(replicas, s) for s in range(len(replicas))]
 
 
-def cut_time_s(cm: CostModel, boundary: int, src: int, dst: int, microbatches: int = 1) -> float:
-    """Transfer time of the activation crossing the cut after layer ``boundary`` from ``src`` to ``dst``."""
-    return cm.transfer_s(cm.cut_bytes(boundary, microbatches), src, dst)
-
-
 def block_workers(cm: CostModel, block: int, w: int, m: int) -> list[int]:
     """Cluster workers of inner workers ``[w, w+m)`` in every copy of a ``block``-worker block, ordered
     so that replica ``k`` of every stage lies in block ``k % copies`` (docs/partitioning.md)."""
@@ -140,8 +135,8 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
     else:
         terms = [st.time_s / st.replicas for st in stages]
     # one transfer of each cut between the stages' first workers (uncontended), for reports
-    cut_terms = [cut_time_s(cm, cuts[s + 1] - 1, stage_ws[s][0], stage_ws[s + 1][0], M if flush else 1)
-                 for s in range(P - 1)]
+    cut_terms = [cm.transfer_s(cm.cut_bytes(cuts[s + 1] - 1, M if flush else 1), stage_ws[s][0],
+                               stage_ws[s + 1][0]) for s in range(P - 1)]
     if flush:
         time, extra = _flush_time(cm, stages, stage_ws, terms, cut_terms, M)
     else:

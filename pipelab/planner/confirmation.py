@@ -161,7 +161,7 @@ def _rows(table: PlanTable, opts: ConfirmOptions) -> list[tuple[int, str]]:
 def _measure(chosen: list[tuple[int, str]], steps: Mapping[int, int], run: Callable[..., Any],
              opts: ConfirmOptions, batch: int) -> tuple[dict[int, list[float]], dict[int, str]]:
     """Each row's steady samples/s round by round, the rows interleaved; and why each failed row failed."""
-    from tqdm.auto import tqdm  # optional heavy import (notebook widget or terminal bar)
+    from tqdm.auto import tqdm
 
     got: dict[int, list[float]] = {r: [] for r, _ in chosen}
     failed: dict[int, str] = {}

@@ -42,14 +42,12 @@ def load_ranges(path: str | Path, *, relative: bool = False) -> dict[str, tuple[
         raw = ((doc.get("relative_ranges") if relative else None) or doc.get("ranges")
                or {k: (-float(v), float(v)) for k, v in doc["errors"].items()})
         return {str(k): (float(v[0]), float(v[1])) for k, v in raw.items()}
-    out: dict[str, tuple[float, float]] = _read(path, ranges)
-    return out
+    return _read(path, ranges)
 
 
 def load_errors(path: str | Path) -> dict[str, float]:
     """The per-method errors of an errors file (``{"errors": {method: error}}``)."""
-    out: dict[str, float] = _read(path, lambda doc: {str(k): float(v) for k, v in doc["errors"].items()})
-    return out
+    return _read(path, lambda doc: {str(k): float(v) for k, v in doc["errors"].items()})
 
 
 #: what a one-stage candidate of a pipelining method is (column ``equivalent``)
@@ -109,8 +107,7 @@ def _simpler(table: pd.DataFrame, i: Any) -> tuple[Any, ...]:
     recomputation, compression, microbatches, peak memory, then table order (smaller is simpler)."""
     r = table.loc[i]
     return (not bool(r["synchronous"]), int(r["stages"]), registry.get(str(r["method"])).order != "dp",
-            int(r["chunks"]),
-            bool(r["recompute"]), r["compression"] != "none", int(r["microbatches"]),
+            int(r["chunks"]), bool(r["recompute"]), r["compression"] != "none", int(r["microbatches"]),
             float(r["peak_memory"]), i)
 
 

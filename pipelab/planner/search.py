@@ -6,6 +6,7 @@ than its memory floor. Deterministic: candidates are ordered by (bound, key). do
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import sys
@@ -213,29 +214,23 @@ def _plans(profile: Profile, cluster: Cluster, need: set[str], optimizer: str) -
             cuts: dict[str, list[int]] = {"uniform": uniform_cuts(n, S)}
             sizes = balance_by_time(S, times)
             cuts["balanced"] = [sum(sizes[:i]) for i in range(1, S)]
-            try:
+            with contextlib.suppress(ValueError, ScheduleError):
                 ps = partition(profile, cluster, "prefix-sum", stages=S, optimizer=optimizer,
                                memory_limit=math.inf)
                 cuts["prefix-sum"] = [st.start for st in ps.stages[1:]]
-            except (ValueError, ScheduleError):
-                pass
             for name in SPLITS:
                 if name in cuts:
                     add(name, Plan.from_boundaries(n, cuts[name], reps, method=name, batch_size=bs))
         for straight in (False, True):
-            try:
+            with contextlib.suppress(ValueError, ScheduleError):
                 add("pipedream" if not straight else "pipedream-straight",
                     partition(profile, cluster, "pipedream", straight=straight, optimizer=optimizer,
                               memory_limit=math.inf))
-            except (ValueError, ScheduleError):
-                pass
     if "dp" in need:
         add("dp", Plan.from_boundaries(n, [], [W], method="dp", batch_size=bs))
     if "hetpipe" in need:
-        try:
+        with contextlib.suppress(ValueError, ScheduleError):
             add("hetpipe", partition(profile, cluster, "hetpipe", optimizer=optimizer, memory_limit=math.inf))
-        except (ValueError, ScheduleError):
-            pass
     return out
 
 
@@ -352,7 +347,7 @@ def _progress(total: int, progress: bool | Callable[[int, int], None]) -> Callab
         return lambda done: progress(done, total)
     if not progress:
         return lambda done: None
-    from tqdm.auto import tqdm  # optional heavy import (notebook widget or terminal bar)
+    from tqdm.auto import tqdm
     bar = tqdm(total=total, desc="planning", unit="candidate", file=sys.stderr, leave=False)
 
     def step(done: int) -> None:
@@ -509,11 +504,15 @@ class _Simulation:
         except (ScheduleError, ValueError) as exc:
             return {"status": f"error: {str(exc).splitlines()[0][:120]}"}, None
         synchronous = registry.get(c.method).synchronous
-        peak = list(res.peak_memory)
-        if synchronous:
-            peak = _with_optimizer_state(res, self.cm, c, peak)
-        if c.recompute:
-            peak = _recompute_peak(res, self.cm, c, peak)
+        peak, cm = list(res.peak_memory), self.cm
+        hosted = _hosted(res, cm, c) if synchronous or c.recompute else []
+        if synchronous:   # the optimizer state a flushed method's first update allocates (torch: lazily)
+            peak = [p + sum(int(cm.state_factor * cm.param_bytes(a, e)) for a, e in ranges)
+                    for p, ranges in zip(peak, hosted)]
+        if c.recompute:   # one microbatch's activations of the worker's largest stage
+            M = 1 if registry.get(c.method).order == "dp" else c.microbatches
+            peak = [p + max((cm.activation_bytes(a, e, M) for a, e in ranges), default=0)
+                    for p, ranges in zip(peak, hosted)]
         W = self.cluster.num_workers
         fits = all(p <= self.limit[w] for w, p in enumerate(peak) if w < W)
         versions, delay = _staleness(res, synchronous)
@@ -535,20 +534,6 @@ def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int,
     plan_ = c.plan if c.chunks is None else virtual_plan(c.plan, cm.profile, c.chunks)
     return [[(plan_.stages[s].start, plan_.stages[s].end) for s in sch.stages_of(w)]
             for w in range(sch.num_workers)]
-
-
-def _with_optimizer_state(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]) -> list[int]:
-    """Add the optimizer state a flushed method's first update allocates (torch does so lazily), which
-    every later minibatch holds throughout (the simulation covers one minibatch)."""
-    return [p + sum(int(cm.state_factor * cm.param_bytes(a, e)) for a, e in ranges)
-            for p, ranges in zip(peak, _hosted(res, cm, c))]
-
-
-def _recompute_peak(res: SimResult, cm: CostModel, c: Candidate, peak: list[int]) -> list[int]:
-    """Add to each worker's simulated peak one microbatch's activations of its largest stage."""
-    M = 1 if registry.get(c.method).order == "dp" else c.microbatches
-    return [p + max((cm.activation_bytes(a, e, M) for a, e in ranges), default=0)
-            for p, ranges in zip(peak, _hosted(res, cm, c))]
 
 
 def _rank(table: pd.DataFrame) -> pd.DataFrame:

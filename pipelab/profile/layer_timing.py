@@ -34,7 +34,7 @@ class LayerRunner:
         elif node.op == "call_function":
             self.fn = node.target  # type: ignore[assignment]
             self.kind = getattr(node.target, "__name__", str(node.target))
-        else:  # call_method
+        else:
             method = str(node.target)
             self.fn = lambda obj, *a, **k: getattr(obj, method)(*a, **k)
             self.kind = method

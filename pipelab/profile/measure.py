@@ -31,26 +31,6 @@ from pipelab.profile.loss import measure_loss
 from pipelab.profile.records import Layer, Profile
 
 
-def _as_args(sample_input: Any) -> tuple[Any, ...]:
-    if isinstance(sample_input, (torch.Tensor, tuple, list)):
-        return (sample_input,) if isinstance(sample_input, torch.Tensor) else tuple(sample_input)
-    raise TypeError(f"sample_input must be a tensor or a tuple of the model's positional inputs, "
-                    f"got {type(sample_input).__name__}")
-
-
-def _describe(args: Sequence[Any]) -> str:
-    return ", ".join(f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}" if isinstance(a, torch.Tensor)
-                     else type(a).__name__ for a in args)
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} but CUDA is not available here; profile with device='cpu' "
-                         "or run on a machine with a GPU")
-    return dev
-
-
 class _Group:
     """One layer's nodes: the head, the getitems unpacking its output, and which values leave it."""
 
@@ -98,7 +78,10 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
         whole: scale the layers' forward and backward times to whole training passes, timed too.
     """
     _check_counts(warmup, repeats, has_target=target is not None, has_loss=loss_fn is not None)
-    dev = _resolve_device(device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but CUDA is not available here; profile with device='cpu' "
+                         "or run on a machine with a GPU")
     name = model_name or type(model).__name__
     gm, args, buffers = _traced(model, sample_input, dev, name, leaf_modules, depth)
     batch = next((int(a.shape[0]) for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), 1)
@@ -152,7 +135,11 @@ def _traced(model: nn.Module, sample_input: Any, dev: torch.device, name: str,
             ) -> tuple[fx.GraphModule, tuple[Any, ...], dict[str, torch.Tensor]]:
     """The traced model on ``dev``, the sample's arguments there (checked by one forward) and the
     model's buffers as they were before it, to restore."""
-    args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in _as_args(sample_input))
+    if not isinstance(sample_input, (torch.Tensor, tuple, list)):
+        raise TypeError(f"sample_input must be a tensor or a tuple of the model's positional inputs, "
+                        f"got {type(sample_input).__name__}")
+    given = (sample_input,) if isinstance(sample_input, torch.Tensor) else tuple(sample_input)
+    args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in given)
     if any(p.device != dev for p in model.parameters()) or any(b.device != dev for b in model.buffers()):
         model = copy.deepcopy(model).to(dev)
     gm = trace(model, leaf_modules=leaf_modules, depth=depth)
@@ -162,7 +149,9 @@ def _traced(model: nn.Module, sample_input: Any, dev: torch.device, name: str,
         with torch.no_grad():
             gm(*args)
     except Exception as exc:
-        raise ValueError(f"the sample input ({_describe(args)}) does not fit {name}: {type(exc).__name__}: "
+        shown = ", ".join(f"{tuple(a.shape)} {str(a.dtype).replace('torch.', '')}"
+                          if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        raise ValueError(f"the sample input ({shown}) does not fit {name}: {type(exc).__name__}: "
                          f"{exc}. Pass one minibatch shaped as the model's forward() expects (a tensor, or a "
                          "tuple of its positional inputs, batch dimension first)") from None
     return gm, args, buffers

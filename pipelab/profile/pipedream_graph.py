@@ -161,16 +161,12 @@ def parse_graph(text: str, *, source: str = "graph.txt") -> PipeDreamGraph:
     return PipeDreamGraph(nodes=tuple(nodes), edges=tuple(edges))
 
 
-def _lstm_hidden(desc: str) -> int | None:
-    m = re.match(r"LSTM\((\d+),\s*(\d+)\)", desc.strip())
-    return int(m.group(2)) if m else None
-
-
 def infer_batch_size(graph: PipeDreamGraph) -> int | None:
     """The minibatch size the profile was taken at, when the file shows it, else ``None``: the input over
     one 3xHxW float32 image (H of :data:`_IMAGE_SIDES`), or an LSTM's ``h_n`` bytes over ``4 * hidden``."""
     for n in graph.nodes:
-        hidden = _lstm_hidden(n.desc)
+        lstm = re.match(r"LSTM\((\d+),\s*(\d+)\)", n.desc.strip())
+        hidden = int(lstm.group(2)) if lstm else None
         if hidden and len(n.activation_bytes) >= 2:
             b = n.activation_bytes[1] / (4 * hidden)
             if b >= 1 and b == int(b):

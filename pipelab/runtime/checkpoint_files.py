@@ -10,6 +10,7 @@ file that does not match its hash. Checkpoints are taken at drained points (docs
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -48,12 +49,9 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
-    try:
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def write_worker(checkpoint_dir: str | os.PathLike[str], step: int, rank: int, state: dict[str, Any], *,
@@ -202,10 +200,8 @@ class Sealer:
         self.sealed.append(int(step))
 
     def seal(self, step: int, hashes: dict[int, str] | None = None) -> Path:
-        """Write ``step``'s manifest (``hashes``: rank -> sha256, else read); prune to ``keep`` newest.
-
-        Raises ``FileNotFoundError`` naming the ranks whose file is missing.
-        """
+        """Write ``step``'s manifest (``hashes``: rank -> sha256, else read); prune to ``keep`` newest;
+        ``FileNotFoundError`` names the ranks whose file is missing."""
         d = step_dir(self.root, step)
         missing = [r for r in range(self.n) if not (d / f"rank-{r}.pt").exists()]
         if missing:
@@ -302,10 +298,7 @@ def choose_resume(path: str | os.PathLike[str], *, fallback: bool = True) -> Pat
     if (p / "manifest.json").exists():
         verify(p)
         return p
-    cps = list_checkpoints(p)
-    if not cps:
-        raise FileNotFoundError(f"{p} holds no complete checkpoint (no step-*/manifest.json); pass a folder "
-                                "written with checkpoint_every=..., checkpoint_dir=...")
+    cps = list_checkpoints(p) or [resolve(p)]    # resolve raises: no complete checkpoint there
     for i, d in enumerate(reversed(cps)):
         try:
             verify(d)

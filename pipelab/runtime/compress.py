@@ -106,9 +106,8 @@ def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32
     return numel * 2 if name in _CAST else numel * 1 + 4
 
 
-def compression_ratio(
-    codec: str | None, dtype: torch.dtype = torch.float32, numel: int | None = None
-) -> float:
+def compression_ratio(codec: str | None, dtype: torch.dtype = torch.float32,
+                      numel: int | None = None) -> float:
     """Uncompressed bytes over wire bytes: asymptotic, or exact for ``numel`` (int8's scale included)."""
     name = check_codec(codec)
     size = torch.empty((), dtype=dtype).element_size()
@@ -117,20 +116,6 @@ def compression_ratio(
     if name in _CAST:
         return size / 2
     return float(size) if numel is None else numel * size / wire_bytes(numel, name, dtype)
-
-
-def max_abs_error_bound(t: torch.Tensor, codec: str | None) -> float:
-    """Bound on ``max|decode(encode(t)) - t|``: int8 ``max|t|/254``, fp16 ``*2**-11``, bf16 ``*2**-8``."""
-    name = check_codec(codec)
-    amax = float(t.detach().abs().max()) if t.numel() else 0.0
-    slack = amax * 2.0 ** -22
-    if name == "none":
-        return 0.0
-    if name == "int8":
-        return amax / (2 * _INT8_LEVELS) + slack
-    if name == "fp16":
-        return amax * 2.0 ** -11 + 2.0 ** -25 + slack  # 2**-25: half the smallest fp16 subnormal step
-    return amax * 2.0 ** -8 + slack
 
 
 def encode_message(tensors: Sequence[torch.Tensor], codec: str | None) -> list[torch.Tensor]:

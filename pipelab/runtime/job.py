@@ -106,11 +106,6 @@ def _refused(module: str) -> bool:
     return any(".".join(parts[:i]) in REFUSED_MODULES for i in range(1, len(parts) + 1))
 
 
-def _inside(path: str | None, roots: Sequence[Path]) -> bool:
-    p = Path(path).resolve() if path else None
-    return p is not None and any(p == r or r in p.parents for r in roots)
-
-
 def resolve(spec: Any, *, trust: bool = True,
             roots: Sequence[str | os.PathLike[str]] = ()) -> Callable[..., Any]:
     """A callable from ``"module:function"`` or ``{"fn": "module:function", "kwargs": {...}}``.
@@ -139,7 +134,8 @@ def resolve(spec: Any, *, trust: bool = True,
             found = None
         where = None if found is None else (found.origin if found.origin not in (None, "namespace") else
                                             next(iter(found.submodule_search_locations or []), None))
-        if not _inside(where, [Path(r).resolve() for r in roots]):
+        at = Path(where).resolve() if where else None
+        if at is None or not any(at == r or r in at.parents for r in (Path(q).resolve() for q in roots)):
             raise ValueError(f"{spec!r}: module {mod!r} ({where or 'not found'}) is outside the job file's "
                              f"folder and the current project and not one of {', '.join(ALLOWED_PREFIXES)}; "
                              "a job file is data: pass --trust (trust=True) to let it name any importable "
@@ -223,15 +219,6 @@ def first_minibatch(data: Callable[[], Iterable[Any]]) -> tuple[Any, Any]:
     return mb[0], mb[1]
 
 
-def _check_picklable(name: str, fn: Any) -> None:
-    try:
-        pickle.dumps(fn)
-    except Exception as exc:
-        raise ValueError(f"{name} cannot be sent to worker processes ({type(exc).__name__}: {exc}); pass an "
-                         "importable top-level function (not a lambda or a closure; in a notebook put it in "
-                         "a .py module), or functools.partial of one") from None
-
-
 @dataclass(frozen=True)
 class TrainArgs:
     """The arguments of ``train``/``launch`` as one record; ``options`` are the method's and runtime's."""
@@ -309,8 +296,13 @@ def check_arguments(args: TrainArgs) -> None:
         fn = getattr(args, name)
         if not callable(fn):
             raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-        if backend != "local":
-            _check_picklable(name, fn)
+        try:
+            if backend != "local":
+                pickle.dumps(fn)
+        except Exception as exc:
+            raise ValueError(f"{name} cannot be sent to worker processes ({type(exc).__name__}: {exc}); pass "
+                             "an importable top-level function (not a lambda or a closure; in a notebook put "
+                             "it in a .py module), or functools.partial of one") from None
     if backend == "nccl":
         n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n_gpu < plan.num_workers:
@@ -424,20 +416,6 @@ def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence
 JOB_KEYS = ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps")
 
 
-def _read_job(p: Path) -> dict[str, Any]:
-    """The JSON object of job file ``p``, with every required key."""
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read job file {p}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"job file {p} must hold a JSON object; see docs/job_format.md")
-    missing = [k for k in JOB_KEYS if k not in doc]
-    if missing:
-        raise ValueError(f"job file {p} lacks {missing}; see docs/job_format.md for the keys")
-    return doc
-
-
 def _job_path(p: Path, key: str, value: Any, trust: bool) -> Path:
     """Path ``value`` of job file ``p``'s ``key``, relative to its folder and, untrusted, inside it."""
     here = p.resolve().parent
@@ -457,7 +435,15 @@ def load_job_file(path: str | os.PathLike[str], *,
     :data:`ALLOWED_PREFIXES`, and its paths must stay inside its folder.
     """
     p = Path(path)
-    doc = _read_job(p)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read job file {p}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"job file {p} must hold a JSON object; see docs/job_format.md")
+    missing = [k for k in JOB_KEYS if k not in doc]
+    if missing:
+        raise ValueError(f"job file {p} lacks {missing}; see docs/job_format.md for the keys")
     roots = (p.resolve().parent, Path.cwd().resolve())
     callables = {k: resolve(doc[k], trust=trust, roots=roots) for k in JOB_KEYS[:4]}
     plan_spec = doc["plan"]

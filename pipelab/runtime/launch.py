@@ -7,6 +7,8 @@ is raised as a :class:`WorkerError` naming rank, stage and action, and every wor
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import io
 import threading
@@ -125,12 +127,8 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
             held[int(s)] = max(held.get(int(s), 0), int(n))
     memory: dict[str, Any] = {}
     if job.runtime.measure_memory:
-        ranked = sorted(results, key=lambda r: r.rank)
-        memory = {"peak_memory": {r.rank: r.peak_memory for r in ranked},
-                  "peak_held": {r.rank: r.peak_held for r in ranked},
-                  "peak_state": {r.rank: r.peak_state for r in ranked},
-                  "memory_breakdown": {r.rank: dict(r.memory_breakdown) for r in ranked},
-                  "memory_timeline": {r.rank: list(r.memory_timeline) for r in ranked}}
+        memory = {k: {r.rank: copy.copy(getattr(r, k)) for r in sorted(results, key=lambda r: r.rank)}
+                  for k in ("peak_memory", "peak_held", "peak_state", "memory_breakdown", "memory_timeline")}
     expected = job.state_keys or tuple(state)
     missing = [k for k in expected if k not in state]
     if missing:
@@ -172,7 +170,12 @@ class Run:
         self._rendezvous: Rendezvous | None = None
         self._timer: threading.Timer | None = None
         self._t0 = time.time()
-        self._bar = _progress_bar(job.steps, progress)
+        self._bar: Any = None
+        if progress:
+            with contextlib.suppress(ImportError):
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=job.steps, desc="train", unit="step")
         self._last_stage_steps: set[int] = set()
         self._take_checkpoint_folders()
         try:
@@ -222,10 +225,8 @@ class Run:
             return list(self._events)
 
     def wait(self, timeout: float | None = None) -> RunResult:
-        """Block until the job ends; return its result or raise :class:`WorkerError`.
-
-        Ctrl-C while waiting cancels the job (every worker is killed) and re-raises.
-        """
+        """Block until the job ends; return its result or raise :class:`WorkerError` (Ctrl-C while
+        waiting cancels the job, every worker killed, and re-raises)."""
         try:
             deadline = None if timeout is None else time.time() + timeout
             while self._thread.is_alive():
@@ -335,7 +336,7 @@ class Run:
         conns: list[Any] = [None] * self.job.world_size
         match = p2p_match(self.job.backend)   # read here: a fork server keeps the environment it started with
         try:
-            if methods.get(self.job.method).weights == "wsp":   # HetPipe: start the parameter server
+            if methods.get(self.job.method).weights == "wsp":
                 conns = self._start_wsp_server(ctx)
             for rank in range(self.job.world_size):
                 r, w = ctx.Pipe(duplex=False)
@@ -485,10 +486,12 @@ class Run:
 
     def _cause(self, errors: list[Any], results: dict[int, WorkerResult], ended: set[int]) -> WorkerError:
         """The first fault: a worker that died without a word, else the error raised first (stamped time)."""
-        dead = self._died_silently(ended, {e[1] for e in errors}, results)
+        silent = sorted(ended - {e[1] for e in errors} - set(results))
         first = min(errors, default=None)
-        if dead is not None:
-            d_rank, code = dead
+        if silent:
+            d_rank = silent[0]
+            self._procs[d_rank].join(2.0)
+            code = -1 if self._procs[d_rank].exitcode is None else int(self._procs[d_rank].exitcode)
             noticed = (f"; worker {first[1]} noticed it ({first[3]}):\n{first[4]}" if first is not None
                        else ". Run from a script? Worker processes re-import it, so put the call under "
                             '`if __name__ == "__main__":`')
@@ -501,25 +504,6 @@ class Run:
         last = tb.strip().splitlines()[-1] if tb.strip() else ""
         return WorkerError(f"worker {rank} ({where}) failed: {last}\n{tb}", rank=rank, stage=stage,
                            action=action, worker_traceback=tb)
-
-    def _died_silently(self, ended: set[int], reported: set[int],
-                       results: dict[int, WorkerResult]) -> tuple[int, int] | None:
-        """``(rank, exit code)`` of a worker whose pipe closed without a result or an error, else None."""
-        for rank in sorted(ended - reported - set(results)):
-            p = self._procs[rank]
-            p.join(2.0)
-            return rank, -1 if p.exitcode is None else int(p.exitcode)
-        return None
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="train", unit="step")
 
 
 def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,

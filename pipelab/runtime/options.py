@@ -27,10 +27,8 @@ def runtime_option_names(method: str | None) -> frozenset[str]:
 
 
 def split_options(method: str | None, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(schedule_options, runtime_options)`` of ``options``, the runtime ones checked.
-
-    Raises ``ValueError`` for a bad value, or a runtime option of another method (naming it).
-    """
+    """``(schedule_options, runtime_options)`` of ``options``, the runtime ones checked (``ValueError``
+    for a bad value, or a runtime option of another method, naming it)."""
     mine = runtime_option_names(method)
     sched: dict[str, Any] = {}
     rt: dict[str, Any] = {}
@@ -90,10 +88,8 @@ _NUMERIC_OPTIONS = {o.name: o for o in (*methods.COMMON_RUNTIME_OPTIONS,
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """How the runtime executes a schedule: one checked, frozen record (build it with :meth:`from_options`).
-
-    ``method`` holds the method's own runtime options (PipeMare's); ``resume_step`` is set by the runtime.
-    """
+    """How the runtime executes a schedule: one checked, frozen record (:meth:`from_options`); ``method``
+    holds the method's own runtime options (PipeMare's), ``resume_step`` is set by the runtime."""
 
     compression: str | None = None
     recompute: bool = False
@@ -154,10 +150,8 @@ def slow_down(rank: int, slowdown: Mapping[int, float] | None, elapsed_s: float)
 
 
 def tune_malloc() -> bool:
-    """Keep freed memory in this worker process (glibc), so buffers reallocated every step don't page-fault.
-
-    Returns False (a no-op) off glibc or where the user set ``MALLOC_*_THRESHOLD_``.
-    """
+    """Keep freed memory in this worker process (glibc), so buffers reallocated every step don't
+    page-fault; False (a no-op) off glibc or where the user set ``MALLOC_*_THRESHOLD_``."""
     import ctypes
     import os
     import sys

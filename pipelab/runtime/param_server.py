@@ -9,6 +9,7 @@ reference. One :class:`WSPServer` shard per stage; :func:`serve` runs them behin
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -256,25 +257,18 @@ class WSPClient:
 
     def stop(self) -> None:
         """Tell the server this worker is done."""
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.conn.send(("stop",))
-        except (BrokenPipeError, OSError):
-            pass
-
-
-def events_from_trace(trace: Any) -> list[WSPEvent]:
-    """The ``push``/``pull`` events of a HetPipe run's trace as :class:`WSPEvent` (VW = replica index)."""
-    ranks = trace.meta.get("stage_ranks")
-    if not ranks:
-        raise ValueError("the trace has no meta['stage_ranks']; pass a trace from pl.train(method='hetpipe')")
-    out = [WSPEvent(e.start_s, e.kind, e.stage, list(ranks[e.stage]).index(e.worker), e.microbatch,
-                    e.weight_version) for e in trace.events if e.kind in ("push", "pull")]
-    return sorted(out, key=lambda e: e.t)
 
 
 def check_trace(trace: Any, staleness: int) -> int:
     """:func:`check_staleness` on a run's trace: the largest lead of a VW at a pull."""
-    evs = events_from_trace(trace)
+    ranks = trace.meta.get("stage_ranks")
+    if not ranks:
+        raise ValueError("the trace has no meta['stage_ranks']; pass a trace from pl.train(method='hetpipe')")
+    evs = sorted((WSPEvent(e.start_s, e.kind, e.stage, list(ranks[e.stage]).index(e.worker), e.microbatch,
+                           e.weight_version) for e in trace.events if e.kind in ("push", "pull")),
+                 key=lambda e: e.t)    # the push/pull events, VW = replica index
     if not evs:
         raise ValueError("the trace has no push/pull events; is it a hetpipe run with a full wave?")
-    return check_staleness(evs, len(trace.meta["stage_ranks"][0]), staleness)
+    return check_staleness(evs, len(ranks[0]), staleness)

@@ -29,11 +29,6 @@ def lr_scale(tau: float, step: int, warmup_steps: int) -> float:
     return t ** -(1.0 - frac)
 
 
-def stage_lrs(base_lr: float, taus: Sequence[float], step: int, warmup_steps: int) -> list[float]:
-    """The step size of every stage at ``step``: ``base_lr * lr_scale(tau_i, step, warmup_steps)``."""
-    return [base_lr * lr_scale(t, step, warmup_steps) for t in taus]
-
-
 # ---------------------------------------------------------------------- T2: discrepancy correction
 def ema_delta(delta: torch.Tensor, w_new: torch.Tensor, w_old: torch.Tensor, gamma: float) -> torch.Tensor:
     """One step of the moving average of weight changes: ``gamma * delta + (1 - gamma) * (w_new - w_old)``."""
@@ -67,10 +62,8 @@ class PipeMareConfig:
 
 
 class PipeMareState:
-    """One stage's delta EMA and learning-rate factor.
-
-    Per step: ``lr_factor(step)`` before, ``observe(before, after)`` after; ``backward_params`` for B.
-    """
+    """One stage's delta EMA and learning-rate factor: per step ``lr_factor(step)`` before,
+    ``observe(before, after)`` after; ``backward_params`` for B."""
 
     def __init__(self, params: Iterable[torch.Tensor], tau_fwd: int, tau_bwd: int,
                  config: PipeMareConfig | None = None) -> None:

@@ -18,16 +18,7 @@ import torch
 
 from pipelab.graph import as_tuple, trace
 from pipelab.runtime import coalesce
-from pipelab.runtime.comm import (
-    ACT,
-    GRAD,
-    VERSION_SPEC,
-    Recv,
-    Send,
-    TensorSpec,
-    grad_specs,
-    tag,
-)
+from pipelab.runtime.comm import ACT, GRAD, VERSION_SPEC, Recv, Send, TensorSpec, grad_specs, tag
 from pipelab.runtime.compress import decode_message, encode_message, message_specs
 from pipelab.runtime.guards import check_grads, check_loss, warn
 from pipelab.runtime.job import Job
@@ -50,9 +41,7 @@ class WorkerResult:
     losses: dict[int, float]                    # minibatch -> its part of the loss (last stage)
     versions_held: dict[int, int]               # stage -> most weight versions held at once
     weight_bytes: dict[int, int]                # stage -> most bytes of weight versions held
-    # measure_memory=True (pipelab.runtime.memory): the peak (CUDA allocator's in a CUDA worker process,
-    # else the storage count), the storage count's peak, the same without messages (the simulator's
-    # terms), its parts at the peak, and (action, bytes) after each
+    # measure_memory=True: RunResult's fields of these names (the peak is the CUDA allocator's on a GPU)
     peak_memory: int = 0
     peak_held: int = 0
     peak_state: int = 0
@@ -81,9 +70,8 @@ class Worker(Checkpointing):
             self.stages[s] = StageState(job, gm, s, self.device, factory, stage_reads(sched, rank, s))
         del model, gm
         self.split = {s: any(a.kind == "W" and a.stage == s for a in self.actions) for s in self.stages}
-        self.feed = (
-            Feed(job, self.device) if (0 in self.stages or sched.num_stages - 1 in self.stages) else None
-        )
+        ends = 0 in self.stages or sched.num_stages - 1 in self.stages
+        self.feed = Feed(job, self.device) if ends else None
         # this worker's own random stream (dropout, ...): the same in a process and in the
         # reference executor, which swaps it in around each of this worker's actions
         self.rng_state = torch.Generator().manual_seed(job.seed * 1_000_003 + rank + 1).get_state()
@@ -115,7 +103,6 @@ class Worker(Checkpointing):
                 vw = self.job.schedule.stage_ranks[s].index(self.rank)
                 st.policy.attach(make_endpoint(s, vw))
 
-    # ------------------------------------------------------------------ messages
     def _wire(self, members: list[TensorSpec]) -> list[TensorSpec]:
         """The tensors that travel for a message of ``members`` (compressed payloads, if any)."""
         if self.codec is None:
@@ -175,11 +162,8 @@ class Worker(Checkpointing):
             if a.kind == "F" and s < P - 1:
                 dst, key, consumer = sched.worker_of(s + 1, m), tag(ACT, s, m, self.nb), Action(s + 1, "F", m)
             elif a.kind == "B" and s > 0:
-                dst, key, consumer = (
-                    sched.worker_of(s - 1, m),
-                    tag(GRAD, s - 1, m, self.nb),
-                    Action(s - 1, "B", m),
-                )
+                dst, key = sched.worker_of(s - 1, m), tag(GRAD, s - 1, m, self.nb)
+                consumer = Action(s - 1, "B", m)
             else:
                 continue
             if dst != me:
@@ -193,11 +177,8 @@ class Worker(Checkpointing):
             for r in self._recvs[i]:
                 if r.src not in sends:
                     continue
-                producer = (
-                    Action(a.stage - 1, "F", a.microbatch)
-                    if a.kind == "F"
-                    else Action(a.stage + 1, "B", a.microbatch)
-                )
+                producer = Action(a.stage - 1, "F", a.microbatch) if a.kind == "F" else \
+                    Action(a.stage + 1, "B", a.microbatch)
                 k = position(r.src, producer)
                 lst, n = sends[r.src], done[r.src]
                 while n < len(lst) and 0 <= lst[n][0] <= k:
@@ -207,7 +188,6 @@ class Worker(Checkpointing):
             out.append(keys)
         return out
 
-    # ------------------------------------------------------------------ F / B / W
     def run(self, i: int, received: list[list[torch.Tensor]]) -> tuple[list[Send], int]:
         """Execute ``F``/``B``/``W`` action ``i``; returns (messages to send, weight version read)."""
         a = self.actions[i]
@@ -231,10 +211,8 @@ class Worker(Checkpointing):
             return st.module(*xs) if w is None else st.reparam(w, *xs)
 
         with torch.set_grad_enabled(grad), (self.meter.saving() if self.meter else nullcontext()):
-            if self.recompute:    # keep only the stage's inputs; recompute activations in backward
-                out = run_maybe_checkpointed(fn, tuple(inputs), True)
-            else:
-                out = fn(*inputs)
+            # recompute: keep only the stage's inputs; recompute activations in backward
+            out = run_maybe_checkpointed(fn, tuple(inputs), self.recompute)
             if st.is_last:
                 assert self.feed is not None
                 loss = self.job.loss_fn(out, self.feed.targets(m)) / self.job.microbatches
@@ -302,11 +280,8 @@ class Worker(Checkpointing):
             torch.autograd.backward(outs, gouts, inputs=targets, retain_graph=split)
         sends: list[Send] = []
         if not st.is_first:
-            msg = [
-                (torch.zeros_like(x) if x.grad is None else x.grad)
-                for x in pend.inputs
-                if x.is_floating_point()
-            ]
+            msg = [torch.zeros_like(x) if x.grad is None else x.grad
+                   for x in pend.inputs if x.is_floating_point()]
             if msg:
                 s = st.index
                 sends.append(Send(self.job.schedule.worker_of(s - 1, m), tag(GRAD, s - 1, m, self.nb),
@@ -343,7 +318,6 @@ class Worker(Checkpointing):
                 p.grad.add_(t.grad)
             t.grad = None
 
-    # ------------------------------------------------------------------ U
     def begin_update(self, i: int) -> torch.Tensor | None:
         """Start update action ``i``: the flattened gradients to sum over replicas (None if unreplicated)."""
         a = self.actions[i]
@@ -395,16 +369,11 @@ class Worker(Checkpointing):
         if self.meter is not None:
             self.meter.sample(i)
 
-    # ------------------------------------------------------------------ results
     def result(self) -> WorkerResult:
         """What the parent needs at the end: weights (replica 0 only), loss parts, versions held."""
-        sched = self.job.schedule
-        state: dict[str, torch.Tensor] = {}
-        for s, st in self.stages.items():
-            if sched.stage_ranks[s][0] == self.rank:
-                state.update(
-                    {k: v.detach().cpu().clone() for k, v in st.module.graph_module.state_dict().items()}
-                )
+        owned = [st for s, st in self.stages.items() if self.job.schedule.stage_ranks[s][0] == self.rank]
+        state = {k: v.detach().cpu().clone() for st in owned
+                 for k, v in st.module.graph_module.state_dict().items()}
         losses: dict[int, float] = {}
         for st in self.stages.values():
             for k, v in st.losses.items():

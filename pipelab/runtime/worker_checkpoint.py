@@ -77,10 +77,8 @@ class Checkpointing:
         return self._ckpt_points
 
     def maybe_checkpoint(self, i: int) -> None:
-        """After update ``i``: save if it is this worker's last action before a checkpoint step.
-
-        HetPipe saves after the wave's pull, so the weights saved are the server's global weights.
-        """
+        """After update ``i``: save if it is this worker's last action before a checkpoint step (HetPipe
+        saves after the wave's pull, so the weights saved are the server's global weights)."""
         step = self._checkpoint_points().get(i) if self.job.runtime.checkpoint_every else None
         if step is None:
             return
@@ -97,10 +95,8 @@ class Checkpointing:
             p.after_pull = pulled  # type: ignore[attr-defined]
 
     def _save_checkpoint(self, step: int, rng: torch.Tensor) -> None:
-        """Write this worker's file of ``step`` and report it to ``on_saved`` (the run's sealer).
-
-        A non-finite state is not written, so the step is never sealed (``on_nonfinite="raise"`` raises).
-        """
+        """Write this worker's file of ``step`` and report it to ``on_saved`` (the run's sealer); a
+        non-finite state is not written, so the step is never sealed (``on_nonfinite="raise"`` raises)."""
         root = self.job.runtime.checkpoint_dir
         assert root is not None     # RuntimeOptions.from_options requires it with checkpoint_every
         plan, method = self.job.plan, self.job.schedule.method
@@ -127,17 +123,11 @@ class Checkpointing:
             sealer.seal(step)
 
 
-def manifest_extra(job: Job) -> dict[str, Any]:
-    """What a manifest records beyond the files: ``drain_every`` of a drained asynchronous schedule."""
-    every = job.runtime.checkpoint_every
-    return {"drain_every": every} if job.schedule.options.get("segments") else {}
-
-
 def sealer_for(job: Job) -> ckpt.Sealer | None:
     """The coordinator that seals ``job``'s checkpoints (``None`` when it takes none)."""
     rt = job.runtime
     if not rt.checkpoint_every or rt.checkpoint_dir is None:
         return None
+    drained = {"drain_every": rt.checkpoint_every} if job.schedule.options.get("segments") else {}
     return ckpt.Sealer(rt.checkpoint_dir, plan=job.plan, method=job.schedule.method,
-                       num_workers=job.world_size, run_id=job.run_id, extra=manifest_extra(job),
-                       keep=rt.checkpoint_keep)
+                       num_workers=job.world_size, run_id=job.run_id, extra=drained, keep=rt.checkpoint_keep)

@@ -165,7 +165,8 @@ def _drained(method: str, p: Plan, M: int, K: int, every: Any, sizes: Any, step:
                             f"multiple of {unit} minibatches: use drain_every and minibatches multiples of "
                             f"{unit} (got drain_every={every}, minibatches={K})")
     mb = None if _methods.get(method).update == "microbatch" and M == 1 else M
-    return segments.concat_built(lambda n: build(method, p, microbatches=mb, minibatches=n, **options), sizes)
+    built = {n: build(method, p, microbatches=mb, minibatches=n, **options) for n in dict.fromkeys(sizes)}
+    return segments.concat([built[n] for n in sizes])    # each segment length built once
 
 
 __all__ = ["BUILDERS", "Action", "MethodScheduleError", "Schedule", "ScheduleError", "build", "from_torch",

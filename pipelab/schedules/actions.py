@@ -146,14 +146,6 @@ class Schedule(Described):
                           ).rstrip() + more)
         return "\n".join(lines)
 
-    def positions(self) -> dict[Action, list[tuple[int, int]]]:
-        """Where each action sits: action -> [(worker, index), ...] (several for replicated U's)."""
-        out: dict[Action, list[tuple[int, int]]] = {}
-        for w, acts in enumerate(self.actions):
-            for i, a in enumerate(acts):
-                out.setdefault(a, []).append((w, i))
-        return out
-
     def versions_alive(self, worker: int) -> tuple[int, ...]:
         """For each action of ``worker``: distinct weight versions of its stage held right after it (a
         version is held while it is the latest or a later action still reads it; docs/schedules.md)."""

@@ -1,5 +1,4 @@
-"""Asynchronous (no-flush) 1F1B schedules: ``pipedream``, ``naive-async``, ``pipemare``, ``2bw``,
-``buffered``.
+"""Asynchronous (no-flush) 1F1B: ``pipedream``, ``naive-async``, ``pipemare``, ``2bw``, ``buffered``.
 
 All share one order: stage ``s`` admits the microbatches of every worker of stages ``>= s`` before
 its first backward (PipeDream's NOAM, SOSP'19 §3.2), then alternates one backward and one forward,

@@ -277,12 +277,9 @@ class Engine:
         self.start(w)
         busy = self.ptr[w] > before and self.events[-1].worker == w and self.events[-1].start_s <= end
         delay = self.costs.busy_sender_s(w) if busy else 0.0
-        if kind == "F" and s < self.S - 1:
-            rs = self.ranks[s + 1]
-            self.deliver(a, w, rs[m % len(rs)], end, ("a", s, m), delay)
-        elif kind == "B" and s > 0:
-            rs = self.ranks[s - 1]
-            self.deliver(a, w, rs[m % len(rs)], end, ("g", s, m), delay)
+        if (kind == "F" and s < self.S - 1) or (kind == "B" and s > 0):
+            rs = self.ranks[s + 1 if kind == "F" else s - 1]
+            self.deliver(a, w, rs[m % len(rs)], end, ("a" if kind == "F" else "g", s, m), delay)
 
     def _check_done(self) -> None:
         acts, ptr = self.acts, self.ptr

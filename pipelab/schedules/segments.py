@@ -9,7 +9,7 @@ each worker's last action an update), so resuming there reproduces the run. docs
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pipelab.schedules.actions import Action, Schedule
@@ -28,7 +28,7 @@ def split_sizes(total: int, every: int) -> list[int]:
 def aligned_sizes(start: int, total: int, every: int) -> list[int]:
     """Segment lengths for minibatches ``start .. start + total - 1`` of a run drained after every
     global multiple of ``every`` (a resumed run whose checkpoint step ``start`` is not one)."""
-    split_sizes(1, every)   # checks ``every``
+    split_sizes(1, every)
     if start < 0:
         raise ScheduleError(f"start={start} must be >= 0")
     head = min((-start) % every, total)
@@ -105,9 +105,3 @@ def check_drained(schedule: Schedule) -> None:
                                     "not an update; a checkpoint at the segment's end needs the update last")
         if acts and acts[-1].kind != "U":
             raise ScheduleError(f"worker {w}'s last action {acts[-1]} is not an update")
-
-
-def concat_built(build: Callable[[int], Schedule], sizes: Sequence[int]) -> Schedule:
-    """``concat`` of ``build(n)`` for every segment length ``n`` in ``sizes`` (each length built once)."""
-    built = {n: build(n) for n in dict.fromkeys(sizes)}
-    return concat([built[n] for n in sizes])

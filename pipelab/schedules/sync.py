@@ -86,8 +86,7 @@ def interleaved(plan: Plan, M: int, K: int, chunks: int) -> Schedule:
     chunks; virtual stage ``c * P + w`` is chunk ``c`` on worker ``w``. The plan's stages are the
     virtual stages (``v * P`` of them). Needs ``M`` a multiple of ``P``. Warm-up on worker ``w``:
     ``2(P - w - 1) + (v - 1) P`` forwards; forwards walk chunks in groups of ``P`` microbatches,
-    backwards walk chunks in reverse.
-    """
+    backwards walk chunks in reverse."""
     v = chunks
     S = plan.num_stages
     if v < 1 or S % v:

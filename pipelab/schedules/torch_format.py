@@ -114,14 +114,11 @@ def _source_order(source: Any, workers: int | None, microbatches: int | None,
             raise ScheduleError(f"{path} does not exist; pass a compute-only CSV written by torch's "
                                 "_dump_csv(..., format='compute_only') or pipelab's to_torch_csv")
         return _read_csv(path), microbatches, f"torch:{path.stem}"
-    if isinstance(source, str):
-        cls = _class_of(source)
+    mod = torch_api.require()
+    if isinstance(source, str) or (inspect.isclass(source) and issubclass(source, mod._PipelineSchedule)):
+        cls = _class_of(source) if isinstance(source, str) else source
         return (_order_of_class(cls, workers, microbatches, stages_per_worker), microbatches,
                 "torch:" + cls.__name__.removeprefix("Schedule"))
-    mod = torch_api.require()
-    if inspect.isclass(source) and issubclass(source, mod._PipelineSchedule):
-        return (_order_of_class(source, workers, microbatches, stages_per_worker), microbatches,
-                "torch:" + source.__name__.removeprefix("Schedule"))
     if isinstance(source, mod._PipelineSchedule):
         order = getattr(source, "pipeline_order", None)
         if not order:

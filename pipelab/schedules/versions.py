@@ -26,14 +26,9 @@ def delayed_rule(minibatch: int, delay: int, segments: Sequence[int] | None = No
     return max(start, minibatch - delay)
 
 
-def assign_versions(
-    rule: str,
-    actions: Sequence[Sequence[Action]],
-    stage_ranks: Sequence[Sequence[int]],
-    M: int,
-    delay: int = 0,
-    segments: Sequence[int] | None = None,
-) -> tuple[tuple[int, ...], ...]:
+def assign_versions(rule: str, actions: Sequence[Sequence[Action]], stage_ranks: Sequence[Sequence[int]],
+                    M: int, delay: int = 0, segments: Sequence[int] | None = None
+                    ) -> tuple[tuple[int, ...], ...]:
     """The weight version each action reads (F, B, W) or produces (U: the stage's ``U``'s so far on the
     worker) under ``rule``: ``"stash"``, ``"vertical"``, ``"latest"``, ``"delay"`` or ``"single"``."""
     input_version: dict[int, int] = {}
@@ -57,10 +52,7 @@ def assign_versions(
             elif rule == "delay":
                 v = delayed_rule(a.microbatch // M, delay, segments)
             elif a.kind == "F":
-                if rule == "vertical" and a.stage != 0:
-                    v = input_version.get(a.microbatch, cur)
-                else:
-                    v = cur
+                v = input_version.get(a.microbatch, cur) if rule == "vertical" and a.stage != 0 else cur
             else:
                 v = f_read.get((a.stage, a.microbatch), cur)
             if a.kind == "F":

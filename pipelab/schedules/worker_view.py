@@ -81,7 +81,8 @@ class StageReads:
 def stage_reads(schedule: Schedule, rank: int, stage: int) -> StageReads:
     """The versions worker ``rank``'s actions on ``stage`` read (a multi-version schedule without
     recorded versions raises: the runtime does not guess them)."""
-    rule = version_rule(schedule)
+    spec = methods.METHODS.get(schedule.method)    # the schedule's own weights option, else the method's
+    rule = str(schedule.options.get("weights") or (spec.versions if spec is not None else "single"))
     if schedule.versions is None:
         if rule != "single":
             raise ValueError(f"the {schedule.method} schedule records no weight versions, but the method "
@@ -91,13 +92,6 @@ def stage_reads(schedule: Schedule, rank: int, stage: int) -> StageReads:
     mine = [(a, v) for a, v in zip(schedule.actions[rank], schedule.versions[rank]) if a.stage == stage]
     return StageReads(tuple((a.microbatch, v) for a, v in mine if a.kind == "F"),
                       {a.microbatch: v for a, v in mine if a.kind in ("B", "W")}, rule == "single")
-
-
-def version_rule(schedule: Schedule) -> str:
-    """The weight-version rule the schedule was built with (its ``weights`` option, else the
-    method's registry entry; ``"single"`` for a schedule of no registered method)."""
-    spec = methods.METHODS.get(schedule.method)
-    return str(schedule.options.get("weights") or (spec.versions if spec is not None else "single"))
 
 
 def stage_delays(schedule: Schedule) -> dict[int, tuple[int, int]]:

@@ -53,7 +53,7 @@ class SimResult(Described):
     throughput: float                     # samples per second (minibatch / time_per_minibatch)
     utilization: tuple[float, ...]        # per worker: busy fraction of the measured window
     bubble_fraction: tuple[float, ...]    # per worker: 1 - utilization
-    peak_memory: tuple[int, ...]          # per worker
+    peak_memory: tuple[int, ...]
     memory_timeline: dict[int, list[tuple[float, int]]] = field(default_factory=dict, repr=False)
     window: tuple[float, float] = (0.0, 0.0)   # the measured interval (steady state for async methods)
     batch_size: int = 1
@@ -123,22 +123,17 @@ class ProfileCosts(Costs):
     def _w(self, rank: int) -> int:
         return rank if self.phys is None else self.phys[rank]
 
-    def _fb(self, stage: int, worker: int) -> tuple[float, float]:
-        key = (stage, worker)
-        if key not in self._cache:
-            a, b = self.ranges[stage]
-            self._cache[key] = self.model.compute_s(a, b, self._w(worker), microbatches=self.M)
-        return self._cache[key]
-
     def compute(self, worker: int, action: Action, split: bool) -> float:
         """See :meth:`Costs.compute`."""
-        if split and action.kind in ("B", "W"):
-            key = (-1 - action.stage, worker)
-            if key not in self._cache:
-                a, e = self.ranges[action.stage]
-                self._cache[key] = self.model.backward_split_s(a, e, self._w(worker), microbatches=self.M)
+        split_bw = split and action.kind in ("B", "W")    # cached apart: (B, W) rather than (F, B)
+        key = (-1 - action.stage if split_bw else action.stage, worker)
+        if key not in self._cache:
+            a, e = self.ranges[action.stage]
+            price = self.model.backward_split_s if split_bw else self.model.compute_s
+            self._cache[key] = price(a, e, self._w(worker), microbatches=self.M)
+        if split_bw:
             return self._cache[key][0 if action.kind == "B" else 1]
-        f, b = self._fb(action.stage, worker)
+        f, b = self._cache[key]
         if action.kind == "F":
             return f
         if action.kind == "B":

@@ -41,10 +41,8 @@ def _key_events(trace: Trace) -> dict[tuple[int, int, str, int, int], Event]:
 
 
 def match_actions(sim: Any, run: Any) -> list[Pair]:
-    """``(sim_event, run_event, relative_error)`` per action (error NaN where simulated is 0).
-
-    Raises ``ValueError`` naming the first difference when the two ran different schedules.
-    """
+    """``(sim_event, run_event, relative_error)`` per action (error NaN where simulated is 0);
+    ``ValueError`` names the first difference when the two ran different schedules."""
     st, rt = _trace_of(sim, "sim"), _trace_of(run, "run")
     a, b = st.actions_by_worker(), rt.actions_by_worker()
     if not a:

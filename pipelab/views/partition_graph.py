@@ -48,10 +48,8 @@ def _fmt_bytes(n: float) -> str:
 
 
 def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -> go.Figure:
-    """Draw ``profile``'s layer graph with nodes coloured by ``plan``'s stages.
-
-    Raises ``ValueError`` (from ``plan.validate(profile)``) when the plan was made for another model.
-    """
+    """Draw ``profile``'s layer graph with nodes coloured by ``plan``'s stages (``ValueError``, from
+    ``plan.validate(profile)``, when the plan was made for another model)."""
     if not isinstance(profile, Profile) or not isinstance(plan, Plan):
         raise TypeError(f"partition_graph(profile, plan) takes a Profile and a Plan; got "
                         f"{type(profile).__name__} and {type(plan).__name__}")
@@ -119,9 +117,4 @@ def _node_traces(profile: Profile, plan: Plan, g: nx.DiGraph, pos: dict[int, tup
     return out
 
 
-def stage_colors(plan: Plan) -> list[str]:
-    """The colour each stage gets in :func:`partition_graph` (and other views)."""
-    return [PALETTE[s.index % len(PALETTE)] for s in plan.stages]
-
-
-__all__ = ["layer_graph", "layered_positions", "partition_graph", "stage_colors"]
+__all__ = ["layer_graph", "layered_positions", "partition_graph"]

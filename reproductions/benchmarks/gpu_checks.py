@@ -34,6 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
+import statistics  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -192,7 +193,7 @@ def check_throughput(prof: pl.Profile, device: str, steps: int, loopback: float)
     # steady state: the median interval between minibatch completions after two of warm-up (the first
     # steps pay lazy initialisation: CUDA context, cuBLAS handles, allocator growth)
     done = metrics.minibatch_completions(run.trace.events, 4, steps)
-    period = metrics.median_period(done, 2)
+    period = statistics.median(b - a for a, b in zip(done[2:], done[3:])) if len(done) > 3 else None
     measured = BATCH / period if period else run.throughput
     where = f"device-host copies at {staging / 1e9:.1f} GB/s, " if staging else ""
     print(f"6. 1f1b-flush, 2 workers on {device} over gloo, {steps} steps: simulated {sim.throughput:.0f} "

@@ -16,15 +16,26 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
+from typing import Any
 
 import torch
 from torch.func import functional_call
 
-from pipelab.calibrate.probes import per_call
 from pipelab.graph import StageModule, as_tuple, layer_nodes, trace
 from pipelab.runtime.policies.base import Stashing
 from pipelab.runtime.reparam import Reparametrizer
 from reproductions.sim_accuracy.accuracy import MODELS
+
+
+def per_call(fn: Any, calls: int) -> float:
+    """Seconds per call of ``fn`` after a quarter as many warm-up calls."""
+    for _ in range(calls // 4):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
 
 
 def stages(model: str) -> list[tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:

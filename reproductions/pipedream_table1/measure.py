@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-import pipelab.metrics as metrics
 from pipelab.cluster import Cluster
 from pipelab.costs import OPTIMIZER_STATE
 from pipelab.models import gnmt, vgg16
@@ -266,8 +265,8 @@ def _steady_throughput(run: Any, batch: int, warmup: int, *, typical: bool = Fal
     if len(ends) <= warmup + 1:
         return float(run.throughput)
     if typical:
-        period = metrics.median_period(ends, warmup)
-        if period is not None and period > 0:
+        period = statistics.median(b - a for a, b in zip(ends[warmup:], ends[warmup + 1:]))
+        if period > 0:
             return batch / period
     span = ends[-1] - ends[warmup]
     return (len(ends) - 1 - warmup) * batch / span

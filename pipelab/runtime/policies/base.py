@@ -41,10 +41,8 @@ class WeightPolicy:
         self._future: Counter[int] = Counter(v for _, v in self.reads.forward)
 
     def scheduled_forward(self, microbatch: int) -> int:
-        """The version the schedule names for this stage's next ``F`` (the newest without a schedule).
-
-        Raises when ``microbatch`` is not the schedule's next forward.
-        """
+        """The version the schedule names for this stage's next ``F`` (the newest without a schedule);
+        raises when ``microbatch`` is not the schedule's next forward."""
         fw = self.reads.forward
         if not fw:
             return self.latest
