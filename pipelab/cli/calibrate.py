@@ -36,3 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           + ", ".join(f"{k} {v:.0%}" for k, v in cal.residual.items()))
     print(f"wrote {args.output}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,6 +7,7 @@ uniform split) and the Pareto front; ``-o`` writes the pick's plan, ``--table`` 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,3 +124,7 @@ def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster) -> int:
     if args.output:
         print(f"wrote {table.candidate().plan.save(args.output)}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

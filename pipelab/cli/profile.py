@@ -101,3 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output:
         print(f"saved {args.output}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,6 +7,7 @@ worker; optionally writes the trace and the schedule.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,3 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.schedule_csv:
         print(f"schedule: {res.schedule.to_csv(args.schedule_csv)}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
