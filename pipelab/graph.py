@@ -126,8 +126,8 @@ class StageModule(nn.Module):
         cuts = live_across_cuts(gm)
         self.start, self.end, self.is_last = start, end, end == n
         # the whole live set at the start (values a later stage needs pass through), or the model's inputs
-        self.input_names = cuts[start - 1] if start else \
-            [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        self.input_names = (cuts[start - 1] if start
+                            else [n.name for n in gm.graph.nodes if n.op == "placeholder"])
         self.output_names = [] if self.is_last else cuts[end - 1]
         # copying in graph order keeps every node after its inputs
         selected = {n.name for group in members[start:end] for n in group}

@@ -179,22 +179,22 @@ def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups:
     worker on this host, room for the rings); else over the process group."""
     through_host = device.type == "cuda" and job.backend != "nccl"
     if job.runtime.shared_memory:
-        why = f"it needs the gloo backend on x86-64 Linux (backend {job.backend!r} here)"
-        if shm.available(job.backend):
-            incoming: dict[int, list[Any]] = {}
-            for i in range(len(worker.actions)):
-                for r in worker.recvs(i):
-                    if r.src != rank:
-                        incoming.setdefault(r.src, []).append(r.specs)
-            reason = shm.unusable(job.world_size, shm.ring_bytes(incoming))
-            if reason is None:
-                sends, _ = peer_orders(job.schedule, rank, carried)
-                outgoing = sorted(d for d, seq in sends.items() if d != rank and seq)
-                return shm.ShmComm.open(rank, job.world_size, device, groups, incoming, outgoing,
-                                        timeout=job.timeout, match=mode, orders=orders,
-                                        through_host=through_host)
-            why = reason
-        raise RuntimeError(f"shared_memory=True, but {why}; leave it out to use gloo's point-to-point path")
+        if not shm.available(job.backend):
+            raise RuntimeError(f"shared_memory=True needs the gloo backend on x86-64 Linux (backend "
+                               f"{job.backend!r} here); leave it out to use gloo's point-to-point path")
+        incoming: dict[int, list[Any]] = {}
+        for i in range(len(worker.actions)):
+            for r in worker.recvs(i):
+                if r.src != rank:
+                    incoming.setdefault(r.src, []).append(r.specs)
+        reason = shm.unusable(job.world_size, shm.ring_bytes(incoming))
+        if reason is not None:
+            raise RuntimeError(f"shared_memory=True, but {reason}; leave it out to use gloo's point-to-point "
+                               "path")
+        sends, _ = peer_orders(job.schedule, rank, carried)
+        outgoing = sorted(d for d, seq in sends.items() if d != rank and seq)
+        return shm.ShmComm.open(rank, job.world_size, device, groups, incoming, outgoing, timeout=job.timeout,
+                                match=mode, orders=orders, through_host=through_host)
     lanes = None
     if job.backend == "gloo":   # one process group per direction (see pipelab.runtime.comm, "Lanes")
         world = list(range(job.world_size))

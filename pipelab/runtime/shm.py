@@ -73,15 +73,16 @@ def unusable(world: int, need: int) -> str | None:
             me = socket.gethostname() + "/" + f.read().strip()
     except OSError:
         me = socket.gethostname()
-    st = os.statvfs(folder_base() or tempfile.gettempdir())
+    folder = folder_base() or tempfile.gettempdir()
+    st = os.statvfs(folder)
     seen: list[Any] = [None] * world
     dist.all_gather_object(seen, (me, need, st.f_bavail * st.f_frsize))
     if len({host for host, _, _ in seen}) > 1:
         return "the workers run on several hosts"
     total, free = sum(n for _, n, _ in seen), seen[0][2]
     if 2 * total > free:   # half the room at most: the rest of the host uses it too
-        return (f"its rings need {total / 2**20:.1f} MiB and {folder_base() or tempfile.gettempdir()} has "
-                f"{free / 2**20:.1f} MiB free (give it at least twice that, e.g. docker's --shm-size)")
+        return (f"its rings need {total / 2**20:.1f} MiB and {folder} has {free / 2**20:.1f} MiB free "
+                "(give it at least twice that, e.g. docker's --shm-size)")
     return None
 
 

@@ -177,8 +177,8 @@ class Worker(Checkpointing):
             for r in self._recvs[i]:
                 if r.src not in sends:
                     continue
-                producer = Action(a.stage - 1, "F", a.microbatch) if a.kind == "F" else \
-                    Action(a.stage + 1, "B", a.microbatch)
+                producer = (Action(a.stage - 1, "F", a.microbatch) if a.kind == "F"
+                            else Action(a.stage + 1, "B", a.microbatch))
                 k = position(r.src, producer)
                 lst, n = sends[r.src], done[r.src]
                 while n < len(lst) and 0 <= lst[n][0] <= k:
