@@ -110,6 +110,21 @@ def test_serialized_link_closed_form() -> None:
                 assert b.start_s >= a.end_s - 1e-12   # one at a time per directed link
 
 
+@pytest.mark.parametrize("f, b", [(1.0, 1.0), (1.0, 2.0), (2.0, 1.0)])
+def test_1f1b_pays_the_message_latency_once_per_microbatch_and_gpipe_twice_per_minibatch(f: float,
+                                                                                        b: float) -> None:
+    """P=2, one-way latency L <= min(F, B): GPipe (M+1)(F+B) + 2L (only the pipeline's turn waits);
+    1F1B-flush (M+1)(F+B) + 2*ceil(M/2)*L (stage 0's next backward waits on each gradient's round
+    trip). Worked out by hand: equal at L = 0 or M <= 2, so no latency lets 1F1B beat GPipe at equal M."""
+    for M in (1, 2, 3, 4, 5, 8):
+        for L in (0.0, 0.25, 0.5, 1.0):
+            c = UnitCosts(f=f, b=b, w=0.0, send_s=L)
+            gpipe = simulate_schedule(build("gpipe", 2, microbatches=M), c).makespan
+            ofob = simulate_schedule(build("1f1b-flush", 2, microbatches=M), c).makespan
+            assert gpipe == pytest.approx((M + 1) * (f + b) + 2 * L)
+            assert ofob == pytest.approx((M + 1) * (f + b) + 2 * math.ceil(M / 2) * L)
+
+
 def test_allreduce_waits_for_all_replicas() -> None:
     """dp on 2 workers, F=B=1, an all-reduce of 5 s that starts with the backward: U at 1 + 5."""
     res = simulate_schedule(build("dp", 2, microbatches=2), UnitCosts(f=1.0, b=1.0, w=0.0, allreduce_s=5.0))

@@ -132,6 +132,88 @@ def _torch_worker(rank: int, port: int, name: str, method: str, steps: int, out:
     dist.destroy_process_group()
 
 
+def _pair_worker(rank: int, port: int, name: str, steps: int, out: Any) -> None:
+    """One stage's F + B on M microbatches and its optimizer step, with no messages, beside the other."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    tune_malloc()
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=600))
+    model_fn, _, _, _, m, batch_fn, loss_fn = MODELS[name]
+    torch.manual_seed(0)
+    sched = pl.schedules.build("gpipe", _plan(name), microbatches=m, minibatches=1)
+    full = model_fn()
+    stages = [pl.torch_bridge.stage_modules(_plan(name), sched, full, rank=r)[r] for r in range(2)]
+    x, y = batch_fn()
+    xs, ys = x.chunk(m), y.chunk(m)
+    if rank == 1:     # stage 1's inputs: stage 0's outputs, computed once
+        with torch.no_grad():
+            xs = tuple(h[0] if isinstance(h, tuple) else h for h in (stages[0](a) for a in xs))
+    mod = stages[rank]
+    opt = optimizer(list(mod.parameters()))
+
+    def step() -> None:
+        opt.zero_grad()
+        for a, b in zip(xs, ys):
+            h = mod(a.detach().requires_grad_() if rank == 1 else a)
+            h = h[0] if isinstance(h, tuple) else h
+            (loss_fn(h, b) / m if rank == 1 else h.sum()).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    out.put(time.perf_counter() - t)
+    dist.destroy_process_group()
+
+
+def _pair(name: str, steps: int) -> float:
+    """The two stages' compute run side by side with no messages: samples/s of the slower one."""
+    batch = MODELS[name][3]
+    return steps * batch / max(run_pair(_pair_worker, name, steps, reports=2, timeout=600))
+
+
+def _pingpong_worker(rank: int, port: int, nbytes: int, trips: int, out: Any) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=600))
+    buf = torch.zeros(max(1, nbytes // 4))
+    peer = 1 - rank
+    for k in range(trips + 20):        # 20 warm-up trips
+        if k == 20:
+            t = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+    if rank == 0:
+        out.put((time.perf_counter() - t) / trips / 2)
+    dist.destroy_process_group()
+
+
+def _pingpong(name: str) -> float:
+    """One-way latency (s) of gloo between two idle pinned processes, for one activation's bytes."""
+    model_fn, _, _, _, m, batch_fn, _ = MODELS[name]
+    sched = pl.schedules.build("gpipe", _plan(name), microbatches=m, minibatches=1)
+    stage0 = pl.torch_bridge.stage_modules(_plan(name), sched, model_fn(), rank=0)[0]
+    with torch.no_grad():
+        h = stage0(batch_fn()[0].chunk(m)[0])
+    nbytes = sum(t.numel() * t.element_size() for t in (h if isinstance(h, tuple) else (h,)))
+    return float(run_pair(_pingpong_worker, nbytes, 400, reports=1, timeout=600)[0])
+
+
 def _torch(name: str, method: str, steps: int) -> float:
     return float(run_pair(_torch_worker, name, method, steps, reports=1, timeout=600)[0])
 
@@ -189,8 +271,10 @@ def main() -> None:
 
 def _rounds(name: str, rounds: int, steps: int) -> dict[str, list[float]]:
     """Every contender once per round, in an order alternating between rounds."""
-    r: dict[str, list[float]] = {"single": []}
-    runs: list[tuple[str, Callable[[], float]]] = [("single", functools.partial(_single, name, steps))]
+    r: dict[str, list[float]] = {"single": [], "pair": [], "ping-pong us": []}
+    runs: list[tuple[str, Callable[[], float]]] = [("single", functools.partial(_single, name, steps)),
+                                                   ("pair", functools.partial(_pair, name, steps)),
+                                                   ("ping-pong us", lambda: 1e6 * _pingpong(name))]
     for m in METHODS:
         runs += [(f"gloo {m}", functools.partial(_pipelab, name, m, steps, False)),
                  (f"shm {m}", functools.partial(_pipelab, name, m, steps, True)),
@@ -210,7 +294,10 @@ def _report(name: str, r: dict[str, list[float]]) -> None:
     p = 2
     limit = [2 * s * m / (m + p - 1) for s in r["single"]]
     print(f"\n== {name}: batch {batch}, M = {m}; samples/s median [range] over {len(limit)} rounds")
+    pair = [x * m / (m + p - 1) for x in r["pair"]]
     print(f"  single process {_fmt(r['single'])};  two-process physical limit (1F1B/GPipe) {_fmt(limit)}")
+    print(f"  the two stages side by side without messages {_fmt(r['pair'])}; x M/(M+P-1) {_fmt(pair)} "
+          f"({statistics.median(p_ / lim for p_, lim in zip(pair, limit)):.0%} of the limit)")
     # per worker per minibatch: M F + M B + 1 U actions; M messages sent and M received
     actions, messages = 2 * m + 1, 2 * m
     for meth in METHODS:
@@ -220,8 +307,9 @@ def _report(name: str, r: dict[str, list[float]]) -> None:
             per_a = statistics.median(gap) / actions * 1e6
             per_m = statistics.median(gap) / messages * 1e6
             share = statistics.median(x / lim for x, lim in zip(v, limit))
-            print(f"  {meth:10s} {who:5s} {_fmt(v)}  {share:5.0%} of the limit;  fixed cost "
-                  f"{per_a:6.0f} us per action, {per_m:6.0f} us per message")
+            share2 = statistics.median(x / c for x, c in zip(v, pair))
+            print(f"  {meth:10s} {who:5s} {_fmt(v)}  {share:5.0%} of the limit, {share2:5.0%} of the side-by-side "
+                  f"one;  fixed cost {per_a:6.0f} us per action, {per_m:6.0f} us per message")
         for who in ("gloo", "shm"):
             ratio = [x / t for x, t in zip(r[f"{who} {meth}"], r[f"torch {meth}"])]
             verdict = "ahead of" if statistics.median(ratio) >= 1 else "BEHIND"
@@ -231,6 +319,33 @@ def _report(name: str, r: dict[str, list[float]]) -> None:
         ratio = [x / g for x, g in zip(r[f"{who} 1f1b-flush"], r[f"{who} gpipe"])]
         print(f"  {who}: 1F1B / GPipe, paired: median {statistics.median(ratio):.2f} "
               f"[{min(ratio):.2f}-{max(ratio):.2f}]")
+    _latency_split(r, batch, m, limit)
+
+
+def _latency_split(r: dict[str, list[float]], batch: int, m: int, limit: list[float]) -> None:
+    """Split each engine's gap to the limit with the two-stage closed forms (tests/test_sim.py):
+    GPipe (M+1)(F+B) + 2L, 1F1B-flush (M+1)(F+B) + 2*ceil(M/2)*L. Their difference gives the
+    latency L the schedules' gap implies; the rest, (M+1)(F+B) against the limit's, is the cost each
+    of the 2M compute actions carries beyond the single process's."""
+    pp = r["ping-pong us"]
+    print(f"  gloo one-way latency, idle pinned ping-pong of one activation: {_fmt(pp)} us")
+    extra = 2 * -(-m // 2) - 2
+    if extra <= 0:
+        print("  (M <= 2: the closed forms coincide; no latency can be read from the gap)")
+        return
+    for who in ("gloo", "shm", "torch"):
+        tg = [batch / x for x in r[f"{who} gpipe"]]
+        tf = [batch / x for x in r[f"{who} 1f1b-flush"]]
+        lat = [(f - g) / extra for f, g in zip(tf, tg)]
+        over = [(g - 2 * la - batch / lim) / (2 * m) for g, la, lim in zip(tg, lat, limit)]
+        allowed = [g / (g + extra * p * 1e-6) for g, p in zip(tg, pp)]
+        print(f"  {who:5s}: latency implied by 1F1B - GPipe {_us(lat)}; cost per compute action beyond "
+              f"the single process's {_us(over)}; 1F1B / GPipe at the ping-pong latency "
+              f"{statistics.median(allowed):.2f}")
+
+
+def _us(v: list[float]) -> str:
+    return f"{statistics.median(v) * 1e6:.0f} us [{min(v) * 1e6:.0f}-{max(v) * 1e6:.0f}]"
 
 
 if __name__ == "__main__":
