@@ -76,10 +76,10 @@ pl.views.partition_graph(prof, plan)
 
 # %%
 # 4. Simulate: the schedule the runtime will execute, timed with the profile and the calibrated cluster
-# (allreduce_overlap="none": replicas all-reduce after backward, as pipelab's runtime does;
-# host_effects=True adds the message stalls pl.calibrate measured on this host: docs/cost_model.md).
+# (allreduce_overlap="none": replicas all-reduce after backward, as pipelab's runtime does). The model is
+# compute, transfers, all-reduces and optimizer steps alone: docs/cost_model.md.
 sim = pl.simulate(plan, prof, cluster, method=method, microbatches=microbatches, minibatches=steps,
-                  allreduce_overlap="none", host_effects=True)
+                  allreduce_overlap="none")
 print(sim)   # what the time assumes: M microbatches of batch_size / M, with the flush of every minibatch
 pl.views.gantt(sim.trace, title=f"simulated {method}")
 

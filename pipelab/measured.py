@@ -117,6 +117,7 @@ class Calibration(Described):
     compute_slowdown: float = 1.0
     compute_factor: dict[str, float] = field(default_factory=dict)
     compute_model: str = ""
+    transport: str = ""     # the point-to-point path measured: "shared memory" or the backend's
     host_effects: HostEffects = field(default_factory=lambda: HostEffects())
     allreduce_after: tuple[tuple[float, float], ...] = ()
     spread: dict[str, float] = field(default_factory=dict)
@@ -204,7 +205,8 @@ class Calibration(Described):
                    + " its profile")
         return (f"calibrated on {self.host} ({self.device}, {self.backend}, {self.workers} workers on "
                 f"{self.cores} cores, torch {self.torch}) at {self.date}\n"
-                f"  p2p: {self.p2p_latency_s * 1e6:.0f} us + n / {self.p2p_bandwidth / 1e9:.3g} GB/s; "
+                f"  p2p ({self.transport or self.backend}): {self.p2p_latency_s * 1e6:.0f} us + n / "
+                f"{self.p2p_bandwidth / 1e9:.3g} GB/s; "
                 f"all-reduce: {self.allreduce_latency_s * 1e6:.0f} us/step, "
                 f"{self.allreduce_bandwidth / 1e9:.3g} GB/s"
                 + "".join(f"; after {c * 1e3:.1f} ms of compute {a * 1e6:.0f} us/step"

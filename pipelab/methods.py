@@ -141,8 +141,9 @@ COMMON_RUNTIME_OPTIONS: tuple[Option, ...] = (
            "(RunResult.peak_memory)", where="runtime"),
     Option("pin_cores", "bool", None, "pin each CPU worker process to a core of its own (None: when the "
            "workers fit the host's cores)", where="runtime"),
-    Option("shared_memory", "bool", False, "gloo, one host: move point-to-point messages through shared "
-           "memory instead of gloo's point-to-point path", where="runtime"),
+    Option("shared_memory", "bool", None, "gloo: point-to-point messages through shared memory (None: where "
+           "the stages compute on CPUs of one host with room for the rings; False: gloo's own path)",
+           where="runtime"),
     Option("checkpoint_every", "int", None, "checkpoint every N minibatches", where="runtime", minimum=1),
     Option("checkpoint_dir", "path", None, "where checkpoints go", where="runtime"),
     Option("checkpoint_keep", "int", 2, "how many checkpoints to keep", where="runtime", minimum=1),

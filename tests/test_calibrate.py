@@ -20,6 +20,7 @@ import pipelab.calibrate as calib
 from pipelab.calibrate.fit import fit_alpha_beta, fit_ring, spread
 from pipelab.cluster import Calibration, Cluster
 from pipelab.costs import CostModel
+from pipelab.runtime import shm
 
 
 def _cal(**kw: object) -> Calibration:
@@ -170,6 +171,9 @@ def test_calibrate_command_measures_this_machine(tmp_path: Path) -> None:
     cl = calib.load(out, backend="gloo")
     cal = cl.calibration
     assert cal is not None and cal.host == socket.gethostname() and cal.workers == 2
+    # the point-to-point sweep measures the path the runtime takes by default
+    assert cal.transport == ("shared memory" if shm.available("gloo") else "gloo")
+    assert f"p2p ({cal.transport})" in cal.describe()
     assert 0 < cal.p2p_latency_s < 0.1 and cal.p2p_bandwidth > 1e6 and cal.memory_bandwidth > 1e8
     assert set(cal.overhead_s) == {"F", "B", "W", "U"}
     assert set(cal.optimizer_s) == {"sgd", "sgd-momentum", "adam"}

@@ -155,7 +155,7 @@ def test_processes_count_messages_and_the_same_state() -> None:
     """Two gloo processes: the message buffers (receives posted ahead, sends not yet retired) are a part
     of their own; the rest is the reference executor's count except the received inputs' storage (a
     padded message buffer instead of the mailbox's copy)."""
-    r = _train("1f1b-flush", backend="gloo")
+    r = _train("1f1b-flush", backend="gloo", shared_memory=False)
     assert r.peak_state[0] == W + W + W + X + 2 * A0
     assert r.peak_held[0] >= r.peak_state[0]
     assert any(b["messages"] > 0 for b in r.memory_breakdown.values())

@@ -204,7 +204,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
         sp["allreduce_after.long"] = spread(latencies["all-reduce after a longer compute"])
     cpu = platform.processor() or platform.machine() or "cpu"
     return Calibration(
-        host=socket.gethostname(), backend=backend,
+        host=socket.gethostname(), backend=backend, transport=str(net.get("transport", backend)),
         device=torch.cuda.get_device_name() if backend == "nccl" else f"cpu:{cpu}",
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         torch=torch.__version__, cores=os.cpu_count() or 1, workers=workers,

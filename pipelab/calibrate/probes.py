@@ -51,11 +51,44 @@ def _wait(work: Any) -> None:
         work.wait()
 
 
-def _p2p_sweep(rank: int, sizes: Sequence[int], repeats: int) -> list[tuple[int, int, float]]:
-    """``(round, bytes, one-way seconds)``: half a ping-pong between ranks 0 and 1 on the runtime's two
-    lanes, after an idle moment as a pipeline's messages come between actions (rank 0's figures)."""
+def _rings(rank: int, world: int, sizes: Sequence[int]) -> Any:
+    """Ranks 0 and 1's shared-memory rings, where the runtime would message through them by default
+    (:func:`pipelab.runtime.process.open_comm`); ``None`` where it would use gloo's own path."""
+    from pipelab.runtime import shm
+    from pipelab.runtime.comm import TensorSpec
+
+    if not shm.available(dist.get_backend()):
+        return None
+    peer = {0: 1, 1: 0}.get(rank)
+    incoming = {} if peer is None else {peer: [[TensorSpec((max(max(sizes) // 4, 1),), "float32")]]}
+    if shm.unusable(world, shm.ring_bytes(incoming)) is not None:
+        return None
+    return shm.ShmComm.open(rank, world, torch.device("cpu"), {}, incoming, [] if peer is None else [peer],
+                            timeout=60.0)
+
+
+def _p2p_sweep(rank: int, sizes: Sequence[int], repeats: int) -> tuple[str, list[tuple[int, int, float]]]:
+    """The transport and its ``(round, bytes, one-way seconds)``: half a ping-pong between ranks 0 and 1
+    on the runtime's path (shared-memory rings, or gloo's two lanes), after an idle moment as a
+    pipeline's messages come between actions (rank 0's figures)."""
+    from pipelab.runtime.comm import Recv, Send, TensorSpec
+
+    rings = _rings(rank, dist.get_world_size(), sizes)
     up: Any = dist.new_group(list(range(dist.get_world_size())))
     down: Any = dist.new_group(list(range(dist.get_world_size())))
+
+    def send(buf: torch.Tensor, peer: int) -> None:
+        if rings is not None:
+            rings.send(Send(peer, 0, [buf]))
+        else:
+            _wait(dist.isend(buf, peer, group=up if peer == 1 else down))
+
+    def recv(buf: torch.Tensor, peer: int) -> None:
+        if rings is not None:
+            buf.copy_(rings.wait(Recv(peer, 0, [TensorSpec(tuple(buf.shape), "float32")]))[0])
+        else:
+            _wait(dist.irecv(buf, peer, group=down if peer == 1 else up))
+
     p2p: list[tuple[int, int, float]] = []
     for r in range(repeats):
         for n in sizes:
@@ -66,15 +99,18 @@ def _p2p_sweep(rank: int, sizes: Sequence[int], repeats: int) -> list[tuple[int,
                 if rank == 0:
                     time.sleep(IDLE_S)
                     t0 = time.perf_counter()
-                    _wait(dist.isend(buf, 1, group=up))
-                    _wait(dist.irecv(buf, 1, group=down))
+                    send(buf, 1)
+                    recv(buf, 1)
                     trips.append((time.perf_counter() - t0) / 2)
                 elif rank == 1:
-                    _wait(dist.irecv(buf, 0, group=up))
-                    _wait(dist.isend(buf, 0, group=down))
+                    recv(buf, 0)
+                    send(buf, 0)
             if rank == 0:
                 p2p.append((r, n, statistics.median(trips[1:])))
-    return p2p
+    if rings is not None:
+        dist.barrier()
+        rings.close()
+    return ("shared memory" if rings is not None else dist.get_backend()), p2p
 
 
 def _allreduce_sweep(rank: int, sizes: Sequence[int], repeats: int) -> list[tuple[int, int, int, float]]:
@@ -111,10 +147,10 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
-        p2p = _p2p_sweep(rank, sizes, repeats)
+        transport, p2p = _p2p_sweep(rank, sizes, repeats)
         ar = _allreduce_sweep(rank, sizes, repeats)
         dist.barrier()
-        queue.put(("ok", rank, {"p2p": p2p, "allreduce": ar}))
+        queue.put(("ok", rank, {"p2p": p2p, "allreduce": ar, "transport": transport}))
     except BaseException:
         queue.put(("error", rank, traceback.format_exc()))
     finally:
@@ -124,8 +160,8 @@ def _group_main(rank: int, world: int, port: int, backend: str, sizes: Sequence[
 
 def p2p_and_allreduce(workers: int, backend: str, sizes: Sequence[int], repeats: int,
                       timeout: float = 120.0) -> dict[str, Any]:
-    """Rank 0's timings (``{"p2p": [(round, n, s)], "allreduce": [(round, n, p, s)]}``) of a group of
-    ``workers`` processes; raises ``RuntimeError`` naming the rank that failed or hung."""
+    """Rank 0's timings (``{"p2p": [(round, n, s)], "allreduce": [(round, n, p, s)], "transport": name}``)
+    of a group of ``workers`` processes; raises ``RuntimeError`` naming the rank that failed or hung."""
     import socket
 
     with socket.socket() as s:

@@ -175,26 +175,29 @@ def stage_device(job: Job, rank: int, local_rank: int | None = None) -> torch.de
 def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups: dict[int, Any], mode: str,
               orders: Any, carried: Callable[[Any], bool]) -> DistComm:
     """This worker's transport (a collective: every rank calls it): point-to-point messages through
-    shared memory (:class:`~pipelab.runtime.shm.ShmComm`) with ``job.runtime.shared_memory`` (gloo, every
-    worker on this host, room for the rings); else over the process group."""
+    shared memory (:class:`~pipelab.runtime.shm.ShmComm`) where it works (gloo, CPU stages, every worker
+    on this host, room for the rings) unless ``job.runtime.shared_memory`` is False; else over the
+    process group, one lane per direction."""
     through_host = device.type == "cuda" and job.backend != "nccl"
-    if job.runtime.shared_memory:
-        if not shm.available(job.backend):
-            raise RuntimeError(f"shared_memory=True needs the gloo backend on x86-64 Linux (backend "
-                               f"{job.backend!r} here); leave it out to use gloo's point-to-point path")
+    asked = job.runtime.shared_memory
+    if asked and not shm.available(job.backend):
+        raise RuntimeError(f"shared_memory=True needs the gloo backend on x86-64 Linux (backend "
+                           f"{job.backend!r} here); leave it out to use gloo's point-to-point path")
+    if asked or (asked is None and shm.available(job.backend) and device.type == "cpu"):
         incoming: dict[int, list[Any]] = {}
         for i in range(len(worker.actions)):
             for r in worker.recvs(i):
                 if r.src != rank:
                     incoming.setdefault(r.src, []).append(r.specs)
         reason = shm.unusable(job.world_size, shm.ring_bytes(incoming))
-        if reason is not None:
+        if reason is None:
+            sends, _ = peer_orders(job.schedule, rank, carried)
+            outgoing = sorted(d for d, seq in sends.items() if d != rank and seq)
+            return shm.ShmComm.open(rank, job.world_size, device, groups, incoming, outgoing,
+                                    timeout=job.timeout, match=mode, orders=orders, through_host=through_host)
+        if asked:
             raise RuntimeError(f"shared_memory=True, but {reason}; leave it out to use gloo's point-to-point "
                                "path")
-        sends, _ = peer_orders(job.schedule, rank, carried)
-        outgoing = sorted(d for d, seq in sends.items() if d != rank and seq)
-        return shm.ShmComm.open(rank, job.world_size, device, groups, incoming, outgoing, timeout=job.timeout,
-                                match=mode, orders=orders, through_host=through_host)
     lanes = None
     if job.backend == "gloo":   # one process group per direction (see pipelab.runtime.comm, "Lanes")
         world = list(range(job.world_size))

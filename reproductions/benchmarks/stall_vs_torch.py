@@ -9,14 +9,15 @@ three models, each cut into the same two stages for both engines, trained with `
 * CNN: ``notebooks/01_quickstart``'s ``demo.small_cnn`` on 8x8 images, batch 64, M = 4;
 * large MLP: 8 x (Linear(512, 512) + ReLU), batch 64, M = 8 (actions of milliseconds).
 
-Contenders: pipelab over gloo's point-to-point path (``shared_memory=False``), pipelab with
-``shared_memory=True`` (:mod:`pipelab.runtime.shm`), torch's engine. Each round runs every contender
-once, in an order that alternates between rounds. Throughput = samples / second between minibatch
-completions after a warm-up (pipelab: its trace's ``U`` ends on worker 0, first fifth left out; torch:
-between two barriers after 3 warm-up steps). The physical limit is 2 x the single-process rate at the
-same microbatch size (one process, M microbatches accumulated, one step) x M / (M + P - 1), measured in
-the same round. The *fixed cost* per action (and per message) is the gap between a contender's time
-per minibatch and the limit's, divided by the actions (messages) of the busier worker per minibatch.
+Contenders: pipelab over gloo's point-to-point path (``shared_memory=False``), pipelab through
+shared-memory rings (:mod:`pipelab.runtime.shm`, its default on one host), torch's engine. Each round
+runs every contender once, in an order that alternates between rounds. Throughput = samples / second
+between minibatch completions after a warm-up (pipelab: its trace's ``U`` ends on worker 0, first fifth
+left out; torch: between two barriers after 3 warm-up steps). The physical limit is 2 x the
+single-process rate at the same microbatch size (one process, M microbatches accumulated, one step) x M
+/ (M + P - 1), measured in the same round. The *fixed cost* per action (and per message) is the gap
+between a contender's time per minibatch and the limit's, divided by the actions (messages) of the
+busier worker per minibatch.
 
     python reproductions/benchmarks/stall_vs_torch.py [--rounds 3] [--steps 40] [--models small,cnn,large]
 """
@@ -308,8 +309,8 @@ def _report(name: str, r: dict[str, list[float]]) -> None:
             per_m = statistics.median(gap) / messages * 1e6
             share = statistics.median(x / lim for x, lim in zip(v, limit))
             share2 = statistics.median(x / c for x, c in zip(v, pair))
-            print(f"  {meth:10s} {who:5s} {_fmt(v)}  {share:5.0%} of the limit, {share2:5.0%} of the side-by-side "
-                  f"one;  fixed cost {per_a:6.0f} us per action, {per_m:6.0f} us per message")
+            print(f"  {meth:10s} {who:5s} {_fmt(v)}  {share:5.0%} of the limit, {share2:5.0%} of the "
+                  f"side-by-side one;  fixed cost {per_a:6.0f} us per action, {per_m:6.0f} us per message")
         for who in ("gloo", "shm"):
             ratio = [x / t for x, t in zip(r[f"{who} {meth}"], r[f"torch {meth}"])]
             verdict = "ahead of" if statistics.median(ratio) >= 1 else "BEHIND"
