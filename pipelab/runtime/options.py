@@ -103,7 +103,7 @@ class RuntimeOptions:
     device: str | None = None     # where stages compute under gloo: None/"cpu", "cuda", "cuda:N"
     measure_memory: bool = False  # count each worker's memory after every action (runtime/memory.py)
     pin_cores: bool | None = None  # one core per CPU worker process (runtime/affinity.py)
-    shared_memory: bool | None = None  # p2p through shared memory on one host (runtime/shm.py)
+    shared_memory: bool | None = None  # p2p rings on one host (runtime/shm.py); None: where they work
     on_nonfinite: str = "raise"    # a NaN/inf loss or gradient: "raise", "warn", "skip" (runtime/guards.py)
     resume_fallback: bool = True   # a damaged newest checkpoint: fall back to the previous sealed one
     method: Mapping[str, Any] = field(default_factory=dict)

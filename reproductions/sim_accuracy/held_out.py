@@ -147,7 +147,7 @@ def run(cluster: pl.Cluster | None, groups: tuple[str, ...] = ("held-out",), *, 
         steps: int = 40, **options: Any) -> pd.DataFrame:
     """One row per configuration and round: the measured steady-state rate and every prediction
     (``pred_<variant>``: :func:`variants`), every configuration run once per round, in turn
-    (``options``: to ``pl.train``, e.g. ``shared_memory=True``).
+    (``options``: to ``pl.train``, e.g. ``shared_memory=False``).
 
     ``cluster=None`` (fresh): each round repeats the whole recipe, ``pl.calibrate``, the profiles, the
     plans and the predictions, right before its runs; else one calibration serves every round.
@@ -213,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true",
                     help="calibrate, profile and predict again before each round's runs")
     ap.add_argument("--out", default=str(HERE), help="where to write held_out.csv and held_out.md")
-    ap.add_argument("--shared-memory", action="store_true",
-                    help="real runs with train(shared_memory=True): messages through shared memory, not gloo")
+    ap.add_argument("--gloo-p2p", action="store_true",
+                    help="real runs with train(shared_memory=False): messages over gloo's own point-to-point "
+                         "path, not the default shared-memory rings")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.steps < 8:
         ap.error("--rounds must be >= 1 and --steps >= 8 (a steady window needs minibatches)")
@@ -228,12 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         if cluster.calibration is None:
             ap.error(f"{args.cluster}: not a calibrated cluster; write one with `pipelab calibrate -o`")
         print(cluster.calibration.describe())
-    extra = {"shared_memory": True} if args.shared_memory else {}
+    extra = {"shared_memory": False} if args.gloo_p2p else {}
     df = run(cluster, ("held-out", "fitted") if args.fitted else ("held-out",), rounds=args.rounds,
              steps=args.steps, **extra)
     out = Path(args.out)
     df.to_csv(out / "held_out.csv", index=False, float_format="%.6g")
-    md = report(df, cluster, f"{args.steps} minibatches per run{', shared memory' if extra else ''}; load "
+    path = ", gloo's point-to-point path" if extra else ", shared-memory rings"
+    md = report(df, cluster, f"{args.steps} minibatches per run{path}; load "
                 f"average before {load0}, after "
                 f"{_load()}; {time.perf_counter() - t0:.0f} s in all")
     (out / "held_out.md").write_text(md)
