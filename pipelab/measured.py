@@ -243,6 +243,3 @@ class Calibration(Described):
             raise ValueError(f"calibration lacks field {exc}; {again}") from None
         except TypeError as exc:
             raise ValueError(f"malformed calibration ({exc}); {again}") from None
-
-
-__all__ = ["FACTOR_KINDS", "HOST_TERMS", "Calibration", "HostEffects"]

@@ -387,6 +387,3 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
                             minibatch_scale=sch.microbatches if is_dp else 1, host_effects=host)
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
     return res
-
-
-__all__ = ["SimResult", "simulate", "simulate_schedule", "ProfileCosts", "virtual_plan"]
