@@ -33,6 +33,3 @@ class Described:
 
     def _repr_html_(self) -> str:
         return html_pre(self.describe())
-
-
-__all__ = ["Described", "REPR_LINES", "html_pre", "short"]

@@ -26,6 +26,3 @@ def check_divides(batch: int, microbatches: int) -> None:
         listed = ", ".join(near[:8]) + (", ..." if len(near) > 8 else "")
         raise ValueError(f"a minibatch of {batch} samples does not split into microbatches={microbatches} "
                          f"equal parts; use a divisor of {batch} ({listed}) or change the batch size")
-
-
-__all__ = ["check_divides", "default_microbatches", "divisors"]

@@ -280,6 +280,3 @@ def _typical_durations(actual: Mapping[_Key, float], slowdown: Mapping[int, floa
         by_kind.setdefault(kind, []).append(v)
     mean_kind = {k: sum(v) / len(v) for k, v in by_kind.items()}
     return {k: mean_kind[k[2]] for k in actual}, {k: median[(k[1], k[2])] for k in actual}
-
-
-__all__ = ["PARTS", "BubbleBreakdown", "critical_path", "explain"]

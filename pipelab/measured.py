@@ -18,14 +18,8 @@ FACTOR_KINDS = ("F", "B")
 
 HOST_TERMS = ("cross", "busy_sender")
 
-# message_s keys of older files that are host effects
-_OLD_HOST_MESSAGE_KEYS = {"cross": "cross_s", "cross_interleaved": "cross_interleaved_s",
-                          "busy_sender": "busy_sender_s"}
-
 _NEUTRAL: dict[str, dict[str, Any]] = {
     "cross": {"cross_s": 0.0, "cross_interleaved_s": None}, "busy_sender": {"busy_sender_s": 0.0}}
-
-_RETIRED = ("duty_slowdown", "arrive_s", "post_ahead", "stash_s")
 
 
 def _finite(v: Any) -> bool:
@@ -90,8 +84,8 @@ class HostEffects:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostEffects:
-        """Inverse of :meth:`to_dict` (a retired term of an older file loads as nothing)."""
-        return cls(**{k: v for k, v in d.items() if k not in _RETIRED})
+        """Inverse of :meth:`to_dict`."""
+        return cls(**d)
 
 
 @dataclass(frozen=True, repr=False)
@@ -229,22 +223,10 @@ class Calibration(Described):
         """Inverse of :meth:`to_dict`; raises ``ValueError`` naming a missing or bad field."""
         again = "re-create it with `pipelab calibrate`"
         try:
-            d = dict(d)
-            msg = dict(d.pop("message_s", {}) or {})
-            host = dict(d.pop("host_effects", {}) or {})
-            for old, new in _OLD_HOST_MESSAGE_KEYS.items():
-                if old in msg:
-                    host.setdefault(new, msg.pop(old))
-            msg.pop("arrive", None)
-            d.pop("duty_slowdown", None)
-            d.pop("stash_s", None)
-            return cls(**{**d, "message_s": msg, "host_effects": HostEffects.from_dict(host),
+            return cls(**{**d, "host_effects": HostEffects.from_dict(d.get("host_effects") or {}),
                           "optimizer_s": {k: tuple(v) for k, v in d["optimizer_s"].items()},
                           "allreduce_after": tuple(tuple(p) for p in d.get("allreduce_after", ()))})
         except KeyError as exc:
             raise ValueError(f"calibration lacks field {exc}; {again}") from None
         except TypeError as exc:
             raise ValueError(f"malformed calibration ({exc}); {again}") from None
-
-
-__all__ = ["FACTOR_KINDS", "HOST_TERMS", "Calibration", "HostEffects"]

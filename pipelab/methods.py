@@ -239,7 +239,3 @@ def names(*, synchronous: bool | None = None) -> tuple[str, ...]:
 
 #: the planner's default method (:attr:`Method.baseline`)
 BASELINE: str = next(n for n, m in METHODS.items() if m.baseline)
-
-
-__all__ = ["BASELINE", "COMMON_RUNTIME_OPTIONS", "COMMON_SCHEDULE_OPTIONS", "METHODS", "Method",
-           "MethodError", "Option", "get", "names"]

@@ -133,8 +133,3 @@ def most_live(kinds: Iterable[str], split_backward: bool = False) -> int:
         elif k == done:
             live -= 1
     return best
-
-
-__all__ = ["COMPUTE_KINDS", "Event", "bubble_by_worker", "bubble_fraction", "busy_time", "compute_events",
-           "in_flight", "minibatch_completions", "most_live", "span", "span_throughput",
-           "steady_window"]

@@ -126,19 +126,11 @@ class Trace(Described):
         """Read a file written by :meth:`to_chrome_trace` back (exact times from the events' args)."""
         try:
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
-            raw = doc["traceEvents"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            events = [Event(worker=int(ev["tid"]), kind=str(ev["cat"]), **ev["args"])
+                      for ev in doc["traceEvents"] if ev.get("ph") == "X"]
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path} is not a Chrome trace written by Trace.to_chrome_trace ({exc})") \
                 from None
-        events = []
-        for ev in (ev for ev in raw if ev.get("ph") == "X"):
-            a = ev.get("args", {})
-            start = a.get("start_s", ev["ts"] / 1e6)
-            events.append(Event(worker=int(ev["tid"]), stage=int(a.get("stage", -1)), kind=str(ev["cat"]),
-                                microbatch=int(a.get("microbatch", -1)), start_s=float(start),
-                                end_s=float(a.get("end_s", start + ev.get("dur", 0.0) / 1e6)),
-                                bytes=int(a.get("bytes", 0)), weight_version=int(a.get("weight_version", -1)),
-                                step=int(a.get("step", -1)), peer=int(a.get("peer", -1))))
         return cls(events=tuple(events), meta=dict(doc.get("otherData", {})))
 
     def busy_time(self, start: float | None = None, end: float | None = None) -> dict[int, float]:

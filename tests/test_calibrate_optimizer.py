@@ -1,12 +1,13 @@
 """The optimizer step's probe (``pipelab.calibrate.probes.optimizer_steps``): per optimizer, size and
 tensor count, timed cold after evicting the host's last-level cache; and that calibration files from
 before the weight policies' extras were retired (``stash_s``: they did not earn their place on models
-they were not fitted on, ``reproductions/sim_accuracy/README.md``) still load."""
+they were not fitted on, ``reproductions/sim_accuracy/README.md``) are refused, naming the field."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from _calibrations import bare_calibration
 
 from pipelab.calibrate import probes
@@ -33,13 +34,16 @@ def test_the_eviction_between_steps_is_the_last_level_cache_read_from_sysfs(tmp_
     assert probes.last_level_cache_bytes(5, sysfs=tmp_path / "missing") == 5
 
 
-def test_a_file_with_the_retired_stash_and_duty_terms_loads_without_them() -> None:
+def test_a_file_with_the_retired_stash_and_duty_terms_is_refused_naming_the_term() -> None:
     cal = bare_calibration(host_effects=HostEffects(cross_s=1e-3))
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
     old = {k: v for k, v in cal.to_dict().items() if k != "host_effects"}
-    old.update(stash_s={"call": 9e-6, "tensor": 3.5e-6}, duty_slowdown=[[0.2, 1.37]],
-               message_s={"send": 1e-5, "cross": 1e-3, "arrive": 2e-4})
-    again = Calibration.from_dict(json.loads(json.dumps(old)))
-    assert again.host_effects == HostEffects(cross_s=1e-3) and again.message_s == {"send": 1e-5}
+    old.update(stash_s={"call": 9e-6, "tensor": 3.5e-6}, duty_slowdown=[[0.2, 1.37]])
+    with pytest.raises(ValueError, match="stash_s|duty_slowdown"):
+        Calibration.from_dict(old)
+    with pytest.raises(ValueError, match="message_s has .*cross"):
+        Calibration.from_dict({**cal.to_dict(), "message_s": {"send": 1e-5, "cross": 1e-3}})
     newer = cal.to_dict()
-    newer["host_effects"].update(post_ahead=4, arrive_s=2e-4, stash_s={"call": 1e-6})
-    assert Calibration.from_dict(newer) == cal
+    newer["host_effects"].update(post_ahead=4)
+    with pytest.raises(ValueError, match="post_ahead"):
+        Calibration.from_dict(newer)

@@ -72,6 +72,3 @@ def interleaved_crossing(repeats: int, backend: str = "gloo", steps: int = 48) -
         if any(k[2] == "crossed" for k in pooled):
             out.append(rounds[-1])
     return out
-
-
-__all__ = ["extras_over_quiet", "interleaved_crossing"]

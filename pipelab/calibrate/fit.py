@@ -62,6 +62,3 @@ def spread(values: Sequence[float]) -> float:
         return 0.0
     med = statistics.median(vs)
     return (max(vs) - min(vs)) / med if med > 0 else 0.0
-
-
-__all__ = ["fit_alpha_beta", "fit_ring", "fit_step", "spread"]

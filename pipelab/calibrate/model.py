@@ -104,6 +104,3 @@ def calibrate_model(cluster: Cluster, model_fn: Callable[[], torch.nn.Module],
     new = dataclasses.replace(cal, compute_factor=got, compute_model=profile.model, spread=sp,
                               samples=samples)
     return dataclasses.replace(cluster, calibration=new)
-
-
-__all__ = ["ModelRuns", "calibrate_model", "factors"]

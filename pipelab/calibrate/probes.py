@@ -268,6 +268,3 @@ def memory_copy(nbytes: int, repeats: int) -> list[float]:
         dst.copy_(src)
         out.append(2 * src.numel() * 4 / (time.perf_counter() - t0))
     return out
-
-
-__all__ = ["OPTIMIZERS", "TENSOR_COUNTS", "memory_copy", "optimizer_steps", "p2p_and_allreduce"]

@@ -198,6 +198,3 @@ def choose(paired: Mapping[int, Sequence[float]], default: int) -> int:
         if wins > len(ratios) / 2 and med > best_ratio:
             best, best_ratio = r, med
     return best
-
-
-__all__ = ["COLUMNS", "ConfirmOptions", "Confirmed", "choose", "confirm", "shortlist", "steps_for"]

@@ -225,8 +225,3 @@ def resolve_margin(margin: Margin | str | Path | None) -> tuple[Margin, str]:
         return got, f"measured: {path}"
     got = check_margin(margin)
     return got, "given"
-
-
-__all__ = ["NO_MARGIN", "ONE_STAGE_ASYNC", "ONE_STAGE_SYNC", "bounds_of", "check_margin", "decide",
-           "less_shift", "load_errors", "load_margin", "load_ranges", "margin_from_accuracy",
-           "ranges_from_accuracy", "resolve_margin"]

@@ -88,6 +88,3 @@ class SavedBytes:
     def total(self) -> int:
         """Bytes of the storages counted (inputs and weights left out)."""
         return sum(self.storages.values())
-
-
-__all__ = ["SavedBytes", "Timer", "Timing", "detach", "tensors"]

@@ -176,6 +176,3 @@ def _rnn_flops(rnn: nn.RNNBase, x: Any) -> int:
     h = rnn.hidden_size
     return tokens * sum(dirs * 2 * gates * h * ((rnn.input_size if layer == 0 else h * dirs) + h)
                         for layer in range(rnn.num_layers))
-
-
-__all__ = ["LayerRunner", "Measured", "Pass", "fresh_inputs", "measure_layer"]

@@ -80,6 +80,3 @@ def measure_loss(loss_fn: Callable[..., torch.Tensor], output: Any, target: Any 
             fwd.append(f)
             bwd.append(b)
     return LossCosts(statistics.median(fwd), statistics.median(bwd), saved)
-
-
-__all__ = ["LossCosts", "measure_loss"]

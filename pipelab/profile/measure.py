@@ -423,6 +423,3 @@ def _forward_in_context(gm: fx.GraphModule, args: tuple[Any, ...], timer: _Timer
             for s, t in zip(samples, times):
                 s.append(t)
     return [statistics.median(s) for s in samples], output, output_values
-
-
-__all__ = ["profile"]

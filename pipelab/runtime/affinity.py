@@ -19,6 +19,3 @@ def pin_worker(local_rank: int, local_workers: int, mode: bool | None = None) ->
     core = cores[local_rank % len(cores)]
     os.sched_setaffinity(0, {core})
     return core
-
-
-__all__ = ["pin_worker"]

@@ -145,6 +145,3 @@ class MemoryMeter:
         cuda_peak = torch.cuda.max_memory_allocated(self.cuda) if self.cuda is not None else None
         self.peak = self.peak_held if cuda_peak is None else int(cuda_peak)
         return held
-
-
-__all__ = ["MemoryMeter", "PARTS"]

@@ -107,7 +107,6 @@ class PipeMareState:
                 "delta": [d.clone() for d in self.delta]}
 
     def load_state_dict(self, sd: Mapping[str, object]) -> None:
-        """Inverse of :meth:`state_dict`."""
         delta = sd["delta"]
         assert isinstance(delta, list)
         if len(delta) != len(self.delta):

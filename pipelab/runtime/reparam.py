@@ -45,6 +45,3 @@ class Reparametrizer:
         finally:
             for slots, leaf, orig in reversed(saved):
                 slots[leaf] = orig
-
-
-__all__ = ["Reparametrizer"]

@@ -85,6 +85,3 @@ class Stalled(Delegating):
         """The base cost, plus the stall when this action crossed."""
         t = self.base.compute(worker, action, split)
         return t + self.extra if (worker, action) in self.crossed else t
-
-
-__all__ = ["Stalled", "arrived_actions", "crossed_actions"]

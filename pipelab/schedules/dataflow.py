@@ -100,7 +100,6 @@ class UnitCosts(Costs):
     allreduce_s: float = 0.0
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
-        """See :meth:`Costs.compute`."""
         k = action.kind
         if k == "F":
             return self.f
@@ -109,11 +108,9 @@ class UnitCosts(Costs):
         return self.w if k == "W" else self.u
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
-        """See :meth:`Costs.send`."""
         return (0.0 if src == dst else self.send_s), 0
 
     def allreduce(self, stage: int, workers: tuple[int, ...], grad_s: float) -> tuple[float, float, int]:
-        """See :meth:`Costs.allreduce`."""
         return max(grad_s, self.allreduce_s), self.allreduce_s, 0
 
 

@@ -146,6 +146,3 @@ def zb_h1(plan: Plan, M: int, K: int) -> Schedule:
                     out.append(Action(s, "W", pending.pop(0)))
         return out + [Action(s, "W", m) for m in pending]
     return _per_minibatch(plan, "zb-h1", M, K, order, {"split_backward": True})
-
-
-__all__ = ["gpipe", "one_f_one_b_flush", "dp", "interleaved", "zb_h1"]

@@ -124,7 +124,3 @@ def require() -> ModuleType:
                       f"{torch_version()} has every private name it uses, but was not tested",
                       RuntimeWarning, stacklevel=2)
     return _schedules()
-
-
-__all__ = ["COMM_TYPES", "COMPUTE_TYPES", "SCHEDULE_CLASSES", "STAGE_ATTRIBUTES", "TESTED_TORCH",
-           "TorchAPIError", "problems", "require", "torch_version"]

@@ -308,6 +308,3 @@ def to_torch_csv(schedule: Schedule, path: str | os.PathLike[str]) -> Path:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(row for _, row in sorted(to_torch_order(schedule).items()))
     return atomic_write_text(path, buf.getvalue())
-
-
-__all__ = ["from_torch", "to_torch_csv", "to_torch_order", "torch_schedule_names"]

@@ -35,6 +35,3 @@ def run_with(schedule: Schedule, costs: Costs, host: HostEffects) -> list[Event]
         if crossed:
             events = run(schedule, Stalled(costs, crossed, stall))
     return events
-
-
-__all__ = ["HostCosts", "HostEffects", "run_with"]

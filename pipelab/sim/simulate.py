@@ -43,6 +43,7 @@ def _order(method: str) -> str | None:
     spec = methods.METHODS.get(method)
     return spec.order if spec is not None else None
 
+
 @dataclass(frozen=True, repr=False)
 class SimResult(Described):
     """What a simulated run did and what it measured (times in seconds, memory in bytes)."""
@@ -124,7 +125,6 @@ class ProfileCosts(Costs):
         return rank if self.phys is None else self.phys[rank]
 
     def compute(self, worker: int, action: Action, split: bool) -> float:
-        """See :meth:`Costs.compute`."""
         split_bw = split and action.kind in ("B", "W")    # cached apart: (B, W) rather than (F, B)
         key = (-1 - action.stage if split_bw else action.stage, worker)
         if key not in self._cache:
@@ -145,7 +145,6 @@ class ProfileCosts(Costs):
         return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
-        """See :meth:`Costs.send`."""
         key = (src, dst, action.stage, action.kind)
         hit = self._sends.get(key)
         if hit is None:
@@ -387,6 +386,3 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
                             minibatch_scale=sch.microbatches if is_dp else 1, host_effects=host)
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
     return res
-
-
-__all__ = ["SimResult", "simulate", "simulate_schedule", "ProfileCosts", "virtual_plan"]

@@ -176,6 +176,3 @@ def to_torch(plan: Plan, schedule: Schedule | str, model: nn.Module, *,
                                     group=group))
     return _runtime_class()(stages, schedule.microbatches, loss_fn, order=order, schedule=schedule,
                             modules=modules, scale_grads=opts.scale_grads)
-
-
-__all__ = ["BridgeOptions", "stage_modules", "to_torch"]

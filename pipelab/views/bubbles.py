@@ -101,6 +101,3 @@ def pareto(table: pd.DataFrame, *, selected: int | None = None) -> go.Figure:
                       yaxis={"title": {"text": "samples/s"}}, height=420,
                       margin={"l": 10, "r": 10, "t": 50, "b": 40})
     return fig
-
-
-__all__ = ["PART_COLORS", "bubbles", "pareto", "with_critical_path"]

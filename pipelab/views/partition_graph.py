@@ -115,6 +115,3 @@ def _node_traces(profile: Profile, plan: Plan, g: nx.DiGraph, pos: dict[int, tup
                            "output %{customdata[5]}<extra></extra>"),
         ))
     return out
-
-
-__all__ = ["layer_graph", "layered_positions", "partition_graph"]

@@ -82,6 +82,3 @@ class PlannerExplorer(Displayable):
     def static_text(self) -> list[str]:
         """The selection's summary line."""
         return [self.message]
-
-
-__all__ = ["PlannerExplorer"]

@@ -79,7 +79,6 @@ class PipeMarePolicy(NoStash):
         return {"pipemare": self.state.state_dict(), "steps": self.steps, "base_lrs": self._base_lrs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`."""
         self.state.load_state_dict(state["pipemare"])
         self.steps = int(state["steps"])
         self._base_lrs = state["base_lrs"]
