@@ -7,7 +7,7 @@ Files round-trip through ``to_dict``/``from_dict``; a term absent from an older 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -16,10 +16,9 @@ from pipelab._display import Described
 
 FACTOR_KINDS = ("F", "B")
 
-HOST_TERMS = ("cross", "busy_sender")
+HOST_TERMS = ("busy_sender",)
 
-_NEUTRAL: dict[str, dict[str, Any]] = {
-    "cross": {"cross_s": 0.0, "cross_interleaved_s": None}, "busy_sender": {"busy_sender_s": 0.0}}
+_NEUTRAL: dict[str, dict[str, Any]] = {"busy_sender": {"busy_sender_s": 0.0}}
 
 
 def _finite(v: Any) -> bool:
@@ -33,21 +32,14 @@ def _need(ok: bool, problem: str) -> None:
 
 @dataclass(frozen=True)
 class HostEffects:
-    """What one host adds to the core model (0 or None: no effect; the terms: docs/cost_model.md)."""
+    """What one host adds to the core model (0: no effect; the terms: docs/cost_model.md)."""
 
-    cross_s: float = 0.0
-    cross_interleaved_s: float | None = None
     busy_sender_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("cross_s", "busy_sender_s"):
-            v = getattr(self, name)
-            if not (_finite(v) and v >= 0):
-                raise ValueError(f"host effects: {name}={v!r} must be a finite number >= 0 seconds")
-        ci = self.cross_interleaved_s
-        if ci is not None and not (_finite(ci) and ci >= 0):
-            raise ValueError(f"host effects: cross_interleaved_s={ci!r} must be None or a number >= 0 "
-                             "seconds")
+        v = self.busy_sender_s
+        if not (_finite(v) and v >= 0):
+            raise ValueError(f"host effects: busy_sender_s={v!r} must be a finite number >= 0 seconds")
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -61,22 +53,9 @@ class HostEffects:
             raise ValueError(f"unknown host terms {bad}; use {', '.join(HOST_TERMS)}")
         return replace(self, **{k: v for t in terms for k, v in _NEUTRAL[t].items()})
 
-    def crossing_s(self, interleaved: bool = False) -> float:
-        """The crossing stall of a schedule (``interleaved``: one with virtual stages)."""
-        if interleaved and self.cross_interleaved_s is not None:
-            return float(self.cross_interleaved_s)
-        return float(self.cross_s)
-
     def describe(self) -> str:
         """One line for humans: the terms that have an effect."""
-        parts = []
-        if self.cross_s or self.cross_interleaved_s:
-            parts.append(f"crossed action +{self.cross_s * 1e6:.0f} us"
-                         + (f" ({self.cross_interleaved_s * 1e6:.0f} us interleaved)"
-                            if self.cross_interleaved_s is not None else ""))
-        if self.busy_sender_s:
-            parts.append(f"a busy sender's message +{self.busy_sender_s * 1e6:.0f} us")
-        return "; ".join(parts) if parts else "none"
+        return f"a busy sender's message +{self.busy_sender_s * 1e6:.0f} us" if self.busy_sender_s else "none"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
@@ -84,7 +63,11 @@ class HostEffects:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostEffects:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`; raises ``ValueError`` naming a retired (or unknown) field."""
+        old = sorted(set(d) - {f.name for f in fields(cls)})
+        if old:
+            raise ValueError(f"host effects: {', '.join(old)} retired or unknown (docs/cost_model.md); "
+                             "re-create the file with `pipelab calibrate`")
         return cls(**d)
 
 

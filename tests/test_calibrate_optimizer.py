@@ -1,7 +1,8 @@
 """The optimizer step's probe (``pipelab.calibrate.probes.optimizer_steps``): per optimizer, size and
 tensor count, timed cold after evicting the host's last-level cache; and that calibration files from
-before the weight policies' extras were retired (``stash_s``: they did not earn their place on models
-they were not fitted on, ``reproductions/sim_accuracy/README.md``) are refused, naming the field."""
+before the weight policies' extras or the crossing stall were retired (``stash_s``, ``cross_s``: they did
+not earn their place on models they were not fitted on, ``reproductions/sim_accuracy/README.md``) are
+refused, naming the field."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_the_eviction_between_steps_is_the_last_level_cache_read_from_sysfs(tmp_
 
 
 def test_a_file_with_the_retired_stash_and_duty_terms_is_refused_naming_the_term() -> None:
-    cal = bare_calibration(host_effects=HostEffects(cross_s=1e-3))
+    cal = bare_calibration(host_effects=HostEffects(busy_sender_s=1e-3))
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
     old = {k: v for k, v in cal.to_dict().items() if k != "host_effects"}
     old.update(stash_s={"call": 9e-6, "tensor": 3.5e-6}, duty_slowdown=[[0.2, 1.37]])
@@ -47,3 +48,12 @@ def test_a_file_with_the_retired_stash_and_duty_terms_is_refused_naming_the_term
     newer["host_effects"].update(post_ahead=4)
     with pytest.raises(ValueError, match="post_ahead"):
         Calibration.from_dict(newer)
+
+
+def test_a_file_with_the_retired_crossing_stall_is_refused_naming_the_field() -> None:
+    old = bare_calibration().to_dict()
+    old["host_effects"].update(cross_s=1e-3, cross_interleaved_s=5e-4)
+    with pytest.raises(ValueError, match=r"cross_interleaved_s, cross_s retired.*`pipelab calibrate`"):
+        Calibration.from_dict(json.loads(json.dumps(old)))
+    with pytest.raises(ValueError, match="cross_s retired"):
+        HostEffects.from_dict({"cross_s": 1e-3, "busy_sender_s": 2e-4})

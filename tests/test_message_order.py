@@ -14,7 +14,7 @@ import pipelab.methods as methods
 from pipelab.partition.plan import Plan
 from pipelab.schedules import ScheduleError, build, validate
 from pipelab.schedules.actions import Action, Schedule
-from pipelab.schedules.messages import Message, first_mismatch, pair_sequences
+from pipelab.schedules.messages import Message, first_mismatch, pair_sequences, sent_by
 
 STRAIGHT = Plan.from_boundaries(4, [1, 2], [1, 1, 1])
 REPLICATED = Plan.from_boundaries(4, [1, 2], [2, 1, 2])     # 5 workers, replicated first and last stage
@@ -142,3 +142,14 @@ def test_mixed_directions_on_one_pair_are_ordered_too() -> None:
 def test_message_names() -> None:
     assert str(Message("act", 0, 3)) == "act of 0F3"
     assert str(Message("grad", 2, 1)) == "grad of 2B1"
+
+
+def test_who_an_action_sends_to_is_the_neighbour_stage_on_another_worker() -> None:
+    sch = build("1f1b-flush", 2, microbatches=2)
+    assert sent_by(sch, 0, Action(0, "F", 0)) is not None and sent_by(sch, 0, Action(0, "F", 0))[0] == 1
+    assert sent_by(sch, 1, Action(1, "B", 0)) is not None and sent_by(sch, 1, Action(1, "B", 0))[0] == 0
+    assert sent_by(sch, 1, Action(1, "F", 0)) is None       # the last stage sends no activation
+    assert sent_by(sch, 0, Action(0, "B", 0)) is None       # the first stage sends no gradient
+    inter = build("interleaved-1f1b", 2, microbatches=2, chunks=2)
+    # stage 1 (worker 1) hands stage 2 (worker 0) its activation: another worker, a message
+    assert sent_by(inter, 1, Action(1, "F", 0)) is not None and sent_by(inter, 1, Action(1, "F", 0))[0] == 0

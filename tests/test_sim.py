@@ -428,3 +428,31 @@ def test_a_busy_sender_delays_messages_but_not_a_hand_off_on_its_own_worker() ->
     acts = (tuple(Action.parse(a) for a in ("0F0", "0F1")), tuple(Action.parse(a) for a in ("1F0", "1F1")))
     two = Schedule("x", 2, ((0,), (1,)), 2, 1, acts)
     assert {e.action: e.start_s for e in run(two, Busy()) if e.kind == "F"}["1F0"] == pytest.approx(11.0)
+
+
+def test_the_core_simulation_has_no_host_effect_unless_asked() -> None:
+    """A calibrated cluster's host effects (pipelab.sim.host_effects) apply only with host_effects=True
+    (or a record): the default simulation is the core model's, and a neutral record gives exactly the
+    same result."""
+    import dataclasses
+
+    from pipelab.measured import Calibration, HostEffects
+
+    host = HostEffects(busy_sender_s=3e-4)
+    cal = Calibration(host="h", backend="gloo", device="cpu", date="d", torch="t", cores=2, workers=2,
+                      p2p_latency_s=1e-5, p2p_bandwidth=1e9, allreduce_latency_s=1e-5,
+                      allreduce_bandwidth=1e9, overhead_s={}, optimizer_s={}, memory_bandwidth=1e10,
+                      host_effects=host)
+    cl = dataclasses.replace(Cluster.flat(2), calibration=cal)
+    prof = Profile.synthetic([1e-3] * 4, out_bytes=[4096] * 4, batch_size=8)
+    core = simulate(2, prof, cl, "1f1b-flush", microbatches=4, minibatches=3)
+    neutral = simulate(2, prof, cl, "1f1b-flush", microbatches=4, minibatches=3, host_effects=HostEffects())
+    assert neutral.time_per_minibatch == core.time_per_minibatch
+    with_host = simulate(2, prof, cl, "1f1b-flush", microbatches=4, minibatches=3, host_effects=True)
+    assert with_host.time_per_minibatch > core.time_per_minibatch
+    assert host.terms == ("busy_sender",) and host.without(*host.terms) == HostEffects()
+    assert host.without(*host.terms).terms == ()
+    with pytest.raises(ValueError, match="not calibrated"):
+        simulate(2, prof, Cluster.flat(2), "1f1b-flush", microbatches=4, host_effects=True)
+    with pytest.raises(ValueError, match="unknown host terms"):
+        host.without("cross")

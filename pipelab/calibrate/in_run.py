@@ -8,7 +8,6 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from pipelab.calibrate.crossings import _crossings, _extra
 from pipelab.calibrate.tiny import (
     BATCH,
     medium_data,
@@ -24,7 +23,6 @@ from pipelab.graph import layer_nodes, trace
 from pipelab.partition.plan import Plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.runtime import train
-from pipelab.schedules.actions import Action
 
 
 def _run(model_fn: Any, data_fn: Any, plan: Plan, method: str, steps: int, M: int, backend: str) -> Any:
@@ -120,8 +118,8 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
     """The runtime's seconds per message, and a message's latency inside a run, one figure per round.
 
     A two-worker ``1f1b-flush`` run of the tiny model cut after its first layer. Keys: ``"send"``,
-    ``"recv"`` (on quiet actions that did not wait), ``"latency"``, ``"busy"`` (``"busy_all"`` pooled),
-    ``"cross"``, ``"arrive"`` (:mod:`.crossings`). ``base``: the runtime's seconds per action kind.
+    ``"recv"`` (on actions that did not wait), ``"latency"``, ``"busy"`` (``"busy_all"`` pooled).
+    ``base``: the runtime's seconds per action kind.
     """
     prof = prof if prof is not None else _tiny_profile()
     M = 4
@@ -130,12 +128,9 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
             for k, v in zip("FB", cm.compute_s(a, b, s, microbatches=M))}
     role = {(0, "F"): "send", (0, "B"): "recv", (1, "F"): "recv", (1, "B"): "send"}
     plan = Plan.from_boundaries(len(prof), [1], batch_size=BATCH)
-    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": [], "busy_all": [],
-                                   "cross_rounds": [], "arrive_rounds": []}
-    pooled: dict[tuple[int, str, str], list[float]] = {}
+    out: dict[str, list[float]] = {"send": [], "recv": [], "latency": [], "busy": [], "busy_all": []}
     for _ in range(repeats):
         run = _run(tiny_model, tiny_data, plan, "1f1b-flush", steps, M, backend)
-        crossed, arrived = _crossings(run, pooled, out["cross_rounds"], out["arrive_rounds"])
         waited = {(e.worker, e.stage, e.microbatch) for e in run.trace.events if e.kind == "recv"}
         lat, busy = _latencies(run.trace)
         if lat:
@@ -149,15 +144,12 @@ def message_overhead(repeats: int, base: dict[str, float], backend: str = "gloo"
             skip = len(evs) // steps
             for prev, e in zip(evs[skip:], evs[skip + 1 :]):
                 r = role.get((e.stage, e.kind))
-                a = (w, Action(e.stage, e.kind, e.microbatch))
-                if r is None or (e.worker, e.stage, e.microbatch) in waited or a in crossed or a in arrived:
+                if r is None or (e.worker, e.stage, e.microbatch) in waited:
                     continue
                 per[r].append(e.end_s - prev.end_s - comp[(e.stage, e.kind)] - base.get(e.kind, 0.0))
         for k, ts in per.items():
             if ts:
                 out[k].append(max(statistics.median(ts), 0.0))
-    out["cross"] = [_extra(pooled, "crossed")]
-    out["arrive"] = [_extra(pooled, "arrived")]
     return out
 
 

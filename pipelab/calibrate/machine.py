@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from pipelab.calibrate import probes
-from pipelab.calibrate.crossings import interleaved_crossing
 from pipelab.calibrate.fit import fit_alpha_beta, fit_ring, fit_step, spread
 from pipelab.calibrate.in_run import (
     _medians,
@@ -98,7 +97,6 @@ def _measure(workers: int, backend: str, sizes: Sequence[int], repeats: int, pro
             backend)),
         ("optimizer step", lambda: probes.optimizer_steps([1 << 16, 1 << 20, 1 << 23], max(repeats, 5))),
         ("memory bandwidth", lambda: probes.memory_copy(64 << 20, max(repeats, 5))),
-        ("crossings, interleaved", lambda: interleaved_crossing(max(repeats // 2, 2), backend)),
     ]
     got: dict[str, Any] = {}
     with tqdm(total=len(steps), desc="calibrating", disable=not progress, leave=False) as bar:
@@ -147,25 +145,14 @@ def _ring_latency_in_run(got: dict[str, Any], beta: float, sgd: tuple[float, ...
             for k in ("all-reduce inside a run", "all-reduce after a longer compute") if got.get(k)}
 
 
-def _host_effects(msg: dict[str, list[float]], inter: list[float]) -> tuple[HostEffects, dict[str, float]]:
+def _host_effects(msg: dict[str, list[float]]) -> tuple[HostEffects, dict[str, float]]:
     """The host-effects record of the message measurements (popped from ``msg``), and its spreads."""
-    cross_rounds = msg.pop("cross_rounds", [])
     busy, pooled = msg.pop("busy", []), msg.pop("busy_all", [])
-    cross = msg.pop("cross", [])
-    msg.pop("arrive", None)
-    msg.pop("arrive_rounds", None)
-    sp = {}
-    if busy:
-        sp["host_effects.busy_sender_s"] = spread(busy)
-    if cross:
-        sp["host_effects.cross_s"] = spread(cross_rounds)
-    if inter:
-        sp["host_effects.cross_interleaved_s"] = spread(inter)
+    if not busy:
+        return HostEffects(), {}
     # a round has few late messages: the pooled median
-    host = HostEffects(cross_s=statistics.median(cross) if cross else 0.0,
-                       busy_sender_s=statistics.median(pooled or busy) if busy else 0.0,
-                       cross_interleaved_s=statistics.median(inter) if inter else None)
-    return host, sp
+    return HostEffects(busy_sender_s=statistics.median(pooled or busy)), {
+        "host_effects.busy_sender_s": spread(busy)}
 
 
 def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) -> Calibration:
@@ -186,8 +173,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
     in_run = msg.pop("latency", [])      # a message's latency inside a run; the sweep keeps the bandwidth
     if in_run:
         alpha = statistics.median(in_run)
-    inter = list(got.get("crossings, interleaved") or [])
-    host, sp = _host_effects(msg, inter)
+    host, sp = _host_effects(msg)
     mem = got["memory bandwidth"]
     slow = got.get("compute inside a run") or [1.0]
     sp.update({
@@ -218,7 +204,7 @@ def _assemble(got: dict[str, Any], *, workers: int, backend: str, repeats: int) 
                   **{f"optimizer.{k}": f[3] for k, f in opt_fit.items()}},
         samples={"p2p": [list(x) for x in net["p2p"]], "allreduce": [list(x) for x in net["allreduce"]],
                  "p2p_latency_in_run": in_run, "allreduce_latency_in_run": ar_in_run,
-                 "optimizer": {k: [list(x) for x in v] for k, v in opt.items()}, "cross_interleaved": inter},
+                 "optimizer": {k: [list(x) for x in v] for k, v in opt.items()}},
     )
 
 

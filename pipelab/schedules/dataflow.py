@@ -63,7 +63,7 @@ class Costs:
 
 class Delegating(Costs):
     """``base``'s costs in every respect; subclasses change one (the host effects,
-    :mod:`pipelab.sim.host_effects`, and its later pass: :class:`pipelab.schedules.crossing.Stalled`)."""
+    :mod:`pipelab.sim.host_effects`)."""
 
     def __init__(self, base: Costs) -> None:
         self.base = base

@@ -1,17 +1,12 @@
-"""The opt-in host-effects layer (docs/cost_model.md): a busy sender's late message, per message, and
-a last pass adding the crossing stall to the actions a first pass finds crossed.
+"""The opt-in host-effects layer (docs/cost_model.md): a busy sender's late message, per message.
 
 Invariants: a neutral record gives the core's events exactly, and no term makes an action shorter.
 """
 
 from __future__ import annotations
 
-import pipelab.metrics as metrics
 from pipelab.measured import HostEffects
-from pipelab.schedules.actions import Schedule
-from pipelab.schedules.crossing import Stalled, crossed_actions
-from pipelab.schedules.dataflow import Costs, Delegating, run
-from pipelab.trace import Event
+from pipelab.schedules.dataflow import Costs, Delegating
 
 
 class HostCosts(Delegating):
@@ -24,14 +19,3 @@ class HostCosts(Delegating):
     def busy_sender_s(self, src: int) -> float:
         """How late a message leaves when its sender computes on at once."""
         return self.host.busy_sender_s
-
-
-def run_with(schedule: Schedule, costs: Costs, host: HostEffects) -> list[Event]:
-    """The events of ``schedule`` under ``costs`` with ``host``'s crossing pass."""
-    events = run(schedule, costs)
-    stall = host.crossing_s(interleaved=schedule.num_stages > schedule.num_workers)
-    if stall > 0:
-        crossed = crossed_actions(schedule, metrics.compute_events(events))
-        if crossed:
-            events = run(schedule, Stalled(costs, crossed, stall))
-    return events

@@ -25,7 +25,7 @@ from pipelab.schedules import build
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
 from pipelab.schedules.steps import ScheduleError
-from pipelab.sim.host_effects import HostCosts, HostEffects, run_with
+from pipelab.sim.host_effects import HostCosts, HostEffects
 from pipelab.trace import Event, Trace
 
 if TYPE_CHECKING:
@@ -188,13 +188,13 @@ class ProfileCosts(Costs):
 
 def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_size: int = 1,
                       memory: Mapping[int, tuple[int, ...]] | None = None,
-                      minibatch_scale: int = 1, host_effects: HostEffects | None = None) -> SimResult:
+                      minibatch_scale: int = 1) -> SimResult:
     """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it (async methods without
     warm-up and drain). ``minibatch_scale`` divides the time per minibatch (``M`` for ``dp``); ``memory``:
-    stage -> its byte terms (:func:`_memory`); ``host_effects``: also apply that record."""
+    stage -> its byte terms (:func:`_memory`)."""
     costs = costs if costs is not None else UnitCosts()
     try:
-        events = run(schedule, costs) if host_effects is None else run_with(schedule, costs, host_effects)
+        events = run(schedule, costs)
     except Deadlock as exc:
         raise ScheduleError(f"{exc}\n{schedule.grid(mark=exc.stuck[0][:2], max_steps=26)}") from None
     trace = Trace.from_events(events, method=schedule.method, microbatches=schedule.microbatches,
@@ -383,6 +383,6 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
     costs: Costs = core if host is None else HostCosts(core, host)
     mem = _stage_memory(cm, profile, ranges, micro, spec, recompute)
     res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,
-                            minibatch_scale=sch.microbatches if is_dp else 1, host_effects=host)
+                            minibatch_scale=sch.microbatches if is_dp else 1)
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
     return res

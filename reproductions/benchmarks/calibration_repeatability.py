@@ -52,7 +52,7 @@ def main(repeats: int | None = None) -> None:
     rows += [
         (f"host_effects.{k}", getattr(a.host_effects, k), getattr(b.host_effects, k),
          a.spread.get(f"host_effects.{k}", 0.0))
-        for k in ("cross_s", "busy_sender_s")
+        for k in ("busy_sender_s",)
     ]
     # the all-reduce's latency after the longer compute (Calibration.allreduce_after's last point)
     if a.allreduce_after and b.allreduce_after:

@@ -38,7 +38,6 @@ from reproductions.sim_accuracy.terms import (
     OPTIMIZER,
     MeasuredActions,
     busy_by_worker,
-    crossings,
     replay_throughput,
     steady_throughput,
     steady_window,
@@ -249,9 +248,6 @@ def run_one(
     core_tp = rate(simulated(steps, host=False)) if host.terms else sim_tp
     # with the all-reduce's one latency, whatever the compute before it (the term before allreduce_after)
     flat_ar_tp = without(allreduce_after=()) if cal is not None and cal.allreduce_after else sim_tp
-    # with the 1F1B run's crossing extra for every schedule (the term before the interleaved one)
-    one_tp = (rate(simulated(steps, host=dataclasses.replace(host, cross_interleaved_s=None)))
-              if host.cross_interleaved_s is not None else math.nan)
     # the same plan with the model's own compute factors (measured in runs of its own), paired
     fac_tp = math.nan
     if factor_cluster is not None:
@@ -283,8 +279,6 @@ def run_one(
     real_tp = statistics.median(rates)
     sb, rb = busy_by_worker(sim.trace, sim.schedule), busy_by_worker(run.trace, run.schedule)
     busy_err = {w: (sb[w] - rb[w]) / rb[w] for w in rb if rb[w] > 0}
-    cross_real, extra_real = crossings(run.trace, run.schedule)
-    cross_sim, _ = crossings(sim.trace, sim.schedule)
     mem_err: dict[int, float] = {}
     if memory:
         short = simulated(3)
@@ -304,18 +298,11 @@ def run_one(
         "error": (sim_tp - real_tp) / real_tp,
         **{f"error_without_{t}": (host_tp[t] - real_tp) / real_tp for t in HOST_TERMS},
         "error_core": (core_tp - real_tp) / real_tp,
-        "error_one_crossing": (one_tp - real_tp) / real_tp,
         "error_one_allreduce_latency": (flat_ar_tp - real_tp) / real_tp,
         "error_model_factor": (fac_tp - real_tp) / real_tp,
         "error_fresh_profile": (fresh_tp - real_tp) / real_tp,
         # the same schedule with the real run's action durations: what messages and waiting leave
         "replay_error": (replay_tp - real_tp) / real_tp,
-        # the crossing stall: crossed actions per minibatch in the real run and in the simulation, and
-        # what a crossed action took beyond a quiet one in the real run (the simulation adds the
-        # calibration's HostEffects.cross_s to each it finds)
-        "crossed_real": cross_real,
-        "crossed_sim": cross_sim,
-        "crossing_extra_real_us": extra_real * 1e6,
         "rounds": rounds,
         "measured_spread": (max(rates) - min(rates)) / real_tp,
         "busy_error_max": max(busy_err.values(), key=abs) if busy_err else math.nan,
@@ -540,7 +527,6 @@ __all__ = [
     "MODELS",
     "busy_by_worker",
     "configurations",
-    "crossings",
     "default_configurations",
     "method_table",
     "shift_of",

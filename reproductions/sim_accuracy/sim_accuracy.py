@@ -136,7 +136,7 @@ else:
     held_line = ""
 df[["model", "method", "workers", "microbatches", "simulated", "measured", "measured_spread", "error",
     "error_one_allreduce_latency", "error_model_factor", "error_fresh_profile", "replay_error",
-    "crossed_real", "crossed_sim", "crossing_extra_real_us", "busy_error_median", "memory_error_max"]]
+    "busy_error_median", "memory_error_max"]]
 
 # %%
 table = acc.method_table(df)

@@ -3,8 +3,6 @@ replay that tells which term an error comes from (:mod:`reproductions.sim_accura
 
 * :func:`steady_window`, :func:`steady_throughput`, :func:`busy_by_worker`: the steady-state window
   of minibatch completions (warm-up and drain excluded), samples per second, busy time per worker;
-* :func:`crossings`: how often actions cross the peer's message, and what a crossed action took
-  beyond a quiet one (:mod:`pipelab.schedules.crossing`);
 * :class:`MeasuredActions`, :func:`replay_throughput`: the schedule simulated with the real run's
   action durations, which separates the error of the durations from that of messages and waits.
 """
@@ -16,13 +14,11 @@ import statistics
 from typing import Any
 
 import pipelab.metrics as metrics
-from pipelab.calibrate.crossings import extras_over_quiet
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.schedules.actions import Action
-from pipelab.schedules.crossing import crossed_actions
 from pipelab.sim.simulate import ProfileCosts, simulate_schedule, virtual_plan
 from pipelab.trace import Trace
 
@@ -48,28 +44,6 @@ def busy_by_worker(trace: Trace, schedule: Any) -> dict[int, float]:
     start, end, n = steady_window(trace, schedule)
     busy = metrics.busy_time(trace.compute_events(), range(schedule.num_workers), start, end)
     return {w: b / n for w, b in busy.items()}
-
-
-def crossings(trace: Trace, schedule: Any) -> tuple[float, float]:
-    """(crossed actions per minibatch, mean extra seconds of a crossed action over a quiet one of the
-    same worker and kind) over :func:`steady_window`: the crossing stall as a trace has it
-    (:func:`pipelab.schedules.crossing.crossed_actions`; ``F``/``B`` only; the extra is NaN where no
-    action crossed or none of that worker and kind was quiet)."""
-    start, end, n = steady_window(trace, schedule)
-    comp = [e for e in trace.compute_events() if e.kind in ("F", "B")]
-    crossed = crossed_actions(schedule, comp)        # over the whole trace: no edge effect at the window
-    groups: dict[tuple[int, str, str], list[float]] = {}
-    count = 0
-    for e in comp:
-        if not start <= e.start_s < end:
-            continue
-        hit = (e.worker, Action(e.stage, e.kind, e.microbatch)) in crossed
-        count += hit
-        groups.setdefault((e.worker, e.kind, "crossed" if hit else "quiet"), []).append(e.end_s - e.start_s)
-    # as the calibration pairs them (calibrate.crossings), but signed: a diagnostic, not a cost
-    pairs = extras_over_quiet(groups, "crossed")
-    den = sum(k for k, _ in pairs)
-    return (count / n if n else math.nan), (sum(k * d for k, d in pairs) / den if den else math.nan)
 
 
 # ------------------------------------------------------------ which term: a replay with measured actions
@@ -137,5 +111,5 @@ def replay_throughput(run: Any, sim: Any, plan: Plan, prof: Profile, cluster: Cl
     return steady_throughput(res.trace, sch, batch)
 
 
-__all__ = ["OPTIMIZER", "MeasuredActions", "busy_by_worker", "crossings", "replay_throughput",
+__all__ = ["OPTIMIZER", "MeasuredActions", "busy_by_worker", "replay_throughput",
            "steady_throughput", "steady_window"]
