@@ -178,11 +178,13 @@ def test_cancel_kills_every_worker():
 def test_ctrl_c_in_train_kills_every_worker(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
-        import json, sys
+        import json, signal, sys
         sys.path.insert(0, {str(TESTS)!r})
         import pipelab as pl
         import test_runtime_helpers as H
         if __name__ == "__main__":
+            # Ctrl-C as in a terminal, even if the test runner handed its children SIGINT ignored
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             plan = pl.Plan.from_boundaries(5, [2])
             run = pl.launch(H.slow_mlp, plan, method="1f1b-flush", data=H.long_data, loss_fn=H.loss_fn,
                             optimizer=H.sgd, steps=200, microbatches=2, timeout=120)
