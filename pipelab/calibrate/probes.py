@@ -57,11 +57,9 @@ def _rings(rank: int, world: int, sizes: Sequence[int]) -> Any:
     from pipelab.runtime import shm
     from pipelab.runtime.comm import TensorSpec
 
-    if not shm.available(dist.get_backend()):
-        return None
     peer = {0: 1, 1: 0}.get(rank)
     incoming = {} if peer is None else {peer: [[TensorSpec((max(max(sizes) // 4, 1),), "float32")]]}
-    if shm.unusable(world, shm.ring_bytes(incoming)) is not None:
+    if shm.unusable(world, shm.ring_bytes(incoming), dist.get_backend()) is not None:
         return None
     return shm.ShmComm.open(rank, world, torch.device("cpu"), {}, incoming, [] if peer is None else [peer],
                             timeout=60.0)
@@ -73,9 +71,10 @@ def _p2p_sweep(rank: int, sizes: Sequence[int], repeats: int) -> tuple[str, list
     pipeline's messages come between actions (rank 0's figures)."""
     from pipelab.runtime.comm import Recv, Send, TensorSpec
 
-    rings = _rings(rank, dist.get_world_size(), sizes)
-    up: Any = dist.new_group(list(range(dist.get_world_size())))
-    down: Any = dist.new_group(list(range(dist.get_world_size())))
+    rings = _rings(rank, dist.get_world_size(), sizes)     # every rank gets the same answer
+    if rings is None:
+        up: Any = dist.new_group(list(range(dist.get_world_size())))
+        down: Any = dist.new_group(list(range(dist.get_world_size())))
 
     def send(buf: torch.Tensor, peer: int) -> None:
         if rings is not None:

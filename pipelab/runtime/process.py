@@ -180,16 +180,13 @@ def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups:
     process group, one lane per direction."""
     through_host = device.type == "cuda" and job.backend != "nccl"
     asked = job.runtime.shared_memory
-    if asked and not shm.available(job.backend):
-        raise RuntimeError(f"shared_memory=True needs the gloo backend on x86-64 Linux (backend "
-                           f"{job.backend!r} here); leave it out to use gloo's point-to-point path")
-    if asked or (asked is None and shm.available(job.backend) and device.type == "cpu"):
+    if asked or (asked is None and device.type == "cpu"):
         incoming: dict[int, list[Any]] = {}
         for i in range(len(worker.actions)):
             for r in worker.recvs(i):
                 if r.src != rank:
                     incoming.setdefault(r.src, []).append(r.specs)
-        reason = shm.unusable(job.world_size, shm.ring_bytes(incoming))
+        reason = shm.unusable(job.world_size, shm.ring_bytes(incoming), job.backend)
         if reason is None:
             sends, _ = peer_orders(job.schedule, rank, carried)
             outgoing = sorted(d for d, seq in sends.items() if d != rank and seq)

@@ -63,11 +63,14 @@ def ring_bytes(incoming: dict[int, list[list[TensorSpec]]]) -> int:
     return sum(HEADER + k * (SLOT_HEADER + slot) for k, slot in shapes)
 
 
-def unusable(world: int, need: int) -> str | None:
-    """Why these workers can't message through shared memory (``None``: they can); a collective.
+def unusable(world: int, need: int, backend: str = "gloo") -> str | None:
+    """Why these workers can't message through shared memory (``None``: they can); a collective where
+    ``backend`` can (:func:`available`).
 
     ``need`` is this worker's :func:`ring_bytes`; every rank gets rank 0's answer.
     """
+    if not available(backend):
+        return f"it needs the gloo backend on x86-64 Linux (backend {backend!r} here)"
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             me = socket.gethostname() + "/" + f.read().strip()

@@ -97,16 +97,36 @@ def _pipelab(name: str, method: str, steps: int, shm: bool) -> float:
     return (len(ends) - 1 - k0) * batch / (ends[-1] - ends[k0])
 
 
-def _torch_worker(rank: int, port: int, name: str, method: str, steps: int, out: Any) -> None:
+def _join(rank: int, port: int) -> Any:
+    """This benchmark process set up as pipelab sets up its workers (one thread, its malloc settings,
+    pinned to a core of its own), then joined to a two-process gloo group; returns torch.distributed."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     torch.set_num_threads(1)
     tune_malloc()
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})   # as pipelab pins its workers
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=600))
+    return dist
+
+
+def _timed(dist: Any, step: Callable[[], None], steps: int) -> float:
+    """Seconds of ``steps`` calls of ``step`` after 3 warm-up calls, from a barrier to a barrier."""
+    for _ in range(3):
+        step()
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    return time.perf_counter() - t
+
+
+def _torch_worker(rank: int, port: int, name: str, method: str, steps: int, out: Any) -> None:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    dist = _join(rank, port)
     model_fn, _, _, batch, m, batch_fn, loss_fn = MODELS[name]
     torch.manual_seed(0)
     sched = pl.schedules.build("1f1b-flush", _plan(name), microbatches=m, minibatches=1)
@@ -121,28 +141,15 @@ def _torch_worker(rank: int, port: int, name: str, method: str, steps: int, out:
         pipe.step(x, target=y)
         opt.step()
 
-    for _ in range(3):
-        step()
-    dist.barrier()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    dist.barrier()
+    seconds = _timed(dist, step, steps)
     if rank == 0:
-        out.put(steps * batch / (time.perf_counter() - t))
+        out.put(steps * batch / seconds)
     dist.destroy_process_group()
 
 
 def _pair_worker(rank: int, port: int, name: str, steps: int, out: Any) -> None:
     """One stage's F + B on M microbatches and its optimizer step, with no messages, beside the other."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    tune_malloc()
-    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=600))
+    dist = _join(rank, port)
     model_fn, _, _, _, m, batch_fn, loss_fn = MODELS[name]
     torch.manual_seed(0)
     sched = pl.schedules.build("gpipe", _plan(name), microbatches=m, minibatches=1)
@@ -164,13 +171,7 @@ def _pair_worker(rank: int, port: int, name: str, steps: int, out: Any) -> None:
             (loss_fn(h, b) / m if rank == 1 else h.sum()).backward()
         opt.step()
 
-    for _ in range(3):
-        step()
-    dist.barrier()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    out.put(time.perf_counter() - t)
+    out.put(_timed(dist, step, steps))
     dist.destroy_process_group()
 
 
@@ -181,13 +182,7 @@ def _pair(name: str, steps: int) -> float:
 
 
 def _pingpong_worker(rank: int, port: int, nbytes: int, trips: int, out: Any) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=600))
+    dist = _join(rank, port)
     buf = torch.zeros(max(1, nbytes // 4))
     peer = 1 - rank
     for k in range(trips + 20):        # 20 warm-up trips
