@@ -7,7 +7,6 @@ checked, frozen record. Each option is described in docs/training_options.md.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,15 +137,6 @@ class RuntimeOptions:
             resume_fallback=bool(options.get("resume_fallback", True)),
             method=dict(own),
         )
-
-
-def slow_down(rank: int, slowdown: Mapping[int, float] | None, elapsed_s: float) -> None:
-    """Sleep ``(factor - 1) * elapsed_s`` if worker ``rank`` has a slowdown factor."""
-    if not slowdown:
-        return
-    f = float(slowdown.get(rank, 1.0))
-    if f > 1.0 and elapsed_s > 0:
-        time.sleep((f - 1.0) * elapsed_s)
 
 
 def tune_malloc() -> bool:

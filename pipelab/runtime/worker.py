@@ -9,6 +9,7 @@ process driver (:mod:`pipelab.runtime.process`) and the reference executor
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ from pipelab.runtime.guards import check_grads, check_loss, warn
 from pipelab.runtime.job import Job
 from pipelab.runtime.memory import MemoryMeter
 from pipelab.runtime.options import run_maybe_checkpointed
-from pipelab.runtime.options import slow_down as sleep_slowdown
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
 from pipelab.runtime.worker_checkpoint import Checkpointing
@@ -361,8 +361,9 @@ class Worker(Checkpointing):
 
     def slow_down(self, elapsed_s: float) -> None:
         """Emulate a slower device (option ``slowdown={rank: factor}``): sleep (factor - 1) x elapsed."""
-        if self.job.runtime.slowdown:
-            sleep_slowdown(self.rank, self.job.runtime.slowdown, elapsed_s)
+        f = float(self.job.runtime.slowdown.get(self.rank, 1.0))
+        if f > 1.0 and elapsed_s > 0:
+            time.sleep((f - 1.0) * elapsed_s)
 
     def measure(self, i: int) -> None:
         """Sample the memory meter after action ``i`` (option ``measure_memory``; else nothing)."""
