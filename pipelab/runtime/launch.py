@@ -165,6 +165,7 @@ class Run:
         self._cancel = threading.Event()
         self._expired = False
         self._procs: list[Any] = []
+        self._wsp_proc: Any = None    # HetPipe's parameter server
         self._conns: list[Any] = []
         self._locks: list[FolderLock] = []
         self._rendezvous: Rendezvous | None = None
@@ -381,10 +382,7 @@ class Run:
             self._kill()
 
     def _kill(self) -> None:
-        procs = list(self._procs)
-        wsp_proc = getattr(self, "_wsp_proc", None)
-        if wsp_proc is not None:
-            procs.append(wsp_proc)
+        procs = [p for p in (*self._procs, self._wsp_proc) if p is not None]
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -400,7 +398,7 @@ class Run:
             results = self._collect()
             if results is None:
                 return
-            if getattr(self, "_wsp_proc", None) is not None and self._wsp_result.poll(30):
+            if self._wsp_proc is not None and self._wsp_result.poll(30):
                 results[0].wsp_log = self._wsp_result.recv()
             for p in self._procs:
                 p.join(10)
