@@ -16,6 +16,7 @@ Transports: :class:`DistComm` (gloo, via host memory for CUDA stages, or NCCL) a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +49,7 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensor."""
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=self.torch_dtype).element_size()
+        return math.prod(self.shape) * self.torch_dtype.itemsize
 
     @property
     def is_float(self) -> bool:
@@ -59,9 +57,9 @@ class TensorSpec:
         return self.torch_dtype.is_floating_point or self.torch_dtype.is_complex
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> TensorSpec:
-        """The spec of a tensor."""
-        return cls(tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))
+    def of(cls, shape: Sequence[int], dtype: torch.dtype) -> TensorSpec:
+        """The spec of a ``shape``/``dtype`` tensor."""
+        return cls(tuple(int(d) for d in shape), str(dtype).removeprefix("torch."))
 
 
 VERSION_SPEC = TensorSpec((1,), "int64")   # weight version riding with activations (vertical sync)
@@ -116,9 +114,7 @@ def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
             meta = nodes[name].meta.get("tensor_meta")
             if meta is None or not hasattr(meta, "shape"):
                 raise TypeError(_not_a_tensor(name, end, meta, members))
-            specs.append(
-                TensorSpec(tuple(int(d) for d in meta.shape), str(meta.dtype).removeprefix("torch."))
-            )
+            specs.append(TensorSpec.of(meta.shape, meta.dtype))
         out.append(specs)
     return out
 
@@ -133,11 +129,8 @@ def _not_a_tensor(name: str, end: int, meta: Any, members: Sequence[Sequence[fx.
     """Why value ``name`` cannot cross the cut before layer ``end``, and which layers to change."""
     layer_of = {n.name: i for i, group in enumerate(members) for n in group}
     node = next((n for group in members for n in group if n.name == name), None)
-    kind = (
-        "a tuple"
-        if isinstance(meta, (tuple, list))
-        else ("not a tensor" if meta is None else type(meta).__name__)
-    )
+    kind = ("a tuple" if isinstance(meta, (tuple, list)) else
+            "not a tensor" if meta is None else type(meta).__name__)
     if node is None:  # a model input that is not a tensor
         return (f"model input {name!r} crosses the cut after layer {end - 1} but is not a tensor; "
                 "pass the model tensors only, or move the cut")
@@ -146,12 +139,10 @@ def _not_a_tensor(name: str, end: int, meta: Any, members: Sequence[Sequence[fx.
     used_by = ", ".join(_describe_layer(members, j) for j in users) or "the model's output"
     return (
         f"value {name!r} ({kind}) crosses the cut after layer {end - 1} but is not a tensor: it is produced "
-        "by "
-        f"{_describe_layer(members, producer)} and used whole by {used_by}. Move the cut outside layers "
+        f"by {_describe_layer(members, producer)} and used whole by {used_by}. Move the cut outside layers "
         f"{producer}..{users[-1] if users else len(members) - 1}, or make the module that produces and the "
         "one that uses it a single leaf (trace(..., leaf_modules=[TheirParentClass]) or a smaller depth=N), "
-        "or "
-        "change the model to pass tensors between layers (index the tuple where it is produced)"
+        "or change the model to pass tensors between layers (index the tuple where it is produced)"
     )
 
 
@@ -322,12 +313,10 @@ class DistComm:
 
     def allreduce(self, stage: int, flat: torch.Tensor) -> torch.Tensor:
         """Sum ``flat`` over the replicas of ``stage`` (in place); returns it."""
-        if flat.device != self.wire:     # through host memory
-            host = flat.to(self.wire)
-            dist.all_reduce(host, group=self.groups[stage])
-            flat.copy_(host)
-            return flat
-        dist.all_reduce(flat, group=self.groups[stage])
+        buf = flat if flat.device == self.wire else flat.to(self.wire)     # through host memory
+        dist.all_reduce(buf, group=self.groups[stage])
+        if buf is not flat:
+            flat.copy_(buf)
         return flat
 
     def held(self) -> list[torch.Tensor]:

@@ -107,8 +107,8 @@ class Worker(Checkpointing):
         """The tensors that travel for a message of ``members`` (compressed payloads, if any)."""
         if self.codec is None:
             return list(members)
-        return [TensorSpec(tuple(int(d) for d in shape), str(dt).removeprefix("torch."))
-                for shape, dt in message_specs([(sp.shape, sp.torch_dtype) for sp in members], self.codec)]
+        wire = message_specs([(sp.shape, sp.torch_dtype) for sp in members], self.codec)
+        return [TensorSpec.of(shape, dtype) for shape, dtype in wire]
 
     def _decode(self, tensors: list[torch.Tensor], members: list[TensorSpec]) -> list[torch.Tensor]:
         if self.codec is None:
