@@ -268,11 +268,9 @@ class ShmComm(DistComm):
         if ring is None:
             raise OrderError(f"worker {self.rank} sends to worker {s.dst}, which the schedule gives no "
                              "message from it")
-        buf = pack(s.tensors)
-        if buf.device.type != "cpu":
-            buf = buf.cpu()
-        if buf.numel() * buf.element_size() > ring.slot:
-            n = buf.numel() * buf.element_size()
+        buf = pack(s.tensors).cpu()
+        n = buf.numel() * buf.element_size()
+        if n > ring.slot:
             raise ValueError(f"worker {self.rank}: a {n}-byte message to worker {s.dst} is larger than the "
                              f"{ring.slot} bytes its layout allows")
         k = self._send_k.get(s.dst, 0)
@@ -301,8 +299,7 @@ class ShmComm(DistComm):
 
     def retire(self, keys: Sequence[tuple[int, int]]) -> None:
         """Nothing waits on a written message; write what is queued."""
-        if self._queued_any():
-            self._pump()
+        self._pump()
 
     def held(self) -> list[torch.Tensor]:
         """The message buffers this worker holds: queued sends and local hand-offs."""
