@@ -79,10 +79,8 @@ def message_tag(msg: Message, num_boundaries: int) -> int:
 
 def peer_orders(schedule: Schedule, rank: int, carried: Callable[[Message], bool] | None = None
                 ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """``(sends, receives)`` of worker ``rank``: per peer, its messages' tags in pair-sequence order.
-
-    ``carried(msg)`` says whether a message travels at all (default: all do).
-    """
+    """``(sends, receives)`` of worker ``rank``: per peer, its messages' tags in pair-sequence order
+    (only those ``carried(msg)`` says travel; default: all)."""
     nb = max(schedule.num_stages - 1, 1)
     sends: dict[int, list[int]] = {}
     recvs: dict[int, list[int]] = {}
@@ -96,10 +94,8 @@ def peer_orders(schedule: Schedule, rank: int, carried: Callable[[Message], bool
 
 def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
                    ranges: Sequence[tuple[int, int]]) -> list[list[TensorSpec]]:
-    """Specs of the live values across each cut, from one shape-propagating run on ``inputs``.
-
-    Raises ``TypeError`` naming the producing and using layers when a crossing value is not a tensor.
-    """
+    """Specs of the live values across each cut, from one shape-propagating run on ``inputs``; a
+    ``TypeError`` names the producing and using layers of a crossing value that is not a tensor."""
     ShapeProp(gm).propagate(*inputs)
     nodes = {n.name: n for n in gm.graph.nodes}
     cuts = live_across_cuts(gm)
@@ -301,11 +297,8 @@ class DistComm:
         return nbytes
 
     def retire(self, keys: Sequence[tuple[int, int]]) -> None:
-        """Wait for the outstanding sends ``keys`` and drop their buffers.
-
-        Only for sends the receiver has surely taken: a gloo send completes only once its receive is
-        posted, and reports it only when waited on.
-        """
+        """Wait for the outstanding sends ``keys`` (only those the receiver surely took: a gloo send
+        completes once its receive is posted, and says so only when waited on) and drop their buffers."""
         for k in keys:
             ws = self._sends.pop(k, None)
             if ws is not None:

@@ -65,10 +65,7 @@ def ring_bytes(incoming: dict[int, list[list[TensorSpec]]]) -> int:
 
 def unusable(world: int, need: int, backend: str = "gloo") -> str | None:
     """Why these workers can't message through shared memory (``None``: they can); a collective where
-    ``backend`` can (:func:`available`).
-
-    ``need`` is this worker's :func:`ring_bytes`; every rank gets rank 0's answer.
-    """
+    ``backend`` can (:func:`available`). ``need``: this worker's :func:`ring_bytes`; every rank agrees."""
     if not available(backend):
         return f"it needs the gloo backend on x86-64 Linux (backend {backend!r} here)"
     try:

@@ -143,11 +143,8 @@ class Worker(Checkpointing):
         return self._retire[i]
 
     def _retire_plan(self) -> list[list[tuple[int, int]]]:
-        """Per action, the sends it proves delivered, by causality over the schedule.
-
-        A send to ``r`` consumed by ``r``'s action ``j`` is delivered once we receive what ``r`` produced
-        at an action ``k >= j``.
-        """
+        """Per action, the sends it proves delivered: a send to ``r`` consumed by ``r``'s action ``j`` is
+        delivered once we receive what ``r`` produced at an action ``k >= j`` (causality)."""
         sched, P, me = self.job.schedule, self.job.schedule.num_stages, self.rank
         index: dict[int, dict[Action, int]] = {}
 

@@ -1,8 +1,5 @@
-"""A worker's checkpoints: its state at a drained point, saved at the schedule's checkpoint steps.
-
-:class:`Checkpointing` is mixed into :class:`~pipelab.runtime.worker.Worker`; the files are
-:mod:`pipelab.runtime.checkpoint_files`.
-"""
+"""A worker's checkpoints (:class:`Checkpointing`, mixed into :class:`~pipelab.runtime.worker.Worker`): its
+state at a drained point, saved at the schedule's checkpoint steps (files: :mod:`.checkpoint_files`)."""
 
 from __future__ import annotations
 
