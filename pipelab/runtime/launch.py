@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -412,8 +413,6 @@ class Run:
 
     def _collect(self) -> dict[int, WorkerResult] | None:
         """Read every worker's pipe and sentinel until each sent its result (None: a fault ended the job)."""
-        from multiprocessing.connection import wait
-
         results: dict[int, WorkerResult] = {}
         errors: list[tuple[float, int, int, str, str]] = []    # (time raised, rank, stage, action, traceback)
         open_conns: dict[Any, int] = {c: rank for rank, c in enumerate(self._conns)}
@@ -469,8 +468,6 @@ class Run:
     def _drain(self, open_conns: dict[Any, int], results: dict[int, WorkerResult], errors: list[Any],
                ended: set[int], quiet_s: float = 0.2) -> None:
         """Read whatever the workers have already written, until the pipes are quiet for ``quiet_s``."""
-        from multiprocessing.connection import wait
-
         end = time.time() + 2.0
         while open_conns and time.time() < end:
             ready: list[Any] = wait(list(open_conns), timeout=quiet_s)

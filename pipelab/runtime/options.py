@@ -7,6 +7,9 @@ checked, frozen record. Each option is described in docs/training_options.md.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,10 +145,6 @@ class RuntimeOptions:
 def tune_malloc() -> bool:
     """Keep freed memory in this worker process (glibc), so buffers reallocated every step don't
     page-fault; False (a no-op) off glibc or where the user set ``MALLOC_*_THRESHOLD_``."""
-    import ctypes
-    import os
-    import sys
-
     if not sys.platform.startswith("linux") or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_",
                                                                                 "MALLOC_TRIM_THRESHOLD_")):
         return False

@@ -10,6 +10,7 @@ reference. One :class:`WSPServer` shard per stage; :func:`serve` runs them behin
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from pipelab.runtime.lifeline import watch_launcher
 
 
 @dataclass(frozen=True)
@@ -200,10 +203,6 @@ def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.T
 def serve_process_main(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, np.ndarray]],
                        num_virtual_workers: int, staleness: int, result: Connection | None = None) -> None:
     """The server process: :func:`serve`, then the log on ``result``; dies with its launcher."""
-    import signal
-
-    from pipelab.runtime.lifeline import watch_launcher
-
     watch_launcher()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
