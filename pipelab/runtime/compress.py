@@ -91,10 +91,9 @@ def payload_specs(shape: Sequence[int], dtype: torch.dtype,
 def from_payload(payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype,
                  codec: str | None) -> torch.Tensor:
     """Decode received ``payload`` tensors (allocated from :func:`payload_specs`) back to a tensor."""
-    name = check_codec(codec)
-    if name == "none" or not dtype.is_floating_point:
-        name = "none"
-    return decode(Encoded(name, tuple(payload), dtype, tuple(int(d) for d in shape)))
+    name = check_codec(codec)     # checked for every dtype; integer and bool payloads pass through
+    shp = tuple(int(d) for d in shape)
+    return decode(Encoded(name if dtype.is_floating_point else "none", tuple(payload), dtype, shp))
 
 
 def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32) -> int:

@@ -458,10 +458,9 @@ class Run:
         elif kind == "error":
             stage, action, tb, t = payload
             errors.append((t, rank, stage, action, tb))
-        elif kind == "saved":
-            if self._sealer is not None:
-                step, sha = payload
-                self._sealer.report(step, rank, sha)
+        elif kind == "saved" and self._sealer is not None:
+            step, sha = payload
+            self._sealer.report(step, rank, sha)
         elif kind == "warning":
             warnings.warn(f"worker {rank}: {payload}", RuntimeWarning, stacklevel=1)
 
