@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -292,8 +293,6 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def choose_resume(path: str | os.PathLike[str], *, fallback: bool = True) -> Path:
     """The verified step folder to resume from (``fallback``: skip a damaged newest one, warning)."""
-    import warnings
-
     p = Path(path)
     if (p / "manifest.json").exists():
         verify(p)

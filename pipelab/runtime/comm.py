@@ -16,6 +16,7 @@ Transports: :class:`DistComm` (gloo, via host memory for CUDA stages, or NCCL) a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +49,7 @@ class TensorSpec:
     @property
     def nbytes(self) -> int:
         """Bytes of the tensor."""
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=self.torch_dtype).element_size()
+        return math.prod(self.shape) * self.torch_dtype.itemsize
 
     @property
     def is_float(self) -> bool:
@@ -59,9 +57,9 @@ class TensorSpec:
         return self.torch_dtype.is_floating_point or self.torch_dtype.is_complex
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> TensorSpec:
-        """The spec of a tensor."""
-        return cls(tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))
+    def of(cls, shape: Sequence[int], dtype: torch.dtype) -> TensorSpec:
+        """The spec of a ``shape``/``dtype`` tensor."""
+        return cls(tuple(int(d) for d in shape), str(dtype).removeprefix("torch."))
 
 
 VERSION_SPEC = TensorSpec((1,), "int64")   # weight version riding with activations (vertical sync)
@@ -81,10 +79,8 @@ def message_tag(msg: Message, num_boundaries: int) -> int:
 
 def peer_orders(schedule: Schedule, rank: int, carried: Callable[[Message], bool] | None = None
                 ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """``(sends, receives)`` of worker ``rank``: per peer, its messages' tags in pair-sequence order.
-
-    ``carried(msg)`` says whether a message travels at all (default: all do).
-    """
+    """``(sends, receives)`` of worker ``rank``: per peer, its messages' tags in pair-sequence order
+    (only those ``carried(msg)`` says travel; default: all)."""
     nb = max(schedule.num_stages - 1, 1)
     sends: dict[int, list[int]] = {}
     recvs: dict[int, list[int]] = {}
@@ -98,10 +94,8 @@ def peer_orders(schedule: Schedule, rank: int, carried: Callable[[Message], bool
 
 def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
                    ranges: Sequence[tuple[int, int]]) -> list[list[TensorSpec]]:
-    """Specs of the live values across each cut, from one shape-propagating run on ``inputs``.
-
-    Raises ``TypeError`` naming the producing and using layers when a crossing value is not a tensor.
-    """
+    """Specs of the live values across each cut, from one shape-propagating run on ``inputs``; a
+    ``TypeError`` names the producing and using layers of a crossing value that is not a tensor."""
     ShapeProp(gm).propagate(*inputs)
     nodes = {n.name: n for n in gm.graph.nodes}
     cuts = live_across_cuts(gm)
@@ -116,9 +110,7 @@ def boundary_specs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor],
             meta = nodes[name].meta.get("tensor_meta")
             if meta is None or not hasattr(meta, "shape"):
                 raise TypeError(_not_a_tensor(name, end, meta, members))
-            specs.append(
-                TensorSpec(tuple(int(d) for d in meta.shape), str(meta.dtype).removeprefix("torch."))
-            )
+            specs.append(TensorSpec.of(meta.shape, meta.dtype))
         out.append(specs)
     return out
 
@@ -133,11 +125,8 @@ def _not_a_tensor(name: str, end: int, meta: Any, members: Sequence[Sequence[fx.
     """Why value ``name`` cannot cross the cut before layer ``end``, and which layers to change."""
     layer_of = {n.name: i for i, group in enumerate(members) for n in group}
     node = next((n for group in members for n in group if n.name == name), None)
-    kind = (
-        "a tuple"
-        if isinstance(meta, (tuple, list))
-        else ("not a tensor" if meta is None else type(meta).__name__)
-    )
+    kind = ("a tuple" if isinstance(meta, (tuple, list)) else
+            "not a tensor" if meta is None else type(meta).__name__)
     if node is None:  # a model input that is not a tensor
         return (f"model input {name!r} crosses the cut after layer {end - 1} but is not a tensor; "
                 "pass the model tensors only, or move the cut")
@@ -146,12 +135,10 @@ def _not_a_tensor(name: str, end: int, meta: Any, members: Sequence[Sequence[fx.
     used_by = ", ".join(_describe_layer(members, j) for j in users) or "the model's output"
     return (
         f"value {name!r} ({kind}) crosses the cut after layer {end - 1} but is not a tensor: it is produced "
-        "by "
-        f"{_describe_layer(members, producer)} and used whole by {used_by}. Move the cut outside layers "
+        f"by {_describe_layer(members, producer)} and used whole by {used_by}. Move the cut outside layers "
         f"{producer}..{users[-1] if users else len(members) - 1}, or make the module that produces and the "
         "one that uses it a single leaf (trace(..., leaf_modules=[TheirParentClass]) or a smaller depth=N), "
-        "or "
-        "change the model to pass tensors between layers (index the tuple where it is produced)"
+        "or change the model to pass tensors between layers (index the tuple where it is produced)"
     )
 
 
@@ -310,11 +297,8 @@ class DistComm:
         return nbytes
 
     def retire(self, keys: Sequence[tuple[int, int]]) -> None:
-        """Wait for the outstanding sends ``keys`` and drop their buffers.
-
-        Only for sends the receiver has surely taken: a gloo send completes only once its receive is
-        posted, and reports it only when waited on.
-        """
+        """Wait for the outstanding sends ``keys`` (only those the receiver surely took: a gloo send
+        completes once its receive is posted, and says so only when waited on) and drop their buffers."""
         for k in keys:
             ws = self._sends.pop(k, None)
             if ws is not None:
@@ -322,12 +306,10 @@ class DistComm:
 
     def allreduce(self, stage: int, flat: torch.Tensor) -> torch.Tensor:
         """Sum ``flat`` over the replicas of ``stage`` (in place); returns it."""
-        if flat.device != self.wire:     # through host memory
-            host = flat.to(self.wire)
-            dist.all_reduce(host, group=self.groups[stage])
-            flat.copy_(host)
-            return flat
-        dist.all_reduce(flat, group=self.groups[stage])
+        buf = flat if flat.device == self.wire else flat.to(self.wire)     # through host memory
+        dist.all_reduce(buf, group=self.groups[stage])
+        if buf is not flat:
+            flat.copy_(buf)
         return flat
 
     def held(self) -> list[torch.Tensor]:

@@ -91,10 +91,9 @@ def payload_specs(shape: Sequence[int], dtype: torch.dtype,
 def from_payload(payload: Sequence[torch.Tensor], shape: Sequence[int], dtype: torch.dtype,
                  codec: str | None) -> torch.Tensor:
     """Decode received ``payload`` tensors (allocated from :func:`payload_specs`) back to a tensor."""
-    name = check_codec(codec)
-    if name == "none" or not dtype.is_floating_point:
-        name = "none"
-    return decode(Encoded(name, tuple(payload), dtype, tuple(int(d) for d in shape)))
+    name = check_codec(codec)     # checked for every dtype; integer and bool payloads pass through
+    shp = tuple(int(d) for d in shape)
+    return decode(Encoded(name if dtype.is_floating_point else "none", tuple(payload), dtype, shp))
 
 
 def wire_bytes(numel: int, codec: str | None, dtype: torch.dtype = torch.float32) -> int:
@@ -120,10 +119,7 @@ def compression_ratio(codec: str | None, dtype: torch.dtype = torch.float32,
 
 def encode_message(tensors: Sequence[torch.Tensor], codec: str | None) -> list[torch.Tensor]:
     """The wire tensors of a message: each float member encoded, payloads flattened."""
-    out: list[torch.Tensor] = []
-    for t in tensors:
-        out.extend(encode(t, codec).payload)
-    return out
+    return [p for t in tensors for p in encode(t, codec).payload]
 
 
 def decode_message(wire: Sequence[torch.Tensor], shapes_dtypes: Sequence[tuple[Sequence[int], torch.dtype]],
@@ -144,7 +140,4 @@ def decode_message(wire: Sequence[torch.Tensor], shapes_dtypes: Sequence[tuple[S
 def message_specs(shapes_dtypes: Sequence[tuple[Sequence[int], torch.dtype]],
                   codec: str | None) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """(shape, dtype) of every wire tensor of a message whose members are ``shapes_dtypes``."""
-    out: list[tuple[tuple[int, ...], torch.dtype]] = []
-    for shape, dtype in shapes_dtypes:
-        out.extend(payload_specs(shape, dtype, codec))
-    return out
+    return [p for shape, dtype in shapes_dtypes for p in payload_specs(shape, dtype, codec)]

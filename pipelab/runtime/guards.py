@@ -71,11 +71,9 @@ def check_grads(grads: Sequence[torch.Tensor], *, step: int, stage: int, action:
     msg = f"gradient is {_what(bad)} at step {step} (stage {stage}, action {action})"
     if mode == "raise":
         raise NonFiniteError(msg)
-    if mode == "skip":
-        warn(msg + "; the update is skipped (on_nonfinite='skip')")
-        return False
-    warn(msg + "; training goes on (on_nonfinite='warn')")
-    return True
+    warn(msg + ("; the update is skipped (on_nonfinite='skip')" if mode == "skip" else
+                "; training goes on (on_nonfinite='warn')"))
+    return mode != "skip"
 
 
 def nonfinite_tensors(state: Any, prefix: str = "") -> list[str]:

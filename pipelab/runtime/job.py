@@ -12,9 +12,11 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import pickle
+import socket
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -144,8 +146,6 @@ def resolve(spec: Any, *, trust: bool = True,
         fn = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot import {spec!r} ({exc}); check the module is on PYTHONPATH") from None
-    import inspect
-
     owner = getattr(fn, "__module__", None) if inspect.isroutine(fn) or inspect.isclass(fn) else None
     if isinstance(owner, str) and _refused(owner):
         raise ValueError(f"{spec!r} is {owner}.{getattr(fn, '__qualname__', name)}, which is never a factory "
@@ -157,8 +157,6 @@ def resolve(spec: Any, *, trust: bool = True,
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now on ``host`` (for tools; a job's launcher binds its own)."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,7 @@ class Run:
         self._cancel = threading.Event()
         self._expired = False
         self._procs: list[Any] = []
+        self._wsp_proc: Any = None    # HetPipe's parameter server
         self._conns: list[Any] = []
         self._locks: list[FolderLock] = []
         self._rendezvous: Rendezvous | None = None
@@ -381,10 +383,7 @@ class Run:
             self._kill()
 
     def _kill(self) -> None:
-        procs = list(self._procs)
-        wsp_proc = getattr(self, "_wsp_proc", None)
-        if wsp_proc is not None:
-            procs.append(wsp_proc)
+        procs = [p for p in (*self._procs, self._wsp_proc) if p is not None]
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -400,7 +399,7 @@ class Run:
             results = self._collect()
             if results is None:
                 return
-            if getattr(self, "_wsp_proc", None) is not None and self._wsp_result.poll(30):
+            if self._wsp_proc is not None and self._wsp_result.poll(30):
                 results[0].wsp_log = self._wsp_result.recv()
             for p in self._procs:
                 p.join(10)
@@ -414,8 +413,6 @@ class Run:
 
     def _collect(self) -> dict[int, WorkerResult] | None:
         """Read every worker's pipe and sentinel until each sent its result (None: a fault ended the job)."""
-        from multiprocessing.connection import wait
-
         results: dict[int, WorkerResult] = {}
         errors: list[tuple[float, int, int, str, str]] = []    # (time raised, rank, stage, action, traceback)
         open_conns: dict[Any, int] = {c: rank for rank, c in enumerate(self._conns)}
@@ -461,18 +458,15 @@ class Run:
         elif kind == "error":
             stage, action, tb, t = payload
             errors.append((t, rank, stage, action, tb))
-        elif kind == "saved":
-            if self._sealer is not None:
-                step, sha = payload
-                self._sealer.report(step, rank, sha)
+        elif kind == "saved" and self._sealer is not None:
+            step, sha = payload
+            self._sealer.report(step, rank, sha)
         elif kind == "warning":
             warnings.warn(f"worker {rank}: {payload}", RuntimeWarning, stacklevel=1)
 
     def _drain(self, open_conns: dict[Any, int], results: dict[int, WorkerResult], errors: list[Any],
                ended: set[int], quiet_s: float = 0.2) -> None:
         """Read whatever the workers have already written, until the pipes are quiet for ``quiet_s``."""
-        from multiprocessing.connection import wait
-
         end = time.time() + 2.0
         while open_conns and time.time() < end:
             ready: list[Any] = wait(list(open_conns), timeout=quiet_s)

@@ -8,11 +8,14 @@ run takes the port in between, and gloo uses the loopback interface.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import socket
 import sys
 import threading
 from datetime import timedelta
+from multiprocessing.connection import wait
 from typing import Any
 
 #: the launcher died: a worker's exit code when its lifeline closes (128 + SIGHUP, as a shell reports it)
@@ -21,13 +24,9 @@ ORPHANED_EXIT = 129
 
 def watch_launcher(poll_s: float = 0.5) -> threading.Thread:
     """End this process (``os._exit``) as soon as the process that launched it is gone."""
-    import multiprocessing
-
     parent = multiprocessing.parent_process()
     sentinel = getattr(parent, "sentinel", None)
     if sentinel is not None:
-        from multiprocessing.connection import wait
-
         def watch() -> None:
             wait([sentinel])
             os._exit(ORPHANED_EXIT)
@@ -99,8 +98,6 @@ def use_loopback() -> None:
 
 def signal_name(code: int) -> str:
     """`` (SIGKILL)`` for a process ended by a signal (a negative exit code), else ``""``."""
-    import signal
-
     try:
         return f" ({signal.Signals(-code).name})" if code < 0 else ""
     except ValueError:

@@ -42,9 +42,10 @@ def _storage(t: Any) -> tuple[int, int] | None:
 class MemoryMeter:
     """One worker's memory; :meth:`sample` after every action (``cuda``: the allocator's peak)."""
 
-    def __init__(self, stages: dict[int, Any], messages: Callable[[], Iterable[torch.Tensor]] | None = None,
-                 *, cuda: torch.device | None = None) -> None:
-        self.stages, self.messages, self.cuda = stages, messages, cuda
+    def __init__(self, stages: dict[int, Any],
+                 messages: Callable[[], Iterable[torch.Tensor]] | None = None) -> None:
+        self.stages, self.messages = stages, messages
+        self.cuda: torch.device | None = None    # set by use_cuda
         self._saved: dict[int, list[int]] = {}      # storage ptr -> [holders alive, nbytes]
         self._weights: set[int] = set()
         self.peak = 0                 # the reported peak (CUDA allocator's, or the storage count)
@@ -52,8 +53,6 @@ class MemoryMeter:
         self.peak_state = 0           # the storage count's peak without messages (the simulator's terms)
         self.breakdown: dict[str, int] = dict.fromkeys(PARTS, 0)   # the storage count at its peak
         self.timeline: list[tuple[int, int]] = []    # (action index, bytes held after it)
-        if cuda is not None:
-            self.use_cuda(cuda)
 
     def use_cuda(self, device: torch.device) -> None:
         """Report ``torch.cuda.max_memory_allocated(device)`` from now on (a worker process only)."""

@@ -7,7 +7,9 @@ checked, frozen record. Each option is described in docs/training_options.md.
 
 from __future__ import annotations
 
-import time
+import ctypes
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,22 +142,9 @@ class RuntimeOptions:
         )
 
 
-def slow_down(rank: int, slowdown: Mapping[int, float] | None, elapsed_s: float) -> None:
-    """Sleep ``(factor - 1) * elapsed_s`` if worker ``rank`` has a slowdown factor."""
-    if not slowdown:
-        return
-    f = float(slowdown.get(rank, 1.0))
-    if f > 1.0 and elapsed_s > 0:
-        time.sleep((f - 1.0) * elapsed_s)
-
-
 def tune_malloc() -> bool:
     """Keep freed memory in this worker process (glibc), so buffers reallocated every step don't
     page-fault; False (a no-op) off glibc or where the user set ``MALLOC_*_THRESHOLD_``."""
-    import ctypes
-    import os
-    import sys
-
     if not sys.platform.startswith("linux") or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_",
                                                                                 "MALLOC_TRIM_THRESHOLD_")):
         return False

@@ -10,6 +10,7 @@ reference. One :class:`WSPServer` shard per stage; :func:`serve` runs them behin
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from pipelab.runtime.lifeline import watch_launcher
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.T
     """Serve ``conns`` (one per worker) until every worker said ``"stop"``; return the merged log.
 
     Requests: ``("push", stage, vw, arrays)`` -> ``("ok", clock)``; ``("pull", stage, vw)`` ->
-    ``("weights", arrays, clock)`` once the rule allows; ``("log",)``; ``("stop",)``.
+    ``("weights", arrays, clock)`` once the rule allows; ``("stop",)``.
     """
     servers = {s: WSPServer(p, num_virtual_workers, staleness, stage=s) for s, p in shards.items()}
     t0 = time.time()
@@ -161,9 +164,6 @@ def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.T
         srv._t0 = t0
     open_conns = list(conns)
     waiting: list[tuple[Connection, int, int]] = []
-
-    def merged_log() -> list[WSPEvent]:
-        return sorted((e for srv in servers.values() for e in srv.log), key=lambda e: e.t)
 
     def serve_waiting() -> None:
         for c, s, v in list(waiting):
@@ -193,22 +193,16 @@ def serve(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, torch.T
             elif kind == "pull":
                 waiting.append((c, msg[1], msg[2]))
                 serve_waiting()
-            elif kind == "log":
-                c.send(("log", merged_log()))
             elif kind == "stop":
                 open_conns.remove(c)
             else:
                 c.send(("error", f"unknown WSP message {kind!r}"))
-    return merged_log()
+    return sorted((e for srv in servers.values() for e in srv.log), key=lambda e: e.t)
 
 
 def serve_process_main(conns: Sequence[Connection], shards: Mapping[int, Mapping[str, np.ndarray]],
                        num_virtual_workers: int, staleness: int, result: Connection | None = None) -> None:
     """The server process: :func:`serve`, then the log on ``result``; dies with its launcher."""
-    import signal
-
-    from pipelab.runtime.lifeline import watch_launcher
-
     watch_launcher()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
@@ -249,11 +243,6 @@ class WSPClient:
         self.conn.send(("pull", self.stage, self.vw))
         _, w, g = self._recv("pull")
         return {k: v.to(self.device) for k, v in _from_wire(w).items()}, int(g)
-
-    def log(self) -> list[WSPEvent]:
-        """The server's event log so far."""
-        self.conn.send(("log",))
-        return list(self._recv("log")[1])
 
     def stop(self) -> None:
         """Tell the server this worker is done."""

@@ -24,9 +24,7 @@ def lr_scale(tau: float, step: int, warmup_steps: int) -> float:
         raise ValueError(f"warmup_steps={warmup_steps} must be >= 0 (0 turns rescheduling off)")
     if warmup_steps == 0:
         return 1.0
-    t = max(float(tau), 1.0)
-    frac = min(step / warmup_steps, 1.0)
-    return t ** -(1.0 - frac)
+    return max(float(tau), 1.0) ** -(1.0 - min(step / warmup_steps, 1.0))
 
 
 # ---------------------------------------------------------------------- T2: discrepancy correction

@@ -65,10 +65,7 @@ def ring_bytes(incoming: dict[int, list[list[TensorSpec]]]) -> int:
 
 def unusable(world: int, need: int, backend: str = "gloo") -> str | None:
     """Why these workers can't message through shared memory (``None``: they can); a collective where
-    ``backend`` can (:func:`available`).
-
-    ``need`` is this worker's :func:`ring_bytes`; every rank gets rank 0's answer.
-    """
+    ``backend`` can (:func:`available`). ``need``: this worker's :func:`ring_bytes`; every rank agrees."""
     if not available(backend):
         return f"it needs the gloo backend on x86-64 Linux (backend {backend!r} here)"
     try:
@@ -268,11 +265,9 @@ class ShmComm(DistComm):
         if ring is None:
             raise OrderError(f"worker {self.rank} sends to worker {s.dst}, which the schedule gives no "
                              "message from it")
-        buf = pack(s.tensors)
-        if buf.device.type != "cpu":
-            buf = buf.cpu()
-        if buf.numel() * buf.element_size() > ring.slot:
-            n = buf.numel() * buf.element_size()
+        buf = pack(s.tensors).cpu()
+        n = buf.numel() * buf.element_size()
+        if n > ring.slot:
             raise ValueError(f"worker {self.rank}: a {n}-byte message to worker {s.dst} is larger than the "
                              f"{ring.slot} bytes its layout allows")
         k = self._send_k.get(s.dst, 0)
@@ -301,8 +296,7 @@ class ShmComm(DistComm):
 
     def retire(self, keys: Sequence[tuple[int, int]]) -> None:
         """Nothing waits on a written message; write what is queued."""
-        if self._queued_any():
-            self._pump()
+        self._pump()
 
     def held(self) -> list[torch.Tensor]:
         """The message buffers this worker holds: queued sends and local hand-offs."""

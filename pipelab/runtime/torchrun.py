@@ -88,9 +88,6 @@ class _ListSink:
     def emit(self, ev: Any) -> None:
         self.events.append(ev)
 
-    def flush(self) -> None:
-        pass
-
     def error(self, stage: int, action: str, tb: str) -> None:
         print(f"[pipelab] rank {os.environ.get('RANK')} failed at stage {stage}, action {action}:\n{tb}",
               file=sys.stderr)

@@ -9,6 +9,7 @@ process driver (:mod:`pipelab.runtime.process`) and the reference executor
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ from pipelab.runtime.guards import check_grads, check_loss, warn
 from pipelab.runtime.job import Job
 from pipelab.runtime.memory import MemoryMeter
 from pipelab.runtime.options import run_maybe_checkpointed
-from pipelab.runtime.options import slow_down as sleep_slowdown
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
 from pipelab.runtime.worker_checkpoint import Checkpointing
@@ -107,8 +107,8 @@ class Worker(Checkpointing):
         """The tensors that travel for a message of ``members`` (compressed payloads, if any)."""
         if self.codec is None:
             return list(members)
-        return [TensorSpec(tuple(int(d) for d in shape), str(dt).removeprefix("torch."))
-                for shape, dt in message_specs([(sp.shape, sp.torch_dtype) for sp in members], self.codec)]
+        wire = message_specs([(sp.shape, sp.torch_dtype) for sp in members], self.codec)
+        return [TensorSpec.of(shape, dtype) for shape, dtype in wire]
 
     def _decode(self, tensors: list[torch.Tensor], members: list[TensorSpec]) -> list[torch.Tensor]:
         if self.codec is None:
@@ -143,11 +143,8 @@ class Worker(Checkpointing):
         return self._retire[i]
 
     def _retire_plan(self) -> list[list[tuple[int, int]]]:
-        """Per action, the sends it proves delivered, by causality over the schedule.
-
-        A send to ``r`` consumed by ``r``'s action ``j`` is delivered once we receive what ``r`` produced
-        at an action ``k >= j``.
-        """
+        """Per action, the sends it proves delivered: a send to ``r`` consumed by ``r``'s action ``j`` is
+        delivered once we receive what ``r`` produced at an action ``k >= j`` (causality)."""
         sched, P, me = self.job.schedule, self.job.schedule.num_stages, self.rank
         index: dict[int, dict[Action, int]] = {}
 
@@ -361,8 +358,9 @@ class Worker(Checkpointing):
 
     def slow_down(self, elapsed_s: float) -> None:
         """Emulate a slower device (option ``slowdown={rank: factor}``): sleep (factor - 1) x elapsed."""
-        if self.job.runtime.slowdown:
-            sleep_slowdown(self.rank, self.job.runtime.slowdown, elapsed_s)
+        f = float(self.job.runtime.slowdown.get(self.rank, 1.0))
+        if f > 1.0 and elapsed_s > 0:
+            time.sleep((f - 1.0) * elapsed_s)
 
     def measure(self, i: int) -> None:
         """Sample the memory meter after action ``i`` (option ``measure_memory``; else nothing)."""

@@ -1,11 +1,9 @@
-"""A worker's checkpoints: its state at a drained point, saved at the schedule's checkpoint steps.
-
-:class:`Checkpointing` is mixed into :class:`~pipelab.runtime.worker.Worker`; the files are
-:mod:`pipelab.runtime.checkpoint_files`.
-"""
+"""A worker's checkpoints (:class:`Checkpointing`, mixed into :class:`~pipelab.runtime.worker.Worker`): its
+state at a drained point, saved at the schedule's checkpoint steps (files: :mod:`.checkpoint_files`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +25,6 @@ class Checkpointing:
     stages: dict[int, StageState]
     rng_state: torch.Tensor
     warn: Callable[[str], None]
-    _ckpt_points: dict[int, int] | None = None
     #: the run's coordinator: ``on_saved(step, rank, sha256)`` once this worker's file is written
     on_saved: Callable[[int, int, str], None] | None = None
 
@@ -68,18 +65,16 @@ class Checkpointing:
             st.policy.load_state_dict(saved["policy"])
         self.rng_state = state["rng"]
 
+    @functools.cached_property
     def _checkpoint_points(self) -> dict[int, int]:
-        """Action index -> run step of every checkpoint this worker takes (computed once)."""
-        if self._ckpt_points is None:
-            self._ckpt_points = checkpoint_points(self.job.schedule, self.rank,
-                                                  self.job.runtime.checkpoint_every or 0,
-                                                  self.job.runtime.resume_step)
-        return self._ckpt_points
+        """Action index -> run step of every checkpoint this worker takes."""
+        rt = self.job.runtime
+        return checkpoint_points(self.job.schedule, self.rank, rt.checkpoint_every or 0, rt.resume_step)
 
     def maybe_checkpoint(self, i: int) -> None:
         """After update ``i``: save if it is this worker's last action before a checkpoint step (HetPipe
         saves after the wave's pull, so the weights saved are the server's global weights)."""
-        step = self._checkpoint_points().get(i) if self.job.runtime.checkpoint_every else None
+        step = self._checkpoint_points.get(i) if self.job.runtime.checkpoint_every else None
         if step is None:
             return
         rng = torch.get_rng_state()     # this worker's stream (the reference executor swaps it in)

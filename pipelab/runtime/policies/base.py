@@ -239,10 +239,8 @@ class Stashing(WeightPolicy):
 
     def updated(self) -> None:
         """Stash the new version (an alias of the master) and drop versions nobody needs."""
-        self.latest += 1
-        self.stash[self.latest] = {n: alias(p) for n, p in self.params.items()}
-        self._release()
-        self._measure()
+        self.stash[self.latest + 1] = {n: alias(p) for n, p in self.params.items()}
+        super().updated()
 
     def _release(self) -> None:
         keep = {self.latest, *self._needed()}

@@ -28,11 +28,9 @@ class LocalWSP:
 
     def __init__(self, server: Any, vw: int) -> None:
         self.server, self.vw = server, vw
-        self.clock = 0
 
     def push(self, update: Mapping[str, torch.Tensor]) -> int:
         """Push to the shared server."""
-        self.clock += 1
         return int(self.server.push(self.vw, update))
 
     #: the reference executor completes the pull later, when the staleness bound allows it
