@@ -93,58 +93,42 @@ class _TraceCosts(Costs):
 
 def _idle(events: Sequence[Event], workers: int) -> tuple[float, list[float]]:
     """(makespan, per-worker idle seconds) of ``events`` (compute actions only)."""
-    comp = [e for e in events if e.kind in COMPUTE_KINDS]
-    if not comp:
-        return 0.0, [0.0] * workers
-    t0, t1 = min(e.start_s for e in comp), max(e.end_s for e in comp)
+    comp = metrics.compute_events(events)
+    makespan = metrics.span(comp)
     busy = [0.0] * workers
     for e in comp:
         if 0 <= e.worker < workers:
             busy[e.worker] += e.end_s - e.start_s
-    return t1 - t0, [t1 - t0 - b for b in busy]
+    return makespan, [makespan - b for b in busy]
 
 
-def _latencies(trace: Trace, comp: Mapping[_Key, Event], schedule: Schedule
-               ) -> dict[tuple[int, int, str, int], float]:
+def _latencies(trace: Trace, comp: Mapping[_Key, Event], schedule: Schedule) -> dict[_Key, float]:
     """Per message (sender, stage, kind, microbatch): seconds from the sender's end to its arrival
     (from ``send`` events, else the receiver's wait past the producer and its own previous action)."""
-    out: dict[tuple[int, int, str, int], float] = {}
-    by_key = {(e.stage, e.kind, e.microbatch): e for e in comp.values()}
+    out: dict[_Key, float] = {}
     sends = [e for e in trace.events if e.kind == "send"]
+    for s in sends:
+        # the message's producer: this worker's F or B of the microbatch that ended last before it left
+        prods = [p for p in (comp.get((s.worker, s.stage, kind, s.microbatch)) for kind in ("F", "B"))
+                 if p is not None and p.end_s <= s.start_s + 1e-12]
+        if prods:
+            prod = max(prods, key=lambda p: p.end_s)
+            out[(s.worker, s.stage, prod.kind, s.microbatch)] = max(0.0, s.end_s - prod.end_s)
     if sends:
-        for s in sends:
-            # the message's producer: this worker's F or B of the microbatch that ended last before it left
-            prod: Event | None = None
-            for kind in ("F", "B"):
-                p = comp.get((s.worker, s.stage, kind, s.microbatch))
-                if p is not None and p.end_s <= s.start_s + 1e-12 and (prod is None or p.end_s > prod.end_s):
-                    prod = p
-            if prod is not None:
-                out[(s.worker, s.stage, prod.kind, s.microbatch)] = max(0.0, s.end_s - prod.end_s)
         return out
-    prev_end: dict[tuple[int, int], float] = {}
-    for w, lst in enumerate(schedule.actions):
-        t = None
-        for i, a in enumerate(lst):
-            e = comp.get((w, a.stage, a.kind, a.microbatch))
-            if e is not None:
-                if t is not None:
-                    prev_end[(w, i)] = t
-                t = e.end_s
+    by_key = {(e.stage, e.kind, e.microbatch): e for e in comp.values()}
     last = schedule.num_stages - 1
     for w, lst in enumerate(schedule.actions):
-        for i, a in enumerate(lst):
+        prev_end = -float("inf")
+        for a in lst:
             e = comp.get((w, a.stage, a.kind, a.microbatch))
             if e is None:
                 continue
             for k2, s2, m2 in dependencies(a.kind, a.stage, a.microbatch, last):
-                if s2 == a.stage:
-                    continue
                 p = by_key.get((s2, k2, m2))
-                if p is None or p.worker == w:
-                    continue
-                free = max(p.end_s, prev_end.get((w, i), -float("inf")))
-                out[(p.worker, s2, k2, m2)] = max(0.0, e.start_s - free) if e.start_s > free else 0.0
+                if s2 != a.stage and p is not None and p.worker != w:
+                    out[(p.worker, s2, k2, m2)] = max(0.0, e.start_s - max(p.end_s, prev_end))
+            prev_end = e.end_s
     return out
 
 
@@ -152,18 +136,12 @@ def critical_path(trace: Trace, schedule: Schedule, *, tol: float = 1e-9) -> tup
     """The chain of actions (and messages) that ends last: from the last action back, each step's
     binding predecessor, its worker's previous action or the input it waited for, whichever came later.
     Returned in time order."""
-    comp = [e for e in trace.events if e.kind in COMPUTE_KINDS]
+    comp = metrics.compute_events(trace.events)
     if not comp:
         return ()
     by_key = {(e.stage, e.kind, e.microbatch): e for e in comp if e.kind != "U"}
-    prev: dict[tuple[int, float], Event] = {}
-    per_worker: dict[int, list[Event]] = {}
-    for e in comp:
-        per_worker.setdefault(e.worker, []).append(e)
-    for evs in per_worker.values():
-        evs.sort(key=lambda e: (e.start_s, e.end_s))
-        for a, b in zip(evs, evs[1:]):
-            prev[(b.worker, b.start_s)] = a
+    ordered = sorted(comp, key=lambda e: (e.worker, e.start_s, e.end_s))
+    prev = {(b.worker, b.start_s): a for a, b in zip(ordered, ordered[1:]) if a.worker == b.worker}
     sends = {(s.worker, s.stage, s.microbatch, s.peer): s for s in trace.events if s.kind == "send"}
     last = schedule.num_stages - 1
     path: list[Event] = []

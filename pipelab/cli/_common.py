@@ -18,8 +18,7 @@ from typing import Any, NoReturn
 
 def suggest(name: str, choices: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` for the closest of ``choices`` (case-insensitive), else ``""``."""
-    options = list(choices)
-    lowered = {c.lower(): c for c in options}
+    lowered = {c.lower(): c for c in choices}
     if name.lower() in lowered:
         return f"; did you mean {lowered[name.lower()]!r}?"
     close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
@@ -60,15 +59,14 @@ def print_cluster_list() -> int:
 
 
 def add_profile_and_cluster(p: argparse.ArgumentParser, cluster_default: str | None = None) -> None:
-    """The options ``plan`` and ``simulate`` share: the profile, ``--cluster``, ``--compression``, the
-    input of a ``module:function`` model."""
+    """The options ``plan`` and ``simulate`` share: profile, cluster, compression, model input."""
     p.add_argument("profile", help="profile JSON, PipeDream graph.txt, shipped name (vgg16, gnmt8, ...) or "
                                    "package.module:function with --input-shape")
     p.add_argument("--cluster", required=cluster_default is None, default=cluster_default,
                    help="cluster: a preset with its size (e.g. pipedream-a:4x4 for servers x GPUs, flat:8), "
                         "or a calibrated cluster JSON (pipelab calibrate -o me.json); --cluster list prints "
                         "the presets" + (f" (default {cluster_default})" if cluster_default else ""))
-    p.add_argument("--compression", type=compression, default=None,
+    p.add_argument("--compression", type=number_or_text, default=None,
                    help="activation compression: fp16, bf16, int8 or a ratio (default none)")
     add_model_input(p)
 
@@ -84,39 +82,25 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     return parser.parse_args(args)
 
 
-def parse_cluster(spec: str) -> Any:
-    """``Cluster.parse`` with a "did you mean" for a near-miss preset name."""
-    from pipelab.cluster import Cluster
-
-    try:
-        return Cluster.parse(spec)
-    except ValueError as exc:
-        name = spec.split(":")[0].strip()
-        hint = suggest(name, [*Cluster.presets(), "flat"]) if not spec.endswith(".json") else ""
-        raise ValueError(f"{exc}{hint} (--cluster list shows them)") from None
-
-
 def is_callable_ref(spec: str) -> bool:
     """Whether ``spec`` reads as ``package.module:function`` (not a path, not a plain name)."""
     return bool(re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec.strip()))
 
 
-def import_callable(spec: str, folders: Sequence[str | Path] = ()) -> Callable[..., Any]:
-    """The function named ``package.module:function``, with ``folders`` and the current directory on
-    the import path (kept there, so worker processes started later import it too)."""
+def import_callable(spec: str) -> Callable[..., Any]:
+    """The function named ``package.module:function``, with the current directory on the import path
+    (kept there, so worker processes started later import it too)."""
     if not is_callable_ref(spec):
         raise ValueError(f"{spec!r} is not a callable reference; write package.module:function "
                          "(e.g. mymodels:make_model for make_model in ./mymodels.py)")
-    for folder in [*folders, Path.cwd()]:
-        path = str(Path(folder).resolve())
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    cwd = str(Path.cwd().resolve())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
     module_name, _, name = spec.strip().partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        where = ", ".join(str(Path(f).resolve()) for f in [*folders, Path.cwd()])
-        raise ValueError(f"cannot import {module_name!r} for {spec!r} ({exc}); searched {where} and "
+        raise ValueError(f"cannot import {module_name!r} for {spec!r} ({exc}); searched {cwd} and "
                          "the installed packages") from None
     fn = getattr(module, name, None)
     if not callable(fn):
@@ -170,23 +154,32 @@ def profile_callable(spec: str, shape: Sequence[int] | None, *, dtype: str = "fl
     return profile(model, sample_input(shape, dtype, vocab), progress=progress, model_name=spec, **kwargs)
 
 
-def load_profile(spec: str, args: argparse.Namespace) -> Any:
-    """A profile from a JSON file, a graph.txt, a shipped PipeDream name, or ``module:function``."""
+def load_inputs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The profile and cluster that :func:`add_profile_and_cluster`'s options name, with "did you mean"."""
+    from pipelab.cluster import Cluster
     from pipelab.profile.records import Profile
 
+    spec = args.profile
     if is_callable_ref(spec) and not Path(spec).exists():
-        return profile_callable(spec, args.input_shape, dtype=args.input_dtype, progress=False)
+        prof = profile_callable(spec, args.input_shape, dtype=args.input_dtype, progress=False)
+    else:
+        try:
+            prof = Profile.open(spec)
+        except (FileNotFoundError, ValueError) as exc:
+            from pipelab.profile.pipedream_format import SHIPPED
+
+            hint = suggest(spec, SHIPPED) if not Path(spec).suffix else ""
+            raise ValueError(f"{exc}{hint}") from None
     try:
-        return Profile.open(spec)
-    except (FileNotFoundError, ValueError) as exc:
-        from pipelab.profile.pipedream_format import SHIPPED
+        return prof, Cluster.parse(args.cluster)
+    except ValueError as exc:
+        name = args.cluster.split(":")[0].strip()
+        hint = suggest(name, [*Cluster.presets(), "flat"]) if not args.cluster.endswith(".json") else ""
+        raise ValueError(f"{exc}{hint} (--cluster list shows them)") from None
 
-        hint = suggest(spec, SHIPPED) if not Path(spec).suffix else ""
-        raise ValueError(f"{exc}{hint}") from None
 
-
-def compression(text: str) -> str | float:
-    """A ``--compression`` value: a codec name (``fp16``, ``bf16``, ``int8``, ``none``) or a ratio >= 1."""
+def number_or_text(text: str) -> str | float:
+    """``text`` as a number if it reads as one (a ratio, a margin), else as is (a codec name, a path)."""
     try:
         return float(text)
     except ValueError:

@@ -1,8 +1,4 @@
-"""``pipelab plan PROFILE --cluster SPEC [--method M | --auto] [-o plan.json]``: plan from the shell.
-
-``--auto`` runs :func:`pipelab.planner.plan` and prints the ranked candidates, the default (1F1B on a
-uniform split) and the Pareto front; ``-o`` writes the pick's plan, ``--table`` the whole table.
-"""
+"""``pipelab plan PROFILE --cluster SPEC [--method M | --auto] [-o plan.json]``: plan from the shell."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipelab._io import atomic_write_text
-from pipelab.cli._common import Parser, add_profile_and_cluster, fail, load_profile, parse_args, parse_cluster
+from pipelab.cli._common import Parser, add_profile_and_cluster, fail, load_inputs, number_or_text, parse_args
 from pipelab.cluster import Cluster
 from pipelab.partition import METHODS, partition
 from pipelab.planner import plan as auto_plan
@@ -42,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--methods", default=None,
                     help="--auto: comma-separated methods to search (default: all but the ablations)")
     ap.add_argument("--top", type=int, default=10, help="--auto: rows to print")
-    ap.add_argument("--margin", default=None,
+    ap.add_argument("--margin", type=number_or_text, default=None,
                     help="--auto: the simulator's relative throughput error on this machine: a number for "
                          "every method, or the sim_errors.json (or results.csv) reproductions/sim_accuracy "
                          "wrote here (default: none known; ranked by prediction alone)")
@@ -57,16 +53,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(_parser(), argv)
     if args is None:
         return 0
+    limit = args.memory_limit_gb * 2**30 if args.memory_limit_gb is not None else None
     try:
-        prof = load_profile(args.profile, args)
+        prof, cluster = load_inputs(args)
         if args.batch_size is not None:
             prof = prof.scaled(batch_size=args.batch_size)
-        cluster = parse_cluster(args.cluster)
         if args.auto:
-            return _auto(args, prof, cluster)
+            return _auto(args, prof, cluster, limit)
         opts: dict[str, Any] = {}
-        if args.memory_limit_gb is not None:
-            opts["memory_limit"] = args.memory_limit_gb * 2**30
         if args.straight:
             if args.method != "pipedream":
                 raise ValueError("--straight applies to --method pipedream")
@@ -76,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("--microbatches applies to --method gpipe (the other partitioners predict "
                                  "whole minibatches; pipelab simulate --microbatches times any M)")
             opts["microbatches"] = args.microbatches
-        plan = partition(prof, cluster, args.method, compression=args.compression,
+        plan = partition(prof, cluster, args.method, compression=args.compression, memory_limit=limit,
                          optimizer=args.optimizer, allreduce_overlap=args.allreduce_overlap, **opts)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         return fail(PROG, exc)
@@ -86,17 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster) -> int:
+def _auto(args: argparse.Namespace, prof: Profile, cluster: Cluster, limit: float | None) -> int:
     """``--auto``: run the planner, print its table, default and Pareto front; write what was asked."""
     names = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
-    limit = args.memory_limit_gb * 2**30 if args.memory_limit_gb is not None else None
-    margin: float | str | None = args.margin
-    try:
-        margin = float(args.margin) if args.margin is not None else None
-    except ValueError:
-        pass                                   # a path: the errors file of a sim_accuracy run
     table = auto_plan(prof, cluster, memory_limit=limit, methods=names, optimizer=args.optimizer,
-                      margin=margin, progress=not args.no_progress)
+                      margin=args.margin, progress=not args.no_progress)
     print(table.describe(args.top))
     try:
         best = table.best

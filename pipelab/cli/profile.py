@@ -55,18 +55,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def show(prof: Profile, file: TextIO | None = None) -> None:
     """Print a profile's header and per-layer table (ms, MB, GFLOP)."""
-    out = file if file is not None else sys.stdout
-    print(repr(prof), file=out)
-    print(prof.summary().to_string(float_format=lambda v: f"{v:.3f}"), file=out)
+    print(repr(prof), file=file)
+    print(prof.summary().to_string(float_format=lambda v: f"{v:.3f}"), file=file)
     if prof.loss_saved_bytes:
         print(f"the loss saves {prof.loss_saved_bytes / 1e6:.3f} MB for its backward (held by the last "
-              "stage; its time is in the last layer's)", file=out)
+              "stage; its time is in the last layer's)", file=file)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``pipelab profile``; returns the exit code (2 for bad input, with a one-line reason)."""
-    parser = _parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(argv)
     small = "auto" if args.small_batch is None else (args.small_batch or None)
     try:
         if args.show:

@@ -1,9 +1,4 @@
-"""``pipelab simulate PROFILE --cluster pipedream-a:4x4 --method pipedream ...``: simulate and report.
-
-The plan comes from ``--plan plan.json`` or ``pipelab.partition`` (``--partition``, default the method's
-own partitioner). Prints the plan, time per minibatch, throughput, utilization and peak memory per
-worker; optionally writes the trace and the schedule.
-"""
+"""``pipelab simulate PROFILE --cluster SPEC --method M [--plan plan.json]``: simulate a plan and report."""
 
 from __future__ import annotations
 
@@ -12,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipelab import methods
-from pipelab.cli._common import Parser, add_profile_and_cluster, fail, load_profile, parse_args, parse_cluster
+from pipelab.cli._common import Parser, add_profile_and_cluster, fail, load_inputs, parse_args
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
 from pipelab.schedules import ScheduleError
@@ -48,14 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args is None:
         return 0
     try:
-        prof = load_profile(args.profile, args)
-        cluster = parse_cluster(args.cluster)
+        prof, cluster = load_inputs(args)
         plan = Plan.load(args.plan) if args.plan else \
             partition(prof, cluster, method=args.partition or methods.get(args.method).partitioner)
-        opts: dict[str, Any] = {k: v for k, v in (("chunks", args.chunks), ("versions", args.versions))
-                                if v is not None}
-        if args.vertical_sync:
-            opts["vertical_sync"] = True
+        given = {"chunks": args.chunks, "versions": args.versions,
+                 "vertical_sync": args.vertical_sync or None}
+        opts: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         res = simulate(plan, prof, cluster, method=args.method, microbatches=args.microbatches,
                        minibatches=args.minibatches, compression=args.compression, **opts)
     except (ValueError, TypeError, FileNotFoundError, ScheduleError) as exc:

@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trust", action="store_true",
                    help="run a job file that names functions outside its folder and the current project, or "
                         "writes outside its folder (a job file is data unless trusted)")
-    a = p.parse_args(list(argv) if argv is not None else None)
+    a = p.parse_args(argv)
     job = Path(a.job)
     if not job.is_file():
         return fail(PROG, f"no job file {a.job} (pass the path of a job.json; examples/job.json is one)")

@@ -165,9 +165,8 @@ def _measure(chosen: list[tuple[int, str]], steps: Mapping[int, int], run: Calla
 
     got: dict[int, list[float]] = {r: [] for r, _ in chosen}
     failed: dict[int, str] = {}
-    bar = tqdm(total=opts.rounds * len(chosen), desc="confirming", unit="run", disable=not opts.progress,
-               leave=False)
-    try:
+    with tqdm(total=opts.rounds * len(chosen), desc="confirming", unit="run", disable=not opts.progress,
+              leave=False) as bar:
         for _ in range(opts.rounds):
             for r, role in chosen:
                 bar.update(1)
@@ -181,8 +180,6 @@ def _measure(chosen: list[tuple[int, str]], steps: Mapping[int, int], run: Calla
                     failed[r] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                     continue
                 got[r].append(res.trace.steady_throughput(batch, res.schedule.warmup_minibatches()))
-    finally:
-        bar.close()
     return got, failed
 
 

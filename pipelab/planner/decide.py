@@ -151,8 +151,7 @@ def decide(table: pd.DataFrame, default: int | None, margin: Margin) -> pd.DataF
 
 def margin_from_accuracy(results: pd.DataFrame | str) -> dict[str, float]:
     """Per method and ``"ALL"``, the worst |error| of a ``reproductions/sim_accuracy`` results table."""
-    df = _results(results, "margin_from_accuracy")
-    df = _both_calibrations(df)
+    df = _both_calibrations(_results(results, "margin_from_accuracy"))
     worst = df.dropna(subset=["error"]).assign(e=lambda d: d["error"].abs()).groupby("method")["e"].max()
     return {**{str(k): float(v) for k, v in worst.items()}, "ALL": float(worst.max())}
 
@@ -218,10 +217,7 @@ def resolve_margin(margin: Margin | str | Path | None) -> tuple[Margin, str]:
             raise ValueError(f"margin={str(margin)!r}: no such file; pass the sim_errors.json (or "
                              "results.csv) that reproductions/sim_accuracy wrote on this machine, or a "
                              "number")
-        if path.suffix == ".csv":
-            got: Margin = check_margin(ranges_from_accuracy(str(path), relative=True))
-        else:
-            got = load_margin(path)
+        got = check_margin(ranges_from_accuracy(str(path), relative=True)) if path.suffix == ".csv" \
+            else load_margin(path)
         return got, f"measured: {path}"
-    got = check_margin(margin)
-    return got, "given"
+    return check_margin(margin), "given"

@@ -211,9 +211,8 @@ def _plans(profile: Profile, cluster: Cluster, need: set[str], optimizer: str) -
         times = [ly.fwd_s + ly.bwd_s for ly in profile.layers]
         for S in _stage_counts(W, n):
             reps = [W // S] * S if W % S == 0 else [1] * S
-            cuts: dict[str, list[int]] = {"uniform": uniform_cuts(n, S)}
-            sizes = balance_by_time(S, times)
-            cuts["balanced"] = [sum(sizes[:i]) for i in range(1, S)]
+            cuts = {"uniform": uniform_cuts(n, S),
+                    "balanced": list(itertools.accumulate(balance_by_time(S, times)[:-1]))}
             with contextlib.suppress(ValueError, ScheduleError):
                 ps = partition(profile, cluster, "prefix-sum", stages=S, optimizer=optimizer,
                                memory_limit=math.inf)
@@ -303,20 +302,17 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
     M = c.microbatches   # dp: one microbatch, 1/M of the minibatch, per replica
     phys = c.plan.notes.get("workers") if not is_dp else None
     held = 0 if spec.versions == "latest" else M if spec.order == "gpipe" else 1
+    per_minibatch = spec.update == "minibatch" or spec.synchronous
     per_stage: list[tuple[float, float, float]] = []
     for a, e, ranks in stages:
         for r in ranks:
             w = int(phys[r]) if phys else r
             f, b = cm.compute_s(a, e, w, microbatches=M)
-            n_mb = M / len(ranks)
-            per_minibatch = spec.update == "minibatch" or spec.synchronous
             u = cm.update_s(a, e, w, memory_bandwidth) if per_minibatch else 0.0
-            busy[w] = busy.get(w, 0.0) + (f + b) * n_mb + u
+            busy[w] = busy.get(w, 0.0) + (f + b) * (M / len(ranks)) + u
             act = cm.activation_bytes(a, e, M) * held
             floor[w] = floor.get(w, 0) + int((1 + cm.state_factor) * cm.param_bytes(a, e)) + act
-        if len(ranks) == 1:
-            w = int(phys[ranks[0]]) if phys else ranks[0]
-            f, b = cm.compute_s(a, e, w, microbatches=M)
+        if len(ranks) == 1:   # w, f and b are the stage's one worker's
             bi = cm.backward_split_s(a, e, w, microbatches=M)[0] if spec.order == "zb-h1" else b
             per_stage.append((f, b, bi))
     t = max(busy.values())
@@ -381,9 +377,7 @@ def plan(profile: Profile, cluster: Cluster | str, memory_limit: float | Sequenc
     if not isinstance(profile, Profile):
         raise TypeError(f"plan() needs a pipelab Profile, got {type(profile).__name__}; load one with "
                         f"Profile.open('gnmt16') or pl.profile(model, x)")
-    cl = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
-    if not isinstance(cl, Cluster):
-        raise TypeError(f"cluster must be a Cluster or a preset spec string, got {type(cluster).__name__}")
+    cl = Cluster.of(cluster)
     W = cl.num_workers
     limit = _limits(cl, memory_limit)
     margin, margin_source = resolve_margin(margin)
@@ -513,8 +507,7 @@ class _Simulation:
             M = 1 if registry.get(c.method).order == "dp" else c.microbatches
             peak = [p + max((cm.activation_bytes(a, e, M) for a, e in ranges), default=0)
                     for p, ranges in zip(peak, hosted)]
-        W = self.cluster.num_workers
-        fits = all(p <= self.limit[w] for w, p in enumerate(peak) if w < W)
+        fits = all(p <= self.limit[w] for w, p in enumerate(peak) if w < self.cluster.num_workers)
         versions, delay = _staleness(res, synchronous)
         tpm = self.profile.batch_size / res.throughput   # dp's own time_per_minibatch is per microbatch
         cols = dict(throughput=res.throughput, time_per_minibatch_s=tpm, peak_memory=max(peak), fits=fits,
