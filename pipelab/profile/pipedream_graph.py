@@ -188,11 +188,9 @@ def profile_fields(graph: PipeDreamGraph, *, batch_size: int | None = None, mode
     pos = {n.node_id: i for i, n in enumerate(order)}
     edges = sorted({(pos[a], pos[b]) for a, b in graph.edges})
     out_bytes = [int(round(sum(n.activation_bytes))) for n in order]
-    # For each producer, the last consumer's position: the producer's output is alive across
-    # every boundary i with pos(producer) <= i < last consumer (sent once however many use it).
-    last_use = {a: b for a, b in edges}
-    for a, b in edges:
-        last_use[a] = max(last_use[a], b)
+    # For each producer, the last consumer's position (edges are sorted: dict keeps the largest): the
+    # output is alive across every boundary i with pos(producer) <= i < last consumer (sent once).
+    last_use = dict(edges)
     n = len(order)
     diff = [0] * (n + 1)
     for a, last in last_use.items():
