@@ -145,7 +145,6 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
         raise ValueError(f"color_by={color_by!r}; use one of {COLOR_BY}")
     if render not in ("auto", "bars", "raster"):
         raise ValueError(f"render={render!r}; use 'auto', 'bars' or 'raster'")
-    is_schedule = isinstance(trace_or_schedule, Schedule)
     trace, source_bubble = _as_trace(trace_or_schedule, costs)
     compute = trace.compute_events()
     if not compute:
@@ -154,7 +153,7 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
     labels = worker_labels(trace)       # a laid-out schedule carries its stage_ranks in trace.meta
     rows = [labels[w] for w in sorted(labels)]
     bubble = source_bubble if source_bubble is not None else bubble_fraction(trace, num_workers=len(rows))
-    unit = time_unit or ("unit" if is_schedule or trace.meta.get("layout") == "unit-cost" else "s")
+    unit = time_unit or ("unit" if trace.meta.get("layout") == "unit-cost" else "s")
     t0 = min(e.start_s for e in compute)
     row_of = {w: i for i, w in enumerate(sorted(labels))}
     raster = render == "raster" or (render == "auto" and len(compute) > BARS_MAX)
