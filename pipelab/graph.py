@@ -144,14 +144,11 @@ class StageModule(nn.Module):
                                    f"at its input; this is a bug in cut computation")
             return env[name]
 
-        out_node: fx.Node | None = None
         for node in gm.graph.nodes:
             if node.name in selected:
                 env[node.name] = graph.node_copy(node, lookup)
-            elif node.op == "output":
-                out_node = node
         if self.is_last:
-            assert out_node is not None
+            out_node = next(n for n in gm.graph.nodes if n.op == "output")
             graph.output(fx.map_arg(out_node.args[0], lookup))
         else:
             graph.output(tuple(lookup(name) for name in self.output_names))
