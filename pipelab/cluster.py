@@ -382,9 +382,8 @@ class Cluster(Described):
 
     def describe(self) -> str:
         """A few lines for humans: workers, devices, levels with bandwidths."""
-        kinds = Counter(self.devices)
         devs = ", ".join(f"{n} x {d.name} (speed {d.speed:.2f}, {d.memory_bytes / 2**30:.0f} GiB)"
-                         for d, n in kinds.items())
+                         for d, n in Counter(self.devices).items())
         lines = [f"Cluster {self.name!r}: {self.num_workers} workers: {devs}"]
         for k, lv in enumerate(self.levels):
             up = f", {lv.uplinks} uplinks" if lv.uplinks > 1 else ""

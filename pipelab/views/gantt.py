@@ -84,8 +84,7 @@ def bubble_fraction(trace: Trace | Sequence[Event], *, num_workers: int | None =
 def worker_labels(trace: Trace, stage_ranks: Sequence[Sequence[int]] | None = None) -> dict[int, str]:
     """Row labels such as ``"w3 · stage 1 (replica 0)"``; replicas numbered by ``stage_ranks`` (default
     ``trace.meta["stage_ranks"]``, else by rank within each stage)."""
-    if stage_ranks is None and "stage_ranks" in trace.meta:
-        stage_ranks = trace.meta["stage_ranks"]
+    stage_ranks = trace.meta.get("stage_ranks") if stage_ranks is None else stage_ranks
     stages_of: dict[int, set[int]] = {}
     for e in trace.events:
         if e.kind in COMPUTE_KINDS:
