@@ -28,8 +28,8 @@ def layer_graph(profile: Profile) -> nx.DiGraph:
 
 
 def layered_positions(g: nx.DiGraph) -> dict[int, tuple[float, float]]:
-    """x = longest-path depth from a source, y = spread of same-depth nodes around 0 (in index order)."""
-    # a generation holds the nodes whose longest path from a source has its length
+    """x = longest-path depth from a source (the topological generation), y = spread of same-depth nodes
+    around 0 (in index order)."""
     by_depth = [sorted(gen) for gen in nx.topological_generations(g)]
     return {n: (float(d), (len(nodes) - 1) / 2.0 - j)
             for d, nodes in enumerate(by_depth) for j, n in enumerate(nodes)}
