@@ -45,11 +45,8 @@ RASTER_MAX_BINS = 4000
 
 
 def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = None) -> Trace:
-    """Lay a schedule out in time with per-kind unit costs and free transfers.
-
-    Uses the simulator's engine (:func:`pipelab.schedules.dataflow.run`), so chart and simulator agree.
-    Raises ``ValueError`` naming the stuck actions if the schedule deadlocks or is incomplete.
-    """
+    """Lay a schedule out in time with per-kind unit costs and free transfers, on the simulator's engine
+    (:func:`pipelab.schedules.dataflow.run`); ``ValueError`` if it deadlocks or is incomplete."""
     if len(schedule) == 0:
         raise ValueError("the schedule has no actions; build it with pl.schedules.build(method, plan, "
                          "microbatches=...)")
