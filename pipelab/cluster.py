@@ -271,10 +271,8 @@ class Cluster(Described):
         if speed is not None or memory is not None:
             dev = Device(dev.name, dev.speed if speed is None else speed,
                          dev.memory_bytes if memory is None else int(memory))
-        levels: list[Level] = []
-        if inner is not None:
-            levels.append(Level(inner.name, g, inner.bandwidth, inner.latency, inner.uplinks))
-        levels.append(Level(outer.name, s, outer.bandwidth, outer.latency, min(outer.uplinks, g)))
+        levels = [] if inner is None else [replace(inner, size=g)]
+        levels.append(replace(outer, size=s, uplinks=min(outer.uplinks, g)))
         tag = f"{key}:{s}x{g}" if inner is not None else f"{key}:{s}"
         cluster = cls(tag, tuple(levels), (dev,) * (s * g))
         if transport == "pipedream":
@@ -384,9 +382,8 @@ class Cluster(Described):
 
     def describe(self) -> str:
         """A few lines for humans: workers, devices, levels with bandwidths."""
-        kinds = Counter(self.devices)
         devs = ", ".join(f"{n} x {d.name} (speed {d.speed:.2f}, {d.memory_bytes / 2**30:.0f} GiB)"
-                         for d, n in kinds.items())
+                         for d, n in Counter(self.devices).items())
         lines = [f"Cluster {self.name!r}: {self.num_workers} workers: {devs}"]
         for k, lv in enumerate(self.levels):
             up = f", {lv.uplinks} uplinks" if lv.uplinks > 1 else ""

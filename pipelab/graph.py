@@ -135,7 +135,8 @@ class StageModule(nn.Module):
         env: dict[str, fx.Node] = {name: graph.placeholder(name) for name in self.input_names}
         attr_nodes = {n.name: n for n in gm.graph.nodes if n.op == "get_attr"}
 
-        def lookup_name(name: str) -> fx.Node:
+        def lookup(node: fx.Node | str) -> fx.Node:
+            name = node if isinstance(node, str) else node.name
             if name not in env and name in attr_nodes:
                 env[name] = graph.node_copy(attr_nodes[name], lookup)
             if name not in env:
@@ -143,20 +144,14 @@ class StageModule(nn.Module):
                                    f"at its input; this is a bug in cut computation")
             return env[name]
 
-        def lookup(node: fx.Node) -> fx.Node:
-            return lookup_name(node.name)
-
-        out_node: fx.Node | None = None
         for node in gm.graph.nodes:
             if node.name in selected:
                 env[node.name] = graph.node_copy(node, lookup)
-            elif node.op == "output":
-                out_node = node
         if self.is_last:
-            assert out_node is not None
+            out_node = next(n for n in gm.graph.nodes if n.op == "output")
             graph.output(fx.map_arg(out_node.args[0], lookup))
         else:
-            graph.output(tuple(lookup_name(name) for name in self.output_names))
+            graph.output(tuple(lookup(name) for name in self.output_names))
         graph.lint()
         self.graph_module = fx.GraphModule(gm, graph, f"Stage_{start}_{end}")
 

@@ -147,8 +147,7 @@ class Trace(Described):
         K = int(self.meta.get("minibatches", 0))
         if K < 3:
             raise ValueError(f"a trace of {K} minibatches has no steady window; run at least 3")
-        done = self._completions()
-        window = metrics.steady_window(done, min(max(in_flight, 1), (K - 1) // 2), 1)
+        window = metrics.steady_window(self._completions(), min(max(in_flight, 1), (K - 1) // 2), 1)
         if window is None:
             raise ValueError(f"a trace of {K} minibatches is too short for a steady window; run more steps")
         return window

@@ -48,10 +48,9 @@ def runtime_overhead(repeats: int, backend: str = "gloo", steps: int = 12,
     prof = prof if prof is not None else _tiny_profile()
     M = 4
     cm = CostModel(prof, Cluster.flat(1))
-    f, b = cm.compute_s(0, len(prof), 0, microbatches=M)
     bi, w = cm.backward_split_s(0, len(prof), 0, microbatches=M)
-    u = cm.update_s(0, len(prof), 0)
-    compute = {"F": f, "B": bi, "W": w, "U": u}
+    compute = {"F": cm.compute_s(0, len(prof), 0, microbatches=M)[0], "B": bi, "W": w,
+               "U": cm.update_s(0, len(prof), 0)}
     plan = Plan.from_boundaries(len(prof), [], batch_size=BATCH)
     out: dict[str, list[float]] = {k: [] for k in compute}
     for _ in range(repeats):

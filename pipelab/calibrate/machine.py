@@ -120,10 +120,9 @@ def _fit_p2p(p2p: list[tuple[int, int, float]], repeats: int) -> tuple[float, fl
     for _, n, t in p2p:
         by_size.setdefault(n, []).append(t)
     sizes = sorted(by_size)
-    alpha, beta, res = fit_alpha_beta(sizes, [statistics.median(by_size[n]) for n in sizes])
-    rounds = [fit_alpha_beta([n for r2, n, _ in p2p if r2 == r], [t for r2, _, t in p2p if r2 == r])
-              for r in range(repeats)]
-    return alpha, beta, res, rounds
+    return (*fit_alpha_beta(sizes, [statistics.median(by_size[n]) for n in sizes]),
+            [fit_alpha_beta([n for r2, n, _ in p2p if r2 == r], [t for r2, _, t in p2p if r2 == r])
+             for r in range(repeats)])
 
 
 def _fit_allreduce(ar: list[tuple[int, int, int, float]],
@@ -132,8 +131,8 @@ def _fit_allreduce(ar: list[tuple[int, int, int, float]],
     by_np: dict[tuple[int, int], list[float]] = {}
     for _, n, p, t in ar:
         by_np.setdefault((n, p), []).append(t)
-    alpha, beta, res = fit_ring([(n, p, statistics.fmean(ts)) for (n, p), ts in sorted(by_np.items())])
-    return alpha, beta, res, [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)]
+    return (*fit_ring([(n, p, statistics.fmean(ts)) for (n, p), ts in sorted(by_np.items())]),
+            [fit_ring([(n, p, t) for r2, n, p, t in ar if r2 == r]) for r in range(repeats)])
 
 
 def _ring_latency_in_run(got: dict[str, Any], beta: float, sgd: tuple[float, ...]) -> dict[str, list[float]]:

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipelab.runtime.job import free_port
+
 #: optimizers calibration times, by the cost model's names
 OPTIMIZERS: dict[str, Any] = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3),
@@ -161,11 +163,7 @@ def p2p_and_allreduce(workers: int, backend: str, sizes: Sequence[int], repeats:
                       timeout: float = 120.0) -> dict[str, Any]:
     """Rank 0's timings (``{"p2p": [(round, n, s)], "allreduce": [(round, n, p, s)], "transport": name}``)
     of a group of ``workers`` processes; raises ``RuntimeError`` naming the rank that failed or hung."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_group_main, args=(r, workers, port, backend, list(sizes), repeats, queue),

@@ -38,10 +38,7 @@ MEDIUM = 256
 
 def medium_model() -> nn.Module:
     """Four Linear layers of width 256: enough compute per action to measure compute inside a run."""
-    layers: list[nn.Module] = []
-    for _ in range(4):
-        layers += [nn.Linear(MEDIUM, MEDIUM), nn.ReLU()]
-    return nn.Sequential(*layers)
+    return nn.Sequential(*(m for _ in range(4) for m in (nn.Linear(MEDIUM, MEDIUM), nn.ReLU())))
 
 
 def medium_data(rows: int = 64) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -3,6 +3,7 @@ minibatch (compute, ports, round trip, 1F1B cycles), each tight in its regime (d
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -99,15 +100,10 @@ class SteadyStateBound(Prices):
                             replicas: Sequence[int]) -> dict[tuple[int, int], float]:
         """``{(s, e): seconds per minibatch}``: each ``s``'s slowest 1F1B window of unreplicated stages."""
         out: dict[tuple[int, int], float] = {}
-        P, s0 = len(rep_time), 0
-        while s0 < P:
-            if replicas[s0] != 1:
-                s0 += 1
-                continue
-            e0 = s0
-            while e0 + 1 < P and replicas[e0 + 1] == 1:
-                e0 += 1
-            if e0 > s0:  # a run s0..e0 of two or more unreplicated stages
+        for single, group in itertools.groupby(range(len(rep_time)), key=lambda s: replicas[s] == 1):
+            run = list(group)
+            s0, e0 = run[0], run[-1]
+            if single and e0 > s0:  # a run s0..e0 of two or more unreplicated stages
                 c = np.concatenate([[0.0], np.cumsum(rep_time[s0 : e0 + 1])])  # c[i]: compute of s0..s0+i-1
                 x = np.concatenate([[0.0], np.cumsum(waits[s0:e0])])               # x[i]: cuts s0..s0+i-1
                 n = np.asarray(flights[s0:e0 + 1], dtype=np.float64)
@@ -121,5 +117,4 @@ class SteadyStateBound(Prices):
                 for i in range(e0 - s0):
                     if np.isfinite(per[i, best[i]]):
                         out[(s0 + i, s0 + int(best[i]))] = float(per[i, best[i]])
-            s0 = e0 + 1
         return out

@@ -276,11 +276,9 @@ class Prices:
                 continue
             x = self.transfer_s(int(self.cuts[boundary]), other, first)
             terms.append((k, x * self.port_share(ws, k) / copies))
-        if not terms:
-            return 0.0
         if len(terms) == 2 and terms[0][0] == terms[1][0]:
             return terms[0][1] + terms[1][1]
-        return max(t for _, t in terms)
+        return max((t for _, t in terms), default=0.0)
 
     def allreduce_coeffs(self, workers: Sequence[int], compute_s: float | None = None) -> tuple[float, float]:
         """``(seconds per byte, fixed seconds)`` of a hierarchical (or the cluster's ``"flat"``) ring

@@ -1,9 +1,5 @@
-"""Checks of a measured profile that a partition would otherwise hide: a layer too big to split.
-
-A plan cuts between layers, never inside one, so a layer holding more than half of the model's
-time puts that half on one worker whatever the partitioner does. :func:`warn_dominant_layer` says
-so when a profile is measured, with the way to expose the layer's children.
-"""
+"""Checks of a measured profile that a partition would otherwise hide: a layer too big to split (a plan
+cuts between layers, never inside one, so such a layer's time lands on one worker whatever the plan)."""
 
 from __future__ import annotations
 

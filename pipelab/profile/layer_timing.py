@@ -105,9 +105,7 @@ def measure_layer(ctx: Pass, runner: LayerRunner, node: fx.Node,
                                and isinstance(env_v := ctx.env[a.name], torch.Tensor) and env_v.requires_grad]
     first, first_out = _first_run(ctx, runner, node, handed_on, weights)
     tm = ctx.timing
-    fwd: list[float] = []
-    bwd: list[float] = []
-    bin_: list[float] = []
+    times: list[tuple[float, float, float]] = []
     for r in range(1, 1 + tm.warmup + tm.repeats):
         args, kwargs, leaves = fresh_inputs(node, ctx.env, ctx.requires)
         t0 = tm.timer.start()
@@ -120,12 +118,9 @@ def measure_layer(ctx: Pass, runner: LayerRunner, node: fx.Node,
             if outs and weights:   # the input gradient alone, on a fresh graph (zero-bubble's B)
                 args, kwargs, leaves = fresh_inputs(node, ctx.env, ctx.requires)
                 bi = _timed_grad(tm.timer, _grad_outputs(handed_on(runner(args, kwargs))), leaves)
-            fwd.append(f)
-            bwd.append(b)
-            bin_.append(bi)
-    b_med = statistics.median(bwd)
-    w_med = min(max(b_med - statistics.median(bin_), 0.0), b_med)
-    return first._replace(fwd_s=statistics.median(fwd), bwd_s=b_med, wgrad_s=w_med), first_out
+            times.append((f, b, bi))
+    f_med, b_med, bi_med = (statistics.median(col) for col in zip(*times))
+    return first._replace(fwd_s=f_med, bwd_s=b_med, wgrad_s=min(max(b_med - bi_med, 0.0), b_med)), first_out
 
 
 def _first_run(ctx: Pass, runner: LayerRunner, node: fx.Node, handed_on: Callable[[Any], list[Any]],

@@ -65,8 +65,7 @@ def measure_loss(loss_fn: Callable[..., torch.Tensor], output: Any, target: Any 
         raise ValueError(f"{how} failed: {exc}{hint}") from None
     saved = counter.total + sum(n for v, n in counter.saved_inputs.items() if v not in counted)
     del loss, counter
-    fwd: list[float] = []
-    bwd: list[float] = []
+    times: list[tuple[float, float]] = []
     for r in range(tm.warmup + tm.repeats):
         leaf = _leaf(output)
         t0 = tm.timer.start()
@@ -77,6 +76,6 @@ def measure_loss(loss_fn: Callable[..., torch.Tensor], output: Any, target: Any 
             loss.backward()
         b = tm.timer.stop(t0)
         if r >= tm.warmup:
-            fwd.append(f)
-            bwd.append(b)
-    return LossCosts(statistics.median(fwd), statistics.median(bwd), saved)
+            times.append((f, b))
+    f_med, b_med = (statistics.median(col) for col in zip(*times))
+    return LossCosts(f_med, b_med, saved)

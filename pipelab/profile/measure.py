@@ -331,6 +331,7 @@ class _LayerWalk:
             self.outputs_of.setdefault(len(self.layers), []).append(vname)
             if any(t.untyped_storage().data_ptr() in got.saved_storages for t in _tensors(v)):
                 self.producer_saved.add(vname)
+            self.value(vname, _detach(v), any(t.requires_grad for t in _tensors(v)))
         param_bytes = param_tensors = 0
         env = self.ctx.env
         for p in runner.params + [env[a.name] for a in node.all_input_nodes
@@ -352,8 +353,6 @@ class _LayerWalk:
         for member in [group.head, *group.rest]:
             self.edges.extend((pos[a.name], pos[member.name]) for a in member.all_input_nodes
                               if a.name in pos and pos[a.name] != pos[member.name])
-        for vname, v in group.unpack(out).items():
-            self.value(vname, _detach(v), any(t.requires_grad for t in _tensors(v)))
 
     def result(self) -> tuple[list[Layer], dict[str, int], list[tuple[int, int]], set[str]]:
         """The layers with the saved inputs counted at their producers, and what :func:`_measure` returns."""

@@ -1,7 +1,4 @@
-"""PipeDream's ``graph.txt`` profiles as :class:`~pipelab.profile.records.Profile` records.
-
-The format and its parser are :mod:`pipelab.profile.pipedream_graph`; this module builds the record.
-"""
+"""PipeDream's ``graph.txt`` profiles as Profile records (format and parser: :mod:`.pipedream_graph`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ edge after it (a tensor consumed twice is sent once). Imports nothing of pipelab
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import os
@@ -75,31 +74,24 @@ class PipeDreamGraph:
     def topological_order(self) -> list[GraphNode]:
         """Nodes in a stable topological order: among ready nodes, the smallest ``nodeN`` number first
         (file order for ids without a number), so a chain keeps its natural order."""
+        import networkx as nx
+
         index = {n.node_id: i for i, n in enumerate(self.nodes)}
-        succ: dict[str, list[str]] = {n.node_id: [] for n in self.nodes}
-        indeg = {n.node_id: 0 for n in self.nodes}
-        for a, b in set(self.edges):
-            succ[a].append(b)
-            indeg[b] += 1
+        graph = nx.DiGraph(list(self.edges))
+        graph.add_nodes_from(index)
 
         def key(node_id: str) -> tuple[float, int]:
             m = re.fullmatch(r"node(\d+)", node_id)
             return (float(m.group(1)) if m else math.inf, index[node_id])
 
-        ready = [(key(v), v) for v, d in indeg.items() if d == 0]
-        heapq.heapify(ready)
         order: list[GraphNode] = []
-        while ready:
-            _, v = heapq.heappop(ready)
-            order.append(self.nodes[index[v]])
-            for w in succ[v]:
-                indeg[w] -= 1
-                if indeg[w] == 0:
-                    heapq.heappush(ready, (key(w), w))
-        if len(order) != len(self.nodes):
-            stuck = sorted(v for v, d in indeg.items() if d > 0)[:5]
+        try:
+            for v in nx.lexicographical_topological_sort(graph, key=key):
+                order.append(self.nodes[index[v]])
+        except nx.NetworkXUnfeasible:
+            stuck = sorted(set(index) - {n.node_id for n in order})[:5]
             raise ValueError(f"the graph has a cycle (nodes {', '.join(stuck)} ... never become ready); "
-                             "a PipeDream profile must be a DAG - check the edge lines")
+                             "a PipeDream profile must be a DAG - check the edge lines") from None
         return order
 
 
@@ -188,11 +180,9 @@ def profile_fields(graph: PipeDreamGraph, *, batch_size: int | None = None, mode
     pos = {n.node_id: i for i, n in enumerate(order)}
     edges = sorted({(pos[a], pos[b]) for a, b in graph.edges})
     out_bytes = [int(round(sum(n.activation_bytes))) for n in order]
-    # For each producer, the last consumer's position: the producer's output is alive across
-    # every boundary i with pos(producer) <= i < last consumer (sent once however many use it).
-    last_use = {a: b for a, b in edges}
-    for a, b in edges:
-        last_use[a] = max(last_use[a], b)
+    # For each producer, the last consumer's position (edges are sorted: dict keeps the largest): the
+    # output is alive across every boundary i with pos(producer) <= i < last consumer (sent once).
+    last_use = dict(edges)
     n = len(order)
     diff = [0] * (n + 1)
     for a, last in last_use.items():

@@ -127,8 +127,8 @@ class ProfileCosts(Costs):
     def compute(self, worker: int, action: Action, split: bool) -> float:
         split_bw = split and action.kind in ("B", "W")    # cached apart: (B, W) rather than (F, B)
         key = (-1 - action.stage if split_bw else action.stage, worker)
+        a, e = self.ranges[action.stage]
         if key not in self._cache:
-            a, e = self.ranges[action.stage]
             price = self.model.backward_split_s if split_bw else self.model.compute_s
             self._cache[key] = price(a, e, self._w(worker), microbatches=self.M)
         if split_bw:
@@ -138,10 +138,8 @@ class ProfileCosts(Costs):
             return f
         if action.kind == "B":
             if self.recompute_forward:
-                a, e = self.ranges[action.stage]
                 b += self.model.layers_s(a, e, self._w(worker), microbatches=self.M)[0]
             return b
-        a, e = self.ranges[action.stage]
         return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:

@@ -45,11 +45,8 @@ RASTER_MAX_BINS = 4000
 
 
 def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = None) -> Trace:
-    """Lay a schedule out in time with per-kind unit costs and free transfers.
-
-    Uses the simulator's engine (:func:`pipelab.schedules.dataflow.run`), so chart and simulator agree.
-    Raises ``ValueError`` naming the stuck actions if the schedule deadlocks or is incomplete.
-    """
+    """Lay a schedule out in time with per-kind unit costs and free transfers, on the simulator's engine
+    (:func:`pipelab.schedules.dataflow.run`); ``ValueError`` if it deadlocks or is incomplete."""
     if len(schedule) == 0:
         raise ValueError("the schedule has no actions; build it with pl.schedules.build(method, plan, "
                          "microbatches=...)")
@@ -84,8 +81,7 @@ def bubble_fraction(trace: Trace | Sequence[Event], *, num_workers: int | None =
 def worker_labels(trace: Trace, stage_ranks: Sequence[Sequence[int]] | None = None) -> dict[int, str]:
     """Row labels such as ``"w3 · stage 1 (replica 0)"``; replicas numbered by ``stage_ranks`` (default
     ``trace.meta["stage_ranks"]``, else by rank within each stage)."""
-    if stage_ranks is None and "stage_ranks" in trace.meta:
-        stage_ranks = trace.meta["stage_ranks"]
+    stage_ranks = trace.meta.get("stage_ranks") if stage_ranks is None else stage_ranks
     stages_of: dict[int, set[int]] = {}
     for e in trace.events:
         if e.kind in COMPUTE_KINDS:
@@ -145,7 +141,6 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
         raise ValueError(f"color_by={color_by!r}; use one of {COLOR_BY}")
     if render not in ("auto", "bars", "raster"):
         raise ValueError(f"render={render!r}; use 'auto', 'bars' or 'raster'")
-    is_schedule = isinstance(trace_or_schedule, Schedule)
     trace, source_bubble = _as_trace(trace_or_schedule, costs)
     compute = trace.compute_events()
     if not compute:
@@ -154,7 +149,7 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
     labels = worker_labels(trace)       # a laid-out schedule carries its stage_ranks in trace.meta
     rows = [labels[w] for w in sorted(labels)]
     bubble = source_bubble if source_bubble is not None else bubble_fraction(trace, num_workers=len(rows))
-    unit = time_unit or ("unit" if is_schedule or trace.meta.get("layout") == "unit-cost" else "s")
+    unit = time_unit or ("unit" if trace.meta.get("layout") == "unit-cost" else "s")
     t0 = min(e.start_s for e in compute)
     row_of = {w: i for i, w in enumerate(sorted(labels))}
     raster = render == "raster" or (render == "auto" and len(compute) > BARS_MAX)

@@ -53,9 +53,8 @@ def schedule_memory(schedule: Schedule) -> dict[int, dict[str, int]]:
     out: dict[int, dict[str, int]] = {}
     for w, acts in enumerate(schedule.actions):
         stages = schedule.stages_of(w) or tuple(sorted({a.stage for a in acts}))
-        held = getattr(schedule, "versions_held", None)
-        stash = (sum(max(held(s) - 1, 0) for s in stages)
-                 if callable(held) and schedule.versions is not None else 0)
+        stash = (sum(max(schedule.versions_held(s) - 1, 0) for s in stages)
+                 if schedule.versions is not None else 0)
         live: set[tuple[int, int]] = set()
         peak = 0
         for a in acts:

@@ -28,20 +28,16 @@ def layer_graph(profile: Profile) -> nx.DiGraph:
 
 
 def layered_positions(g: nx.DiGraph) -> dict[int, tuple[float, float]]:
-    """x = longest-path depth from a source, y = spread of same-depth nodes around 0 (in index order)."""
-    depth: dict[int, int] = {}
-    for n in nx.topological_sort(g):
-        depth[n] = max((depth[p] + 1 for p in g.predecessors(n)), default=0)
-    by_depth: dict[int, list[int]] = {}
-    for n in sorted(g.nodes):
-        by_depth.setdefault(depth[n], []).append(n)
+    """x = longest-path depth from a source (the topological generation), y = spread of same-depth nodes
+    around 0 (in index order)."""
+    by_depth = [sorted(gen) for gen in nx.topological_generations(g)]
     return {n: (float(d), (len(nodes) - 1) / 2.0 - j)
-            for d, nodes in by_depth.items() for j, n in enumerate(nodes)}
+            for d, nodes in enumerate(by_depth) for j, n in enumerate(nodes)}
 
 
 def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000.0
     return f"{n:.1f} GB"

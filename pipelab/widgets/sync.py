@@ -1,5 +1,4 @@
-"""Copying a figure into a live ``FigureWidget``: in place where the traces match, as strict JSON
-(no NaN or infinity, which a raster Gantt's empty cells are)."""
+"""Copying a figure into a live ``FigureWidget``: in place where the traces match, as strict JSON."""
 
 from __future__ import annotations
 
