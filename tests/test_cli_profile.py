@@ -43,9 +43,9 @@ def test_profile_gnmt_tiny_and_pipedream_import(tmp_path: Path, capsys: pytest.C
                 "--batch",
                 "2",
                 "--repeats",
-                "1",
+                "3",
                 "--warmup",
-                "0",
+                "1",
                 "--quiet",
                 "--small-batch",
                 "1",
@@ -57,7 +57,8 @@ def test_profile_gnmt_tiny_and_pipedream_import(tmp_path: Path, capsys: pytest.C
     )
     g = pl.Profile.load(out)
     assert g.param_bytes == 4 * pl.models.gnmt_param_count(8, 40, 8)
-    # timed again on one sequence of the two (both inputs sliced): tiny layers are mostly fixed cost
+    # timed again on one sequence of the two (both inputs sliced): tiny layers are mostly fixed cost (a
+    # median of 3 after a warm-up: 0.73-0.97 of the forward here; one cold run gave 0.18-0.79)
     assert sum(layer.fwd_fixed_s for layer in g.layers) > 0.2 * g.fwd_s
     pd_out = tmp_path / "vgg_pd.json"
     assert main(["profile", "--pipedream", "vgg16", "-o", str(pd_out)]) == 0
