@@ -206,3 +206,17 @@ def test_message_work_lands_on_the_actions_that_send_and_receive() -> None:
     T = cm.replica_time_matrix(1.0, 0.0, 0.0)
     assert T[1, 2] == pytest.approx(cm.replica_time_s(1, 2, [1]))
     assert T[0, 3] == pytest.approx(cm.replica_time_s(0, 3, [0]))
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path: Path) -> None:
+    """The probe's spawned workers re-import the script; the error says so instead of 'exit code 1'."""
+    script = tmp_path / "cal.py"
+    script.write_text("from pipelab.calibrate import calibrate\ncalibrate(workers=2, progress=False)\n",
+                      encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: calibration probe: worker"), last
+    assert 'if __name__ == "__main__":' in last, last
