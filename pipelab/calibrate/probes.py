@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pipelab.runtime.job import free_port
+from pipelab.runtime.lifeline import MAIN_GUARD_HINT
 
 #: optimizers calibration times, by the cost model's names
 OPTIMIZERS: dict[str, Any] = {
@@ -186,9 +187,7 @@ def p2p_and_allreduce(workers: int, backend: str, sizes: Sequence[int], repeats:
                         and r not in results]
                 if dead:
                     raise RuntimeError(f"calibration probe: worker {dead[0][0]} exited with code "
-                                       f"{dead[0][1]} without a word (run from a script? Worker processes "
-                                       "re-import it, so put the call under `if __name__ == "
-                                       "\"__main__\":`)") from None
+                                       f"{dead[0][1]} without a word. {MAIN_GUARD_HINT}") from None
                 continue
             if status == "error":
                 raise RuntimeError(f"calibration probe: worker {rank} failed:\n{payload}")

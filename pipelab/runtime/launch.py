@@ -30,7 +30,7 @@ from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint_files import FolderLock, global_weights
 from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
 from pipelab.runtime.job import Job, TrainArgs, prepare
-from pipelab.runtime.lifeline import Rendezvous, signal_name
+from pipelab.runtime.lifeline import MAIN_GUARD_HINT, Rendezvous, signal_name
 from pipelab.runtime.local import run_local
 from pipelab.runtime.param_server import serve_process_main
 from pipelab.runtime.process import p2p_match, process_main
@@ -487,8 +487,7 @@ class Run:
             self._procs[d_rank].join(2.0)
             code = -1 if self._procs[d_rank].exitcode is None else int(self._procs[d_rank].exitcode)
             noticed = (f"; worker {first[1]} noticed it ({first[3]}):\n{first[4]}" if first is not None
-                       else ". Run from a script? Worker processes re-import it, so put the call under "
-                            '`if __name__ == "__main__":`')
+                       else f". {MAIN_GUARD_HINT}")
             return WorkerError(f"worker {d_rank} died with exit code {code}{signal_name(code)} without "
                                f"reporting an error (killed, out of memory, or it could not start){noticed}",
                                rank=d_rank, worker_traceback=first[4] if first else "")

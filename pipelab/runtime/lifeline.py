@@ -18,6 +18,9 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
+#: what a worker that died before a word most likely means when its launcher is a script
+MAIN_GUARD_HINT = ('Run from a script? Worker processes re-import it, so put the call under '
+                   '`if __name__ == "__main__":`')
 #: the launcher died: a worker's exit code when its lifeline closes (128 + SIGHUP, as a shell reports it)
 ORPHANED_EXIT = 129
 
