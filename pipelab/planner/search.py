@@ -312,9 +312,9 @@ def _bound(c: Candidate, cms: Mapping[bool, CostModel], memory_bandwidth: float 
             busy[w] = busy.get(w, 0.0) + (f + b) * (M / len(ranks)) + u
             act = cm.activation_bytes(a, e, M) * held
             floor[w] = floor.get(w, 0) + int((1 + cm.state_factor) * cm.param_bytes(a, e)) + act
-        if len(ranks) == 1:   # w, f and b are the stage's one worker's
-            bi = cm.backward_split_s(a, e, w, microbatches=M)[0] if spec.order == "zb-h1" else b
-            per_stage.append((f, b, bi))
+            if len(ranks) == 1:   # an unreplicated stage: its one worker's times
+                bi = cm.backward_split_s(a, e, w, microbatches=M)[0] if spec.order == "zb-h1" else b
+                per_stage.append((f, b, bi))
     t = max(busy.values())
     if spec.synchronous and not is_dp and spec.order != "interleaved" and len(per_stage) == len(stages):
         up = 0.0
