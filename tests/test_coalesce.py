@@ -220,6 +220,6 @@ def test_worker_malloc_tuning_stops_the_page_faults_of_reallocated_buffers():
     # per step: up to 4 x 4 MiB of gradients = 4,096 pages of 4 KiB when they come fresh from the kernel
     # (glibc's dynamic thresholds keep some of them, so fewer in practice: 1,900-4,100 measured here)
     assert int(before) > 1_000, p.stdout
-    # tuned: under a tenth of a step's 4,096 fresh pages (0-202 measured; the rest are the interpreter's
-    # own), and well under the untuned count, whose glibc thresholds vary from run to run
+    # tuned: under a tenth of a step's 4,096 fresh pages (what remains is the interpreter's own), and
+    # well under the untuned count, whose glibc thresholds vary from run to run (CHANGELOG.md)
     assert int(after) < 400 and int(after) * 4 < int(before), p.stdout
