@@ -1,7 +1,9 @@
 """The Plan record: which layers each pipeline stage runs, on how many replicas, on which workers.
 
 Stage ``s`` runs the contiguous layers ``[start, end)`` on ``replicas`` workers ``ranks``, numbered
-stage by stage. ``config`` is the PipeDream paper's notation: ``"15-1"`` (replicas per stage),
+stage by stage. A worker is one schedule participant; with a tensor-parallel degree ``tensor`` > 1 it is
+a group of ``tensor`` devices that execute the same actions on shards of the stage (Megatron-LM), so the
+plan occupies ``num_devices = sum(replicas * tensor)`` devices. ``config`` is the PipeDream paper's notation: ``"15-1"`` (replicas per stage),
 ``"straight"`` (no replication) or ``"16"`` (data parallelism).
 """
 
@@ -34,6 +36,7 @@ class Stage:
     versions: int = 1         # weight versions this stage keeps under the plan's method
     time_s: float = 0.0       # predicted busy seconds of one replica per minibatch (compute + comm)
     memory_bytes: int = 0     # predicted peak memory of one replica
+    tensor: int = 1           # tensor-parallel degree: devices per replica, sharing its actions
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
@@ -41,6 +44,8 @@ class Stage:
             raise ValueError(f"stage {self.index}: layer range [{self.start}, {self.end}) is empty")
         if self.replicas < 1:
             raise ValueError(f"stage {self.index}: replicas={self.replicas} must be >= 1")
+        if self.tensor < 1:
+            raise ValueError(f"stage {self.index}: tensor={self.tensor} must be >= 1")
         if len(self.ranks) != self.replicas:
             raise ValueError(f"stage {self.index}: {self.replicas} replicas but {len(self.ranks)} ranks "
                              f"{self.ranks}; give one rank per replica")
@@ -81,6 +86,11 @@ class Plan(Described):
     def num_workers(self) -> int:
         """Total workers (sum of replicas)."""
         return sum(s.replicas for s in self.stages)
+
+    @property
+    def num_devices(self) -> int:
+        """Total devices: each worker is a tensor-parallel group of ``stage.tensor`` devices."""
+        return sum(s.replicas * s.tensor for s in self.stages)
 
     @property
     def replicas(self) -> tuple[int, ...]:
@@ -151,9 +161,9 @@ class Plan(Described):
     @classmethod
     def from_boundaries(cls, num_layers: int, boundaries: Sequence[int],
                         replicas: Sequence[int] | None = None, *, method: str = "manual", batch_size: int = 1,
-                        **kw: Any) -> Plan:
+                        tensor: int = 1, **kw: Any) -> Plan:
         """A plan from cut points (``boundaries=[3, 5]`` on 8 layers: stages [0,3) [3,5) [5,8)); ``replicas``
-        (default all 1) per stage, ranks assigned in order."""
+        (default all 1) per stage, ranks assigned in order; ``tensor`` is every stage's tensor degree."""
         cuts = [0, *[int(b) for b in boundaries], num_layers]
         if any(b <= a for a, b in zip(cuts, cuts[1:])):
             raise ValueError(f"boundaries {list(boundaries)} must be strictly increasing inside "
@@ -162,7 +172,8 @@ class Plan(Described):
         if len(reps) != len(cuts) - 1:
             raise ValueError(f"{len(cuts) - 1} stages but {len(reps)} replica counts")
         first = [sum(reps[:i]) for i in range(len(reps))]    # each stage's first rank
-        stages = tuple(Stage(index=i, start=a, end=b, replicas=r, ranks=tuple(range(first[i], first[i] + r)))
+        stages = tuple(Stage(index=i, start=a, end=b, replicas=r, ranks=tuple(range(first[i], first[i] + r)),
+                             tensor=tensor)
                        for i, (a, b, r) in enumerate(zip(cuts, cuts[1:], reps)))
         return cls(stages=stages, num_layers=num_layers, method=method, batch_size=batch_size, **kw)
 
@@ -230,7 +241,9 @@ class Plan(Described):
         shape = (f"one stage on {self.num_workers} replicas" if self.num_stages == 1 else
                  f"{self.config}, {self.num_stages} stages on {self.num_workers} workers")
         lines = [f"Plan {shape} ({self.method}) for {self.model or 'model'} on {self.cluster or 'a cluster'}"]
-        lines += [f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas} on ranks {list(s.ranks)}"
+        lines += [f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas}"
+                  + (f", tensor-parallel over {s.tensor} devices each" if s.tensor > 1 else "")
+                  + f" on ranks {list(s.ranks)}"
                   + (f", {s.time_s * 1e3:.2f} ms per minibatch on one replica" if s.time_s else "")
                   for s in self.stages]
         if not math.isnan(self.time_per_minibatch):
