@@ -10,7 +10,7 @@ from pipelab.models import gpt, gpt_data, gpt_loss
 
 LR = 0.1
 STEPS = 3
-BATCH = 8
+BATCH = 12
 
 
 def tied_gpt() -> nn.Module:
@@ -54,7 +54,8 @@ def block_ends(model_fn=tied_gpt) -> list[int]:  # type: ignore[no-untyped-def]
     return ends
 
 
-def plain(model_fn=tied_gpt, optimizer=sgd, steps: int = STEPS, seed: int = 0) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+def plain(model_fn=tied_gpt, optimizer=sgd, steps: int = STEPS,  # type: ignore[no-untyped-def]
+          seed: int = 0) -> dict[str, torch.Tensor]:
     """Plain single-process training with the runtime's seed: the oracle."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
