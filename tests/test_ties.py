@@ -3,6 +3,8 @@ reference executor's exact training against plain SGD (the multi-process oracles
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import tie_helpers as H
 import torch
@@ -113,3 +115,31 @@ def test_untied_gpt_is_the_control() -> None:
                    steps=H.STEPS, microbatches=2, backend="local", progress=False)
     assert H.distance(res.state_dict(), H.plain(H.untied_gpt)) < 1e-6
     assert H.distance(res.state_dict(), H.plain()) > 1e-3
+
+
+
+@pytest.mark.filterwarnings("ignore:the profile of GPT was measured on cpu")
+def test_simulator_prices_the_tie_in_u_and_counts_every_copy() -> None:
+    x, _ = H.data()[0]
+    prof = pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False)
+    untied = dataclasses.replace(prof, ties=())       # the same costs, the tie forgotten
+    (t,) = prof.ties
+    n, plan, cluster = len(prof), _plan(2), pl.Cluster.of("pipedream-a:2")
+    cm, cm_untied = pl.costs.CostModel(prof, cluster), pl.costs.CostModel(untied, cluster)
+    cut = plan.stages[1].start
+    # the head's stage holds its own copy of the matrix that the profile counted on the embedding's layer
+    assert cm.param_bytes(cut, n) - cm_untied.param_bytes(cut, n) == t.nbytes
+    assert cm.param_bytes(0, n) == cm_untied.param_bytes(0, n)        # one stage: one copy
+    tied_run = pl.simulate(plan, prof, cluster, "1f1b-flush", microbatches=2, minibatches=2)
+    plain_run = pl.simulate(plan, untied, cluster, "1f1b-flush", microbatches=2, minibatches=2)
+
+    def u_s(res: pl.SimResult, stage: int) -> float:
+        return sum(e.end_s - e.start_s for e in res.trace.events if e.kind == "U" and e.stage == stage)
+
+    allreduce = cm.allreduce_s(t.nbytes, [0, 1])     # the two stages' workers, over the cluster's link
+    assert allreduce > 0
+    # stage 0's U gains the all-reduce; stage 1's also the optimizer step over its copy
+    assert u_s(tied_run, 0) - u_s(plain_run, 0) == pytest.approx(2 * allreduce, rel=1e-9)
+    assert u_s(tied_run, 1) - u_s(plain_run, 1) > 2 * allreduce
+    assert tied_run.peak_memory[1] > plain_run.peak_memory[1]
+    assert tied_run.peak_memory[0] == plain_run.peak_memory[0]
