@@ -143,3 +143,19 @@ def test_simulator_prices_the_tie_in_u_and_counts_every_copy() -> None:
     assert u_s(tied_run, 1) - u_s(plain_run, 1) > 2 * allreduce
     assert tied_run.peak_memory[1] > plain_run.peak_memory[1]
     assert tied_run.peak_memory[0] == plain_run.peak_memory[0]
+
+
+def test_partition_graph_draws_the_tie() -> None:
+    from pipelab.views.partition_graph import partition_graph
+
+    prof = pl.Profile.synthetic([1.0] * 6, model="toy")
+    tie = Tie(names=("head.weight", "emb.weight"), layers=(0, 5), nbytes=64)
+    prof = dataclasses.replace(prof, ties=(tie,))
+    fig = partition_graph(prof, pl.Plan.from_boundaries(6, [3]))
+    (curve,) = [tr for tr in fig.data if tr.name.startswith("shared")]
+    assert curve.name == ("shared emb.weight=head.weight (a copy on each of stages [0, 1], gradients "
+                          "summed at U)")
+    assert fig.layout.meta["ties"] == [{"name": "emb.weight=head.weight", "layers": [0, 5], "stages": [0, 1]}]
+    one = partition_graph(prof, pl.Plan.from_boundaries(6, []))
+    assert [tr.name for tr in one.data if tr.name.startswith("shared")] == [
+        "shared emb.weight=head.weight (on stage 0 only)"]
