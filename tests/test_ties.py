@@ -159,3 +159,15 @@ def test_partition_graph_draws_the_tie() -> None:
     one = partition_graph(prof, pl.Plan.from_boundaries(6, []))
     assert [tr.name for tr in one.data if tr.name.startswith("shared")] == [
         "shared emb.weight=head.weight (on stage 0 only)"]
+
+
+def test_torch_bridge_refuses_a_tie_across_stages() -> None:
+    from pipelab.schedules import build
+    from pipelab.schedules.steps import ScheduleError
+    from pipelab.torch_bridge.export import stage_modules
+
+    plan = _plan(2)
+    sched = build("1f1b-flush", plan, microbatches=2, minibatches=1)
+    with pytest.raises(ScheduleError, match=r"head.weight=wte.weight \(97x32\) is shared by stages \[0, 1\]"):
+        stage_modules(plan, sched, H.tied_gpt(), rank=0)
+    assert set(stage_modules(plan, sched, H.untied_gpt(), rank=1)) == {1}
