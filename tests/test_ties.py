@@ -64,6 +64,8 @@ def test_profile_and_plan_record_the_tie() -> None:
     (t,) = prof.ties
     assert t.names == ("head.weight", "wte.weight")
     assert pl.Profile.from_dict(prof.to_dict()) == prof
+    made = pl.partition(prof, "pipedream-a:3", "gpipe", stages=3)
+    assert made.ties == prof.ties and {st for _, sts in made.shared() for st in sts} >= {0, 2}
     plan = _plan(3).with_predictions(ties=prof.ties)
     ((tie, stages),) = plan.shared()
     assert tie == t and stages == (0, 2)
