@@ -16,7 +16,7 @@ from pipelab.runtime.ties import TieError
 from pipelab.ties import Tie, find_ties, stage_ties
 
 SYNC = [("gpipe", {}), ("1f1b-flush", {}), ("interleaved-1f1b", {"chunks": 2}), ("zb-h1", {})]
-ASYNC = ["pipedream", "2bw", "buffered", "pipemare", "naive-async"]
+ASYNC = ["pipedream", "2bw", "buffered", "pipemare", "naive-async", "hetpipe"]
 
 
 def _plan(stages: int, *, chunks: int = 1) -> pl.Plan:
@@ -89,15 +89,19 @@ def test_asynchronous_methods_refused_before_any_process(method: str,
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(launch_mod.Run, "_start_processes", no_process)
+    # hetpipe: two virtual workers (each a two-stage pipeline), whole waves of minibatches
+    plan = _plan(2) if method != "hetpipe" else pl.Plan.from_boundaries(_plan(2).num_layers,
+                                                                        [_plan(2).stages[1].start], [2, 2])
+    steps = 4 if method == "hetpipe" else 2
     with pytest.raises(TieError) as err:
-        pl.train(H.tied_gpt, _plan(2), method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
-                 steps=2, backend="gloo", progress=False)
+        pl.train(H.tied_gpt, plan, method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
+                 steps=steps, backend="gloo", progress=False)
     msg = str(err.value)
     assert "head.weight=wte.weight" in msg and "stages [0, 1]" in msg and "asynchronous" in msg
     assert "Untie it" in msg and "1f1b-flush" in msg and "one stage" in msg
     # untied, or both users on one stage: accepted (the local executor runs it)
-    pl.train(H.untied_gpt, _plan(2), method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
-             steps=1, backend="local", progress=False)
+    pl.train(H.untied_gpt, plan, method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
+             steps=steps, backend="local", progress=False)
 
 
 @pytest.mark.parametrize("method,options", SYNC)
@@ -173,3 +177,25 @@ def test_torch_bridge_refuses_a_tie_across_stages() -> None:
     with pytest.raises(ScheduleError, match=r"head.weight=wte.weight \(97x32\) is shared by stages \[0, 1\]"):
         stage_modules(plan, sched, H.tied_gpt(), rank=0)
     assert set(stage_modules(plan, sched, H.untied_gpt(), rank=1)) == {1}
+
+
+@pytest.mark.filterwarnings("ignore:the profile of GPT was measured on cpu")
+@pytest.mark.parametrize("stages", [2, 3])
+def test_partitioner_picked_plans_train_exactly(stages: int) -> None:
+    """Whatever boundaries the partitioner picks (blocks as leaves, so no shape integer crosses a cut)."""
+    from pipelab.models.gpt import Block
+    from pipelab.runtime.job import TrainArgs, prepare
+    from pipelab.runtime.launch import Run
+
+    leaf = {"leaf_modules": [Block]}
+    x, _ = H.data()[0]
+    prof = pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False, **leaf)
+    plan = pl.partition(prof, f"pipedream-a:{stages}", "gpipe", stages=stages)
+    assert plan.shared() and plan.shared()[0][1] == (0, stages - 1)
+    want = H.plain()
+    for method in ("gpipe", "1f1b-flush", "zb-h1"):
+        job = prepare(TrainArgs(H.tied_gpt, plan, H.data, H.loss_fn, H.sgd, H.STEPS, method=method,
+                                microbatches=2, backend="local", trace_kwargs=leaf))
+        st = Run(job).wait().state_dict()
+        assert torch.equal(st["wte.weight"], st["head.weight"])
+        assert H.distance(st, want) < 1e-6
