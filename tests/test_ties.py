@@ -19,6 +19,13 @@ SYNC = [("gpipe", {}), ("1f1b-flush", {}), ("interleaved-1f1b", {"chunks": 2}), 
 ASYNC = ["pipedream", "2bw", "buffered", "pipemare", "naive-async", "hetpipe"]
 
 
+@pytest.fixture(scope="module")
+def profile() -> pl.Profile:
+    """The tied GPT's profile (one measurement, shared by the tests of this module)."""
+    x, _ = H.data()[0]
+    return pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False)
+
+
 def _plan(stages: int, *, chunks: int = 1) -> pl.Plan:
     ends = H.block_ends()
     n = len(layer_nodes(trace(H.tied_gpt())))
@@ -58,9 +65,8 @@ def test_stage_ties_on_the_stage_modules() -> None:
     assert stage_ties(gm, [(0, n)]) == ()          # one stage: nothing shared across stages
 
 
-def test_profile_and_plan_record_the_tie() -> None:
-    x, _ = H.data()[0]
-    prof = pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False)
+def test_profile_and_plan_record_the_tie(profile: pl.Profile) -> None:
+    prof = profile
     (t,) = prof.ties
     assert t.names == ("head.weight", "wte.weight")
     assert pl.Profile.from_dict(prof.to_dict()) == prof
@@ -125,9 +131,8 @@ def test_untied_gpt_is_the_control() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:the profile of GPT was measured on cpu")
-def test_simulator_prices_the_tie_in_u_and_counts_every_copy() -> None:
-    x, _ = H.data()[0]
-    prof = pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False)
+def test_simulator_prices_the_tie_in_u_and_counts_every_copy(profile: pl.Profile) -> None:
+    prof = profile
     untied = dataclasses.replace(prof, ties=())       # the same costs, the tie forgotten
     (t,) = prof.ties
     n, plan, cluster = len(prof), _plan(2), pl.Cluster.of("pipedream-a:2")
