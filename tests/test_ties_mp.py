@@ -59,8 +59,9 @@ def test_copies_bit_identical_after_every_step(tmp_path) -> None:  # type: ignor
     for k, path in enumerate(steps, start=1):      # each step's saved stage weights, from each process
         first = load_worker(path, 0, plan=plan, method="1f1b-flush")["stages"][0]["module"]
         last = load_worker(path, 1, plan=plan, method="1f1b-flush")["stages"][1]["module"]
-        assert torch.equal(first["graph_module.wte.weight"], last["graph_module.head.weight"]), f"copies differ after step {k}"
-        assert float((first["graph_module.wte.weight"] - H.plain(steps=k)["wte.weight"]).abs().max()) < 1e-6
+        wte, head = first["graph_module.wte.weight"], last["graph_module.head.weight"]
+        assert torch.equal(wte, head), f"copies differ after step {k}"
+        assert float((wte - H.plain(steps=k)["wte.weight"]).abs().max()) < 1e-6
 
 
 def test_tied_gpt_three_processes() -> None:
