@@ -204,3 +204,17 @@ def test_partitioner_picked_plans_train_exactly(stages: int) -> None:
         st = Run(job).wait().state_dict()
         assert torch.equal(st["wte.weight"], st["head.weight"])
         assert H.distance(st, want) < 1e-6
+
+
+
+def test_planner_offers_no_asynchronous_method_for_a_tie_across_stages() -> None:
+    prof = pl.Profile.synthetic([1.0] * 8, model="toy")
+    tie = Tie(names=("emb.weight", "head.weight"), layers=(0, 7), nbytes=64)
+    kw = dict(methods=["1f1b-flush", "pipedream", "2bw"], progress=False, margin=0.2)
+    untied = pl.plan(prof, "pipedream-a:2", **kw).table
+    table = pl.plan(dataclasses.replace(prof, ties=(tie,)), "pipedream-a:2", **kw).table
+    # untied, the search has multi-stage asynchronous rows; tied, asynchronous rows remain only where one
+    # stage holds every user of the tie, and the synchronous rows are all kept
+    assert (untied[~untied["synchronous"]]["stages"] > 1).any()
+    assert (table[~table["synchronous"]]["stages"] == 1).all()
+    assert table["synchronous"].sum() == untied["synchronous"].sum()
