@@ -218,3 +218,12 @@ def test_planner_offers_no_asynchronous_method_for_a_tie_across_stages() -> None
     assert (untied[~untied["synchronous"]]["stages"] > 1).any()
     assert (table[~table["synchronous"]]["stages"] == 1).all()
     assert table["synchronous"].sum() == untied["synchronous"].sum()
+
+
+@pytest.mark.parametrize("options", [{"coalesce_wgrad": True}, {"recompute": True}])
+def test_runtime_options_keep_the_tie_exact(options: dict) -> None:
+    """Deferred weight gradients are flushed before the tie's sum; recomputation changes nothing."""
+    res = pl.train(H.tied_gpt, _plan(2), method="1f1b-flush", data=H.data, loss_fn=H.loss_fn,
+                   optimizer=H.sgd, steps=H.STEPS, microbatches=2, backend="local", progress=False, **options)
+    st = res.state_dict()
+    assert torch.equal(st["wte.weight"], st["head.weight"]) and H.distance(st, H.plain()) < 1e-6
