@@ -16,7 +16,7 @@ from pipelab.runtime.ties import TieError
 from pipelab.ties import Tie, find_ties, stage_ties
 
 SYNC = [("gpipe", {}), ("1f1b-flush", {}), ("interleaved-1f1b", {"chunks": 2}), ("zb-h1", {})]
-ASYNC = ["pipedream", "2bw", "buffered", "pipemare", "naive-async", "hetpipe"]
+ASYNC = ["pipedream", "pipemare", "naive-async", "hetpipe"]    # each stage its own versions: refused
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,7 @@ def test_asynchronous_methods_refused_before_any_process(method: str,
                  steps=steps, backend="gloo", progress=False)
     msg = str(err.value)
     assert "head.weight=wte.weight" in msg and "stages [0, 1]" in msg and "asynchronous" in msg
+    assert "update after every microbatch" in msg
     assert "Untie it" in msg and "1f1b-flush" in msg and "one stage" in msg
     # untied, or both users on one stage: accepted (the local executor runs it)
     pl.train(H.untied_gpt, plan, method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
@@ -213,11 +214,15 @@ def test_planner_offers_no_asynchronous_method_for_a_tie_across_stages() -> None
     kw = dict(methods=["1f1b-flush", "pipedream", "2bw"], progress=False, margin=0.2)
     untied = pl.plan(prof, "pipedream-a:2", **kw).table
     table = pl.plan(dataclasses.replace(prof, ties=(tie,)), "pipedream-a:2", **kw).table
-    # untied, the search has multi-stage asynchronous rows; tied, asynchronous rows remain only where one
-    # stage holds every user of the tie, and the synchronous rows are all kept
-    assert (untied[~untied["synchronous"]]["stages"] > 1).any()
-    assert (table[~table["synchronous"]]["stages"] == 1).all()
-    assert table["synchronous"].sum() == untied["synchronous"].sum()
+    # untied, the search has multi-stage pipedream rows; tied, pipedream remains only where one stage holds
+    # every user of the tie, while 2bw (one version per minibatch) and the synchronous rows are all kept
+    def rows(t, method):  # type: ignore[no-untyped-def]
+        return t[t["method"] == method]
+
+    assert (rows(untied, "pipedream")["stages"] > 1).any()
+    assert (rows(table, "pipedream")["stages"] == 1).all()
+    for method in ("2bw", "1f1b-flush"):
+        assert len(rows(table, method)) == len(rows(untied, method)) > 0
 
 
 @pytest.mark.parametrize("options", [{"coalesce_wgrad": True}, {"recompute": True}])
@@ -227,3 +232,16 @@ def test_runtime_options_keep_the_tie_exact(options: dict) -> None:
                    optimizer=H.sgd, steps=H.STEPS, microbatches=2, backend="local", progress=False, **options)
     st = res.state_dict()
     assert torch.equal(st["wte.weight"], st["head.weight"]) and H.distance(st, H.plain()) < 1e-6
+
+
+@pytest.mark.parametrize("method,options,delay", [("2bw", {}, 1), ("buffered", {"versions": 3}, 2)])
+def test_one_version_per_minibatch_methods_keep_the_tie(method: str, options: dict, delay: int) -> None:
+    """2BW and the bounded buffer read ``W(t - delay)`` on every stage: the tie is one weight, the run
+    equals delayed SGD on the whole tied model (and not plain SGD)."""
+    for stages in (2, 3):
+        res = pl.train(H.tied_gpt, _plan(stages), method=method, data=H.data, loss_fn=H.loss_fn,
+                       optimizer=H.sgd, steps=4, microbatches=2, backend="local", progress=False, **options)
+        st = res.state_dict()
+        assert torch.equal(st["wte.weight"], st["head.weight"])
+        assert H.distance(st, H.delayed(steps=4, delay=delay)) < 1e-6
+        assert H.distance(st, H.plain(steps=4)) > 1e-2

@@ -43,6 +43,8 @@ def test_tied_gpt_two_processes() -> None:
         _check(_train(two, method), want)
     four = pl.Plan.from_boundaries(n, [ends[0], ends[2], ends[3]])      # 2 workers x 2 chunks
     _check(_train(four, "interleaved-1f1b", chunks=2), want)
+    # PipeDream-2BW: every stage reads W(t - 1), so the tie holds; delayed SGD on the tied model
+    _check(_train(two, "2bw", microbatches=2), H.delayed(delay=1))
     # Adam divides by the gradient's root mean square, so the rounding of M > 1 microbatch sums is
     # amplified (3e-3 after 3 steps, untied too); with M = 1 the pipeline equals it exactly
     _check(_train(two, "1f1b-flush", optimizer=H.adam, microbatches=1), H.plain(optimizer=H.adam))

@@ -273,8 +273,9 @@ def _candidates(profile: Profile, cluster: Cluster, space: _Space, optimizer: st
             replicated = any(s.replicas > 1 for s in plan.stages)
             if spec.order == "interleaved" and (pname != "balanced" or replicated):
                 continue   # the virtual stages are re-balanced from any straight split: one is enough
-            if not spec.synchronous and across_stages(profile.ties, [(s.start, s.end) for s in plan.stages]):
-                continue   # a parameter shared across stages: asynchronous methods refuse it (runtime.ties)
+            if (not spec.synchronous and spec.update != "minibatch"
+                    and across_stages(profile.ties, [(s.start, s.end) for s in plan.stages])):
+                continue   # per-microbatch asynchronous updates refuse a tie across stages (runtime.ties)
             if not spec.synchronous and spec.update == "microbatch":
                 ms = [1]
             elif is_dp:
