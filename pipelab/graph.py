@@ -168,6 +168,40 @@ def build_stage(model_or_gm: nn.Module, start: int, end: int, *,
     return StageModule(gm, start, end)
 
 
+def non_tensor_crossings(gm: fx.GraphModule, args: Sequence[Any]
+                         ) -> list[tuple[int, str, str, int, tuple[int, ...]]]:
+    """Every value that is not a tensor alive across a boundary, from one forward (no grad) on ``args``:
+    ``(boundary, value, its type, producing layer (-1: a model input), using layers after the cut)``.
+
+    The runtime sends only tensors between stages (:func:`pipelab.runtime.comm.boundary_specs`), so a
+    cut at such a boundary cannot run; the profiler records them and the partitioners avoid them.
+    """
+    kinds: dict[str, str] = {}
+
+    class _Kinds(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if _is_value(n) and not isinstance(value, torch.Tensor):
+                kinds[n.name] = type(value).__name__
+            return value
+
+    with torch.no_grad():
+        _Kinds(gm).run(*args)
+    if not kinds:
+        return []
+    members = layer_members(gm)
+    layer_of = {n.name: i for i, group in enumerate(members) for n in group}
+    nodes = {n.name: n for n in gm.graph.nodes}
+    out = []
+    for boundary, live in enumerate(live_across_cuts(gm)):
+        for name in live:
+            if name in kinds:
+                users = tuple(sorted({layer_of[u.name] for u in nodes[name].users
+                                      if layer_of.get(u.name, -1) > boundary}))
+                out.append((boundary, name, kinds[name], layer_of.get(name, -1), users))
+    return out
+
+
 def as_tuple(value: Any) -> tuple[Any, ...]:
     """Wrap a stage's inputs as a tuple (a lone tensor becomes a 1-tuple)."""
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)

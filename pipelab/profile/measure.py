@@ -20,7 +20,14 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from pipelab.graph import LAYER_OPS, layer_members, live_across_cuts, tensor_bytes, trace
+from pipelab.graph import (
+    LAYER_OPS,
+    layer_members,
+    live_across_cuts,
+    non_tensor_crossings,
+    tensor_bytes,
+    trace,
+)
 from pipelab.profile.checks import warn_dominant_layer
 from pipelab.profile.hooks import Timer as _Timer
 from pipelab.profile.hooks import Timing
@@ -28,7 +35,8 @@ from pipelab.profile.hooks import detach as _detach
 from pipelab.profile.hooks import tensors as _tensors
 from pipelab.profile.layer_timing import LayerRunner, Pass, measure_layer
 from pipelab.profile.loss import measure_loss
-from pipelab.profile.records import Layer, Profile
+from pipelab.profile.records import BlockedCut, Layer, Profile
+from pipelab.tracing import TracingConfig
 
 
 class _Group:
@@ -95,6 +103,7 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
         layers, value_bytes, edges, loss_saved = run.timed(args, target, progress)
         if small is not None:
             layers = run.with_fixed_parts(layers, args, target, batch, small)
+        crossings = non_tensor_crossings(gm, args)
     finally:
         torch.set_grad_enabled(grad_was)
         with torch.no_grad():
@@ -114,9 +123,18 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
                    + (f" (batch {batch}, {small})" if len(run.scales) > 1 else ""))
     prof = Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
-                   source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved)
+                   source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved,
+                   blocked_cuts=_blocked(crossings, [ly.name for ly in layers]),
+                   tracing=TracingConfig.of(leaf_modules, depth))
     warn_dominant_layer(prof, gm)
     return prof
+
+
+def _blocked(crossings: Sequence[tuple[int, str, str, int, tuple[int, ...]]], names: Sequence[str]
+             ) -> tuple[BlockedCut, ...]:
+    """The profile's records of :func:`pipelab.graph.non_tensor_crossings`, layers by name."""
+    return tuple(BlockedCut(boundary=b, value=v, kind=k, producer=names[p] if p >= 0 else "",
+                            users=tuple(names[u] for u in users)) for b, v, k, p, users in crossings)
 
 
 def _check_counts(warmup: int, repeats: int, *, has_target: bool, has_loss: bool) -> None:

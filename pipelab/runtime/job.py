@@ -38,6 +38,7 @@ from pipelab.runtime.policies import policy_for
 from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.segments import aligned_sizes, boundaries
+from pipelab.tracing import resolve as resolve_tracing
 
 BACKENDS = ("gloo", "nccl", "local")
 
@@ -249,6 +250,9 @@ class TrainArgs:
 def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
     check_arguments(args)
+    # trace as the plan's profile was traced (leaf_modules/depth recorded in plan.tracing)
+    args = dataclasses.replace(args, trace_kwargs=resolve_tracing(**args.trace_kwargs,
+                                                                  recorded=args.plan.tracing))
     the_method = args.method or (args.schedule.method if args.schedule is not None else None)
     method_options, rt_options = split_options(the_method, args.options)
     runtime = RuntimeOptions.from_options(the_method, rt_options)
