@@ -37,22 +37,49 @@ class LayerTracer(fx.Tracer):
 
 
 def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
-          depth: int | None = None) -> fx.GraphModule:
-    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity; ``TypeError`` with advice when fx
-    cannot trace it (data-dependent control flow)."""
+          depth: int | None = None, inputs: int | None = None) -> fx.GraphModule:
+    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity; ``TypeError`` naming the module
+    that failed and the options that would help when fx cannot trace it.
+
+    A Hugging Face causal LM is split at its own parts (:mod:`pipelab.hf`), taking its first
+    ``inputs`` (default 1) of ``input_ids, attention_mask, position_ids``.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
     if depth is not None and depth < 1:
         raise ValueError(f"depth={depth} must be >= 1 (1 = the model's direct children are leaves)")
-    tracer = LayerTracer(leaf_modules, depth)
+    from pipelab import hf
+
+    root, leaves = model, tuple(leaf_modules)
+    if hf.is_hf_model(model):
+        root, hf_leaves = hf.split_root(model, inputs or 1)
+        leaves += hf_leaves
+    tracer = LayerTracer(leaves, depth)
     try:
-        graph = tracer.trace(model)
+        graph = tracer.trace(root)
     except Exception as exc:  # fx raises many types (TraceError, TypeError, RuntimeError, ...)
-        raise TypeError(
-            f"torch.fx cannot trace {type(model).__name__}: {type(exc).__name__}: {exc}. "
-            "Make the offending submodule a leaf (leaf_modules=[ThatClass] or depth=N), or remove "
-            "Python control flow that depends on tensor values from forward()") from None
+        raise TypeError(_trace_failure(model, exc)) from None
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def _trace_failure(model: nn.Module, exc: BaseException) -> str:
+    """What failed (the innermost module of ``model`` on the traceback) and what would help."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    failed, tb = None, exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if owner is not None and id(owner) in paths:
+            failed = owner
+        tb = tb.tb_next
+    where = ("its own forward()" if failed is None or failed is model else
+             f"module {paths[id(failed)]!r} ({type(failed).__name__})")
+    advice = (f"keep it whole: leaf_modules=[{type(failed).__name__}] or depth={paths[id(failed)].count('.') + 1}"
+              if failed is not None and failed is not model else
+              "wrap the model as nn.Sequential of modules that take and return tensors (docs/transformers.md)")
+    return (f"torch.fx cannot trace {type(model).__name__}: it failed in {where} ({type(exc).__name__}: "
+            f"{str(exc)[:300]}). To fix it, {advice}, or remove Python control flow that depends on tensor "
+            "values from forward(); Hugging Face GPT-2- and Llama-like causal LMs are split at their own "
+            "parts automatically (pipelab.hf)")
 
 
 def _unpacks(node: fx.Node, layer_of: dict[str, int]) -> bool:

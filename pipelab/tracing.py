@@ -22,6 +22,9 @@ class TracingConfig:
 
     leaf_modules: tuple[str, ...] = ()
     depth: int | None = None
+    #: a Hugging Face model's positional inputs (``input_ids, attention_mask, position_ids``: the first
+    #: ``inputs``), split at its own parts (:mod:`pipelab.hf`); None: not such a model
+    inputs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "leaf_modules", tuple(self.leaf_modules))
@@ -31,16 +34,20 @@ class TracingConfig:
         if self.depth is not None and (isinstance(self.depth, bool) or not isinstance(self.depth, int)
                                        or self.depth < 1):
             raise ValueError(f"depth={self.depth!r} must be an int >= 1 or None")
+        if self.inputs is not None and self.inputs not in (1, 2, 3):
+            raise ValueError(f"inputs={self.inputs!r} must be 1, 2 or 3 (input_ids, attention_mask, position_ids)")
 
     @classmethod
-    def of(cls, leaf_modules: Sequence[type] = (), depth: int | None = None) -> TracingConfig:
+    def of(cls, leaf_modules: Sequence[type] = (), depth: int | None = None,
+           inputs: int | None = None) -> TracingConfig:
         """The record of ``trace``'s keywords (classes become their import paths)."""
-        return cls(leaf_modules=tuple(f"{c.__module__}:{c.__qualname__}" for c in leaf_modules), depth=depth)
+        return cls(leaf_modules=tuple(f"{c.__module__}:{c.__qualname__}" for c in leaf_modules), depth=depth,
+                   inputs=inputs)
 
     @property
     def is_default(self) -> bool:
         """Whether these are the default rules (standard torch.nn layers are the leaves)."""
-        return not self.leaf_modules and self.depth is None
+        return not self.leaf_modules and self.depth is None and self.inputs is None
 
     def leaf_types(self) -> tuple[type, ...]:
         """The leaf classes, imported; ``ValueError`` naming one that cannot be imported by its path."""
@@ -61,34 +68,35 @@ class TracingConfig:
 
     def trace_kwargs(self) -> dict[str, Any]:
         """The keywords of :func:`pipelab.graph.trace` these rules stand for."""
-        return {"leaf_modules": self.leaf_types(), "depth": self.depth}
+        return {"leaf_modules": self.leaf_types(), "depth": self.depth, "inputs": self.inputs}
 
     def describe(self) -> str:
         """One line for humans."""
         if self.is_default:
             return "default tracing (standard torch.nn layers are the leaves)"
         parts = ([f"leaf_modules=[{', '.join(p.split(':')[1] for p in self.leaf_modules)}]"]
-                 if self.leaf_modules else []) + ([f"depth={self.depth}"] if self.depth is not None else [])
+                 if self.leaf_modules else []) + ([f"depth={self.depth}"] if self.depth is not None else []) + (
+                     [f"a Hugging Face model split at its parts, {self.inputs} input(s)"] if self.inputs else [])
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
-        return {"leaf_modules": list(self.leaf_modules), "depth": self.depth}
+        return {"leaf_modules": list(self.leaf_modules), "depth": self.depth, "inputs": self.inputs}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> TracingConfig:
         """Inverse of :meth:`to_dict` (None or ``{}``: the default rules)."""
         d = d or {}
-        return cls(leaf_modules=tuple(d.get("leaf_modules", ())), depth=d.get("depth"))
+        return cls(leaf_modules=tuple(d.get("leaf_modules", ())), depth=d.get("depth"), inputs=d.get("inputs"))
 
 
-def resolve(leaf_modules: Sequence[type] = (), depth: int | None = None,
+def resolve(leaf_modules: Sequence[type] = (), depth: int | None = None, inputs: int | None = None,
             recorded: TracingConfig | None = None) -> dict[str, Any]:
     """``trace``'s keywords: those given, else the ``recorded`` ones (a plan's or profile's); a given rule
     that contradicts the record raises ``ValueError`` (the plan's layers would not be the model's)."""
-    given = TracingConfig.of(leaf_modules, depth)
+    given = TracingConfig.of(leaf_modules, depth, inputs)
     if recorded is None or recorded.is_default:
-        return {"leaf_modules": tuple(leaf_modules), "depth": depth}
+        return {"leaf_modules": tuple(leaf_modules), "depth": depth, "inputs": inputs}
     if not given.is_default and given != recorded:
         raise ValueError(f"tracing {given.describe()} differs from the plan's ({recorded.describe()}), so "
                          "its layer indices would name other layers; leave them out (the plan's are used) or "

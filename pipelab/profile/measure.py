@@ -28,6 +28,7 @@ from pipelab.graph import (
     tensor_bytes,
     trace,
 )
+from pipelab.hf import is_hf_model
 from pipelab.profile.checks import warn_dominant_layer
 from pipelab.profile.hooks import Timer as _Timer
 from pipelab.profile.hooks import Timing
@@ -125,7 +126,7 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
                    source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved,
                    blocked_cuts=_blocked(crossings, [ly.name for ly in layers]),
-                   tracing=TracingConfig.of(leaf_modules, depth))
+                   tracing=TracingConfig.of(leaf_modules, depth, inputs=len(args) if is_hf_model(model) else None))
     warn_dominant_layer(prof, gm)
     return prof
 
@@ -160,7 +161,7 @@ def _traced(model: nn.Module, sample_input: Any, dev: torch.device, name: str,
     args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in given)
     if any(p.device != dev for p in model.parameters()) or any(b.device != dev for b in model.buffers()):
         model = copy.deepcopy(model).to(dev)
-    gm = trace(model, leaf_modules=leaf_modules, depth=depth)
+    gm = trace(model, leaf_modules=leaf_modules, depth=depth, inputs=len(args))
     buffers = {k: v.detach().clone() for k, v in gm.state_dict(keep_vars=True).items()
                if not isinstance(v, nn.Parameter)}
     try:
