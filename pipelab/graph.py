@@ -65,17 +65,21 @@ def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
 def _trace_failure(model: nn.Module, exc: BaseException) -> str:
     """What failed (the innermost module of ``model`` on the traceback) and what would help."""
     paths = {id(m): name for name, m in model.named_modules()}
-    failed, tb = None, exc.__traceback__
+    failed: nn.Module | None = None
+    tb = exc.__traceback__
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
         if owner is not None and id(owner) in paths:
             failed = owner
         tb = tb.tb_next
-    where = ("its own forward()" if failed is None or failed is model else
-             f"module {paths[id(failed)]!r} ({type(failed).__name__})")
-    advice = (f"keep it whole: leaf_modules=[{type(failed).__name__}] or depth={paths[id(failed)].count('.') + 1}"
-              if failed is not None and failed is not model else
-              "wrap the model as nn.Sequential of modules that take and return tensors (docs/transformers.md)")
+    if failed is not None and failed is not model:
+        path = paths[id(failed)]
+        where = f"module {path!r} ({type(failed).__name__})"
+        advice = f"keep it whole: leaf_modules=[{type(failed).__name__}] or depth={path.count('.') + 1}"
+    else:
+        where = "its own forward()"
+        advice = ("wrap the model as nn.Sequential of modules that take and return tensors "
+                  "(docs/transformers.md)")
     return (f"torch.fx cannot trace {type(model).__name__}: it failed in {where} ({type(exc).__name__}: "
             f"{str(exc)[:300]}). To fix it, {advice}, or remove Python control flow that depends on tensor "
             "values from forward(); Hugging Face GPT-2- and Llama-like causal LMs are split at their own "

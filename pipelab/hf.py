@@ -56,7 +56,7 @@ torch.fx.wrap("positions")       # each one call (one layer) in the traced graph
 torch.fx.wrap("additive_mask")
 
 
-def _gpt2(root: nn.Module, input_ids: Any, attention_mask: Any, position_ids: Any) -> Any:
+def _gpt2(root: Any, input_ids: Any, attention_mask: Any, position_ids: Any) -> Any:
     base: Any = root.transformer
     if position_ids is None:
         position_ids = positions(input_ids)
@@ -67,7 +67,7 @@ def _gpt2(root: nn.Module, input_ids: Any, attention_mask: Any, position_ids: An
     return root.lm_head(base.ln_f(h))
 
 
-def _llama(root: nn.Module, input_ids: Any, attention_mask: Any, position_ids: Any) -> Any:
+def _llama(root: Any, input_ids: Any, attention_mask: Any, position_ids: Any) -> Any:
     base: Any = root.model
     if position_ids is None:
         position_ids = positions(input_ids)

@@ -35,7 +35,8 @@ class TracingConfig:
                                        or self.depth < 1):
             raise ValueError(f"depth={self.depth!r} must be an int >= 1 or None")
         if self.inputs is not None and self.inputs not in (1, 2, 3):
-            raise ValueError(f"inputs={self.inputs!r} must be 1, 2 or 3 (input_ids, attention_mask, position_ids)")
+            raise ValueError(f"inputs={self.inputs!r} must be 1, 2 or 3 (input_ids, attention_mask, "
+                             "position_ids)")
 
     @classmethod
     def of(cls, leaf_modules: Sequence[type] = (), depth: int | None = None,
@@ -74,9 +75,13 @@ class TracingConfig:
         """One line for humans."""
         if self.is_default:
             return "default tracing (standard torch.nn layers are the leaves)"
-        parts = ([f"leaf_modules=[{', '.join(p.split(':')[1] for p in self.leaf_modules)}]"]
-                 if self.leaf_modules else []) + ([f"depth={self.depth}"] if self.depth is not None else []) + (
-                     [f"a Hugging Face model split at its parts, {self.inputs} input(s)"] if self.inputs else [])
+        parts = []
+        if self.leaf_modules:
+            parts.append(f"leaf_modules=[{', '.join(p.split(':')[1] for p in self.leaf_modules)}]")
+        if self.depth is not None:
+            parts.append(f"depth={self.depth}")
+        if self.inputs:
+            parts.append(f"a Hugging Face model split at its parts, {self.inputs} input(s)")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,7 +92,8 @@ class TracingConfig:
     def from_dict(cls, d: dict[str, Any] | None) -> TracingConfig:
         """Inverse of :meth:`to_dict` (None or ``{}``: the default rules)."""
         d = d or {}
-        return cls(leaf_modules=tuple(d.get("leaf_modules", ())), depth=d.get("depth"), inputs=d.get("inputs"))
+        return cls(leaf_modules=tuple(d.get("leaf_modules", ())), depth=d.get("depth"),
+                   inputs=d.get("inputs"))
 
 
 def resolve(leaf_modules: Sequence[type] = (), depth: int | None = None, inputs: int | None = None,

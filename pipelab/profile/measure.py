@@ -37,6 +37,7 @@ from pipelab.profile.hooks import tensors as _tensors
 from pipelab.profile.layer_timing import LayerRunner, Pass, measure_layer
 from pipelab.profile.loss import measure_loss
 from pipelab.profile.records import BlockedCut, Layer, Profile
+from pipelab.ties import find_ties
 from pipelab.tracing import TracingConfig
 
 
@@ -126,7 +127,9 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
                    source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved,
                    blocked_cuts=_blocked(crossings, [ly.name for ly in layers]),
-                   tracing=TracingConfig.of(leaf_modules, depth, inputs=len(args) if is_hf_model(model) else None))
+                   tracing=TracingConfig.of(leaf_modules, depth,
+                                            inputs=len(args) if is_hf_model(model) else None),
+                   ties=find_ties(gm))
     warn_dominant_layer(prof, gm)
     return prof
 

@@ -35,9 +35,11 @@ from pipelab.runtime.comm import TensorSpec, boundary_specs
 from pipelab.runtime.lifeline import check_port
 from pipelab.runtime.options import RuntimeOptions, split_options
 from pipelab.runtime.policies import policy_for
+from pipelab.runtime.ties import TieGroup, check_schedule, check_tie_method, tie_groups
 from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.segments import aligned_sizes, boundaries
+from pipelab.ties import stage_ties
 from pipelab.tracing import resolve as resolve_tracing
 
 BACKENDS = ("gloo", "nccl", "local")
@@ -68,6 +70,7 @@ class Job:
     trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
     state_keys: tuple[str, ...] = ()             # model_fn().state_dict() keys, in order
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])   # names this run's checkpoints
+    ties: tuple[TieGroup, ...] = ()              # parameters shared across stages (pipelab.runtime.ties)
 
     @property
     def method(self) -> str:
@@ -270,6 +273,9 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
                                  "microbatches": microbatches})  # fails early
     gm, state_keys, n_inputs = model_facts(args)
     ranges = stage_ranges(args.plan, schedule)
+    ties = tie_groups(stage_ties(gm, ranges), schedule)   # on the stage modules the workers build
+    check_tie_method([g.tie for g in ties], schedule.method)
+    check_schedule(ties, schedule)
     batch, specs = cut_layouts(gm, args, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
     if args.backend != "local" and check_rendezvous and args.port is not None:
         check_port(args.port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
@@ -277,7 +283,8 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
                plan=args.plan, schedule=schedule, ranges=ranges, specs=specs, steps=steps,
                microbatches=microbatches, batch_size=batch, seed=args.seed, backend=args.backend,
                timeout=float(args.timeout), options=options, runtime=runtime, master_addr=args.master_addr,
-               master_port=int(args.port or 0), trace_kwargs=dict(args.trace_kwargs), state_keys=state_keys)
+               master_port=int(args.port or 0), trace_kwargs=dict(args.trace_kwargs), state_keys=state_keys,
+               ties=ties)
 
 
 def check_arguments(args: TrainArgs) -> None:
