@@ -28,7 +28,8 @@ def gpt2(tied: bool = False) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=16, bos_token_id=0,
-                     eos_token_id=0, tie_word_embeddings=tied, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                     eos_token_id=0, tie_word_embeddings=tied, resid_pdrop=0.0, embd_pdrop=0.0,
+                     attn_pdrop=0.0)
     return GPT2LMHeadModel(cfg)
 
 

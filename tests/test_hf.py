@@ -35,7 +35,8 @@ def test_split_at_own_parts_equals_the_model(make):
     gm = trace(model)
     names = [str(n.target) for n in layer_nodes(gm) if n.op == "call_module"]
     blocks = "transformer.h" if "transformer.h.0" in names else "model.layers"
-    assert [f"{blocks}.0", f"{blocks}.1", "lm_head"] == [n for n in names if n.startswith(blocks) or n == "lm_head"]
+    parts = [n for n in names if n.startswith(blocks) or n == "lm_head"]
+    assert parts == [f"{blocks}.0", f"{blocks}.1", "lm_head"]
     assert torch.equal(gm(ids), model(ids).logits)
     gm2 = trace(model, inputs=2)
     assert torch.equal(gm2(ids, mask)[mask.bool()], model(ids, attention_mask=mask).logits[mask.bool()])
@@ -65,8 +66,8 @@ def test_profile_partition_simulate_train_equals_plain_sgd(make, data):
 def test_an_unknown_hf_layout_and_an_untraceable_module_are_named():
     from transformers import BertConfig, BertModel
 
-    bert = BertModel(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                                vocab_size=H.VOCAB))
+    bert = BertModel(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                intermediate_size=64, vocab_size=H.VOCAB))
     with pytest.raises(TypeError, match="GPT-2's modules.*Llama's.*BertModel has neither.*nn.Sequential"):
         trace(bert)
 
@@ -120,8 +121,9 @@ def test_depth_one_profile_trains_from_the_cli_job_path(tmp_path):
 def test_hf_from_the_cli_with_a_job_file_on_gloo(tmp_path, make):
     name = make.__name__
     prof_json, plan_json = str(tmp_path / "prof.json"), str(tmp_path / "plan.json")
-    assert profile_main(["--model", f"hf_helpers:{name}", "--input-shape", f"{H.BATCH},{H.SEQ}", "--input-dtype", "int64",
-                         "--vocab", str(H.VOCAB), "--repeats", "1", "--warmup", "0", "--small-batch", "0",
+    assert profile_main(["--model", f"hf_helpers:{name}", "--input-shape", f"{H.BATCH},{H.SEQ}",
+                         "--input-dtype", "int64", "--vocab", str(H.VOCAB), "--repeats", "1", "--warmup", "0",
+                         "--small-batch", "0",
                          "--quiet", "-o", prof_json]) == 0
     assert plan_main([prof_json, "--cluster", "pipedream-a:1x2", "--method", "gpipe", "--microbatches", "2",
                       "-o", plan_json]) == 0
