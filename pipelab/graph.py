@@ -9,6 +9,7 @@ layer must send (skip connections included); :func:`build_stage` cuts a layer ra
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,25 @@ class LayerTracer(fx.Tracer):
         super().__init__()
         self.leaf_types = tuple(leaf_modules)
         self.depth = depth
+        self.output_type: type | None = None
+        self._nesting = 0
+
+    def create_arg(self, a: Any) -> Any:
+        """As fx's, but a dataclass value (a ``ModelOutput``, say) becomes the dict of its fields that are
+        set; the type of the last top-level value (the model's output) is kept in ``output_type`` when it
+        is a dataclass or a namedtuple, so a stage can rebuild the output as that type."""
+        is_dataclass = dataclasses.is_dataclass(a) and not isinstance(a, type)
+        if self._nesting == 0:
+            named = is_dataclass or isinstance(a, tuple) and hasattr(a, "_fields")
+            self.output_type = type(a) if named else None
+        self._nesting += 1
+        try:
+            if is_dataclass:
+                fields = {f.name: getattr(a, f.name) for f in dataclasses.fields(a)}
+                a = {k: v for k, v in fields.items() if v is not None}
+            return super().create_arg(a)
+        finally:
+            self._nesting -= 1
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         """Standard torch.nn layers, ``leaf_modules`` instances, and modules at ``depth`` are leaves."""
@@ -59,7 +79,23 @@ def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
         graph = tracer.trace(root)
     except Exception as exc:  # fx raises many types (TraceError, TypeError, RuntimeError, ...)
         raise TypeError(_trace_failure(model, exc)) from None
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm.meta["output_type"] = tracer.output_type
+    return gm
+
+
+def rebuild_output(kind: type | None, out: Any) -> Any:
+    """``out`` as ``kind``, the type the model's forward returns (a dataclass traced as the dict of its
+    fields, a namedtuple as a tuple); unchanged when ``kind`` is None."""
+    if kind is None or isinstance(out, kind) or not isinstance(out, (dict, tuple)):
+        return out
+    try:
+        return kind(**out) if isinstance(out, dict) else kind(*out)
+    except Exception as exc:
+        raise TypeError(f"pipelab traced the model's {kind.__name__} output as its fields "
+                        f"{sorted(out) if isinstance(out, dict) else len(out)} and cannot rebuild it "
+                        f"({type(exc).__name__}: {exc}); return a tensor, "
+                        "a tuple or a dict from forward(), or read the dict's keys in loss_fn") from None
 
 
 def _trace_failure(model: nn.Module, exc: BaseException) -> str:
@@ -185,10 +221,13 @@ class StageModule(nn.Module):
             graph.output(tuple(lookup(name) for name in self.output_names))
         graph.lint()
         self.graph_module = fx.GraphModule(gm, graph, f"Stage_{start}_{end}")
+        self.output_type: type | None = gm.meta.get("output_type")   # the model's output type
 
     def forward(self, *inputs: Any) -> Any:
-        """Run the stage's layers on the live values entering it."""
-        return self.graph_module(*inputs)
+        """Run the stage's layers on the live values entering it (the last stage: the model's output,
+        of the type the model's forward returns)."""
+        out = self.graph_module(*inputs)
+        return rebuild_output(self.output_type, out) if self.is_last else out
 
 
 def build_stage(model_or_gm: nn.Module, start: int, end: int, *,

@@ -25,6 +25,7 @@ from pipelab.graph import (
     layer_members,
     live_across_cuts,
     non_tensor_crossings,
+    rebuild_output,
     tensor_bytes,
     trace,
 )
@@ -210,7 +211,8 @@ class _Timing:
         layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
         saved = 0
         if self.loss_fn is not None:
-            lc = measure_loss(self.loss_fn, output, y, params=self.param_ids, output_values=output_values,
+            typed = rebuild_output(gm.meta.get("output_type"), output)
+            lc = measure_loss(self.loss_fn, typed, y, params=self.param_ids, output_values=output_values,
                               counted=counted, timing=timing)
             last = layers[-1]
             layers[-1] = replace(last, fwd_s=last.fwd_s + lc.fwd_s, bwd_s=last.bwd_s + lc.bwd_s)
@@ -252,6 +254,7 @@ def _whole_passes(gm: fx.GraphModule, args: tuple[Any, ...], target: Any,
         if loss_fn is None:
             loss = sum(t.float().sum() for t in _tensors(out) if t.is_floating_point() and t.requires_grad)
         else:
+            out = rebuild_output(gm.meta.get("output_type"), out)
             loss = loss_fn(out, target) if target is not None else loss_fn(out)
         f = timer.stop(t0)
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:

@@ -27,7 +27,7 @@ import torch
 
 import pipelab.methods as methods
 from pipelab.batching import check_divides
-from pipelab.graph import layer_nodes, trace
+from pipelab.graph import layer_nodes, rebuild_output, trace
 from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint_files import check_compatible, choose_resume
 from pipelab.runtime.coalesce import check_method
@@ -404,7 +404,7 @@ def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence
     try:
         specs = boundary_specs(gm, mb_x, ranges)
         with torch.no_grad():
-            loss = loss_fn(gm(*mb_x), mb_y)
+            loss = loss_fn(rebuild_output(gm.meta.get("output_type"), gm(*mb_x)), mb_y)
     except (TypeError, ValueError) as exc:
         if "crosses the cut" in str(exc):
             raise
