@@ -118,3 +118,35 @@ def test_recompute_leaves_batchnorm_statistics_as_one_forward(method):
     assert int(again["bn.num_batches_tracked"]) == int(ref["bn.num_batches_tracked"]) == 2 * 2
     assert _max_diff(again, ref) < 1e-6
     assert _max_diff(again, plain) == 0.0
+
+
+def test_data_parallel_replicas_keep_their_own_buffers_and_the_first_replicas_are_returned():
+    """dp on 2 replicas: parameters equal plain SGD; each replica's BatchNorm saw only its own
+    microbatches, and the run returns the first (lowest-rank) replica's buffers (docs/transformers.md)."""
+    prof = pl.profile(Net(), next(data())[0], repeats=1, warmup=0, progress=False, small_batch=None,
+                      whole=False)
+    plan = pl.Plan.from_boundaries(len(prof), [], [2], method="dp", profile=prof)
+    run = pl.train(Net, plan, method="dp", data=data, loss_fn=_loss, steps=2, microbatches=2,
+                   optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), backend="local", progress=False)
+    state = run.state_dict()
+    # the oracle: plain SGD on microbatch halves, with one set of BatchNorm buffers per replica
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    names = ("running_mean", "running_var", "num_batches_tracked")
+    own = [{n: getattr(model.bn, n).clone() for n in names} for _ in range(2)]
+    for _, (x, y) in zip(range(2), data()):
+        opt.zero_grad()
+        for replica, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):
+            for n in names:
+                getattr(model.bn, n).copy_(own[replica][n])
+            (_loss(model(xm), ym) / 2).backward()
+            own[replica] = {n: getattr(model.bn, n).clone() for n in names}
+        opt.step()
+    for k, v in model.named_parameters():
+        assert torch.allclose(state[k], v, atol=1e-6), k
+    assert int(state["bn.num_batches_tracked"]) == 2        # one microbatch per step reached this replica
+    for n in names:
+        assert torch.allclose(state[f"bn.{n}"].double(), own[0][n].double(), atol=1e-6), n
+        if n != "num_batches_tracked":
+            assert not torch.allclose(own[0][n], own[1][n], atol=1e-6)   # the replicas' buffers differ
