@@ -9,6 +9,7 @@ layer must send (skip connections included); :func:`build_stage` cuts a layer ra
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,25 @@ class LayerTracer(fx.Tracer):
         super().__init__()
         self.leaf_types = tuple(leaf_modules)
         self.depth = depth
+        self.output_type: type | None = None
+        self._nesting = 0
+
+    def create_arg(self, a: Any) -> Any:
+        """As fx's, but a dataclass value (a ``ModelOutput``, say) becomes the dict of its fields that are
+        set; the type of the last top-level value (the model's output) is kept in ``output_type`` when it
+        is a dataclass or a namedtuple, so a stage can rebuild the output as that type."""
+        is_dataclass = dataclasses.is_dataclass(a) and not isinstance(a, type)
+        if self._nesting == 0:
+            named = is_dataclass or isinstance(a, tuple) and hasattr(a, "_fields")
+            self.output_type = type(a) if named else None
+        self._nesting += 1
+        try:
+            if is_dataclass:
+                fields = {f.name: getattr(a, f.name) for f in dataclasses.fields(a)}
+                a = {k: v for k, v in fields.items() if v is not None}
+            return super().create_arg(a)
+        finally:
+            self._nesting -= 1
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         """Standard torch.nn layers, ``leaf_modules`` instances, and modules at ``depth`` are leaves."""
@@ -37,22 +57,69 @@ class LayerTracer(fx.Tracer):
 
 
 def trace(model: nn.Module, *, leaf_modules: Sequence[type[nn.Module]] = (),
-          depth: int | None = None) -> fx.GraphModule:
-    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity; ``TypeError`` with advice when fx
-    cannot trace it (data-dependent control flow)."""
+          depth: int | None = None, inputs: int | None = None) -> fx.GraphModule:
+    """Trace ``model`` into an ``fx.GraphModule`` at layer granularity; ``TypeError`` naming the module
+    that failed and the options that would help when fx cannot trace it.
+
+    A Hugging Face causal LM is split at its own parts (:mod:`pipelab.hf`), taking its first
+    ``inputs`` (default 1) of ``input_ids, attention_mask, position_ids``.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
     if depth is not None and depth < 1:
         raise ValueError(f"depth={depth} must be >= 1 (1 = the model's direct children are leaves)")
-    tracer = LayerTracer(leaf_modules, depth)
+    from pipelab import hf
+
+    root, leaves = model, tuple(leaf_modules)
+    if hf.is_hf_model(model):
+        root, hf_leaves = hf.split_root(model, inputs or 1)
+        leaves += hf_leaves
+    tracer = LayerTracer(leaves, depth)
     try:
-        graph = tracer.trace(model)
+        graph = tracer.trace(root)
     except Exception as exc:  # fx raises many types (TraceError, TypeError, RuntimeError, ...)
-        raise TypeError(
-            f"torch.fx cannot trace {type(model).__name__}: {type(exc).__name__}: {exc}. "
-            "Make the offending submodule a leaf (leaf_modules=[ThatClass] or depth=N), or remove "
-            "Python control flow that depends on tensor values from forward()") from None
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+        raise TypeError(_trace_failure(model, exc)) from None
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm.meta["output_type"] = tracer.output_type
+    return gm
+
+
+def rebuild_output(kind: type | None, out: Any) -> Any:
+    """``out`` as ``kind``, the type the model's forward returns (a dataclass traced as the dict of its
+    fields, a namedtuple as a tuple); unchanged when ``kind`` is None."""
+    if kind is None or isinstance(out, kind) or not isinstance(out, (dict, tuple)):
+        return out
+    try:
+        return kind(**out) if isinstance(out, dict) else kind(*out)
+    except Exception as exc:
+        raise TypeError(f"pipelab traced the model's {kind.__name__} output as its fields "
+                        f"{sorted(out) if isinstance(out, dict) else len(out)} and cannot rebuild it "
+                        f"({type(exc).__name__}: {exc}); return a tensor, "
+                        "a tuple or a dict from forward(), or read the dict's keys in loss_fn") from None
+
+
+def _trace_failure(model: nn.Module, exc: BaseException) -> str:
+    """What failed (the innermost module of ``model`` on the traceback) and what would help."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    failed: nn.Module | None = None
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if owner is not None and id(owner) in paths:
+            failed = owner
+        tb = tb.tb_next
+    if failed is not None and failed is not model:
+        path = paths[id(failed)]
+        where = f"module {path!r} ({type(failed).__name__})"
+        advice = f"keep it whole: leaf_modules=[{type(failed).__name__}] or depth={path.count('.') + 1}"
+    else:
+        where = "its own forward()"
+        advice = ("wrap the model as nn.Sequential of modules that take and return tensors "
+                  "(docs/transformers.md)")
+    return (f"torch.fx cannot trace {type(model).__name__}: it failed in {where} ({type(exc).__name__}: "
+            f"{str(exc)[:300]}). To fix it, {advice}, or remove Python control flow that depends on tensor "
+            "values from forward(); Hugging Face GPT-2- and Llama-like causal LMs are split at their own "
+            "parts automatically (pipelab.hf)")
 
 
 def _unpacks(node: fx.Node, layer_of: dict[str, int]) -> bool:
@@ -154,10 +221,13 @@ class StageModule(nn.Module):
             graph.output(tuple(lookup(name) for name in self.output_names))
         graph.lint()
         self.graph_module = fx.GraphModule(gm, graph, f"Stage_{start}_{end}")
+        self.output_type: type | None = gm.meta.get("output_type")   # the model's output type
 
     def forward(self, *inputs: Any) -> Any:
-        """Run the stage's layers on the live values entering it."""
-        return self.graph_module(*inputs)
+        """Run the stage's layers on the live values entering it (the last stage: the model's output,
+        of the type the model's forward returns)."""
+        out = self.graph_module(*inputs)
+        return rebuild_output(self.output_type, out) if self.is_last else out
 
 
 def build_stage(model_or_gm: nn.Module, start: int, end: int, *,
@@ -166,6 +236,40 @@ def build_stage(model_or_gm: nn.Module, start: int, end: int, *,
     gm = model_or_gm if isinstance(model_or_gm, fx.GraphModule) else trace(
         model_or_gm, leaf_modules=leaf_modules, depth=depth)
     return StageModule(gm, start, end)
+
+
+def non_tensor_crossings(gm: fx.GraphModule, args: Sequence[Any]
+                         ) -> list[tuple[int, str, str, int, tuple[int, ...]]]:
+    """Every value that is not a tensor alive across a boundary, from one forward (no grad) on ``args``:
+    ``(boundary, value, its type, producing layer (-1: a model input), using layers after the cut)``.
+
+    The runtime sends only tensors between stages (:func:`pipelab.runtime.comm.boundary_specs`), so a
+    cut at such a boundary cannot run; the profiler records them and the partitioners avoid them.
+    """
+    kinds: dict[str, str] = {}
+
+    class _Kinds(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if _is_value(n) and not isinstance(value, torch.Tensor):
+                kinds[n.name] = type(value).__name__
+            return value
+
+    with torch.no_grad():
+        _Kinds(gm).run(*args)
+    if not kinds:
+        return []
+    members = layer_members(gm)
+    layer_of = {n.name: i for i, group in enumerate(members) for n in group}
+    nodes = {n.name: n for n in gm.graph.nodes}
+    out = []
+    for boundary, live in enumerate(live_across_cuts(gm)):
+        for name in live:
+            if name in kinds:
+                users = tuple(sorted({layer_of[u.name] for u in nodes[name].users
+                                      if layer_of.get(u.name, -1) > boundary}))
+                out.append((boundary, name, kinds[name], layer_of.get(name, -1), users))
+    return out
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:

@@ -34,6 +34,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "08_planner": {"full_search": False, "models": ["gnmt16"], "clusters": ["pipedream-a:1x4"],
                    "run_real": True, "real_models": ["cnn"], "real_steps": 8, "real_rounds": 1,
                    "confirm_rounds": 1},
+    "09_transformers": {"backend": "gloo", "stages": 2, "n_layer": 2, "steps": 3},
 }
 NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 

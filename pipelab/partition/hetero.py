@@ -121,6 +121,7 @@ class _StageTerms:
         comp = (cm.pf + cm.pb)[None, :] - (cm.pf + cm.pb)[:, None]
         self.comp = np.where(np.triu(np.ones((n + 1, n + 1), dtype=bool), 1), comp, np.inf)
         self.P, self.A = cm.memory_arrays()
+        self.legal_end = np.array(cm.profile.legal_starts())
         self._cache: dict[tuple[int, int | None, int | None, int, bool], np.ndarray] = {}
 
     def _port_vector(self, src: int, dst: int) -> np.ndarray:
@@ -162,6 +163,7 @@ class _StageTerms:
             cost = np.maximum(cost, xout[None, :])
         lim = self.memory_limit if self.memory_limit is not None else cm.cluster.memory(w)
         cost = np.where((kf + 1 + cm.state_factor) * self.P + kf * self.A <= lim, cost, np.inf)
+        cost = np.where(self.legal_end[None, :], cost, np.inf)   # no stage ends where a non-tensor crosses
         self._cache[key] = cost
         return cost
 
@@ -202,7 +204,7 @@ def _refine(cm: CostModel, bounds: list[int], orders: Sequence[Sequence[int]], m
             ) -> tuple[float, list[int]]:
     """Coordinate descent of the boundaries on :func:`hetpipe_time_s` (orders fixed, memory respected)."""
     return descend([0, *bounds, cm.num_layers], lambda c: hetpipe_time_s(cm, c[1:-1], orders).time_s,
-                   lambda c, _: _fits(cm, c, orders, memory_limit))
+                   lambda c, _: _fits(cm, c, orders, memory_limit), legal=cm.profile.legal_starts())
 
 
 def shared_partition(cm: CostModel, vws: Sequence[Sequence[int]], *, memory_limit: float | None = None,

@@ -63,12 +63,16 @@ class _Search:
         self.mems = [min(cm.cluster.memory(x) for x in self.phys(w, 1)) for w in range(W)]
         # transfer seconds of the activation entering layer i over a link of each level
         self.cut_bytes = np.concatenate([[0.0], np.floor(cm.cuts), [0.0]])
-        self.xs = [self._cut_x(k) for k in range(len(cm.cluster.levels))]
-        self.lvl = [cm.cluster.level_between(w - 1, w) if 0 < w < W else -1 for w in range(W + 1)]
+        self.cut_s_by_level = [self._cut_seconds(k) for k in range(len(cm.cluster.levels))]
+        # the link level between worker w - 1 and w (-1 at the pipeline's two ends)
+        self.link_level = [cm.cluster.level_between(w - 1, w) if 0 < w < W else -1 for w in range(W + 1)]
         # memory of [i, j) with k in flight = g_k[j] - h_k[i]; feasible j form a prefix for each i
-        self.inp = np.concatenate([[float(cm.profile.input_bytes)], cm.cuts, [0.0]])
-        self.idx = np.arange(n + 1)
-        self.cap = max(4, int(3e8 // (8 * (n + 1) ** 2)))   # cached T matrices (about 300 MB at most)
+        self.bytes_in = np.concatenate([[float(cm.profile.input_bytes)], cm.cuts, [0.0]])
+        self.layer_index = np.arange(n + 1)
+        self.cache_limit = max(4, int(3e8 // (8 * (n + 1) ** 2)))   # cached T matrices (about 300 MB at most)
+        # inf on the rows j where no stage may end (a non-tensor value crosses the cut before layer j)
+        legal = np.array(cm.profile.legal_starts())
+        self.illegal_end = None if legal.all() else np.where(legal, 0.0, np.inf)
         self.cache: dict[tuple[float, float, float, float], np.ndarray] = {}
         self.penalties: dict[tuple[int, float], np.ndarray | None] = {}
         # row chunks of j so that only the triangle i < j is scanned
@@ -82,7 +86,8 @@ class _Search:
         """Cluster workers of inner workers ``[w, w+m)`` (every block's copy with ``block``)."""
         return list(range(w, w + m)) if self.block is None else block_workers(self.cm, self.W, w, m)
 
-    def _cut_x(self, k: int) -> np.ndarray:
+    def _cut_seconds(self, k: int) -> np.ndarray:
+        """Seconds to send the activation entering each layer over a link of level ``k`` (0 at the ends)."""
         lv = self.cm.cluster.levels[k]
         x = lv.latency + self.cut_bytes / self.cm.compression_ratio / lv.transfer_bandwidth
         x[0] = x[self.n] = 0.0
@@ -93,7 +98,7 @@ class _Search:
         cm, n, W = self.cm, self.n, self.W
         U = math.inf
         if not self.straight or W == 1:
-            mem1 = (2 + cm.state_factor) * (cm.pp[n] - cm.pp[0]) + cm.pa[n] - cm.pa[0] + self.inp[0]
+            mem1 = (2 + cm.state_factor) * (cm.pp[n] - cm.pp[0]) + cm.pa[n] - cm.pa[0] + self.bytes_in[0]
             lim1 = self.memory_limit if self.memory_limit is not None else min(self.mems)
             if mem1 <= lim1:
                 U = cm.replica_time_s(0, n, self.phys(0, W)) / (W * self.copies) * (1 + 1e-9)
@@ -138,7 +143,7 @@ class _Search:
         key = (min(self.speeds[w:w + m]), *cm.allreduce_coeffs(ws), cm.allreduce_latency_steps(ws))
         TT = self.cache.get(key)
         if TT is None:
-            if len(self.cache) >= self.cap:
+            if len(self.cache) >= self.cache_limit:
                 self.cache.pop(next(iter(self.cache)))
             TT = self.cache[key] = cm.replica_time_matrix(*key, transpose=True)
         return TT
@@ -151,10 +156,11 @@ class _Search:
         pkey = (k, lim)
         if pkey not in self.penalties:
             gk = (k + 1 + cm.state_factor) * cm.pp + k * cm.pa
-            hk = (k + 1 + cm.state_factor) * cm.pp + k * (cm.pa - self.inp)
+            hk = (k + 1 + cm.state_factor) * cm.pp + k * (cm.pa - self.bytes_in)
             jmax = np.searchsorted(gk, lim + hk, side="right") - 1   # last feasible j per i
             self.penalties[pkey] = (None if np.all(jmax >= self.n)
-                                    else np.where(self.idx[:, None] > jmax[None, :], np.inf, 0.0))  # [j, i]
+                                    else np.where(self.layer_index[:, None] > jmax[None, :],   # [j, i]
+                                                  np.inf, 0.0))
         return self.penalties[pkey]
 
     def _relax(self, w: int, m: int, base: np.ndarray, lo: int) -> None:
@@ -162,10 +168,10 @@ class _Search:
         pen = self._memory_penalty(w, m)
         bm = base * (m * self.copies)
         # the stage's port term (CostModel.stage_port_s), times m * copies like the T matrix
-        kin, kout = self.lvl[w], self.lvl[w + m]
+        kin, kout = self.link_level[w], self.link_level[w + m]
         ws_in = range(w, w + m)
-        tin = self.xs[kin] * (self.cm.port_share(ws_in, kin) * m) if kin >= 0 else None
-        tout = self.xs[kout] * (self.cm.port_share(ws_in, kout) * m) if kout >= 0 else None
+        tin = self.cut_s_by_level[kin] * (self.cm.port_share(ws_in, kin) * m) if kin >= 0 else None
+        tout = self.cut_s_by_level[kout] * (self.cm.port_share(ws_in, kout) * m) if kout >= 0 else None
         c0, c1 = max(lo, int(self.ilo[w])), int(self.ihi[w]) + 1                # columns i in [c0, c1)
         r0, r1 = max(int(self.ilo[w + m]), c0 + 1), int(self.ihi[w + m]) + 1    # rows j in [r0, r1)
         if c0 >= c1 or r0 >= r1:
@@ -191,6 +197,8 @@ class _Search:
                 np.maximum(blk, tout[a2:b2, None], out=blk)
             if pen is not None:
                 blk += pen[a2:b2, c0:e]
+            if self.illegal_end is not None:
+                blk += self.illegal_end[a2:b2, None]
             arg = blk.argmin(axis=1)
             best = blk[np.arange(b2 - a2), arg] / (m * self.copies)
             better = best < A[a2:b2, w + m]
@@ -207,9 +215,12 @@ class _Search:
         if not math.isfinite(total):
             lim = self.memory_limit if self.memory_limit is not None else min(self.mems)
             model = self.cm.profile.model or "this model"
+            legal = "" if self.illegal_end is None else (
+                f" at the {int(np.isfinite(self.illegal_end[1:n]).sum())} legal cuts of {n - 1} (the others "
+                "carry a value that is not a tensor, Profile.blocked_cuts)")
             raise ValueError(f"no pipedream plan of {model} fits in memory on {self.cm.cluster.name} (limit "
-                             f"{lim / 2**30:.2f} GiB per worker); use more workers, a smaller batch, or "
-                             f"raise memory_limit")
+                             f"{lim / 2**30:.2f} GiB per worker){legal}; use more workers, a smaller "
+                             "batch, or raise memory_limit")
         bounds, reps = [], []
         j, w = n, W
         while j > 0:

@@ -20,6 +20,7 @@ import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab._io import read_record, write_record
 from pipelab.ties import Tie, across_stages, describe_tie
+from pipelab.tracing import TracingConfig
 
 SCHEMA_VERSION = 1
 
@@ -72,6 +73,8 @@ class Plan(Described):
     speedup_over_dp: float = float("nan")      # predicted, against the "dp" plan on the same cluster
     memory_per_worker: tuple[int, ...] = ()    # predicted peak bytes, indexed by worker rank
     notes: dict[str, Any] = field(default_factory=dict)
+    #: how the profile's model was traced into layers; train/launch/the bridge trace the same way
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     #: the profile's shared parameters (pipelab.ties); :meth:`shared` says which stages hold a copy
     ties: tuple[Tie, ...] = ()
 
@@ -79,6 +82,8 @@ class Plan(Described):
         object.__setattr__(self, "stages", tuple(self.stages))
         object.__setattr__(self, "ties", tuple(self.ties))
         object.__setattr__(self, "memory_per_worker", tuple(int(m) for m in self.memory_per_worker))
+        if not isinstance(self.tracing, TracingConfig):
+            object.__setattr__(self, "tracing", TracingConfig.from_dict(self.tracing))
         self.validate()
 
     @property
@@ -130,7 +135,7 @@ class Plan(Described):
 
     def validate(self, profile: Any = None) -> None:
         """Raise ``ValueError`` saying what is wrong unless the stages tile ``[0, num_layers)`` (with
-        ``profile``: and the plan was made for that profile's layers)."""
+        ``profile``: and the plan was made for that profile's layers, cut only where tensors alone cross)."""
         if not self.stages:
             raise ValueError("a Plan needs at least one stage")
         if self.num_layers < 1:
@@ -165,13 +170,17 @@ class Plan(Described):
                 raise ValueError(f"this plan was made for another model ({self.model or 'unknown'}, "
                                  f"fingerprint {self.profile_fingerprint}) than the profile "
                                  f"({profile.model or 'unknown'}, {profile.fingerprint()}); partition again")
+            if hasattr(profile, "check_starts"):   # only tensors cross a cut (Profile.blocked_cuts)
+                profile.check_starts([st.start for st in self.stages[1:]])
 
     @classmethod
     def from_boundaries(cls, num_layers: int, boundaries: Sequence[int],
                         replicas: Sequence[int] | None = None, *, method: str = "manual", batch_size: int = 1,
-                        tensor: int = 1, **kw: Any) -> Plan:
+                        tensor: int = 1, profile: Any = None, **kw: Any) -> Plan:
         """A plan from cut points (``boundaries=[3, 5]`` on 8 layers: stages [0,3) [3,5) [5,8)); ``replicas``
-        (default all 1) per stage, ranks assigned in order; ``tensor`` is every stage's tensor degree."""
+        (default all 1) per stage, ranks assigned in order; ``tensor`` is every stage's tensor degree.
+        With ``profile``: checked against it (:meth:`validate`), a cut a non-tensor value crosses refused
+        with the layers' names, and the profile's fingerprint and tracing recorded."""
         cuts = [0, *[int(b) for b in boundaries], num_layers]
         if any(b <= a for a, b in zip(cuts, cuts[1:])):
             raise ValueError(f"boundaries {list(boundaries)} must be strictly increasing inside "
@@ -183,7 +192,15 @@ class Plan(Described):
         stages = tuple(Stage(index=i, start=a, end=b, replicas=r, ranks=tuple(range(first[i], first[i] + r)),
                              tensor=tensor)
                        for i, (a, b, r) in enumerate(zip(cuts, cuts[1:], reps)))
-        return cls(stages=stages, num_layers=num_layers, method=method, batch_size=batch_size, **kw)
+        if profile is not None:
+            kw.setdefault("profile_fingerprint", profile.fingerprint())
+            kw.setdefault("model", profile.model)
+            kw.setdefault("tracing", profile.tracing)
+            kw.setdefault("ties", profile.ties)
+        plan = cls(stages=stages, num_layers=num_layers, method=method, batch_size=batch_size, **kw)
+        if profile is not None:
+            plan.validate(profile)
+        return plan
 
     @classmethod
     def even(cls, num_layers: int, num_stages: int, **kw: Any) -> Plan:
@@ -207,6 +224,7 @@ class Plan(Described):
         d["stages"] = [asdict(s) for s in self.stages]
         d["ties"] = [t.to_dict() for t in self.ties]
         d["config"] = self.config
+        d["tracing"] = self.tracing.to_dict()
         for k in ("time_per_minibatch", "speedup_over_dp"):
             if isinstance(d[k], float) and math.isnan(d[k]):
                 d[k] = None
@@ -223,6 +241,7 @@ class Plan(Described):
                 if d.get(k) is None:
                     d[k] = float("nan")
             d["memory_per_worker"] = tuple(d.get("memory_per_worker", ()))
+            d["tracing"] = TracingConfig.from_dict(d.get("tracing"))
             d["ties"] = tuple(Tie.from_dict(t) for t in d.get("ties", ()))
             return cls(stages=stages, **d)
         except (KeyError, TypeError) as exc:
@@ -255,6 +274,8 @@ class Plan(Described):
         shape = (f"one stage on {self.num_workers} replicas" if self.num_stages == 1 else
                  f"{self.config}, {self.num_stages} stages on {self.num_workers} workers")
         lines = [f"Plan {shape} ({self.method}) for {self.model or 'model'} on {self.cluster or 'a cluster'}"]
+        if not self.tracing.is_default:
+            lines.append(f"  traced with {self.tracing.describe()}")
         lines += [f"  stage {s.index}: layers [{s.start}, {s.end}) x{s.replicas}"
                   + (f", tensor-parallel over {s.tensor} devices each" if s.tensor > 1 else "")
                   + f" on ranks {list(s.ranks)}"

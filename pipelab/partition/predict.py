@@ -66,20 +66,23 @@ def refine_bounds(cm: CostModel, bounds: Sequence[int], stage_workers: Sequence[
         return cm.steady_state(list(zip(c[:-1], c[1:])), stage_workers, in_flight=flights).time_s
 
     return descend([0, *bounds, cm.num_layers], cost,
-                   lambda c, s: fits(s - 1, c[s - 1], c[s]) and fits(s, c[s], c[s + 1]), max_evals, window)[1]
+                   lambda c, s: fits(s - 1, c[s - 1], c[s]) and fits(s, c[s], c[s + 1]), max_evals, window,
+                   legal=cm.profile.legal_starts())[1]
 
 
 def descend(cuts: list[int], cost: Callable[[list[int]], float], fits: Callable[[list[int], int], bool],
-            max_evals: int = 400, window: int = 16) -> tuple[float, list[int]]:
+            max_evals: int = 400, window: int = 16, *, legal: Sequence[bool] | None = None
+            ) -> tuple[float, list[int]]:
     """Coordinate descent of the inner ``cuts`` (``[0, ..., n]``) on ``cost``: each cut tries every
-    position within ``window`` of it where ``fits(trial, moved cut)``; ``(cost, inner cuts)``."""
+    position within ``window`` of it where ``fits(trial, moved cut)`` and ``legal[position]``
+    (:meth:`Profile.legal_starts`); ``(cost, inner cuts)``."""
     cur, best = cuts, cost(cuts)
     evals, improved = 1, True
     while improved and evals < max_evals:
         improved = False
         for s in range(1, len(cur) - 1):
             for b in range(max(cur[s - 1] + 1, cur[s] - window), min(cur[s + 1] - 1, cur[s] + window) + 1):
-                if b == cur[s] or evals >= max_evals:
+                if b == cur[s] or evals >= max_evals or legal is not None and not legal[b]:
                     continue
                 trial = [*cur[:s], b, *cur[s + 1:]]
                 if not fits(trial, s):
@@ -111,6 +114,7 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
     only ``notes["search_objective_s"]`` depends on it.
     """
     prof, n, M = cm.profile, cm.num_layers, run.microbatches
+    prof.check_starts(bounds)   # a cut that only a non-tensor value crosses cannot run: never return it
     cuts = [0, *bounds, n]
     W, P = sum(replicas), len(replicas)
     phys = list(ranks_of) if ranks_of is not None else list(range(W))
@@ -154,6 +158,7 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
                 model=prof.model, cluster=cm.cluster.name, batch_size=prof.batch_size,
                 time_per_minibatch=time, speedup_over_dp=dp_time / time if time > 0 else float("inf"),
                 memory_per_worker=tuple(st.memory_bytes for st in stages for _ in range(st.replicas)),
+                tracing=prof.tracing,
                 notes={"schedule": run.schedule, "microbatches": M,
                        "stage_terms_s": terms, "cut_terms_s": cut_terms, **extra,
                        "compression_ratio": cm.compression_ratio, "optimizer": cm.optimizer,

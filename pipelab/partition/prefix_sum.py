@@ -34,6 +34,9 @@ class _Problem:
             g = (v + 1 + cm.state_factor) * cm.pp + k * cm.pa
             h = (v + 1 + cm.state_factor) * cm.pp + k * (cm.pa - inp)
             self.jmem.append(np.searchsorted(g, lim + h, side="right") - 1)
+        # where stage s >= 1 may start: not where a non-tensor value crosses (Profile.blocked_cuts)
+        self.may_start = np.ones((S, n + 1), dtype=bool)
+        self.may_start[1:] = np.array(cm.profile.legal_starts())[None, :]
         # cut cost of boundary i (activation entering layer i) between worker s-1 and s
         self.cutc = np.zeros((S, n + 1))
         for s in range(1, S):
@@ -56,7 +59,7 @@ class _Problem:
         hist = [reach]
         tol = X * (1 + 1e-12)
         for s in range(self.S):
-            src = reach & (self.cutc[s] <= tol)
+            src = reach & (self.cutc[s] <= tol) & self.may_start[s]
             src[n] = False
             jc = np.searchsorted(self.pc, self.pc + tol * self.speed[s], side="right") - 1
             J = np.minimum(jc, self.jmem[s])
@@ -81,7 +84,7 @@ class _Problem:
             jc = np.searchsorted(self.pc, self.pc + tol * self.speed[s], side="right") - 1
             J = np.minimum(jc, self.jmem[s])
             idx = np.arange(n + 1)
-            ok = hist[s] & (self.cutc[s] <= tol) & (idx < j) & (J >= j)
+            ok = hist[s] & (self.cutc[s] <= tol) & self.may_start[s] & (idx < j) & (J >= j)
             i = int(np.flatnonzero(ok)[-1])
             if s > 0:
                 bounds.append(i)
@@ -102,8 +105,11 @@ def solve(cm: CostModel, *, stages: int | None = None, memory_limit: float | Non
     cand = prob.candidates()
     lo, hi = 0, len(cand) - 1
     if prob.reach(float(cand[hi])) is None:
+        legal = sum(cm.profile.legal_starts()[1:n])
         raise ValueError(f"no {S}-stage partition of {cm.profile.model or 'this model'} fits in memory on "
-                         f"{cm.cluster.name}; use more workers, a smaller batch, or raise memory_limit")
+                         f"{cm.cluster.name}" + (f" cutting only at its {legal} legal boundaries of {n - 1}"
+                                                 if legal < n - 1 else "")
+                         + "; use fewer stages or more workers, a smaller batch, or raise memory_limit")
     while lo < hi:  # smallest feasible candidate
         mid = (lo + hi) // 2
         if prob.reach(float(cand[mid])) is not None:

@@ -208,19 +208,23 @@ def _plans(profile: Profile, cluster: Cluster, need: set[str], optimizer: str) -
             seen.add(k)
             out.append((name, plan))
 
+    legal = profile.legal_starts()   # the uniform split is skipped where it would cut a non-tensor value
     if "pipelined" in need:
         times = [ly.fwd_s + ly.bwd_s for ly in profile.layers]
         for S in _stage_counts(W, n):
             reps = [W // S] * S if W % S == 0 else [1] * S
-            cuts = {"uniform": uniform_cuts(n, S),
-                    "balanced": list(itertools.accumulate(balance_by_time(S, times)[:-1]))}
+            cuts = {"uniform": uniform_cuts(n, S)}
+            with contextlib.suppress(ValueError):   # too few legal cuts (Profile.blocked_cuts)
+                cuts["balanced"] = list(itertools.accumulate(
+                    balance_by_time(S, times, legal=profile.legal_starts())[:-1]))
             with contextlib.suppress(ValueError, ScheduleError):
                 ps = partition(profile, cluster, "prefix-sum", stages=S, optimizer=optimizer,
                                memory_limit=math.inf)
                 cuts["prefix-sum"] = [st.start for st in ps.stages[1:]]
             for name in SPLITS:
-                if name in cuts:
-                    add(name, Plan.from_boundaries(n, cuts[name], reps, method=name, batch_size=bs))
+                if name in cuts and all(legal[c] for c in cuts[name]):
+                    add(name, Plan.from_boundaries(n, cuts[name], reps, method=name, batch_size=bs,
+                                                   profile=profile))
         for straight in (False, True):
             with contextlib.suppress(ValueError, ScheduleError):
                 add("pipedream" if not straight else "pipedream-straight",

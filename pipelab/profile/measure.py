@@ -20,7 +20,16 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from pipelab.graph import LAYER_OPS, layer_members, live_across_cuts, tensor_bytes, trace
+from pipelab.graph import (
+    LAYER_OPS,
+    layer_members,
+    live_across_cuts,
+    non_tensor_crossings,
+    rebuild_output,
+    tensor_bytes,
+    trace,
+)
+from pipelab.hf import is_hf_model
 from pipelab.profile.checks import warn_dominant_layer
 from pipelab.profile.hooks import Timer as _Timer
 from pipelab.profile.hooks import Timing
@@ -28,8 +37,9 @@ from pipelab.profile.hooks import detach as _detach
 from pipelab.profile.hooks import tensors as _tensors
 from pipelab.profile.layer_timing import LayerRunner, Pass, measure_layer
 from pipelab.profile.loss import measure_loss
-from pipelab.profile.records import Layer, Profile
+from pipelab.profile.records import BlockedCut, Layer, Profile
 from pipelab.ties import find_ties
+from pipelab.tracing import TracingConfig
 
 
 class _Group:
@@ -96,6 +106,7 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
         layers, value_bytes, edges, loss_saved = run.timed(args, target, progress)
         if small is not None:
             layers = run.with_fixed_parts(layers, args, target, batch, small)
+        crossings = non_tensor_crossings(gm, args)
     finally:
         torch.set_grad_enabled(grad_was)
         with torch.no_grad():
@@ -116,9 +127,19 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
     prof = Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
                    source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved,
+                   blocked_cuts=_blocked(crossings, [ly.name for ly in layers]),
+                   tracing=TracingConfig.of(leaf_modules, depth,
+                                            inputs=len(args) if is_hf_model(model) else None),
                    ties=find_ties(gm))
     warn_dominant_layer(prof, gm)
     return prof
+
+
+def _blocked(crossings: Sequence[tuple[int, str, str, int, tuple[int, ...]]], names: Sequence[str]
+             ) -> tuple[BlockedCut, ...]:
+    """The profile's records of :func:`pipelab.graph.non_tensor_crossings`, layers by name."""
+    return tuple(BlockedCut(boundary=b, value=v, kind=k, producer=names[p] if p >= 0 else "",
+                            users=tuple(names[u] for u in users)) for b, v, k, p, users in crossings)
 
 
 def _check_counts(warmup: int, repeats: int, *, has_target: bool, has_loss: bool) -> None:
@@ -144,7 +165,7 @@ def _traced(model: nn.Module, sample_input: Any, dev: torch.device, name: str,
     args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in given)
     if any(p.device != dev for p in model.parameters()) or any(b.device != dev for b in model.buffers()):
         model = copy.deepcopy(model).to(dev)
-    gm = trace(model, leaf_modules=leaf_modules, depth=depth)
+    gm = trace(model, leaf_modules=leaf_modules, depth=depth, inputs=len(args))
     buffers = {k: v.detach().clone() for k, v in gm.state_dict(keep_vars=True).items()
                if not isinstance(v, nn.Parameter)}
     try:
@@ -190,7 +211,8 @@ class _Timing:
         layers = [replace(layer, fwd_s=f) for layer, f in zip(layers, fwd)]
         saved = 0
         if self.loss_fn is not None:
-            lc = measure_loss(self.loss_fn, output, y, params=self.param_ids, output_values=output_values,
+            typed = rebuild_output(gm.meta.get("output_type"), output)
+            lc = measure_loss(self.loss_fn, typed, y, params=self.param_ids, output_values=output_values,
                               counted=counted, timing=timing)
             last = layers[-1]
             layers[-1] = replace(last, fwd_s=last.fwd_s + lc.fwd_s, bwd_s=last.bwd_s + lc.bwd_s)
@@ -232,6 +254,7 @@ def _whole_passes(gm: fx.GraphModule, args: tuple[Any, ...], target: Any,
         if loss_fn is None:
             loss = sum(t.float().sum() for t in _tensors(out) if t.is_floating_point() and t.requires_grad)
         else:
+            out = rebuild_output(gm.meta.get("output_type"), out)
             loss = loss_fn(out, target) if target is not None else loss_fn(out)
         f = timer.stop(t0)
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:

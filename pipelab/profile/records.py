@@ -21,6 +21,7 @@ from pipelab._display import html_pre
 from pipelab._io import read_record, write_record
 from pipelab.profile.pipedream_graph import read_fields
 from pipelab.ties import Tie
+from pipelab.tracing import TracingConfig
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,6 +74,27 @@ class Layer:
 
 
 @dataclass(frozen=True)
+class BlockedCut:
+    """A boundary no stage cut may use: value ``value`` (a ``kind``, not a tensor) produced by layer
+    ``producer`` (a model input: ``""``) crosses it to the layers ``users``; only tensors travel."""
+
+    boundary: int   # the cut after layer ``boundary``
+    value: str
+    kind: str
+    producer: str
+    users: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "users", tuple(self.users))
+
+    def reason(self) -> str:
+        """Why the cut is illegal, with the layer names."""
+        made = f"layer {self.producer!r}" if self.producer else "the model's input"
+        used = ", ".join(repr(u) for u in self.users) or "the model's output"
+        return f"value {self.value!r} ({self.kind}, not a tensor) made by {made} is used by {used}"
+
+
+@dataclass(frozen=True)
 class RangeTotals:
     """Totals of a contiguous layer range ``[start, end)`` of a profile (``profile[start:end]``)."""
 
@@ -108,6 +130,10 @@ class Profile:
     edges: tuple[tuple[int, int], ...] = field(default=())
     #: bytes the loss saves for its backward, held by the last stage (0: not measured)
     loss_saved_bytes: int = 0
+    #: boundaries a non-tensor value crosses: no stage may be cut there
+    blocked_cuts: tuple[BlockedCut, ...] = ()
+    #: how the model was traced into these layers; plans and runs trace it the same way
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     #: parameters that two or more layers use (tied weights), found by object identity (pipelab.ties)
     ties: tuple[Tie, ...] = field(default=())
 
@@ -132,6 +158,13 @@ class Profile:
         if isinstance(lsb, bool) or not isinstance(lsb, int) or lsb < 0:
             raise ValueError(f"loss_saved_bytes={lsb!r} must be an int >= 0 (bytes the loss saves for its "
                              "backward; 0 when not measured)")
+        object.__setattr__(self, "blocked_cuts", tuple(
+            c if isinstance(c, BlockedCut) else BlockedCut(**c) for c in self.blocked_cuts))
+        for c in self.blocked_cuts:
+            if not (0 <= c.boundary < n - 1):
+                raise ValueError(f"blocked cut after layer {c.boundary} is outside the {n - 1} boundaries")
+        if not isinstance(self.tracing, TracingConfig):
+            object.__setattr__(self, "tracing", TracingConfig.from_dict(self.tracing))
         for a, b in self.edges:
             if not (0 <= a < b < n):
                 raise ValueError(f"edge ({a}, {b}) is not forward between layer indices 0..{n - 1}")
@@ -177,6 +210,30 @@ class Profile:
         return RangeTotals(start=start, end=end, **sums,
                            in_bytes=self.input_bytes if start == 0 else self.cut_bytes[start - 1],
                            out_bytes=self.layers[-1].out_bytes if end == n else self.cut_bytes[end - 1])
+
+    @property
+    def blocked_boundaries(self) -> frozenset[int]:
+        """Layer indices ``i`` whose following cut (a stage starting at layer ``i + 1``) is illegal."""
+        return frozenset(c.boundary for c in self.blocked_cuts)
+
+    def legal_starts(self) -> list[bool]:
+        """``legal[i]`` for ``i`` in ``0..n``: whether a stage may start (the previous one end) at layer
+        ``i``; a non-tensor value crossing the cut before it makes it illegal."""
+        blocked = self.blocked_boundaries
+        return [i == 0 or i == len(self) or (i - 1) not in blocked for i in range(len(self) + 1)]
+
+    def check_starts(self, starts: Sequence[int]) -> None:
+        """Raise ``ValueError`` naming the value and layers when a stage starts at an illegal layer."""
+        blocked = {c.boundary: c for c in self.blocked_cuts}
+        bad = [int(s) for s in starts if 0 < int(s) < len(self) and int(s) - 1 in blocked]
+        if bad:
+            c = blocked[bad[0] - 1]
+            legal = [i for i, ok in enumerate(self.legal_starts()) if ok and 0 < i < len(self)]
+            raise ValueError(
+                f"a stage cannot start at layer {bad[0]} ({self.layers[bad[0]].name!r}): the cut after layer "
+                f"{c.boundary} ({self.layers[c.boundary].name!r}) would send {c.reason()}, and only tensors "
+                f"travel between stages; start stages at legal layers ({_ranges(legal)}), or trace "
+                "with leaf_modules/depth so that the value stays inside one layer")
 
     @property
     def fwd_s(self) -> float:
@@ -292,6 +349,7 @@ class Profile:
                 "dtype": self.dtype, "device": self.device, "input_bytes": self.input_bytes,
                 "layers": [asdict(layer) for layer in self.layers], "cut_bytes": list(self.cut_bytes),
                 "edges": [list(e) for e in self.edges], "loss_saved_bytes": self.loss_saved_bytes,
+                "blocked_cuts": [asdict(c) for c in self.blocked_cuts], "tracing": self.tracing.to_dict(),
                 "ties": [t.to_dict() for t in self.ties]}
 
     @classmethod
@@ -304,6 +362,8 @@ class Profile:
                        input_bytes=int(d.get("input_bytes", 0)), model=d.get("model", ""),
                        source=d.get("source", ""), edges=tuple(tuple(e) for e in d.get("edges", ())),
                        loss_saved_bytes=int(d.get("loss_saved_bytes", 0)),
+                       blocked_cuts=tuple(BlockedCut(**c) for c in d.get("blocked_cuts", ())),
+                       tracing=TracingConfig.from_dict(d.get("tracing")),
                        ties=tuple(Tie.from_dict(t) for t in d.get("ties", ())))
         except KeyError as exc:
             raise ValueError(f"profile JSON lacks field {exc}; re-create it with "
@@ -332,3 +392,14 @@ class Profile:
         return (f"Profile(model={self.model!r}, layers={len(self)}, batch={self.batch_size}, "
                 f"fwd={self.fwd_s * 1e3:.2f} ms, bwd={self.bwd_s * 1e3:.2f} ms, "
                 f"params={self.param_bytes / 1e6:.1f} MB, source={self.source!r})")
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``"1-3, 7"``."""
+    parts: list[str] = []
+    for x in xs:
+        if parts and parts[-1].split("-")[-1] == str(x - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{x}"
+        else:
+            parts.append(str(x))
+    return ", ".join(parts) or "none"

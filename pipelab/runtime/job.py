@@ -27,7 +27,7 @@ import torch
 
 import pipelab.methods as methods
 from pipelab.batching import check_divides
-from pipelab.graph import layer_nodes, trace
+from pipelab.graph import layer_nodes, rebuild_output, trace
 from pipelab.partition.plan import Plan
 from pipelab.runtime.checkpoint_files import check_compatible, choose_resume
 from pipelab.runtime.coalesce import check_method
@@ -40,6 +40,7 @@ from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.segments import aligned_sizes, boundaries
 from pipelab.ties import stage_ties
+from pipelab.tracing import resolve as resolve_tracing
 
 BACKENDS = ("gloo", "nccl", "local")
 
@@ -252,6 +253,9 @@ class TrainArgs:
 def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
     check_arguments(args)
+    # trace as the plan's profile was traced (leaf_modules/depth recorded in plan.tracing)
+    args = dataclasses.replace(args, trace_kwargs=resolve_tracing(**args.trace_kwargs,
+                                                                  recorded=args.plan.tracing))
     the_method = args.method or (args.schedule.method if args.schedule is not None else None)
     method_options, rt_options = split_options(the_method, args.options)
     runtime = RuntimeOptions.from_options(the_method, rt_options)
@@ -400,7 +404,7 @@ def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence
     try:
         specs = boundary_specs(gm, mb_x, ranges)
         with torch.no_grad():
-            loss = loss_fn(gm(*mb_x), mb_y)
+            loss = loss_fn(rebuild_output(gm.meta.get("output_type"), gm(*mb_x)), mb_y)
     except (TypeError, ValueError) as exc:
         if "crosses the cut" in str(exc):
             raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,10 +157,12 @@ def tune_malloc() -> bool:
         return False
 
 
-def run_maybe_checkpointed(fn: Any, inputs: tuple[torch.Tensor, ...], recompute: bool) -> Any:
-    """``fn(*inputs)``, or under ``torch.utils.checkpoint`` (activations recomputed in backward)."""
+def run_maybe_checkpointed(fn: Any, inputs: tuple[torch.Tensor, ...], recompute: bool,
+                           buffers: Sequence[torch.Tensor] = ()) -> Any:
+    """``fn(*inputs)``, or under ``torch.utils.checkpoint`` (activations recomputed in backward, the
+    stage's ``buffers`` left as one forward leaves them: :mod:`pipelab.runtime.recompute`)."""
     if not recompute or not torch.is_grad_enabled():
         return fn(*inputs)
-    from torch.utils.checkpoint import checkpoint
+    from pipelab.runtime.recompute import checkpointed
 
-    return checkpoint(fn, *inputs, use_reentrant=False)
+    return checkpointed(fn, inputs, buffers)

@@ -213,7 +213,8 @@ class Worker(Checkpointing):
 
         with torch.set_grad_enabled(grad), (self.meter.saving() if self.meter else nullcontext()):
             # recompute: keep only the stage's inputs; recompute activations in backward
-            out = run_maybe_checkpointed(fn, tuple(inputs), self.recompute)
+            out = run_maybe_checkpointed(fn, tuple(inputs), self.recompute,
+                                         buffers=tuple(st.module.buffers()))
             if st.is_last:
                 assert self.feed is not None
                 loss = self.job.loss_fn(out, self.feed.targets(m)) / self.job.microbatches

@@ -22,6 +22,7 @@ from pipelab.schedules.actions import Schedule
 from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.torch_format import to_torch_order
 from pipelab.ties import stage_ties
+from pipelab.tracing import resolve as resolve_tracing
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ class BridgeOptions:
     Args:
         device: the stages' device (default CUDA under NCCL, else CPU).
         group: the pipeline process group (default the world).
-        leaf_modules, depth: as the plan's profile was traced (:func:`pipelab.graph.trace`).
+        leaf_modules, depth: as the plan's profile was traced (:func:`pipelab.graph.trace`); default
+            the plan's own record (``plan.tracing``).
         scale_grads: divide gradients by the microbatches, so a step's gradient is the minibatch's.
     """
 
@@ -58,7 +60,7 @@ def stage_modules(plan: Plan, schedule: Schedule, model: nn.Module, *, rank: int
     ranges = _ranges(plan, schedule)
     if not 0 <= rank < schedule.num_workers:
         raise ValueError(f"rank {rank} is outside the schedule's workers 0..{schedule.num_workers - 1}")
-    gm = trace(model, leaf_modules=leaf_modules, depth=depth)
+    gm = trace(model, **resolve_tracing(leaf_modules, depth, recorded=plan.tracing))
     n = len(layer_nodes(gm))
     if plan.num_layers != n:
         raise ValueError(f"the plan is for a model of {plan.num_layers} layers but this model has {n}; "
