@@ -85,8 +85,8 @@ def in_flight(schedule: str, stage: int, pipeline: int, microbatches: int, virtu
     """Microbatches whose activations stage ``stage`` holds at its peak, in units of the stage's whole
     layers (an interleaved chunk holds ``1/virtual`` of them).
 
-    1F1B and ZB-H1 (Qi et al. ICLR'24 §3.1: the same peak as 1F1B): ``p - i``; ZB-H2: ``2 (p - i) - 1``;
-    GPipe: ``m``; interleaved 1F1B, Megatron-LM's warm-up of ``2 (p - i - 1) + (v - 1) p`` chunks plus the
+    1F1B: ``p - i``; ZB-H1, whose deferred weight gradients keep activations until ``W``: ``p`` on every
+    stage, ZB-H2: ``2p - 1`` (Qi et al. ICLR'24 Table 1: ``p M_B`` and ``(2p - 1) M_B``); GPipe: ``m``; interleaved 1F1B, Megatron-LM's warm-up of ``2 (p - i - 1) + (v - 1) p`` chunks plus the
     one in its steady state (Korthikanti §4.2.3: ``p (1 + (p - 1)/(p v))`` on the first stage).
     """
     p, i, m, v = pipeline, stage, microbatches, virtual
@@ -96,10 +96,12 @@ def in_flight(schedule: str, stage: int, pipeline: int, microbatches: int, virtu
         raise ParallelError(f"stage={i} is outside 0..{p - 1}")
     if schedule == "gpipe":
         return float(m)
-    if schedule in ("1f1b", "zb-h1") or (schedule == "interleaved" and v == 1):
+    if schedule == "1f1b" or (schedule == "interleaved" and v == 1):
         return float(min(m, p - i))
+    if schedule == "zb-h1":
+        return float(min(m, p))
     if schedule == "zb-h2":
-        return float(min(m, 2 * (p - i) - 1))
+        return float(min(m, 2 * p - 1))
     chunks = min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1)
     return chunks / v
 
@@ -120,7 +122,7 @@ def layer_activation_bytes(model: Transformer, parallel: Parallel) -> int:
     # split over the tensor group: q, k, v, the projection's input, the MLP's intermediate tensors
     mlp_inner = (3 if model.gated_mlp else 2) * e * s * b * f
     split = e * sbh * (1 + 2 * kv) + e * sbh + mlp_inner
-    core = 0 if parallel.recompute == "selective" else (4 * e + 1) * a * s * s * b
+    core = 0 if parallel.recompute == "selective" else (2 * e + 1) * a * s * s * b
     return int(replicated / split_seq + split / t + core / t)
 
 
