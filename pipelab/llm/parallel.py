@@ -48,8 +48,7 @@ class Parallel:
         sharding: ``"none"``, ``"zero1"`` (optimizer states over the data group; Rajbhandari et al. SC'20)
             or ``"fsdp"`` (weights, gradients and states; ZeRO-3).
         dp_overlap: the gradient all-reduce runs in buckets behind the backward.
-        schedule: the pipeline order whose in-flight microbatches set the activation memory
-            (``"1f1b"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-h2"``, ``"gpipe"``).
+        schedule: the pipeline order whose in-flight microbatches set the activation memory (SCHEDULES).
     """
 
     tensor: int = 1
