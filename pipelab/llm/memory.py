@@ -17,6 +17,7 @@ parallelism) with full recomputation. A stage holds the activations of its in-fl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -126,11 +127,12 @@ def layer_activation_bytes(model: Transformer, parallel: Parallel) -> int:
     return int(replicated / split_seq + split / t + core / t)
 
 
-def stage_params(model: Transformer, parallel: Parallel, stage: int) -> int:
-    """Parameters one device of pipeline stage ``stage`` holds (its tensor shard; the embedding on the
-    first stage, the final norm and head on the last; a tied head's copy of the embedding too)."""
+def stage_params(model: Transformer, parallel: Parallel, stage: int, blocks: int | None = None) -> int:
+    """Parameters one device of pipeline stage ``stage`` holds (its tensor shard of ``blocks`` blocks,
+    default ``layers / pipeline``; the embedding on the first stage, the final norm and head on the last;
+    a tied head's copy of the embedding too, as Megatron-LM keeps one on the last stage)."""
     t, p = parallel.tensor, parallel.pipeline
-    blocks = model.layers // p
+    blocks = model.layers // p if blocks is None else blocks
     h = model.hidden
     norms = 2 * h * (2 if model.bias else 1)
     row_bias = 2 * h if model.bias else 0                   # projection and MLP-down biases: replicated
@@ -157,30 +159,33 @@ def end_activation_bytes(model: Transformer, parallel: Parallel, stage: int) -> 
 
 
 def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | None = None, *,
-                      recipe: str = "mixed-adam-fp32-grads") -> tuple[MemoryBreakdown, ...]:
+                      recipe: str = "mixed-adam-fp32-grads",
+                      stage_layers: Sequence[int] | None = None) -> tuple[MemoryBreakdown, ...]:
     """Peak memory of one device of each pipeline stage (``schedule`` overrides ``parallel.schedule``).
 
     Args:
         recipe: the precision recipe's name (:data:`RECIPES`).
+        stage_layers: blocks per pipeline stage where uneven (default ``layers / pipeline`` each).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
     rec = RECIPES[recipe]
     order = schedule or parallel.schedule
-    parallel.check(model)
+    parallel.check(model, stage_layers=stage_layers)
     d, p = parallel.data, parallel.pipeline
     per_layer = layer_activation_bytes(model, parallel)
-    layers = model.layers // p
+    counts = list(stage_layers) if stage_layers is not None else [model.layers // p] * p
     out = []
     for i in range(p):
-        n = stage_params(model, parallel, i)
+        layers = counts[i]
+        n = stage_params(model, parallel, i, layers)
         w, g, o = rec.weights * n, rec.gradients * n, (rec.master + rec.optimizer) * n
         gathered = 0
         if parallel.sharding == "zero1":
             o = -(-o // d)
         elif parallel.sharding == "fsdp":
             w, g, o = -(-w // d), -(-g // d), -(-o // d)
-            one_block = stage_params(model, parallel, i) // max(layers, 1)
+            one_block = (model.block_params() - 2 * model.hidden * (2 if model.bias else 1)) // parallel.tensor
             gathered = 2 * (rec.weights + rec.gradients) * one_block   # this block's and the next's, gathered
         flight = in_flight(order, i, p, parallel.microbatches, parallel.virtual)
         if parallel.recompute == "full":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pipelab.cluster import Cluster
 from pipelab.llm import Parallel, Transformer, memory_per_device
-from pipelab.llm.costs import _elementwise_elements, stage_costs
+from pipelab.llm.costs import block_costs, stage_costs
 from pipelab.llm.devices import DeviceRates
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action
@@ -88,35 +88,32 @@ def middle_layers(name: str) -> int:
     return (int(s["layers"]) + 2) // int(s["gpus"])  # type: ignore[call-overload]
 
 
-def fit_constants() -> dict[str, float]:
-    """The A100's GEMM efficiency (from ``T_W``) and element-wise memory efficiency (from ``T_F``), each
-    the median over the four models; ``T_B``'s prediction error is returned for the check."""
+def fit_constants() -> dict[str, object]:
+    """The A100's GEMM efficiency (from ``T_W``: weight-gradient GEMMs alone) and element-wise memory
+    efficiency (from ``T_F`` less its matmuls), each the median over the four models; ``T_B`` is not
+    fitted, and its prediction error is returned for the check."""
     a100 = DeviceRates.of("a100")
     gemm, hbm, b_err = [], [], []
     for name, t6 in table6().items():
-        m, k = shape(name), middle_layers(name)
-        b = int(setups()[name]["microbatch_size"])  # type: ignore[call-overload]
-        mms = m.matmuls(b * SEQ)
-        weight = k * sum(x.flops for x in mms if x.weight)
-        core = k * sum(x.flops for x in mms if not x.weight)
+        mms = shape(name).matmuls(_micro(name) * SEQ)
+        weight = middle_layers(name) * sum(x.flops for x in mms if x.weight)
         gemm.append(weight / (t6["W"] * a100.peak_flops_bf16))
     e = statistics.median(gemm)
     for name, t6 in table6().items():
-        m, k = shape(name), middle_layers(name)
-        b = int(setups()[name]["microbatch_size"])  # type: ignore[call-overload]
-        mms = m.matmuls(b * SEQ)
-        mm_s = k * sum(x.flops for x in mms) / (a100.peak_flops_bf16 * e)
-        elems, _ = _elementwise_elements(m, Parallel(microbatch_size=b), "unfused")
-        hbm.append(k * 2 * elems / ((t6["F"] - mm_s) * a100.hbm_bytes_per_s))
+        k, blk = middle_layers(name), block_costs(shape(name), Parallel(microbatch_size=_micro(name)),
+                                                  a100.replace(gemm_efficiency=e))
+        hbm.append(k * blk.elementwise_bytes / ((t6["F"] - k * blk.matmul_forward_s) * a100.hbm_bytes_per_s))
     h = statistics.median(hbm)
+    rates = a100.replace(gemm_efficiency=e, hbm_efficiency=h)
     for name, t6 in table6().items():
-        par = Parallel(microbatch_size=int(setups()[name]["microbatch_size"]))  # type: ignore[call-overload]
-        rates = a100.replace(gemm_efficiency=e, hbm_efficiency=h)
-        from pipelab.llm.costs import block_costs
-        blk = block_costs(shape(name), par, rates)
+        blk = block_costs(shape(name), Parallel(microbatch_size=_micro(name)), rates)
         b_err.append(middle_layers(name) * blk.backward_input_s / t6["B"] - 1)
     return {"gemm_efficiency": e, "hbm_efficiency": h, "gemm_per_model": gemm, "hbm_per_model": hbm,
-            "backward_input_error": b_err}  # type: ignore[dict-item]
+            "backward_input_error": b_err}
+
+
+def _micro(name: str) -> int:
+    return int(setups()[name]["microbatch_size"])  # type: ignore[call-overload]
 
 
 class StageTimes(Costs):
@@ -158,39 +155,21 @@ def bubble_only(label: str, p: int, m: int, t6: dict[str, float], virtual: int) 
     return busy + bubble
 
 
-def analytic_costs(name: str, m: int, virtual: int, chunks: int) -> StageCosts:
-    """Per (virtual) stage F, B, W, U and send seconds from pipelab.llm alone."""
+def analytic_costs(name: str, m: int, chunks: int) -> StageTimes:
+    """Per (virtual) stage F, B, W, optimizer and send seconds from pipelab.llm alone: the paper's layer
+    split, the embedding on the first and the head and loss on the last, dgx-a100 links."""
     s = setups()[name]
-    p, b = int(s["gpus"]), int(s["microbatch_size"])  # type: ignore[call-overload]
-    model = shape(name)
-    cluster = Cluster.preset("dgx-a100", nodes=max(1, p // 8), gpus_per_server=min(p, 8))
-    per_layer = stage_costs(Transformer.from_dict({**model.to_dict(), "layers": p}),
-                            Parallel(pipeline=p, microbatch_size=b, microbatches=m), cluster,
-                            device="a100")
-    # one middle layer, and the extra of the end stages (embedding; final norm, head and loss)
-    mid = per_layer.stages[1]
-    first, last = per_layer.stages[0], per_layer.stages[-1]
-    layers = _split(int(s["layers"]), p * chunks)
+    p, b = int(s["gpus"]), _micro(name)  # type: ignore[call-overload]
     n = p * chunks
-    f, bb, w, u, send = [], [], [], [], []
-    opt_per_param = per_layer.optimizer_s / max(per_layer.stages[-1].params, 1)
-    for v in range(n):
-        k = layers[v]
-        ef = (first.forward_s - mid.forward_s) * (v == 0) + (last.forward_s - mid.forward_s) * (v == n - 1)
-        eb = ((first.backward_input_s - mid.backward_input_s) * (v == 0)
-              + (last.backward_input_s - mid.backward_input_s) * (v == n - 1))
-        ew = (last.backward_weight_s - mid.backward_weight_s) * (v == n - 1)
-        f.append(k * mid.forward_s + ef)
-        bb.append(k * mid.backward_input_s + eb)
-        w.append(k * mid.backward_weight_s + ew)
-        params = k * model.block_params() + (model.embedding_params() if v == 0 else 0) \
-            + (model.vocab * model.hidden if v == n - 1 else 0)
-        u.append(opt_per_param * params)
-        send.append(mid.p2p_s if (v % p) < p - 1 else per_layer.stages[-2].p2p_s)
-    return StageCosts(f, bb, w, u, send)
-
-
-StageCosts = StageTimes
+    model = shape(name)
+    cluster = Cluster.preset("dgx-a100", nodes=max(1, n // 8), gpus_per_server=min(n, 8))
+    costs = stage_costs(model, Parallel(pipeline=n, microbatch_size=b, microbatches=m), cluster,
+                        device="a100", stage_layers=_split(model.layers, n))
+    sts = costs.stages
+    # device d hosts chunks d, d + p, ...: one optimizer step over all of them, on its first chunk
+    u = [sum(sts[j].optimizer_s for j in range(v, n, p)) if v < p else 0.0 for v in range(n)]
+    return StageTimes([x.forward_s for x in sts], [x.backward_input_s for x in sts],
+                      [x.backward_weight_s for x in sts], u, [x.p2p_s for x in sts])
 
 
 def _split(layers: int, stages: int) -> list[int]:
@@ -221,13 +200,13 @@ def predict(virtual: int = 2) -> list[dict[str, object]]:
             chunks = virtual if label == "1F1B-I" else 1
             unit = UnitCosts(f=t6["F"] / chunks, b=t6["B"] / chunks, w=t6["W"] / chunks, send_s=t6["comm"])
             row["table6"] = rate(_makespan(method, p, m, unit, virtual))
-            row["analytic"] = rate(_makespan(method, p, m, analytic_costs(name, m, virtual, chunks), virtual))
+            row["analytic"] = rate(_makespan(method, p, m, analytic_costs(name, m, chunks), virtual))
         schedule = {"1F1B": "1f1b", "1F1B-I": "interleaved", "ZB-1p": "zb-h1", "ZB-2p": "zb-h2"}[label]
         par = Parallel(pipeline=p, microbatch_size=b, microbatches=m, schedule=schedule,
                        virtual=virtual if label == "1F1B-I" else 1)
         model = shape(name)
-        if model.layers % par.stages == 0:
-            row["memory_gb"] = max(x.total for x in memory_per_device(model, par)) / 1e9
+        per_device = _split(model.layers, p)
+        row["memory_gb"] = max(x.total for x in memory_per_device(model, par, stage_layers=per_device)) / 1e9
         row["measured_memory_gb"] = float(cell["memory_gb"])
         rows.append(row)
     return rows
