@@ -103,6 +103,15 @@ def test_in_flight_matches_pipelab_schedules():
                 live -= e.kind == ("W" if split else "B")
                 peak = max(peak, live)
             assert peak == in_flight(key, s, P, M), (method, s)
+    # interleaved: a worker's chunks in flight (each 1/v of its layers) against Megatron's warm-up count
+    for P, M, v in ((4, 8, 2), (4, 12, 3), (8, 16, 2)):
+        events = run(build("interleaved-1f1b", P, microbatches=M, chunks=v), UnitCosts())
+        for w in range(P):
+            live = peak = 0
+            for e in sorted((e for e in events if e.worker == w and e.kind in "FB"), key=lambda e: e.step):
+                live += 1 if e.kind == "F" else -1
+                peak = max(peak, live)
+            assert peak == in_flight("interleaved", w, P, M, v) * v, (P, M, v, w)
 
 
 def test_memory_model_states_bytes_per_param():
@@ -239,3 +248,42 @@ def test_simulator_takes_the_analytic_profile():
     slowest = max(stage_s)
     step = max(e.end_s - e.start_s for e in res.trace.events if e.kind == "U")   # the optimizer step
     assert 4 * slowest <= res.time_per_minibatch <= (4 + 1) * slowest * 1.05 + step
+
+
+def test_data_parallel_sync_zero1_and_fsdp_closed_forms():
+    """Gradient sync over a data group of one GPU per server (stride t = 8): a ring across servers at NCCL's
+    per-adapter bus bandwidth; ZeRO-1 halves it into a reduce-scatter and adds the weights' all-gather;
+    FSDP gathers the weights again before each microbatch's forward and backward."""
+    from pipelab.llm.memory import stage_params
+    m = _gpt(heads=8)
+    cl = Cluster.preset("dgx-a100", nodes=4)
+    rates = device_table()["A100-SXM4-80GB"]
+    ib = cl.levels[1]
+    base = dict(tensor=8, data=4, microbatches=2, dp_overlap=False)
+    n = stage_params(m, Parallel(**base), 0)
+    ring = 2 * 3 / 4 / rates.nic_busbw
+    plain = stage_costs(m, Parallel(**base), cl)
+    assert plain.dp_sync_s == pytest.approx(4 * n * ring + 2 * 3 * ib.latency)     # fp32 gradients
+    assert plain.dp_exposed_s == plain.dp_sync_s
+    z1 = stage_costs(m, Parallel(**base, sharding="zero1"), cl)
+    assert z1.dp_sync_s == pytest.approx(plain.dp_sync_s / 2)
+    assert z1.sharding_gather_s == pytest.approx((2 * n * ring + 2 * 3 * ib.latency) / 2)
+    fsdp = stage_costs(m, Parallel(**base, sharding="fsdp"), cl)
+    assert fsdp.sharding_gather_s == pytest.approx(z1.sharding_gather_s * (1 + 2 * 2))
+    overlapped = stage_costs(m, Parallel(**{**base, "dp_overlap": True}), cl)
+    st = overlapped.stages[0]
+    assert overlapped.dp_exposed_s == pytest.approx(
+        max(plain.dp_sync_s - st.backward_input_s - st.backward_weight_s,
+            plain.dp_sync_s * min(1.0, 25 * 2**20 / (4 * n))))
+
+
+def test_memory_refuses_bad_stage_layers_and_counts_uneven_ones():
+    m = _gpt(layers=10)
+    par = Parallel(pipeline=4, microbatches=4)
+    with pytest.raises(ParallelError, match="do not split"):
+        memory_per_device(m, par)
+    with pytest.raises(ParallelError, match="add up to 9"):
+        memory_per_device(m, par, stage_layers=[2, 3, 3, 1])
+    mem = memory_per_device(m, par, stage_layers=[2, 3, 3, 2])
+    per_layer = layer_activation_bytes(m, par)
+    assert mem[1].activations == 3 * 3 * per_layer           # 1F1B: p - i = 3 in flight, 3 blocks
