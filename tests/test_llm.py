@@ -26,18 +26,30 @@ def _hf(kind: str):
     if kind == "gpt2":
         cfg = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=32, vocab_size=101)
         return cfg, transformers.GPT2LMHeadModel(cfg)
+    if kind == "mistral":
+        cfg = transformers.MistralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                         num_key_value_heads=1, intermediate_size=80, vocab_size=61,
+                                         max_position_embeddings=32, tie_word_embeddings=True)
+        return cfg, transformers.MistralForCausalLM(cfg)
     cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=8,
                                    num_key_value_heads=2, intermediate_size=96, vocab_size=97,
                                    max_position_embeddings=32, tie_word_embeddings=False)
     return cfg, transformers.LlamaForCausalLM(cfg)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "mistral"])
 def test_params_match_torch_count_of_hf_model(kind):
     cfg, model = _hf(kind)
     shape = Transformer.from_hf_config(cfg)
     unique = {id(p): p.numel() for p in model.parameters()}     # a tied matrix once
     assert shape.params() == sum(unique.values())
+
+
+def test_unknown_hf_family_refused():
+    transformers = pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="model_type 'bert' is not one of gpt2, llama, mistral"):
+        Transformer.from_hf_config(transformers.BertConfig(num_hidden_layers=1, hidden_size=32,
+                                                           num_attention_heads=2, intermediate_size=64))
 
 
 def test_flops_match_narayanan_eq3():

@@ -29,6 +29,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+#: Hugging Face ``model_type`` values :meth:`Transformer.from_hf_config` reads (parameter counts checked
+#: against torch's in tests/test_llm.py)
+HF_FAMILIES = ("gpt2", "llama", "mistral")
 #: bytes per element of each precision name
 PRECISION_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 KINDS = ("decoder", "encoder")
@@ -194,12 +197,16 @@ class Transformer:
     @classmethod
     def from_hf_config(cls, cfg: Any, *, name: str | None = None, precision: str = "bf16",
                        seq: int | None = None) -> Transformer:
-        """The shape of a Hugging Face ``PretrainedConfig`` (GPT-2, Llama/Mistral-style, BERT-style).
+        """The shape of a Hugging Face ``PretrainedConfig`` of a family in :data:`HF_FAMILIES` (others are
+        refused: their extra parts, e.g. BERT's pooler or Qwen2's qkv biases, would be miscounted).
 
         Args:
             seq: sequence length (default the config's maximum positions).
         """
         get = cfg.get if isinstance(cfg, Mapping) else (lambda k, default=None: getattr(cfg, k, default))
+        if str(get("model_type", "") or "") not in HF_FAMILIES:
+            raise ValueError(f"Transformer.from_hf_config: model_type {get('model_type')!r} is not one of "
+                             f"{', '.join(HF_FAMILIES)}; build Transformer(...) by hand from its shape")
 
         def first(*keys: str) -> Any:
             for k in keys:
@@ -208,19 +215,17 @@ class Transformer:
                     return v
             raise ValueError(f"Hugging Face config has none of {keys}; build the Transformer by hand")
 
-        mtype = str(get("model_type", "") or "")
+        mtype = str(get("model_type"))
         hidden = int(first("hidden_size", "n_embd", "d_model"))
         heads = int(first("num_attention_heads", "n_head"))
-        gated = mtype in ("llama", "mistral", "qwen2", "gemma", "mixtral") or get("hidden_act") == "silu"
-        encoder = mtype in ("bert", "roberta", "deberta", "electra")
+        gated = mtype in ("llama", "mistral")
         max_pos = int(first("max_position_embeddings", "n_positions", "n_ctx"))
         ffn = get("intermediate_size") or get("n_inner") or 4 * hidden
         return cls(name=name or mtype or "hf", layers=int(first("num_hidden_layers", "n_layer")),
                    hidden=hidden, heads=heads, kv_heads=int(get("num_key_value_heads") or heads),
                    ffn=int(ffn), seq=seq or max_pos, vocab=int(first("vocab_size")),
                    tied=bool(get("tie_word_embeddings", True)), precision=precision,
-                   kind="encoder" if encoder else "decoder", gated_mlp=gated,
-                   bias=not gated, positions=mtype in ("gpt2", "gpt_neo", "opt") or encoder)
+                   gated_mlp=gated, bias=not gated, positions=not gated)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> Transformer:
