@@ -244,6 +244,7 @@ def test_analytic_profile_flop_split_matches_measured():
     for g, w in zip(got, want):
         assert g == pytest.approx(w, rel=0.02), (got, want)
     assert sum(ly.param_bytes for ly in measured.layers) == 4 * shape.params()
+    assert sum(ly.param_bytes for ly in analytic.layers) == 4 * shape.params()
 
 
 def test_simulator_takes_the_analytic_profile():
@@ -299,3 +300,15 @@ def test_memory_refuses_bad_stage_layers_and_counts_uneven_ones():
     mem = memory_per_device(m, par, stage_layers=[2, 3, 3, 2])
     per_layer = layer_activation_bytes(m, par)
     assert mem[1].activations == 3 * 3 * per_layer           # 1F1B: p - i = 3 in flight, 3 blocks
+
+
+def test_tensor_shards_add_up_and_flash_keeps_no_scores():
+    from pipelab.llm.memory import block_shard_params
+    m = _gpt()
+    replicated = 2 * 2 * m.hidden + 2 * m.hidden          # two norms (weight, bias), proj and MLP-down biases
+    for t in (1, 2, 4, 8):
+        assert t * block_shard_params(m, t) - (t - 1) * replicated == m.block_params()
+    par = Parallel(tensor=2, microbatch_size=2)
+    b, s, a = 2, m.seq, m.heads
+    unfused, flash = layer_activation_bytes(m, par), layer_activation_bytes(m, par, "flash")
+    assert unfused - flash == 5 * a * s * s * b // 2 - 4 * a * s * b // 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pipelab.cluster import Cluster
 from pipelab.llm.costs import _embedding_s, _head_s, block_costs
 from pipelab.llm.devices import DeviceRates
-from pipelab.llm.memory import layer_activation_bytes
+from pipelab.llm.memory import block_shard_params, layer_activation_bytes
 from pipelab.llm.parallel import Parallel
 from pipelab.llm.shape import Transformer
 from pipelab.profile.records import Layer, Profile
@@ -42,7 +42,7 @@ def transformer_profile(model: Transformer, parallel: Parallel | int = 1, device
     b, s, h = par.microbatch_size, model.seq, model.hidden
     act = e * b * s * h // t if par.sequence_parallel else e * b * s * h
     blk = block_costs(model, par, rates, cluster, attention=attention)
-    n_blk = model.block_params()
+    n_blk = block_shard_params(model, t)
     emb = _embedding_s(model, par, rates)
     hf, hb, hw = _head_s(model, par, rates)
     head_params = model.vocab * h if not model.tied else 0
@@ -50,10 +50,11 @@ def transformer_profile(model: Transformer, parallel: Parallel | int = 1, device
                     param_bytes=e * model.embedding_params() // t, flops=0, saved_bytes=b * s * h,
                     wgrad_s=emb, param_tensors=2 if model.positions else 1)]
     bwd = blk.backward_input_s + blk.backward_weight_s + blk.tensor_comm_backward_s
+    saved = layer_activation_bytes(model, par, attention)
     for k in range(model.layers):
         layers.append(Layer(f"block.{k}", "TransformerBlock", fwd_s=blk.forward_s + blk.tensor_comm_forward_s,
-                            bwd_s=bwd, out_bytes=act, param_bytes=e * n_blk // t, flops=blk.forward_flops,
-                            saved_bytes=layer_activation_bytes(model, par), wgrad_s=blk.backward_weight_s,
+                            bwd_s=bwd, out_bytes=act, param_bytes=e * n_blk, flops=blk.forward_flops,
+                            saved_bytes=saved, wgrad_s=blk.backward_weight_s,
                             param_tensors=12 if model.bias else 9))
     norm_s = rates.stream_s(2 * e * b * s * h)
     layers.append(Layer("final_norm", "LayerNorm", fwd_s=norm_s, bwd_s=2 * norm_s, out_bytes=act,

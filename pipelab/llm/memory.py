@@ -109,8 +109,15 @@ def in_flight(schedule: str, stage: int, pipeline: int, microbatches: int, virtu
     return chunks / v
 
 
-def layer_activation_bytes(model: Transformer, parallel: Parallel) -> int:
-    """Bytes one block saves for its backward per microbatch on one device (Korthikanti §4, term by term)."""
+def layer_activation_bytes(model: Transformer, parallel: Parallel, attention: str = "unfused") -> int:
+    """Bytes one block saves for its backward per microbatch on one device (Korthikanti §4, term by term).
+
+    Args:
+        attention: ``"unfused"`` keeps the ``a s^2 b`` softmax output, dropout mask and dropout output;
+            ``"flash"`` (Dao et al. 2022) keeps one fp32 softmax statistic per row instead.
+    """
+    if attention not in ("unfused", "flash"):
+        raise ValueError(f"attention={attention!r} is not one of ('unfused', 'flash')")
     b, s, h, a, f = parallel.microbatch_size, model.seq, model.hidden, model.heads, model.ffn
     t, e = parallel.tensor, model.bytes_per_element
     kv = model.kv_heads / model.heads
@@ -125,8 +132,22 @@ def layer_activation_bytes(model: Transformer, parallel: Parallel) -> int:
     # split over the tensor group: q, k, v, the projection's input, the MLP's intermediate tensors
     mlp_inner = (3 if model.gated_mlp else 2) * e * s * b * f
     split = e * sbh * (1 + 2 * kv) + e * sbh + mlp_inner
-    core = 0 if parallel.recompute == "selective" else (2 * e + 1) * a * s * s * b
+    if parallel.recompute == "selective":
+        core = 0
+    elif attention == "flash":
+        core = 4 * a * s * b
+    else:
+        core = (2 * e + 1) * a * s * s * b
     return int(replicated / split_seq + split / t + core / t)
+
+
+def block_shard_params(model: Transformer, tensor: int) -> int:
+    """Parameters of one block on one device of a tensor group of ``tensor``: the weight matrices and
+    column-parallel biases split, the norms and the row-parallel biases (proj, MLP-down) replicated."""
+    h = model.hidden
+    norms = 2 * h * (2 if model.bias else 1)
+    row_bias = 2 * h if model.bias else 0
+    return (model.block_params() - norms - row_bias) // tensor + norms + row_bias
 
 
 def stage_params(model: Transformer, parallel: Parallel, stage: int, blocks: int | None = None) -> int:
@@ -136,10 +157,7 @@ def stage_params(model: Transformer, parallel: Parallel, stage: int, blocks: int
     t, p = parallel.tensor, parallel.pipeline
     blocks = model.layers // p if blocks is None else blocks
     h = model.hidden
-    norms = 2 * h * (2 if model.bias else 1)
-    row_bias = 2 * h if model.bias else 0                   # projection and MLP-down biases: replicated
-    shard = (model.block_params() - norms - row_bias) // t + norms + row_bias
-    n = blocks * shard
+    n = blocks * block_shard_params(model, t)
     if stage == 0:
         n += model.vocab * h // t + (model.seq * h if model.positions else 0)
     if stage == p - 1:
@@ -163,12 +181,14 @@ def end_activation_bytes(model: Transformer, parallel: Parallel, stage: int) -> 
 
 def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | None = None, *,
                       recipe: str = "mixed-adam-fp32-grads",
-                      stage_layers: Sequence[int] | None = None) -> tuple[MemoryBreakdown, ...]:
+                      stage_layers: Sequence[int] | None = None,
+                      attention: str = "unfused") -> tuple[MemoryBreakdown, ...]:
     """Peak memory of one device of each pipeline stage (``schedule`` overrides ``parallel.schedule``).
 
     Args:
         recipe: the precision recipe's name (:data:`RECIPES`).
         stage_layers: blocks per pipeline stage where uneven (default ``layers / pipeline`` each).
+        attention: ``"unfused"`` or ``"flash"`` (:func:`layer_activation_bytes`).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
@@ -176,7 +196,7 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
     order = schedule or parallel.schedule
     parallel.check(model, stage_layers=stage_layers)
     d, p = parallel.data, parallel.pipeline
-    per_layer = layer_activation_bytes(model, parallel)
+    per_layer = layer_activation_bytes(model, parallel, attention)
     counts = list(stage_layers) if stage_layers is not None else [model.layers // p] * p
     out = []
     for i in range(p):
@@ -188,13 +208,13 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
             o = -(-o // d)
         elif parallel.sharding == "fsdp":
             w, g, o = -(-w // d), -(-g // d), -(-o // d)
-            norms = 2 * model.hidden * (2 if model.bias else 1)
-            one_block = (model.block_params() - norms) // parallel.tensor
+            one_block = block_shard_params(model, parallel.tensor)
             gathered = 2 * (rec.weights + rec.gradients) * one_block   # this block's and the next's, gathered
         flight = in_flight(order, i, p, parallel.microbatches, parallel.virtual)
         if parallel.recompute == "full":
             # every stored block input, plus one block's full activations while it recomputes
-            full = layer_activation_bytes(model, Parallel(**{**parallel.to_dict(), "recompute": "none"}))
+            full = layer_activation_bytes(model, Parallel(**{**parallel.to_dict(), "recompute": "none"}),
+                                          attention)
             acts = flight * (layers * per_layer + end_activation_bytes(model, parallel, i)) + full
         else:
             acts = flight * (layers * per_layer + end_activation_bytes(model, parallel, i))
