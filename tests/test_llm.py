@@ -312,3 +312,13 @@ def test_tensor_shards_add_up_and_flash_keeps_no_scores():
     b, s, a = 2, m.seq, m.heads
     unfused, flash = layer_activation_bytes(m, par), layer_activation_bytes(m, par, "flash")
     assert unfused - flash == 5 * a * s * s * b // 2 - 4 * a * s * b // 2
+
+
+def test_memory_over_the_device_is_refused_with_its_parts():
+    from pipelab.llm import check_fits
+    m = Transformer.preset("gpt3-175b")
+    mem = memory_per_device(m, Parallel(tensor=8, pipeline=8, microbatches=8))
+    want = r"stage 0 needs .* GiB per device \(weights .*activations .* GiB\) but a device has 80.00"
+    with pytest.raises(ParallelError, match=want):
+        check_fits(mem, 80 * 2**30)
+    check_fits(mem, max(x.total for x in mem))

@@ -221,3 +221,14 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
         out.append(MemoryBreakdown(stage=i, weights=w, gradients=g, optimizer=o, activations=int(acts),
                                    gathered=gathered, in_flight=flight))
     return tuple(out)
+
+
+def check_fits(memory: Sequence[MemoryBreakdown], limit_bytes: int) -> None:
+    """Refuse (``ParallelError``) when a stage's device needs more than ``limit_bytes``, naming the worst
+    stage's figure, its parts and the limit."""
+    worst = max(memory, key=lambda m: m.total)
+    if worst.total > limit_bytes:
+        parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in worst.parts().items() if k != "total" and v)
+        raise ParallelError(f"stage {worst.stage} needs {worst.total / 2**30:.2f} GiB per device ({parts} "
+                            f"GiB) but a device has {limit_bytes / 2**30:.2f} GiB; recompute activations, "
+                            "shard the optimizer (zero1/fsdp), or use more tensor or pipeline stages")
