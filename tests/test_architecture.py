@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelab.trace", "pipelab.cluster", "pipelab.measured", "pipelab.graph", "pipelab.ties",
      "pipelab.tracing", "pipelab.hf"),
     ("pipelab.profile",),
-    ("pipelab.models", "pipelab.costs"),
+    ("pipelab.models", "pipelab.costs", "pipelab.llm"),
     ("pipelab.partition",),
     ("pipelab.schedules",),
     ("pipelab.sim", "pipelab.runtime", "pipelab.torch_bridge", "pipelab.explain"),
