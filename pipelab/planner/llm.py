@@ -158,7 +158,7 @@ def closed_form_s(model: Transformer, parallel: Parallel, cluster: Cluster) -> f
     (``(p - 1) / v`` rounds for 1F1B and interleaving; ``(p - 1)`` times ``F + B - W`` for ZB-H1), the
     point-to-point sends of the fill, then the step's end (exposed gradient sync and optimizer)."""
     costs = stage_costs(model, parallel, cluster)
-    st = stage_times(costs)
+    st = stage_times(model, parallel, costs)
     v, p, m = parallel.virtual, parallel.pipeline, parallel.microbatches
     per_worker = [0.0] * p
     fb = [0.0] * p
@@ -178,7 +178,7 @@ def closed_form_s(model: Transformer, parallel: Parallel, cluster: Cluster) -> f
     else:
         fill = (p - 1) * per_worker[slow] / v
     sends = 2 * (p - 1) * max((x.send_s for x in st), default=0.0)
-    return m * per_worker[slow] + fill + sends + costs.dp_exposed_s + costs.optimizer_s
+    return m * per_worker[slow] + fill + sends + costs.dp_exposed_s + costs.sharding_gather_s + costs.optimizer_s
 
 
 def _divisors(n: int) -> list[int]:
@@ -267,7 +267,7 @@ def plan_llm(model: Transformer, cluster: Cluster | str, global_batch: int, *, g
             refused_shape += 1
             shape_error = shape_error or str(exc)
             continue
-        mem = _peak(memory_per_device(model, par, par.schedule))
+        mem = _peak(memory_per_device(model, par))
         if int(mem.total) > limit:
             if smallest is None or int(mem.total) < int(smallest[1].total):
                 smallest = (par, mem)
@@ -293,8 +293,6 @@ def plan_llm(model: Transformer, cluster: Cluster | str, global_batch: int, *, g
                         memory_limit=limit)
 
 
-def _peak(mem: Any) -> MemoryBreakdown:
-    """The stage with the most memory when ``memory_per_device`` answers per stage."""
-    if isinstance(mem, (list, tuple)):
-        return max(mem, key=lambda x: int(x.total))
-    return mem
+def _peak(mem: Sequence[MemoryBreakdown]) -> MemoryBreakdown:
+    """The stage with the most memory per device."""
+    return max(mem, key=lambda x: int(x.total))

@@ -25,6 +25,7 @@ from typing import Any
 from pipelab._display import Described
 from pipelab.cluster import Cluster
 from pipelab.llm.costs import LlmCosts, stage_costs
+from pipelab.llm.devices import DeviceRates
 from pipelab.llm.memory import MemoryBreakdown, memory_per_device
 from pipelab.llm.parallel import Parallel
 from pipelab.llm.shape import Transformer
@@ -89,7 +90,7 @@ class LlmResult(Described):
     bubble_fraction: float          # share of the pipeline's span its workers spend idle, mean over them
     tensor_s: float                 # per device per iteration: seconds of tensor-group collectives
     data_exposed_s: float           # per iteration: gradient synchronisation not hidden behind compute
-    optimizer_s: float
+    optimizer_s: float             # per iteration, with the sharding's gathers when sharded
     memory: tuple[MemoryBreakdown, ...]   # per pipeline worker (device of that stage's tensor group)
     memory_limit: int
     schedule: Schedule = field(repr=False)
@@ -200,13 +201,32 @@ def method_of(parallel: Parallel, method: str | None = None) -> tuple[str, dict[
     return name, ({"chunks": parallel.virtual} if order == "interleaved" else {})
 
 
-def stage_times(costs: LlmCosts) -> list[StageTimes]:
-    """Per (virtual) stage, the :class:`StageTimes` of ``costs``."""
-    n = len(costs.forward_s)
-    return [StageTimes(forward_s=costs.forward_s[s], backward_input_s=costs.backward_input_s[s],
-                       backward_weight_s=costs.backward_weight_s[s],
-                       tensor_forward_s=costs.tensor_forward_s[s], tensor_backward_s=costs.tensor_backward_s[s],
-                       send_s=costs.p2p_s[s], send_bytes=int(costs.p2p_bytes[s])) for s in range(n)]
+def stage_times(model: Transformer, parallel: Parallel, costs: LlmCosts) -> list[StageTimes]:
+    """Per schedule stage, the :class:`StageTimes` of ``costs`` (one entry per pipeline worker).
+
+    With ``v`` virtual stages, worker ``w``'s costs split evenly over its chunks ``c * p + w`` (each holds
+    ``1 / v`` of its blocks; the embedding and head stay counted on their worker, spread over its chunks).
+    A chunk on the last worker sends to the first one over the link of the worker before it."""
+    p, v = parallel.pipeline, parallel.virtual
+    act = model.bytes_per_element * parallel.microbatch_size * model.seq * model.hidden
+    sent = act // parallel.tensor     # each tensor rank sends its slice (Narayanan et al. SC'21 §4.1)
+    out = []
+    for s in range(p * v):
+        w = s % p
+        st = costs.stages[w]
+        link = costs.stages[w if w < p - 1 else max(p - 2, 0)].p2p_s
+        last = s == p * v - 1
+        out.append(StageTimes(forward_s=st.forward_s / v, backward_input_s=st.backward_input_s / v,
+                              backward_weight_s=st.backward_weight_s / v,
+                              tensor_forward_s=st.tensor_comm_forward_s / v,
+                              tensor_backward_s=st.tensor_comm_backward_s / v,
+                              send_s=0.0 if last else link, send_bytes=0 if last else sent))
+    return out
+
+
+def peak_flops(model: Transformer, cluster: Cluster) -> float:
+    """The device's dense matrix-multiply peak at the model's precision (:mod:`pipelab.llm.devices`)."""
+    return DeviceRates.of(cluster.devices[0].name).peak_flops(model.precision)
 
 
 def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel, *,
@@ -231,8 +251,8 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
     global_batch = parallel.data * parallel.microbatches * parallel.microbatch_size
     parallel.check(model, cluster, global_batch)
     costs = stage_costs(model, parallel, cluster)
-    stages = stage_times(costs)
-    step_end = costs.dp_exposed_s + costs.optimizer_s
+    stages = stage_times(model, parallel, costs)
+    step_end = costs.dp_exposed_s + costs.sharding_gather_s + costs.optimizer_s
     schedule = build(method, parallel.pipeline, microbatches=parallel.microbatches, **options)
     if schedule.num_stages != len(stages):
         raise ValueError(f"the cost model priced {len(stages)} stages but {method}'s schedule has "
@@ -253,14 +273,13 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
                               config=f"t={parallel.tensor} p={parallel.pipeline} d={parallel.data}",
                               folded=f"one pipeline simulated; tensor t={parallel.tensor} and data "
                                      f"d={parallel.data} folded in")
-    mem = memory_per_device(model, parallel, parallel.schedule)
-    per_stage = tuple(mem) if isinstance(mem, (list, tuple)) else (mem,)
+    per_stage = memory_per_device(model, parallel)
     return LlmResult(
         model=model, parallel=parallel, cluster=cluster.name, method=method, time_per_iteration_s=end,
         model_flops=model_flops(model, global_batch), hardware_flops=hardware_flops(model, global_batch,
                                                                                     parallel.recompute),
-        peak_flops_per_gpu=_peak_flops(cluster, model), bubble_fraction=bubble, tensor_s=tensor_s,
-        data_exposed_s=costs.dp_exposed_s, optimizer_s=costs.optimizer_s, memory=per_stage,
+        peak_flops_per_gpu=peak_flops(model, cluster), bubble_fraction=bubble, tensor_s=tensor_s,
+        data_exposed_s=costs.dp_exposed_s, optimizer_s=costs.optimizer_s + costs.sharding_gather_s, memory=per_stage,
         memory_limit=int(cluster.devices[0].memory), schedule=schedule, trace=trace, costs=costs)
 
 
