@@ -9,12 +9,14 @@ The presets, their sources and their ``transport`` options: ``docs/clusters.md``
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +111,19 @@ NCCL_MEASURED_BUS_BANDWIDTH: dict[str, dict[str, float]] = {
 #: values of :meth:`Cluster.preset`'s ``transport``
 PRESET_TRANSPORTS = ("link", "pipedream", "nccl")
 
-# preset name -> (device, gpus per server, default servers, inner level (or None), outer level)
+
+
+def _rate(device: str, quantity: str) -> float:
+    """A cited rate of ``device`` from ``pipelab/data/devices.csv`` (its ``source`` column says where from)."""
+    text = resources.files("pipelab").joinpath("data/devices.csv").read_text(encoding="utf-8")
+    for row in csv.DictReader(text.splitlines()):
+        if row["device"] == device and row["quantity"] == quantity:
+            return float(row["value"])
+    raise KeyError(f"devices.csv has no {quantity} for {device}")
+
+
+# preset name -> (device, gpus per server, default servers, inner level (or None), outer level); the
+# dgx presets' all-reduce rates are NCCL's measured bus bandwidths (devices.csv)
 _V100 = Device("V100-16GB", 1.0, 16 * 2**30)
 _PRESETS: dict[str, tuple[Device, int, int, Level | None, Level]] = {
     "pipedream-a": (_V100, 4, 4, Level("pcie", 4, 10 * GB, 5e-6),
@@ -118,8 +132,14 @@ _PRESETS: dict[str, tuple[Device, int, int, Level | None, Level]] = {
                     Level("ethernet-25g", 2, 25 * Gbps, 25e-6)),
     "pipedream-c": (Device("TitanX-12GB", 1.0, 12 * 2**30), 1, 4, None,
                     Level("ethernet-40g", 4, 40 * Gbps, 10e-6)),
-    "dgx-h100": (Device("H100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink4", 8, 450 * GB, 3e-6),
-                 Level("infiniband-400g", 2, 400 * Gbps, 2e-6, uplinks=8)),
+    "dgx-h100": (Device("H100-80GB", 1.0, 80 * 2**30), 8, 2,
+                 Level("nvlink4", 8, 450 * GB, 3e-6, allreduce_bandwidth=_rate("H100-SXM5-80GB", "nvlink_busbw")),
+                 Level("infiniband-400g", 2, 400 * Gbps, 2e-6, uplinks=8,
+                       allreduce_bandwidth=_rate("H100-SXM5-80GB", "nic_busbw"))),
+    "dgx-a100": (Device("A100-SXM4-80GB", 1.0, 80 * 2**30), 8, 2,
+                 Level("nvlink3", 8, 300 * GB, 3e-6, allreduce_bandwidth=_rate("A100-SXM4-80GB", "nvlink_busbw")),
+                 Level("infiniband-200g", 2, 200 * Gbps, 2e-6, uplinks=8,
+                       allreduce_bandwidth=_rate("A100-SXM4-80GB", "nic_busbw"))),
     "a100-ib": (Device("A100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink3", 8, 300 * GB, 3e-6),
                 Level("infiniband-200g", 2, 200 * Gbps, 2e-6, uplinks=8)),
 }
@@ -242,14 +262,20 @@ class Cluster(Described):
 
     @classmethod
     def preset(cls, name: str, *, servers: int | None = None, gpus_per_server: int | None = None,
-               speed: float | None = None, memory: int | None = None, transport: str = "link") -> Cluster:
+               speed: float | None = None, memory: int | None = None, transport: str = "link",
+               nodes: int | None = None) -> Cluster:
         """A named cluster (``docs/clusters.md``: the table, the sources and the transports).
 
         Args:
             speed: the devices' speed relative to the profiled device (default 1.0: the same type).
             transport: ``"link"`` (the raw links), ``"pipedream"`` (PipeDream's gloo runtime) or ``"nccl"``
                 (a data-parallel run on NCCL: one flat ring at NCCL's measured bus bandwidths).
+            nodes: another name for ``servers``.
         """
+        if nodes is not None:
+            if servers is not None and servers != nodes:
+                raise ValueError(f"servers={servers} and nodes={nodes} disagree; give one of them")
+            servers = nodes
         if transport not in PRESET_TRANSPORTS:
             raise ValueError(f"transport={transport!r} is not one of {PRESET_TRANSPORTS}")
         key = name.lower()

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "pipelab.transports"),
     ("pipelab.trace", "pipelab.cluster", "pipelab.measured", "pipelab.graph"),
     ("pipelab.profile",),
-    ("pipelab.models", "pipelab.costs"),
+    ("pipelab.models", "pipelab.costs", "pipelab.llm"),
     ("pipelab.partition",),
     ("pipelab.schedules",),
     ("pipelab.sim", "pipelab.runtime", "pipelab.torch_bridge", "pipelab.explain"),
