@@ -232,7 +232,7 @@ def plan_llm(model: Transformer, cluster: Cluster | str, global_batch: int, *, g
              microbatch_size: int | Sequence[int] | None = None, schedule: str | Sequence[str] | None = None,
              virtual: int | Sequence[int] | None = None, recompute: str | Sequence[str] | None = None,
              sharding: str | Sequence[str] | None = None, sequence_parallel: bool = True,
-             shortlist: int = 8) -> LlmPlanTable:
+             shortlist: int = 6) -> LlmPlanTable:
     """Search and rank the parallel configurations of ``model`` on ``cluster`` for ``global_batch``.
 
     Args:
@@ -252,7 +252,7 @@ def plan_llm(model: Transformer, cluster: Cluster | str, global_batch: int, *, g
     cluster = Cluster.of(cluster)
     if shortlist < 1:
         raise ValueError(f"shortlist={shortlist} must be >= 1")
-    limit = int(cluster.devices[0].memory)
+    limit = int(cluster.devices[0].memory_bytes)
     fits: list[LlmCandidate] = []
     considered = refused_shape = 0
     smallest: tuple[Parallel, MemoryBreakdown] | None = None
@@ -276,7 +276,7 @@ def plan_llm(model: Transformer, cluster: Cluster | str, global_batch: int, *, g
     if not fits:
         if smallest is not None:
             par, mem = smallest
-            parts = ", ".join(f"{k} {int(v) / 2**30:.1f} GiB" for k, v in mem.parts().items())
+            parts = ", ".join(f"{k} {int(v) / 2**30:.1f} GiB" for k, v in mem.parts().items() if k != "total")
             raise PlanInfeasible(
                 f"no configuration of {model.name} on {cluster.name} fits {limit / 2**30:.1f} GiB per device; "
                 f"the smallest, {par.describe()}, needs {int(mem.total) / 2**30:.1f} GiB per device ({parts}); "

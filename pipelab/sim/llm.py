@@ -179,7 +179,7 @@ def hardware_flops(model: Transformer, sequences: int, recompute: str) -> float:
 
 
 def _parts_text(m: MemoryBreakdown) -> str:
-    return ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in m.parts().items())
+    return ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in m.parts().items() if k != "total" and v)
 
 
 #: pipelab's schedule builder (method) for each of Parallel.schedule's pipeline orders
@@ -280,7 +280,7 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
                                                                                     parallel.recompute),
         peak_flops_per_gpu=peak_flops(model, cluster), bubble_fraction=bubble, tensor_s=tensor_s,
         data_exposed_s=costs.dp_exposed_s, optimizer_s=costs.optimizer_s + costs.sharding_gather_s, memory=per_stage,
-        memory_limit=int(cluster.devices[0].memory), schedule=schedule, trace=trace, costs=costs)
+        memory_limit=int(cluster.devices[0].memory_bytes), schedule=schedule, trace=trace, costs=costs)
 
 
 def _drawn_communication(events: list[Event], stages: Sequence[StageTimes], dp_exposed_s: float) -> list[Event]:

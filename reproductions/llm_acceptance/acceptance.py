@@ -106,7 +106,7 @@ def predict(row: Row, **unstated: Any) -> dict[str, Any]:
                    recompute=row.recompute, sequence_parallel=row.sequence_parallel,
                    sharding=inputs["sharding"], dp_overlap=inputs["dp_overlap"], schedule=inputs["schedule"])
     t0 = time.perf_counter()
-    res = simulate_llm(model, f"{inputs['cluster']}:{-(-row.gpus // 8)}", par)
+    res = simulate_llm(model, f"{inputs['cluster']}:{row.gpus}", par)
     wall = time.perf_counter() - t0
     pub = row.published_time_s()
     pred = res.time_per_iteration_s
