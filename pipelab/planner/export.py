@@ -3,7 +3,8 @@
 The option names are those documented by each project (the lists checked in
 ``tests/data/export_options/``, with the source file and commit): torchtitan's ``JobConfig`` sections
 (``torchtitan/config/job_config.py``) and Megatron-LM's ``megatron/training/arguments.py`` flags. What a
-tool cannot express is refused by name, never approximated: torchtitan has no ZeRO-1 (it shards with
+tool cannot express is refused by name, never approximated, and a plan that does not divide the model
+is refused first (:meth:`Parallel.check`): torchtitan has no ZeRO-1 (it shards with
 FSDP); Megatron-LM runs no GPipe or ZB-H1 order.
 """
 
@@ -27,6 +28,7 @@ def torchtitan_options(model: Transformer, parallel: Parallel) -> dict[str, dict
 
     The model's shape itself is a torchtitan model flavor (``model.name``/``model.flavor``), which this
     does not write."""
+    parallel.check(model)
     if parallel.schedule not in TORCHTITAN_SCHEDULES:
         raise ExportError(f"torchtitan has no named schedule for pipelab's {parallel.schedule!r}; its names are "
                           f"{sorted(TORCHTITAN_SCHEDULES.values())} (a custom order goes through "
@@ -90,6 +92,7 @@ def torchtitan_args(model: Transformer, parallel: Parallel) -> list[str]:
 
 def megatron_args(model: Transformer, parallel: Parallel) -> list[str]:
     """The plan (and the model's shape) as Megatron-LM ``pretrain_gpt.py`` arguments."""
+    parallel.check(model)
     if parallel.schedule not in ("1f1b", "interleaved"):
         raise ExportError(f"Megatron-LM runs 1F1B and interleaved 1F1B only; pipelab's {parallel.schedule!r} "
                           "has no Megatron-LM flag: plan with schedule='1f1b' or 'interleaved'")

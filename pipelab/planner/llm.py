@@ -138,6 +138,10 @@ def compare(first: LlmCandidate, second: LlmCandidate) -> str:
 
     ta, tb = terms(a), terms(b)
     diffs = sorted(((tb[k] - ta[k], k) for k in ta), reverse=True)
+    if gap <= 1e-9 * b.time_per_iteration_s:
+        return (f"{first.parallel.describe()}\n  ties with {second.parallel.describe()} "
+                f"({a.time_per_iteration_s:.3f} s); memory {a.peak_memory / 2**30:.1f} GiB vs "
+                f"{b.peak_memory / 2**30:.1f} GiB")
     lines = [f"{first.parallel.describe()}",
              f"  beats {second.parallel.describe()}",
              f"  by {gap:.3f} s per iteration ({gap / b.time_per_iteration_s:.1%}): "
@@ -219,6 +223,8 @@ def enumerate_parallel(model: Transformer, cluster: Cluster, global_batch: int, 
         m = global_batch // (d * b)
         if sh != "none" and d == 1:
             continue    # nothing to shard over
+        if p == 1 and sched != "1f1b":
+            continue    # one stage: every order is the same sequence of forwards and backwards
         for v in (vs if sched == "interleaved" else [1]):
             if sched == "interleaved" and (v < 2 or p == 1):
                 continue
