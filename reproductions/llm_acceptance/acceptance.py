@@ -115,18 +115,26 @@ def predict(row: Row, **unstated: Any) -> dict[str, Any]:
         mem_err = res.peak_memory / 2**30 / row.published_memory_gib - 1
     return {"source": row.source, "row": row.row, "gpus": row.gpus,
             "config": f"t={row.tensor} p={row.pipeline} d={row.data} B={row.global_batch} {row.recompute}"
-                      + (" sp" if row.sequence_parallel else ""),
-            "published_s": pub, "predicted_s": pred, "error": pred / pub - 1,
+                      + (" sp" if row.sequence_parallel else "") + (f" v={par.virtual}" if par.virtual > 1 else ""),
+            "schedule": f"{par.schedule} v={par.virtual}", "published_s": pub, "predicted_s": pred, "error": pred / pub - 1,
             "published_tflops": row.megatron_flops() / pub / row.gpus / 1e12,
             "predicted_tflops": row.megatron_flops() / pred / row.gpus / 1e12,
+            "model_tflops": res.model_tflops_per_gpu, "hardware_tflops": res.hardware_tflops_per_gpu,
             "bubble": res.bubble_fraction, "memory_gib": res.peak_memory / 2**30,
             "published_memory_gib": row.published_memory_gib, "memory_error": mem_err, "sim_wall_s": wall}
+
+
+def _interleaving(row: Row, virtual: int) -> dict[str, Any]:
+    """The schedule inputs for ``--virtual``: interleaved where the row has a pipeline and it divides."""
+    if virtual > 1 and row.pipeline > 1 and row.layers % (row.pipeline * virtual) == 0:
+        return {"schedule": "interleaved", "virtual": virtual}
+    return {}
 
 
 def table(results: list[dict[str, Any]]) -> str:
     """The comparison as Markdown, with the error summary."""
     head = ("| source | row | GPUs | configuration | published s/iter | predicted s/iter | error | "
-            "published TFLOP/s/GPU | predicted TFLOP/s/GPU | bubble | memory GiB (published) |")
+            "published TFLOP/s/GPU* | predicted TFLOP/s/GPU* | bubble | memory GiB (published) |")
     lines = [head, "|" + "---|" * 11]
     for r in results:
         pm = f" ({r['published_memory_gib']:.1f})" if r["published_memory_gib"] is not None else ""
@@ -135,6 +143,8 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{r['predicted_tflops']:.0f} | {r['bubble']:.1%} | {r['memory_gib']:.1f}{pm} |")
     errs = [abs(r["error"]) for r in results]
     lines.append("")
+    lines.append("\\* FLOPs by SC'21 §5.1's formula (full recomputation counted) for every row, so the columns compare "
+                 "times; pipelab's own model and hardware FLOP/s are in results.csv")
     lines.append(f"time per iteration: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
                  f"over {len(errs)} rows (target: median <= 10%, worst <= 20%)")
     mems = [abs(r["memory_error"]) for r in results if r["memory_error"] is not None]
@@ -149,6 +159,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--rows", nargs="*", help="row labels to run (default: all)")
     ap.add_argument("--out", default=str(HERE), help="folder for results.md and results.csv")
     ap.add_argument("--microbatch-size", type=int, default=UNSTATED["microbatch_size"])
+    ap.add_argument("--virtual", type=int, default=UNSTATED["virtual"],
+                    help="virtual stages per worker (> 1: interleaved 1F1B on rows with a pipeline)")
     args = ap.parse_args(argv)
     rows = load_rows()
     if args.rows:
@@ -156,7 +168,7 @@ def main(argv: list[str] | None = None) -> str:
         if unknown:
             raise SystemExit(f"unknown rows {unknown}; choose from {[r.row for r in rows]}")
         rows = [r for r in rows if r.row in args.rows]
-    results = [predict(r, microbatch_size=args.microbatch_size) for r in rows]
+    results = [predict(r, microbatch_size=args.microbatch_size, **_interleaving(r, args.virtual)) for r in rows]
     text = table(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
