@@ -34,6 +34,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "08_planner": {"full_search": False, "models": ["gnmt16"], "clusters": ["pipedream-a:1x4"],
                    "run_real": True, "real_models": ["cnn"], "real_steps": 8, "real_rounds": 1,
                    "confirm_rounds": 1},
+    "10_3d_parallelism": {"gpus": 256, "global_batch": 512, "shortlist": 2, "gantt_rounds": 1},
 }
 NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 
