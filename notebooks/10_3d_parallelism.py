@@ -125,10 +125,10 @@ fig
 # %% [markdown]
 # ## One pipeline, drawn
 #
-# The same pick with fewer microbatches (`gantt_rounds` per stage) so that every box shows. Grey bars are communication: `tensor` at the
-# end of each forward and backward (the tensor group's all-reduces or reduce-scatters folded into the
-# stage), `send` between stages, and `allreduce` before the optimizer step (the exposed part of the
-# data-parallel gradient synchronisation).
+# The same pick with fewer microbatches (`gantt_rounds` per stage) so that every box shows. Grey bars are
+# communication: `tensor` at the end of each forward and backward (the tensor group's all-reduces or
+# reduce-scatters folded into the stage), `send` between stages, and `allreduce` before the optimizer
+# step (the exposed part of the data-parallel gradient synchronisation).
 
 # %%
 small = Parallel(**{**pick.parallel.to_dict(), "microbatches": gantt_rounds * pick.parallel.pipeline})

@@ -93,11 +93,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from pipelab.partition import partition  # noqa: F401
     from pipelab.partition.plan import Plan, Stage  # noqa: F401
     from pipelab.planner import PlanTable, confirm, plan  # noqa: F401
+    from pipelab.planner.llm import LlmPlanTable, plan_llm  # noqa: F401
     from pipelab.profile.measure import profile  # noqa: F401
     from pipelab.profile.records import Layer, Profile  # noqa: F401
     from pipelab.runtime.launch import launch, train  # noqa: F401
     from pipelab.schedules.actions import Action, Schedule  # noqa: F401
-    from pipelab.planner.llm import LlmPlanTable, plan_llm  # noqa: F401
     from pipelab.sim.llm import LlmResult, simulate_llm  # noqa: F401
     from pipelab.sim.simulate import SimResult, simulate  # noqa: F401
     from pipelab.trace import Event, Trace  # noqa: F401

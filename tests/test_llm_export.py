@@ -3,15 +3,20 @@ option names (tests/data/export_options/, extracted from the projects' sources a
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from pipelab.llm.parallel import Parallel, ParallelError
 from pipelab.llm.shape import Transformer
-from pipelab.planner.export import (ExportError, megatron_args, torchtitan_args, torchtitan_options,
-                                    torchtitan_toml)
+from pipelab.planner.export import (
+    ExportError,
+    megatron_args,
+    torchtitan_args,
+    torchtitan_options,
+    torchtitan_toml,
+)
 
 DATA = Path(__file__).parent / "data" / "export_options"
 
@@ -74,7 +79,8 @@ def test_megatron_flags_are_documented_and_carry_the_plan(model, par):
     assert int(value["--micro-batch-size"]) == par.microbatch_size
     assert int(value["--num-layers"]) == model.layers
     if par.virtual > 1:
-        assert int(value["--num-layers-per-virtual-pipeline-stage"]) * par.pipeline * par.virtual == model.layers
+        per_stage = int(value["--num-layers-per-virtual-pipeline-stage"])
+        assert per_stage * par.pipeline * par.virtual == model.layers
     assert ("--sequence-parallel" in flags) == par.sequence_parallel
     assert ("--swiglu" in flags) == model.gated_mlp
     assert ("--group-query-attention" in flags) == (model.kv_heads != model.heads)

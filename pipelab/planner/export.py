@@ -30,13 +30,14 @@ def torchtitan_options(model: Transformer, parallel: Parallel) -> dict[str, dict
     does not write."""
     parallel.check(model)
     if parallel.schedule not in TORCHTITAN_SCHEDULES:
-        raise ExportError(f"torchtitan has no named schedule for pipelab's {parallel.schedule!r}; its names are "
-                          f"{sorted(TORCHTITAN_SCHEDULES.values())} (a custom order goes through "
-                          "parallelism.pipeline_parallel_schedule_csv: pl.schedules.torch_format.to_torch_csv)")
+        raise ExportError(f"torchtitan has no named schedule for pipelab's {parallel.schedule!r}; its names "
+                          f"are {sorted(TORCHTITAN_SCHEDULES.values())} (a custom order goes through "
+                          "parallelism.pipeline_parallel_schedule_csv: "
+                          "pl.schedules.torch_format.to_torch_csv)")
     if parallel.sharding == "zero1":
-        raise ExportError("torchtitan shards with FSDP (parallelism.data_parallel_shard_degree) or replicates "
-                          "(data_parallel_replicate_degree) and has no ZeRO-1: plan with sharding='fsdp' or "
-                          "'none'")
+        raise ExportError("torchtitan shards with FSDP (parallelism.data_parallel_shard_degree) or "
+                          "replicates (data_parallel_replicate_degree) and has no ZeRO-1: plan with "
+                          "sharding='fsdp' or 'none'")
     shard = parallel.data if parallel.sharding == "fsdp" else 1
     replicate = 1 if parallel.sharding == "fsdp" else parallel.data
     par: dict[str, object] = {
@@ -122,7 +123,8 @@ def megatron_args(model: Transformer, parallel: Parallel) -> list[str]:
     if parallel.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif parallel.recompute == "full":
-        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                 "--recompute-num-layers", "1"]
     if parallel.sharding == "zero1":
         args.append("--use-distributed-optimizer")
     if parallel.dp_overlap and parallel.data > 1:

@@ -62,8 +62,9 @@ class LlmCandidate:
     def row(self) -> dict[str, Any]:
         """The candidate as one table row."""
         p, r = self.parallel, self.result
-        return {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "microbatch_size": p.microbatch_size,
-                "microbatches": p.microbatches, "schedule": p.schedule, "virtual": p.virtual,
+        return {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data,
+                "microbatch_size": p.microbatch_size, "microbatches": p.microbatches,
+                "schedule": p.schedule, "virtual": p.virtual,
                 "recompute": p.recompute, "sharding": p.sharding,
                 "estimate_s": self.estimate_s, "simulated_s": r.time_per_iteration_s if r else None,
                 "model_tflops_per_gpu": r.model_tflops_per_gpu if r else None,
@@ -100,7 +101,7 @@ class LlmPlanTable(Described):
         return pd.DataFrame([c.row() for c in self.candidates])
 
     def explain(self) -> str:
-        """Why the pick beats the runner-up, in words and figures: bubble, communication, recompute, memory."""
+        """Why the pick beats the runner-up, in figures: bubble, communication, recompute, memory."""
         sim = self.simulated
         if len(sim) < 2:
             return f"only one configuration fits: {sim[0].parallel.describe()}"
@@ -115,7 +116,8 @@ class LlmPlanTable(Described):
                 f"  pick: {b.parallel.describe()}",
                 f"        {b.result.summary() if b.result else f'{b.estimate_s:.3f} s estimated'}"]
         for i, c in enumerate(self.simulated[1:6], start=2):
-            head.append(f"  #{i}: {c.parallel.describe()}: {c.time_s:.3f} s, {int(c.memory.total) / 2**30:.1f} GiB")
+            head.append(f"  #{i}: {c.parallel.describe()}: {c.time_s:.3f} s, "
+                        f"{int(c.memory.total) / 2**30:.1f} GiB")
         return "\n".join(head)
 
     def _repr_html_(self) -> str:
@@ -182,7 +184,8 @@ def closed_form_s(model: Transformer, parallel: Parallel, cluster: Cluster) -> f
     else:
         fill = (p - 1) * per_worker[slow] / v
     sends = 2 * (p - 1) * max((x.send_s for x in st), default=0.0)
-    return m * per_worker[slow] + fill + sends + costs.dp_exposed_s + costs.sharding_gather_s + costs.optimizer_s
+    step_end = costs.dp_exposed_s + costs.sharding_gather_s + costs.optimizer_s
+    return m * per_worker[slow] + fill + sends + step_end
 
 
 def _divisors(n: int) -> list[int]:
@@ -204,8 +207,10 @@ def _strs(given: str | Sequence[str] | None, default: Iterable[str]) -> list[str
 def enumerate_parallel(model: Transformer, cluster: Cluster, global_batch: int, *, gpus: int | None = None,
                        tensor: int | Sequence[int] | None = None, pipeline: int | Sequence[int] | None = None,
                        microbatch_size: int | Sequence[int] | None = None,
-                       schedule: str | Sequence[str] | None = None, virtual: int | Sequence[int] | None = None,
-                       recompute: str | Sequence[str] | None = None, sharding: str | Sequence[str] | None = None,
+                       schedule: str | Sequence[str] | None = None,
+                       virtual: int | Sequence[int] | None = None,
+                       recompute: str | Sequence[str] | None = None,
+                       sharding: str | Sequence[str] | None = None,
                        sequence_parallel: bool = True) -> Iterable[Parallel]:
     """Every Parallel of the search space that uses ``gpus`` devices (default: all of the cluster's); the
     data degree follows from the other two, the microbatch count from the batch."""
@@ -215,8 +220,10 @@ def enumerate_parallel(model: Transformer, cluster: Cluster, global_batch: int, 
     ps = _choices(pipeline, _divisors(model.layers))
     bs = _choices(microbatch_size, DEFAULT_MICROBATCH_SIZES)
     vs = _choices(virtual, DEFAULT_VIRTUAL)
-    for t, p, b, sched, rc, sh in product(ts, ps, bs, _strs(schedule, DEFAULT_SCHEDULES),
-                                          _strs(recompute, DEFAULT_RECOMPUTE), _strs(sharding, DEFAULT_SHARDING)):
+    orders = _strs(schedule, DEFAULT_SCHEDULES)
+    policies = _strs(recompute, DEFAULT_RECOMPUTE)
+    shardings = _strs(sharding, DEFAULT_SHARDING)
+    for t, p, b, sched, rc, sh in product(ts, ps, bs, orders, policies, shardings):
         if n % (t * p) or global_batch % ((n // (t * p)) * b):
             continue
         d = n // (t * p)
@@ -243,11 +250,9 @@ def plan_llm(model: Transformer, cluster: Cluster | str, global_batch: int, *, g
 
     Args:
         gpus: devices to use (default: all of the cluster's).
-        tensor, pipeline, microbatch_size, virtual: one value or a list to search (default: the tensor
-            degrees dividing a node, the pipeline degrees dividing the layers, :data:`DEFAULT_MICROBATCH_SIZES`,
-            :data:`DEFAULT_VIRTUAL` for the interleaved order).
-        schedule, recompute, sharding: one name or a list (defaults :data:`DEFAULT_SCHEDULES`,
-            :data:`DEFAULT_RECOMPUTE`, :data:`DEFAULT_SHARDING`).
+        tensor, pipeline, microbatch_size, virtual, schedule, recompute, sharding: one value or a list to
+            search (default: tensor degrees dividing a node, pipeline degrees dividing the layers, the
+            module's ``DEFAULT_*`` tuples for the rest).
         sequence_parallel: use sequence parallelism with every tensor degree above 1.
         shortlist: how many of the best closed-form estimates to simulate.
 
@@ -265,7 +270,8 @@ def plan_llm(model: Transformer, cluster: Cluster | str, global_batch: int, *, g
     shape_error = ""
     for par in enumerate_parallel(model, cluster, global_batch, gpus=gpus, tensor=tensor, pipeline=pipeline,
                                   microbatch_size=microbatch_size, schedule=schedule, virtual=virtual,
-                                  recompute=recompute, sharding=sharding, sequence_parallel=sequence_parallel):
+                                  recompute=recompute, sharding=sharding,
+                                  sequence_parallel=sequence_parallel):
         considered += 1
         try:
             par.check(model, cluster, global_batch)
@@ -284,11 +290,13 @@ def plan_llm(model: Transformer, cluster: Cluster | str, global_batch: int, *, g
             par, mem = smallest
             parts = ", ".join(f"{k} {int(v) / 2**30:.1f} GiB" for k, v in mem.parts().items() if k != "total")
             raise PlanInfeasible(
-                f"no configuration of {model.name} on {cluster.name} fits {limit / 2**30:.1f} GiB per device; "
-                f"the smallest, {par.describe()}, needs {int(mem.total) / 2**30:.1f} GiB per device ({parts}); "
+                f"no configuration of {model.name} on {cluster.name} fits {limit / 2**30:.1f} GiB per "
+                f"device; the smallest, {par.describe()}, needs {int(mem.total) / 2**30:.1f} GiB per device "
+                f"({parts}); "
                 "allow more pipeline or tensor stages, recompute='full', sharding='zero1', or more GPUs")
         raise PlanInfeasible(f"no configuration of {model.name} divides on {cluster.name} with global batch "
-                             f"{global_batch} ({considered} tried){': ' + shape_error if shape_error else ''}")
+                             f"{global_batch} ({considered} tried)"
+                             f"{': ' + shape_error if shape_error else ''}")
     fits.sort(key=lambda c: c.estimate_s)
     top = [LlmCandidate(parallel=c.parallel, estimate_s=c.estimate_s, memory=c.memory,
                         result=simulate_llm(model, cluster, c.parallel)) for c in fits[:shortlist]]

@@ -34,6 +34,7 @@ from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, run
 from pipelab.trace import Event, Trace
 
+
 @dataclass(frozen=True)
 class StageTimes:
     """Seconds of one pipeline stage's actions for one microbatch on one device of its tensor group."""
@@ -139,8 +140,8 @@ class LlmResult(Described):
         p = self.parallel
         gib = 2**30
         lines = [
-            f"{self.model.name} on {self.gpus} GPUs ({self.cluster}), {self.method}: simulated one pipeline of "
-            f"{p.pipeline} stages x {p.virtual} virtual; tensor parallelism t={p.tensor} folded into each "
+            f"{self.model.name} on {self.gpus} GPUs ({self.cluster}), {self.method}: simulated one pipeline "
+            f"of {p.pipeline} stages x {p.virtual} virtual; tensor parallelism t={p.tensor} folded into each "
             f"stage's cost, data parallelism d={p.data} folded into the step's end",
             f"  time per iteration {self.time_per_iteration_s:.3f} s "
             f"({p.data * p.microbatches * p.microbatch_size} sequences, {self.tokens_per_s:,.0f} tokens/s)",
@@ -150,7 +151,8 @@ class LlmResult(Described):
             f"{self.hardware_flops_utilization:5.1%} of peak (HFU, recomputation counted)",
             f"  pipeline bubble {self.bubble_fraction:.1%}; tensor collectives {self.tensor_s:.3f} s/device; "
             f"exposed data-parallel sync {self.data_exposed_s:.3f} s; optimizer {self.optimizer_s:.3f} s",
-            f"  memory per device: peak {self.peak_memory / gib:.1f} GiB of {self.memory_limit / gib:.1f} GiB "
+            f"  memory per device: peak {self.peak_memory / gib:.1f} GiB of "
+            f"{self.memory_limit / gib:.1f} GiB "
             f"(stage 0: {_parts_text(self.memory[0])})",
         ]
         return "\n".join(lines)
@@ -183,7 +185,8 @@ def _parts_text(m: MemoryBreakdown) -> str:
 
 
 #: pipelab's schedule builder (method) for each of Parallel.schedule's pipeline orders
-SCHEDULE_METHODS = {"1f1b": "1f1b-flush", "interleaved": "interleaved-1f1b", "zb-h1": "zb-h1", "gpipe": "gpipe"}
+SCHEDULE_METHODS = {"1f1b": "1f1b-flush", "interleaved": "interleaved-1f1b", "zb-h1": "zb-h1",
+                    "gpipe": "gpipe"}
 
 
 def method_of(parallel: Parallel, method: str | None = None) -> tuple[str, dict[str, Any]]:
@@ -279,11 +282,13 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
         model_flops=model_flops(model, global_batch), hardware_flops=hardware_flops(model, global_batch,
                                                                                     parallel.recompute),
         peak_flops_per_gpu=peak_flops(model, cluster), bubble_fraction=bubble, tensor_s=tensor_s,
-        data_exposed_s=costs.dp_exposed_s, optimizer_s=costs.optimizer_s + costs.sharding_gather_s, memory=per_stage,
+        data_exposed_s=costs.dp_exposed_s, optimizer_s=costs.optimizer_s + costs.sharding_gather_s,
+        memory=per_stage,
         memory_limit=int(cluster.devices[0].memory_bytes), schedule=schedule, trace=trace, costs=costs)
 
 
-def _drawn_communication(events: list[Event], stages: Sequence[StageTimes], dp_exposed_s: float) -> list[Event]:
+def _drawn_communication(events: list[Event], stages: Sequence[StageTimes],
+                         dp_exposed_s: float) -> list[Event]:
     """The folded communication as events: each F/B's tensor collectives at its end, the exposed
     data-parallel sync at the start of each ``U``."""
     out = []
@@ -294,5 +299,6 @@ def _drawn_communication(events: list[Event], stages: Sequence[StageTimes], dp_e
             if secs > 0:
                 out.append(Event(e.worker, e.stage, "tensor", e.microbatch, e.end_s - secs, e.end_s))
         elif e.kind == "U" and dp_exposed_s > 0:
-            out.append(Event(e.worker, e.stage, "allreduce", e.microbatch, e.start_s, e.start_s + dp_exposed_s))
+            out.append(Event(e.worker, e.stage, "allreduce", e.microbatch, e.start_s,
+                             e.start_s + dp_exposed_s))
     return out

@@ -82,7 +82,8 @@ def load_rows(path: Path = HERE / "published.csv") -> list[Row]:
     """The transcribed published runs."""
     with open(path, newline="") as fh:
         return [Row(source=r["source"], row=r["row"], heads=int(r["heads"]), hidden=int(r["hidden"]),
-                    layers=int(r["layers"]), seq=int(r["seq"]), vocab=int(r["vocab"]), tensor=int(r["tensor"]),
+                    layers=int(r["layers"]), seq=int(r["seq"]), vocab=int(r["vocab"]),
+                    tensor=int(r["tensor"]),
                     pipeline=int(r["pipeline"]), gpus=int(r["gpus"]), global_batch=int(r["global_batch"]),
                     recompute=r["recompute"], sequence_parallel=r["sequence_parallel"] == "true",
                     published_tflops_per_gpu=_opt(r["published_tflops_per_gpu"], float),
@@ -115,8 +116,10 @@ def predict(row: Row, **unstated: Any) -> dict[str, Any]:
         mem_err = res.peak_memory / 2**30 / row.published_memory_gib - 1
     return {"source": row.source, "row": row.row, "gpus": row.gpus,
             "config": f"t={row.tensor} p={row.pipeline} d={row.data} B={row.global_batch} {row.recompute}"
-                      + (" sp" if row.sequence_parallel else "") + (f" v={par.virtual}" if par.virtual > 1 else ""),
-            "schedule": f"{par.schedule} v={par.virtual}", "published_s": pub, "predicted_s": pred, "error": pred / pub - 1,
+                      + (" sp" if row.sequence_parallel else "")
+                      + (f" v={par.virtual}" if par.virtual > 1 else ""),
+            "schedule": f"{par.schedule} v={par.virtual}", "published_s": pub, "predicted_s": pred,
+            "error": pred / pub - 1,
             "published_tflops": row.megatron_flops() / pub / row.gpus / 1e12,
             "predicted_tflops": row.megatron_flops() / pred / row.gpus / 1e12,
             "model_tflops": res.model_tflops_per_gpu, "hardware_tflops": res.hardware_tflops_per_gpu,
@@ -143,8 +146,8 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{r['predicted_tflops']:.0f} | {r['bubble']:.1%} | {r['memory_gib']:.1f}{pm} |")
     errs = [abs(r["error"]) for r in results]
     lines.append("")
-    lines.append("\\* FLOPs by SC'21 §5.1's formula (full recomputation counted) for every row, so the columns compare "
-                 "times; pipelab's own model and hardware FLOP/s are in results.csv")
+    lines.append("\\* FLOPs by SC'21 §5.1's formula (full recomputation counted) for every row, so the "
+                 "columns compare times; pipelab's own model and hardware FLOP/s are in results.csv")
     lines.append(f"time per iteration: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} "
                  f"over {len(errs)} rows (target: median <= 10%, worst <= 20%)")
     mems = [abs(r["memory_error"]) for r in results if r["memory_error"] is not None]
@@ -168,7 +171,8 @@ def main(argv: list[str] | None = None) -> str:
         if unknown:
             raise SystemExit(f"unknown rows {unknown}; choose from {[r.row for r in rows]}")
         rows = [r for r in rows if r.row in args.rows]
-    results = [predict(r, microbatch_size=args.microbatch_size, **_interleaving(r, args.virtual)) for r in rows]
+    results = [predict(r, microbatch_size=args.microbatch_size, **_interleaving(r, args.virtual))
+               for r in rows]
     text = table(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

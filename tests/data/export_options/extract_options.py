@@ -57,7 +57,8 @@ def _dataclass_flags(source: str, cls: str, exclude: set[str]) -> list[str]:
         override = re.search(r"'arg_names':\s*\[([^\]]*)\]", text)
         if override:
             flags += re.findall(r"'(--[\w-]+)'", override.group(1))
-        elif ast.unparse(st.annotation) == "bool" and st.value is not None and "True" in ast.unparse(st.value):
+        elif (ast.unparse(st.annotation) == "bool" and st.value is not None
+              and "True" in ast.unparse(st.value)):
             flags += ["--no-" + name.replace("_", "-"), "--disable-" + name.replace("_", "-")]
         else:
             flags.append("--" + name.replace("_", "-"))
@@ -88,7 +89,8 @@ def main() -> None:
               f"torchtitan/config/job_config.py at {TORCHTITAN_COMMIT}\n")
     (HERE / "torchtitan_options.txt").write_text(header + "\n".join(torchtitan(titan)) + "\n")
     commit, flags = megatron(mega)
-    header = (f"# Megatron-LM command-line flags, from NVIDIA/Megatron-LM megatron/training/arguments.py at {commit}"
+    header = ("# Megatron-LM command-line flags, from NVIDIA/Megatron-LM megatron/training/arguments.py at "
+              f"{commit}"
               " (written out, and generated from ModelParallelConfig, TransformerConfig, TrainingConfig)\n")
     (HERE / "megatron_options.txt").write_text(header + "\n".join(flags) + "\n")
 
