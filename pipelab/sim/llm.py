@@ -88,7 +88,7 @@ class LlmResult(Described):
     model_flops: float              # per iteration, whole job: forward + backward, no recomputation
     hardware_flops: float           # per iteration, whole job: recomputed forwards counted too
     peak_flops_per_gpu: float       # the device's dense peak at the model's precision (its data table)
-    bubble_fraction: float          # share of the pipeline's span its workers spend idle, mean over them
+    bubble_fraction: float          # idle share of each worker before the step's end, mean over workers
     tensor_s: float                 # per device per iteration: seconds of tensor-group collectives
     data_exposed_s: float           # per iteration: gradient synchronisation not hidden behind compute
     optimizer_s: float             # per iteration, with the sharding's gathers when sharded
@@ -238,7 +238,7 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
 
     Args:
         model: the transformer's shape (:class:`pipelab.llm.shape.Transformer`).
-        cluster: a Cluster or preset name (e.g. ``"dgx-a100:384"``).
+        cluster: a Cluster or preset spec (e.g. ``"dgx-a100:3072"``: 3,072 GPUs in nodes of 8).
         parallel: tensor, pipeline, data degrees, microbatches, recomputation, sharding
             (:class:`pipelab.llm.parallel.Parallel`); checked against model and cluster first.
         method: pipelab's method for ``parallel.schedule`` (default; given, it must agree):
