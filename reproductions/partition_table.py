@@ -61,8 +61,8 @@ def paper_config_plan(cm: CostModel, config: str) -> Plan:
 def dp_terms(cm: CostModel) -> tuple[float, float, float]:
     """Data parallelism's compute per replica, all-reduce, and the all-reduce part not hidden by backward."""
     W, n = cm.cluster.num_workers, cm.num_layers
-    comp = float(cm.pf[n] + cm.pb[n]) / cm.cluster.speed(0)
-    ar = cm.allreduce_s(int(cm.pp[n]), range(W))
+    comp = float(cm.forward_prefix[n] + cm.backward_prefix[n]) / cm.cluster.speed(0)
+    ar = cm.allreduce_s(int(cm.param_bytes_prefix[n]), range(W))
     return comp, ar, cm.replica_time_s(0, n, range(W)) - comp
 
 

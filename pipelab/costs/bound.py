@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import pipelab.metrics as metrics
-from pipelab.costs.prices import Prices
+from pipelab.costs.prices import Prices, span
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class SteadyStateBound(Prices):
                 raise ValueError(f"stage [{a}, {b}) has no workers")
             speed = min(self.cluster.speed(w) for w in ws)
             compute.append(self.replica_time_s(a, b, ws) / len(ws))
-            rep_time.append(float(self.pf[b] - self.pf[a] + self.pb[b] - self.pb[a]) / speed)
+            rep_time.append((span(self.forward_prefix, a, b) + span(self.backward_prefix, a, b)) / speed)
         return compute, rep_time
 
     def _cut_load(self, boundary: int, src_ws: list[int], dst_ws: list[int],

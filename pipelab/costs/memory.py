@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelab.costs.prices import OPTIMIZER_STATE, Prices
+from pipelab.costs.prices import OPTIMIZER_STATE, Prices, span
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Memory(Prices):
             return -(-(inp + out) // microbatches)
         last = self.profile.layers[end - 1]
         held_out = last.out_bytes if end < len(self.profile) and last.out_saved is False else 0
-        return -(-int(self.pa[end] - self.pa[start] + inp + held_out) // microbatches)
+        return -(-int(span(self.activation_prefix, start, end) + inp + held_out) // microbatches)
 
     def memory_bytes(self, start: int, end: int, *, versions: int, in_flight: int,
                      microbatches: int = 1) -> dict[str, int]:
@@ -44,6 +44,7 @@ class Memory(Prices):
         layers, n = self.profile.layers, len(self.profile)
         out = np.array([0.0] + [float(layers[j - 1].out_bytes) if j < n and layers[j - 1].out_saved is False
                                 else 0.0 for j in range(1, n + 1)])
-        p = self.pp[None, :] - self.pp[:, None]
-        a = np.ceil((self.pa[None, :] - self.pa[:, None] + inp[:, None] + out[None, :]) / microbatches)
+        p = self.param_bytes_prefix[None, :] - self.param_bytes_prefix[:, None]
+        acts = self.activation_prefix
+        a = np.ceil((acts[None, :] - acts[:, None] + inp[:, None] + out[None, :]) / microbatches)
         return p, a

@@ -1,6 +1,8 @@
 """Primitive prices of the cost model: compute, transfers, ports, all-reduce and a replica's minibatch.
 
-Prices are closed forms over prefix sums of the profile's layers (index ``i``: layers ``[0, i)``),
+Prices are closed forms over named prefix sums of the profile's layers (``forward_prefix[i]``: the
+forward seconds of layers ``[0, i)``, and so on for backward, weight-gradient, fixed parts, parameter
+bytes and tensors, activation bytes),
 so a layer range costs O(1); their assumptions are stated once, in docs/cost_model.md.
 """
 
@@ -44,6 +46,11 @@ def compression_ratio_of(compression: str | float | None = None) -> float:
     return float(compression)
 
 
+def span(prefix: np.ndarray, start: int, end: int) -> float:
+    """The total of layers ``[start, end)`` from a prefix-sum array (``prefix[end] - prefix[start]``)."""
+    return float(prefix[end] - prefix[start])
+
+
 # optimizer state bytes per parameter byte (momentum buffer; Adam's two moments)
 OPTIMIZER_STATE: dict[str, int] = {"sgd": 0, "sgd-momentum": 1, "momentum": 1, "adam": 2, "adamw": 2}
 
@@ -60,14 +67,16 @@ class Prices:
     allreduce_bandwidth: float | None = None
     #: CUDA stages over gloo: bytes/s of the two device<->host copies every message and all-reduce pays
     host_staging_bandwidth: float | None = None
-    pf: np.ndarray = field(init=False, repr=False, compare=False)
-    pb: np.ndarray = field(init=False, repr=False, compare=False)
-    pw: np.ndarray = field(init=False, repr=False, compare=False)
-    qf: np.ndarray = field(init=False, repr=False, compare=False)
-    qb: np.ndarray = field(init=False, repr=False, compare=False)
-    pp: np.ndarray = field(init=False, repr=False, compare=False)
-    pt: np.ndarray = field(init=False, repr=False, compare=False)
-    pa: np.ndarray = field(init=False, repr=False, compare=False)
+    # prefix sums over the profile's layers: index i holds the total of layers [0, i) (the calibrated
+    # factor of each kind applied to times), so any range [a, b) costs array[b] - array[a]
+    forward_prefix: np.ndarray = field(init=False, repr=False, compare=False)        # forward seconds
+    backward_prefix: np.ndarray = field(init=False, repr=False, compare=False)       # backward seconds
+    wgrad_prefix: np.ndarray = field(init=False, repr=False, compare=False)          # weight-gradient part
+    forward_fixed_prefix: np.ndarray = field(init=False, repr=False, compare=False)  # batch-independent part
+    backward_fixed_prefix: np.ndarray = field(init=False, repr=False, compare=False)
+    param_bytes_prefix: np.ndarray = field(init=False, repr=False, compare=False)
+    param_tensors_prefix: np.ndarray = field(init=False, repr=False, compare=False)
+    activation_prefix: np.ndarray = field(init=False, repr=False, compare=False)     # bytes kept for backward
     cuts: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -115,10 +124,11 @@ class Prices:
         kf, kb = (cal.factor("F"), cal.factor("B")) if cal is not None else (1.0, 1.0)
         # weight-gradient part of each backward (half where the profiler did not measure it)
         w = np.array([layer.bwd_s / 2 if layer.wgrad_s is None else layer.wgrad_s for layer in layers])
-        sums: dict[str, Any] = {"pf": f * kf, "pb": b * kb, "pw": w * kb, "pp": p, "pa": act,
-                                "qf": [layer.fwd_fixed_s * kf for layer in layers],
-                                "qb": [layer.bwd_fixed_s * kb for layer in layers],
-                                "pt": [layer.param_tensors or 0 for layer in layers]}
+        sums: dict[str, Any] = {"forward_prefix": f * kf, "backward_prefix": b * kb, "wgrad_prefix": w * kb,
+                                "param_bytes_prefix": p, "activation_prefix": act,
+                                "forward_fixed_prefix": [layer.fwd_fixed_s * kf for layer in layers],
+                                "backward_fixed_prefix": [layer.bwd_fixed_s * kb for layer in layers],
+                                "param_tensors_prefix": [layer.param_tensors or 0 for layer in layers]}
         for name, values in sums.items():
             object.__setattr__(self, name, np.concatenate([np.zeros(1), np.cumsum(values)]))
         object.__setattr__(self, "cuts", np.array(self.profile.cut_bytes, dtype=np.float64))
@@ -144,9 +154,10 @@ class Prices:
         if microbatches < 1:
             raise ValueError(f"microbatches={microbatches} must be >= 1")
         speed = self.cluster.speed(worker)
-        qf, qb = self.qf[end] - self.qf[start], self.qb[end] - self.qb[start]
-        f = qf + (self.pf[end] - self.pf[start] - qf) / microbatches
-        b = qb + (self.pb[end] - self.pb[start] - qb) / microbatches
+        fixed_f = self.forward_fixed_prefix[end] - self.forward_fixed_prefix[start]
+        fixed_b = self.backward_fixed_prefix[end] - self.backward_fixed_prefix[start]
+        f = fixed_f + (self.forward_prefix[end] - self.forward_prefix[start] - fixed_f) / microbatches
+        b = fixed_b + (self.backward_prefix[end] - self.backward_prefix[start] - fixed_b) / microbatches
         return float(f) / speed, float(b) / speed
 
     def compute_s(self, start: int, end: int, worker: int, microbatches: int = 1) -> tuple[float, float]:
@@ -174,23 +185,24 @@ class Prices:
         first stage), ``W`` every weight gradient plus the input gradients of all layers but the first."""
         fixed = self.runtime_work_s(start, end)[1]     # B takes the gradient in and sends its own out
         b = self.layers_s(start, end, worker, microbatches)[1]
-        full = float(self.pb[end] - self.pb[start])
+        full = float(self.backward_prefix[end] - self.backward_prefix[start])
         if full <= 0:
             return fixed, self.overhead_s("W")
-        wgt = float(self.pw[end] - self.pw[start]) / full          # weight-gradient share
-        first_in = float(self.pb[start + 1] - self.pb[start] - (self.pw[start + 1] - self.pw[start])) / full
+        wgt = span(self.wgrad_prefix, start, end) / full          # weight-gradient share
+        one = start + 1
+        first_in = (span(self.backward_prefix, start, one) - span(self.wgrad_prefix, start, one)) / full
         b_in, w = (0.0, b) if start == 0 else (b * (1 - wgt), b * (1 - first_in))
         return b_in + fixed, w + self.overhead_s("W")
 
     def param_bytes(self, start: int, end: int) -> int:
         """Parameter bytes of layers ``[start, end)``."""
         self._range(start, end)
-        return int(self.pp[end] - self.pp[start])
+        return int(self.param_bytes_prefix[end] - self.param_bytes_prefix[start])
 
     def param_tensors(self, start: int, end: int) -> int:
         """Parameter tensors of layers ``[start, end)`` (0 for layers whose profile did not count them)."""
         self._range(start, end)
-        return int(self.pt[end] - self.pt[start])
+        return int(self.param_tensors_prefix[end] - self.param_tensors_prefix[start])
 
     def update_s(self, start: int, end: int, worker: int, memory_bandwidth: float | None = None) -> float:
         """Seconds of the optimizer step with the ``U`` overhead: the calibrated step, else weights,
@@ -340,23 +352,26 @@ class Prices:
         if not ws:
             raise ValueError("replica_time_s needs at least one worker")
         speed = min(self.cluster.speed(w) for w in ws)
-        f = (self.pf[end] - self.pf[start]) / speed + sum(self.runtime_work_s(start, end))
-        work = float(f + (self.pb[end] - self.pb[start]) / speed)
+        f = span(self.forward_prefix, start, end) / speed + sum(self.runtime_work_s(start, end))
+        work = float(f + (self.backward_prefix[end] - self.backward_prefix[start]) / speed)
         kappa, fixed = self.allreduce_coeffs(ws, work)
         if kappa == 0.0:
             return work
         if self.allreduce_overlap == "none":
-            return work + self.allreduce_s(int(self.pp[end] - self.pp[start]), ws, work)
+            return work + self.allreduce_s(self.param_bytes(start, end), ws, work)
         ls = np.arange(start, end)
-        tail = (self.pb[end] - self.pb[ls]) / speed + kappa * (self.pp[ls + 1] - self.pp[start])
-        return float(f + tail.max() + (fixed if self.pp[end] > self.pp[start] else 0.0))
+        pp = self.param_bytes_prefix
+        pb = self.backward_prefix
+        tail = (pb[end] - pb[ls]) / speed + kappa * (pp[ls + 1] - pp[start])
+        return float(f + tail.max() + (fixed if pp[end] > pp[start] else 0.0))
 
     def replica_time_matrix(self, speed: float, kappa: float, fixed: float, steps: float = 0.0, *,
                             transpose: bool = False) -> np.ndarray:
         """``T[i, j]`` = :meth:`replica_time_s` of ``[i, j)`` for all ranges (``inf`` where ``j <= i``);
         ``steps`` from :meth:`allreduce_latency_steps`; ``transpose=True``: ``T.T``, contiguous over ``i``."""
         n = self.num_layers
-        pf, pb, pp = self.pf / speed, self.pb / speed, self.pp
+        # forward, backward seconds and parameter bytes of layers [0, i), at this speed
+        pf, pb, pp = self.forward_prefix / speed, self.backward_prefix / speed, self.param_bytes_prefix
         i = np.arange(n + 1)[:, None]
         j = np.arange(n + 1)[None, :]
         overheads = self.overhead_s("F") + self.overhead_s("B")

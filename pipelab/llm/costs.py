@@ -7,8 +7,9 @@ Per block and microbatch of ``b`` sequences, on one device of a tensor group of 
   by the device's roofline (:meth:`DeviceRates.matmul_s`). Element-wise work (norms, dropout, residual
   adds, the activation function, and without fused attention the softmax over ``a s^2 b`` scores)
   streams its bytes through memory; norms and dropout divide by ``t`` only with sequence parallelism.
-  The backward's input gradients (``B``) stream twice the forward's element-wise bytes; weight
-  gradients (``W``) are matmuls only.
+  The backward's input gradients (``B``) run each weight matmul once and the attention core's two
+  twice, and stream as many element-wise bytes as the forward (the development set, Qi et al.'s
+  Table 6, has ``T_B`` within 3% of ``T_F`` on all four models); weight gradients (``W``) are matmuls.
 - **Tensor communication.** Two all-reduces of the block's ``s b h`` activations forward and two
   backward (Shoeybi et al. §3); with sequence parallelism (Korthikanti et al. 2022 §4.2.2) each becomes
   a reduce-scatter plus an all-gather of the same size, which a ring prices the same.
@@ -26,13 +27,14 @@ Per block and microbatch of ``b`` sequences, on one device of a tensor group of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipelab.cluster import Cluster
 from pipelab.llm.collectives import all_gather_s, allreduce_s, p2p_s, reduce_scatter_s
 from pipelab.llm.devices import DeviceRates
-from pipelab.llm.memory import RECIPES, stage_params
+from pipelab.llm.memory import RECIPES, Recipe, stage_params
 from pipelab.llm.parallel import Parallel
 from pipelab.llm.shape import Transformer
 
@@ -54,6 +56,9 @@ class BlockCosts:
     tensor_comm_forward_s: float
     tensor_comm_backward_s: float
     forward_flops: int
+    #: the forward's matmul seconds and its element-wise bytes (the parts the development set fits)
+    matmul_forward_s: float = 0.0
+    elementwise_bytes: float = 0.0
 
 
 def _elementwise_elements(model: Transformer, parallel: Parallel, attention: str) -> tuple[float, float]:
@@ -100,9 +105,10 @@ def block_costs(model: Transformer, parallel: Parallel, device: DeviceRates, clu
         else:
             one = allreduce_s(cluster, group, act)
         comm_f = comm_b = 2 * one
-    return BlockCosts(forward_s=fwd, backward_input_s=mm_w + 2 * mm_core + 2 * ew,
+    return BlockCosts(forward_s=fwd, backward_input_s=mm_w + 2 * mm_core + ew,
                       backward_weight_s=mm_w, attention_core_s=mm_core + core_ew,
-                      tensor_comm_forward_s=comm_f, tensor_comm_backward_s=comm_b, forward_flops=flops)
+                      tensor_comm_forward_s=comm_f, tensor_comm_backward_s=comm_b, forward_flops=flops,
+                      matmul_forward_s=mm_w + mm_core, elementwise_bytes=e * elems)
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,8 @@ class StageCosts:
     recompute_s: float
     p2p_s: float
     params: int
+    #: seconds of the optimizer step on this stage's shard (once per iteration)
+    optimizer_s: float = 0.0
 
     @property
     def forward_total_s(self) -> float:
@@ -160,8 +168,9 @@ def _head_s(model: Transformer, parallel: Parallel, device: DeviceRates) -> tupl
     fl = 2 * tokens * model.hidden * model.vocab / t
     nbytes = e * (tokens * model.hidden + model.hidden * model.vocab / t + tokens * model.vocab / t)
     mm = device.matmul_s(fl, nbytes, model.precision)
-    # the loss reads the logits and writes fp32 copies (softmax, its gradient): ~3 passes of 4 bytes
-    loss = device.stream_s(3 * 4 * tokens * model.vocab / t)
+    # the fused cross-entropy reads the logits forward and writes their gradient backward, streaming
+    # at the full HBM rate (one pass each; its softmax statistics are per token, not per logit)
+    loss = e * tokens * model.vocab / t / device.hbm_bytes_per_s
     return mm + loss, mm + loss, mm
 
 
@@ -172,7 +181,8 @@ def _embedding_s(model: Transformer, parallel: Parallel, device: DeviceRates) ->
 
 def stage_costs(model: Transformer, parallel: Parallel, cluster: Cluster, *,
                 device: DeviceRates | str | None = None, attention: str = "unfused",
-                recipe: str = "mixed-adam-fp32-grads", allow_slow_tensor: bool = False) -> LlmCosts:
+                recipe: str = "mixed-adam-fp32-grads", allow_slow_tensor: bool = False,
+                stage_layers: Sequence[int] | None = None) -> LlmCosts:
     """Per pipeline stage: forward, ``B``, ``W``, tensor and pipeline communication per microbatch; the
     data-parallel gradient sync, the sharding gathers and the optimizer step per iteration.
 
@@ -180,14 +190,16 @@ def stage_costs(model: Transformer, parallel: Parallel, cluster: Cluster, *,
         device: the rates (default: the cluster's device's cited rates, :mod:`pipelab.llm.devices`).
         attention: ``"unfused"`` or ``"flash"`` (:data:`ATTENTION`).
         recipe: the precision recipe (:data:`pipelab.llm.memory.RECIPES`): gradient bytes on the wire.
+        stage_layers: blocks per pipeline stage where uneven (default ``layers / pipeline`` each).
     """
-    parallel.check(model, cluster, allow_slow_tensor=allow_slow_tensor)
+    parallel.check(model, cluster, allow_slow_tensor=allow_slow_tensor, stage_layers=stage_layers)
     rates = DeviceRates.of(device if device is not None else cluster.devices[0].name)
     p, t, e = parallel.pipeline, parallel.tensor, model.bytes_per_element
-    per_stage = model.layers // p
+    counts = list(stage_layers) if stage_layers is not None else [model.layers // p] * p
     tokens = parallel.microbatch_size * model.seq
     stages = []
     for i in range(p):
+        per_stage = counts[i]
         blk = block_costs(model, parallel, rates, cluster, attention=attention, stage=i)
         fwd, b_in, w = (per_stage * blk.forward_s, per_stage * blk.backward_input_s,
                         per_stage * blk.backward_weight_s)
@@ -217,10 +229,19 @@ def stage_costs(model: Transformer, parallel: Parallel, cluster: Cluster, *,
         stages.append(StageCosts(stage=i, layers=per_stage, forward_s=fwd, backward_input_s=b_in + rec,
                                  backward_weight_s=w, tensor_comm_forward_s=comm_f,
                                  tensor_comm_backward_s=comm_b, recompute_s=rec, p2p_s=send,
-                                 params=stage_params(model, parallel, i)))
+                                 params=stage_params(model, parallel, i, per_stage),
+                                 optimizer_s=_optimizer_s(rates, RECIPES[recipe], parallel,
+                                                          stage_params(model, parallel, i, per_stage))))
     sync, exposed, gather, opt = _data_parallel(model, parallel, cluster, rates, recipe, stages)
     return LlmCosts(stages=tuple(stages), dp_sync_s=sync, dp_exposed_s=exposed, sharding_gather_s=gather,
                     optimizer_s=opt)
+
+
+def _optimizer_s(rates: DeviceRates, rec: Recipe, parallel: Parallel, params: int) -> float:
+    """Seconds of the optimizer step over a device's shard of ``params``: Adam reads the master weights,
+    gradients and moments, writes them back and the 16-bit copy, all at the full HBM rate."""
+    shard = params if parallel.sharding == "none" else -(-params // parallel.data)
+    return shard * (2 * (rec.master + rec.optimizer) + rec.gradients + rec.weights) / rates.hbm_bytes_per_s
 
 
 def _data_parallel(model: Transformer, parallel: Parallel, cluster: Cluster, rates: DeviceRates,
@@ -249,9 +270,7 @@ def _data_parallel(model: Transformer, parallel: Parallel, cluster: Cluster, rat
             exposed = max(bucket, sync - (st.backward_input_s + st.backward_weight_s))
         else:
             exposed = sync
-        shard = st.params if parallel.sharding == "none" else -(-st.params // d)
-        # Adam reads master weights, gradients and two moments, writes them back and the 16-bit copy
-        opt = rates.stream_s(shard * (2 * (rec.master + rec.optimizer) + rec.gradients + rec.weights))
+        opt = st.optimizer_s
         if exposed + gather + opt > sum(worst[1:]):
             worst = (sync, exposed, gather, opt)
     return worst

@@ -3,7 +3,8 @@
 Every number is a specification sheet's figure or a per-operation measurement (GEMM efficiency, NCCL
 bus bandwidth), with its source in the table's ``source`` column. The time of a piece of work is a
 roofline (Williams et al., CACM 2009): a matrix multiply takes ``max(FLOPs / (peak x gemm_efficiency),
-bytes / (HBM x hbm_efficiency))``; element-wise work streams its bytes at ``HBM x hbm_efficiency``.
+bytes / HBM)``; element-wise work (norms, dropout, softmax, activation functions: unfused kernels)
+streams its bytes at ``HBM x hbm_efficiency``.
 A machine at hand gets its rates from a measurement (``DeviceRates(...)`` by keyword, e.g. from a GEMM
 probe), never from this table.
 """
@@ -68,8 +69,9 @@ class DeviceRates:
         return float(getattr(self, f"peak_flops_{key}"))
 
     def matmul_s(self, flops: float, nbytes: float, precision: str = "bf16") -> float:
-        """Seconds of a matrix multiply: the roofline of its FLOPs and the bytes it reads and writes."""
-        return max(flops / (self.peak_flops(precision) * self.gemm_efficiency), self.stream_s(nbytes))
+        """Seconds of a matrix multiply: the roofline of its FLOPs at ``gemm_efficiency`` of the peak and
+        the bytes it reads and writes at the full HBM rate (a GEMM's tiles stream at the peak)."""
+        return max(flops / (self.peak_flops(precision) * self.gemm_efficiency), nbytes / self.hbm_bytes_per_s)
 
     def stream_s(self, nbytes: float) -> float:
         """Seconds to read or write ``nbytes`` through device memory (element-wise work)."""

@@ -17,6 +17,7 @@ parallelism) with full recomputation. A stage holds the activations of its in-fl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -85,8 +86,8 @@ def in_flight(schedule: str, stage: int, pipeline: int, microbatches: int, virtu
     """Microbatches whose activations stage ``stage`` holds at its peak, in units of the stage's whole
     layers (an interleaved chunk holds ``1/virtual`` of them).
 
-    1F1B and ZB-H1 (Qi et al. ICLR'24 §3.1: the same peak as 1F1B): ``p - i``; ZB-H2: ``2 (p - i) - 1``;
-    GPipe: ``m``; interleaved 1F1B, Megatron-LM's warm-up of ``2 (p - i - 1) + (v - 1) p`` chunks plus the
+    1F1B: ``p - i``; ZB-H1, whose deferred weight gradients keep activations until ``W``: ``p`` on every
+    stage, ZB-H2: ``2p - 1`` (Qi et al. ICLR'24 Table 1: ``p M_B`` and ``(2p - 1) M_B``); GPipe: ``m``; interleaved 1F1B, Megatron-LM's warm-up of ``2 (p - i - 1) + (v - 1) p`` chunks plus the
     one in its steady state (Korthikanti §4.2.3: ``p (1 + (p - 1)/(p v))`` on the first stage).
     """
     p, i, m, v = pipeline, stage, microbatches, virtual
@@ -96,10 +97,12 @@ def in_flight(schedule: str, stage: int, pipeline: int, microbatches: int, virtu
         raise ParallelError(f"stage={i} is outside 0..{p - 1}")
     if schedule == "gpipe":
         return float(m)
-    if schedule in ("1f1b", "zb-h1") or (schedule == "interleaved" and v == 1):
+    if schedule == "1f1b" or (schedule == "interleaved" and v == 1):
         return float(min(m, p - i))
+    if schedule == "zb-h1":
+        return float(min(m, p))
     if schedule == "zb-h2":
-        return float(min(m, 2 * (p - i) - 1))
+        return float(min(m, 2 * p - 1))
     chunks = min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1)
     return chunks / v
 
@@ -120,15 +123,16 @@ def layer_activation_bytes(model: Transformer, parallel: Parallel) -> int:
     # split over the tensor group: q, k, v, the projection's input, the MLP's intermediate tensors
     mlp_inner = (3 if model.gated_mlp else 2) * e * s * b * f
     split = e * sbh * (1 + 2 * kv) + e * sbh + mlp_inner
-    core = 0 if parallel.recompute == "selective" else (4 * e + 1) * a * s * s * b
+    core = 0 if parallel.recompute == "selective" else (2 * e + 1) * a * s * s * b
     return int(replicated / split_seq + split / t + core / t)
 
 
-def stage_params(model: Transformer, parallel: Parallel, stage: int) -> int:
-    """Parameters one device of pipeline stage ``stage`` holds (its tensor shard; the embedding on the
-    first stage, the final norm and head on the last; a tied head's copy of the embedding too)."""
+def stage_params(model: Transformer, parallel: Parallel, stage: int, blocks: int | None = None) -> int:
+    """Parameters one device of pipeline stage ``stage`` holds (its tensor shard of ``blocks`` blocks,
+    default ``layers / pipeline``; the embedding on the first stage, the final norm and head on the last;
+    a tied head's copy of the embedding too, as Megatron-LM keeps one on the last stage)."""
     t, p = parallel.tensor, parallel.pipeline
-    blocks = model.layers // p
+    blocks = model.layers // p if blocks is None else blocks
     h = model.hidden
     norms = 2 * h * (2 if model.bias else 1)
     row_bias = 2 * h if model.bias else 0                   # projection and MLP-down biases: replicated
@@ -155,30 +159,33 @@ def end_activation_bytes(model: Transformer, parallel: Parallel, stage: int) -> 
 
 
 def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | None = None, *,
-                      recipe: str = "mixed-adam-fp32-grads") -> tuple[MemoryBreakdown, ...]:
+                      recipe: str = "mixed-adam-fp32-grads",
+                      stage_layers: Sequence[int] | None = None) -> tuple[MemoryBreakdown, ...]:
     """Peak memory of one device of each pipeline stage (``schedule`` overrides ``parallel.schedule``).
 
     Args:
         recipe: the precision recipe's name (:data:`RECIPES`).
+        stage_layers: blocks per pipeline stage where uneven (default ``layers / pipeline`` each).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
     rec = RECIPES[recipe]
     order = schedule or parallel.schedule
-    parallel.check(model)
+    parallel.check(model, stage_layers=stage_layers)
     d, p = parallel.data, parallel.pipeline
     per_layer = layer_activation_bytes(model, parallel)
-    layers = model.layers // p
+    counts = list(stage_layers) if stage_layers is not None else [model.layers // p] * p
     out = []
     for i in range(p):
-        n = stage_params(model, parallel, i)
+        layers = counts[i]
+        n = stage_params(model, parallel, i, layers)
         w, g, o = rec.weights * n, rec.gradients * n, (rec.master + rec.optimizer) * n
         gathered = 0
         if parallel.sharding == "zero1":
             o = -(-o // d)
         elif parallel.sharding == "fsdp":
             w, g, o = -(-w // d), -(-g // d), -(-o // d)
-            one_block = stage_params(model, parallel, i) // max(layers, 1)
+            one_block = (model.block_params() - 2 * model.hidden * (2 if model.bias else 1)) // parallel.tensor
             gathered = 2 * (rec.weights + rec.gradients) * one_block   # this block's and the next's, gathered
         flight = in_flight(order, i, p, parallel.microbatches, parallel.virtual)
         if parallel.recompute == "full":

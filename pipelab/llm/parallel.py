@@ -8,6 +8,7 @@ on the fast links (:meth:`Parallel.check` refuses a wider one unless ``allow_slo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,19 @@ def _nearest(valid: list[int], want: int, k: int = 3) -> list[int]:
     return sorted(sorted(valid, key=lambda v: (abs(v - want), v))[:k])
 
 
+def check_stage_layers(model: Transformer, parallel: Parallel, stage_layers: Sequence[int]) -> None:
+    """Refuse uneven blocks per stage that are not one non-negative count per pipeline stage adding up to
+    the model's layers."""
+    counts = list(stage_layers)
+    if len(counts) != parallel.pipeline or any(isinstance(c, bool) or not isinstance(c, int) or c < 0
+                                               for c in counts):
+        raise ParallelError(f"stage_layers={counts} must give one count >= 0 per pipeline stage "
+                            f"({parallel.pipeline})")
+    if sum(counts) != model.layers:
+        raise ParallelError(f"stage_layers={counts} add up to {sum(counts)} but {model.name} has "
+                            f"{model.layers} layers")
+
+
 @dataclass(frozen=True)
 class Parallel:
     """One job's parallel plan; every knob a keyword.
@@ -48,8 +62,7 @@ class Parallel:
         sharding: ``"none"``, ``"zero1"`` (optimizer states over the data group; Rajbhandari et al. SC'20)
             or ``"fsdp"`` (weights, gradients and states; ZeRO-3).
         dp_overlap: the gradient all-reduce runs in buckets behind the backward.
-        schedule: the pipeline order whose in-flight microbatches set the activation memory
-            (``"1f1b"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-h2"``, ``"gpipe"``).
+        schedule: the pipeline order whose in-flight microbatches set the activation memory (SCHEDULES).
     """
 
     tensor: int = 1
@@ -108,9 +121,14 @@ class Parallel:
         return tuple(base + r * self.tensor for r in range(self.data))
 
     def check(self, model: Transformer, cluster: Cluster | None = None, global_batch: int | None = None, *,
-              allow_slow_tensor: bool = False) -> Parallel:
+              allow_slow_tensor: bool = False, stage_layers: Sequence[int] | None = None) -> Parallel:
         """This plan if it divides the model, the batch and the cluster, else :class:`ParallelError`
-        naming the numbers and the nearest valid choices."""
+        naming the numbers and the nearest valid choices.
+
+        Args:
+            stage_layers: blocks per pipeline stage where they are uneven (they must add up to the
+                model's layers); None: ``layers / pipeline`` each, which must divide.
+        """
         if model.heads % self.tensor:
             raise ParallelError(f"tensor={self.tensor} does not divide {model.name}'s {model.heads} attention "
                                 f"heads; use tensor in {_nearest(_divisors(model.heads), self.tensor)}")
@@ -121,7 +139,9 @@ class Parallel:
         if model.ffn % self.tensor:
             raise ParallelError(f"tensor={self.tensor} does not divide ffn={model.ffn}; use tensor in "
                                 f"{_nearest(_divisors(model.ffn), self.tensor)}")
-        if model.layers % self.stages:
+        if stage_layers is not None:
+            check_stage_layers(model, self, stage_layers)
+        elif model.layers % self.stages:
             ok = [d for d in _divisors(model.layers) if d % self.virtual == 0]
             raise ParallelError(f"{model.name}'s {model.layers} layers do not split into pipeline x virtual = "
                                 f"{self.pipeline} x {self.virtual} = {self.stages} equal stages; use pipeline "

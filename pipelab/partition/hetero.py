@@ -118,7 +118,8 @@ class _StageTerms:
     def __init__(self, cm: CostModel, memory_limit: float | None) -> None:
         n = cm.num_layers
         self.cm, self.n, self.memory_limit = cm, n, memory_limit
-        comp = (cm.pf + cm.pb)[None, :] - (cm.pf + cm.pb)[:, None]
+        compute = cm.forward_prefix + cm.backward_prefix
+        comp = compute[None, :] - compute[:, None]
         self.comp = np.where(np.triu(np.ones((n + 1, n + 1), dtype=bool), 1), comp, np.inf)
         self.P, self.A = cm.memory_arrays()
         self._cache: dict[tuple[int, int | None, int | None, int, bool], np.ndarray] = {}

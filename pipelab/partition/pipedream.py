@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from pipelab.costs import CostModel
+from pipelab.costs.prices import span
 from pipelab.partition.dp import partition_dp
 from pipelab.partition.plan import Plan
 from pipelab.partition.predict import block_workers, build_plan, refine_bounds, search_objective
@@ -93,7 +94,8 @@ class _Search:
         cm, n, W = self.cm, self.n, self.W
         U = math.inf
         if not self.straight or W == 1:
-            mem1 = (2 + cm.state_factor) * (cm.pp[n] - cm.pp[0]) + cm.pa[n] - cm.pa[0] + self.inp[0]
+            mem1 = ((2 + cm.state_factor) * cm.param_bytes(0, n) + span(cm.activation_prefix, 0, n)
+                    + self.inp[0])
             lim1 = self.memory_limit if self.memory_limit is not None else min(self.mems)
             if mem1 <= lim1:
                 U = cm.replica_time_s(0, n, self.phys(0, W)) / (W * self.copies) * (1 + 1e-9)
@@ -112,7 +114,7 @@ class _Search:
         at the fastest speed with perfect balance."""
         if not math.isfinite(U):
             return
-        pc = self.cm.pf + self.cm.pb
+        pc = self.cm.forward_prefix + self.cm.backward_prefix
         n, W, smax = self.n, self.W, max(self.speeds)
         for w in range(W + 1):
             cap_rest = U * (W - w) * self.copies * smax
@@ -150,8 +152,8 @@ class _Search:
         lim = float(self.memory_limit if self.memory_limit is not None else min(self.mems[w:w + m]))
         pkey = (k, lim)
         if pkey not in self.penalties:
-            gk = (k + 1 + cm.state_factor) * cm.pp + k * cm.pa
-            hk = (k + 1 + cm.state_factor) * cm.pp + k * (cm.pa - self.inp)
+            gk = (k + 1 + cm.state_factor) * cm.param_bytes_prefix + k * cm.activation_prefix
+            hk = (k + 1 + cm.state_factor) * cm.param_bytes_prefix + k * (cm.activation_prefix - self.inp)
             jmax = np.searchsorted(gk, lim + hk, side="right") - 1   # last feasible j per i
             self.penalties[pkey] = (None if np.all(jmax >= self.n)
                                     else np.where(self.idx[:, None] > jmax[None, :], np.inf, 0.0))  # [j, i]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipelab.costs import CostModel
+from pipelab.costs.prices import span
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan, Stage
 
@@ -130,7 +131,7 @@ def build_plan(cm: CostModel, bounds: Sequence[int], replicas: Sequence[int], *,
                             in_flight=flights[s], versions=nver, memory_bytes=mem["total"],
                             time_s=cm.replica_time_s(a, b, stage_ws[s], microbatches=1)))
     if flush:   # per-microbatch compute; all-reduce tail paid once per minibatch
-        terms = [float(cm.pf[st.end] - cm.pf[st.start] + cm.pb[st.end] - cm.pb[st.start])
+        terms = [(span(cm.forward_prefix, st.start, st.end) + span(cm.backward_prefix, st.start, st.end))
                  / min(cm.cluster.speed(w) for w in ws) / M / st.replicas for st, ws in zip(stages, stage_ws)]
     else:
         terms = [st.time_s / st.replicas for st in stages]

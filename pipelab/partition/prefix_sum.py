@@ -22,7 +22,7 @@ class _Problem:
     def __init__(self, cm: CostModel, S: int, memory_limit: float | None, buffers: int | None) -> None:
         n = cm.num_layers
         self.n, self.S = n, S
-        self.pc = cm.pf + cm.pb                       # prefix compute
+        self.pc = cm.forward_prefix + cm.backward_prefix                       # prefix compute
         self.speed = [cm.cluster.speed(s) for s in range(S)]
         inp = np.concatenate([[float(cm.profile.input_bytes)], cm.cuts, [0.0]])
         # memory of [i, j) on stage s is g_s[j] - h_s[i] (nondecreasing in j): last feasible j per i
@@ -31,8 +31,8 @@ class _Problem:
             k = S - s                                 # PipeDream's NOAM for a straight pipeline
             v = k if buffers is None else min(k, buffers)
             lim = memory_limit if memory_limit is not None else cm.cluster.memory(s)
-            g = (v + 1 + cm.state_factor) * cm.pp + k * cm.pa
-            h = (v + 1 + cm.state_factor) * cm.pp + k * (cm.pa - inp)
+            g = (v + 1 + cm.state_factor) * cm.param_bytes_prefix + k * cm.activation_prefix
+            h = (v + 1 + cm.state_factor) * cm.param_bytes_prefix + k * (cm.activation_prefix - inp)
             self.jmem.append(np.searchsorted(g, lim + h, side="right") - 1)
         # cut cost of boundary i (activation entering layer i) between worker s-1 and s
         self.cutc = np.zeros((S, n + 1))

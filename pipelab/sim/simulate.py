@@ -103,6 +103,22 @@ class SimResult(Described):
                 f"peak memory {max(self.peak_memory, default=0) / 2**30:.2f} GiB")
 
 
+@dataclass(frozen=True)
+class StageMemory:
+    """The byte terms of one stage that the memory timeline (:func:`_memory`) adds and removes."""
+
+    #: weights, gradients and optimizer state of one copy: ``(2 + state) * weights``
+    model_states: int
+    #: activations one in-flight microbatch keeps until its (weight-gradient) backward
+    activations: int
+    #: one copy of the weights
+    weights: int
+    #: weight-sized buffers always kept (PipeMare's delta)
+    buffers: int = 0
+    #: the output gradient a split backward keeps from ``B`` to ``W``
+    grad_out: int = 0
+
+
 class ProfileCosts(Costs):
     """Costs of a schedule's actions from a :class:`CostModel` and the plan's layer ranges."""
 
@@ -179,17 +195,17 @@ class ProfileCosts(Costs):
             comm = cm.allreduce_s(nbytes, phys, work)
             return grad_s + comm, comm, nbytes
         # one microbatch's backward of layers [ly, e) on the slowest replica, then the all-reduce of [a, ly]
-        tail = max(cm.compute_s(ly, e, slowest, microbatches=self.M)[1] + kappa * (cm.pp[ly + 1] - cm.pp[a])
+        tail = max(cm.compute_s(ly, e, slowest, microbatches=self.M)[1] + kappa * cm.param_bytes(a, ly + 1)
                    for ly in range(a, e))
         return max(grad_s, float(tail) + fixed), cm.allreduce_s(nbytes, phys, work), nbytes
 
 
 def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_size: int = 1,
-                      memory: Mapping[int, tuple[int, ...]] | None = None,
+                      memory: Mapping[int, StageMemory] | None = None,
                       minibatch_scale: int = 1) -> SimResult:
     """Run ``schedule`` under ``costs`` (default :class:`UnitCosts`) and measure it (async methods without
     warm-up and drain). ``minibatch_scale`` divides the time per minibatch (``M`` for ``dp``); ``memory``:
-    stage -> its byte terms (:func:`_memory`)."""
+    stage -> its :class:`StageMemory`."""
     costs = costs if costs is not None else UnitCosts()
     try:
         events = run(schedule, costs)
@@ -223,14 +239,9 @@ def simulate_schedule(schedule: Schedule, costs: Costs | None = None, *, batch_s
                      window=window, batch_size=batch_size)
 
 
-def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[int, ...]]
+def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, StageMemory]
             ) -> dict[int, list[tuple[float, int]]]:
-    """Per worker, (time, bytes) after every change, as the runtime holds them (docs/cost_model.md).
-
-    ``memory[s] = (static, activations, p[, buffers[, grad_out]])``: ``p`` one weight copy, ``static``
-    ``(2 + state) * p``, ``buffers`` weight-sized buffers always kept (PipeMare's delta), ``grad_out``
-    the output gradient a split backward keeps from ``B`` to ``W``.
-    """
+    """Per worker, (time, bytes) after every change, as the runtime holds them (docs/cost_model.md)."""
     split = {e.stage for e in comp if e.kind == "W"}
     by_worker: dict[int, list[Event]] = {}
     for e in comp:
@@ -239,7 +250,7 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
     for w, evs in by_worker.items():
         evs.sort(key=lambda e: e.step)
         hosted = schedule.stages_of(w)
-        weights = sum(memory[s][2] + (memory[s][3] if len(memory[s]) > 3 else 0) for s in hosted)
+        weights = sum(memory[s].weights + memory[s].buffers for s in hosted)
         alive = schedule.versions_alive(w)
         live: set[tuple[int, int]] = set()   # (stage, microbatch) holding activations
         grads: set[int] = set()              # stages whose gradient buffer is allocated
@@ -250,13 +261,13 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
         for e in evs:
             s = e.stage
             last_grad = e.kind == "W" or (e.kind == "B" and s not in split)
-            gout = memory[s][4] if len(memory[s]) > 4 else 0
+            gout = memory[s].grad_out
             if e.kind == "F":
                 live.add((s, e.microbatch))
-                acts += memory[s][1]
+                acts += memory[s].activations
             elif last_grad and (s, e.microbatch) in live:
                 live.discard((s, e.microbatch))
-                acts -= memory[s][1] + (gout if s in split else 0)
+                acts -= memory[s].activations + (gout if s in split else 0)
             elif e.kind == "B" and s in split:
                 acts += gout
             if last_grad:
@@ -265,11 +276,11 @@ def _memory(schedule: Schedule, comp: list[Event], memory: Mapping[int, tuple[in
                 grads.discard(s)
                 stepped.add(s)
             n_versions = alive[e.step]
-            extra += (n_versions - 1) * memory[s][2] - extra_of[s]
-            extra_of[s] = (n_versions - 1) * memory[s][2]
-            state = sum(max(memory[x][0] - 2 * memory[x][2], 0) for x in stepped)
+            extra += (n_versions - 1) * memory[s].weights - extra_of[s]
+            extra_of[s] = (n_versions - 1) * memory[s].weights
+            state = sum(max(memory[x].model_states - 2 * memory[x].weights, 0) for x in stepped)
             t = e.start_s if e.kind == "F" else e.end_s
-            line.append((t, weights + sum(memory[x][2] for x in grads) + state + extra + acts))
+            line.append((t, weights + sum(memory[x].weights for x in grads) + state + extra + acts))
         out[w] = line
     return out
 
@@ -331,15 +342,16 @@ def _fits(sch: Schedule, plan: Plan, cluster: Cluster, is_dp: bool) -> list[int]
 
 
 def _stage_memory(cm: CostModel, profile: Profile, ranges: list[tuple[int, int]], micro: int,
-                  spec: Any, recompute: bool) -> dict[int, tuple[int, ...]]:
+                  spec: Any, recompute: bool) -> dict[int, StageMemory]:
     """Per stage: the byte terms of :func:`_memory`."""
     buffers = 1 if spec is not None and spec.weights == "pipemare" else 0
-    mem: dict[int, tuple[int, ...]] = {}
+    mem: dict[int, StageMemory] = {}
     for s, (a, e) in enumerate(ranges):
         p = cm.param_bytes(a, e)
         gout = -(-int(profile.cut_bytes[e - 1]) // micro) if e < len(profile) else 0
-        mem[s] = ((2 + cm.state_factor) * p, cm.activation_bytes(a, e, micro, recompute=recompute), p,
-                  buffers * p, gout)
+        mem[s] = StageMemory(model_states=(2 + cm.state_factor) * p,
+                             activations=cm.activation_bytes(a, e, micro, recompute=recompute), weights=p,
+                             buffers=buffers * p, grad_out=gout)
     return mem
 
 

@@ -1,0 +1,216 @@
+"""pipelab.llm against closed forms written here independently: torch's parameter count of real
+Hugging Face models of the same shape, Narayanan et al.'s FLOP formula, Korthikanti et al.'s
+activation equations, the divisibility refusals, and a measured profile's per-layer FLOP split."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipelab.cluster import Cluster
+from pipelab.llm import (Parallel, ParallelError, Transformer, in_flight, layer_activation_bytes,
+                         memory_per_device, stage_costs, transformer_profile)
+from pipelab.llm.devices import DeviceRates, device_table, sources
+
+
+def _hf(kind: str):
+    transformers = pytest.importorskip("transformers")
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=32, vocab_size=101)
+        return cfg, transformers.GPT2LMHeadModel(cfg)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=8,
+                                   num_key_value_heads=2, intermediate_size=96, vocab_size=97,
+                                   max_position_embeddings=32, tie_word_embeddings=False)
+    return cfg, transformers.LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_params_match_torch_count_of_hf_model(kind):
+    cfg, model = _hf(kind)
+    shape = Transformer.from_hf_config(cfg)
+    unique = {id(p): p.numel() for p in model.parameters()}     # a tied matrix once
+    assert shape.params() == sum(unique.values())
+
+
+def test_flops_match_narayanan_eq3():
+    # Narayanan et al. SC'21 eq. (3) without recomputation: 72 B s l h^2 (1 + s/6h + V/12lh)
+    m = Transformer(name="x", layers=4, hidden=256, heads=8, seq=128, vocab=1000)
+    B, s, l, h, V = 3, m.seq, m.layers, m.hidden, m.vocab
+    want = 72 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (12 * l * h))
+    assert m.flops_per_iteration(B) == pytest.approx(want, rel=1e-12)
+    # with full recomputation: 96 B s l h^2 (1 + s/6h + V/16lh)
+    want_r = 96 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (16 * l * h))
+    assert m.flops_per_iteration(B, recompute=True) == pytest.approx(want_r, rel=1e-12)
+    f = m.block_flops(1)
+    assert f["backward_input"] + f["backward_weight"] == 2 * f["forward"]
+
+
+def _gpt(**kw):
+    base = dict(name="g", layers=8, hidden=512, heads=8, seq=256, vocab=1024)
+    return Transformer(**{**base, **kw})
+
+
+@pytest.mark.parametrize("t,sp,recompute", [(1, False, "none"), (4, False, "none"), (4, True, "none"),
+                                            (4, True, "selective"), (2, False, "selective"),
+                                            (1, False, "full"), (4, True, "full")])
+def test_activation_bytes_match_korthikanti_table2(t, sp, recompute):
+    m = _gpt()
+    b, s, h, a = 2, m.seq, m.hidden, m.heads
+    sbh = s * b * h
+    # Korthikanti et al. 2022, Table 2 (per layer, 16-bit activations)
+    if recompute == "full":
+        want = 2 * sbh / (t if sp else 1)
+    elif recompute == "selective":
+        want = sbh * 34 / t if sp else sbh * (10 + 24 / t)
+    elif sp:
+        want = sbh / t * (34 + 5 * a * s / h)
+    else:
+        want = sbh * (10 + 24 / t + 5 * a * s / (h * t))
+    par = Parallel(tensor=t, microbatch_size=b, recompute=recompute, sequence_parallel=sp)
+    assert layer_activation_bytes(m, par) == pytest.approx(want, rel=1e-9)
+
+
+def test_in_flight_first_stage_interleaved_matches_korthikanti():
+    # Korthikanti §4.2.3: the first stage of interleaved 1F1B holds p (1 + (p-1)/(p v)) microbatches' layers
+    for p, v in ((4, 2), (8, 3), (16, 4)):
+        assert in_flight("interleaved", 0, p, 10 * p, v) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    assert [in_flight("1f1b", i, 4, 8) for i in range(4)] == [4, 3, 2, 1]
+    assert in_flight("gpipe", 2, 4, 8) == 8
+
+
+def test_in_flight_matches_pipelab_schedules():
+    """The closed forms against pipelab's own builders, counting forwards not yet freed by their last
+    backward (B, or W where the backward is split) on a unit-cost run."""
+    from pipelab.schedules import build
+    from pipelab.schedules.dataflow import UnitCosts, run
+    for method, key in (("1f1b-flush", "1f1b"), ("gpipe", "gpipe"), ("zb-h1", "zb-h1")):
+        P, M = 4, 8
+        events = run(build(method, P, microbatches=M), UnitCosts())
+        for s in range(P):
+            evs = sorted((e for e in events if e.stage == s and e.kind in "FBW"), key=lambda e: e.step)
+            split = any(e.kind == "W" for e in evs)
+            live = peak = 0
+            for e in evs:
+                live += e.kind == "F"
+                live -= e.kind == ("W" if split else "B")
+                peak = max(peak, live)
+            assert peak == in_flight(key, s, P, M), (method, s)
+
+
+def test_memory_model_states_bytes_per_param():
+    m = _gpt()
+    par = Parallel(pipeline=2, microbatches=4, data=4)
+    mem = memory_per_device(m, par, recipe="mixed-adam")
+    from pipelab.llm.memory import stage_params
+    for st in mem:
+        n = stage_params(m, par, st.stage)
+        assert st.weights + st.gradients + st.optimizer == 16 * n     # ZeRO §3.1
+    z1 = memory_per_device(m, Parallel(**{**par.to_dict(), "sharding": "zero1"}), recipe="mixed-adam")
+    assert z1[0].optimizer == pytest.approx(12 * stage_params(m, par, 0) / 4, abs=1)
+    assert sum(stage_params(m, par, i) for i in range(2)) == m.params() + m.vocab * m.hidden  # tied copy
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(tensor=3), "heads; use tensor in [1, 2, 4]"),
+    (dict(pipeline=3), "use pipeline x virtual in [1, 2, 4]"),
+    (dict(pipeline=2, virtual=2, schedule="interleaved", microbatches=3), "multiple of pipeline=2"),
+])
+def test_divisibility_refused_with_nearest_choices(kw, needle):
+    with pytest.raises(ParallelError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        Parallel(**kw).check(_gpt())
+
+
+def test_batch_and_cluster_refusals():
+    with pytest.raises(ParallelError, match="global batch 64 != data x microbatches x microbatch_size"):
+        Parallel(data=2, microbatches=8, microbatch_size=2).check(_gpt(), global_batch=64)
+    cl = Cluster.preset("dgx-a100", nodes=2)
+    with pytest.raises(ParallelError, match="fast level"):
+        Parallel(tensor=16, data=1).check(_gpt(heads=16), cl)
+    Parallel(tensor=16).check(_gpt(heads=16), cl, allow_slow_tensor=True)
+
+
+def test_tensor_comm_and_slow_links():
+    m = _gpt(heads=16)
+    cl = Cluster.preset("dgx-a100", nodes=2)
+    inside = stage_costs(m, Parallel(tensor=8, microbatch_size=2), cl).stages[0]
+    across = stage_costs(m, Parallel(tensor=16, microbatch_size=2), cl, allow_slow_tensor=True).stages[0]
+    assert across.tensor_comm_forward_s > inside.tensor_comm_forward_s
+    # a ring all-reduce of the block's activations, twice per block: 2 (t-1)/t n / busbw (+ latency)
+    rates = device_table()["A100-SXM4-80GB"]
+    n = 2 * 2 * m.seq * m.hidden
+    lat = cl.levels[0].latency * 2 * 7
+    per_block = 2 * (2 * 7 / 8 * n / rates.nvlink_busbw + lat)
+    embed_ar = 2 * 7 / 8 * n / rates.nvlink_busbw + lat
+    assert inside.tensor_comm_forward_s == pytest.approx(m.layers * per_block + embed_ar, rel=1e-9)
+    sp = stage_costs(m, Parallel(tensor=8, microbatch_size=2, sequence_parallel=True), cl).stages[0]
+    assert sp.tensor_comm_forward_s == pytest.approx(inside.tensor_comm_forward_s, rel=1e-9)
+
+
+def test_recompute_adds_forward_to_backward():
+    m, cl = _gpt(), Cluster.preset("dgx-a100", nodes=1)
+    base = stage_costs(m, Parallel(pipeline=2, microbatches=2), cl).stages[1]
+    full = stage_costs(m, Parallel(pipeline=2, microbatches=2, recompute="full"), cl).stages[1]
+    sel = stage_costs(m, Parallel(pipeline=2, microbatches=2, recompute="selective"), cl).stages[1]
+    assert base.recompute_s == 0 < sel.recompute_s < full.recompute_s
+    assert full.backward_input_s == pytest.approx(base.backward_input_s + full.recompute_s)
+
+
+def test_device_table_cites_every_quantity():
+    for name in device_table():
+        src = sources(name)
+        assert src and all(len(v) > 10 for v in src.values()), name
+    assert DeviceRates.of("h100").peak_flops("bf16") > DeviceRates.of("a100").peak_flops("bf16")
+
+
+def test_json_round_trips():
+    m = Transformer.preset("llama2-70b")
+    assert Transformer.from_dict(m.to_dict()) == m
+    par = Parallel(tensor=8, pipeline=4, data=2, microbatches=8, virtual=2, schedule="interleaved")
+    assert Parallel.from_dict(par.to_dict()) == par
+    costs = stage_costs(Transformer.preset("gpt3-1.3b"), Parallel(pipeline=2, microbatches=2),
+                        Cluster.preset("dgx-a100", nodes=1))
+    assert type(costs).from_dict(costs.to_dict()) == costs
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, h: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
+        self.qkv, self.proj = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
+        self.up, self.down = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        att = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)).softmax(-1) @ v.transpose(1, 2)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.ln2(x))))
+
+
+def tiny_gpt(shape: Transformer) -> torch.nn.Sequential:
+    """A plain GPT of ``shape`` (no positions, untied head) as layers the profiler times one by one."""
+    class Embed(torch.nn.Embedding):
+        pass
+    return torch.nn.Sequential(Embed(shape.vocab, shape.hidden),
+                               *[_Block(shape.hidden, shape.heads) for _ in range(shape.layers)],
+                               torch.nn.LayerNorm(shape.hidden), torch.nn.Linear(shape.hidden, shape.vocab, bias=False))
+
+
+def test_analytic_profile_flop_split_matches_measured():
+    """The analytic Profile's per-layer forward FLOPs equal torch's FlopCounter on a real model."""
+    from pipelab.profile.measure import profile
+    shape = Transformer(name="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=50, tied=False,
+                        precision="fp32", positions=False)
+    net = tiny_gpt(shape)
+    x = torch.randint(0, shape.vocab, (2, shape.seq))
+    measured = profile(net, x, progress=False, repeats=1, warmup=0, small_batch=None, whole=False,
+                       leaf_modules=(_Block,))
+    analytic = transformer_profile(shape, Parallel(microbatch_size=2), "a100")
+    got = [ly.flops for ly in measured.layers]
+    want = [ly.flops for ly in analytic.layers]
+    # profiled layers: embedding, 2 blocks, norm, head (the analytic record has the same five)
+    assert len(got) == len(want) == 5
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, rel=0.02), (got, want)
+    assert sum(ly.param_bytes for ly in measured.layers) == 4 * shape.params()
