@@ -139,3 +139,11 @@ def test_planner_ranks_one_trillion_on_3072_gpus():
     table = plan_llm(model, "dgx-a100:3072", 3072)
     assert table.best.result is not None and table.best.parallel.devices == 3072
     assert table.best.time_s <= min(c.time_s for c in table.simulated)
+
+
+def test_the_gantt_draws_tensor_and_data_communication():
+    from pipelab.views import gantt
+    par = Parallel(tensor=2, pipeline=2, data=2, microbatch_size=1, microbatches=4, sequence_parallel=True)
+    fig = gantt(simulate_llm(GPT, "dgx-a100:8", par).trace)
+    drawn = {k for tr in fig.data if tr.name == "transfer" for k in tr.text}
+    assert {"tensor", "allreduce", "send"} <= drawn
