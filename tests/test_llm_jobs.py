@@ -147,3 +147,13 @@ def test_the_gantt_draws_tensor_and_data_communication():
     fig = gantt(simulate_llm(GPT, "dgx-a100:8", par).trace)
     drawn = {k for tr in fig.data if tr.name == "transfer" for k in tr.text}
     assert {"tensor", "allreduce", "send"} <= drawn
+
+
+def test_plan_table_round_trips_through_json(tmp_path):
+    from pipelab.planner.llm import LlmPlanTable
+    table = plan_llm(GPT, "dgx-a100:8", 16, tensor=(2, 4), microbatch_size=1, recompute="none",
+                     sharding="none", shortlist=2)
+    back = LlmPlanTable.load(table.save(tmp_path / "plan.json"))
+    assert back.to_dict() == table.to_dict()
+    assert [c.time_s for c in back.candidates] == [c.time_s for c in table.candidates]
+    assert back.explain() == table.explain()

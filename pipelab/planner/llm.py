@@ -17,12 +17,15 @@ Invariant: every row of the table fits memory; the pick is the simulated fastest
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import product
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelab._display import Described
+from pipelab._io import read_record, write_record
 from pipelab.cluster import Cluster
 from pipelab.llm.costs import stage_costs
 from pipelab.llm.memory import MemoryBreakdown, memory_per_device
@@ -39,6 +42,10 @@ DEFAULT_MICROBATCH_SIZES = (1, 2, 4, 8)
 DEFAULT_VIRTUAL = (2, 4)
 DEFAULT_RECOMPUTE = ("none", "selective", "full")
 DEFAULT_SHARDING = ("none", "zero1")
+
+
+#: version of the JSON form :meth:`LlmPlanTable.save` writes
+SCHEMA = 1
 
 
 class PlanInfeasible(ValueError):
@@ -119,6 +126,41 @@ class LlmPlanTable(Described):
             head.append(f"  #{i}: {c.parallel.describe()}: {c.time_s:.3f} s, "
                         f"{int(c.memory.total) / 2**30:.1f} GiB")
         return "\n".join(head)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form: the search's inputs and counts, each candidate's record (not its trace)."""
+        return {"model": self.model.to_dict(), "cluster": self.cluster, "global_batch": self.global_batch,
+                "considered": self.considered, "refused_memory": self.refused_memory,
+                "refused_shape": self.refused_shape, "memory_limit": self.memory_limit,
+                "candidates": [{"parallel": c.parallel.to_dict(), "estimate_s": c.estimate_s,
+                                "memory": asdict(c.memory), "simulated": c.result is not None}
+                               for c in self.candidates]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LlmPlanTable:
+        """Inverse of :meth:`to_dict`; the simulated rows are simulated again (the simulation is a pure
+        function of model, cluster and plan, so their results are the saved table's)."""
+        model = Transformer.from_dict(d["model"])
+        cands = []
+        for c in d["candidates"]:
+            par = Parallel.from_dict(c["parallel"])
+            res = simulate_llm(model, d["cluster"], par) if c["simulated"] else None
+            cands.append(LlmCandidate(parallel=par, estimate_s=float(c["estimate_s"]),
+                                      memory=MemoryBreakdown(**c["memory"]), result=res))
+        return cls(model=model, cluster=d["cluster"], global_batch=int(d["global_batch"]),
+                   candidates=tuple(cands), considered=int(d["considered"]),
+                   refused_memory=int(d["refused_memory"]), refused_shape=int(d["refused_shape"]),
+                   memory_limit=int(d["memory_limit"]))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the table as JSON, atomically."""
+        return write_record(path, "llm-plan", SCHEMA, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LlmPlanTable:
+        """Read a table :meth:`save` wrote."""
+        doc = read_record(path, "llm-plan", SCHEMA)
+        return cls.from_dict({k: v for k, v in doc.items() if k not in ("pipelab", "schema")})
 
     def _repr_html_(self) -> str:
         return self.to_dataframe().head(20).to_html(index=False, float_format=lambda x: f"{x:.4g}")
