@@ -114,7 +114,7 @@ PRESET_TRANSPORTS = ("link", "pipedream", "nccl")
 
 
 def _rate(device: str, quantity: str) -> float:
-    """A cited rate of ``device`` from ``pipelab/data/devices.csv`` (its ``source`` column says where from)."""
+    """A cited rate of ``device`` from ``pipelab/data/devices.csv`` (its ``source`` column cites it)."""
     text = resources.files("pipelab").joinpath("data/devices.csv").read_text(encoding="utf-8")
     for row in csv.DictReader(text.splitlines()):
         if row["device"] == device and row["quantity"] == quantity:
@@ -133,11 +133,13 @@ _PRESETS: dict[str, tuple[Device, int, int, Level | None, Level]] = {
     "pipedream-c": (Device("TitanX-12GB", 1.0, 12 * 2**30), 1, 4, None,
                     Level("ethernet-40g", 4, 40 * Gbps, 10e-6)),
     "dgx-h100": (Device("H100-80GB", 1.0, 80 * 2**30), 8, 2,
-                 Level("nvlink4", 8, 450 * GB, 3e-6, allreduce_bandwidth=_rate("H100-SXM5-80GB", "nvlink_busbw")),
+                 Level("nvlink4", 8, 450 * GB, 3e-6,
+                       allreduce_bandwidth=_rate("H100-SXM5-80GB", "nvlink_busbw")),
                  Level("infiniband-400g", 2, 400 * Gbps, 2e-6, uplinks=8,
                        allreduce_bandwidth=_rate("H100-SXM5-80GB", "nic_busbw"))),
     "dgx-a100": (Device("A100-SXM4-80GB", 1.0, 80 * 2**30), 8, 2,
-                 Level("nvlink3", 8, 300 * GB, 3e-6, allreduce_bandwidth=_rate("A100-SXM4-80GB", "nvlink_busbw")),
+                 Level("nvlink3", 8, 300 * GB, 3e-6,
+                       allreduce_bandwidth=_rate("A100-SXM4-80GB", "nvlink_busbw")),
                  Level("infiniband-200g", 2, 200 * Gbps, 2e-6, uplinks=8,
                        allreduce_bandwidth=_rate("A100-SXM4-80GB", "nic_busbw"))),
     "a100-ib": (Device("A100-80GB", 1.0, 80 * 2**30), 8, 2, Level("nvlink3", 8, 300 * GB, 3e-6),

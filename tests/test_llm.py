@@ -8,8 +8,16 @@ import pytest
 import torch
 
 from pipelab.cluster import Cluster
-from pipelab.llm import (Parallel, ParallelError, Transformer, in_flight, layer_activation_bytes,
-                         memory_per_device, stage_costs, transformer_profile)
+from pipelab.llm import (
+    Parallel,
+    ParallelError,
+    Transformer,
+    in_flight,
+    layer_activation_bytes,
+    memory_per_device,
+    stage_costs,
+    transformer_profile,
+)
 from pipelab.llm.devices import DeviceRates, device_table, sources
 
 
@@ -35,11 +43,11 @@ def test_params_match_torch_count_of_hf_model(kind):
 def test_flops_match_narayanan_eq3():
     # Narayanan et al. SC'21 eq. (3) without recomputation: 72 B s l h^2 (1 + s/6h + V/12lh)
     m = Transformer(name="x", layers=4, hidden=256, heads=8, seq=128, vocab=1000)
-    B, s, l, h, V = 3, m.seq, m.layers, m.hidden, m.vocab
-    want = 72 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (12 * l * h))
+    B, s, n, h, V = 3, m.seq, m.layers, m.hidden, m.vocab      # n: the paper's l (layers)
+    want = 72 * B * s * n * h ** 2 * (1 + s / (6 * h) + V / (12 * n * h))
     assert m.flops_per_iteration(B) == pytest.approx(want, rel=1e-12)
     # with full recomputation: 96 B s l h^2 (1 + s/6h + V/16lh)
-    want_r = 96 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (16 * l * h))
+    want_r = 96 * B * s * n * h ** 2 * (1 + s / (6 * h) + V / (16 * n * h))
     assert m.flops_per_iteration(B, recompute=True) == pytest.approx(want_r, rel=1e-12)
     f = m.block_flops(1)
     assert f["backward_input"] + f["backward_weight"] == 2 * f["forward"]
@@ -194,7 +202,8 @@ def tiny_gpt(shape: Transformer) -> torch.nn.Sequential:
         pass
     return torch.nn.Sequential(Embed(shape.vocab, shape.hidden),
                                *[_Block(shape.hidden, shape.heads) for _ in range(shape.layers)],
-                               torch.nn.LayerNorm(shape.hidden), torch.nn.Linear(shape.hidden, shape.vocab, bias=False))
+                               torch.nn.LayerNorm(shape.hidden),
+                               torch.nn.Linear(shape.hidden, shape.vocab, bias=False))
 
 
 def test_analytic_profile_flop_split_matches_measured():
@@ -214,3 +223,19 @@ def test_analytic_profile_flop_split_matches_measured():
     for g, w in zip(got, want):
         assert g == pytest.approx(w, rel=0.02), (got, want)
     assert sum(ly.param_bytes for ly in measured.layers) == 4 * shape.params()
+
+
+def test_simulator_takes_the_analytic_profile():
+    """pl.simulate runs the analytic Profile: its 1F1B time is at least the slowest stage's m (F + B) and
+    at most (m + p - 1) of them plus the optimizer step."""
+    import pipelab as pl
+    m = _gpt(layers=4)
+    prof = transformer_profile(m, Parallel(microbatch_size=1), "a100")
+    cl = Cluster.preset("dgx-a100", nodes=1, gpus_per_server=2)
+    plan = pl.Plan.from_boundaries(len(prof), [3], batch_size=4)
+    # the profile is one microbatch's; the simulator splits a minibatch of 4 into 4 microbatches
+    res = pl.simulate(plan, prof.at_batch_size(4), cl, "1f1b-flush", microbatches=4, optimizer="sgd")
+    stage_s = [sum(ly.fwd_s + ly.bwd_s for ly in prof.layers[a:b]) for a, b in ((0, 3), (3, len(prof)))]
+    slowest = max(stage_s)
+    step = max(e.end_s - e.start_s for e in res.trace.events if e.kind == "U")   # the optimizer step
+    assert 4 * slowest <= res.time_per_minibatch <= (4 + 1) * slowest * 1.05 + step

@@ -28,6 +28,10 @@ def transformer_profile(model: Transformer, parallel: Parallel | int = 1, device
             microbatch size are used).
         cluster: prices the tensor all-reduces (none: compute only).
         microbatch_size: sequences per microbatch (default ``parallel.microbatch_size``).
+
+    Returns:
+        A Profile of one microbatch (``batch_size`` = its sequences); for ``M`` microbatches per
+        minibatch give the simulator ``profile.at_batch_size(M * batch_size)``.
     """
     par = parallel if isinstance(parallel, Parallel) else Parallel(tensor=int(parallel))
     if microbatch_size is not None:
@@ -60,5 +64,6 @@ def transformer_profile(model: Transformer, parallel: Parallel | int = 1, device
                         saved_bytes=act + 4 * b * s * model.vocab // t, wgrad_s=hw,
                         param_tensors=0 if model.tied else 1))
     cuts = tuple(ly.out_bytes for ly in layers[:-1])
-    return Profile(layers=tuple(layers), cut_bytes=cuts, batch_size=b, dtype=model.precision, device=rates.name,
+    return Profile(layers=tuple(layers), cut_bytes=cuts, batch_size=b, dtype=model.precision,
+                   device=rates.name,
                    input_bytes=8 * b * s, model=model.name, source="synthetic")

@@ -124,8 +124,9 @@ def device_table() -> dict[str, DeviceRates]:
         missing = [k for k in QUANTITIES if k not in q]
         if missing:
             raise ValueError(f"devices.csv: {dev} lacks {missing}")
-        ints = {"memory_bytes", "nics_per_node"}
-        out[dev] = DeviceRates(name=dev, **{k: (int(q[k]) if k in ints else q[k]) for k in QUANTITIES})
+        values: dict[str, Any] = {k: q[k] for k in QUANTITIES}
+        values["memory_bytes"], values["nics_per_node"] = int(q["memory_bytes"]), int(q["nics_per_node"])
+        out[dev] = DeviceRates(name=dev, **values)
     return out
 
 

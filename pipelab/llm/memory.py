@@ -45,7 +45,7 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("mixed-adam", 2, 2, 4, 8, "Rajbhandari et al. SC'20 (ZeRO) §3.1: 2 + 2 + 12 = 16 B/parameter"),
     Recipe("mixed-adam-fp32-grads", 2, 4, 4, 8,
-           "Megatron-LM docs, distributed optimizer: bf16/fp16 parameters with fp32 gradients, 18 B/parameter"),
+           "Megatron-LM docs, distributed optimizer: bf16/fp16 parameters, fp32 gradients: 18 B/parameter"),
     Recipe("fp32-adam", 4, 4, 0, 8, "fp32 weights and gradients, Adam's two fp32 moments: 16 B/parameter"),
     Recipe("mixed-sgd", 2, 2, 4, 4, "16-bit weights and gradients, fp32 master and one fp32 momentum"),
 )}
@@ -79,16 +79,18 @@ class MemoryBreakdown:
 
     def describe(self) -> str:
         """One line in GiB."""
-        return f"stage {self.stage}: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in self.parts().items())
+        parts = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in self.parts().items())
+        return f"stage {self.stage}: {parts}"
 
 
 def in_flight(schedule: str, stage: int, pipeline: int, microbatches: int, virtual: int = 1) -> float:
     """Microbatches whose activations stage ``stage`` holds at its peak, in units of the stage's whole
     layers (an interleaved chunk holds ``1/virtual`` of them).
 
-    1F1B: ``p - i``; ZB-H1, whose deferred weight gradients keep activations until ``W``: ``p`` on every
-    stage, ZB-H2: ``2p - 1`` (Qi et al. ICLR'24 Table 1: ``p M_B`` and ``(2p - 1) M_B``); GPipe: ``m``; interleaved 1F1B, Megatron-LM's warm-up of ``2 (p - i - 1) + (v - 1) p`` chunks plus the
-    one in its steady state (Korthikanti §4.2.3: ``p (1 + (p - 1)/(p v))`` on the first stage).
+    1F1B: ``p - i``. ZB-H1, whose deferred weight gradients keep activations until ``W``: ``p`` on every
+    stage; ZB-H2: ``2p - 1`` (Qi et al. ICLR'24 Table 1: ``p M_B`` and ``(2p - 1) M_B``). GPipe: ``m``.
+    Interleaved 1F1B: Megatron-LM's warm-up of ``2 (p - i - 1) + (v - 1) p`` chunks plus the one in its
+    steady state (Korthikanti §4.2.3: ``p (1 + (p - 1)/(p v))`` on the first stage).
     """
     p, i, m, v = pipeline, stage, microbatches, virtual
     if schedule not in SCHEDULES:
@@ -148,7 +150,8 @@ def stage_params(model: Transformer, parallel: Parallel, stage: int, blocks: int
 def end_activation_bytes(model: Transformer, parallel: Parallel, stage: int) -> int:
     """Activation bytes per microbatch the end stages add: the embedding's dropout mask on the first, the
     final norm's and head's inputs and the fp32 logits of the loss on the last (Korthikanti §4.3)."""
-    b, s, h, t, e = parallel.microbatch_size, model.seq, model.hidden, parallel.tensor, model.bytes_per_element
+    b, s, h = parallel.microbatch_size, model.seq, model.hidden
+    t, e = parallel.tensor, model.bytes_per_element
     split_seq = t if parallel.sequence_parallel else 1
     out = 0
     if stage == 0:
@@ -185,7 +188,8 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
             o = -(-o // d)
         elif parallel.sharding == "fsdp":
             w, g, o = -(-w // d), -(-g // d), -(-o // d)
-            one_block = (model.block_params() - 2 * model.hidden * (2 if model.bias else 1)) // parallel.tensor
+            norms = 2 * model.hidden * (2 if model.bias else 1)
+            one_block = (model.block_params() - norms) // parallel.tensor
             gathered = 2 * (rec.weights + rec.gradients) * one_block   # this block's and the next's, gathered
         flight = in_flight(order, i, p, parallel.microbatches, parallel.virtual)
         if parallel.recompute == "full":

@@ -130,8 +130,9 @@ class Parallel:
                 model's layers); None: ``layers / pipeline`` each, which must divide.
         """
         if model.heads % self.tensor:
-            raise ParallelError(f"tensor={self.tensor} does not divide {model.name}'s {model.heads} attention "
-                                f"heads; use tensor in {_nearest(_divisors(model.heads), self.tensor)}")
+            raise ParallelError(f"tensor={self.tensor} does not divide {model.name}'s {model.heads} "
+                                f"attention heads; use tensor in "
+                                f"{_nearest(_divisors(model.heads), self.tensor)}")
         if model.kv_heads % self.tensor and self.tensor % model.kv_heads:
             raise ParallelError(f"tensor={self.tensor} neither divides nor is a multiple of {model.name}'s "
                                 f"{model.kv_heads} key/value heads; use tensor in "
@@ -143,21 +144,23 @@ class Parallel:
             check_stage_layers(model, self, stage_layers)
         elif model.layers % self.stages:
             ok = [d for d in _divisors(model.layers) if d % self.virtual == 0]
-            raise ParallelError(f"{model.name}'s {model.layers} layers do not split into pipeline x virtual = "
-                                f"{self.pipeline} x {self.virtual} = {self.stages} equal stages; use pipeline "
-                                f"x virtual in {_nearest(_divisors(model.layers), self.stages)}"
+            raise ParallelError(f"{model.name}'s {model.layers} layers do not split into pipeline x "
+                                f"virtual = {self.pipeline} x {self.virtual} = {self.stages} equal stages; "
+                                f"use pipeline x virtual in {_nearest(_divisors(model.layers), self.stages)}"
                                 + (f" (with virtual={self.virtual}: pipeline in "
                                    f"{_nearest([d // self.virtual for d in ok], self.pipeline)})"
                                    if self.virtual > 1 else ""))
         if self.virtual > 1 and self.microbatches % self.pipeline:
             lo = self.microbatches - self.microbatches % self.pipeline
-            raise ParallelError(f"interleaved 1F1B needs microbatches={self.microbatches} to be a multiple of "
-                                f"pipeline={self.pipeline}; use {max(lo, self.pipeline)} or {lo + self.pipeline}")
+            raise ParallelError(f"interleaved 1F1B needs microbatches={self.microbatches} to be a multiple "
+                                f"of pipeline={self.pipeline}; use {max(lo, self.pipeline)} or "
+                                f"{lo + self.pipeline}")
         if global_batch is not None and global_batch != self.global_batch:
             per = global_batch // self.data if global_batch % self.data == 0 else None
             hint = (f"with data={self.data}: microbatches x microbatch_size = {per}, e.g. microbatch_size in "
                     f"{_nearest(_divisors(per), self.microbatch_size)} with microbatches = {per} / it"
-                    if per else f"data must divide it: data in {_nearest(_divisors(global_batch), self.data)}")
+                    if per else
+                    f"data must divide it: data in {_nearest(_divisors(global_batch), self.data)}")
             raise ParallelError(f"global batch {global_batch} != data x microbatches x microbatch_size = "
                                 f"{self.data} x {self.microbatches} x {self.microbatch_size} = "
                                 f"{self.global_batch}; {hint}")

@@ -233,7 +233,8 @@ class Transformer:
         """One line for humans."""
         gqa = f", {self.kv_heads} kv heads" if self.kv_heads != self.heads else ""
         return (f"{self.name}: {self.params() / 1e9:.3g}B parameters, {self.layers} layers, hidden "
-                f"{self.hidden}, {self.heads} heads{gqa}, ffn {self.ffn}{' (gated)' if self.gated_mlp else ''}, "
+                f"{self.hidden}, {self.heads} heads{gqa}, ffn {self.ffn}"
+                f"{' (gated)' if self.gated_mlp else ''}, "
                 f"seq {self.seq}, vocab {self.vocab}, {self.precision}")
 
 

@@ -3,7 +3,8 @@
 A small GPT (embedding, blocks, final norm, untied head; fp32) is profiled layer by layer with
 ``pipelab.profile`` and built analytically with ``transformer_profile`` on this CPU's rates, measured
 per operation here: a GEMM probe (the median FLOP/s of ``torch.matmul`` over the model's weight shapes)
-and a streaming probe (the median bytes/s of ``x + y`` over 64 MB tensors into a preallocated output). Prints, per
+and a streaming probe (the median bytes/s of ``x + y`` over 64 MB tensors into a preallocated output).
+Prints, per
 layer kind, forward and backward milliseconds measured and predicted with their ratio, and the FLOPs
 (which ``tests/test_llm.py`` checks exactly). Timings on a busy machine are noisy: medians of
 ``--repeats`` runs.
@@ -79,10 +80,11 @@ def measure_rates(shape: Transformer, rows: int, repeats: int) -> DeviceRates:
     x, y, z = torch.randn(16 * 2**20), torch.randn(16 * 2**20), torch.empty(16 * 2**20)
     torch.add(x, y, out=z)
     stream = _median_rate(lambda: torch.add(x, y, out=z), 3 * 4 * x.numel(), repeats)
-    return DeviceRates(name="cpu-measured", peak_flops_bf16=flops, peak_flops_fp16=flops, peak_flops_fp32=flops,
-                       hbm_bytes_per_s=stream, memory_bytes=2**34, gemm_efficiency=1.0, hbm_efficiency=1.0,
-                       nvlink_bytes_per_s=stream, nvlink_busbw=stream, nic_bytes_per_s=stream, nic_busbw=stream,
-                       nics_per_node=1)
+    # links are not used on one CPU: set to the streaming rate
+    return DeviceRates(name="cpu-measured", peak_flops_bf16=flops, peak_flops_fp16=flops,
+                       peak_flops_fp32=flops, hbm_bytes_per_s=stream, memory_bytes=2**34, gemm_efficiency=1.0,
+                       hbm_efficiency=1.0, nvlink_bytes_per_s=stream, nvlink_busbw=stream,
+                       nic_bytes_per_s=stream, nic_busbw=stream, nics_per_node=1)
 
 
 def main() -> None:
@@ -96,7 +98,8 @@ def main() -> None:
     batch = 4
     rates = measure_rates(shape, batch * shape.seq, args.repeats)
     print(f"this CPU: GEMM {rates.peak_flops_fp32 / 1e9:.1f} GFLOP/s (median of {args.repeats}, "
-          f"the model's weight-matmul shapes, fp32), streaming {rates.hbm_bytes_per_s / 1e9:.1f} GB/s (x + y into a preallocated 64 MB output)")
+          f"the model's weight-matmul shapes, fp32), streaming {rates.hbm_bytes_per_s / 1e9:.1f} GB/s "
+          "(x + y into a preallocated 64 MB output)")
     net = tiny_gpt(shape)
     x = torch.randint(0, shape.vocab, (batch, shape.seq))
     runs = [profile(net, x, progress=False, repeats=3, warmup=1, small_batch=None, leaf_modules=(Block,))

@@ -56,7 +56,8 @@ def setups() -> dict[str, dict[str, float | int | list[int]]]:
     out: dict[str, dict[str, float | int | list[int]]] = {}
     with open(DATA / "setup.csv", encoding="utf-8") as fh:
         for r in csv.DictReader(fh):
-            out[r["model"]] = {"layers": int(r["layers"]), "heads": int(r["heads"]), "hidden": int(r["hidden"]),
+            out[r["model"]] = {"layers": int(r["layers"]), "heads": int(r["heads"]),
+                               "hidden": int(r["hidden"]),
                                "gpus": int(r["gpus"]), "microbatch_size": int(r["microbatch_size"]),
                                "m": [int(x) for x in r["m_values"].split(";")]}
     return out
@@ -192,15 +193,15 @@ def predict(virtual: int = 2) -> list[dict[str, object]]:
         p, b = int(s["gpus"]), int(s["microbatch_size"])  # type: ignore[call-overload]
         t6 = t6s[name]
         measured = float(cell["samples_per_gpu_per_s"])
-        rate = lambda seconds: m * b / seconds / p  # noqa: E731
         row: dict[str, object] = {"model": name, "m": m, "method": label, "measured": measured,
-                                  "bubble": rate(bubble_only(label, p, m, t6, virtual))}
+                                  "bubble": _rate(m, b, p, bubble_only(label, p, m, t6, virtual))}
         method = METHODS.get(label)
         if method is not None:
             chunks = virtual if label == "1F1B-I" else 1
             unit = UnitCosts(f=t6["F"] / chunks, b=t6["B"] / chunks, w=t6["W"] / chunks, send_s=t6["comm"])
-            row["table6"] = rate(_makespan(method, p, m, unit, virtual))
-            row["analytic"] = rate(_makespan(method, p, m, analytic_costs(name, m, chunks), virtual))
+            row["table6"] = _rate(m, b, p, _makespan(method, p, m, unit, virtual))
+            analytic = analytic_costs(name, m, chunks)
+            row["analytic"] = _rate(m, b, p, _makespan(method, p, m, analytic, virtual))
         schedule = {"1F1B": "1f1b", "1F1B-I": "interleaved", "ZB-1p": "zb-h1", "ZB-2p": "zb-h2"}[label]
         par = Parallel(pipeline=p, microbatch_size=b, microbatches=m, schedule=schedule,
                        virtual=virtual if label == "1F1B-I" else 1)
@@ -210,6 +211,11 @@ def predict(virtual: int = 2) -> list[dict[str, object]]:
         row["measured_memory_gb"] = float(cell["memory_gb"])
         rows.append(row)
     return rows
+
+
+def _rate(m: int, b: int, p: int, seconds: float) -> float:
+    """Samples per GPU per second of ``m`` microbatches of ``b`` on ``p`` GPUs in ``seconds``."""
+    return m * b / seconds / p
 
 
 def _err(pred: object, real: float) -> str:
@@ -225,8 +231,8 @@ def write(rows: list[dict[str, object]], fit: dict[str, float]) -> None:
         wr.writeheader()
         for r in rows:
             wr.writerow({k: (f"{r[k]:.4g}" if isinstance(r.get(k), float) else r.get(k, "")) for k in keys})
-    lines = ["| model | m | method | measured | bubble only | err | pipelab on Table 6 | err | analytic | err "
-             "| memory GB measured | predicted | err |", "|" + "---|" * 13]
+    lines = ["| model | m | method | measured | bubble only | err | pipelab on Table 6 | err | analytic "
+             "| err | memory GB measured | predicted | err |", "|" + "---|" * 13]
     for r in rows:
         real = float(r["measured"])  # type: ignore[arg-type]
         mem = r.get("memory_gb")
