@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,9 +105,7 @@ def predict(row: Row, **unstated: Any) -> dict[str, Any]:
                    microbatches=row.global_batch // (row.data * b), virtual=inputs["virtual"],
                    recompute=row.recompute, sequence_parallel=row.sequence_parallel,
                    sharding=inputs["sharding"], dp_overlap=inputs["dp_overlap"], schedule=inputs["schedule"])
-    t0 = time.perf_counter()
     res = simulate_llm(model, f"{inputs['cluster']}:{row.gpus}", par)
-    wall = time.perf_counter() - t0
     pub = row.published_time_s()
     pred = res.time_per_iteration_s
     mem_err = None
@@ -124,7 +121,7 @@ def predict(row: Row, **unstated: Any) -> dict[str, Any]:
             "predicted_tflops": row.megatron_flops() / pred / row.gpus / 1e12,
             "model_tflops": res.model_tflops_per_gpu, "hardware_tflops": res.hardware_tflops_per_gpu,
             "bubble": res.bubble_fraction, "memory_gib": res.peak_memory / 2**30,
-            "published_memory_gib": row.published_memory_gib, "memory_error": mem_err, "sim_wall_s": wall}
+            "published_memory_gib": row.published_memory_gib, "memory_error": mem_err}
 
 
 def _interleaving(row: Row, virtual: int) -> dict[str, Any]:
