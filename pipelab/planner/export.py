@@ -15,7 +15,9 @@ from pipelab.llm.shape import Transformer
 
 #: torchtitan's pipeline_parallel_schedule names (torch.distributed.pipelining.schedules) per pipelab order
 TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
-#: torchtitan's activation_checkpoint.mode per pipelab recompute policy ("op": per-op selective AC)
+#: torchtitan's activation_checkpoint.mode per pipelab recompute policy. "selective" maps to per-op SAC
+#: ("op"), torchtitan's nearest policy, which chooses its recomputed ops itself: not exactly Korthikanti et
+#: al.'s attention core that pipelab prices, so simulate, then measure, before trusting the time
 TORCHTITAN_RECOMPUTE = {"none": ("none", None), "selective": ("selective", "op"), "full": ("full", None)}
 
 
