@@ -29,6 +29,8 @@ _EXPORTS: dict[str, str] = {
     "Action": "pipelab.schedules.actions", "Schedule": "pipelab.schedules.actions",
     "simulate": "pipelab.sim", "SimResult": "pipelab.sim", "explain": "pipelab.explain",
     "plan": "pipelab.planner", "PlanTable": "pipelab.planner", "confirm": "pipelab.planner",
+    "simulate_llm": "pipelab.sim.llm", "LlmResult": "pipelab.sim.llm",
+    "plan_llm": "pipelab.planner.llm", "LlmPlanTable": "pipelab.planner.llm",
     "Trace": "pipelab.trace", "Event": "pipelab.trace", "train": "pipelab.runtime",
     "launch": "pipelab.runtime",
     **{m: f"pipelab.{m}" for m in _MODULES},
@@ -91,9 +93,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from pipelab.partition import partition  # noqa: F401
     from pipelab.partition.plan import Plan, Stage  # noqa: F401
     from pipelab.planner import PlanTable, confirm, plan  # noqa: F401
+    from pipelab.planner.llm import LlmPlanTable, plan_llm  # noqa: F401
     from pipelab.profile.measure import profile  # noqa: F401
     from pipelab.profile.records import Layer, Profile  # noqa: F401
     from pipelab.runtime.launch import launch, train  # noqa: F401
     from pipelab.schedules.actions import Action, Schedule  # noqa: F401
+    from pipelab.sim.llm import LlmResult, simulate_llm  # noqa: F401
     from pipelab.sim.simulate import SimResult, simulate  # noqa: F401
     from pipelab.trace import Event, Trace  # noqa: F401

@@ -35,6 +35,7 @@ SMALL: dict[str, dict[str, Any]] = {
                    "run_real": True, "real_models": ["cnn"], "real_steps": 8, "real_rounds": 1,
                    "confirm_rounds": 1},
     "09_transformers": {"backend": "gloo", "stages": 2, "n_layer": 2, "steps": 3},
+    "10_3d_parallelism": {"gpus": 256, "global_batch": 512, "shortlist": 2, "gantt_rounds": 1},
 }
 NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 

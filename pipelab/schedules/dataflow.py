@@ -43,7 +43,8 @@ class Costs:
 
     def channels(self, src: int, dst: int) -> tuple[Hashable, ...]:
         """Resources a transfer ``src -> dst`` passes, in order (default: the directed link alone); each
-        carries one transfer per slot at a time, entered cut-through."""
+        carries one transfer per slot at a time, entered cut-through. A function of ``(src, dst)`` alone:
+        the engine asks once per pair."""
         return ((src, dst),)
 
     def channel_slots(self, channel: Hashable) -> int:
@@ -123,6 +124,8 @@ class Deadlock(RuntimeError):
 
 
 Key = tuple[str, int, int]   # data or done key: ("a"|"g"|"f"|"b"|"r", stage, microbatch or U number)
+_FROM_NEIGHBOUR = {"F": "a", "B": "g"}   # the letter of a key published by another stage's action
+_OWN = {"F": "f", "B": "b"}              # ... by this stage's own action
 
 
 class Engine:
@@ -144,6 +147,7 @@ class Engine:
         self.avail: dict[Key, float] = {}                    # published keys -> time
         self.waiting: dict[Key, list[int]] = {}              # missing key -> workers waiting for it
         self.chan_free: dict[Hashable, list[float]] = {}     # channel -> free time of each of its slots
+        self.route: dict[tuple[int, int], tuple[Hashable, ...]] = {}   # (src, dst) -> its channels
         self.u_count: dict[tuple[int, int], int] = {}        # (worker, stage) -> U's done
         self.last_grad: dict[tuple[int, int], tuple[float, float]] = {}  # (worker, stage) -> last B/W
         self.groups: dict[tuple[int, int], list[tuple[int, float, float, float]]] = {}
@@ -181,7 +185,10 @@ class Engine:
         if secs == 0.0 and nbytes == 0:
             return end
         t = t0 = end
-        for i, ch in enumerate(self.costs.channels(src, dst)):
+        route = self.route.get((src, dst))
+        if route is None:
+            route = self.route[(src, dst)] = self.costs.channels(src, dst)
+        for i, ch in enumerate(route):
             fr = self.chan_free.get(ch)
             if fr is None:
                 fr = self.chan_free[ch] = [0.0] * self.costs.channel_slots(ch)
@@ -197,9 +204,10 @@ class Engine:
     def _inputs(self, a: Action, ready: float) -> tuple[float, Key | None]:
         """(when ``a``'s shipped inputs are all there, or the first missing key)."""
         # an activation ("a") or gradient ("g") from a neighbour stage, or this stage's own F ("f") / B ("b")
+        avail = self.avail
         for k2, s2, m2 in dependencies(a.kind, a.stage, a.microbatch, self.S - 1):
-            key = (("a" if k2 == "F" else "g") if s2 != a.stage else k2.lower(), s2, m2)
-            t = self.avail.get(key)
+            key = (_FROM_NEIGHBOUR[k2] if s2 != a.stage else _OWN[k2], s2, m2)
+            t = avail.get(key)
             if t is None:
                 return ready, key
             ready = max(ready, t)
