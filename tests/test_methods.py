@@ -95,7 +95,7 @@ def test_an_unknown_option_gets_one_message_everywhere():
     m = methods.get("gpipe")
     expected = f"method 'gpipe' takes no option 'chunks'; its options: {', '.join(m.option_names)}"
     got = {
-        "registry": _errors(lambda: m.split_options({"chunks": 2})),
+        "registry": _errors(lambda: methods.split_options(m, {"chunks": 2})),
         "schedules.build": _errors(lambda: build("gpipe", 2, chunks=2)),
         "simulate": _errors(lambda: simulate(2, prof, cl, method="gpipe", chunks=2)),
     }
