@@ -37,7 +37,7 @@ def test_every_method_builds_and_validates(name):
     plan: Plan | int = Plan.from_boundaries(4, [1, 2], [1, 1, 1])
     if m.order == "dp":
         plan = Plan.from_boundaries(4, [], [2])
-    elif _schedule_options(m):   # interleaved: an int P gets chunks * P virtual stages
+    elif _schedule_options(m) or m.stages_per_worker != 1:   # an int P gets v * P virtual stages
         plan = 3
     sch = build(name, plan, **_schedule_options(m))
     validate(sch)

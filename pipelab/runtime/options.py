@@ -2,7 +2,8 @@
 
 Invariant: these never change the schedule; :func:`pipelab.methods.split_options` (re-exported
 here) takes them out of the keyword arguments before ``pl.schedules.build`` sees the rest, and
-:class:`RuntimeOptions` is their one checked, frozen record. Each option is described in docs/training_options.md.
+:class:`RuntimeOptions` is their one checked, frozen record. Each option is described in
+docs/training_options.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pipelab.batching import default_microbatches
 from pipelab.methods import MethodError
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
-from pipelab.schedules import async_, segments, sync
+from pipelab.schedules import async_, segments, sync, zero_bubble
 from pipelab.schedules import hetpipe as _hetpipe
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.steps import ScheduleError, resolve_plan
@@ -41,6 +41,8 @@ BUILDERS: dict[str, Builder] = {
     "1f1b-flush": lambda name, p, M, K, o: sync.one_f_one_b_flush(p, M, K),
     "interleaved": lambda name, p, M, K, o: sync.interleaved(p, M, K, int(o["chunks"])),
     "zb-h1": lambda name, p, M, K, o: sync.zb_h1(p, M, K),
+    "zb-h2": lambda name, p, M, K, o: zero_bubble.zb_h2(p, M, K),
+    "zb-v": lambda name, p, M, K, o: zero_bubble.zb_v(p, M, K),
     "async-1f1b": lambda name, p, M, K, o: async_.per_minibatch_async(
         p, name, K, vertical_sync=bool(o.get("vertical_sync", False)),   # only pipedream offers it
         extra_in_flight=int(o["extra_in_flight"]), microbatches=M),
@@ -61,7 +63,8 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
         options: the method's (``pipelab.methods``; the builder sees its defaults under them), e.g.
             ``chunks`` (interleaved-1f1b; with an int P, ``chunks * P`` virtual stages: a method with
             ``stages_per_worker`` v > 1 reads an int P as P workers), and ``drain_every=N`` or
-            ``segments=[n0, ...]``: an asynchronous schedule as drained segments (:mod:`.segments`) for exact checkpoints.
+            ``segments=[n0, ...]``: an asynchronous schedule as drained segments (:mod:`.segments`)
+            for exact checkpoints.
     """
     spec = _checked(method, options)
     given = dict(options)      # what the user passed: drained segments rebuild from it
