@@ -72,10 +72,8 @@ class Method:
     - ``partitioner``: the partitioner the CLI uses for it when none is named.
     - ``baseline``: the planner's default, what a torch or Megatron user gets (one method has it).
     - ``heterogeneous``: the planner searches it only on clusters of mixed devices.
-    - ``stages_per_worker``: how many of the plan's stages each worker hosts: an int (ZB-V's V: 2), or
-      the name of the option that gives it (interleaved 1F1B's ``chunks``). With ``v > 1`` a plan of
-      ``P`` stages is re-split into ``v * P`` (:func:`pipelab.partition.virtual.virtual_plan`) and an
-      int ``P`` means ``P`` workers.
+    - ``stages_per_worker``: plan stages per worker, an int (ZB-V: 2) or the option giving it
+      (``"chunks"``); with ``v > 1`` a plan of ``P`` stages is re-split into ``v * P`` (ARCHITECTURE.md).
     """
 
     name: str
