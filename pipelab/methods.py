@@ -67,11 +67,9 @@ class Method:
       one ``U`` per minibatch).
     - ``order``, ``weights``: keys of the schedule builder and of the runtime's weight policy.
     - ``versions``: the rule of :func:`pipelab.schedules.versions.assign_versions`.
-    - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U``.
-    - ``coalesce_wgrad``: ``coalesce_wgrad=True`` is allowed.
+    - ``replicas_allreduce``: replicas all-reduce at ``U``; ``coalesce_wgrad``: that option is allowed.
     - ``partitioner``: the partitioner the CLI uses for it when none is named.
-    - ``baseline``: the planner's default, what a torch or Megatron user gets (one method has it).
-    - ``heterogeneous``: the planner searches it only on clusters of mixed devices.
+    - ``baseline``: the planner's default (one method); ``heterogeneous``: searched on mixed devices only.
     - ``stages_per_worker``: plan stages per worker, an int (ZB-V: 2) or the option giving it
       (``"chunks"``); with ``v > 1`` a plan of ``P`` stages is re-split into ``v * P`` (ARCHITECTURE.md).
     """
