@@ -53,9 +53,19 @@ CASES = [
         '2F0 2F1 2F2 2F3 5F0 5B0 5F1 5B1 5F2 5B2 5F3 5B3 2B0 2B1 2B2 2B3 2U0 5U0',
     ]),
     ('zb-v', 2, {'microbatches': 4}, [
-        ('0F0 0F1 0F2 0F3 3F0 3B0 3F1 3B1 3W0 3F2 3B2 0B0 0B1 0B2 3W1 3F3 3B3 3W2 3W3 0B3 0W0 '
+        ('0F0 0F1 0F2 3F0 3B0 3F1 3B1 3W0 3W1 0B0 0B1 3F2 3B2 3W2 0W0 0B2 0F3 0W1 0W2 3F3 3B3 '
+         '3W3 0B3 0W3 0U0 3U0'),
+        ('1F0 2F0 1F1 2F1 1F2 2B0 2B1 1B0 1B1 2F2 2W0 2W1 2B2 1B2 2W2 1W0 1F3 2F3 1W1 1W2 2B3 '
+         '1B3 2W3 1W3 1U0 2U0'),
+    ]),
+    ('dualpipe', 2, {'microbatches': 4}, [
+        '0F0 1F1 1B1 0B0 0F2 1F3 1B3 0B2 1W1 1W3 0W0 0W2 0U0 1U0',
+        '0F1 1F0 1B0 0B1 0F3 1F2 1B2 0B3 1W0 1W2 0W1 0W3 0U0 1U0',
+    ]),
+    ('dualpipev', 2, {'microbatches': 4}, [
+        ('0F0 0F1 0F2 3F0 3B0 3F1 3B1 0F3 3W0 0B0 0B1 3F2 3B2 3F3 3B3 0B2 3W1 0B3 3W2 3W3 0W0 '
          '0W1 0W2 0W3 0U0 3U0'),
-        ('1F0 1F1 1F2 1F3 2F0 2F1 2F2 2B0 1B0 2B1 1B1 2W0 2B2 1B2 2W1 2F3 2W2 1W0 2B3 1B3 2W3 '
+        ('1F0 2F0 1F1 2F1 1F2 2B0 2B1 1B0 1B1 2F2 1F3 2F3 2B2 1B2 2B3 1B3 2W0 2W1 2W2 2W3 1W0 '
          '1W1 1W2 1W3 1U0 2U0'),
     ]),
     ('dp', Plan.from_boundaries(2, [], [2]), {'microbatches': 2, 'minibatches': 2}, [
@@ -123,6 +133,7 @@ def test_every_builder_has_a_golden_grid():
 TORCH_CSV = [
     ("zb-h2", 4, {"microbatches": 8}, "zb-h2_P4_M8.csv"),
     ("zb-v", 4, {"microbatches": 8}, "zb-v_P4_M8.csv"),
+    ("dualpipev", 4, {"microbatches": 8}, "dualpipev_P4_M8.csv"),
     ("interleaved-1f1b", 4, {"microbatches": 6, "chunks": 2}, "interleaved-1f1b_P4_v2_M6.csv"),
     ("interleaved-1f1b", 4, {"microbatches": 8, "chunks": 2}, "interleaved-1f1b_P4_v2_M8.csv"),
 ]
@@ -182,3 +193,41 @@ def test_zb_h2_has_no_bubble_inside_each_workers_span(P, M):
         assert mine[0][0] == w and mine[-1][1] == w + 3 * M
         assert sum(b[0] - a[1] for a, b in zip(mine, mine[1:])) == 0
         assert sch.in_flight(w) <= 2 * P - 1
+
+
+def _makespan_and_held(sch: Schedule) -> tuple[float, int]:
+    """(unit-cost makespan, most stage-microbatches a worker's stages hold at their peaks)."""
+    from pipelab.schedules.dataflow import UnitCosts, run
+
+    end = max(e.end_s for e in run(sch, UnitCosts()))
+    held = max(sum(sch.in_flight(s) for s in sch.stages_of(w)) for w in range(sch.num_workers))
+    return end, held
+
+
+@pytest.mark.parametrize("ours, theirs, factor, extra_held", [("zb-v", "ZBVZeroBubble", 1, 2),
+                                                              ("dualpipev", "DualPipeV", 2, 4)])
+def test_v_schedules_take_as_long_as_torchs_where_torch_builds_them(ours, theirs, factor, extra_held):
+    """Oracle: torch 2.14's own ScheduleZBVZeroBubble / ScheduleDualPipeV under equal unit costs:
+    pipelab's rule-built order ends at the same time (P dividing M, as the V's steady state needs),
+    holding at most ``factor * torch's + extra_held`` stage-microbatches (docs/schedules.md: ZB-V about
+    torch's, DualPipeV about twice)."""
+    from pipelab.schedules.torch_format import from_torch
+
+    for P in (2, 3, 4, 6):
+        for M in (2 * P, 4 * P):
+            mine = build(ours, P, microbatches=M)
+            end, held = _makespan_and_held(mine)
+            t_end, t_held = _makespan_and_held(from_torch(theirs, workers=P, microbatches=M))
+            assert end == t_end, (P, M)
+            assert held <= factor * t_held + extra_held, (P, M, held, t_held)
+
+
+def test_dualpipe_beats_1f1b_and_holds_under_its_bound():
+    """Both directions fill each other's bubbles: with equal unit costs DualPipe on P workers ends
+    before 1F1B-flush on the same P stages; a stage holds at most 2P microbatches (its two copies
+    together; 1F1B's first stage holds P)."""
+    for P in (2, 4, 6, 8):
+        for M in (2 * P, 4 * P):
+            dual, flush = build("dualpipe", P, microbatches=M), build("1f1b-flush", P, microbatches=M)
+            assert _makespan_and_held(dual)[0] < _makespan_and_held(flush)[0]
+            assert max(dual.in_flight(s) for s in range(P)) <= 2 * P
