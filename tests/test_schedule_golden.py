@@ -231,3 +231,23 @@ def test_dualpipe_beats_1f1b_and_holds_under_its_bound():
             dual, flush = build("dualpipe", P, microbatches=M), build("1f1b-flush", P, microbatches=M)
             assert _makespan_and_held(dual)[0] < _makespan_and_held(flush)[0]
             assert max(dual.in_flight(s) for s in range(P)) <= 2 * P
+
+
+def test_a_hand_edited_new_schedule_that_deadlocks_gets_the_grid_with_the_step_marked():
+    """ZB-H2 edited by hand: worker 0 runs 0B0 before 0F1 while worker 1 runs 1F1 before 1B0, so each
+    waits for the other; the validator names the deadlock and brackets the step in the grid."""
+    from pipelab.schedules import ScheduleError
+    from pipelab.schedules.actions import Action
+
+    sch = build("zb-h2", 2, microbatches=4)
+    w0, w1 = list(sch.actions[0]), list(sch.actions[1])
+    for a in (Action(0, "W", 0), Action(0, "B", 0)):
+        w0.remove(a)
+        w0.insert(1, a)
+    i, j = w1.index(Action(1, "B", 0)), w1.index(Action(1, "F", 1))
+    w1[i], w1[j] = w1[j], w1[i]
+    edited = Schedule(method=sch.method, num_stages=2, stage_ranks=sch.stage_ranks, microbatches=4,
+                      minibatches=1, actions=(tuple(w0), tuple(w1)), options=sch.options)
+    with pytest.raises(ScheduleError, match="deadlock") as info:
+        validate(edited)
+    assert "[0B0]" in str(info.value) or "[1F1]" in str(info.value)
