@@ -251,3 +251,23 @@ def test_a_hand_edited_new_schedule_that_deadlocks_gets_the_grid_with_the_step_m
     with pytest.raises(ScheduleError, match="deadlock") as info:
         validate(edited)
     assert "[0B0]" in str(info.value) or "[1F1]" in str(info.value)
+
+
+def test_the_simulator_prices_an_f_and_b_pair_as_its_two_computations_in_turn():
+    """docs/schedules.md's decision: DualPipe's F&B pair is two actions on one device, F + B long (no
+    overlap discount: pipelab models no all-to-all for it to hide): a worker's events never overlap,
+    F&B pairs included."""
+    import pipelab as pl
+    from pipelab.profile.records import Profile
+
+    prof = Profile.synthetic([1e-3] * 8, [2e-3] * 8, out_bytes=[1000] * 8, param_bytes=[1000] * 8)
+    res = pl.simulate(4, prof, pl.Cluster.flat(4), method="dualpipev", microbatches=8)
+    assert res.schedule.options["overlap"] == "F&B"
+    pairs = 0
+    for w in range(4):
+        events = sorted((e for e in res.trace.events if e.worker == w and e.kind in "FBW"),
+                        key=lambda e: e.start_s)
+        assert all(b.start_s >= a.end_s - 1e-12 for a, b in zip(events, events[1:]))
+        pairs += sum(a.kind == "F" and b.kind == "B" and a.stage != b.stage
+                     for a, b in zip(events, events[1:]))
+    assert pairs > 0
