@@ -208,13 +208,13 @@ def _makespan_and_held(sch: Schedule) -> tuple[float, int]:
                                                               ("dualpipev", "DualPipeV", 2, 4)])
 def test_v_schedules_take_as_long_as_torchs_where_torch_builds_them(ours, theirs, factor, extra_held):
     """Oracle: torch 2.14's own ScheduleZBVZeroBubble / ScheduleDualPipeV under equal unit costs:
-    pipelab's rule-built order ends at the same time (P dividing M, as the V's steady state needs),
-    holding at most ``factor * torch's + extra_held`` stage-microbatches (docs/schedules.md: ZB-V about
-    torch's, DualPipeV about twice)."""
+    pipelab's rule-built order ends at the same time (ZB-V: P dividing M, as its steady state needs;
+    DualPipeV: every even M from 2P to 4P), holding at most ``factor * torch's + extra_held``
+    stage-microbatches (docs/schedules.md: ZB-V about torch's, DualPipeV about twice)."""
     from pipelab.schedules.torch_format import from_torch
 
     for P in (2, 3, 4, 6):
-        for M in (2 * P, 4 * P):
+        for M in ((2 * P, 4 * P) if ours == "zb-v" else range(2 * P, 4 * P + 1, 2)):
             mine = build(ours, P, microbatches=M)
             end, held = _makespan_and_held(mine)
             t_end, t_held = _makespan_and_held(from_torch(theirs, workers=P, microbatches=M))
