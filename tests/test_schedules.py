@@ -23,7 +23,13 @@ def _kw(method: str, P: int, M: int) -> dict[str, int] | None:
         return {"minibatches": M} if M <= 8 else None
     if method == "dp" and M % P:
         return None
-    if method == "interleaved-1f1b" and M % P:
+    if method == "interleaved-1f1b" and (M < P or (P == 2 and M % P)):   # P=2, odd M: refused (below)
+        return None
+    if method in ("zb-h2", "zb-v") and M < P:
+        return None
+    if method == "dualpipe" and (P % 2 or M < 2 * P or M % 2):
+        return None
+    if method == "dualpipev" and (M < 2 * P or M % 2):
         return None
     if method in ("2bw", "buffered") and M < P - 1:
         return None
@@ -47,7 +53,7 @@ def test_every_builder_valid_over_grid(method: str) -> None:
         validate(sch)
         assert sch.num_workers == P
         count += 1
-    assert count >= 40
+    assert count >= (15 if method.startswith("dualpipe") else 40)   # DualPipe: M >= 2P, even
 
 
 def test_buffered_versions_grid() -> None:
@@ -185,9 +191,17 @@ def test_csv_custom_order_is_validated(tmp_path) -> None:  # type: ignore[no-unt
 @pytest.mark.parametrize("call, match", [
     (lambda: build("nope", 4), "unknown method"),
     (lambda: build("interleaved-1f1b", 4, microbatches=8), "needs chunks"),
-    (lambda: build("interleaved-1f1b", 4, microbatches=6, chunks=2), "multiple of the 4 workers"),
+    (lambda: build("interleaved-1f1b", 4, microbatches=3, chunks=2), "microbatches >= the 4 workers"),
+    (lambda: build("interleaved-1f1b", 2, microbatches=5, chunks=2), "use microbatches a multiple of 2"),
+    (lambda: build("zb-h2", 4, microbatches=3), "microbatches >= the 4 workers"),
+    (lambda: build("zb-v", 4, microbatches=3), "microbatches >= the 4 workers"),
+    (lambda: build("zb-v", Plan.even(6, 3), microbatches=4), "even number of stages"),
+    (lambda: build("dualpipe", 3, microbatches=6), "even number of stages; the plan has 3: use 4 or 2"),
+    (lambda: build("dualpipe", 4, microbatches=7), "even number of microbatches >= 2P = 8"),
+    (lambda: build("dualpipev", 4, microbatches=6), "use microbatches=8"),
+    (lambda: build("dualpipe", Plan.from_boundaries(4, [1, 2, 3], [1, 2, 1, 1]), microbatches=8), "straight"),
     (lambda: build("interleaved-1f1b", Plan.even(6, 6), microbatches=6, chunks=4), "does not divide"),
-    (lambda: build("interleaved-1f1b", 4, microbatches=2, chunks=2), "multiple of the 4 workers"),
+    (lambda: build("interleaved-1f1b", 4, microbatches=2, chunks=2), "microbatches >= the 4 workers"),
     (lambda: build("2bw", 8, microbatches=2), "needs microbatches >= 7"),
     (lambda: build("dp", 4, microbatches=6), "multiple of 4"),
     (lambda: build("hetpipe", 4, microbatches=4), "M = 1"),   # pipedream-like methods take N > 1
