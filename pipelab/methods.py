@@ -67,11 +67,11 @@ class Method:
       one ``U`` per minibatch).
     - ``order``, ``weights``: keys of the schedule builder and of the runtime's weight policy.
     - ``versions``: the rule of :func:`pipelab.schedules.versions.assign_versions`.
-    - ``replicas_allreduce``: replicas of a stage all-reduce their gradients at ``U``.
-    - ``coalesce_wgrad``: ``coalesce_wgrad=True`` is allowed.
+    - ``replicas_allreduce``: replicas all-reduce at ``U``; ``coalesce_wgrad``: that option is allowed.
     - ``partitioner``: the partitioner the CLI uses for it when none is named.
-    - ``baseline``: the planner's default, what a torch or Megatron user gets (one method has it).
-    - ``heterogeneous``: the planner searches it only on clusters of mixed devices.
+    - ``baseline``: the planner's default (one method); ``heterogeneous``: searched on mixed devices only.
+    - ``stages_per_worker``: plan stages per worker, an int (ZB-V: 2) or the option giving it
+      (``"chunks"``); with ``v > 1`` a plan of ``P`` stages is re-split into ``v * P`` (ARCHITECTURE.md).
     """
 
     name: str
@@ -89,6 +89,7 @@ class Method:
     partitioner: str = "pipedream"
     baseline: bool = False
     heterogeneous: bool = False
+    stages_per_worker: int | str = 1
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -104,19 +105,48 @@ class Method:
         raise MethodError(f"method {self.name!r} takes no option {name!r}; its options: "
                           f"{', '.join(self.option_names)}")
 
-    def defaults(self) -> dict[str, Any]:
-        """The method's own schedule options with their defaults (required ones left out)."""
-        return {o.name: o.default for o in self.options if not o.required}
+    def defaults(self, where: Literal["schedule", "runtime"] = "schedule") -> dict[str, Any]:
+        """The method's own options of ``where`` with their defaults (required ones left out): what
+        builders and weight policies see under the user's options."""
+        own = self.options if where == "schedule" else self.runtime_options
+        return {o.name: o.default for o in own if not o.required}
 
-    def split_options(self, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``(schedule_options, runtime_options)`` of ``options``, each value checked."""
-        sched: dict[str, Any] = {}
-        rt: dict[str, Any] = {}
-        for k, v in options.items():
-            opt = self.option(k)
-            opt.check(v, self.name)
-            (sched if opt.where == "schedule" else rt)[k] = v
-        return sched, rt
+    def virtual_stages(self, options: Mapping[str, Any]) -> int:
+        """Stages per worker ``v`` under ``options`` (1 when the option naming it is not given)."""
+        v = self.stages_per_worker
+        if isinstance(v, str):
+            v = options.get(v) or 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise MethodError(f"{self.stages_per_worker}={v!r} of method {self.name!r} must be an int >= 1 "
+                              "(stages per worker)")
+        return v
+
+
+def split_options(method: str | Method | None, options: Mapping[str, Any]
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(schedule_options, runtime_options)`` of ``options``: the one place that tells them apart.
+
+    Runtime options are every method's (:data:`COMMON_RUNTIME_OPTIONS`) and ``method``'s own; another
+    method's runtime option raises :class:`MethodError` naming its owner, and so does an option
+    ``method`` does not take (listing its options). Values are checked where they are used:
+    ``schedules.build`` (schedule options), ``RuntimeOptions.from_options`` (runtime ones).
+    """
+    spec = get(method) if method is not None else None
+    mine = {o.name for o in (*COMMON_RUNTIME_OPTIONS, *(spec.runtime_options if spec else ()))}
+    sched: dict[str, Any] = {}
+    rt: dict[str, Any] = {}
+    for k, v in options.items():
+        if k in mine:
+            rt[k] = v
+            continue
+        owners = [m.name for m in METHODS.values() if any(o.name == k for o in m.runtime_options)]
+        if owners:
+            raise MethodError(f"option {k}= belongs to method {' or '.join(repr(o) for o in owners)} "
+                              f"(got method={spec.name if spec else None!r})")
+        if spec is not None:
+            spec.option(k)     # an option the method does not take: the registry's message
+        sched[k] = v
+    return sched, rt
 
 
 #: options of every method's schedule (asynchronous methods drain; synchronous ones ignore them)
@@ -188,12 +218,20 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            weights="single", description="1F1B with a flush per minibatch (PipeDream-Flush, Megatron)",
            source=_SOURCES["flush"], coalesce_wgrad=True, baseline=True),
     Method(name="interleaved-1f1b", synchronous=True, update="minibatch", order="interleaved",
-           versions="single", weights="single", description="Megatron interleaved 1F1B, option chunks=v",
-           source=_SOURCES["megatron"], coalesce_wgrad=True,
+           versions="single", weights="single",
+           description="interleaved 1F1B (Megatron-LM), option chunks=v; any microbatches >= P",
+           source=_SOURCES["megatron"], coalesce_wgrad=True, stages_per_worker="chunks",
            options=(Option("chunks", "int", None, "virtual stages per worker", minimum=1, required=True),)),
     Method(name="zb-h1", synchronous=True, update="minibatch", order="zb-h1", versions="single",
            weights="single", source=_SOURCES["zb"],
            description="zero-bubble ZB-H1: backward split into B (input grad) and W (weight grad)"),
+    Method(name="zb-h2", synchronous=True, update="minibatch", order="zb-h2", versions="single",
+           weights="single", source=_SOURCES["zb"],
+           description="zero-bubble ZB-H2: split backward, 2P-1 microbatches in flight, no bubble once "
+                       "M >= 2P"),
+    Method(name="zb-v", synchronous=True, update="minibatch", order="zb-v", versions="single",
+           weights="single", source=_SOURCES["zb"], stages_per_worker=2,
+           description="zero-bubble ZB-V: two stages per worker in a V, split backward"),
     Method(name="pipedream", synchronous=False, update="microbatch", order="async-1f1b", versions="stash",
            weights="stash", source=_SOURCES["pipedream"],
            description="PipeDream: 1F1B, NOAM in flight, no flush, weight stashing; option vertical_sync",
@@ -209,7 +247,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            source=_SOURCES["pipemare"], options=(_IN_FLIGHT,), runtime_options=_PIPEMARE_RUNTIME),
     Method(name="2bw", synchronous=False, update="minibatch", order="coalesced", versions="delay",
            weights="delay", source=_SOURCES["flush"],
-           description="PipeDream-2BW: two weight versions, gradient coalescing over M microbatches"),
+           description="PipeDream-2BW: two weight versions, gradient coalescing over M microbatches",
+           options=(Option("versions", "int", 2, "weight versions kept: 2BW keeps two (buffered keeps more)",
+                           minimum=2, maximum=3),)),
     Method(name="buffered", synchronous=False, update="minibatch", order="coalesced", versions="delay",
            weights="delay", source=_SOURCES["lv"], partitioner="prefix-sum",
            description="bounded weight buffer of K versions (Lv et al.), option versions=K",

@@ -37,7 +37,7 @@ def test_every_method_builds_and_validates(name):
     plan: Plan | int = Plan.from_boundaries(4, [1, 2], [1, 1, 1])
     if m.order == "dp":
         plan = Plan.from_boundaries(4, [], [2])
-    elif _schedule_options(m):   # interleaved: an int P gets chunks * P virtual stages
+    elif _schedule_options(m) or m.stages_per_worker != 1:   # an int P gets v * P virtual stages
         plan = 3
     sch = build(name, plan, **_schedule_options(m))
     validate(sch)
@@ -95,7 +95,7 @@ def test_an_unknown_option_gets_one_message_everywhere():
     m = methods.get("gpipe")
     expected = f"method 'gpipe' takes no option 'chunks'; its options: {', '.join(m.option_names)}"
     got = {
-        "registry": _errors(lambda: m.split_options({"chunks": 2})),
+        "registry": _errors(lambda: methods.split_options(m, {"chunks": 2})),
         "schedules.build": _errors(lambda: build("gpipe", 2, chunks=2)),
         "simulate": _errors(lambda: simulate(2, prof, cl, method="gpipe", chunks=2)),
     }

@@ -271,18 +271,23 @@ def test_checkpoint_in_processes_resumes_in_reference(tmp_path: Path) -> None:
 
 
 def test_runtime_options_split_and_checked() -> None:
-    from pipelab.runtime.options import split_options
+    from pipelab.runtime.options import RuntimeOptions, split_options
+
+    def checked(method: str, options: dict) -> RuntimeOptions:
+        return RuntimeOptions.from_options(method, split_options(method, options)[1])
 
     sched, rt = split_options("buffered", {"versions": 3, "compression": "int8", "recompute": True})
     assert sched == {"versions": 3} and rt == {"compression": "int8", "recompute": True}
+    with pytest.raises(ValueError, match="belongs to method 'pipemare'"):
+        split_options("gpipe", {"decay": 0.5})
     with pytest.raises(ValueError, match="needs checkpoint_dir"):
-        split_options("gpipe", {"checkpoint_every": 2})
+        checked("gpipe", {"checkpoint_every": 2})
     with pytest.raises(ValueError, match="int >= 1"):
-        split_options("gpipe", {"checkpoint_every": 0, "checkpoint_dir": "x"})
+        checked("gpipe", {"checkpoint_every": 0, "checkpoint_dir": "x"})
     with pytest.raises(ValueError, match="needs checkpoint_every"):
-        split_options("gpipe", {"checkpoint_dir": "x"})
+        checked("gpipe", {"checkpoint_dir": "x"})
     with pytest.raises(ValueError, match="must be in"):
-        split_options("pipemare", {"decay": 1.5})
+        checked("pipemare", {"decay": 1.5})
     with pytest.raises(ValueError, match="multiple of 4"):
         run("hetpipe", HET2, microbatches=1, steps=6, D=0)
 

@@ -23,7 +23,9 @@ def _kw(method: str, P: int, M: int) -> dict[str, int] | None:
         return {"minibatches": M} if M <= 8 else None
     if method == "dp" and M % P:
         return None
-    if method == "interleaved-1f1b" and M % P:
+    if method == "interleaved-1f1b" and (M < P or (P == 2 and M % P)):   # P=2, odd M: refused (below)
+        return None
+    if method in ("zb-h2", "zb-v") and M < P:
         return None
     if method in ("2bw", "buffered") and M < P - 1:
         return None
@@ -185,9 +187,13 @@ def test_csv_custom_order_is_validated(tmp_path) -> None:  # type: ignore[no-unt
 @pytest.mark.parametrize("call, match", [
     (lambda: build("nope", 4), "unknown method"),
     (lambda: build("interleaved-1f1b", 4, microbatches=8), "needs chunks"),
-    (lambda: build("interleaved-1f1b", 4, microbatches=6, chunks=2), "multiple of the 4 workers"),
+    (lambda: build("interleaved-1f1b", 4, microbatches=3, chunks=2), "microbatches >= the 4 workers"),
+    (lambda: build("interleaved-1f1b", 2, microbatches=5, chunks=2), "use microbatches a multiple of 2"),
+    (lambda: build("zb-h2", 4, microbatches=3), "microbatches >= the 4 workers"),
+    (lambda: build("zb-v", 4, microbatches=3), "microbatches >= the 4 workers"),
+    (lambda: build("zb-v", Plan.even(6, 3), microbatches=4), "even number of stages"),
     (lambda: build("interleaved-1f1b", Plan.even(6, 6), microbatches=6, chunks=4), "does not divide"),
-    (lambda: build("interleaved-1f1b", 4, microbatches=2, chunks=2), "multiple of the 4 workers"),
+    (lambda: build("interleaved-1f1b", 4, microbatches=2, chunks=2), "microbatches >= the 4 workers"),
     (lambda: build("2bw", 8, microbatches=2), "needs microbatches >= 7"),
     (lambda: build("dp", 4, microbatches=6), "multiple of 4"),
     (lambda: build("hetpipe", 4, microbatches=4), "M = 1"),   # pipedream-like methods take N > 1

@@ -26,11 +26,12 @@ from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.partition import partition
 from pipelab.partition.balance import balance_by_time, uniform_cuts
 from pipelab.partition.plan import Plan
+from pipelab.partition.virtual import virtual_plan
 from pipelab.planner.decide import NO_MARGIN, ONE_STAGE_ASYNC, ONE_STAGE_SYNC, Margin, decide, resolve_margin
 from pipelab.profile.records import Layer, Profile
 from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.worker_view import stage_delays
-from pipelab.sim.simulate import SimResult, simulate, virtual_plan
+from pipelab.sim.simulate import SimResult, simulate
 
 #: every registered method but the ablations (naive-async; buffered at K=2 is 2bw) and hetpipe
 DEFAULT_METHODS = ("dp", "gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1", "pipedream", "2bw", "pipemare")
@@ -121,7 +122,8 @@ class PlanTable:
         from pipelab.runtime.launch import train  # the planner itself never starts a process
 
         c = self.candidate(row)
-        plan = virtual_plan(c.plan, self.profile, c.chunks) if c.chunks else c.plan
+        v = registry.get(c.method).virtual_stages(c.options())
+        plan = virtual_plan(c.plan, self.profile, v) if v > 1 else c.plan
         return train(model_fn, plan, method=c.method, data=data, loss_fn=loss_fn, optimizer=optimizer,
                      steps=steps, microbatches=c.microbatches, **{**c.options(), **options})
 
@@ -279,7 +281,7 @@ def _candidates(profile: Profile, cluster: Cluster, space: _Space, optimizer: st
             else:
                 ms = _microbatch_counts(P, profile.batch_size, space.microbatches, divide=not synthetic)
             cks: list[int | None] = [None]
-            if spec.order == "interleaved":
+            if isinstance(spec.stages_per_worker, str):   # stages per worker is an option: search it
                 cks = [v for v in space.chunks if v * P <= len(profile)]
             rcs, comps = space.recompute if not is_dp else (False,), space.compression if P > 1 else (None,)
             out += [Candidate(spec.name, pname, plan, m, v, rc, comp)
@@ -524,7 +526,8 @@ def _hosted(res: SimResult, cm: CostModel, c: Candidate) -> list[list[tuple[int,
     sch = res.schedule
     if registry.get(c.method).order == "dp":
         return [[(0, cm.num_layers)] for _ in range(sch.num_workers)]
-    plan_ = c.plan if c.chunks is None else virtual_plan(c.plan, cm.profile, c.chunks)
+    v = registry.get(c.method).virtual_stages(c.options())
+    plan_ = c.plan if v == 1 else virtual_plan(c.plan, cm.profile, v)
     return [[(plan_.stages[s].start, plan_.stages[s].end) for s in sch.stages_of(w)]
             for w in range(sch.num_workers)]
 

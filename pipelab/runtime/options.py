@@ -1,8 +1,9 @@
 """Runtime options: how the runtime executes a schedule (compression, recompute, slowdowns, checkpoints...).
 
-Invariant: these never change the schedule; :func:`split_options` takes them out of the keyword
-arguments before ``pl.schedules.build`` sees the rest, and :class:`RuntimeOptions` is their one
-checked, frozen record. Each option is described in docs/training_options.md.
+Invariant: these never change the schedule; :func:`pipelab.methods.split_options` (re-exported
+here) takes them out of the keyword arguments before ``pl.schedules.build`` sees the rest, and
+:class:`RuntimeOptions` is their one checked, frozen record. Each option is described in
+docs/training_options.md.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 import pipelab.methods as methods
+from pipelab.methods import split_options as split_options
 from pipelab.runtime.compress import check_codec
 from pipelab.runtime.guards import ON_NONFINITE
 
@@ -26,25 +28,6 @@ def runtime_option_names(method: str | None) -> frozenset[str]:
     spec = methods.METHODS.get(method) if method else None
     own = spec.runtime_options if spec is not None else ()
     return frozenset(o.name for o in (*methods.COMMON_RUNTIME_OPTIONS, *own))
-
-
-def split_options(method: str | None, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(schedule_options, runtime_options)`` of ``options``, the runtime ones checked (``ValueError``
-    for a bad value, or a runtime option of another method, naming it)."""
-    mine = runtime_option_names(method)
-    sched: dict[str, Any] = {}
-    rt: dict[str, Any] = {}
-    for k, v in options.items():
-        if k in mine:
-            rt[k] = v
-            continue
-        owners = [m.name for m in methods.METHODS.values() if any(o.name == k for o in m.runtime_options)]
-        if owners:
-            raise ValueError(f"option {k}= belongs to method {' or '.join(repr(o) for o in owners)} "
-                             f"(got method={method!r})")
-        sched[k] = v
-    check_runtime_options(rt)
-    return sched, rt
 
 
 def check_runtime_options(rt: Mapping[str, Any]) -> None:
@@ -112,7 +95,7 @@ class RuntimeOptions:
 
     @classmethod
     def from_options(cls, method: str | None, options: Mapping[str, Any]) -> RuntimeOptions:
-        """The record of ``options`` (runtime options only, as :func:`split_options` returns them)."""
+        """The record of ``options`` (runtime options only, as ``split_options`` returns them)."""
         check_runtime_options(options)
         common = {o.name for o in methods.COMMON_RUNTIME_OPTIONS}
         own = {k: v for k, v in options.items() if k not in common}

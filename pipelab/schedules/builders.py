@@ -15,7 +15,7 @@ from pipelab.batching import default_microbatches
 from pipelab.methods import MethodError
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
-from pipelab.schedules import async_, segments, sync
+from pipelab.schedules import async_, segments, sync, zero_bubble
 from pipelab.schedules import hetpipe as _hetpipe
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.steps import ScheduleError, resolve_plan
@@ -26,7 +26,7 @@ class MethodScheduleError(ScheduleError, MethodError):
 
 
 def _coalesced(name: str, p: Plan, M: int, K: int, options: dict[str, Any]) -> Schedule:
-    kv = options.get("versions", 2)
+    kv = options["versions"]
     if isinstance(kv, bool) or not isinstance(kv, int) or kv < 2:
         raise ScheduleError(f"buffered needs versions=K >= 2 (K=1 is a flush: use '1f1b-flush'); got {kv!r}")
     return async_.coalesced(p, name, M, K, delay=kv - 1)
@@ -41,11 +41,13 @@ BUILDERS: dict[str, Builder] = {
     "1f1b-flush": lambda name, p, M, K, o: sync.one_f_one_b_flush(p, M, K),
     "interleaved": lambda name, p, M, K, o: sync.interleaved(p, M, K, int(o["chunks"])),
     "zb-h1": lambda name, p, M, K, o: sync.zb_h1(p, M, K),
+    "zb-h2": lambda name, p, M, K, o: zero_bubble.zb_h2(p, M, K),
+    "zb-v": lambda name, p, M, K, o: zero_bubble.zb_v(p, M, K),
     "async-1f1b": lambda name, p, M, K, o: async_.per_minibatch_async(
-        p, name, K, vertical_sync=bool(o.get("vertical_sync", False)),
-        extra_in_flight=int(o.get("extra_in_flight", 0)), microbatches=M),
+        p, name, K, vertical_sync=bool(o.get("vertical_sync", False)),   # only pipedream offers it
+        extra_in_flight=int(o["extra_in_flight"]), microbatches=M),
     "coalesced": _coalesced,
-    "hetpipe": lambda name, p, M, K, o: _hetpipe.hetpipe(p, K, D=int(o.get("D", 0))),
+    "hetpipe": lambda name, p, M, K, o: _hetpipe.hetpipe(p, K, D=int(o["D"])),
 }
 
 
@@ -58,25 +60,28 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
             pipelined ones, the worker count for ``dp``).
         minibatches: K (default 1 for sync methods; for async ones enough for a steady state, a
             multiple of the replica counts).
-        options: the method's (``pipelab.methods``), e.g. ``chunks`` (interleaved-1f1b; with an int
-            P, ``chunks * P`` virtual stages), and ``drain_every=N`` or ``segments=[n0, ...]``: an
-            asynchronous schedule as drained segments (:mod:`.segments`) for exact checkpoints.
+        options: the method's (``pipelab.methods``; the builder sees its defaults under them), e.g.
+            ``chunks`` (interleaved-1f1b; with an int P, ``chunks * P`` virtual stages: a method with
+            ``stages_per_worker`` v > 1 reads an int P as P workers), and ``drain_every=N`` or
+            ``segments=[n0, ...]``: an asynchronous schedule as drained segments (:mod:`.segments`)
+            for exact checkpoints.
     """
     spec = _checked(method, options)
-    options = dict(options)
-    drain_every = options.pop("drain_every", None)
-    seg_sizes = options.pop("segments", None)
+    given = dict(options)      # what the user passed: drained segments rebuild from it
+    drain_every = given.pop("drain_every", None)
+    seg_sizes = given.pop("segments", None)
     if drain_every is not None and seg_sizes is not None:
         raise ScheduleError("pass drain_every=N or segments=[n0, n1, ...], not both")
-    if any(o.name == "chunks" for o in spec.options):
-        if "chunks" not in options:
-            raise ScheduleError("interleaved-1f1b needs chunks=v (virtual stages per worker), e.g. chunks=2")
-        v = options["chunks"]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ScheduleError(f"chunks={v!r} must be an int >= 1")
-        if not isinstance(plan, Plan):
-            plan = resolve_plan(plan * v if isinstance(plan, int) and not isinstance(plan, bool) and plan >= 1
-                                else plan)
+    for o in spec.options:
+        if o.required and o.name not in given:
+            raise ScheduleError(f"{spec.name} needs {o.name}= ({o.doc}), e.g. {o.name}=2")
+    options = {**spec.defaults(), **given}    # the builders see the registry's defaults under the user's
+    try:
+        v = spec.virtual_stages(options)
+    except MethodError as exc:
+        raise ScheduleError(str(exc)) from None
+    if v > 1 and isinstance(plan, int) and not isinstance(plan, bool) and plan >= 1:
+        plan = plan * v                        # an int P is P workers: v * P stages
     p = resolve_plan(plan)
     M = _microbatches(spec, p, microbatches, options)
     # replicas pair their k-th updates: with an update per microbatch, K a multiple of every replica count
@@ -84,7 +89,7 @@ def build(method: str, plan: Plan | int, microbatches: int | None = None, miniba
     step = math.lcm(*p.replicas) if per_microbatch and spec.replicas_allreduce else 1
     K = _minibatches(spec, p, M, minibatches, step, options)
     if (drain_every is not None or seg_sizes is not None) and not spec.synchronous:
-        return _drained(method, p, M, K, drain_every, seg_sizes, step, options)
+        return _drained(method, p, M, K, drain_every, seg_sizes, step, given)
     return BUILDERS[spec.order](spec.name, p, M, K, options)
 
 
@@ -113,7 +118,7 @@ def _microbatches(spec: _methods.Method, p: Plan, microbatches: int | None, opti
         if microbatches in (None, 1):
             return 1
     if microbatches is None:
-        M = default_microbatches(p.num_stages // int(options.get("chunks", 1)), replicas=max(p.replicas),
+        M = default_microbatches(p.num_stages // spec.virtual_stages(options), replicas=max(p.replicas),
                                  workers=p.num_workers, data_parallel=spec.order == "dp")
         if spec.order == "coalesced":
             M = max(M, in_flight(p.replicas, 0, per_replica=False))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
 from pipelab.schedules.actions import Action, Schedule
+from pipelab.schedules.messages import first_mismatch, pair_sequences
 from pipelab.schedules.steps import ScheduleError, one_f_one_b
 
 
@@ -81,12 +82,24 @@ def dp(plan: Plan, M: int, K: int) -> Schedule:
                     options={"allreduce": W > 1, "weights": "single", "num_layers": plan.num_layers})
 
 
+def microbatch_groups(M: int, P: int) -> list[int]:
+    """Sizes of interleaving's rounds: equal rounds of ``P`` or more microbatches, as many as divide
+    ``M`` (at most ``M // P``): ``M = 10, P = 4``: ``[5, 5]``; ``M = 9``: ``[9]``; with ``M`` a
+    multiple of ``P``, Megatron-LM's rounds of ``P``. (Unequal rounds break the per-pair message
+    order, e.g. ``[3, 2]`` on two workers.)"""
+    rounds = max(1, M // P)
+    while M % rounds:
+        rounds -= 1
+    return [M // rounds] * rounds
+
+
 def interleaved(plan: Plan, M: int, K: int, chunks: int) -> Schedule:
-    """Megatron-LM interleaved 1F1B (Narayanan et al., SC'21 §2.2): ``P`` workers each run ``v``
+    """Interleaved 1F1B (Narayanan et al., SC'21 §2.2) for any ``M >= P``: ``P`` workers each run ``v``
     chunks; virtual stage ``c * P + w`` is chunk ``c`` on worker ``w``. The plan's stages are the
-    virtual stages (``v * P`` of them). Needs ``M`` a multiple of ``P``. Warm-up on worker ``w``:
-    ``2(P - w - 1) + (v - 1) P`` forwards; forwards walk chunks in groups of ``P`` microbatches,
-    backwards walk chunks in reverse."""
+    virtual stages (``v * P`` of them). Microbatches go in rounds (:func:`microbatch_groups`: of ``P``
+    when ``P`` divides ``M``, Megatron-LM's; larger otherwise, as Llama 3 ran it, Dubey et al. 2024
+    §3.3.2): forwards walk the chunks round by round, backwards walk them in reverse. Warm-up on
+    worker ``w``: ``2(P - w - 1) + (v - 1) g`` forwards, ``g`` the first round's size."""
     v = chunks
     S = plan.num_stages
     if v < 1 or S % v:
@@ -95,34 +108,42 @@ def interleaved(plan: Plan, M: int, K: int, chunks: int) -> Schedule:
     if any(r != 1 for r in plan.replicas):
         raise ScheduleError("interleaved-1f1b needs a plan without replicated stages (config 'straight')")
     P = S // v
-    if M % P:
-        raise ScheduleError(f"interleaved-1f1b needs microbatches a multiple of the {P} workers; got {M}")
+    if M < P:
+        raise ScheduleError(f"interleaved-1f1b needs microbatches >= the {P} workers (a round of P "
+                            f"microbatches keeps every worker busy before the next chunk); got {M}: use "
+                            f"microbatches={P} or more")
     total = M * v
-
-    def chunk_f(i: int) -> int:
-        return (i % (P * v)) // P
-
-    def mb(i: int) -> int:
-        return (i // (P * v)) * P + i % P
+    groups = microbatch_groups(M, P)
+    # the i-th forward (and backward) of a worker: (chunk index in walking order, microbatch)
+    walk = [(c, sum(groups[:r]) + j) for r, g in enumerate(groups) for c in range(v) for j in range(g)]
 
     lists = [[] for _ in range(P)]  # type: list[list[Action]]
     for w in range(P):
-        warm = min(2 * (P - w - 1) + (v - 1) * P, total)
+        warm = min(2 * (P - w - 1) + (v - 1) * groups[0], total)
         for k in range(K):
             def f(i: int) -> Action:
-                return Action(chunk_f(i) * P + w, "F", k * M + mb(i))  # noqa: B023
+                return Action(walk[i][0] * P + w, "F", k * M + walk[i][1])  # noqa: B023
 
             def b(i: int) -> Action:
-                return Action((v - 1 - chunk_f(i)) * P + w, "B", k * M + mb(i))  # noqa: B023
+                return Action((v - 1 - walk[i][0]) * P + w, "B", k * M + walk[i][1])  # noqa: B023
             acts = [f(i) for i in range(warm)]
             for i in range(total - warm):
                 acts += [f(warm + i), b(i)]
             acts += [b(i) for i in range(total - warm, total)]
             acts += [Action(c * P + w, "U", k) for c in range(v)]
             lists[w] += acts
-    return Schedule(method="interleaved-1f1b", num_stages=S, stage_ranks=tuple((s % P,) for s in range(S)),
-                    microbatches=M, minibatches=K, actions=tuple(tuple(a) for a in lists),
-                    options={"allreduce": False, "weights": "single", "chunks": v})
+    sch = Schedule(method="interleaved-1f1b", num_stages=S, stage_ranks=tuple((s % P,) for s in range(S)),
+                   microbatches=M, minibatches=K, actions=tuple(tuple(a) for a in lists),
+                   options={"allreduce": False, "weights": "single", "chunks": v})
+    if M % P:   # rounds larger than P: on few workers the warm-up can cross messages of one pair
+        for seq in pair_sequences(sch).values():
+            if first_mismatch(seq) is not None:
+                raise ScheduleError(
+                    f"interleaved-1f1b on {P} workers with {M} microbatches (rounds {groups}) would send "
+                    f"and receive the messages of workers {seq.src} -> {seq.dst} in different orders "
+                    f"(a hang under NCCL's in-order matching); use microbatches a multiple of {P} "
+                    f"(e.g. {M - M % P} or {M - M % P + P})")
+    return sch
 
 
 def zb_h1(plan: Plan, M: int, K: int) -> Schedule:

@@ -19,8 +19,8 @@ from pipelab._display import Described
 from pipelab.batching import check_divides
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
-from pipelab.partition.balance import balance_by_time
 from pipelab.partition.plan import Plan
+from pipelab.partition.virtual import virtual_plan
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
@@ -289,19 +289,6 @@ def _host_effects_of(host_effects: HostEffects | bool, cluster: Cluster) -> Host
     raise ValueError(f"host_effects={host_effects!r} must be True, False or a HostEffects record")
 
 
-def virtual_plan(plan: Plan, profile: Profile, chunks: int) -> Plan:
-    """Split ``profile``'s layers into ``chunks * P`` stages of balanced compute (interleaved 1F1B)."""
-    n_st = chunks * plan.num_stages
-    if n_st > len(profile):
-        raise ScheduleError(
-            f"interleaved-1f1b with chunks={chunks} on {plan.num_stages} workers needs "
-            f"{n_st} virtual stages but the model has {len(profile)} layers; use fewer chunks"
-        )
-    sizes = balance_by_time(n_st, [layer.fwd_s + layer.bwd_s for layer in profile.layers])
-    bounds = [sum(sizes[:i]) for i in range(1, n_st)]
-    return Plan.from_boundaries(len(profile), bounds, batch_size=plan.batch_size, method="interleaved")
-
-
 def _stage_plan(plan: Plan | int, profile: Profile, method: str, options: dict[str, Any]) -> Plan:
     """``plan`` as a checked Plan (an int P: an even straight plan; interleaved: its virtual stages)."""
     if not isinstance(plan, Plan):
@@ -309,9 +296,12 @@ def _stage_plan(plan: Plan | int, profile: Profile, method: str, options: dict[s
             raise ScheduleError(f"plan must be a pipelab Plan or an int (stages); got {plan!r}")
         plan = Plan.even(len(profile), plan, batch_size=profile.batch_size)
     plan.validate(profile)
-    takes_chunks = any(o.name == "chunks" for o in methods.get(method).options)
-    if takes_chunks and plan.num_stages == plan.num_workers and "chunks" in options:
-        plan = virtual_plan(plan, profile, int(options["chunks"]))
+    v = methods.get(method).virtual_stages(options)
+    if v > 1 and plan.num_stages == plan.num_workers:
+        try:
+            plan = virtual_plan(plan, profile, v)
+        except ValueError as exc:
+            raise ScheduleError(str(exc)) from None
     return plan
 
 

@@ -1,4 +1,8 @@
-"""The policy registry: each :attr:`pipelab.methods.Method.weights` key and its policy factory."""
+"""The policy registry: each :attr:`pipelab.methods.Method.weights` key and its policy factory.
+
+A factory receives the method's own defaults (:meth:`pipelab.methods.Method.defaults`, schedule and
+runtime) under the options given: the registry states each default once, nothing here restates it.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +22,14 @@ from pipelab.schedules.worker_view import StageReads, stage_delays
 
 def _stash(method: str, opts: dict[str, Any]) -> PolicyFactory:
     return lambda params, stage, reads=None: Stashing(params, stage, reads,
-                                                      vertical_sync=bool(opts.get("vertical_sync", False)))
+                                                      vertical_sync=bool(opts["vertical_sync"]))
 
 
 def _pipemare(method: str, opts: dict[str, Any]) -> PolicyFactory:
-    cfg = PipeMareConfig(lr_reschedule=bool(opts.get("lr_reschedule", True)),
-                         discrepancy_correction=bool(opts.get("discrepancy_correction", True)),
-                         warmup_steps=int(opts.get("warmup_steps", 100)),
-                         decay=float(opts.get("decay", 0.5)),
-                         decay_from_delay=bool(opts.get("decay_from_delay", False)))
+    cfg = PipeMareConfig(lr_reschedule=bool(opts["lr_reschedule"]),
+                         discrepancy_correction=bool(opts["discrepancy_correction"]),
+                         warmup_steps=int(opts["warmup_steps"]), decay=float(opts["decay"]),
+                         decay_from_delay=bool(opts["decay_from_delay"]))
     sched = opts.get("schedule")
     # delays in optimizer steps, per stage, read from the schedule being executed
     taus: Mapping[int, tuple[int, int]] = opts.get("taus") or (
@@ -59,9 +62,11 @@ POLICIES: dict[str, Callable[[str, dict[str, Any]], PolicyFactory]] = {
 
 
 def policy_for(method: str, options: dict[str, Any] | None = None) -> PolicyFactory:
-    """The policy factory of ``method``; ``options`` also carry ``"schedule"`` and ``"microbatches"``."""
+    """The policy factory of ``method``; ``options`` (over the method's defaults) also carry
+    ``"schedule"`` and ``"microbatches"``."""
     spec = methods.get(method)
-    return POLICIES[spec.weights](spec.name, dict(options or {}))
+    merged = {**spec.defaults(), **spec.defaults("runtime"), **(options or {})}
+    return POLICIES[spec.weights](spec.name, merged)
 
 
 def supported_methods() -> tuple[str, ...]:
