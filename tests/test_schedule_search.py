@@ -42,6 +42,8 @@ def test_recovers_zb_h1_and_zb_h2_at_their_memory(p: int, fbw: tuple[float, floa
     h2 = S.search_order(times, m, 2 * p - 1)
     assert h2.cost == pytest.approx(work + max(0.0, (p - 1) * (f + b - 2 * w)))    # ZB-H2's closed form
     assert max(h2.peak_activations) <= 2 * p - 1
+    zb_h2 = build("zb-h2", p, microbatches=m)
+    assert h2.cost == pytest.approx(S.evaluate(S.orders_of(zb_h2), times)[0])   # pipelab's ZB-H2 builder
 
 
 @pytest.mark.parametrize("p", [3, 4, 5])
