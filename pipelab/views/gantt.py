@@ -162,11 +162,14 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
     mbs = trace.meta.get("microbatches")
     shown = _window(compute, t0, int(mbs) if isinstance(mbs, int) and mbs >= 1 else None, window)
     if raster:
-        fig = _raster(compute, row_of, t0, color_by, unit)
-        if shown is not None:      # the window's actions as boxes over the raster: readable when zoomed in
-            inside = [e for e in compute if e.end_s - t0 > shown[0] and e.start_s - t0 < shown[1]]
-            if 0 < len(inside) <= BARS_MAX:
-                fig.add_traces(list(_bars(inside, trace, labels, row_of, t0, color_by, unit, False).data))
+        # the first window's actions as boxes, the rest as a raster: readable at once, the whole run one
+        # zoom away
+        inside = [] if shown is None else \
+            [e for e in compute if e.end_s - t0 > shown[0] and e.start_s - t0 < shown[1]]
+        boxed = shown if 0 < len(inside) <= BARS_MAX else None
+        fig = _raster(compute, row_of, t0, color_by, unit, hole=boxed)
+        if boxed is not None:
+            fig.add_traces(list(_bars(inside, trace, labels, row_of, t0, color_by, unit, False).data))
     else:
         fig = _bars(compute, trace, labels, row_of, t0, color_by, unit, show_transfers)
     _legend(fig, compute, color_by, raster)
@@ -233,6 +236,8 @@ def _window(compute: Sequence[Event], t0: float, microbatches: int | None,
 #: approximate pixel sizes of plotly's default 12 px legend font: one character, one entry's row,
 #: the swatch and padding left of the text
 LEGEND_CHAR_PX, LEGEND_ROW_PX, LEGEND_SWATCH_PX = 7.0, 20, 46
+#: the height plotly adds under the plot for a range slider (measured in Chromium: about 64 px)
+SLIDER_PX = 80
 
 
 def fit_legend(fig: go.Figure, *, slider: bool = False) -> None:
@@ -244,9 +249,11 @@ def fit_legend(fig: go.Figure, *, slider: bool = False) -> None:
     names = [str(t.name) for t in listed]
     margin = fig.layout.margin
     top = margin.t if margin.t is not None else 60
-    bottom = (margin.b if margin.b is not None else 40) + (0 if not slider else 50)
+    bottom = margin.b if margin.b is not None else 40
     groups = len({t.legendgroup for t in listed})
-    need = top + bottom + LEGEND_ROW_PX * len(names) + 10 * max(0, groups - 1) + 10
+    legend_px = LEGEND_ROW_PX * len(names) + 10 * max(0, groups - 1) + 10
+    # the plot area (the legend's height limit) holds the legend; plotly adds a slider below the margin
+    need = top + bottom + legend_px + (SLIDER_PX if slider else 0)
     height = max(int(fig.layout.height or 0), need)
     width = int(LEGEND_SWATCH_PX + LEGEND_CHAR_PX * max((len(n) for n in names), default=0)) + 20
     fig.update_layout(
@@ -357,8 +364,9 @@ def raster_colorscale() -> tuple[list[list[Any]], int]:
 
 
 def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, color_by: str,
-            unit: str) -> go.Figure:
-    """Paint actions on a (worker x time-bin) grid as one heatmap; a bin shows the action at its centre."""
+            unit: str, *, hole: tuple[float, float] | None = None) -> go.Figure:
+    """Paint actions on a (worker x time-bin) grid as one heatmap; a bin shows the action at its centre.
+    Bins whose centre lies in ``hole`` stay empty (boxes draw that range)."""
     span = max(e.end_s for e in compute) - t0
     shortest = min((e.duration_s for e in compute if e.duration_s > 0), default=span or 1.0)
     width = max(shortest, span / RASTER_MAX_BINS) if span > 0 else 1.0
@@ -381,6 +389,8 @@ def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, colo
         hit = (idx >= 0) & (centres < ends[np.maximum(idx, 0)])
         values = np.array([kind_index[e.kind] * ncol + color_key(e, color_by) % ncol for e in evs], float)
         labels = np.array([f"{e.action} v{e.weight_version}" for e in evs], dtype=object)
+        if hole is not None:
+            hit &= (centres < hole[0]) | (centres >= hole[1])
         z[r, hit] = values[idx[hit]]
         text[r, hit] = labels[idx[hit]]
     scale, n = raster_colorscale()
