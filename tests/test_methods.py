@@ -39,7 +39,10 @@ def test_every_method_builds_and_validates(name):
         plan = Plan.from_boundaries(4, [], [2])
     elif _schedule_options(m) or m.stages_per_worker != 1:   # an int P gets v * P virtual stages
         plan = 3
-    sch = build(name, plan, **_schedule_options(m))
+    if m.order == "dualpipe":      # P even: worker s pairs with worker P-1-s
+        plan = Plan.from_boundaries(4, [1, 2, 3], [1, 1, 1, 1])
+    mb = {"microbatches": 8} if m.order in ("dualpipe", "dualpipev") else {}   # DualPipe: M >= 2P, even
+    sch = build(name, plan, **_schedule_options(m), **mb)
     validate(sch)
     assert sch.method == name
     # the schedule keeps to the registry's facts: sync methods read one version per minibatch

@@ -27,6 +27,10 @@ def _kw(method: str, P: int, M: int) -> dict[str, int] | None:
         return None
     if method in ("zb-h2", "zb-v") and M < P:
         return None
+    if method == "dualpipe" and (P % 2 or M < 2 * P or M % 2):
+        return None
+    if method == "dualpipev" and (M < 2 * P or M % 2):
+        return None
     if method in ("2bw", "buffered") and M < P - 1:
         return None
     return {"microbatches": M, "minibatches": 2}
@@ -49,7 +53,7 @@ def test_every_builder_valid_over_grid(method: str) -> None:
         validate(sch)
         assert sch.num_workers == P
         count += 1
-    assert count >= 40
+    assert count >= (15 if method.startswith("dualpipe") else 40)   # DualPipe: M >= 2P, even
 
 
 def test_buffered_versions_grid() -> None:
@@ -192,6 +196,10 @@ def test_csv_custom_order_is_validated(tmp_path) -> None:  # type: ignore[no-unt
     (lambda: build("zb-h2", 4, microbatches=3), "microbatches >= the 4 workers"),
     (lambda: build("zb-v", 4, microbatches=3), "microbatches >= the 4 workers"),
     (lambda: build("zb-v", Plan.even(6, 3), microbatches=4), "even number of stages"),
+    (lambda: build("dualpipe", 3, microbatches=6), "needs an even number of stages; the plan has 3: use 4 or 2"),
+    (lambda: build("dualpipe", 4, microbatches=7), "even number of microbatches >= 2P = 8"),
+    (lambda: build("dualpipev", 4, microbatches=6), "use microbatches=8"),
+    (lambda: build("dualpipe", Plan.from_boundaries(4, [1, 2, 3], [1, 2, 1, 1]), microbatches=8), "straight"),
     (lambda: build("interleaved-1f1b", Plan.even(6, 6), microbatches=6, chunks=4), "does not divide"),
     (lambda: build("interleaved-1f1b", 4, microbatches=2, chunks=2), "microbatches >= the 4 workers"),
     (lambda: build("2bw", 8, microbatches=2), "needs microbatches >= 7"),

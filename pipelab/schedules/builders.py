@@ -15,7 +15,7 @@ from pipelab.batching import default_microbatches
 from pipelab.methods import MethodError
 from pipelab.metrics import in_flight
 from pipelab.partition.plan import Plan
-from pipelab.schedules import async_, segments, sync, zero_bubble
+from pipelab.schedules import async_, dualpipe, segments, sync, zero_bubble
 from pipelab.schedules import hetpipe as _hetpipe
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.steps import ScheduleError, resolve_plan
@@ -43,6 +43,8 @@ BUILDERS: dict[str, Builder] = {
     "zb-h1": lambda name, p, M, K, o: sync.zb_h1(p, M, K),
     "zb-h2": lambda name, p, M, K, o: zero_bubble.zb_h2(p, M, K),
     "zb-v": lambda name, p, M, K, o: zero_bubble.zb_v(p, M, K),
+    "dualpipe": lambda name, p, M, K, o: dualpipe.dualpipe(p, M, K),
+    "dualpipev": lambda name, p, M, K, o: dualpipe.dualpipev(p, M, K),
     "async-1f1b": lambda name, p, M, K, o: async_.per_minibatch_async(
         p, name, K, vertical_sync=bool(o.get("vertical_sync", False)),   # only pipedream offers it
         extra_in_flight=int(o["extra_in_flight"]), microbatches=M),

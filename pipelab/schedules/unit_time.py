@@ -115,9 +115,9 @@ def rule_orders(num_stages: int, num_workers: int, microbatches: int,
                 continue
             a = chosen
             s, m = a.stage, a.microbatch
-            src = worker_of(s - 1 if a.kind == "F" else s + 1, m) if a.kind != "W" else w
-            if a.kind != "W" and 0 <= (s - 1 if a.kind == "F" else s + 1) < S and src != w:
-                queues[(src, w)].popleft()
+            prev = s - 1 if a.kind == "F" else s + 1       # the stage whose output this action takes
+            if a.kind != "W" and 0 <= prev < S and worker_of(prev, m) != w:
+                queues[(worker_of(prev, m), w)].popleft()
             if a.kind == "F":
                 st.f_done[s] += 1
             elif a.kind == "B":

@@ -14,10 +14,11 @@ while the microbatches it holds (forward done, ``W`` not yet) stay under a bound
                  w1: F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
 
 - ``zb-v`` (§4): ``2P`` stages in a V, worker ``w`` hosting stages ``w`` and ``2P - 1 - w`` (so the
-  first and last stage share worker 0); backward of the later stage first, forwards of the earlier
-  one first, bound ``2P + 2`` stage-microbatches per worker (``P + 1`` of the whole model's, about
-  1F1B's ``P``). A forward over the bound is still taken when nothing else is ready (a forward whose
-  activation heads the message queue would otherwise block the gradient behind it).
+  first and last stage share worker 0); the later stage's action first; only stage 0's forward (a new
+  microbatch) waits for the worker to hold under ``P + 1`` stage-microbatches, so the bound never
+  blocks a message at the head of its queue. With equal ``F``, ``B``, ``W`` and ``P`` dividing ``M``
+  it takes exactly as long as torch's ``ScheduleZBVZeroBubble`` (no bubble but the fill), holding at
+  most two stage-microbatches more (tests/test_schedule_golden.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from __future__ import annotations
 from pipelab.partition.plan import Plan
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.steps import ScheduleError
-from pipelab.schedules.unit_time import WorkerState, pick, rule_orders
+from pipelab.schedules.unit_time import Rule, WorkerState, pick, rule_orders
 
 
-def _flushed(method: str, S: int, ranks: tuple[tuple[int, ...], ...], M: int, K: int,
+def flushed(method: str, S: int, ranks: tuple[tuple[int, ...], ...], M: int, K: int,
              one: list[list[Action]], options: dict[str, object]) -> Schedule:
-    """``one`` minibatch's orders repeated ``K`` times, each worker's ``U`` per hosted stage after it."""
+    """``one`` minibatch's orders repeated ``K`` times, each worker's ``U`` per hosted stage after it
+    (a stage on two workers, as in DualPipe, all-reduces its gradients there)."""
     lists: list[list[Action]] = [[] for _ in one]
     for w, acts in enumerate(one):
         hosted = sorted({a.stage for a in acts})
@@ -67,7 +69,7 @@ def zb_h2(plan: Plan, M: int, K: int) -> Schedule:
         return pick("BFW", ready, allow=lambda a: a.kind != "F" or st.held(True) < bound)
 
     one = rule_orders(P, P, M, lambda s, m: s, rule, split=True)
-    return _flushed("zb-h2", P, tuple((s,) for s in range(P)), M, K, one, {"bound": bound})
+    return flushed("zb-h2", P, tuple((s,) for s in range(P)), M, K, one, {"bound": bound})
 
 
 def v_worker(stage: int, workers: int) -> int:
@@ -76,8 +78,8 @@ def v_worker(stage: int, workers: int) -> int:
 
 
 def zb_v(plan: Plan, M: int, K: int) -> Schedule:
-    """ZB-V: two stages per worker in a V, split backward, ``2P + 2`` stage-microbatches held at most
-    (unless only an over-bound forward is ready)."""
+    """ZB-V: two stages per worker in a V, split backward, new microbatches admitted while the worker
+    holds fewer than ``P + 1`` stage-microbatches."""
     _straight(plan, "zb-v")
     S = plan.num_stages
     if S % 2:
@@ -86,15 +88,21 @@ def zb_v(plan: Plan, M: int, K: int) -> Schedule:
                             "simulate with a plan of P stages: it is re-split into 2P)")
     P = S // 2
     _enough("zb-v", M, P)
-    bound = 2 * P + 2
+    bound = P + 1
+    one = rule_orders(S, P, M, lambda s, m: v_worker(s, P), v_rule(bound), split=True)
+    return flushed("zb-v", S, tuple((v_worker(s, P),) for s in range(S)), M, K, one,
+                   {"bound": bound, "placement": "v"})
 
-    def key(a: Action) -> int:          # backward: the later stage first; forward: the earlier one first
-        return -a.stage if a.kind != "F" else a.stage
 
+def later_first(a: Action) -> int:
+    """Tie-break of the V rules: the later stage's action first (its microbatch is nearer the end)."""
+    return -a.stage
+
+
+def v_rule(bound: int) -> Rule:
+    """ZB-V's rule: a ready ``B``, else a forward (only stage 0's, which admits a new microbatch, waits
+    for the worker to hold under ``bound`` stage-microbatches), else a pending ``W``."""
     def rule(st: WorkerState, ready: list[Action]) -> Action | None:
-        return (pick("BFW", ready, stage_first=key, allow=lambda a: a.kind != "F" or st.held(True) < bound)
-                or pick("BFW", ready, stage_first=key))
-
-    one = rule_orders(S, P, M, lambda s, m: v_worker(s, P), rule, split=True)
-    return _flushed("zb-v", S, tuple((v_worker(s, P),) for s in range(S)), M, K, one,
-                    {"bound": bound, "placement": "v"})
+        return pick("BFW", ready, stage_first=later_first,
+                    allow=lambda a: a.kind != "F" or a.stage > 0 or st.held(True) < bound)
+    return rule
