@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelab import methods
-from pipelab.schedules import build, validate
+from pipelab.schedules import ScheduleError, build, validate
 from pipelab.schedules import search as S
 from pipelab.schedules.dataflow import UnitCosts, run
 
@@ -69,15 +68,40 @@ def test_dualpipe_table_1f1b_and_zb1p(P: int, f: float, b: float, w: float) -> N
     assert (params, acts) == (1, P)
 
 
-DUALPIPE = ("dualpipe", "dualpipev")
+@pytest.mark.parametrize(("method", "stages_per_pp"), [("dualpipe", 1), ("dualpipev", 2)])
+@pytest.mark.parametrize("P", [4, 6, 8])
+def test_dualpipe_rows_parameters_and_devices(method: str, stages_per_pp: int, P: int) -> None:
+    """Parameters per device 2x for both; DualPipe on PP devices, DualPipeV on PP/2 (pipelab's P workers
+    hold 2P stages: PP = 2P); odd PP and M < 2P are refused with what is needed."""
+    m = 2 * P
+    sch = build(method, P, microbatches=m)
+    validate(sch)
+    PP = sch.num_stages
+    assert PP == stages_per_pp * P and sch.num_workers == PP // stages_per_pp
+    assert max(len(sch.stages_of(w)) for w in range(sch.num_workers)) == 2        # 2x parameters
+    with pytest.raises(ScheduleError, match=f"microbatches >= 2P = {2 * P}"):
+        build(method, P, microbatches=P)
+    if method == "dualpipe":
+        with pytest.raises(ScheduleError, match="even number of stages"):
+            build(method, P + 1, microbatches=4 * P)
 
 
-@pytest.mark.parametrize("method", DUALPIPE)
-def test_dualpipe_rows_are_registered(method: str) -> None:
-    """The two DualPipe rows need their builders (issue 46 point 1); until then this fails by name."""
-    if method not in methods.METHODS:
-        pytest.xfail(f"{method!r} has no builder on this branch yet (issue 46 point 1, i46-builders)")
-    build(method, 4, microbatches=8)
+@pytest.mark.xfail(strict=True, reason="pipelab's dualpipe/dualpipev (built on a unit-time clock by "
+                   "i46-builders' rule) hold 2PP stage-microbatches per device, not PP+1, and under unequal "
+                   "F, B, W their idle grows with M instead of (PP/2-1)(F&B+B-3W)")
+@pytest.mark.parametrize("method", ["dualpipe", "dualpipev"])
+def test_dualpipe_rows_bubble_and_activations(method: str) -> None:
+    """The report's bubble (PP/2-1)(F&B+B-3W), F&B priced as F+B (pipelab keeps the pair two actions),
+    and PP+1 activations per device."""
+    P = 4
+    for f, b, w in TIMES:
+        for m in (2 * P, 4 * P):
+            sch = build(method, P, microbatches=m)
+            PP = sch.num_stages
+            idle, _, acts = _bubble_and_memory(method, P, m, f, b, w)
+            full_b = b + w
+            assert acts == PP + 1
+            assert idle == pytest.approx((PP / 2 - 1) * ((f + full_b) + full_b - 3 * w))
 
 
 def _table(name: str) -> list[dict[str, str]]:
