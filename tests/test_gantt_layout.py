@@ -98,3 +98,9 @@ def test_bad_window_is_refused() -> None:
         gantt(sch, window="middle")
     with pytest.raises(ValueError, match="end > start"):
         gantt(sch, window=(3.0, 1.0))
+
+
+def test_window_without_range_slider() -> None:
+    """The live chart's form: a window, and no slider's second copy of every box."""
+    fig = gantt(build("1f1b-flush", 4, microbatches=8, minibatches=30), window="latest", range_slider=False)
+    assert fig.layout.xaxis.range is not None and not fig.layout.xaxis.rangeslider.visible

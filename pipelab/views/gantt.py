@@ -129,7 +129,7 @@ def color_key(e: Event, color_by: str) -> int:
 def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_by: str = "microbatch",
           show_transfers: bool = True, title: str | None = None, costs: Mapping[str, float] | None = None,
           time_unit: str | None = None, render: str = "auto",
-          window: str | tuple[float, float] = "auto") -> go.Figure:
+          window: str | tuple[float, float] = "auto", range_slider: bool = True) -> go.Figure:
     """Draw one row per worker and one box per action; the title carries the bubble fraction.
 
     Args:
@@ -142,6 +142,8 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
             ``"auto"`` the warm-up and :data:`STEADY_MINIBATCHES` steady minibatches of a long run,
             ``"latest"`` the last ones (the live chart), ``"all"`` the whole run, or ``(start, end)``
             in the axis' units. A raster also draws that window's actions as boxes.
+        range_slider: with a window, the whole run on a slider under the axis (else a double click
+            on the chart shows it).
     """
     if color_by not in COLOR_BY:
         raise ValueError(f"color_by={color_by!r}; use one of {COLOR_BY}")
@@ -175,15 +177,18 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
     _legend(fig, compute, color_by, raster)
     head = title or " ".join(filter(None, (trace.meta.get("method", ""), "pipeline")))
     xaxis: dict[str, Any] = {"title": {"text": f"time ({unit})"}, "rangemode": "tozero"}
+    slider = shown is not None and range_slider
     if shown is not None:
-        xaxis.update(range=list(shown), rangeslider={"visible": True, "thickness": RANGESLIDER_THICKNESS})
+        xaxis.update(range=list(shown))
+    if slider:
+        xaxis.update(rangeslider={"visible": True, "thickness": RANGESLIDER_THICKNESS})
     fig.update_layout(
         title={"text": f"{head} — bubble {bubble:.1%}, makespan {trace.makespan:.4g} {unit}"},
         xaxis=xaxis,
         meta={**(fig.layout.meta or {}), "bubble_fraction": bubble, "color_by": color_by,
               "boxes": len(compute), "window": list(shown) if shown is not None else None},
         **rows_layout(rows, top=60, base=140))
-    fit_legend(fig, slider=shown is not None)
+    fit_legend(fig, slider=slider)
     return fig
 
 

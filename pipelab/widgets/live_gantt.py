@@ -136,8 +136,10 @@ class LiveGantt(Displayable):
         trace = self.trace()
         if not trace.compute_events():
             return None
+        # while running: the latest minibatches, without a range slider (a second copy of every box to
+        # redraw at each update)
         window = "auto" if self._ended else "latest"
-        return gantt(trace, color_by=self.color_by, title=self.title, window=window)
+        return gantt(trace, color_by=self.color_by, title=self.title, window=window, range_slider=self._ended)
 
     def refresh(self) -> None:
         """Redraw the widget from the events received so far (called by the consumer thread)."""
