@@ -35,6 +35,8 @@ microbatch_sweep = [1, 2, 4, 8, 16, 32]
 compare_backend = "gloo"   # the real run of "Simulated against measured": "gloo" processes or "local"
 compare_steps = 8          # its minibatches
 calibrate_here = False     # True: measure this machine with pl.calibrate first (a minute or more)
+left_schedule = "1f1b-flush"   # the two schedules drawn side by side in "Two schedules, one clock"
+right_schedule = "zb-h2"
 
 # %%
 import pandas as pd
@@ -290,6 +292,62 @@ pl.views.compare(sim.trace, run.trace)
 # waiting, white space in the measured rows. `reproductions/sim_accuracy` measures these errors for every
 # method, worker count and microbatch count, and its README names the term behind each miss.
 # Swap `"1f1b-flush"` for `"gpipe"` in both calls: the errors per kind stay, the bubble changes.
+
+# %% [markdown]
+# ## Two schedules, one clock
+#
+# Pick two schedules: their Gantt charts are drawn one above the other on the same time axis (unit
+# costs), with each one's bubble and the most microbatches' activations a worker holds. Compare
+# `"1f1b-flush"` with `"zb-h1"` (same memory, a third of the bubble), or `"zb-h1"` with `"zb-h2"`: ZB-H2
+# runs more forwards early (it holds 2P-1 activations) and each stage finishes its own work sooner, but on
+# this chart's clock the last stage still ends last, so the makespan only shrinks once the optimizer
+# step stops waiting for every stage (Qi et al., ICLR'24 §4). With ipywidgets, the dropdowns redraw it.
+
+# %%
+from plotly.subplots import make_subplots
+
+from pipelab import methods as registry
+
+choices = {**methods, **{m: {} for m in ("zb-h2", "zb-v", "dualpipe", "dualpipev") if m in registry.METHODS}}
+choices.pop("pipedream")            # no flush: its minibatches never end, so no makespan to compare
+
+
+def held(sched):
+    """Most (stage, microbatch) activations one worker holds at once."""
+    best = 0
+    for acts in sched.actions:
+        split = {a.stage for a in acts if a.kind == "W"}
+        live = 0
+        for a in acts:
+            live += 1 if a.kind == "F" else -1 if a.kind == ("W" if a.stage in split else "B") else 0
+            best = max(best, live)
+    return best
+
+
+def side_by_side(left=left_schedule, right=right_schedule):
+    """The two schedules' Gantt charts on one time axis."""
+    figs, names = [], []
+    for name in (left, right):
+        sched = pl.schedules.build(name, stages, microbatches=microbatches, **choices[name])
+        fig = pl.views.gantt(sched, title=name)
+        figs.append(fig)
+        names.append(f"{fig.layout.title.text}; holds {held(sched)} activations")
+    both = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=names)
+    for row, fig in enumerate(figs, start=1):
+        for tr in pl.views.action_traces(fig):
+            both.add_trace(tr, row=row, col=1)
+        both.update_yaxes(fig.layout.yaxis.to_plotly_json(), row=row, col=1)
+    both.update_layout(height=260 + 50 * sum(len(f.layout.yaxis.ticktext) for f in figs), barmode="overlay",
+                       showlegend=False, margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    both.update_xaxes(title_text="time (unit)", row=2, col=1)
+    return both
+
+
+try:
+    import ipywidgets
+    ipywidgets.interact(side_by_side, left=list(choices), right=list(choices))
+except ImportError:                  # no widgets: the parameters above pick the two
+    side_by_side().show()
 
 # %% [markdown]
 # ## Explore

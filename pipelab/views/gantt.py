@@ -63,6 +63,7 @@ def schedule_trace(schedule: Schedule, *, costs: Mapping[str, float] | None = No
                     raise ValueError(f"worker {w} action {a} needs {st}{k}{m}, which no worker runs; "
                                      f"the schedule is incomplete (check its builder)")
     meta = {"method": schedule.method, "unit_costs": cost, "layout": "unit-cost",
+            "microbatches": schedule.microbatches, "minibatches": schedule.minibatches,
             "stage_ranks": [list(r) for r in schedule.stage_ranks]}
     uc = UnitCosts(f=cost["F"], b=cost["B"], w=cost["W"] if split else 0.0, u=cost["U"])
     try:
@@ -127,7 +128,8 @@ def color_key(e: Event, color_by: str) -> int:
 
 def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_by: str = "microbatch",
           show_transfers: bool = True, title: str | None = None, costs: Mapping[str, float] | None = None,
-          time_unit: str | None = None, render: str = "auto") -> go.Figure:
+          time_unit: str | None = None, render: str = "auto",
+          window: str | tuple[float, float] = "auto", range_slider: bool = True) -> go.Figure:
     """Draw one row per worker and one box per action; the title carries the bubble fraction.
 
     Args:
@@ -136,6 +138,12 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
         time_unit: the x axis label (default ``"s"``, ``"unit"`` for schedules).
         render: ``"bars"`` (one SVG box per action), ``"raster"`` (one heatmap on a time grid of at most
             :data:`RASTER_MAX_BINS` bins) or ``"auto"`` (bars up to :data:`BARS_MAX` actions).
+        window: the time range shown first (the whole run stays one zoom away on a range slider):
+            ``"auto"`` the warm-up and :data:`STEADY_MINIBATCHES` steady minibatches of a long run,
+            ``"latest"`` the last ones (the live chart), ``"all"`` the whole run, or ``(start, end)``
+            in the axis' units. A raster also draws that window's actions as boxes.
+        range_slider: with a window, the whole run on a slider under the axis (else a double click
+            on the chart shows it).
     """
     if color_by not in COLOR_BY:
         raise ValueError(f"color_by={color_by!r}; use one of {COLOR_BY}")
@@ -153,17 +161,111 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
     t0 = min(e.start_s for e in compute)
     row_of = {w: i for i, w in enumerate(sorted(labels))}
     raster = render == "raster" or (render == "auto" and len(compute) > BARS_MAX)
-    fig = _raster(compute, row_of, t0, color_by, unit) if raster else \
-        _bars(compute, trace, labels, row_of, t0, color_by, unit, show_transfers)
+    mbs = trace.meta.get("microbatches")
+    shown = _window(compute, t0, int(mbs) if isinstance(mbs, int) and mbs >= 1 else None, window)
+    if raster:
+        # the first window's actions as boxes, the rest as a raster: readable at once, the whole run one
+        # zoom away
+        inside = [] if shown is None else \
+            [e for e in compute if e.end_s - t0 > shown[0] and e.start_s - t0 < shown[1]]
+        boxed = shown if 0 < len(inside) <= BARS_MAX else None
+        fig = _raster(compute, row_of, t0, color_by, unit, hole=boxed)
+        if boxed is not None:
+            fig.add_traces(list(_bars(inside, trace, labels, row_of, t0, color_by, unit, False).data))
+    else:
+        fig = _bars(compute, trace, labels, row_of, t0, color_by, unit, show_transfers)
     _legend(fig, compute, color_by, raster)
     head = title or " ".join(filter(None, (trace.meta.get("method", ""), "pipeline")))
+    xaxis: dict[str, Any] = {"title": {"text": f"time ({unit})"}, "rangemode": "tozero"}
+    slider = shown is not None and range_slider
+    if shown is not None:
+        xaxis.update(range=list(shown))
+    if slider:
+        xaxis.update(rangeslider={"visible": True, "thickness": RANGESLIDER_THICKNESS})
     fig.update_layout(
         title={"text": f"{head} — bubble {bubble:.1%}, makespan {trace.makespan:.4g} {unit}"},
-        xaxis={"title": {"text": f"time ({unit})"}, "rangemode": "tozero"},
+        xaxis=xaxis,
         meta={**(fig.layout.meta or {}), "bubble_fraction": bubble, "color_by": color_by,
-              "boxes": len(compute)},
+              "boxes": len(compute), "window": list(shown) if shown is not None else None},
         **rows_layout(rows, top=60, base=140))
+    fit_legend(fig, slider=slider)
     return fig
+
+
+#: steady-state minibatches the first window of a long run shows after its warm-up
+STEADY_MINIBATCHES = 3
+#: the range slider's height as a share of the plot's
+RANGESLIDER_THICKNESS = 0.12
+
+
+def minibatch_of(e: Event, microbatches: int) -> int:
+    """The minibatch an action belongs to (a ``U``'s microbatch field is its minibatch)."""
+    return e.microbatch if e.kind == "U" else e.microbatch // max(1, microbatches)
+
+
+def _window(compute: Sequence[Event], t0: float, microbatches: int | None,
+            window: str | tuple[float, float]) -> tuple[float, float] | None:
+    """The x range shown first (relative to ``t0``), or None for the whole run.
+
+    A minibatch ends with its last ``U`` (or, without ``U``, its last action); microbatches per
+    minibatch come from the trace (else from the ratio of stage 0's forwards to its updates)."""
+    if isinstance(window, tuple):
+        lo, hi = (float(x) for x in window)
+        if not hi > lo:
+            raise ValueError(f"window={window!r}: give (start, end) with end > start")
+        return lo, hi
+    if window not in ("auto", "latest", "all"):
+        raise ValueError(f"window={window!r}; use 'auto', 'latest', 'all' or (start, end)")
+    if window == "all":
+        return None
+    ups = [e for e in compute if e.kind == "U"]
+    if microbatches is None:
+        firsts = {e.microbatch for e in compute if e.kind == "F"}
+        updates = {e.microbatch for e in ups}
+        microbatches = max(1, round(len(firsts) / len(updates))) if updates else 1
+    done: dict[int, float] = {}
+    for e in ups or compute:
+        k = minibatch_of(e, microbatches)
+        done[k] = max(done.get(k, -math.inf), e.end_s - t0)
+    ends = sorted(done.values())
+    # minibatches started (a forward) before the first one ended: the warm-up
+    started = {minibatch_of(e, microbatches) for e in compute if e.kind == "F" and e.start_s - t0 < ends[0]}
+    n = max(1, len(started)) + STEADY_MINIBATCHES
+    if len(ends) <= n + 1:
+        return None
+    if window == "latest":
+        return ends[-STEADY_MINIBATCHES - 2], ends[-1]
+    return 0.0, ends[n - 1]
+
+
+#: approximate pixel sizes of plotly's default 12 px legend font: one character, one entry's row,
+#: the swatch and padding left of the text
+LEGEND_CHAR_PX, LEGEND_ROW_PX, LEGEND_SWATCH_PX = 7.0, 20, 46
+#: the height plotly adds under the plot for a range slider (measured in Chromium: about 64 px)
+SLIDER_PX = 80
+
+
+def fit_legend(fig: go.Figure, *, slider: bool = False) -> None:
+    """Put the legend right of the plot, top-aligned with it, and size the margins and height so that
+    it never covers the title or the bars: the right margin holds its widest entry, the height its
+    rows (below the title's margin). ``slider``: leave room for a range slider under the x axis."""
+    listed = [t for t in fig.data if t.name and (t.showlegend if t.showlegend is not None
+                                                 else t.type != "heatmap")]
+    names = [str(t.name) for t in listed]
+    margin = fig.layout.margin
+    top = margin.t if margin.t is not None else 60
+    bottom = margin.b if margin.b is not None else 40
+    groups = len({t.legendgroup for t in listed})
+    legend_px = LEGEND_ROW_PX * len(names) + 10 * max(0, groups - 1) + 10
+    # the plot area (the legend's height limit) holds the legend; plotly adds a slider below the margin
+    need = top + bottom + legend_px + (SLIDER_PX if slider else 0)
+    height = max(int(fig.layout.height or 0), need)
+    width = int(LEGEND_SWATCH_PX + LEGEND_CHAR_PX * max((len(n) for n in names), default=0)) + 20
+    fig.update_layout(
+        height=height, margin={"r": max(10, width) if names else 10, "b": bottom},
+        legend={"orientation": "v", "x": 1.0, "xanchor": "left", "xref": "paper", "y": 1.0, "yanchor": "top",
+                "yref": "paper", "tracegroupgap": 10, "bgcolor": "rgba(255,255,255,0.9)"},
+        meta={**(fig.layout.meta or {}), "legend_px": {"width": width, "rows": len(names)}})
 
 
 def rows_layout(rows: Sequence[str], *, top: int, base: int,
@@ -174,7 +276,7 @@ def rows_layout(rows: Sequence[str], *, top: int, base: int,
             "yaxis": {"tickmode": "array", "tickvals": ticks, "ticktext": list(rows), "autorange": "reversed",
                       "zeroline": False, "showgrid": False},
             "height": min(base + 28 * len(rows), 2400), "margin": {"l": 10, "r": 10, "t": top, "b": 40},
-            "legend": {"orientation": "h", "y": 1.0, "x": 1.0, "xanchor": "right", "yanchor": "bottom"}}
+            "legend": {"orientation": "v", "x": 1.0, "xanchor": "left", "y": 1.0, "yanchor": "top"}}
 
 
 def _bars(compute: Sequence[Event], trace: Trace, labels: Mapping[int, str], row_of: Mapping[int, int],
@@ -239,8 +341,7 @@ def _legend(fig: go.Figure, compute: Sequence[Event], color_by: str, raster: boo
     for k in shown:
         more = len(keys) > len(shown) and k == shown[-1]
         fig.add_trace(go.Bar(
-            name=f"{color_by} {k}" + (f" (+{len(keys) - len(shown)} more; colours repeat every "
-                                      f"{len(PALETTE)})" if more else ""),
+            name=f"{color_by} {k}" + (f" (+{len(keys) - len(shown)} more)" if more else ""),
             orientation="h", x=[None], y=[None], legendgroup="colours", showlegend=True, hoverinfo="skip",
             marker={"color": PALETTE[k % len(PALETTE)], "line": {"width": 0}}))
 
@@ -268,8 +369,9 @@ def raster_colorscale() -> tuple[list[list[Any]], int]:
 
 
 def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, color_by: str,
-            unit: str) -> go.Figure:
-    """Paint actions on a (worker x time-bin) grid as one heatmap; a bin shows the action at its centre."""
+            unit: str, *, hole: tuple[float, float] | None = None) -> go.Figure:
+    """Paint actions on a (worker x time-bin) grid as one heatmap; a bin shows the action at its centre.
+    Bins whose centre lies in ``hole`` stay empty (boxes draw that range)."""
     span = max(e.end_s for e in compute) - t0
     shortest = min((e.duration_s for e in compute if e.duration_s > 0), default=span or 1.0)
     width = max(shortest, span / RASTER_MAX_BINS) if span > 0 else 1.0
@@ -292,6 +394,8 @@ def _raster(compute: Sequence[Event], row_of: Mapping[int, int], t0: float, colo
         hit = (idx >= 0) & (centres < ends[np.maximum(idx, 0)])
         values = np.array([kind_index[e.kind] * ncol + color_key(e, color_by) % ncol for e in evs], float)
         labels = np.array([f"{e.action} v{e.weight_version}" for e in evs], dtype=object)
+        if hole is not None:
+            hit &= (centres < hole[0]) | (centres >= hole[1])
         z[r, hit] = values[idx[hit]]
         text[r, hit] = labels[idx[hit]]
     scale, n = raster_colorscale()

@@ -130,9 +130,16 @@ class LiveGantt(Displayable):
         return " · ".join(parts)
 
     def current_figure(self) -> go.Figure | None:
-        """The Gantt of the events so far (None until the first action has arrived)."""
+        """The Gantt of the events so far (None until the first action has arrived): while the job runs
+        it opens on the latest minibatches, once it ended on the first steady ones (the whole run stays
+        on the range slider)."""
         trace = self.trace()
-        return gantt(trace, color_by=self.color_by, title=self.title) if trace.compute_events() else None
+        if not trace.compute_events():
+            return None
+        # while running: the latest minibatches, without a range slider (a second copy of every box to
+        # redraw at each update)
+        window = "auto" if self._ended else "latest"
+        return gantt(trace, color_by=self.color_by, title=self.title, window=window, range_slider=self._ended)
 
     def refresh(self) -> None:
         """Redraw the widget from the events received so far (called by the consumer thread)."""

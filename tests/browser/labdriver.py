@@ -43,8 +43,8 @@ PROBE = r"""() => {
     const prompt = ((c.querySelector('.jp-InputArea-prompt') || {}).textContent || '').trim();
     const plots = [...c.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(p => ({
       title: ((p.querySelector('.gtitle') || {}).textContent || ''),
-      bars: [...p.querySelectorAll('.barlayer .point path')].filter(x => x.getAttribute('d') !== 'M0,0Z').length,
-      images: p.querySelectorAll('.heatmaplayer image').length}));
+      bars: [...p.querySelectorAll('.barlayer .point path')].filter(x => x.getAttribute('d') !== 'M0,0Z' && !x.closest('.rangeslider-container')).length,
+      images: [...p.querySelectorAll('.heatmaplayer image')].filter(x => !x.closest('.rangeslider-container')).length}));
     const out = c.querySelector('.jp-OutputArea');
     return {name: m ? m[1] : '', prompt, plots, text: out ? out.innerText.slice(0, 3000) : ''};
   });
@@ -55,6 +55,7 @@ PROBE = r"""() => {
              || []).length};
 }"""
 
+# (Bars and heatmap images count the main plot only: a range slider draws a second, small copy.)
 # Started in the page with a list of cells (a "# [tag]" name or a code-cell index): every 100 ms it
 # records, per cell, the prompt, drawn bar boxes, plot divs and heatmap images, with the page's clock,
 # into window.__samples. Sampling inside the page does not depend on round trips from the test
@@ -72,9 +73,10 @@ SAMPLER = r"""(keys) => {
       const c = find(k);
       cells[k] = c ? {prompt: ((c.querySelector('.jp-InputArea-prompt') || {}).textContent || '').trim(),
                       bars: [...c.querySelectorAll('.js-plotly-plot .barlayer .point path')].filter(
-                        x => x.getAttribute('d') !== 'M0,0Z').length,
+                        x => x.getAttribute('d') !== 'M0,0Z' && !x.closest('.rangeslider-container')).length,
                       plots: c.querySelectorAll('.js-plotly-plot').length,
-                      images: c.querySelectorAll('.js-plotly-plot .heatmaplayer image').length}
+                      images: [...c.querySelectorAll('.js-plotly-plot .heatmaplayer image')].filter(
+                        x => !x.closest('.rangeslider-container')).length}
                    : {prompt: '', bars: 0, plots: 0, images: 0};
     }
     window.__samples.push({t: performance.now(), cells});
@@ -86,8 +88,8 @@ SAMPLER = r"""(keys) => {
 REPORT_PROBE = r"""() => ({
   plots: [...document.querySelectorAll('.js-plotly-plot')].map(p => ({
       title: ((p.querySelector('.gtitle') || {}).textContent || ''),
-      bars: [...p.querySelectorAll('.barlayer .point path')].filter(x => x.getAttribute('d') !== 'M0,0Z').length,
-      images: p.querySelectorAll('.heatmaplayer image').length})),
+      bars: [...p.querySelectorAll('.barlayer .point path')].filter(x => x.getAttribute('d') !== 'M0,0Z' && !x.closest('.rangeslider-container')).length,
+      images: [...p.querySelectorAll('.heatmaplayer image')].filter(x => !x.closest('.rangeslider-container')).length})),
   text: document.body.innerText.slice(0, 20000)})"""
 
 
@@ -211,3 +213,43 @@ def cell(sample: dict[str, Any], name: str) -> dict[str, Any]:
 def finished(prompt: str) -> bool:
     """Whether a cell prompt shows a finished execution, e.g. ``[3]:``."""
     return re.fullmatch(r"\[\d+\]:", prompt) is not None
+
+
+# Per code cell, per plotly chart: the page boxes (left, top, right, bottom) of its title, legend and plot
+# area, its x range, whether it has a range slider, and the microbatches of the boxes inside that range.
+GEOMETRY = r"""() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')].map(c =>
+  [...c.querySelectorAll('.js-plotly-plot')].map(gd => {
+    const box = el => { if (!el) return null; const b = el.getBoundingClientRect();
+                        return [b.left, b.top, b.right, b.bottom]; };
+    const full = gd._fullLayout || {};
+    const xr = (full.xaxis || {}).range || null;
+    const mbs = new Set();
+    for (const t of (gd._fullData || [])) {
+      if (t.type !== 'bar' || !t.customdata || t.name === 'transfer' || !xr) continue;
+      for (let j = 0; j < t.customdata.length; j++) {
+        const b = Number(t.base[j]), x = Number(t.x[j]);
+        if (b < xr[1] && b + x > xr[0]) mbs.add(Number(t.customdata[j][1]));
+      }
+    }
+    return {title: box(gd.querySelector('.gtitle')), legend: box(gd.querySelector('.legend .bg')),
+            plot: box(gd.querySelector('.nsewdrag')), range: xr,
+            slider: !!gd.querySelector('.rangeslider-container'),
+            titleText: (gd.querySelector('.gtitle') || {}).textContent || '',
+            microbatches: [...mbs].sort((a, b) => a - b)};
+  }))"""
+
+
+def overlaps(a: list[float] | None, b: list[float] | None) -> bool:
+    """Whether two page boxes (left, top, right, bottom) share any area (touching edges do not)."""
+    if a is None or b is None:
+        return False
+    return a[0] < b[2] - 0.5 and b[0] < a[2] - 0.5 and a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5
+
+
+def check_legend_clear(plot: dict[str, Any], where: str) -> None:
+    """A chart's legend box intersects neither its title's box nor its plot area."""
+    assert plot["plot"] is not None, f"{where}: no plot area drawn"
+    assert not overlaps(plot["legend"], plot["title"]), \
+        f"{where}: the legend {plot['legend']} covers the title {plot['title']} ({plot['titleText'][:60]!r})"
+    assert not overlaps(plot["legend"], plot["plot"]), \
+        f"{where}: the legend {plot['legend']} covers the plot area {plot['plot']}"

@@ -97,6 +97,15 @@ def test_widgets_in_jupyterlab(chromium: str, tmp_path: Path):
             f"{s['errors']} error outputs, {s['widget_errors']} widget errors: " + \
             "\n".join(c["text"][-800:] for c in s["cells"] if "Error" in c["text"])
 
+        # every Gantt's legend is clear of its title and bars (the live one's title once read
+        # "live job — bubble 5…" under the legend)
+        gantts = [(ci, j, plot) for ci, plots in enumerate(page.evaluate(L.GEOMETRY))
+                  for j, plot in enumerate(plots) if "bubble" in plot["titleText"]]
+        assert len(gantts) >= 3, f"expected the schedule, explorer and live Gantts, found {len(gantts)}"
+        for ci, j, plot in gantts:
+            L.check_legend_clear(plot, f"cell {ci} chart {j}")
+        summary["gantt_legends_clear"] = len(gantts)
+
         # Gantt of a bare schedule: one drawn box per action
         g = L.cell(s, "gantt")
         assert number(g["text"], "GANTT_BOXES") == boxes(P, M)

@@ -26,6 +26,9 @@ REPO = HERE.parents[1]
 NOTEBOOK = REPO / "notebooks" / "01_quickstart.ipynb"
 OUT = HERE / "out"
 LIVE, SIM, MEASURED = 6, 5, 7          # code-cell indices of the live, simulated and measured Gantt
+#: most minibatches a long run's first window may show: the warm-up (one with M >= P), three steady
+#: ones (pipelab.views.gantt.STEADY_MINIBATCHES) and the ones in flight at the window's edges
+WINDOW_MINIBATCHES_MAX = 7
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -161,6 +164,7 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
         stderr = page.evaluate("""() => document.querySelectorAll(
             '.jp-Notebook [data-mime-type="application/vnd.jupyter.stderr"]').length""")
         colours = {i: page.evaluate(COLOURS, i) for i in (SIM, LIVE, MEASURED)}
+        geometry = page.evaluate(L.GEOMETRY)
 
         assert s["errors"] == 0 and s["widget_errors"] == 0, \
             f"{s['errors']} errors, {s['widget_errors']} widget errors:\n" + \
@@ -190,6 +194,18 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
                         if plot["legend"]] for i in (SIM, MEASURED, LIVE)}
         assert all(swatches.values()), f"a Gantt without a legend: {swatches}"
 
+        # legends clear of titles and bars; a run of `steps` minibatches opens on a few of them
+        windows = {}
+        for i in (SIM, LIVE, MEASURED):
+            for j, plot in enumerate(geometry[i]):
+                L.check_legend_clear(plot, f"cell {i} plot {j}")
+                if plot["slider"]:
+                    shown = {m // p["microbatches"] for m in plot["microbatches"]}
+                    windows[i] = len(shown)
+                    assert 1 < len(shown) <= WINDOW_MINIBATCHES_MAX, \
+                        f"cell {i}: the first window shows minibatches {sorted(shown)} of {p['steps']}"
+        assert SIM in windows and MEASURED in windows, f"no range slider on the long runs' charts: {windows}"
+
         live_cell = page.locator(".jp-CodeCell").nth(LIVE)
         live_cell.scroll_into_view_if_needed()
         page.wait_for_timeout(300)
@@ -197,4 +213,5 @@ def test_quickstart_runs_unedited_in_jupyterlab(chromium: str, tmp_path: Path) -
         browser.close()
     print(f"\nquickstart in JupyterLab: Run All {run_all_s:.1f} s (total {time.time() - t_start:.1f} s); "
           f"live Gantt drawn at steps {middle[:10]} before the end; legend colours {swatches}; "
+          f"first windows (minibatches) {windows}; "
           f"page errors {page_errors[:3]}")
