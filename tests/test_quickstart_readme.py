@@ -43,7 +43,7 @@ def test_the_readme_quotes_the_benchmark_with_date_machine_and_load() -> None:
     section = section[:section.index("\n## ")]
     assert "reproductions/benchmarks/quickstart_accuracy.py" in section
     assert re.search(r"20\d\d-\d\d-\d\d", section), "the quoted figures carry no date"
-    assert re.search(r"\d+ cores?", section) and "load" in section, "the quoted figures name no machine or load"
+    assert re.search(r"\d+ cores?", section) and "load" in section, "no machine or load beside the figures"
 
 
 def test_the_readme_script_samples_the_load_for_its_verdict() -> None:

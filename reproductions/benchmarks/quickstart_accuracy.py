@@ -51,7 +51,8 @@ def spread(values: list[float]) -> str:
     """``median (min .. max) over n`` of percentages, or ``none`` for an empty list."""
     if not values:
         return "none"
-    return f"{statistics.median(values):+.1f}% ({min(values):+.1f}% .. {max(values):+.1f}%) over {len(values)}"
+    mid = statistics.median(values)
+    return f"{mid:+.1f}% ({min(values):+.1f}% .. {max(values):+.1f}%) over {len(values)}"
 
 
 def main(argv: list[str] | None = None) -> int:
