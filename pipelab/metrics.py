@@ -87,13 +87,15 @@ def error_spread(predicted: float, measured: Sequence[float], *, load: HostLoad 
     errs = sorted((predicted - m) / m for m in measured)
     text = f"{statistics.median(errs):+.1%} ({errs[0]:+.1%} .. {errs[-1]:+.1%} over {len(errs)} rounds)"
     moved = max(measured) / min(measured)
-    if moved > BUSY_SPREAD:
-        text += (f"; the measured rate moved {moved:.2f}x between rounds, so the machine was busy: "
-                 "compare again when it is quieter")
-    elif load is not None and load.busy:
-        text += (f"; the machine was busy: other processes took {load.others_share:.0%} of the "
-                 f"{load.cores} cores' time during the run (this run's processes got {load.own_share:.0%}): "
-                 "compare again when it is quieter")
+    rounds, held = moved > BUSY_SPREAD, load is not None and load.busy
+    if rounds or held:
+        text += "; " + (f"the measured rate moved {moved:.2f}x between rounds, so " if rounds else "")
+        text += "the machine was busy"
+        if held:
+            assert load is not None
+            text += (f": other processes took {load.others_share:.0%} of the {load.cores} cores' time "
+                     f"during the run (this run's processes got {load.own_share:.0%})")
+        text += ": compare again when it is quieter"
     return text
 
 
