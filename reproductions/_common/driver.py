@@ -200,6 +200,9 @@ def print_comparison(out_root: Path, parts: Sequence[str]) -> None:
         print(f"\n{name}: this run against the committed reference (reproductions/{name}/)")
         for line in compare_folder(out_root / name, REPRODUCTIONS / name):
             print("  " + line)
+    errors = out_root / "sim_accuracy" / "sim_errors.json"
+    if errors.is_file():
+        print(f"\nthis machine's simulator errors, for `pipelab plan --margin`: {errors}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
