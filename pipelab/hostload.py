@@ -7,9 +7,9 @@ time of the cores this process may run on (Linux's ``/proc/stat``) and the CPU t
 and all its descendants (``/proc/<pid>/stat``), so that a worker started through a fork server counts
 as ours. The difference is the other processes' share.
 
-Invariants: ``0 <= others_share`` and ``own_share`` (both fractions of ``wall_s * cores``; each is
-clipped at 0, since a descendant that exits between two samples loses at most one interval of its
-CPU time to "others"). Where ``/proc`` is missing (not Linux) the sampler records ``sampled=False``
+Invariants: ``others_share`` and ``own_share`` lie in [0, 1] (fractions of ``wall_s * cores``,
+clipped: a descendant that exits between two samples loses at most one interval of its CPU time to
+"others", and clock ticks round the busy time of a short span). Where ``/proc`` is missing (not Linux) the sampler records ``sampled=False``
 and no share, and says so; it never guesses.
 """
 
@@ -104,14 +104,14 @@ class HostLoad:
         """The other processes' share of the cores' time (0 when unknown)."""
         if not self.sampled or self.wall_s <= 0:
             return 0.0
-        return max(0.0, self.busy_core_s - self.own_core_s) / (self.wall_s * self.cores)
+        return min(1.0, max(0.0, self.busy_core_s - self.own_core_s) / (self.wall_s * self.cores))
 
     @property
     def own_share(self) -> float:
         """This process tree's share of the cores' time (0 when unknown)."""
         if not self.sampled or self.wall_s <= 0:
             return 0.0
-        return max(0.0, self.own_core_s) / (self.wall_s * self.cores)
+        return min(1.0, max(0.0, self.own_core_s) / (self.wall_s * self.cores))
 
     @property
     def busy(self) -> bool:
