@@ -9,8 +9,8 @@ as ours. The difference is the other processes' share.
 
 Invariants: ``others_share`` and ``own_share`` lie in [0, 1] (fractions of ``wall_s * cores``,
 clipped: a descendant that exits between two samples loses at most one interval of its CPU time to
-"others", and clock ticks round the busy time of a short span). Where ``/proc`` is missing (not Linux) the sampler records ``sampled=False``
-and no share, and says so; it never guesses.
+"others", and clock ticks round the busy time of a short span). Where ``/proc`` is missing (not
+Linux) the sampler records ``sampled=False`` and no share, and says so; it never guesses.
 """
 
 from __future__ import annotations
