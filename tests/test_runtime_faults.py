@@ -36,12 +36,13 @@ def test_a_killed_worker_is_named_with_its_exit_code(victim: int) -> None:
         next(evs)
     os.kill(run.pids[victim], signal.SIGKILL)
     t = time.time()
-    with pytest.raises(WorkerError) as info:
+    with HostLoadSampler() as load, pytest.raises(WorkerError) as info:
         run.wait()
-    assert time.time() - t < 30
+    waited = time.time() - t
     msg = str(info.value)
     assert info.value.rank == victim, msg
     assert msg.startswith(f"worker {victim} ") and "-9 (SIGKILL)" in msg, msg
+    holds_or_skip(waited < 30, load.result, f"the killed worker was reported after {waited:.1f} s, over 30 s")
 
 
 def test_train_with_a_missing_job_file_prints_one_line(tmp_path) -> None:
@@ -192,10 +193,12 @@ def test_a_taken_port_is_refused_at_once() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         t0 = time.perf_counter()
-        with pytest.raises(ValueError, match=f"port {s.getsockname()[1]} on 127.0.0.1 is in use"):
+        with HostLoadSampler() as load, \
+                pytest.raises(ValueError, match=f"port {s.getsockname()[1]} on 127.0.0.1 is in use"):
             pl.launch(H.mlp, pl.Plan.from_boundaries(5, [2]), method="gpipe", data=H.mlp_data,
                       loss_fn=H.loss_fn, optimizer=H.sgd, steps=1, port=s.getsockname()[1])
-        assert time.perf_counter() - t0 < 10
+        took = time.perf_counter() - t0
+        holds_or_skip(took < 10, load.result, f"the taken port was refused after {took:.1f} s, over 10 s")
 
 
 @pytest.mark.slow
