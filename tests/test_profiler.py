@@ -151,7 +151,6 @@ def test_small_batch_finds_the_fixed_part_of_each_layer() -> None:
                     per_sample.fwd_fixed_s, per_sample.bwd_fixed_s]
             if max(errs) < 0.007:
                 break
-    holds_or_skip(max(errs) < 0.007, load.result, f"fixed parts off by over 7 ms: {errs}")
     assert fixed.fwd_s >= 0.02 and per_sample.fwd_s >= 8 * 0.004
     cm = CostModel(prof, pl.Cluster.flat(1, bandwidth=1e9))
     f, b = cm.compute_s(0, 2, 0, microbatches=4)
@@ -166,6 +165,7 @@ def test_small_batch_finds_the_fixed_part_of_each_layer() -> None:
     ):
         pl.profile(nn.Sequential(nn.Linear(3, 1)), torch.randn(8, 3), small_batch=2, progress=False,
                    loss_fn=lambda out: ((out.squeeze(1) - y) ** 2).mean())
+    holds_or_skip(max(errs) < 0.007, load.result, f"fixed parts off by over 7 ms: {errs}")
 
 
 def _whole_forward(model: nn.Module, x: torch.Tensor, n: int = 9) -> float:
