@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from pipelab.hostload import HostLoad
 
 #: the kinds of compute actions (forward, backward, weight gradient, update); others are transfers
 COMPUTE_KINDS = ("F", "B", "W", "U")
@@ -73,17 +76,26 @@ def bubble_by_worker(busy: dict[int, float], window_s: float) -> dict[int, float
 BUSY_SPREAD = 1.25
 
 
-def error_spread(predicted: float, measured: Sequence[float]) -> str:
+def error_spread(predicted: float, measured: Sequence[float], *, load: HostLoad | None = None) -> str:
     """``(predicted - m) / m`` over measurements ``m``: median and range, e.g. ``+3.1% (-2.0% .. +7.4%
-    over 5 rounds)``, noting a busy machine where the measurements differ by over :data:`BUSY_SPREAD`."""
+    over 5 rounds)``, noting a busy machine where the measurements differ by over :data:`BUSY_SPREAD`
+    or, given the run's ``load`` (:class:`pipelab.hostload.HostLoadSampler`), where other processes
+    held over :data:`pipelab.hostload.BUSY_SHARE` of the cores' time (a steady load that slows every
+    round alike)."""
     if not measured or min(measured) <= 0:
         raise ValueError("error_spread needs at least one measurement, each > 0")
     errs = sorted((predicted - m) / m for m in measured)
     text = f"{statistics.median(errs):+.1%} ({errs[0]:+.1%} .. {errs[-1]:+.1%} over {len(errs)} rounds)"
     moved = max(measured) / min(measured)
-    if moved > BUSY_SPREAD:
-        text += (f"; the measured rate moved {moved:.2f}x between rounds, so the machine was busy: "
-                 "compare again when it is quieter")
+    rounds, held = moved > BUSY_SPREAD, load is not None and load.busy
+    if rounds or held:
+        text += "; " + (f"the measured rate moved {moved:.2f}x between rounds, so " if rounds else "")
+        text += "the machine was busy"
+        if held:
+            assert load is not None
+            text += (f": other processes took {load.others_share:.0%} of the {load.cores} cores' time "
+                     f"during the run (this run's processes got {load.own_share:.0%})")
+        text += ": compare again when it is quieter"
     return text
 
 

@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parents[1] / "pipelab"
 #: layers, lowest first; a unit may import units of its own layer (no cycle) or of lower layers
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelab._io", "pipelab._display", "pipelab.batching", "pipelab.methods", "pipelab.metrics",
-     "pipelab.transports"),
+     "pipelab.transports", "pipelab.hostload"),
     ("pipelab.trace", "pipelab.cluster", "pipelab.measured", "pipelab.graph", "pipelab.ties",
      "pipelab.tracing", "pipelab.hf"),
     ("pipelab.profile",),

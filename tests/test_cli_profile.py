@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from timing import holds_or_skip
 
 import pipelab as pl
 from pipelab.cli import main
+from pipelab.hostload import HostLoadSampler
 
 
 def test_profile_save_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -28,42 +30,45 @@ def test_profile_save_and_show(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_profile_gnmt_tiny_and_pipedream_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "g.json"
-    assert (
-        main(
-            [
-                "profile",
-                "--model",
-                "gnmt8",
-                "--vocab",
-                "40",
-                "--hidden",
-                "8",
-                "--seq-len",
-                "5",
-                "--batch",
-                "2",
-                "--repeats",
-                "3",
-                "--warmup",
-                "1",
-                "--quiet",
-                "--small-batch",
-                "1",
-                "-o",
-                str(out),
-            ]
+    with HostLoadSampler() as load:      # the fixed-part check below is a timing
+        assert (
+            main(
+                [
+                    "profile",
+                    "--model",
+                    "gnmt8",
+                    "--vocab",
+                    "40",
+                    "--hidden",
+                    "8",
+                    "--seq-len",
+                    "5",
+                    "--batch",
+                    "2",
+                    "--repeats",
+                    "3",
+                    "--warmup",
+                    "1",
+                    "--quiet",
+                    "--small-batch",
+                    "1",
+                    "-o",
+                    str(out),
+                ]
+            )
+            == 0
         )
-        == 0
-    )
     g = pl.Profile.load(out)
     assert g.param_bytes == 4 * pl.models.gnmt_param_count(8, 40, 8)
     # timed again on one sequence of the two (both inputs sliced): tiny layers are mostly fixed cost (a
     # median of 3 after a warm-up: one cold timing per batch size is too noisy for it; CHANGELOG.md)
-    assert sum(layer.fwd_fixed_s for layer in g.layers) > 0.2 * g.fwd_s
+    fixed = sum(layer.fwd_fixed_s for layer in g.layers)   # checked last: a busy machine skips it
     pd_out = tmp_path / "vgg_pd.json"
     assert main(["profile", "--pipedream", "vgg16", "-o", str(pd_out)]) == 0
     assert "node1" in capsys.readouterr().out
     assert pl.Profile.load(pd_out) == pl.models.pipedream_profile("vgg16")
+    holds_or_skip(fixed > 0.2 * g.fwd_s, load.result,
+                  f"the fixed part is {fixed / g.fwd_s:.0%} of the forward, not over 20%")
 
 
 def test_profile_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,8 +13,10 @@ import fault_helpers as F
 import pytest
 import test_runtime_helpers as H
 import torch
+from timing import holds_or_skip
 
 import pipelab as pl
+from pipelab.hostload import HostLoadSampler
 from pipelab.runtime import WorkerError
 from pipelab.runtime import checkpoint_files as ck
 from pipelab.runtime.guards import NonFiniteError, json_losses
@@ -73,11 +75,11 @@ def test_a_bad_on_nonfinite_is_refused() -> None:
 @pytest.mark.slow
 def test_a_nan_loss_ends_a_process_run_with_a_worker_error() -> None:
     t0 = time.perf_counter()
-    with pytest.raises(WorkerError) as info:
+    with HostLoadSampler() as load, pytest.raises(WorkerError) as info:
         _train(backend="gloo")
     surfaced = time.perf_counter() - t0
     e = info.value
     assert (e.rank, e.stage, e.action) == (1, 1, "1F6"), str(e)
     assert str(e).startswith("worker 1 (stage 1, action 1F6) failed: "
                              "pipelab.runtime.guards.NonFiniteError: loss is nan at step 3"), str(e)
-    assert surfaced < 30
+    holds_or_skip(surfaced < 30, load.result, f"the NaN surfaced after {surfaced:.1f} s, over 30 s")

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from timing import holds_or_skip
 from torch import nn
 
 import pipelab as pl
 from pipelab.costs import CostModel
 from pipelab.graph import build_stage, tensor_bytes, trace
+from pipelab.hostload import HostLoadSampler
 from pipelab.models import gnmt, gnmt_param_count, mlp, resnet50, synthetic_translation, vgg16
 
 
@@ -121,32 +123,34 @@ class Sleep(nn.Module):
 def test_layers_that_sleep_known_times_are_timed_within_a_few_ms() -> None:
     model = nn.Sequential(Sleep(0.02, 0.03), Sleep(0.01, 0.005))
     expected = [(0.02, 0.03), (0.01, 0.005)]
-    for _attempt in range(2):  # a loaded machine can wake a sleeper late: one retry
-        prof = pl.profile(model, torch.randn(4, 3), leaf_modules=[Sleep], warmup=0, repeats=5, progress=False)
-        assert [layer.kind for layer in prof.layers] == ["Sleep", "Sleep"]
-        # sleeping never ends early, so the lower bounds are exact; the upper bounds allow 5 ms
-        for layer, (f, b) in zip(prof.layers, expected):
-            assert layer.fwd_s >= f and layer.bwd_s >= b, layer
-        late = [(layer.fwd_s - f, layer.bwd_s - b) for layer, (f, b) in zip(prof.layers, expected)]
-        if max(max(d) for d in late) < 0.005:
-            break
-    assert max(max(d) for d in late) < 0.005, late
+    with HostLoadSampler() as load:
+        for _attempt in range(2):  # a loaded machine can wake a sleeper late: one retry
+            prof = pl.profile(model, torch.randn(4, 3), leaf_modules=[Sleep], warmup=0, repeats=5,
+                              progress=False)
+            assert [layer.kind for layer in prof.layers] == ["Sleep", "Sleep"]
+            # sleeping never ends early, so the lower bounds are exact; the upper bounds allow 5 ms
+            for layer, (f, b) in zip(prof.layers, expected):
+                assert layer.fwd_s >= f and layer.bwd_s >= b, layer
+            late = [(layer.fwd_s - f, layer.bwd_s - b) for layer, (f, b) in zip(prof.layers, expected)]
+            if max(max(d) for d in late) < 0.005:
+                break
+    holds_or_skip(max(max(d) for d in late) < 0.005, load.result, f"sleepers woke over 5 ms late: {late}")
 
 
 def test_small_batch_finds_the_fixed_part_of_each_layer() -> None:
     """A layer that sleeps the same whatever the batch is all fixed; one that sleeps per sample has
     no fixed part; the cost model then prices a microbatch of 2 of the 8 samples affinely."""
     model = nn.Sequential(Sleep(0.02, 0.01), Sleep(0.004, 0.002, per_sample=True))
-    for _attempt in range(2):  # a loaded machine can wake a sleeper late: one retry
-        prof = pl.profile(model, torch.randn(8, 3), leaf_modules=[Sleep], warmup=0, repeats=3,
-                          progress=False, small_batch=2)
-        fixed, per_sample = prof.layers
-        # the fit (t_small * 8 - t_full * 2) / 6 turns a late wake-up of d into at most 4/3 d
-        errs = [abs(fixed.fwd_fixed_s - fixed.fwd_s), abs(fixed.bwd_fixed_s - fixed.bwd_s),
-                per_sample.fwd_fixed_s, per_sample.bwd_fixed_s]
-        if max(errs) < 0.007:
-            break
-    assert max(errs) < 0.007, (prof.layers, errs)
+    with HostLoadSampler() as load:
+        for _attempt in range(2):  # a loaded machine can wake a sleeper late: one retry
+            prof = pl.profile(model, torch.randn(8, 3), leaf_modules=[Sleep], warmup=0, repeats=3,
+                              progress=False, small_batch=2)
+            fixed, per_sample = prof.layers
+            # the fit (t_small * 8 - t_full * 2) / 6 turns a late wake-up of d into at most 4/3 d
+            errs = [abs(fixed.fwd_fixed_s - fixed.fwd_s), abs(fixed.bwd_fixed_s - fixed.bwd_s),
+                    per_sample.fwd_fixed_s, per_sample.bwd_fixed_s]
+            if max(errs) < 0.007:
+                break
     assert fixed.fwd_s >= 0.02 and per_sample.fwd_s >= 8 * 0.004
     cm = CostModel(prof, pl.Cluster.flat(1, bandwidth=1e9))
     f, b = cm.compute_s(0, 2, 0, microbatches=4)
@@ -161,6 +165,7 @@ def test_small_batch_finds_the_fixed_part_of_each_layer() -> None:
     ):
         pl.profile(nn.Sequential(nn.Linear(3, 1)), torch.randn(8, 3), small_batch=2, progress=False,
                    loss_fn=lambda out: ((out.squeeze(1) - y) ** 2).mean())
+    holds_or_skip(max(errs) < 0.007, load.result, f"fixed parts off by over 7 ms: {errs}")
 
 
 def _whole_forward(model: nn.Module, x: torch.Tensor, n: int = 9) -> float:
@@ -177,14 +182,16 @@ def test_sum_of_layer_forward_times_matches_whole_model_forward() -> None:
     model = mlp(512, 1024, 6, 10)
     x = torch.randn(256, 512)
     ratios = []
-    for _ in range(3):  # the machine is shared and noisy: retries
-        before = _whole_forward(model, x)
-        prof = pl.profile(model, x, warmup=1, repeats=5, progress=False)
-        whole = statistics.median([before, _whole_forward(model, x)])
-        ratios.append(prof.fwd_s / whole)
-        if abs(ratios[-1] - 1) <= 0.25:
-            break
-    assert abs(ratios[-1] - 1) <= 0.25, ratios
+    with HostLoadSampler() as load:
+        for _ in range(3):  # the machine is shared and noisy: retries
+            before = _whole_forward(model, x)
+            prof = pl.profile(model, x, warmup=1, repeats=5, progress=False)
+            whole = statistics.median([before, _whole_forward(model, x)])
+            ratios.append(prof.fwd_s / whole)
+            if abs(ratios[-1] - 1) <= 0.25:
+                break
+    holds_or_skip(abs(ratios[-1] - 1) <= 0.25, load.result,
+                  f"sum of layer forwards / whole forward: {ratios}, outside 1 ± 0.25")
 
 
 def test_loss_fn_adds_its_cost_to_the_last_layer() -> None:

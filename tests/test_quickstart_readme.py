@@ -1,10 +1,14 @@
-"""The README's quickstart, run as a user runs it, three times: what it prints is what the README says.
+"""The README's quickstart, run as a user runs it: it runs, and prints its verdict in the README's format.
 
 The script is taken from README.md (the first ``python`` block under "## Quickstart"), written to a
-file and run with this interpreter. Each run prints the simulated rate's error against the measured one
-in five rounds of the run. The README quotes a bound for a run whose rounds agree (the machine's speed
-held still); a run whose rounds do not agree must say so instead of offering its error as the
-simulator's. Slow: each run calibrates this machine (about a minute here).
+file and run once with this interpreter. What is checked is behaviour, never this machine's speed:
+the run ends cleanly, prints ``simulated vs measured: ...`` in the format the README quotes, the
+median lies inside the printed range, a "busy" note appears exactly when the printed rounds disagree
+by over :data:`pipelab.metrics.BUSY_SPREAD` or the machine's load note says other processes held the
+cores, and it writes the Gantt chart. The simulator's accuracy on this machine (the README's figure)
+is a benchmark, ``reproductions/benchmarks/quickstart_accuracy.py``, which prints it with its spread;
+the verdict logic itself is tested on synthetic rounds in ``tests/test_hostload.py``. Slow: the run
+calibrates this machine (about a minute here).
 """
 
 from __future__ import annotations
@@ -20,48 +24,57 @@ import pytest
 from pipelab.metrics import BUSY_SPREAD
 
 REPO = Path(__file__).resolve().parents[1]
+#: the verdict line; group 4: a busy machine; 5: the rounds disagreed (6: by how much); 7: other
+#: processes held the cores (8: their share, 9: of how many cores)
 LINE = re.compile(r"simulated vs measured: ([+-]\d+\.\d)% \(([+-]\d+\.\d)% \.\. ([+-]\d+\.\d)% over 5 "
-                  r"rounds\)(; the measured rate moved (\d+\.\d+)x between rounds)?")
+                  r"rounds\)(; (the measured rate moved (\d+\.\d+)x between rounds, so )?the machine was busy"
+                  r"(: other processes took (\d+)% of the (\d+) cores' time)?)?")
 
 
 def readme_script() -> str:
+    """The quickstart's script as the README shows it."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
     quick = text[text.index("## Quickstart"):]
     return quick[quick.index("```python") + len("```python"):quick.index("```", quick.index("```python") + 9)]
 
 
-def quoted_bound() -> float:
-    """The README's bound on the error of a run whose rounds agree, as a fraction."""
+def test_the_readme_quotes_the_benchmark_with_date_machine_and_load() -> None:
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    m = re.search(r"rounds agree.{0,120}?within ±(\d+)%", text, re.S)
-    assert m, "the README quotes no bound for a run whose rounds agree"
-    return int(m.group(1)) / 100
+    section = text[text.index("## What the quickstart prints"):]
+    section = section[:section.index("\n## ")]
+    assert "reproductions/benchmarks/quickstart_accuracy.py" in section
+    assert re.search(r"20\d\d-\d\d-\d\d", section), "the quoted figures carry no date"
+    assert re.search(r"\d+ cores?", section) and "load" in section, "no machine or load beside the figures"
+
+
+def test_the_readme_script_samples_the_load_for_its_verdict() -> None:
+    script = readme_script()
+    assert "HostLoadSampler" in script and "load=load.result" in script
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_readme_quickstart_three_times_prints_what_the_readme_quotes(tmp_path: Path) -> None:
+@pytest.mark.timeout(400)
+def test_readme_quickstart_prints_its_verdict_in_the_readme_format(tmp_path: Path) -> None:
     script = tmp_path / "quickstart.py"
     script.write_text(readme_script(), encoding="utf-8")
-    bound = quoted_bound()
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    seen = []
-    for _ in range(3):
-        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=280)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        m = LINE.search(proc.stdout)
-        assert m, proc.stdout[-1500:]
-        median, lo, hi = (float(m.group(i)) / 100 for i in (1, 2, 3))
-        assert lo <= median <= hi
-        moved = (1 + hi) / (1 + lo)                  # the rounds' rates, largest over smallest (rounded)
-        if m.group(4) is not None:                   # a busy machine: said, with the rounds' spread
-            assert moved > BUSY_SPREAD * 0.98, m.group(0)
-        else:                                        # a quiet machine: the README's bound holds
-            assert moved <= BUSY_SPREAD * 1.02, m.group(0)
-            assert abs(median) <= bound, f"{m.group(0)}: outside the README's ±{bound:.0%}"
-        assert "Warning" not in proc.stderr, proc.stderr[-1500:]
-        assert (tmp_path / "gantt.html").is_file()
-        seen.append(m.group(0))
-    print("\n" + "\n".join(seen))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=380)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = LINE.search(proc.stdout)
+    assert m, proc.stdout[-1500:]
+    median, lo, hi = (float(m.group(i)) / 100 for i in (1, 2, 3))
+    assert lo <= median <= hi
+    moved = (1 + hi) / (1 + lo)                      # the rounds' rates, largest over smallest (rounded)
+    if m.group(5) is not None:                       # the rounds disagreed: said, with their spread
+        assert moved > BUSY_SPREAD * 0.98, m.group(0)
+    else:
+        assert moved <= BUSY_SPREAD * 1.02, m.group(0)
+    if m.group(4) is not None:                       # busy: the rounds or the load say why
+        assert m.group(5) is not None or m.group(7) is not None, m.group(0)
+    if m.group(7) is not None:                       # a steady load: said, with its share
+        assert int(m.group(8)) > 0 and int(m.group(9)) >= 1, m.group(0)
+    assert "Warning" not in proc.stderr, proc.stderr[-1500:]
+    assert (tmp_path / "gantt.html").is_file()
+    print("\n" + m.group(0))

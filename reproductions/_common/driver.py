@@ -1,8 +1,16 @@
-"""``pipelab reproduce``: run every reproduction notebook under papermill and write its results."""
+"""``pipelab reproduce``: run every reproduction notebook under papermill and write its results.
+
+A run writes into a run folder of its own, ``reproductions/runs/<UTC time>/`` (git ignores it), and
+prints how its tables compare with the committed references in ``reproductions/<part>/``; a checkout
+stays clean. ``--update-references`` is the one way to rewrite the committed references (it runs
+the full grids). At the defaults the grids that do not fit the time budget run a stated subset
+(:data:`SUBSET`); ``--full`` runs them whole.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import subprocess
 import sys
@@ -21,6 +29,7 @@ if TYPE_CHECKING:
 from pipelab.cli.profile import show
 from pipelab.models import example, pipedream_profile
 from pipelab.profile.measure import profile
+from reproductions._common.compare import compare_folder
 from reproductions._common.report import build_report, markdown_table, run_notebook, write_table
 from reproductions.pipedream_table1.paper import (
     alternatives,
@@ -33,6 +42,14 @@ from reproductions.pipedream_table1.rows import TABLE1, PaperRow, table1_markdow
 
 #: the repository's reproductions/ folder
 REPRODUCTIONS = Path(__file__).resolve().parents[1]
+#: where runs go, one folder each (ignored by git: reproductions/.gitignore)
+RUNS = REPRODUCTIONS / "runs"
+#: the parameters that make a part's stated subset at the defaults (``--full`` and
+#: ``--update-references`` drop them); what each leaves out is in reproductions/README.md
+SUBSET: dict[str, dict[str, Any]] = {
+    "weight_stashing": {"sweep_lrs": []},       # the learning-rate sweep (3 lrs x 3 methods), ~1.3 min
+    "weight_buffer": {"lrs": [0.02]},           # the second learning rate (0.04), ~1.9 min
+}
 
 
 def quickstart(*, image_size: int = 64, batch: int = 4, repeats: int = 3, device: str = "cpu",
@@ -161,6 +178,33 @@ def collect_table1(done: Sequence[tuple[Job, Path]]) -> pd.DataFrame:
     return pd.DataFrame([json.loads((job.out_dir / "row.json").read_text()) for job, _ in done])
 
 
+def run_folder(now: datetime.datetime | None = None) -> Path:
+    """A new folder under :data:`RUNS` named by the UTC time (``20261207-153000``, suffixed if taken)."""
+    stamp = f"{(now or datetime.datetime.now(datetime.timezone.utc)):%Y%m%d-%H%M%S}"
+    folder, n = RUNS / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = RUNS / f"{stamp}-{n}"
+    return folder
+
+
+def print_comparison(out_root: Path, parts: Sequence[str]) -> None:
+    """Print, part by part, how the run's tables under ``out_root`` compare with the committed ones."""
+    folders = {"table1": "pipedream_table1", "measure": "pipedream_table1"}
+    seen = []
+    for part in parts:
+        name = folders.get(part, part)
+        if name in seen or not (out_root / name).is_dir():
+            continue
+        seen.append(name)
+        print(f"\n{name}: this run against the committed reference (reproductions/{name}/)")
+        for line in compare_folder(out_root / name, REPRODUCTIONS / name):
+            print("  " + line)
+    errors = out_root / "sim_accuracy" / "sim_errors.json"
+    if errors.is_file():
+        print(f"\nthis machine's simulator errors, for `pipelab plan --margin`: {errors}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``pipelab reproduce``: run every reproduction notebook and print the Table 1 comparison."""
     import shutil
@@ -175,12 +219,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                    default="table1,measure,weight_stashing,hetpipe,weight_buffer,sim_accuracy,convergence",
                    help="comma-separated parts to run (default: all)")
     p.add_argument(
-        "--quick", action="store_true", help="tiny sizes (seconds, for tests); results go to --out"
+        "--quick", action="store_true", help="tiny sizes (seconds, for tests)"
     )
-    p.add_argument("--out", default=None, help="write results here instead of into reproductions/<part>/")
+    p.add_argument("--out", default=None,
+                   help="write results here (default: a new run folder, reproductions/runs/<UTC time>/)")
+    p.add_argument("--update-references", action="store_true",
+                   help="rewrite the committed reference results in reproductions/<part>/ (full grids; "
+                   "commit what changed)")
     p.add_argument("--full", action="store_true",
-                   help="also Table 1's sensitivity grid and cited alternatives (300 simulated rows, about "
-                   "4 minutes; their committed CSVs are read otherwise)")
+                   help="full grids instead of the defaults' stated subset (weight stashing's learning-rate "
+                   "sweep, weight buffer's second learning rate), and Table 1's sensitivity grid and cited "
+                   "alternatives (300 simulated rows, about 4 minutes)")
     p.add_argument("--minibatches", type=int, default=64, help="simulated minibatches per Table 1 row")
     p.add_argument("--quickstart", action="store_true",
                    help="only profile VGG-16 on this CPU and print its table beside PipeDream's")
@@ -191,19 +240,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, TypeError) as exc:
             print(f"pipelab reproduce: error: {exc}", file=sys.stderr)
             return 2
-    if args.quick and not args.out:
-        p.error("--quick writes tiny results: give --out DIR so that the committed results stay as they are")
+    if args.update_references and (args.quick or args.out):
+        p.error("--update-references rewrites the committed results at full size: not with --quick or --out")
     parts = [s.strip() for s in args.only.split(",") if s.strip()]
     known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer", "sim_accuracy",
              "convergence"}
     if unknown := set(parts) - known:
         p.error(f"unknown part(s) {sorted(unknown)}; choose from {sorted(known)}")
-    out_root = Path(args.out).resolve() if args.out else None
+    out_root = None if args.update_references else Path(args.out).resolve() if args.out else run_folder()
+    if out_root is not None:
+        out_root.mkdir(parents=True, exist_ok=True)
+        print(f"pipelab reproduce: this run's results go to {out_root}")
 
     def out_of(part: str) -> Path:
         return (out_root / part) if out_root else REPRODUCTIONS / part
 
     quick = args.quick
+    subset = not (quick or args.full or args.update_references)
+
+    def at_defaults(part: str) -> dict[str, Any]:
+        return dict(SUBSET.get(part, {})) if subset else {}
     jobs: dict[str, list[Job]] = {}
     t1 = out_of("pipedream_table1")
     if "table1" in parts:
@@ -242,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         ]
     if "weight_stashing" in parts:
-        sparams: dict[str, Any] = {"report": True}
+        sparams: dict[str, Any] = {"report": True, **at_defaults("weight_stashing")}
         if quick:
             sparams.update(methods=["dp", "pipedream"], epochs=1, train_limit=128)
         jobs["weight_stashing"] = [
@@ -264,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
     buffer_nb = REPRODUCTIONS / "weight_buffer" / "weight_buffer.ipynb"
     if "weight_buffer" in parts and buffer_nb.exists():
-        bparams: dict[str, Any] = {"report": True}
+        bparams: dict[str, Any] = {"report": True, **at_defaults("weight_buffer")}
         if quick:
             bparams.update(quick=True)
         jobs["weight_buffer"] = [Job("weight buffer", buffer_nb, bparams, out_of("weight_buffer"))]
@@ -330,6 +386,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nPipeDream Table 1 (Narayanan et al., SOSP'19) vs pipelab:\n")
         print((t1 / "results.md").read_text())
         print(f"written under {t1}: results.csv, measure.csv, results.md, report.html")
+    if out_root is not None:
+        print_comparison(out_root, parts)
+        print(f"\nthis run's results: {out_root}"
+              + (f" (the defaults' subset: {', '.join(sorted(set(SUBSET) & set(parts)))} without their "
+                 "full grids; `--full` runs them)" if subset and set(SUBSET) & set(parts) else ""))
+    else:
+        print("\nthe committed references under reproductions/ were rewritten: review `git diff` and commit")
     for f in failures:
         print("FAILED", f, file=sys.stderr)
     return 1 if failures else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -235,6 +236,7 @@ def run_notebook(notebook: Path, executed: Path, parameters: Mapping[str, Any], 
     Raises ``RuntimeError`` naming the notebook, the failing cell's error and the executed copy to open.
     """
     import papermill as pm
+    from traitlets.config import Config
 
     executed.parent.mkdir(parents=True, exist_ok=True)
     env_before = os.environ.get("OMP_NUM_THREADS")
@@ -243,9 +245,13 @@ def run_notebook(notebook: Path, executed: Path, parameters: Mapping[str, Any], 
     # the kernel imports ``reproductions.*`` from the checkout's root
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), path_before) if p)
     try:
-        pm.execute_notebook(str(notebook), str(executed), parameters=dict(parameters), cwd=str(cwd),
-                            kernel_name="python3", progress_bar=False, log_output=False,
-                            execution_timeout=timeout)
+        # the kernel talks to us over local IPC sockets in a private folder: no TCP port, so no
+        # "Kernel is running over TCP without encryption" warning per notebook, and nothing in ``cwd``
+        with tempfile.TemporaryDirectory(prefix="pipelab-kernel-") as sockets:
+            ipc = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
+            pm.execute_notebook(str(notebook), str(executed), parameters=dict(parameters), cwd=str(cwd),
+                                kernel_name="python3", progress_bar=False, log_output=False,
+                                execution_timeout=timeout, config=ipc)
     except pm.PapermillExecutionError as exc:
         raise RuntimeError(f"{notebook.name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
                            f"open {executed} to see the traceback") from None

@@ -36,7 +36,7 @@ model_factors = False        # predict with each model's compute factor inside a
 pair_model_factors = True    # measure those factors anyway and report the same runs' error with them
 fresh_profiles = True        # also profile each model again right before each configuration's runs
 recalibrate = True           # calibrate again after the runs and compare its predictions too
-default_plan = True          # also the planner's default: 1f1b-flush on a uniform split, M = P
+default_plan = True          # also the planner default: 1f1b-flush, uniform split, a microbatch per stage
 second_cluster_path = None   # with recalibrate: a second calibrated cluster JSON; None: calibrate then
 out_dir = "."
 report = False
