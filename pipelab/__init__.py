@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 #: public names that are modules rather than objects inside a module
-_MODULES = ("hostload", "llm", "metrics", "models", "planner", "schedules", "torch_bridge", "views", "widgets")
+_MODULES = ("hostload", "llm", "metrics", "models", "planner", "schedules", "torch_bridge", "views",
+            "widgets")
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "Profile": "pipelab.profile.records", "Layer": "pipelab.profile.records",

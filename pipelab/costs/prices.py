@@ -198,7 +198,8 @@ class Prices:
         """Parameter bytes of layers ``[start, end)``, with its own copy of every shared parameter (a tie,
         ``Profile.ties``) that a layer of the range uses but the profile counted on an earlier layer."""
         self._range(start, end)
-        return int(self.param_bytes_prefix[end] - self.param_bytes_prefix[start]) + self.tie_copy_bytes(start, end)
+        own = int(self.param_bytes_prefix[end] - self.param_bytes_prefix[start])
+        return own + self.tie_copy_bytes(start, end)
 
     def tie_copy_bytes(self, start: int, end: int) -> int:
         """Bytes of the shared parameters that layers ``[start, end)`` use but the profile counts before

@@ -157,8 +157,9 @@ class _Search:
         lim = float(self.memory_limit if self.memory_limit is not None else min(self.mems[w:w + m]))
         pkey = (k, lim)
         if pkey not in self.penalties:
-            gk = (k + 1 + cm.state_factor) * cm.param_bytes_prefix + k * cm.activation_prefix
-            hk = (k + 1 + cm.state_factor) * cm.param_bytes_prefix + k * (cm.activation_prefix - self.bytes_in)
+            weights = (k + 1 + cm.state_factor) * cm.param_bytes_prefix
+            gk = weights + k * cm.activation_prefix
+            hk = weights + k * (cm.activation_prefix - self.bytes_in)
             jmax = np.searchsorted(gk, lim + hk, side="right") - 1   # last feasible j per i
             self.penalties[pkey] = (None if np.all(jmax >= self.n)
                                     else np.where(self.layer_index[:, None] > jmax[None, :],   # [j, i]

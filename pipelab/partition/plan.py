@@ -3,8 +3,8 @@
 Stage ``s`` runs the contiguous layers ``[start, end)`` on ``replicas`` workers ``ranks``, numbered
 stage by stage. A worker is one schedule participant; with a tensor-parallel degree ``tensor`` > 1 it is
 a group of ``tensor`` devices that execute the same actions on shards of the stage (Megatron-LM), so the
-plan occupies ``num_devices = sum(replicas * tensor)`` devices. ``config`` is the PipeDream paper's notation: ``"15-1"`` (replicas per stage),
-``"straight"`` (no replication) or ``"16"`` (data parallelism).
+plan occupies ``num_devices = sum(replicas * tensor)`` devices. ``config`` is the PipeDream paper's
+notation: ``"15-1"`` (replicas per stage), ``"straight"`` (no replication) or ``"16"`` (data parallelism).
 """
 
 from __future__ import annotations
