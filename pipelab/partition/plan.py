@@ -281,8 +281,9 @@ class Plan(Described):
                   + f" on ranks {list(s.ranks)}"
                   + (f", {s.time_s * 1e3:.2f} ms per minibatch on one replica" if s.time_s else "")
                   for s in self.stages]
-        lines += [f"  shared: {describe_tie(t, st)}; one weight, gradients summed across those stages at "
-                  "each update (synchronous methods only)" for t, st in self.shared()]
+        lines += [f"  shared: {describe_tie(t, st)}; one weight, its gradients summed across those stages "
+                  "at each update (methods with one weight version per minibatch; the others refuse it)"
+                  for t, st in self.shared()]
         if not math.isnan(self.time_per_minibatch):
             t_ms = self.time_per_minibatch * 1e3
             lines.append(f"  predicted {t_ms:.2f} ms per minibatch of {self.batch_size}"
