@@ -16,7 +16,14 @@ from pipelab.runtime.ties import TieError
 from pipelab.ties import Tie, find_ties, stage_ties
 
 SYNC = [("gpipe", {}), ("1f1b-flush", {}), ("interleaved-1f1b", {"chunks": 2}), ("zb-h1", {})]
-ASYNC = ["pipedream", "2bw", "buffered", "pipemare", "naive-async"]
+ASYNC = ["pipedream", "pipemare", "naive-async", "hetpipe"]    # each stage its own versions: refused
+
+
+@pytest.fixture(scope="module")
+def profile() -> pl.Profile:
+    """The tied GPT's profile (one measurement, shared by the tests of this module)."""
+    x, _ = H.data()[0]
+    return pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False)
 
 
 def _plan(stages: int, *, chunks: int = 1) -> pl.Plan:
@@ -58,12 +65,13 @@ def test_stage_ties_on_the_stage_modules() -> None:
     assert stage_ties(gm, [(0, n)]) == ()          # one stage: nothing shared across stages
 
 
-def test_profile_and_plan_record_the_tie() -> None:
-    x, _ = H.data()[0]
-    prof = pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False)
+def test_profile_and_plan_record_the_tie(profile: pl.Profile) -> None:
+    prof = profile
     (t,) = prof.ties
     assert t.names == ("head.weight", "wte.weight")
     assert pl.Profile.from_dict(prof.to_dict()) == prof
+    made = pl.partition(prof, "pipedream-a:3", "gpipe", stages=3)
+    assert made.ties == prof.ties and {st for _, sts in made.shared() for st in sts} >= {0, 2}
     plan = _plan(3).with_predictions(ties=prof.ties)
     ((tie, stages),) = plan.shared()
     assert tie == t and stages == (0, 2)
@@ -87,15 +95,20 @@ def test_asynchronous_methods_refused_before_any_process(method: str,
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(launch_mod.Run, "_start_processes", no_process)
+    # hetpipe: two virtual workers (each a two-stage pipeline), whole waves of minibatches
+    plan = _plan(2) if method != "hetpipe" else pl.Plan.from_boundaries(_plan(2).num_layers,
+                                                                        [_plan(2).stages[1].start], [2, 2])
+    steps = 4 if method == "hetpipe" else 2
     with pytest.raises(TieError) as err:
-        pl.train(H.tied_gpt, _plan(2), method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
-                 steps=2, backend="gloo", progress=False)
+        pl.train(H.tied_gpt, plan, method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
+                 steps=steps, backend="gloo", progress=False)
     msg = str(err.value)
     assert "head.weight=wte.weight" in msg and "stages [0, 1]" in msg and "asynchronous" in msg
+    assert "update after every microbatch" in msg
     assert "Untie it" in msg and "1f1b-flush" in msg and "one stage" in msg
     # untied, or both users on one stage: accepted (the local executor runs it)
-    pl.train(H.untied_gpt, _plan(2), method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
-             steps=1, backend="local", progress=False)
+    pl.train(H.untied_gpt, plan, method=method, data=H.data, loss_fn=H.loss_fn, optimizer=H.sgd,
+             steps=steps, backend="local", progress=False)
 
 
 @pytest.mark.parametrize("method,options", SYNC)
@@ -119,9 +132,8 @@ def test_untied_gpt_is_the_control() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:the profile of GPT was measured on cpu")
-def test_simulator_prices_the_tie_in_u_and_counts_every_copy() -> None:
-    x, _ = H.data()[0]
-    prof = pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False)
+def test_simulator_prices_the_tie_in_u_and_counts_every_copy(profile: pl.Profile) -> None:
+    prof = profile
     untied = dataclasses.replace(prof, ties=())       # the same costs, the tie forgotten
     (t,) = prof.ties
     n, plan, cluster = len(prof), _plan(2), pl.Cluster.of("pipedream-a:2")
@@ -159,3 +171,77 @@ def test_partition_graph_draws_the_tie() -> None:
     one = partition_graph(prof, pl.Plan.from_boundaries(6, []))
     assert [tr.name for tr in one.data if tr.name.startswith("shared")] == [
         "shared emb.weight=head.weight (on stage 0 only)"]
+
+
+def test_torch_bridge_refuses_a_tie_across_stages() -> None:
+    from pipelab.schedules import build
+    from pipelab.schedules.steps import ScheduleError
+    from pipelab.torch_bridge.export import stage_modules
+
+    plan = _plan(2)
+    sched = build("1f1b-flush", plan, microbatches=2, minibatches=1)
+    with pytest.raises(ScheduleError, match=r"head.weight=wte.weight \(97x32\) is shared by stages \[0, 1\]"):
+        stage_modules(plan, sched, H.tied_gpt(), rank=0)
+    assert set(stage_modules(plan, sched, H.untied_gpt(), rank=1)) == {1}
+
+
+@pytest.mark.filterwarnings("ignore:the profile of GPT was measured on cpu")
+@pytest.mark.parametrize("stages", [2, 3])
+def test_partitioner_picked_plans_train_exactly(stages: int) -> None:
+    """Whatever boundaries the partitioner picks (blocks as leaves, so no shape integer crosses a cut)."""
+    from pipelab.models.gpt import Block
+    from pipelab.runtime.job import TrainArgs, prepare
+    from pipelab.runtime.launch import Run
+
+    leaf = {"leaf_modules": [Block]}
+    x, _ = H.data()[0]
+    prof = pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False, **leaf)
+    plan = pl.partition(prof, f"pipedream-a:{stages}", "gpipe", stages=stages)
+    assert plan.shared() and plan.shared()[0][1] == (0, stages - 1)
+    want = H.plain()
+    for method in ("gpipe", "1f1b-flush", "zb-h1"):
+        job = prepare(TrainArgs(H.tied_gpt, plan, H.data, H.loss_fn, H.sgd, H.STEPS, method=method,
+                                microbatches=2, backend="local", trace_kwargs=leaf))
+        st = Run(job).wait().state_dict()
+        assert torch.equal(st["wte.weight"], st["head.weight"])
+        assert H.distance(st, want) < 1e-6
+
+
+
+def test_planner_offers_no_asynchronous_method_for_a_tie_across_stages() -> None:
+    prof = pl.Profile.synthetic([1.0] * 8, model="toy")
+    tie = Tie(names=("emb.weight", "head.weight"), layers=(0, 7), nbytes=64)
+    kw = dict(methods=["1f1b-flush", "pipedream", "2bw"], progress=False, margin=0.2)
+    untied = pl.plan(prof, "pipedream-a:2", **kw).table
+    table = pl.plan(dataclasses.replace(prof, ties=(tie,)), "pipedream-a:2", **kw).table
+    # untied, the search has multi-stage pipedream rows; tied, pipedream remains only where one stage holds
+    # every user of the tie, while 2bw (one version per minibatch) and the synchronous rows are all kept
+    def rows(t, method):  # type: ignore[no-untyped-def]
+        return t[t["method"] == method]
+
+    assert (rows(untied, "pipedream")["stages"] > 1).any()
+    assert (rows(table, "pipedream")["stages"] == 1).all()
+    for method in ("2bw", "1f1b-flush"):
+        assert len(rows(table, method)) == len(rows(untied, method)) > 0
+
+
+@pytest.mark.parametrize("options", [{"coalesce_wgrad": True}, {"recompute": True}])
+def test_runtime_options_keep_the_tie_exact(options: dict) -> None:
+    """Deferred weight gradients are flushed before the tie's sum; recomputation changes nothing."""
+    res = pl.train(H.tied_gpt, _plan(2), method="1f1b-flush", data=H.data, loss_fn=H.loss_fn,
+                   optimizer=H.sgd, steps=H.STEPS, microbatches=2, backend="local", progress=False, **options)
+    st = res.state_dict()
+    assert torch.equal(st["wte.weight"], st["head.weight"]) and H.distance(st, H.plain()) < 1e-6
+
+
+@pytest.mark.parametrize("method,options,delay", [("2bw", {}, 1), ("buffered", {"versions": 3}, 2)])
+def test_one_version_per_minibatch_methods_keep_the_tie(method: str, options: dict, delay: int) -> None:
+    """2BW and the bounded buffer read ``W(t - delay)`` on every stage: the tie is one weight, the run
+    equals delayed SGD on the whole tied model (and not plain SGD)."""
+    for stages in (2, 3):
+        res = pl.train(H.tied_gpt, _plan(stages), method=method, data=H.data, loss_fn=H.loss_fn,
+                       optimizer=H.sgd, steps=4, microbatches=2, backend="local", progress=False, **options)
+        st = res.state_dict()
+        assert torch.equal(st["wte.weight"], st["head.weight"])
+        assert H.distance(st, H.delayed(steps=4, delay=delay)) < 1e-6
+        assert H.distance(st, H.plain(steps=4)) > 1e-2

@@ -124,3 +124,27 @@ def hf_gpt2() -> nn.Module:
 
 
 HF_TRACE = {"leaf_modules": [Block]}
+
+
+def delayed(model_fn=tied_gpt, optimizer=sgd, steps: int = STEPS,  # type: ignore[no-untyped-def]
+            delay: int = 1, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Oracle of the one-version-per-minibatch asynchronous rules (PipeDream-2BW: ``delay = 1``; the
+    K-version buffer: ``delay = K - 1``): ``W(t+1) = step(W(t), grad f_t(W(max(0, t - delay))))`` on the
+    whole tied model in one process (the tie is one parameter here, as in the plain model)."""
+    import copy
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = model_fn()
+    old = copy.deepcopy(m)
+    opt = optimizer(m.parameters())
+    history = [copy.deepcopy(m.state_dict())]
+    for t, (x, y) in enumerate(data()[:steps]):
+        old.load_state_dict(history[max(0, t - delay)])
+        old.zero_grad()
+        loss_fn(old(x), y).backward()
+        for p, q in zip(m.parameters(), old.parameters()):
+            p.grad = q.grad.clone()
+        opt.step()
+        history.append(copy.deepcopy(m.state_dict()))
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}

@@ -274,7 +274,7 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     gm, state_keys, n_inputs = model_facts(args)
     ranges = stage_ranges(args.plan, schedule)
     ties = tie_groups(stage_ties(gm, ranges), schedule)   # on the stage modules the workers build
-    check_tie_method([g.tie for g in ties], schedule.method)
+    check_tie_method([g.tie for g in ties], schedule)
     check_schedule(ties, schedule)
     batch, specs = cut_layouts(gm, args, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
     if args.backend != "local" and check_rendezvous and args.port is not None:

@@ -139,7 +139,8 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     diverged = copies_equal(state, [g.tie for g in job.ties])
     if diverged:   # the tie rule keeps them bit-identical (pipelab.runtime.ties): never silently untied
         raise RuntimeError(f"the copies of shared parameter(s) {diverged} differ between stages at the end "
-                           "of the run; this is a bug in pipelab.runtime.ties")
+                           "of the run: one holding stage skipped an update the other applied "
+                           "(on_nonfinite='skip'), or this is a bug in pipelab.runtime.ties")
     state = {k: state[k] for k in expected}
     wsp_log = [e for r in results for e in r.wsp_log]
     if wsp_log:   # HetPipe: the parameter server's pushes and pulls join the trace (clock, global clock)

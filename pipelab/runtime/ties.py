@@ -9,8 +9,12 @@ bit for bit. The gradient summed is exactly the plain model's: autograd sums a s
 A tied parameter takes no part in its stage's replica all-reduce (the tie's all-reduce covers the
 replicas). Megatron-LM's embedding group and DeepSpeed's ``TiedLayerSpec`` do the same.
 
-Asynchronous methods update each stage at its own time from its own weight version, so a copy per
-stage cannot follow one rule of versions; :func:`check_tie_method` refuses them before any process starts.
+Asynchronous methods: the tied weight's version on each stage is the version the schedule names there.
+Where every holding stage reads the same version of each microbatch and all update once per minibatch
+(PipeDream-2BW and the bounded buffer: minibatch ``t`` reads ``W(t - d)`` everywhere), the same rule
+holds and the run is delayed SGD on the whole tied model. Otherwise (PipeDream's stashing, PipeMare,
+naive-async, HetPipe: per-microbatch updates at each stage's own time) the copies would follow their
+own versions, and :func:`check_tie_method` refuses the run before any process starts.
 """
 
 from __future__ import annotations
@@ -29,18 +33,46 @@ class TieError(ValueError):
     """A shared parameter the chosen method or schedule cannot keep as one weight."""
 
 
-def check_tie_method(ties: Sequence[StageTie], method: str) -> None:
-    """Refuse an asynchronous method when a parameter is shared across stages (names it and what to do)."""
+def version_split(tie: StageTie, schedule: Schedule) -> str:
+    """Why ``schedule`` cannot keep ``tie`` one weight ("" when it can): every holding stage must read the
+    same version for each microbatch (the versions the schedule names) and update once per minibatch."""
+    if schedule.versions is None:
+        return ""
+    if methods.get(schedule.method).update != "minibatch":
+        return "its stages update after every microbatch, each at its own time"
+    read: dict[int, tuple[int, int]] = {}    # microbatch -> (stage, version) first seen
+    for w, acts in enumerate(schedule.actions):
+        for a, v in zip(acts, schedule.versions[w]):
+            if a.kind in ("F", "B", "W") and a.stage in tie.stages:
+                s0, v0 = read.setdefault(a.microbatch, (a.stage, v))
+                if v0 != v:
+                    return (f"microbatch {a.microbatch} reads version {v0} on stage {s0} but version {v} on "
+                            f"stage {a.stage}")
+    return ""
+
+
+def check_tie_method(ties: Sequence[StageTie], schedule: Schedule) -> None:
+    """Refuse a schedule that cannot keep a shared parameter one weight (names it, why, and what to do).
+
+    Synchronous methods always can; an asynchronous one can when every holding stage reads the same
+    version of each microbatch and all update once per minibatch (2BW and the bounded buffer: minibatch
+    ``t`` reads ``W(t - d)`` on every stage), so the summed gradient is the whole model's at that version.
+    """
+    method = schedule.method
     if not ties or methods.get(method).synchronous:
         return
-    sync = ", ".join(m.name for m in methods.METHODS.values() if m.synchronous)
-    t = ties[0]
-    more = f" (and {len(ties) - 1} more shared parameter(s))" if len(ties) > 1 else ""
-    raise TieError(
-        f"parameter {t.name} ({'x'.join(map(str, t.shape))}) is shared by stages {list(t.stages)}{more}, and "
-        f"method {method!r} is asynchronous: each stage would update its own copy at its own weight version, "
-        "silently untying it. Untie it (give each user its own weight), train with a synchronous method "
-        f"({sync}), or keep every user of it on one stage (a plan whose stage spans those layers)")
+    for t in ties:
+        why = version_split(t, schedule)
+        if not why:
+            continue
+        sync = ", ".join(m.name for m in methods.METHODS.values() if m.synchronous)
+        more = f" (and {len(ties) - 1} more shared parameter(s))" if len(ties) > 1 else ""
+        raise TieError(
+            f"parameter {t.name} ({'x'.join(map(str, t.shape))}) is shared by stages {list(t.stages)}{more}, "
+            f"and method {method!r} is asynchronous: {why}, so each stage's copy would follow its own "
+            "versions, silently untying it. Untie it (give each user its own weight), train with a "
+            f"synchronous method ({sync}) or one whose stages read one version per minibatch (2bw, "
+            "buffered), or keep every user of it on one stage (a plan whose stage spans those layers)")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
