@@ -114,7 +114,8 @@ def _trace_failure(model: nn.Module, exc: BaseException) -> str:
         advice = f"keep it whole: leaf_modules=[{type(failed).__name__}] or depth={path.count('.') + 1}"
     else:
         where = "its own forward()"
-        advice = ("wrap the model as nn.Sequential of modules that take and return tensors "
+        advice = ("move that code into a submodule and keep it whole (leaf_modules=[ThatClass] or "
+                  "depth=N), or wrap the model as nn.Sequential of modules that take and return tensors "
                   "(docs/transformers.md)")
     return (f"torch.fx cannot trace {type(model).__name__}: it failed in {where} ({type(exc).__name__}: "
             f"{str(exc)[:300]}). To fix it, {advice}, or remove Python control flow that depends on tensor "

@@ -134,3 +134,22 @@ def test_hf_from_the_cli_with_a_job_file_on_gloo(tmp_path, make):
     assert train_main([str(tmp_path / "job.json"), "--no-progress"]) == 0
     state = torch.load(tmp_path / "out" / "state_dict.pt")
     assert H.max_diff(state, H.reference(make, H.tokens, 2)) < 1e-6
+
+
+def test_the_torch_bridge_cuts_with_the_plans_tracing():
+    """A plan from a depth-1 profile: the bridge cuts the model with depth 1 without being told."""
+    from pipelab.schedules import build
+    from pipelab.torch_bridge import stage_modules
+
+    x, _ = next(H.tokens())
+    prof = pl.profile(H.nanogpt(), x, depth=1, repeats=1, warmup=0, progress=False, small_batch=None,
+                      whole=False)
+    plan = pl.Plan.from_boundaries(len(prof), [len(prof) - 1], profile=prof)
+    assert plan.tracing.depth == 1
+    sched = build("gpipe", plan, microbatches=2)
+    model = H.nanogpt()
+    stages = {**stage_modules(plan, sched, model, rank=0), **stage_modules(plan, sched, model, rank=1)}
+    out = stages[1](*stages[0](x))
+    assert torch.allclose(out, model(x), atol=1e-6)
+    with pytest.raises(ValueError, match="differs from the plan's"):
+        stage_modules(plan, sched, model, rank=0, depth=2)
