@@ -322,3 +322,18 @@ def test_memory_over_the_device_is_refused_with_its_parts():
     with pytest.raises(ParallelError, match=want):
         check_fits(mem, 80 * 2**30)
     check_fits(mem, max(x.total for x in mem))
+
+
+def test_more_refusals_by_name():
+    with pytest.raises(ParallelError, match="key/value heads"):
+        Parallel(tensor=4).check(_gpt(hidden=768, heads=12, kv_heads=6))
+    with pytest.raises(ParallelError, match="virtual=2 needs schedule='interleaved'"):
+        Parallel(pipeline=2, virtual=2)
+    with pytest.raises(ParallelError, match="sequence_parallel=True needs tensor > 1"):
+        Parallel(sequence_parallel=True)
+    with pytest.raises(ParallelError, match="devices but cluster"):
+        Parallel(tensor=8, pipeline=4).check(_gpt(), Cluster.preset("dgx-a100", nodes=2))
+    with pytest.raises(ValueError, match="servers=2 and nodes=3 disagree"):
+        Cluster.preset("dgx-a100", servers=2, nodes=3)
+    with pytest.raises(ValueError, match="no rates for device 'tpu'"):
+        DeviceRates.of("tpu")

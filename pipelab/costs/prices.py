@@ -366,7 +366,7 @@ class Prices:
         if kappa == 0.0:
             return work
         if self.allreduce_overlap == "none":
-            return work + self.allreduce_s(self.param_bytes(start, end), ws, work)
+            return work + self.allreduce_s(int(span(self.param_bytes_prefix, start, end)), ws, work)
         ls = np.arange(start, end)
         pp = self.param_bytes_prefix
         pb = self.backward_prefix

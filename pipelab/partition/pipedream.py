@@ -99,8 +99,8 @@ class _Search:
         cm, n, W = self.cm, self.n, self.W
         U = math.inf
         if not self.straight or W == 1:
-            mem1 = ((2 + cm.state_factor) * cm.param_bytes(0, n) + span(cm.activation_prefix, 0, n)
-                    + self.bytes_in[0])
+            mem1 = ((2 + cm.state_factor) * span(cm.param_bytes_prefix, 0, n)
+                    + span(cm.activation_prefix, 0, n) + self.bytes_in[0])
             lim1 = self.memory_limit if self.memory_limit is not None else min(self.mems)
             if mem1 <= lim1:
                 U = cm.replica_time_s(0, n, self.phys(0, W)) / (W * self.copies) * (1 + 1e-9)

@@ -19,6 +19,7 @@ from pipelab._display import Described
 from pipelab.batching import check_divides
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
+from pipelab.costs.prices import span
 from pipelab.partition.plan import Plan
 from pipelab.partition.virtual import virtual_plan
 from pipelab.schedules import build
@@ -199,8 +200,8 @@ class ProfileCosts(Costs):
             comm = cm.allreduce_s(nbytes, phys, work)
             return grad_s + comm, comm, nbytes
         # one microbatch's backward of layers [ly, e) on the slowest replica, then the all-reduce of [a, ly]
-        tail = max(cm.compute_s(ly, e, slowest, microbatches=self.M)[1] + kappa * cm.param_bytes(a, ly + 1)
-                   for ly in range(a, e))
+        tail = max(cm.compute_s(ly, e, slowest, microbatches=self.M)[1]
+                   + kappa * span(cm.param_bytes_prefix, a, ly + 1) for ly in range(a, e))
         return max(grad_s, float(tail) + fixed), cm.allreduce_s(nbytes, phys, work), nbytes
 
 
