@@ -174,7 +174,7 @@ def gantt(trace_or_schedule: Trace | Schedule | Sequence[Event] | Any, *, color_
             fig.add_traces(list(_bars(inside, trace, labels, row_of, t0, color_by, unit, False).data))
     else:
         fig = _bars(compute, trace, labels, row_of, t0, color_by, unit, show_transfers)
-    _legend(fig, compute, color_by, raster)
+    _legend(fig, compute, color_by, raster, boxed=raster and shown is not None and len(fig.data) > 1)
     head = title or " ".join(filter(None, (trace.meta.get("method", ""), "pipeline")))
     xaxis: dict[str, Any] = {"title": {"text": f"time ({unit})"}, "rangemode": "tozero"}
     slider = shown is not None and range_slider
@@ -323,18 +323,22 @@ def _bars(compute: Sequence[Event], trace: Trace, labels: Mapping[int, str], row
     return fig
 
 
-def _legend(fig: go.Figure, compute: Sequence[Event], color_by: str, raster: bool) -> None:
-    """Legend-only entries: each kind by its pattern on grey (raster: its shading), then the colours."""
+def _legend(fig: go.Figure, compute: Sequence[Event], color_by: str, raster: bool, *,
+            boxed: bool = False) -> None:
+    """Legend-only entries: each kind by its pattern on grey (raster: its shading; a raster whose first
+    window is drawn as boxes: the pattern, and the shading in the overview), then the colours."""
     kinds = [k for k in COMPUTE_KINDS if any(e.kind == k for e in compute)]
     shading = {"F": "as is", "B": "darker", "W": "lighter", "U": "black"}
+    shaded = raster and not boxed          # the legend shows shades, not patterns
     for kind in kinds:
         style = KIND_STYLE[kind]
-        name = f"{kind} · {KIND_NAMES[kind]}" + (f" ({shading[kind]})" if raster else "")
+        name = f"{kind} · {KIND_NAMES[kind]}" + (f" ({shading[kind]} zoomed out)" if boxed
+                                                  else f" ({shading[kind]})" if raster else "")
         fig.add_trace(go.Bar(
             name=name, orientation="h", x=[None], y=[None], legendgroup="kinds", showlegend=True,
-            hoverinfo="skip", marker={"color": "#000000" if raster and kind == "U" else KIND_LEGEND_COLOR,
+            hoverinfo="skip", marker={"color": "#000000" if shaded and kind == "U" else KIND_LEGEND_COLOR,
                                       "line": style["line"],
-                                      "pattern": {"shape": "" if raster else style["pattern_shape"],
+                                      "pattern": {"shape": "" if shaded else style["pattern_shape"],
                                                   "fgcolor": "#222", "size": 6, "solidity": 0.25}}))
     keys = sorted({color_key(e, color_by) for e in compute})
     shown = keys[:LEGEND_COLORS_MAX]
