@@ -103,7 +103,8 @@ rates = run.trace.steady_rounds(rounds, batch_size)
 simulated = sim.trace.steady_throughput(batch_size)
 print(f"steady state: measured {sorted(rates)[rounds // 2]:.0f} samples/s ({min(rates):.0f} .. "
       f"{max(rates):.0f} over {rounds} rounds), simulated {simulated:.0f}; error "
-      f"{pl.metrics.error_spread(simulated, rates, load=load.result)}; loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")
+      f"{pl.metrics.error_spread(simulated, rates, load=load.result)}; "
+      f"loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")
 # one schedule, three uses: the runtime and the simulator ran exactly its per-worker action lists
 assert run.trace.actions_by_worker() == sim.trace.actions_by_worker()
 pl.views.gantt(run.trace, title=f"measured {method} ({backend})")
