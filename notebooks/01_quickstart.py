@@ -84,7 +84,9 @@ print(sim)   # what the time assumes: M microbatches of batch_size / M, with the
 pl.views.gantt(sim.trace, title=f"simulated {method}")
 
 # %%
-# 5. Train for real, one process per worker; the Gantt chart fills in while it runs.
+# 5. Train for real, one process per worker; the Gantt chart fills in while it runs. The sampler notes
+# how much of the cores' time other processes take meanwhile (a steady load slows every round alike).
+load = pl.hostload.HostLoadSampler().start()
 handle = pl.launch(demo.small_cnn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer,
                    steps=steps, microbatches=microbatches, backend=backend)
 pl.widgets.LiveGantt(handle, title=f"{method} on {workers} {backend} workers (live)")
@@ -96,11 +98,13 @@ pl.widgets.LiveGantt(handle, title=f"{method} on {workers} {backend} workers (li
 # consecutive parts of the run and the error is given with its spread over them.
 # reproductions/sim_accuracy measures this error for every method.
 run = handle.wait()
+load.stop()
 rates = run.trace.steady_rounds(rounds, batch_size)
 simulated = sim.trace.steady_throughput(batch_size)
 print(f"steady state: measured {sorted(rates)[rounds // 2]:.0f} samples/s ({min(rates):.0f} .. "
       f"{max(rates):.0f} over {rounds} rounds), simulated {simulated:.0f}; error "
-      f"{pl.metrics.error_spread(simulated, rates)}; loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")
+      f"{pl.metrics.error_spread(simulated, rates, load=load.result)}; "
+      f"loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}")
 # one schedule, three uses: the runtime and the simulator ran exactly its per-worker action lists
 assert run.trace.actions_by_worker() == sim.trace.actions_by_worker()
 pl.views.gantt(run.trace, title=f"measured {method} ({backend})")

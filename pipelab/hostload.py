@@ -136,7 +136,8 @@ class HostLoad:
 
 
 class HostLoadSampler:
-    """``with HostLoadSampler() as load: ...`` then ``load.result``: the :class:`HostLoad` of the block.
+    """``with HostLoadSampler() as load: ...`` then ``load.result``: the :class:`HostLoad` of the block
+    (or ``load = HostLoadSampler().start()`` ... ``load.stop()`` where the span crosses notebook cells).
 
     Args:
         interval_s: seconds between samples of this process tree (a descendant that exits loses at most
@@ -163,7 +164,10 @@ class HostLoadSampler:
         while not self._stop.wait(self.interval_s):
             self._sample_tree(last)
 
-    def __enter__(self) -> HostLoadSampler:
+    def start(self) -> HostLoadSampler:
+        """Begin the span (what ``with`` does on entry); returns the sampler, e.g. across notebook cells."""
+        if self._thread is not None or self.result is not None:
+            raise RuntimeError("this HostLoadSampler was already started; make a new one for another span")
         self._cores = _cores()
         self._t0 = time.perf_counter()
         self._busy0 = _busy_ticks(self._cores)
@@ -174,13 +178,25 @@ class HostLoadSampler:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> HostLoad:
+        """End the span (what ``with`` does on exit); returns and keeps :attr:`result`."""
+        if self.result is not None:
+            return self.result
+        if not hasattr(self, "_t0"):
+            raise RuntimeError("stop() before start(): nothing was sampled")
         wall = time.perf_counter() - self._t0
         if self._thread is None or self._busy0 is None:
             self.result = HostLoad(wall, len(self._cores), 0.0, 0.0, 0, sampled=False)
-            return
+            return self.result
         self._stop.set()
         self._thread.join()
         self._sample_tree(self._last)
         busy = (_busy_ticks(self._cores) or self._busy0) - self._busy0
         self.result = HostLoad(wall, len(self._cores), busy / _TICK, self._own_ticks / _TICK, self._samples)
+        return self.result
+
+    def __enter__(self) -> HostLoadSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

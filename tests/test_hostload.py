@@ -81,3 +81,13 @@ def test_the_sampler_counts_a_childs_cpu_time_as_ours() -> None:
     assert got.own_core_s >= 0.8 * child - 0.05, (got, child)   # clock ticks round to 10 ms
     assert got.busy_core_s >= got.own_core_s - 0.05
     assert 0.0 <= got.others_share and 0.0 < got.own_share <= 1.0 + 1e-6
+
+
+def test_start_and_stop_span_cells_and_refuse_misuse() -> None:
+    sampler = HostLoadSampler(interval_s=0.05)
+    with pytest.raises(RuntimeError, match="stop\\(\\) before start\\(\\)"):
+        sampler.stop()
+    got = sampler.start().stop()
+    assert got is sampler.result and sampler.stop() is got and got.wall_s >= 0
+    with pytest.raises(RuntimeError, match="already started"):
+        sampler.start()
