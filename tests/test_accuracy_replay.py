@@ -12,10 +12,11 @@ from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
 from pipelab.partition import partition
 from pipelab.partition.plan import Plan
+from pipelab.partition.virtual import virtual_plan
 from pipelab.profile.records import Profile
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action
-from pipelab.sim.simulate import ProfileCosts, simulate_schedule, virtual_plan
+from pipelab.sim.simulate import ProfileCosts, simulate_schedule
 from reproductions.sim_accuracy.accuracy import MeasuredActions
 
 

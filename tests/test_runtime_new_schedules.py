@@ -1,7 +1,7 @@
-"""pipelab's own ZB-H2, ZB-V and interleaved 1F1B with M not a multiple of P, run for real on gloo
-processes: the weights equal plain single-process minibatch SGD (1e-6 of the reference executor,
-1e-5 of plain training, as tests/test_runtime_mp.py holds the older builders to), and the runtime
-executes exactly the schedule's order."""
+"""pipelab's own ZB-H2, ZB-V, DualPipe, DualPipeV and interleaved 1F1B with M not a multiple of P,
+run for real on gloo processes: the weights equal plain single-process minibatch SGD (1e-6 of the
+reference executor, 1e-5 of plain training, as tests/test_runtime_mp.py holds the older builders
+to), and the runtime executes exactly the schedule's order."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ CASES = [   # method, cuts of the Pair model's 14 layers, microbatches, options,
     ("zb-h2", [5, 9], 8, {}, 3),                        # 2P - 1 = 5 microbatches in flight
     ("zb-v", [3, 7, 10], 4, {}, 2),                     # 2 stages per worker in a V
     ("interleaved-1f1b", [2, 5, 7, 9, 12], 4, {"chunks": 2}, 3),   # M = 4 on 3 workers: one round of 4
+    ("dualpipe", [7], 4, {}, 2),                        # each stage on both workers, gradients summed
+    ("dualpipev", [3, 7, 10], 4, {}, 2),                # F&B pairs across the V
 ]
 
 

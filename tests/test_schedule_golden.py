@@ -208,13 +208,13 @@ def _makespan_and_held(sch: Schedule) -> tuple[float, int]:
                                                               ("dualpipev", "DualPipeV", 2, 4)])
 def test_v_schedules_take_as_long_as_torchs_where_torch_builds_them(ours, theirs, factor, extra_held):
     """Oracle: torch 2.14's own ScheduleZBVZeroBubble / ScheduleDualPipeV under equal unit costs:
-    pipelab's rule-built order ends at the same time (P dividing M, as the V's steady state needs),
-    holding at most ``factor * torch's + extra_held`` stage-microbatches (docs/schedules.md: ZB-V about
-    torch's, DualPipeV about twice)."""
+    pipelab's rule-built order ends at the same time (ZB-V: P dividing M, as its steady state needs;
+    DualPipeV: every even M from 2P to 4P), holding at most ``factor * torch's + extra_held``
+    stage-microbatches (docs/schedules.md: ZB-V about torch's, DualPipeV about twice)."""
     from pipelab.schedules.torch_format import from_torch
 
     for P in (2, 3, 4, 6):
-        for M in (2 * P, 4 * P):
+        for M in ((2 * P, 4 * P) if ours == "zb-v" else range(2 * P, 4 * P + 1, 2)):
             mine = build(ours, P, microbatches=M)
             end, held = _makespan_and_held(mine)
             t_end, t_held = _makespan_and_held(from_torch(theirs, workers=P, microbatches=M))
@@ -231,3 +231,43 @@ def test_dualpipe_beats_1f1b_and_holds_under_its_bound():
             dual, flush = build("dualpipe", P, microbatches=M), build("1f1b-flush", P, microbatches=M)
             assert _makespan_and_held(dual)[0] < _makespan_and_held(flush)[0]
             assert max(dual.in_flight(s) for s in range(P)) <= 2 * P
+
+
+def test_a_hand_edited_new_schedule_that_deadlocks_gets_the_grid_with_the_step_marked():
+    """ZB-H2 edited by hand: worker 0 runs 0B0 before 0F1 while worker 1 runs 1F1 before 1B0, so each
+    waits for the other; the validator names the deadlock and brackets the step in the grid."""
+    from pipelab.schedules import ScheduleError
+    from pipelab.schedules.actions import Action
+
+    sch = build("zb-h2", 2, microbatches=4)
+    w0, w1 = list(sch.actions[0]), list(sch.actions[1])
+    for a in (Action(0, "W", 0), Action(0, "B", 0)):
+        w0.remove(a)
+        w0.insert(1, a)
+    i, j = w1.index(Action(1, "B", 0)), w1.index(Action(1, "F", 1))
+    w1[i], w1[j] = w1[j], w1[i]
+    edited = Schedule(method=sch.method, num_stages=2, stage_ranks=sch.stage_ranks, microbatches=4,
+                      minibatches=1, actions=(tuple(w0), tuple(w1)), options=sch.options)
+    with pytest.raises(ScheduleError, match="deadlock") as info:
+        validate(edited)
+    assert "[0B0]" in str(info.value) or "[1F1]" in str(info.value)
+
+
+def test_the_simulator_prices_an_f_and_b_pair_as_its_two_computations_in_turn():
+    """docs/schedules.md's decision: DualPipe's F&B pair is two actions on one device, F + B long (no
+    overlap discount: pipelab models no all-to-all for it to hide): a worker's events never overlap,
+    F&B pairs included."""
+    import pipelab as pl
+    from pipelab.profile.records import Profile
+
+    prof = Profile.synthetic([1e-3] * 8, [2e-3] * 8, out_bytes=[1000] * 8, param_bytes=[1000] * 8)
+    res = pl.simulate(4, prof, pl.Cluster.flat(4), method="dualpipev", microbatches=8)
+    assert res.schedule.options["overlap"] == "F&B"
+    pairs = 0
+    for w in range(4):
+        events = sorted((e for e in res.trace.events if e.worker == w and e.kind in "FBW"),
+                        key=lambda e: e.start_s)
+        assert all(b.start_s >= a.end_s - 1e-12 for a, b in zip(events, events[1:]))
+        pairs += sum(a.kind == "F" and b.kind == "B" and a.stage != b.stage
+                     for a, b in zip(events, events[1:]))
+    assert pairs > 0

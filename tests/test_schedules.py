@@ -196,7 +196,7 @@ def test_csv_custom_order_is_validated(tmp_path) -> None:  # type: ignore[no-unt
     (lambda: build("zb-h2", 4, microbatches=3), "microbatches >= the 4 workers"),
     (lambda: build("zb-v", 4, microbatches=3), "microbatches >= the 4 workers"),
     (lambda: build("zb-v", Plan.even(6, 3), microbatches=4), "even number of stages"),
-    (lambda: build("dualpipe", 3, microbatches=6), "needs an even number of stages; the plan has 3: use 4 or 2"),
+    (lambda: build("dualpipe", 3, microbatches=6), "even number of stages; the plan has 3: use 4 or 2"),
     (lambda: build("dualpipe", 4, microbatches=7), "even number of microbatches >= 2P = 8"),
     (lambda: build("dualpipev", 4, microbatches=6), "use microbatches=8"),
     (lambda: build("dualpipe", Plan.from_boundaries(4, [1, 2, 3], [1, 2, 1, 1]), microbatches=8), "straight"),

@@ -240,6 +240,8 @@ def test_asynchronous_methods_and_replicated_stages_are_refused_with_the_alterna
         to_torch(replicated, "1f1b-flush", model, loss_fn=H.loss_fn, microbatches=4)
     with pytest.raises(ScheduleError, match="replicated"):
         to_torch_order(pl.schedules.build("dp", pl.Plan.from_boundaries(14, [], [2]), microbatches=2))
+    with pytest.raises(ScheduleError, match="no DualPipe, only DualPipeV: export method 'dualpipev'"):
+        to_torch_order(pl.schedules.build("dualpipe", 2, microbatches=4))
 
 
 def test_to_torch_needs_a_process_group_and_a_matching_plan():

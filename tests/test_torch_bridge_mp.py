@@ -32,6 +32,7 @@ CASES = {   # name -> (method, cuts, model)
     "inter": ("interleaved-1f1b", [3, 7, 10], "pair"),
     "zbh2": ("zb-h2", [7], "pair"),
     "zbv-own": ("zb-v", [3, 7, 10], "pair"),        # pipelab's own ZB-V (not torch's order)
+    "dpv-own": ("dualpipev", [3, 7, 10], "pair"),   # pipelab's own DualPipeV
     "zbv": ("torch-ZBVZeroBubble", [3, 7, 10], "pair"),
     "izb": ("torch-InterleavedZeroBubble", [3, 7, 10], "pair"),
     "dpv": ("torch-DualPipeV", [3, 7, 10], "pair"),
@@ -87,7 +88,7 @@ def test_torch_engine_running_pipelab_schedules_equals_pipelab_runtime(torch_run
     assert H.max_diff(state, H.reference_pair(H.sgd, STEPS)) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["zbh1", "inter", "zbh2", "zbv-own"])
+@pytest.mark.parametrize("name", ["zbh1", "inter", "zbh2", "zbv-own", "dpv-own"])
 def test_split_backward_and_interleaving_on_torchs_engine_equal_plain_training(torch_runs, name):
     state, _, _ = torch_runs[name]
     assert H.max_diff(state, H.reference_pair(H.sgd, STEPS)) < 1e-5
@@ -109,7 +110,7 @@ def test_a_v_schedule_on_a_plain_chain_equals_plain_training(torch_runs):
     assert H.max_diff(state, H.reference_training(H.mlp, H.mlp_data, H.sgd, STEPS)) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["flush", "gpipe", "zbh1", "inter", "zbh2", "zbv-own"])
+@pytest.mark.parametrize("name", ["flush", "gpipe", "zbh1", "inter", "zbh2", "zbv-own", "dpv-own"])
 def test_torchs_runtime_executes_exactly_pipelabs_order(torch_runs, name):
     """The compute actions torch's runtime iterated over (its lowered order, sends and receives aside)."""
     method, cuts, _ = CASES[name]

@@ -191,7 +191,7 @@ def test_schedule_explorer_redraws_on_control_changes():
         ex.schedule.method == "interleaved-1f1b" and "stages 0,4" in ex.gantt_figure.layout.yaxis.ticktext[0]
     )
     before = nbars(ex.gantt_figure)
-    ex.set(microbatches=7)  # interleaved needs M a multiple of P: error, old figure kept
+    ex.set(microbatches=3)  # interleaved needs M >= P: error, old figure kept
     assert ex.message.startswith("cannot draw") and nbars(ex.gantt_figure) == before
     assert "cannot draw" in ex.info.value
     ex.set(method="buffered", microbatches=8, K=3)

@@ -268,7 +268,13 @@ def _refuse(schedule: Schedule) -> None:
             "minibatch with one weight version and leaves the optimizer step after it. torch's engine "
             f"cannot express it: run it with pipelab's runtime, pl.train(model_fn, plan, method="
             f"{schedule.method!r}, ...), or export a synchronous method (gpipe, 1f1b-flush, "
-            "interleaved-1f1b, zb-h1)")
+            "interleaved-1f1b, zb-h1, zb-h2, zb-v, dualpipev)")
+    if spec is not None and spec.order == "dualpipe":
+        raise ScheduleError(
+            "dualpipe keeps two copies of every stage (stage s on workers s and P-1-s, one per direction) "
+            "and sums their gradients; torch.distributed.pipelining places each stage on one rank and has "
+            "no DualPipe, only DualPipeV: export method 'dualpipev' (the same F&B pairs on a V, one copy), "
+            "or run dualpipe with pipelab's runtime (pl.train)")
     for s, ranks in enumerate(schedule.stage_ranks):
         if len(ranks) > 1:
             raise ScheduleError(

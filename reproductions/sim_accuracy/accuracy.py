@@ -30,10 +30,11 @@ from pipelab.models import demo
 from pipelab.partition import partition
 from pipelab.partition.balance import uniform_cuts
 from pipelab.partition.plan import Plan
+from pipelab.partition.virtual import virtual_plan
 from pipelab.profile.measure import profile as measure_profile
 from pipelab.profile.records import Profile
 from pipelab.runtime.launch import train
-from pipelab.sim.simulate import simulate, virtual_plan
+from pipelab.sim.simulate import simulate
 from reproductions.sim_accuracy.terms import (
     OPTIMIZER,
     MeasuredActions,
