@@ -332,7 +332,7 @@ def _legend(fig: go.Figure, compute: Sequence[Event], color_by: str, raster: boo
     shaded = raster and not boxed          # the legend shows shades, not patterns
     for kind in kinds:
         style = KIND_STYLE[kind]
-        name = f"{kind} · {KIND_NAMES[kind]}" + (f" ({shading[kind]} zoomed out)" if boxed
+        name = f"{kind} · {KIND_NAMES[kind]}" + (f" (zoomed out: {shading[kind]})" if boxed
                                                   else f" ({shading[kind]})" if raster else "")
         fig.add_trace(go.Bar(
             name=name, orientation="h", x=[None], y=[None], legendgroup="kinds", showlegend=True,
