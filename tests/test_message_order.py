@@ -20,6 +20,9 @@ STRAIGHT = Plan.from_boundaries(4, [1, 2], [1, 1, 1])
 REPLICATED = Plan.from_boundaries(4, [1, 2], [2, 1, 2])     # 5 workers, replicated first and last stage
 HETPIPE = Plan.from_boundaries(4, [2], [2, 2])              # 2 virtual workers of 2 stages
 EVEN = Plan.from_boundaries(4, [2], [2, 2])                 # replicated stages, one replica count
+FOUR = Plan.from_boundaries(4, [1, 2, 3])                   # 4 stages: a V on 2 workers, or DualPipe's 4
+#: orders that take only unreplicated plans: (plan, microbatches) each needs (M >= P; DualPipe M >= 2P)
+STRAIGHT_ONLY = {"zb-h2": (STRAIGHT, 4), "zb-v": (FOUR, 4), "dualpipe": (FOUR, 8), "dualpipev": (FOUR, 4)}
 
 
 def _cases() -> list[tuple[str, Any, dict[str, Any]]]:
@@ -33,6 +36,10 @@ def _cases() -> list[tuple[str, Any, dict[str, Any]]]:
         elif m.order == "interleaved":
             out += [(name, P, {"chunks": c, "microbatches": M, "minibatches": 2})
                     for P in (2, 3, 4) for c in (1, 2, 3) for M in (P, 2 * P)]
+        elif m.order in STRAIGHT_ONLY:
+            plan, M = STRAIGHT_ONLY[m.order]
+            out += [(name, plan, {"microbatches": M, "minibatches": 2}),
+                    (name, plan, {"microbatches": M + 2, "minibatches": 1})]
         elif m.order == "hetpipe":
             out += [(name, HETPIPE, {"D": d, "minibatches": 12}) for d in (0, 1, 2)]
             out += [(name, HETPIPE, {"D": 0, "minibatches": 12, "drain_every": 4})]

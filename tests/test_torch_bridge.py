@@ -17,7 +17,7 @@ import pipelab as pl
 from pipelab.schedules import torch_api
 from pipelab.schedules.dataflow import UnitCosts
 from pipelab.schedules.torch_format import from_torch, to_torch_csv, to_torch_order
-from pipelab.sim.simulate import simulate_schedule
+from pipelab.sim.simulate import StageMemory, simulate_schedule
 from pipelab.torch_bridge import stage_modules, to_torch
 
 ScheduleError = pl.schedules.ScheduleError
@@ -122,7 +122,7 @@ def test_imported_zbv_is_valid_and_has_the_papers_zero_bubble(P):
         assert _bubble(built("zb-h1"), 3 * M) == pytest.approx(P - 1)
         # activations: one unit per chunk and microbatch held -> 2P chunks = P whole stages on every worker,
         # 1F1B's peak (P microbatches at its first stage)
-        mem = {s: (0, 1, 0) for s in range(2 * P)}
+        mem = {s: StageMemory(model_states=0, activations=1, weights=0) for s in range(2 * P)}
         assert simulate_schedule(zbv, EQUAL, memory=mem).peak_memory == (2 * P,) * P
 
 
