@@ -27,9 +27,10 @@ import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
+from pipelab.runtime.args import TrainArgs, describe_fields, signature
 from pipelab.runtime.checkpoint_files import FolderLock, global_weights
 from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
-from pipelab.runtime.job import Job, TrainArgs, prepare
+from pipelab.runtime.job import Job, prepare
 from pipelab.runtime.lifeline import MAIN_GUARD_HINT, Rendezvous, signal_name
 from pipelab.runtime.local import run_local
 from pipelab.runtime.param_server import serve_process_main
@@ -499,41 +500,42 @@ class Run:
                            action=action, worker_traceback=tb)
 
 
-def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
-           data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
-           optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-           microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
-           trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
-           port: int | None = None, stream: bool = True, **method_options: Any) -> Run:
+def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, **kw: Any) -> Run:
     """Start a training job and return its :class:`Run` handle at once (arguments as :func:`train`).
 
     A given ``schedule`` is checked for per-pair message order first, so one that in-order matching
     cannot run fails here rather than hangs.
     """
-    if schedule is not None:
-        check_message_order(schedule)
-    job = prepare(TrainArgs(model_fn, plan, data, loss_fn, optimizer, steps, method=method,
-                            microbatches=microbatches, backend=backend, seed=seed, timeout=timeout,
-                            schedule=schedule, port=port, options=method_options))
-    return Run(job, trace_path=trace_path, progress=progress, stream=stream)
+    args = TrainArgs.of(model_fn=model_fn, plan=plan, **kw)
+    return start(args)
 
 
-def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
-          data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
-          optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-          microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
-          trace_path: str | Path | None = None, progress: bool = True, schedule: Schedule | None = None,
-          port: int | None = None, stream: bool = True, **method_options: Any) -> RunResult:
+def start(args: TrainArgs) -> Run:
+    """Prepare the job of ``args`` and start it (``launch`` and ``train`` of the one record)."""
+    if args.schedule is not None:
+        check_message_order(args.schedule)
+    job = prepare(args)
+    return Run(job, trace_path=args.trace_path, progress=bool(args.progress), stream=args.stream)
+
+
+def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, **kw: Any) -> RunResult:
     """Train ``model_fn()`` split by ``plan`` with ``method`` for ``steps`` minibatches; block until done.
 
     ``data()`` yields ``(inputs, targets)`` minibatches (every worker iterates it); ``loss_fn(outputs,
     targets)`` returns the mean loss; ``optimizer(params)`` builds one stage's optimizer. ``backend``:
     ``"gloo"``, ``"nccl"`` or ``"local"`` (the reference executor). ``schedule`` overrides
     ``schedules.build(method, plan, ...)``; ``stream=False`` sends each worker's events once, at its end.
-    Raises :class:`WorkerError` if a worker fails.
+    Other keywords are the method's and the runtime's options. Raises :class:`WorkerError` if a worker
+    fails. The keywords (:class:`pipelab.runtime.args.TrainArgs`, each declared there once):
+
+{fields}
     """
-    run = launch(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
-                 microbatches=microbatches, backend=backend, seed=seed, timeout=timeout,
-                 trace_path=trace_path, progress=progress, schedule=schedule, port=port, stream=stream,
-                 **method_options)
-    return run.wait()
+    args = TrainArgs.of(model_fn=model_fn, plan=plan, **kw)
+    if args.progress is None:
+        args = dataclasses.replace(args, progress=True)
+    return start(args).wait()
+
+
+train.__doc__ = (train.__doc__ or "").replace("{fields}", describe_fields())
+launch.__signature__ = signature()  # type: ignore[attr-defined]
+train.__signature__ = signature()  # type: ignore[attr-defined]
