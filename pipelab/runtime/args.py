@@ -62,6 +62,7 @@ class TrainArgs:
     progress: bool | None = _knob("a progress bar (None: train() shows one, launch() does not)", None,
                                   job=False)
     stream: bool = _knob("send events as they happen (False: each worker's at its end)", True, job=False)
+    max_per_core: int = _knob("CPU worker processes (gloo) allowed per usable core; more are refused", 4)
     options: Mapping[str, Any] = _knob("the method's and the runtime's options", factory=dict)
 
     @classmethod
@@ -88,6 +89,8 @@ class TrainArgs:
             raise ValueError(f"microbatches={microbatches!r} must be an int >= 1 (or None: one per stage)")
         if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
             raise ValueError(f"timeout={self.timeout} must be > 0 seconds")
+        if isinstance(self.max_per_core, bool) or not isinstance(self.max_per_core, int) or self.max_per_core < 1:
+            raise ValueError(f"max_per_core={self.max_per_core!r} must be an int >= 1")
         if not isinstance(self.seed, int):
             raise ValueError(f"seed={self.seed!r} must be an int")
         if not isinstance(plan, Plan):

@@ -35,6 +35,7 @@ from pipelab.runtime.comm import TensorSpec, boundary_specs
 from pipelab.runtime.lifeline import check_port
 from pipelab.runtime.options import RuntimeOptions, split_options
 from pipelab.runtime.policies import policy_for
+from pipelab.runtime.tensor_group import check_model, check_processes, layout
 from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.segments import aligned_sizes, boundaries
@@ -65,6 +66,9 @@ class Job:
     trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
     state_keys: tuple[str, ...] = ()             # model_fn().state_dict() keys, in order
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])   # names this run's checkpoints
+    #: per schedule worker, the process ranks of its tensor-parallel group (itself first; others after
+    #: every worker's rank); empty when no stage is split (pipelab.runtime.tensor_group)
+    groups: tuple[tuple[int, ...], ...] = ()
 
     @property
     def method(self) -> str:
@@ -84,8 +88,15 @@ class Job:
 
     @property
     def world_size(self) -> int:
-        """Number of worker processes."""
-        return self.schedule.num_workers
+        """Number of processes: one per schedule worker, ``t`` per worker of a tensor degree ``t``."""
+        return sum(len(g) for g in self.groups) if self.groups else self.schedule.num_workers
+
+    def member(self, rank: int) -> tuple[int, int]:
+        """``(schedule worker, index in its tensor group)`` of process ``rank``."""
+        for w, g in enumerate(self.groups):
+            if rank in g:
+                return w, g.index(rank)
+        return rank, 0
 
 
 #: modules a job file may name factories from without ``trust`` (besides its own folder and the project)
@@ -216,7 +227,8 @@ def first_minibatch(data: Callable[[], Iterable[Any]]) -> tuple[Any, Any]:
 
 
 def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
-    """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
+    """Check the arguments of ``train``/``launch`` and build the :class:`Job` (``check_rendezvous``
+    False: under torchrun, which started the processes and owns the rendezvous)."""
     args.check()
     the_method = args.method or (args.schedule.method if args.schedule is not None else None)
     method_options, rt_options = split_options(the_method, args.options)
@@ -238,11 +250,37 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     batch, specs = cut_layouts(gm, args, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
     if args.backend != "local" and check_rendezvous and args.port is not None:
         check_port(args.port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
+    groups = layout(args.plan, schedule)
+    if groups:
+        check_tensor_job(args, schedule, runtime)
+    if check_rendezvous and args.backend != "local":
+        check_processes(sum(len(g) for g in groups) if groups else schedule.num_workers,
+                        per_core=args.max_per_core, backend=args.backend, device=runtime.device)
     return Job(model_fn=args.model_fn, data=args.data, loss_fn=args.loss_fn, optimizer=args.optimizer,
                plan=args.plan, schedule=schedule, ranges=ranges, specs=specs, steps=steps,
                microbatches=microbatches, batch_size=batch, seed=args.seed, backend=args.backend,
                timeout=float(args.timeout), options=options, runtime=runtime, master_addr=args.master_addr,
-               master_port=int(args.port or 0), trace_kwargs=dict(args.trace_kwargs), state_keys=state_keys)
+               master_port=int(args.port or 0), trace_kwargs=dict(args.trace_kwargs), state_keys=state_keys,
+               groups=groups)
+
+
+def check_tensor_job(args: TrainArgs, schedule: Schedule, runtime: RuntimeOptions) -> None:
+    """Refuse what a tensor degree > 1 does not run with, and a degree the model cannot split by."""
+    if args.backend == "local":
+        raise ValueError("backend='local' runs every worker in this process; a plan with a tensor degree > 1 "
+                         "needs a process per shard: use backend='gloo'")
+    spec = methods.METHODS.get(schedule.method)
+    if spec is not None and spec.weights == "wsp":
+        raise ValueError(f"method {schedule.method!r} keeps its weights on a parameter server, which holds "
+                         "whole stages; tensor degrees > 1 run with the other methods")
+    if runtime.shared_memory:
+        raise ValueError("shared_memory=True: a tensor group's leader sends through gloo; leave it out")
+    if runtime.compression is not None or runtime.coalesce_wgrad:
+        raise ValueError("compression= and coalesce_wgrad= are not supported with tensor degrees > 1 yet; "
+                         "leave them out")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        check_model(args.model_fn(), args.plan)
 
 
 def resolve_schedule(args: TrainArgs, method_options: dict[str, Any],
