@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import test_runtime_helpers as H
 import torch
 import tp_models as T
 
@@ -38,8 +39,9 @@ def tensor_plan(boundaries: list[int], tensor: int) -> pl.Plan:
 
 
 def run(plan: pl.Plan, method: str, **kw) -> pl.runtime.RunResult:
-    return pl.train(T.gpt, plan, method=method, data=T.data, loss_fn=T.loss_fn, optimizer=T.sgd, steps=STEPS,
-                    microbatches=2, progress=False, timeout=120, **kw)
+    kw = {"microbatches": 2, "steps": STEPS, **kw}
+    return pl.train(T.gpt, plan, method=method, data=T.data, loss_fn=T.loss_fn, optimizer=T.sgd,
+                    progress=False, timeout=120, **kw)
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -59,8 +61,91 @@ def test_two_by_two_equals_plain_sgd(method: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("method", ["gpipe", "1f1b-flush"])
-def test_two_by_one_equals_plain_sgd(method: str) -> None:
-    res = run(tensor_plan([], 2), method)
+def test_two_by_one_equals_plain_sgd() -> None:
+    res = run(tensor_plan([], 2), "gpipe")
     assert max_diff(res.state_dict(), plain_sgd()) < 1e-5
     assert res.trace.meta["tensor_groups"] == [[0, 1]] and {e.worker for e in res.trace.events} == {0}
+    assert [e.kind for e in res.member_events if e.kind in "FBU"] == \
+        [e.kind for e in res.trace.events if e.kind in "FBU"]     # the same action list, on both
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_pipedream_with_tensor_parallelism_equals_it_without() -> None:
+    plain = run(tensor_plan([CUT], 1), "pipedream")
+    split = run(tensor_plan([CUT], 2), "pipedream")
+    assert max_diff(split.state_dict(), plain.state_dict()) < 1e-5
+    assert split.losses == pytest.approx(plain.losses, abs=1e-5)
+    assert split.trace.actions_by_worker() == plain.trace.actions_by_worker()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_checkpoints_are_per_shard_and_bound_to_their_degree(tmp_path) -> None:
+    ck = tmp_path / "ck"
+    res = run(tensor_plan([], 2), "1f1b-flush", checkpoint_every=1, checkpoint_dir=str(ck))
+    want = plain_sgd()
+    assert max_diff(res.state_dict(), want) < 1e-5
+    first = ck / "step-00000001"
+    assert sorted(p.name for p in first.glob("rank-*.pt")) == ["rank-0.pt", "rank-1.pt"]   # one per shard
+    resumed = run(tensor_plan([], 2), "1f1b-flush", resume=str(first))
+    assert max_diff(resumed.state_dict(), want) < 1e-5
+    with pytest.raises(ValueError, match=r"tensor degrees \[2\].*this run's plan has degrees \[1\]"):
+        run(tensor_plan([], 1), "1f1b-flush", resume=str(first))
+
+
+def test_a_degree_that_does_not_divide_is_refused_with_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"stage 0: tensor degree 3 does not divide .*valid degrees for "
+                                         r"this model: \[1, 2\]"):
+        run(tensor_plan([CUT], 3), "gpipe")
+
+
+def test_more_processes_than_the_cores_allow_are_refused(monkeypatch) -> None:
+    import os
+
+    import pipelab.runtime.tensor_group as tg
+
+    assert tg.usable_cores() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(tg, "usable_cores", lambda: 1)
+    with pytest.raises(ValueError, match=r"needs 4 worker processes but this machine has 1 usable core.*at "
+                                         r"most max_per_core=2 .* \(2\)"):
+        run(tensor_plan([CUT], 2), "gpipe", max_per_core=2)
+
+
+def test_what_tensor_parallelism_does_not_run_with_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="backend='local'.*use backend='gloo'"):
+        run(tensor_plan([], 2), "gpipe", backend="local")
+    with pytest.raises(ValueError, match="parameter server"):
+        run(tensor_plan([CUT], 2), "hetpipe", microbatches=None)
+    with pytest.raises(ValueError, match="no tensor_parallel_plan"):
+        plan = pl.Plan.from_boundaries(5, [])
+        plan = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], tensor=2),))
+        pl.train(H.mlp, plan, method="gpipe", data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_group_that_loses_one_rank_ends_the_run_naming_rank_stage_and_shard() -> None:
+    import os
+    import signal
+    import time
+
+    import fault_helpers as F
+
+    from pipelab.runtime import WorkerError
+
+    run_ = pl.launch(T.gpt, tensor_plan([], 2), method="gpipe", data=T.data, loss_fn=T.loss_fn,
+                     optimizer=T.sgd, steps=5000, microbatches=2, timeout=100)
+    evs = iter(run_.events)
+    for _ in range(6):          # the group is running actions
+        next(evs)
+    pids = run_.pids
+    os.kill(pids[1], signal.SIGKILL)      # process 1: worker 0's shard 1
+    t = time.time()
+    with pytest.raises(WorkerError) as info:
+        run_.wait()
+    assert time.time() - t < 30
+    msg = str(info.value)
+    assert msg.startswith("process 1 (worker 0's tensor shard 1 of 2) (stage 0) died with exit code -9"), msg
+    _, left = F.wait_gone(pids, within_s=10)
+    assert not left

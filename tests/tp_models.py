@@ -37,7 +37,8 @@ class Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.ln1, self.attn = nn.LayerNorm(EMBD), Attention()
-        self.ln2, self.fc, self.proj = nn.LayerNorm(EMBD), nn.Linear(EMBD, 4 * EMBD), nn.Linear(4 * EMBD, EMBD)
+        self.ln2 = nn.LayerNorm(EMBD)
+        self.fc, self.proj = nn.Linear(EMBD, 4 * EMBD), nn.Linear(4 * EMBD, EMBD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -48,8 +49,8 @@ class GPT(nn.Module):
     """Token and position embeddings, blocks, a final norm and an untied vocabulary head."""
 
     tensor_parallel_plan = {"wte": "vocab_embedding", "blocks.*.attn": "heads", "blocks.*.attn.qkv": "qkv",
-                            "blocks.*.attn.proj": "rowwise", "blocks.*.fc": "colwise", "blocks.*.proj": "rowwise",
-                            "head": "vocab_head"}
+                            "blocks.*.attn.proj": "rowwise", "blocks.*.fc": "colwise",
+                            "blocks.*.proj": "rowwise", "head": "vocab_head"}
 
     def __init__(self) -> None:
         super().__init__()

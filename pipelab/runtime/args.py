@@ -89,7 +89,8 @@ class TrainArgs:
             raise ValueError(f"microbatches={microbatches!r} must be an int >= 1 (or None: one per stage)")
         if not isinstance(self.timeout, (int, float)) or self.timeout <= 0:
             raise ValueError(f"timeout={self.timeout} must be > 0 seconds")
-        if isinstance(self.max_per_core, bool) or not isinstance(self.max_per_core, int) or self.max_per_core < 1:
+        per_core = self.max_per_core
+        if isinstance(per_core, bool) or not isinstance(per_core, int) or per_core < 1:
             raise ValueError(f"max_per_core={self.max_per_core!r} must be an int >= 1")
         if not isinstance(self.seed, int):
             raise ValueError(f"seed={self.seed!r} must be an int")

@@ -129,9 +129,9 @@ def check_compatible(path: str | os.PathLike[str], *, plan: Any, method: str) ->
     mine = [int(getattr(s, "tensor", 1)) for s in plan.stages]
     theirs = man.get("tensor", [1] * len(mine))
     if theirs != mine and len(theirs) == len(mine):
-        raise ValueError(f"checkpoint {resolve(path)} holds shards of tensor degrees {theirs} (per stage) but "
-                         f"this run's plan has degrees {mine}; a checkpoint's shards load only at the degrees "
-                         "it was saved at (resharding is not supported): resume with the plan it was "
+        raise ValueError(f"checkpoint {resolve(path)} holds shards of tensor degrees {theirs} (per stage) "
+                         f"but this run's plan has degrees {mine}; a checkpoint's shards load only at the "
+                         "degrees it was saved at (resharding is not supported): resume with the plan it was "
                          "written for")
     fp = plan_fingerprint(plan)
     if man["plan_fingerprint"] != fp:

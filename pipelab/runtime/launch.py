@@ -123,7 +123,8 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
                 "tensor_degrees": [int(s.tensor) for s in job.plan.stages]}
     tr = Trace.from_events([e for e in events if e.worker < W], method=sched.method, config=job.plan.config,
                            backend=job.backend, microbatches=job.microbatches, minibatches=job.steps,
-                           batch_size=job.batch_size, stage_ranks=[list(r) for r in sched.stage_ranks], **meta)
+                           batch_size=job.batch_size, stage_ranks=[list(r) for r in sched.stage_ranks],
+                           **meta)
     member_events = [e for e in events if e.worker >= W]
     shards: dict[int, dict[str, torch.Tensor]] = {}
     dims: dict[int, dict[str, int]] = {}
@@ -424,8 +425,8 @@ class Run:
             for p in self._procs:
                 p.join(10)
             self._kill()
-            self._result = assemble(self.job, [*self._events, *self._member_events], list(results.values()), time.time() - self._t0,
-                                    self.trace_path)
+            self._result = assemble(self.job, [*self._events, *self._member_events], list(results.values()),
+                                    time.time() - self._t0, self.trace_path)
             self._end()
         except BaseException as exc:
             self._kill()
@@ -511,13 +512,15 @@ class Run:
         if silent:
             d_rank = silent[0]
             w, i = self.job.member(d_rank)
-            stages = list(self.job.schedule.stages_of(w))
+            stages = list(self.job.schedule.stages_of(w)) if w < self.job.schedule.num_workers else []
             self._procs[d_rank].join(2.0)
             code = -1 if self._procs[d_rank].exitcode is None else int(self._procs[d_rank].exitcode)
-            noticed = (f"; worker {first[1]} noticed it ({first[3]}):\n{first[4]}" if first is not None
+            noticed = (f"; {self._who(first[1])} noticed it ({first[3]}):\n{first[4]}" if first is not None
                        else f". {MAIN_GUARD_HINT}")
-            return WorkerError(f"{self._who(d_rank)} (stage {', '.join(map(str, stages))}) died with exit code {code}{signal_name(code)} without "
-                               f"reporting an error (killed, out of memory, or it could not start){noticed}",
+            where = f"stage {', '.join(map(str, stages))}"
+            return WorkerError(f"{self._who(d_rank)} ({where}) died with exit code {code}{signal_name(code)} "
+                               "without reporting an error (killed, out of memory, or it could not start)"
+                               f"{noticed}",
                                rank=d_rank, worker_traceback=first[4] if first else "")
         assert first is not None
         _, rank, stage, action, tb = first

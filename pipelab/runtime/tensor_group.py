@@ -153,7 +153,7 @@ class GroupComm:
 
     def allreduce(self, stage: int, flat: torch.Tensor) -> torch.Tensor:
         """This shard's gradients summed with the same shard of the stage's other replicas."""
-        return self.inner.allreduce(stage, flat)  # type: ignore[no-any-return]
+        return self.inner.allreduce(stage, flat)
 
     def flush(self) -> None:
         """Wait for the leader's sends."""

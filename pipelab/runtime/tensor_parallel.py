@@ -129,7 +129,8 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.grp = grp
         W = full.weight.detach()
-        self.weight = nn.Parameter(W[:, grp.rows(W.shape[1])].clone(), requires_grad=full.weight.requires_grad)
+        self.weight = nn.Parameter(W[:, grp.rows(W.shape[1])].clone(),
+                                   requires_grad=full.weight.requires_grad)
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone(),
                                                                 requires_grad=full.bias.requires_grad)
 
@@ -145,11 +146,13 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, full: nn.Embedding, grp: Group) -> None:
         super().__init__()
         if full.padding_idx is not None or full.max_norm is not None or full.sparse:
-            raise ValueError("vocab_embedding splits a plain nn.Embedding (no padding_idx, max_norm or sparse)")
+            raise ValueError("vocab_embedding splits a plain nn.Embedding (no padding_idx, max_norm or "
+                             "sparse)")
         self.grp = grp
         rows = grp.rows(full.num_embeddings)
         self.lo, self.hi = int(rows.start), int(rows.stop)
-        self.weight = nn.Parameter(full.weight.detach()[rows].clone(), requires_grad=full.weight.requires_grad)
+        self.weight = nn.Parameter(full.weight.detach()[rows].clone(),
+                                   requires_grad=full.weight.requires_grad)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of this shard's ids (zeros elsewhere), summed over the group."""
@@ -171,16 +174,18 @@ def _qkv_rows(n: int, grp: Group) -> torch.Tensor:
     """Rows of a ``[q; k; v]`` weight of ``n`` rows that this member keeps (its heads of each third)."""
     third = n // 3
     k = third // grp.degree
-    return torch.cat([torch.arange(j * third + grp.index * k, j * third + (grp.index + 1) * k) for j in range(3)])
+    lo = grp.index * k
+    return torch.cat([torch.arange(j * third + lo, j * third + lo + k) for j in range(3)])
 
 
 def plan_of(model: nn.Module) -> dict[str, str]:
     """The model's ``tensor_parallel_plan`` (raises ``ValueError`` saying how to declare one)."""
     tp = getattr(model, "tensor_parallel_plan", None)
     if not isinstance(tp, Mapping) or not tp:
-        raise ValueError(f"{type(model).__name__} has no tensor_parallel_plan: a tensor degree > 1 needs the "
-                         "model to say how its modules split, e.g. tensor_parallel_plan = {'blocks.*.mlp.fc': "
-                         f"'colwise', 'blocks.*.mlp.proj': 'rowwise', ...}} with styles {STYLES}")
+        raise ValueError(f"{type(model).__name__} has no tensor_parallel_plan: a tensor degree > 1 needs "
+                         "the model to say how its modules split, e.g. tensor_parallel_plan = "
+                         "{'blocks.*.mlp.fc': 'colwise', 'blocks.*.mlp.proj': 'rowwise', ...} with styles "
+                         f"{STYLES} (pipelab.runtime.tensor_parallel)")
     bad = {k: v for k, v in tp.items() if v not in STYLES}
     if bad:
         raise ValueError(f"tensor_parallel_plan: unknown style(s) {bad}; use {STYLES}")
@@ -206,7 +211,8 @@ def split_sizes(model: nn.Module, plan: Mapping[str, str]) -> dict[str, int]:
         elif style == "vocab_embedding":
             sizes[f"vocabulary of {name}"] = int(m.num_embeddings)
         elif style in ("colwise", "vocab_head"):
-            sizes[f"{'vocabulary' if style == 'vocab_head' else 'output features'} of {name}"] = int(m.out_features)
+            what = "vocabulary" if style == "vocab_head" else "output features"
+            sizes[f"{what} of {name}"] = int(m.out_features)
         elif style == "rowwise":
             sizes[f"input features of {name}"] = int(m.in_features)
         elif style == "qkv":
