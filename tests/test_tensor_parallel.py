@@ -40,7 +40,8 @@ def tensor_plan(boundaries: list[int], tensor: int) -> pl.Plan:
 
 def run(plan: pl.Plan, method: str, **kw) -> pl.runtime.RunResult:
     kw = {"microbatches": 2, "steps": STEPS, **kw}
-    return pl.train(T.gpt, plan, method=method, data=T.data, loss_fn=T.loss_fn, optimizer=T.sgd,
+    model_fn = kw.pop("model_fn", T.gpt)
+    return pl.train(model_fn, plan, method=method, data=T.data, loss_fn=T.loss_fn, optimizer=T.sgd,
                     progress=False, timeout=120, **kw)
 
 
@@ -121,6 +122,9 @@ def test_what_tensor_parallelism_does_not_run_with_is_refused_by_name() -> None:
         plan = pl.Plan.from_boundaries(5, [])
         plan = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], tensor=2),))
         pl.train(H.mlp, plan, method="gpipe", data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=1)
+    with pytest.raises(ValueError, match=r"shares parameters between modules \(wte.weight = head.weight\).*"
+                                         "not supported yet"):
+        run(tensor_plan([], 2), "gpipe", model_fn=T.tied_gpt)
 
 
 @pytest.mark.slow

@@ -70,6 +70,13 @@ def gpt() -> nn.Module:
     return GPT()
 
 
+def tied_gpt() -> nn.Module:
+    """The tiny GPT with its head's weight tied to the token embedding."""
+    m = GPT()
+    m.head.weight = m.wte.weight
+    return m
+
+
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))

@@ -83,6 +83,17 @@ def check_model(model: torch.nn.Module, plan: Plan) -> None:
     """Refuse a tensor degree that does not divide what the model's split cuts, with the valid ones."""
     from pipelab.runtime.tensor_parallel import check_degree
 
+    if not any(s.tensor > 1 for s in plan.stages):
+        return
+    owners: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
+    shared = [" = ".join(ns) for ns in owners.values() if len(ns) > 1]
+    if shared:
+        raise ValueError(f"the model shares parameters between modules ({'; '.join(shared)}); a tensor "
+                         "degree > 1 splits each module's weight on its own, which would untie them silently."
+                         " Tied weights with tensor parallelism are not supported yet: untie them (e.g. "
+                         "tied=False) or use tensor degree 1")
     for s in plan.stages:
         if s.tensor > 1:
             check_degree(model, s.tensor, stage=s.index)
