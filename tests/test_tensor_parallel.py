@@ -153,3 +153,22 @@ def test_a_group_that_loses_one_rank_ends_the_run_naming_rank_stage_and_shard() 
     assert msg.startswith("process 1 (worker 0's tensor shard 1 of 2) (stage 0) died with exit code -9"), msg
     _, left = F.wait_gone(pids, within_s=10)
     assert not left
+
+
+def test_the_gantt_draws_a_group_as_one_row_or_one_row_per_process() -> None:
+    from pipelab.trace import Event, Trace
+    from pipelab.views.tensor_groups import gantt_groups
+
+    lead = [Event(w, w, k, m, t + w, t + w + 0.5) for w in (0, 1) for m, (k, t) in enumerate((("F", 0.0),
+                                                                                             ("B", 2.0)))]
+    tr = Trace.from_events(lead, method="gpipe", stage_ranks=[[0], [1]], tensor_groups=[[0, 2], [1, 3]])
+    members = [dataclasses.replace(e, worker=e.worker + 2) for e in lead]
+    res = type("R", (), {"trace": tr, "member_events": members})()
+    one = gantt_groups(res)
+    assert list(one.layout.yaxis.ticktext) == ["w0 · stage 0 (replica 0) · tensor ranks 0, 2",
+                                               "w1 · stage 1 (replica 0) · tensor ranks 1, 3"]
+    every = gantt_groups(res, expand=True)
+    assert list(every.layout.yaxis.ticktext) == [
+        "w0 · stage 0 (replica 0) · tensor ranks 0, 2", "  rank 2 · w0's shard 1 of 2",
+        "w1 · stage 1 (replica 0) · tensor ranks 1, 3", "  rank 3 · w1's shard 1 of 2"]
+    assert every.layout.meta["boxes"] == 2 * one.layout.meta["boxes"] == 8
