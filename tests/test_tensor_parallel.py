@@ -33,9 +33,8 @@ def plain_sgd(steps: int = STEPS) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def tensor_plan(boundaries: list[int], tensor: int) -> pl.Plan:
-    plan = pl.Plan.from_boundaries(LAYERS, boundaries)
-    return dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, tensor=tensor) for s in plan.stages))
+def tensor_plan(boundaries: list[int], tensor: int, replicas: list[int] | None = None) -> pl.Plan:
+    return pl.Plan.from_boundaries(LAYERS, boundaries, replicas, tensor=tensor)
 
 
 def run(plan: pl.Plan, method: str, **kw) -> pl.runtime.RunResult:
@@ -68,6 +67,15 @@ def test_two_by_one_equals_plain_sgd() -> None:
     assert res.trace.meta["tensor_groups"] == [[0, 1]] and {e.worker for e in res.trace.events} == {0}
     assert [e.kind for e in res.member_events if e.kind in "FBU"] == \
         [e.kind for e in res.trace.events if e.kind in "FBU"]     # the same action list, on both
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_replicated_tensor_groups_all_reduce_shard_by_shard() -> None:
+    res = run(tensor_plan([], 2, [2]), "1f1b-flush")     # 2 replicas x tensor 2: 4 processes
+    assert res.trace.meta["tensor_groups"] == [[0, 2], [1, 3]]
+    assert max_diff(res.state_dict(), plain_sgd()) < 1e-5
+    assert any(e.kind == "allreduce" for e in res.member_events)
 
 
 @pytest.mark.slow

@@ -54,10 +54,16 @@ def _times(tensor: int, steps: int) -> dict[str, float]:
     return out
 
 
-def predicted_comm(cluster: pl.Cluster, compute_s: float) -> dict[str, float]:
-    """Seconds of the degree-2 group's collectives in one F and one B (the cost model's ring all-reduce)."""
+def coefficients(cluster: pl.Cluster) -> tuple[float, float]:
+    """The cost model's ``(seconds per byte, fixed seconds)`` of a ring all-reduce over 2 workers. No
+    compute time is passed: a tensor group's members reach each collective together (they run the same
+    actions), unlike data-parallel replicas, whose after-compute latency the calibration also fits."""
     profile = pl.profile(G.gpt(), next(G.data())[0][: G.BATCH // M], progress=False)
-    per_byte, fixed = CostModel(profile, cluster).allreduce_coeffs([0, 1], compute_s)
+    return CostModel(profile, cluster).allreduce_coeffs([0, 1])
+
+
+def predicted_comm(per_byte: float, fixed: float) -> dict[str, float]:
+    """Seconds of the degree-2 group's collectives in one F and one B."""
     act = (G.BATCH // M) * G.SEQ * G.EMBD * 4
     logits = (G.BATCH // M) * G.SEQ * G.VOCAB * 4
 
@@ -81,11 +87,14 @@ def main() -> None:
         for t, store in ((1, one), (2, two)):
             for k, v in _times(t, a.steps).items():
                 store[k].append(v)
+    per_byte, fixed = coefficients(cluster)
+    print(f"ring all-reduce over 2 workers (cost model, calibrated here): {fixed * 1e6:.0f} us + "
+          f"{1 / per_byte / 1e9:.2f} GB/s")
     print(f"{'kind':>4} {'degree 1 ms':>20} {'degree 2 ms':>20} {'predicted ms':>13} {'comm ms':>8} "
           f"{'measured/predicted':>19}")
     for k in ("F", "B"):
         t1 = statistics.median(one[k])
-        comm = predicted_comm(cluster, t1 / 2)[k]
+        comm = predicted_comm(per_byte, fixed)[k]
         pred = t1 / 2 + comm
         t2 = statistics.median(two[k])
         print(f"{k:>4} {t1 * 1e3:>8.2f} ({min(one[k]) * 1e3:.2f}-{max(one[k]) * 1e3:.2f}) "
