@@ -21,7 +21,7 @@ PKG = Path(__file__).resolve().parents[1] / "pipelab"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelab._io", "pipelab._display", "pipelab.batching", "pipelab.methods", "pipelab.metrics",
      "pipelab.transports"),
-    ("pipelab.trace", "pipelab.cluster", "pipelab.measured", "pipelab.graph"),
+    ("pipelab.trace", "pipelab.cluster", "pipelab.measured", "pipelab.graph", "pipelab.ties"),
     ("pipelab.profile",),
     ("pipelab.models", "pipelab.costs"),
     ("pipelab.partition",),

@@ -127,3 +127,24 @@ def test_vision_models_param_counts() -> None:
     # VGG-16's count (138,357,544) is checked through the profiler in test_profiler.py.
     assert _count(build("resnet50")) == 25_557_032
     assert pl.models.pipedream_profile("vgg16").param_bytes == 4 * 138_357_544
+
+
+def test_gpt_tied_head_and_data() -> None:
+    from pipelab.models import gpt, gpt_data, gpt_loss
+
+    tied, untied = gpt(seed=0), gpt(seed=0, tied=False)
+    assert tied.tied and tied.head.weight is tied.wte.weight and not untied.tied
+    # one matrix fewer: the closed form of the difference is vocab x d_model
+    assert _count(untied) - _count(tied) == 97 * 32
+    tokens, targets = gpt_data(5, seed=3)
+    assert tokens.shape == targets.shape == (5, 16) and torch.equal(tokens[:, 1:], targets[:, :-1])
+    assert torch.equal(gpt_data(5, seed=3)[0], tokens) and int(tokens.max()) < 97
+    logits = tied(tokens)
+    assert logits.shape == (5, 16, 97)
+    # causal: changing the last token leaves earlier positions' logits unchanged
+    other = tokens.clone()
+    other[:, -1] = (other[:, -1] + 1) % 97
+    assert torch.allclose(tied(other)[:, :-1], logits[:, :-1]) and not torch.allclose(tied(other), logits)
+    assert torch.isclose(gpt_loss(logits, targets), torch.nn.functional.cross_entropy(
+        logits.reshape(-1, 97), targets.reshape(-1)))
+    trace(tied)  # nanoGPT-style blocks (b, s, _ = x.shape) trace with fx

@@ -183,9 +183,16 @@ class Prices:
         return b_in + fixed, w + self.overhead_s("W")
 
     def param_bytes(self, start: int, end: int) -> int:
-        """Parameter bytes of layers ``[start, end)``."""
+        """Parameter bytes of layers ``[start, end)``, with its own copy of every shared parameter (a tie,
+        ``Profile.ties``) that a layer of the range uses but the profile counted on an earlier layer."""
         self._range(start, end)
-        return int(self.pp[end] - self.pp[start])
+        return int(self.pp[end] - self.pp[start]) + self.tie_copy_bytes(start, end)
+
+    def tie_copy_bytes(self, start: int, end: int) -> int:
+        """Bytes of the shared parameters that layers ``[start, end)`` use but the profile counts before
+        ``start`` (on their first user): the copy a stage of those layers holds."""
+        return sum(t.nbytes for t in self.profile.ties
+                   if t.layers[0] < start and any(start <= i < end for i in t.layers))
 
     def param_tensors(self, start: int, end: int) -> int:
         """Parameter tensors of layers ``[start, end)`` (0 for layers whose profile did not count them)."""

@@ -1,5 +1,5 @@
-"""The model zoo: the papers' models (VGG-16, ResNet-50, GNMT-8/16), small demo models and data,
-and PipeDream's measured profiles (:func:`pipedream_profile`). Nothing here downloads."""
+"""The model zoo: the papers' models (VGG-16, ResNet-50, GNMT-8/16), small demo models and data (a tied
+GPT among them), and PipeDream's measured profiles (:func:`pipedream_profile`). Nothing here downloads."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ from torch import nn
 
 from pipelab.models.demo import digits_data, mlp, small_cnn, synthetic_translation, tiny_transformer
 from pipelab.models.gnmt import GNMT, gnmt, gnmt_param_count
+from pipelab.models.gpt import GPT, gpt, gpt_data, gpt_loss
 from pipelab.models.vision import resnet50, vgg16
 from pipelab.profile.pipedream_format import load_pipedream, shipped
 from pipelab.profile.records import Profile
 
-__all__ = ["GNMT", "REGISTRY", "build", "digits_data", "example", "gnmt", "gnmt_param_count", "mlp",
+__all__ = ["GNMT", "GPT", "REGISTRY", "build", "digits_data", "example", "gnmt", "gnmt_param_count", "gpt",
+           "gpt_data", "gpt_loss", "mlp",
            "pipedream_profile", "resnet50", "small_cnn", "synthetic_translation", "tiny_transformer", "vgg16"]
 
 #: name -> builder, for the CLI and notebooks (keyword arguments pass through)
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "vgg16": vgg16, "resnet50": resnet50, "gnmt8": lambda **kw: gnmt(num_layers=8, **kw),
     "gnmt16": lambda **kw: gnmt(num_layers=16, **kw), "mlp": mlp, "small_cnn": small_cnn,
-    "tiny_transformer": tiny_transformer,
+    "tiny_transformer": tiny_transformer, "gpt": gpt,
 }
 
 
@@ -41,7 +43,8 @@ def pipedream_profile(name: str, *, batch_size: int | None = None) -> Profile:
 def example(name: str, batch: int, *, image_size: int = 224, seq_len: int = 24, vocab: int | None = None,
             hidden: int | None = None, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """A zoo model and one minibatch of sample input for it, e.g. ``pl.profile(*example("vgg16", 8))``;
-    ``vocab`` and ``hidden`` resize GNMT (default 32000 and 1024), ``vocab`` the tiny Transformer."""
+    ``vocab`` and ``hidden`` resize GNMT (default 32000 and 1024), ``vocab`` the tiny Transformer
+    and the GPT."""
     if batch < 1:
         raise ValueError(f"batch={batch} must be >= 1")
     g = torch.Generator().manual_seed(seed)
@@ -63,4 +66,7 @@ def example(name: str, batch: int, *, image_size: int = 224, seq_len: int = 24, 
         v = vocab or 100
         tokens = torch.randint(0, v, (batch, seq_len), generator=g)
         return tiny_transformer(vocab=v, max_len=max(64, seq_len)), (tokens,)
+    if name == "gpt":
+        tokens, _ = gpt_data(batch, vocab=vocab or 97, seq_len=seq_len, seed=seed)
+        return gpt(vocab=vocab or 97, max_len=seq_len), (tokens,)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(REGISTRY)}")

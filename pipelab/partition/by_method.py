@@ -58,4 +58,6 @@ def partition(profile: Profile, cluster: Cluster | str, method: str = "pipedream
     bad = set(options) - set(takes)
     if bad:
         raise TypeError(f"method {m!r} does not take option(s) {sorted(bad)}; it takes {list(takes)}")
-    return fn(cm, **options)
+    plan = fn(cm, **options)
+    # the profile's shared parameters ride on the plan: Plan.shared() names the stages holding a copy
+    return plan.with_predictions(ties=profile.ties) if plan.ties != profile.ties else plan

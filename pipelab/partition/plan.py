@@ -19,6 +19,7 @@ from typing import Any
 import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab._io import read_record, write_record
+from pipelab.ties import Tie, across_stages, describe_tie
 
 SCHEMA_VERSION = 1
 
@@ -71,9 +72,12 @@ class Plan(Described):
     speedup_over_dp: float = float("nan")      # predicted, against the "dp" plan on the same cluster
     memory_per_worker: tuple[int, ...] = ()    # predicted peak bytes, indexed by worker rank
     notes: dict[str, Any] = field(default_factory=dict)
+    #: the profile's shared parameters (pipelab.ties); :meth:`shared` says which stages hold a copy
+    ties: tuple[Tie, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "ties", tuple(self.ties))
         object.__setattr__(self, "memory_per_worker", tuple(int(m) for m in self.memory_per_worker))
         self.validate()
 
@@ -149,6 +153,10 @@ class Plan(Described):
             raise ValueError(f"worker ranks {ranks} must be 0..{len(ranks) - 1}, each exactly once")
         if self.memory_per_worker and len(self.memory_per_worker) != len(ranks):
             raise ValueError("memory_per_worker needs one entry per worker")
+        for t in self.ties:
+            if t.layers[-1] >= self.num_layers:
+                raise ValueError(f"tie {t.name} names layer {t.layers[-1]} of a plan of {self.num_layers} "
+                                 "layers; partition the model's own profile")
         if profile is not None:
             if len(profile) != self.num_layers:
                 raise ValueError(f"this plan is for a model of {self.num_layers} layers but the profile has "
@@ -189,10 +197,15 @@ class Plan(Described):
         """A copy with some fields replaced (predictions filled in by a partitioner or simulator)."""
         return replace(self, **kw)
 
+    def shared(self) -> tuple[tuple[Tie, tuple[int, ...]], ...]:
+        """The ties whose layers lie on two or more stages, each with the stages holding a copy."""
+        return across_stages(self.ties, [(s.start, s.end) for s in self.stages])
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (without the schema envelope)."""
         d = asdict(self)
         d["stages"] = [asdict(s) for s in self.stages]
+        d["ties"] = [t.to_dict() for t in self.ties]
         d["config"] = self.config
         for k in ("time_per_minibatch", "speedup_over_dp"):
             if isinstance(d[k], float) and math.isnan(d[k]):
@@ -210,6 +223,7 @@ class Plan(Described):
                 if d.get(k) is None:
                     d[k] = float("nan")
             d["memory_per_worker"] = tuple(d.get("memory_per_worker", ()))
+            d["ties"] = tuple(Tie.from_dict(t) for t in d.get("ties", ()))
             return cls(stages=stages, **d)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan JSON ({exc}); re-create it with "
@@ -246,6 +260,9 @@ class Plan(Described):
                   + f" on ranks {list(s.ranks)}"
                   + (f", {s.time_s * 1e3:.2f} ms per minibatch on one replica" if s.time_s else "")
                   for s in self.stages]
+        lines += [f"  shared: {describe_tie(t, st)}; one weight, its gradients summed across those stages "
+                  "at each update (methods with one weight version per minibatch; the others refuse it)"
+                  for t, st in self.shared()]
         if not math.isnan(self.time_per_minibatch):
             t_ms = self.time_per_minibatch * 1e3
             lines.append(f"  predicted {t_ms:.2f} ms per minibatch of {self.batch_size}"

@@ -31,6 +31,7 @@ from pipelab.profile.records import Layer, Profile
 from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.worker_view import stage_delays
 from pipelab.sim.simulate import SimResult, simulate, virtual_plan
+from pipelab.ties import across_stages
 
 #: every registered method but the ablations (naive-async; buffered at K=2 is 2bw) and hetpipe
 DEFAULT_METHODS = ("dp", "gpipe", "1f1b-flush", "interleaved-1f1b", "zb-h1", "pipedream", "2bw", "pipemare")
@@ -272,6 +273,9 @@ def _candidates(profile: Profile, cluster: Cluster, space: _Space, optimizer: st
             replicated = any(s.replicas > 1 for s in plan.stages)
             if spec.order == "interleaved" and (pname != "balanced" or replicated):
                 continue   # the virtual stages are re-balanced from any straight split: one is enough
+            if (not spec.synchronous and spec.update != "minibatch"
+                    and across_stages(profile.ties, [(s.start, s.end) for s in plan.stages])):
+                continue   # per-microbatch asynchronous updates refuse a tie across stages (runtime.ties)
             if not spec.synchronous and spec.update == "microbatch":
                 ms = [1]
             elif is_dp:

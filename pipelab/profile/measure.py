@@ -29,6 +29,7 @@ from pipelab.profile.hooks import tensors as _tensors
 from pipelab.profile.layer_timing import LayerRunner, Pass, measure_layer
 from pipelab.profile.loss import measure_loss
 from pipelab.profile.records import Layer, Profile
+from pipelab.ties import find_ties
 
 
 class _Group:
@@ -114,7 +115,8 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
                    + (f" (batch {batch}, {small})" if len(run.scales) > 1 else ""))
     prof = Profile(layers=tuple(layers), cut_bytes=cut_bytes, batch_size=batch, dtype=dtype, device=str(dev),
                    input_bytes=sum(value_bytes.get(p, 0) for p in placeholders), model=name,
-                   source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved)
+                   source=source, edges=tuple(sorted(set(edges))), loss_saved_bytes=loss_saved,
+                   ties=find_ties(gm))
     warn_dominant_layer(prof, gm)
     return prof
 

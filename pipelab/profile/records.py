@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, overload
 from pipelab._display import html_pre
 from pipelab._io import read_record, write_record
 from pipelab.profile.pipedream_graph import read_fields
+from pipelab.ties import Tie
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -107,9 +108,12 @@ class Profile:
     edges: tuple[tuple[int, int], ...] = field(default=())
     #: bytes the loss saves for its backward, held by the last stage (0: not measured)
     loss_saved_bytes: int = 0
+    #: parameters that two or more layers use (tied weights), found by object identity (pipelab.ties)
+    ties: tuple[Tie, ...] = field(default=())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "ties", tuple(self.ties))
         object.__setattr__(self, "cut_bytes", tuple(int(c) for c in self.cut_bytes))
         object.__setattr__(self, "edges", tuple((int(a), int(b)) for a, b in self.edges))
         n = len(self.layers)
@@ -131,6 +135,9 @@ class Profile:
         for a, b in self.edges:
             if not (0 <= a < b < n):
                 raise ValueError(f"edge ({a}, {b}) is not forward between layer indices 0..{n - 1}")
+        for t in self.ties:
+            if t.layers[-1] >= n:
+                raise ValueError(f"tie {t.name} names layer {t.layers[-1]} of a profile of {n} layers")
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -284,7 +291,8 @@ class Profile:
         return {"model": self.model, "source": self.source, "batch_size": self.batch_size,
                 "dtype": self.dtype, "device": self.device, "input_bytes": self.input_bytes,
                 "layers": [asdict(layer) for layer in self.layers], "cut_bytes": list(self.cut_bytes),
-                "edges": [list(e) for e in self.edges], "loss_saved_bytes": self.loss_saved_bytes}
+                "edges": [list(e) for e in self.edges], "loss_saved_bytes": self.loss_saved_bytes,
+                "ties": [t.to_dict() for t in self.ties]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
@@ -295,7 +303,8 @@ class Profile:
                        dtype=d.get("dtype", "float32"), device=d.get("device", "cpu"),
                        input_bytes=int(d.get("input_bytes", 0)), model=d.get("model", ""),
                        source=d.get("source", ""), edges=tuple(tuple(e) for e in d.get("edges", ())),
-                       loss_saved_bytes=int(d.get("loss_saved_bytes", 0)))
+                       loss_saved_bytes=int(d.get("loss_saved_bytes", 0)),
+                       ties=tuple(Tie.from_dict(t) for t in d.get("ties", ())))
         except KeyError as exc:
             raise ValueError(f"profile JSON lacks field {exc}; re-create it with "
                              "pl.profile(...).save()") from None

@@ -36,9 +36,11 @@ from pipelab.runtime.lifeline import check_port
 from pipelab.runtime.options import RuntimeOptions, split_options
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.tensor_group import check_model, check_processes, layout
+from pipelab.runtime.ties import TieGroup, check_schedule, check_tie_method, tie_groups
 from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.segments import aligned_sizes, boundaries
+from pipelab.ties import stage_ties
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Job:
     #: per schedule worker, the process ranks of its tensor-parallel group (itself first; others after
     #: every worker's rank); empty when no stage is split (pipelab.runtime.tensor_group)
     groups: tuple[tuple[int, ...], ...] = ()
+    ties: tuple[TieGroup, ...] = ()              # parameters shared across stages (pipelab.runtime.ties)
 
     @property
     def method(self) -> str:
@@ -247,6 +250,9 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
                                  "microbatches": microbatches})  # fails early
     gm, state_keys, n_inputs = model_facts(args)
     ranges = stage_ranges(args.plan, schedule)
+    ties = tie_groups(stage_ties(gm, ranges), schedule)   # on the stage modules the workers build
+    check_tie_method([g.tie for g in ties], schedule)
+    check_schedule(ties, schedule)
     batch, specs = cut_layouts(gm, args, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
     if args.backend != "local" and check_rendezvous and args.port is not None:
         check_port(args.port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
@@ -261,7 +267,7 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
                microbatches=microbatches, batch_size=batch, seed=args.seed, backend=args.backend,
                timeout=float(args.timeout), options=options, runtime=runtime, master_addr=args.master_addr,
                master_port=int(args.port or 0), trace_kwargs=dict(args.trace_kwargs), state_keys=state_keys,
-               groups=groups)
+               groups=groups, ties=ties)
 
 
 def check_tensor_job(args: TrainArgs, schedule: Schedule, runtime: RuntimeOptions) -> None:

@@ -36,6 +36,7 @@ from pipelab.runtime.local import run_local
 from pipelab.runtime.param_server import serve_process_main
 from pipelab.runtime.process import p2p_match, process_main
 from pipelab.runtime.tensor_group import join_states
+from pipelab.runtime.ties import copies_equal
 from pipelab.runtime.worker import WorkerResult
 from pipelab.runtime.worker_checkpoint import sealer_for
 from pipelab.schedules.actions import Schedule
@@ -148,8 +149,13 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     expected = job.state_keys or tuple(state)
     missing = [k for k in expected if k not in state]
     if missing:
-        raise RuntimeError(f"weights {missing[:5]} were not returned by any stage; is a parameter shared "
-                           "between stages? (tied weights across stages are not supported)")
+        raise RuntimeError(f"weights {missing[:5]} were not returned by any stage (a stage module that "
+                           "does not hold a weight of model_fn()'s state_dict); this is a bug")
+    diverged = copies_equal(state, [g.tie for g in job.ties])
+    if diverged:   # the tie rule keeps them bit-identical (pipelab.runtime.ties): never silently untied
+        raise RuntimeError(f"the copies of shared parameter(s) {diverged} differ between stages at the end "
+                           "of the run: one holding stage skipped an update the other applied "
+                           "(on_nonfinite='skip'), or this is a bug in pipelab.runtime.ties")
     state = {k: state[k] for k in expected}
     wsp_log = [e for r in results for e in r.wsp_log]
     if wsp_log:   # HetPipe: the parameter server's pushes and pulls join the trace (clock, global clock)

@@ -57,12 +57,15 @@ class _LocalRun:
                 w.attach_wsp(lambda s, vw: LocalWSP(self.wsp_servers[s], vw))
         self.pos = [0] * len(self.workers)
         self.t0 = time.perf_counter()
+        # shared parameters: (rank, action index) -> tie groups still to sum before that U
+        self.ties_left: dict[tuple[int, int], list[int]] = {
+            (w.rank, i): [g.index for g in groups] for w in self.workers for i, groups in w.ties.due.items()}
 
     def run(self, should_stop: Callable[[], bool] | None) -> list[WorkerResult]:
         """Run every worker's next ready action until all are done; raise on a deadlock."""
         workers, pos = self.workers, self.pos
         while any(pos[w.rank] < len(w.actions) for w in workers):
-            moved = False
+            moved = self.reduce_ties()
             for w in workers:
                 while pos[w.rank] < len(w.actions) and self.ready(w):
                     self.step(w)
@@ -100,10 +103,36 @@ class _LocalRun:
             a = w.actions[i]
             self.emit(Event(w.rank, a.stage, a.kind, a.microbatch, start, self.now(), nbytes, version, i, -1))
 
+    def reduce_ties(self) -> bool:
+        """Sum every tie group whose workers all wait for it at their next ``U``, as the all-reduce does
+        (in rank order); returns whether one was summed."""
+        moved = False
+        for g in self.job.ties:
+            members = [self.workers[r] for r in g.ranks]
+            at = [(m.rank, self.pos[m.rank]) for m in members]
+            if not all(self.ties_left.get(k, [None])[0] == g.index for k in at):
+                continue
+            start = self.now()
+            parts = [dict(m.tie_contributions(self.pos[m.rank]))[g] for m in members]
+            total = parts[0].clone()
+            for x in parts[1:]:
+                total += x
+            for m, k in zip(members, at):
+                m.tie_results([(g, total.clone())])
+                self.ties_left[k].pop(0)
+                if self.emit is not None:
+                    self.emit(Event(m.rank, m.actions[k[1]].stage, "allreduce", m.actions[k[1]].microbatch,
+                                    start, self.now(), total.numel() * total.element_size(), -1, -1, -1))
+            moved = True
+        return moved
+
     def ready(self, w: Worker) -> bool:
-        """Whether ``w``'s next action has its messages, its pull, and (a synced ``U``) its replicas."""
+        """Whether ``w``'s next action has its messages, its pull, (a synced ``U``) its replicas, and its
+        shared parameters' sums."""
         i = self.pos[w.rank]
         a = w.actions[i]
+        if self.ties_left.get((w.rank, i)):
+            return False
         if not all(self.box.ready(w.rank, r) for r in w.recvs(i)):
             return False
         if any(getattr(st.policy, "pull_pending", False) and st.policy.pull_blocked()  # type: ignore[attr-defined]

@@ -122,6 +122,15 @@ def execute(worker: Worker, comm: DistComm, clock: Clock, emit: Callable[[Event]
         start = clock.now()
         nbytes = 0
         if a.kind == "U":
+            sums = worker.tie_contributions(i)
+            if sums:     # shared parameters: their holders' gradients summed before the first U
+                for g, total in sums:
+                    comm.allreduce(g.key, total)
+                worker.tie_results(sums)
+                t = clock.now()
+                emit(Event(worker.rank, a.stage, "allreduce", a.microbatch, start, t,
+                           sum(x.numel() * x.element_size() for _, x in sums), -1, -1, -1))
+                start = t
             flat = worker.begin_update(i)
             if flat is not None:
                 # the all-reduce is its own event, as in a simulated trace: the U that follows holds
@@ -220,6 +229,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
         tensor_pg = make_groups(job.groups, rank) if job.groups else None
         members = job.groups[w] if job.groups else (w,)
         grp = Group(idx, len(members), tensor_pg) if len(members) > 1 else None
+        groups.update({g.key: dist.new_group(list(g.ranks)) for g in job.ties})   # shared parameters
         worker, clients = _make_worker(job, w, device, sink, wsp_conn, tensor=grp, process_rank=rank)
 
         def carried(msg: Any) -> bool:   # a cut with no floating-point value sends no gradient

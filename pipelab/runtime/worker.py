@@ -27,6 +27,7 @@ from pipelab.runtime.memory import MemoryMeter
 from pipelab.runtime.options import run_maybe_checkpointed
 from pipelab.runtime.policies import policy_for
 from pipelab.runtime.stage import Feed, Pending, StageState
+from pipelab.runtime.ties import TieReducer
 from pipelab.runtime.worker_checkpoint import Checkpointing
 from pipelab.schedules.actions import Action
 from pipelab.schedules.worker_view import stage_reads, update_pairs
@@ -96,6 +97,9 @@ class Worker(Checkpointing):
         self._recvs = [self._needs(a) for a in self.actions]
         self._retire = self._retire_plan()
         self.u_pair, self.u_divisor = update_pairs(sched, rank, self.stages, job.syncs, job.microbatches)
+        # shared parameters: summed over their holders before this worker's first U of each minibatch
+        self.ties = TieReducer(job.ties, sched, rank, {
+            s: dict(st.module.named_parameters(remove_duplicate=False)) for s, st in self.stages.items()})
         self.current: Action | None = None
         self.warn: Callable[[str], None] = warn    # a driver may send warnings to its parent instead
         # measure_memory: the executor samples after every action (Worker.measure) and names the
@@ -326,6 +330,25 @@ class Worker(Checkpointing):
                 p.grad.add_(t.grad)
             t.grad = None
 
+    def tie_contributions(self, i: int) -> list[tuple[Any, torch.Tensor]]:
+        """Before update action ``i``: each tie group due there and this worker's gradient for it (the sum
+        of its copies'), to be summed over the group and handed to :meth:`tie_results`."""
+        due = self.ties.due.get(i, [])
+        if due:
+            self.current = self.actions[i]
+            for s in self.coalescers:     # deferred weight gradients first
+                self.coalescers[s].flush()
+        return [(g, self.ties.contribution(g)) for g in due]
+
+    def tie_results(self, sums: list[tuple[Any, torch.Tensor]]) -> None:
+        """Give each tie's copies on this worker the group's summed gradient."""
+        for g, total in sums:
+            self.ties.apply(g, total)
+
+    def _replicated(self, stage: int, st: StageState) -> list[torch.nn.Parameter]:
+        """The parameters the replicas of ``stage`` all-reduce: trainable ones a tie does not cover."""
+        return [p for p in st.params.values() if p.requires_grad and not self.ties.is_tied(stage, p)]
+
     def begin_update(self, i: int) -> torch.Tensor | None:
         """Start update action ``i``: the flattened gradients to sum over replicas (None if unreplicated)."""
         a = self.actions[i]
@@ -333,10 +356,10 @@ class Worker(Checkpointing):
         st = self.stages[a.stage]
         if a.stage in self.coalescers:    # the minibatch's deferred weight gradients, before any all-reduce
             self.coalescers[a.stage].flush()
-        params = [p for p in st.params.values() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
+        for p in st.params.values():
+            if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+        params = self._replicated(a.stage, st)
         if not st.syncs or not params:
             return None
         return torch._utils._flatten_dense_tensors([p.grad for p in params])
@@ -345,10 +368,11 @@ class Worker(Checkpointing):
         """Finish update ``i`` with the summed gradients; returns the version it produced."""
         a = self.actions[i]
         st = self.stages[a.stage]
-        params = [p for p in st.params.values() if p.requires_grad]
         if reduced is not None:
-            for p, g in zip(params, torch._utils._unflatten_dense_tensors(reduced, [p.grad for p in params])):
+            synced = self._replicated(a.stage, st)
+            for p, g in zip(synced, torch._utils._unflatten_dense_tensors(reduced, [p.grad for p in synced])):
                 p.grad.copy_(g)  # type: ignore[union-attr]
+        params = [p for p in st.params.values() if p.requires_grad]
         div = self.u_divisor[i]
         if div != 1.0:
             for p in params:

@@ -26,6 +26,7 @@ from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
 from pipelab.schedules.steps import ScheduleError
 from pipelab.sim.host_effects import HostCosts, HostEffects
+from pipelab.ties import across_stages
 from pipelab.trace import Event, Trace
 
 if TYPE_CHECKING:
@@ -108,10 +109,12 @@ class ProfileCosts(Costs):
 
     def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
                  memory_bandwidth: float | None = None, workers: list[int] | None = None,
-                 recompute_forward: bool = False) -> None:
+                 recompute_forward: bool = False, tie_s: dict[int, float] | None = None) -> None:
         """``ranges[s]``: stage ``s``'s layers; ``workers[r]``: rank ``r``'s cluster worker (default
-        identity); ``recompute_forward``: every ``B`` first runs its stage's forward again."""
+        identity); ``recompute_forward``: every ``B`` first runs its stage's forward again; ``tie_s[s]``:
+        seconds of the all-reduce of the shared parameters stage ``s`` holds, part of its ``U``."""
         self.model = model
+        self.tie_s = dict(tie_s or {})
         self.recompute_forward = recompute_forward
         self.ranges = ranges
         self.M = microbatches
@@ -140,7 +143,8 @@ class ProfileCosts(Costs):
             if self.recompute_forward:
                 b += self.model.layers_s(a, e, self._w(worker), microbatches=self.M)[0]
             return b
-        return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth)
+        tie = self.tie_s.get(action.stage, 0.0)
+        return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth) + tie
 
     def send(self, src: int, dst: int, action: Action) -> tuple[float, int]:
         key = (src, dst, action.stage, action.kind)
@@ -330,6 +334,19 @@ def _fits(sch: Schedule, plan: Plan, cluster: Cluster, is_dp: bool) -> list[int]
     return phys
 
 
+def tie_allreduce_s(cm: CostModel, profile: Profile, ranges: list[tuple[int, int]], schedule: Schedule,
+                    workers: list[int] | None) -> dict[int, float]:
+    """Per stage: seconds of the all-reduce of each shared parameter it holds (``Profile.ties`` used on two
+    or more stages) among every worker holding a copy, over the cluster's links (pipelab.runtime.ties)."""
+    out: dict[int, float] = {}
+    for tie, stages in across_stages(profile.ties, ranges):
+        ranks = sorted({r for s in stages for r in schedule.stage_ranks[s]})
+        secs = cm.allreduce_s(tie.nbytes, [r if workers is None else workers[r] for r in ranks])
+        for s in stages:
+            out[s] = out.get(s, 0.0) + secs
+    return out
+
+
 def _stage_memory(cm: CostModel, profile: Profile, ranges: list[tuple[int, int]], micro: int,
                   spec: Any, recompute: bool) -> dict[int, tuple[int, ...]]:
     """Per stage: the byte terms of :func:`_memory`."""
@@ -377,7 +394,8 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
         check_divides(profile.batch_size, micro)
     # a backward that reads the newest weights recomputes its forward
     recompute = spec is not None and spec.versions == "latest"
-    core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute)
+    core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute,
+                        tie_s=tie_allreduce_s(cm, profile, ranges, sch, phys))
     costs: Costs = core if host is None else HostCosts(core, host)
     mem = _stage_memory(cm, profile, ranges, micro, spec, recompute)
     res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,

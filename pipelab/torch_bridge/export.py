@@ -21,6 +21,7 @@ from pipelab.schedules import build, torch_api
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.steps import ScheduleError
 from pipelab.schedules.torch_format import to_torch_order
+from pipelab.ties import stage_ties
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,13 @@ def stage_modules(plan: Plan, schedule: Schedule, model: nn.Module, *, rank: int
     if plan.num_layers != n:
         raise ValueError(f"the plan is for a model of {plan.num_layers} layers but this model has {n}; "
                          "partition this model's profile (with the same leaf_modules/depth)")
+    shared = stage_ties(gm, ranges)
+    if shared:   # torch's optimizer step would update each stage's copy with its own gradient alone
+        t = shared[0]
+        raise ScheduleError(f"parameter {t.name} ({'x'.join(map(str, t.shape))}) is shared by stages "
+                            f"{list(t.stages)}; the torch bridge does not sum a shared parameter's gradients "
+                            "across stages, so its copies would silently untie. Train with pl.train (which "
+                            "sums them before the update), keep every user of it on one stage, or untie it")
     return {s: StageModule(gm, *ranges[s]) for s in schedule.stages_of(rank)}
 
 

@@ -2,6 +2,8 @@
 
 A layered drawing: x is a layer's longest-path depth from an input, so every edge points right; layers
 of equal depth spread vertically. Node area ~ forward + backward time, edge width ~ bytes carried.
+A shared (tied) parameter is a dashed curve joining the layers that use it, named with the stages
+holding a copy.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
     g = layer_graph(profile)
     pos = layered_positions(g)
     stage_of = {i: plan.stage_of_layer(i).index for i in g.nodes}
-    fig = go.Figure([*_edge_traces(g, pos), *_node_traces(profile, plan, g, pos, stage_of)])
+    fig = go.Figure([*_edge_traces(g, pos), *_tie_traces(profile, plan, pos),
+                     *_node_traces(profile, plan, g, pos, stage_of)])
     top = max((y for _, y in pos.values()), default=0.0) + 0.8
     for st in plan.stages:
         stage_x = [pos[n][0] for n in range(st.start, st.end)]
@@ -69,7 +72,10 @@ def partition_graph(profile: Profile, plan: Plan, *, title: str | None = None) -
         xaxis={"title": {"text": "depth (topological layer)"}, "showgrid": False, "zeroline": False},
         yaxis={"visible": False, "range": [min(y for _, y in pos.values()) - 1.0, top + 1.8]},
         height=360 + 20 * max(1, int(top)), margin={"l": 10, "r": 10, "t": 60, "b": 40},
-        meta={"stage_of_layer": [stage_of[i] for i in range(len(profile))]},
+        meta={"stage_of_layer": [stage_of[i] for i in range(len(profile))],
+              "ties": [{"name": t.name, "layers": list(t.layers),
+                        "stages": list(t.stages([(s.start, s.end) for s in plan.stages]))}
+                       for t in profile.ties]},
     )
     return fig
 
@@ -87,6 +93,30 @@ def _edge_traces(g: nx.DiGraph, pos: dict[int, tuple[float, float]]) -> list[go.
     return [go.Scatter(x=xs, y=ys, mode="lines", line={"width": width, "color": "#9a9a9a"},
                        hoverinfo="skip", showlegend=False, name=f"edges {width:g}px")
             for width, (xs, ys) in sorted(buckets.items())]
+
+
+def _tie_traces(profile: Profile, plan: Plan, pos: dict[int, tuple[float, float]]) -> list[go.Scatter]:
+    """One dashed curve per shared parameter through the layers using it, arched above the graph."""
+    ranges = [(s.start, s.end) for s in plan.stages]
+    out = []
+    for t in profile.ties:
+        stages = t.stages(ranges)
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        for a, b in zip(t.layers, t.layers[1:]):
+            (xa, ya), (xb, yb) = pos[a], pos[b]
+            lift = 0.6 + 0.02 * abs(xb - xa)
+            for k in range(21):     # a parabola from a to b
+                u = k / 20
+                xs.append(xa + (xb - xa) * u)
+                ys.append(ya + (yb - ya) * u + 4 * lift * u * (1 - u))
+            xs.append(None)
+            ys.append(None)
+        where = (f"a copy on each of stages {list(stages)}, gradients summed at U" if len(stages) > 1
+                 else f"on stage {stages[0]} only")
+        out.append(go.Scatter(x=xs, y=ys, mode="lines", line={"width": 2, "color": "#d62728", "dash": "dash"},
+                              name=f"shared {t.name} ({where})", hoverinfo="name", showlegend=True))
+    return out
 
 
 def _node_traces(profile: Profile, plan: Plan, g: nx.DiGraph, pos: dict[int, tuple[float, float]],
