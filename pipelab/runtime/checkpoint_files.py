@@ -126,6 +126,13 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
 def check_compatible(path: str | os.PathLike[str], *, plan: Any, method: str) -> dict[str, Any]:
     """Return the manifest if the checkpoint was written for ``plan`` and ``method``; else a clear error."""
     man = read_manifest(path)
+    mine = [int(getattr(s, "tensor", 1)) for s in plan.stages]
+    theirs = man.get("tensor", [1] * len(mine))
+    if theirs != mine and len(theirs) == len(mine):
+        raise ValueError(f"checkpoint {resolve(path)} holds shards of tensor degrees {theirs} (per stage) "
+                         f"but this run's plan has degrees {mine}; a checkpoint's shards load only at the "
+                         "degrees it was saved at (resharding is not supported): resume with the plan it was "
+                         "written for")
     fp = plan_fingerprint(plan)
     if man["plan_fingerprint"] != fp:
         raise ValueError(f"checkpoint {resolve(path)} was written for another plan (config "
@@ -214,7 +221,8 @@ class Sealer:
                             {"step": int(step), "plan_fingerprint": plan_fingerprint(self.plan),
                              "method": self.method, "num_workers": self.n,
                              "plan_config": getattr(self.plan, "config", ""), "files": files,
-                             "run": self.run_id, "extra": self.extra})
+                             "run": self.run_id, "extra": self.extra,
+                             "tensor": [int(getattr(s, "tensor", 1)) for s in self.plan.stages]})
         fsync_dir(d)
         if self.keep is not None and self.keep > 0:
             for old in list_checkpoints(self.root)[:-self.keep]:

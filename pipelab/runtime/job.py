@@ -15,7 +15,6 @@ import importlib.util
 import inspect
 import json
 import os
-import pickle
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -29,20 +28,20 @@ import pipelab.methods as methods
 from pipelab.batching import check_divides
 from pipelab.graph import layer_nodes, rebuild_output, trace
 from pipelab.partition.plan import Plan
+from pipelab.runtime.args import JOB_FIELDS, TrainArgs
 from pipelab.runtime.checkpoint_files import check_compatible, choose_resume
 from pipelab.runtime.coalesce import check_method
 from pipelab.runtime.comm import TensorSpec, boundary_specs
 from pipelab.runtime.lifeline import check_port
 from pipelab.runtime.options import RuntimeOptions, split_options
 from pipelab.runtime.policies import policy_for
+from pipelab.runtime.tensor_group import check_model, check_processes, layout
 from pipelab.runtime.ties import TieGroup, check_schedule, check_tie_method, tie_groups
 from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
 from pipelab.schedules.segments import aligned_sizes, boundaries
 from pipelab.ties import stage_ties
 from pipelab.tracing import resolve as resolve_tracing
-
-BACKENDS = ("gloo", "nccl", "local")
 
 
 @dataclass
@@ -70,6 +69,9 @@ class Job:
     trace_kwargs: dict[str, Any] = field(default_factory=dict)   # leaf_modules / depth for fx tracing
     state_keys: tuple[str, ...] = ()             # model_fn().state_dict() keys, in order
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])   # names this run's checkpoints
+    #: per schedule worker, the process ranks of its tensor-parallel group (itself first; others after
+    #: every worker's rank); empty when no stage is split (pipelab.runtime.tensor_group)
+    groups: tuple[tuple[int, ...], ...] = ()
     ties: tuple[TieGroup, ...] = ()              # parameters shared across stages (pipelab.runtime.ties)
 
     @property
@@ -90,8 +92,15 @@ class Job:
 
     @property
     def world_size(self) -> int:
-        """Number of worker processes."""
-        return self.schedule.num_workers
+        """Number of processes: one per schedule worker, ``t`` per worker of a tensor degree ``t``."""
+        return sum(len(g) for g in self.groups) if self.groups else self.schedule.num_workers
+
+    def member(self, rank: int) -> tuple[int, int]:
+        """``(schedule worker, index in its tensor group)`` of process ``rank``."""
+        for w, g in enumerate(self.groups):
+            if rank in g:
+                return w, g.index(rank)
+        return rank, 0
 
 
 #: modules a job file may name factories from without ``trust`` (besides its own folder and the project)
@@ -221,38 +230,10 @@ def first_minibatch(data: Callable[[], Iterable[Any]]) -> tuple[Any, Any]:
     return mb[0], mb[1]
 
 
-@dataclass(frozen=True)
-class TrainArgs:
-    """The arguments of ``train``/``launch`` as one record; ``options`` are the method's and runtime's."""
-
-    model_fn: Callable[[], torch.nn.Module]
-    plan: Plan
-    data: Callable[[], Iterable[Any]]
-    loss_fn: Callable[[Any, Any], torch.Tensor]
-    optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
-    steps: int
-    method: str | None = None
-    microbatches: int | None = None
-    backend: str = "gloo"
-    seed: int = 0
-    timeout: float = 300.0
-    schedule: Schedule | None = None
-    port: int | None = None
-    master_addr: str = "127.0.0.1"
-    trace_kwargs: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, **kwargs: Any) -> TrainArgs:
-        """From ``train``'s keyword arguments: those that name no field are options."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"options"}
-        return cls(**{k: v for k, v in kwargs.items() if k in names},
-                   options={k: v for k, v in kwargs.items() if k not in names})
-
-
 def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
-    """Check the arguments of ``train``/``launch`` and build the :class:`Job`."""
-    check_arguments(args)
+    """Check the arguments of ``train``/``launch`` and build the :class:`Job` (``check_rendezvous``
+    False: under torchrun, which started the processes and owns the rendezvous)."""
+    args.check()
     # trace as the plan's profile was traced (leaf_modules/depth recorded in plan.tracing)
     args = dataclasses.replace(args, trace_kwargs=resolve_tracing(**args.trace_kwargs,
                                                                   recorded=args.plan.tracing))
@@ -279,44 +260,37 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     batch, specs = cut_layouts(gm, args, microbatches=microbatches, ranges=ranges, n_inputs=n_inputs)
     if args.backend != "local" and check_rendezvous and args.port is not None:
         check_port(args.port)      # its form; the launcher binds it (pipelab.runtime.lifeline.Rendezvous)
+    groups = layout(args.plan, schedule)
+    if groups:
+        check_tensor_job(args, schedule, runtime)
+    if check_rendezvous and args.backend != "local":
+        check_processes(sum(len(g) for g in groups) if groups else schedule.num_workers,
+                        per_core=args.max_per_core, backend=args.backend, device=runtime.device)
     return Job(model_fn=args.model_fn, data=args.data, loss_fn=args.loss_fn, optimizer=args.optimizer,
                plan=args.plan, schedule=schedule, ranges=ranges, specs=specs, steps=steps,
                microbatches=microbatches, batch_size=batch, seed=args.seed, backend=args.backend,
                timeout=float(args.timeout), options=options, runtime=runtime, master_addr=args.master_addr,
                master_port=int(args.port or 0), trace_kwargs=dict(args.trace_kwargs), state_keys=state_keys,
-               ties=ties)
+               groups=groups, ties=ties)
 
 
-def check_arguments(args: TrainArgs) -> None:
-    """Raise a clear error for arguments of the wrong form (before anything is built)."""
-    backend, microbatches, plan = args.backend, args.microbatches, args.plan
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
-    if args.steps < 1:
-        raise ValueError(f"steps={args.steps}; train for at least one minibatch")
-    if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
-                                     or microbatches < 1):
-        raise ValueError(f"microbatches={microbatches!r} must be an int >= 1 (or None: one per stage)")
-    if args.timeout <= 0:
-        raise ValueError(f"timeout={args.timeout} must be > 0 seconds")
-    if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be a pipelab Plan, got {type(plan).__name__}")
-    for name in ("model_fn", "data", "loss_fn", "optimizer"):
-        fn = getattr(args, name)
-        if not callable(fn):
-            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-        try:
-            if backend != "local":
-                pickle.dumps(fn)
-        except Exception as exc:
-            raise ValueError(f"{name} cannot be sent to worker processes ({type(exc).__name__}: {exc}); pass "
-                             "an importable top-level function (not a lambda or a closure; in a notebook put "
-                             "it in a .py module), or functools.partial of one") from None
-    if backend == "nccl":
-        n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n_gpu < plan.num_workers:
-            raise ValueError(f"backend='nccl' needs one CUDA GPU per worker ({plan.num_workers}) but this "
-                             f"machine has {n_gpu}; use backend='gloo' on CPU")
+def check_tensor_job(args: TrainArgs, schedule: Schedule, runtime: RuntimeOptions) -> None:
+    """Refuse what a tensor degree > 1 does not run with, and a degree the model cannot split by."""
+    if args.backend == "local":
+        raise ValueError("backend='local' runs every worker in this process; a plan with a tensor degree > 1 "
+                         "needs a process per shard: use backend='gloo'")
+    spec = methods.METHODS.get(schedule.method)
+    if spec is not None and spec.weights == "wsp":
+        raise ValueError(f"method {schedule.method!r} keeps its weights on a parameter server, which holds "
+                         "whole stages; tensor degrees > 1 run with the other methods")
+    if runtime.shared_memory:
+        raise ValueError("shared_memory=True: a tensor group's leader sends through gloo; leave it out")
+    if runtime.compression is not None or runtime.coalesce_wgrad:
+        raise ValueError("compression= and coalesce_wgrad= are not supported with tensor degrees > 1 yet; "
+                         "leave them out")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        check_model(args.model_fn(), args.plan)
 
 
 def resolve_schedule(args: TrainArgs, method_options: dict[str, Any],
@@ -422,7 +396,10 @@ def cut_layouts(gm: Any, args: TrainArgs, *, microbatches: int, ranges: Sequence
     return batch, specs
 
 
+#: the keys a job file must hold (its others: :data:`JOB_FIELDS` and ``out``, with the record's defaults)
 JOB_KEYS = ("model_fn", "data", "loss_fn", "optimizer", "plan", "method", "steps")
+#: job-file keys that name callables
+_CALLABLE_KEYS = ("model_fn", "data", "loss_fn", "optimizer")
 
 
 def _job_path(p: Path, key: str, value: Any, trust: bool) -> Path:
@@ -450,22 +427,33 @@ def load_job_file(path: str | os.PathLike[str], *,
         raise ValueError(f"cannot read job file {p}: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"job file {p} must hold a JSON object; see docs/job_format.md")
+    valid = (*JOB_FIELDS, "out")
+    unknown = sorted(set(doc) - set(valid))
+    if unknown:
+        raise ValueError(f"job file {p}: unknown key(s) {', '.join(map(repr, unknown))}; a job's keys are "
+                         f"{', '.join(valid)} (the method's and the runtime's options go in \"options\"; "
+                         "see docs/job_format.md)")
     missing = [k for k in JOB_KEYS if k not in doc]
     if missing:
         raise ValueError(f"job file {p} lacks {missing}; see docs/job_format.md for the keys")
     roots = (p.resolve().parent, Path.cwd().resolve())
-    callables = {k: resolve(doc[k], trust=trust, roots=roots) for k in JOB_KEYS[:4]}
+    args: dict[str, Any] = {k: v for k, v in doc.items() if k in JOB_FIELDS and k != "options"}
+    args.update({k: resolve(doc[k], trust=trust, roots=roots) for k in _CALLABLE_KEYS})
     plan_spec = doc["plan"]
-    plan = Plan.load(p.parent / plan_spec) if isinstance(plan_spec, str) else Plan.from_dict(plan_spec)
-    options = dict(doc.get("options", {}))
+    args["plan"] = (Plan.load(p.parent / plan_spec) if isinstance(plan_spec, str)
+                    else Plan.from_dict(plan_spec))
+    if not isinstance(doc.get("options") or {}, dict):
+        raise ValueError(f"job file {p}: \"options\" must be an object of keyword options")
+    options = dict(doc.get("options") or {})
     for k in PATH_KEYS:
         if options.get(k) is not None:
             options[k] = str(_job_path(p, f"options.{k}", options[k], trust))
-    args: dict[str, Any] = {
-        **callables, "plan": plan, "method": doc["method"], "steps": int(doc["steps"]),
-        "microbatches": int(doc["microbatches"]) if doc.get("microbatches") is not None else None,
-        "seed": int(doc.get("seed", 0)), "backend": doc.get("backend", "gloo"),
-        "timeout": float(doc.get("timeout", 300.0)), **options,
-    }
+    clash = sorted(set(options) & set(JOB_FIELDS))
+    if clash:
+        raise ValueError(f"job file {p}: {', '.join(map(repr, clash))} in \"options\" are the job's own "
+                         "keys; write them at the top level")
+    args.update(options)     # TrainArgs.of: keywords naming no field are the options
+    if args.get("timeout") is not None:
+        args["timeout"] = float(args["timeout"])
     out = _job_path(p, "out", doc["out"], trust) if "out" in doc else p.resolve().parent / (p.stem + ".out")
     return args, {"out": out}

@@ -27,13 +27,15 @@ import pipelab.metrics as metrics
 from pipelab._display import Described
 from pipelab.graph import StageModule, trace
 from pipelab.partition.plan import Plan
+from pipelab.runtime.args import TrainArgs, describe_fields, signature
 from pipelab.runtime.checkpoint_files import FolderLock, global_weights
 from pipelab.runtime.checkpoint_files import clean as clean_checkpoints
-from pipelab.runtime.job import Job, TrainArgs, prepare
+from pipelab.runtime.job import Job, prepare
 from pipelab.runtime.lifeline import MAIN_GUARD_HINT, Rendezvous, signal_name
 from pipelab.runtime.local import run_local
 from pipelab.runtime.param_server import serve_process_main
 from pipelab.runtime.process import p2p_match, process_main
+from pipelab.runtime.tensor_group import join_states
 from pipelab.runtime.ties import copies_equal
 from pipelab.runtime.worker import WorkerResult
 from pipelab.runtime.worker_checkpoint import sealer_for
@@ -71,6 +73,8 @@ class RunResult(Described):
     peak_state: dict[int, int] = field(default_factory=dict)
     memory_breakdown: dict[int, dict[str, int]] = field(default_factory=dict)
     memory_timeline: dict[int, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+    #: a tensor group's other members' events (worker = their process rank; ``trace.meta["tensor_groups"]``)
+    member_events: list[Event] = field(default_factory=list, repr=False)
     _state: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -112,17 +116,27 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
              trace_path: str | Path | None = None) -> RunResult:
     """Combine the workers' results and events into a :class:`RunResult` (and save the trace)."""
     sched = job.schedule
-    tr = Trace.from_events(events, method=sched.method, config=job.plan.config, backend=job.backend,
-                           microbatches=job.microbatches, minibatches=job.steps, batch_size=job.batch_size,
-                           stage_ranks=[list(r) for r in sched.stage_ranks])
-    state: dict[str, torch.Tensor] = {}
+    events = list(events)
+    W = sched.num_workers
+    meta: dict[str, Any] = {}
+    if job.groups:    # tensor groups: their process ranks, and the members' own copies of the actions
+        meta = {"tensor_groups": [list(g) for g in job.groups],
+                "tensor_degrees": [int(s.tensor) for s in job.plan.stages]}
+    tr = Trace.from_events([e for e in events if e.worker < W], method=sched.method, config=job.plan.config,
+                           backend=job.backend, microbatches=job.microbatches, minibatches=job.steps,
+                           batch_size=job.batch_size, stage_ranks=[list(r) for r in sched.stage_ranks],
+                           **meta)
+    member_events = [e for e in events if e.worker >= W]
+    shards: dict[int, dict[str, torch.Tensor]] = {}
+    dims: dict[int, dict[str, int]] = {}
     losses = [0.0] * job.steps
     held: dict[int, int] = {}
     wbytes: dict[int, int] = {}
     for r in sorted(results, key=lambda r: r.rank):
         for s, n in r.weight_bytes.items():
             wbytes[int(s)] = max(wbytes.get(int(s), 0), int(n))
-        state.update(r.state)
+        pr = r.process_rank if r.process_rank >= 0 else r.rank
+        shards[pr], dims[pr] = r.state, r.shard_dims
         for k, v in r.losses.items():
             losses[int(k)] += v
         for s, n in r.versions_held.items():
@@ -131,6 +145,7 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
     if job.runtime.measure_memory:
         memory = {k: {r.rank: copy.copy(getattr(r, k)) for r in sorted(results, key=lambda r: r.rank)}
                   for k in ("peak_memory", "peak_held", "peak_state", "memory_breakdown", "memory_timeline")}
+    state = join_states(shards, dims, job.groups)
     expected = job.state_keys or tuple(state)
     missing = [k for k in expected if k not in state]
     if missing:
@@ -153,6 +168,7 @@ def assemble(job: Job, events: Iterable[Event], results: list[WorkerResult], wal
         tr.save_jsonl(trace_path)
     return RunResult(trace=tr, losses=losses, throughput=thr, versions_held=held, schedule=sched,
                      wall_s=wall_s, weight_bytes=wbytes, wsp_log=wsp_log, _state=state,
+                     member_events=member_events,
                      transport=min(results, key=lambda r: r.rank).transport, **memory)
 
 
@@ -165,6 +181,7 @@ class Run:
         self.stream = stream
         self.trace_path = trace_path
         self._events: list[Event] = []
+        self._member_events: list[Event] = []
         self._cond = threading.Condition()
         self._finished = False
         self._error: BaseException | None = None
@@ -287,6 +304,10 @@ class Run:
             self._rendezvous = None
 
     def _add(self, evs: list[Event]) -> None:
+        W = self.job.schedule.num_workers
+        if any(e.worker >= W for e in evs):    # tensor group members: kept apart from the schedule's rows
+            self._member_events.extend(e for e in evs if e.worker >= W)
+            evs = [e for e in evs if e.worker < W]
         with self._cond:
             self._events.extend(evs)
             self._cond.notify_all()
@@ -410,8 +431,8 @@ class Run:
             for p in self._procs:
                 p.join(10)
             self._kill()
-            self._result = assemble(self.job, self._events, list(results.values()), time.time() - self._t0,
-                                    self.trace_path)
+            self._result = assemble(self.job, [*self._events, *self._member_events], list(results.values()),
+                                    time.time() - self._t0, self.trace_path)
             self._end()
         except BaseException as exc:
             self._kill()
@@ -484,62 +505,73 @@ class Run:
                 except (EOFError, OSError):
                     ended.add(open_conns.pop(c))
 
+    def _who(self, rank: int) -> str:
+        """``worker R``, or for a tensor group's process: its rank, worker and shard."""
+        w, i = self.job.member(rank)
+        t = len(self.job.groups[w]) if self.job.groups else 1
+        return f"worker {rank}" if t == 1 else f"process {rank} (worker {w}'s tensor shard {i} of {t})"
+
     def _cause(self, errors: list[Any], results: dict[int, WorkerResult], ended: set[int]) -> WorkerError:
         """The first fault: a worker that died without a word, else the error raised first (stamped time)."""
         silent = sorted(ended - {e[1] for e in errors} - set(results))
         first = min(errors, default=None)
         if silent:
             d_rank = silent[0]
+            w, i = self.job.member(d_rank)
+            stages = list(self.job.schedule.stages_of(w)) if w < self.job.schedule.num_workers else []
             self._procs[d_rank].join(2.0)
             code = -1 if self._procs[d_rank].exitcode is None else int(self._procs[d_rank].exitcode)
-            noticed = (f"; worker {first[1]} noticed it ({first[3]}):\n{first[4]}" if first is not None
+            noticed = (f"; {self._who(first[1])} noticed it ({first[3]}):\n{first[4]}" if first is not None
                        else f". {MAIN_GUARD_HINT}")
-            return WorkerError(f"worker {d_rank} died with exit code {code}{signal_name(code)} without "
-                               f"reporting an error (killed, out of memory, or it could not start){noticed}",
+            where = f"stage {', '.join(map(str, stages))}"
+            return WorkerError(f"{self._who(d_rank)} ({where}) died with exit code {code}{signal_name(code)} "
+                               "without reporting an error (killed, out of memory, or it could not start)"
+                               f"{noticed}",
                                rank=d_rank, worker_traceback=first[4] if first else "")
         assert first is not None
         _, rank, stage, action, tb = first
         where = f"stage {stage}, action {action}" if stage >= 0 else action
         last = tb.strip().splitlines()[-1] if tb.strip() else ""
-        return WorkerError(f"worker {rank} ({where}) failed: {last}\n{tb}", rank=rank, stage=stage,
+        return WorkerError(f"{self._who(rank)} ({where}) failed: {last}\n{tb}", rank=rank, stage=stage,
                            action=action, worker_traceback=tb)
 
 
-def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
-           data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
-           optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-           microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
-           trace_path: str | Path | None = None, progress: bool = False, schedule: Schedule | None = None,
-           port: int | None = None, stream: bool = True, **method_options: Any) -> Run:
+def launch(model_fn: Callable[[], torch.nn.Module], plan: Plan, **kw: Any) -> Run:
     """Start a training job and return its :class:`Run` handle at once (arguments as :func:`train`).
 
     A given ``schedule`` is checked for per-pair message order first, so one that in-order matching
     cannot run fails here rather than hangs.
     """
-    if schedule is not None:
-        check_message_order(schedule)
-    job = prepare(TrainArgs(model_fn, plan, data, loss_fn, optimizer, steps, method=method,
-                            microbatches=microbatches, backend=backend, seed=seed, timeout=timeout,
-                            schedule=schedule, port=port, options=method_options))
-    return Run(job, trace_path=trace_path, progress=progress, stream=stream)
+    args = TrainArgs.of(model_fn=model_fn, plan=plan, **kw)
+    return start(args)
 
 
-def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, *, method: str | None = None,
-          data: Callable[[], Iterable[Any]], loss_fn: Callable[[Any, Any], torch.Tensor],
-          optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer], steps: int,
-          microbatches: int | None = None, backend: str = "gloo", seed: int = 0, timeout: float = 300.0,
-          trace_path: str | Path | None = None, progress: bool = True, schedule: Schedule | None = None,
-          port: int | None = None, stream: bool = True, **method_options: Any) -> RunResult:
+def start(args: TrainArgs) -> Run:
+    """Prepare the job of ``args`` and start it (``launch`` and ``train`` of the one record)."""
+    if args.schedule is not None:
+        check_message_order(args.schedule)
+    job = prepare(args)
+    return Run(job, trace_path=args.trace_path, progress=bool(args.progress), stream=args.stream)
+
+
+def train(model_fn: Callable[[], torch.nn.Module], plan: Plan, **kw: Any) -> RunResult:
     """Train ``model_fn()`` split by ``plan`` with ``method`` for ``steps`` minibatches; block until done.
 
     ``data()`` yields ``(inputs, targets)`` minibatches (every worker iterates it); ``loss_fn(outputs,
     targets)`` returns the mean loss; ``optimizer(params)`` builds one stage's optimizer. ``backend``:
     ``"gloo"``, ``"nccl"`` or ``"local"`` (the reference executor). ``schedule`` overrides
     ``schedules.build(method, plan, ...)``; ``stream=False`` sends each worker's events once, at its end.
-    Raises :class:`WorkerError` if a worker fails.
+    Other keywords are the method's and the runtime's options. Raises :class:`WorkerError` if a worker
+    fails. The keywords (:class:`pipelab.runtime.args.TrainArgs`, each declared there once):
+
+{fields}
     """
-    run = launch(model_fn, plan, method=method, data=data, loss_fn=loss_fn, optimizer=optimizer, steps=steps,
-                 microbatches=microbatches, backend=backend, seed=seed, timeout=timeout,
-                 trace_path=trace_path, progress=progress, schedule=schedule, port=port, stream=stream,
-                 **method_options)
-    return run.wait()
+    args = TrainArgs.of(model_fn=model_fn, plan=plan, **kw)
+    if args.progress is None:
+        args = dataclasses.replace(args, progress=True)
+    return start(args).wait()
+
+
+train.__doc__ = (train.__doc__ or "").replace("{fields}", describe_fields())
+launch.__signature__ = signature()  # type: ignore[attr-defined]
+train.__signature__ = signature()  # type: ignore[attr-defined]

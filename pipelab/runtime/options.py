@@ -71,58 +71,67 @@ _NUMERIC_OPTIONS = {o.name: o for o in (*methods.COMMON_RUNTIME_OPTIONS,
                     if o.kind in ("bool", "int")}
 
 
+#: every method's runtime options as the registry declares them (name, kind, default, meaning, bounds)
+_COMMON = {o.name: o for o in methods.COMMON_RUNTIME_OPTIONS}
+
+
+def _default(name: str) -> Any:
+    """The default of runtime option ``name``, declared once in ``methods.COMMON_RUNTIME_OPTIONS``."""
+    return _COMMON[name].default
+
+
 @dataclass(frozen=True)
 class RuntimeOptions:
     """How the runtime executes a schedule: one checked, frozen record (:meth:`from_options`); ``method``
-    holds the method's own runtime options (PipeMare's), ``resume_step`` is set by the runtime."""
+    holds the method's own runtime options (PipeMare's), ``resume_step`` is set by the runtime.
 
-    compression: str | None = None
-    recompute: bool = False
+    Each field but those two is a ``methods.COMMON_RUNTIME_OPTIONS`` entry, its default and check
+    taken from there (``tests/test_runtime_helpers.py`` checks the two lists agree)."""
+
+    compression: str | None = _default("compression")
+    recompute: bool = _default("recompute")
     slowdown: Mapping[int, float] = field(default_factory=dict)
-    coalesce_wgrad: bool = False
-    checkpoint_every: int | None = None
-    checkpoint_dir: str | None = None
-    checkpoint_keep: int = 2
-    resume: str | None = None
+    coalesce_wgrad: bool = _default("coalesce_wgrad")
+    checkpoint_every: int | None = _default("checkpoint_every")
+    checkpoint_dir: str | None = _default("checkpoint_dir")
+    checkpoint_keep: int = _default("checkpoint_keep")
+    resume: str | None = _default("resume")
     resume_step: int = 0
-    device: str | None = None     # where stages compute under gloo: None/"cpu", "cuda", "cuda:N"
-    measure_memory: bool = False  # count each worker's memory after every action (runtime/memory.py)
-    pin_cores: bool | None = None  # one core per CPU worker process (runtime/affinity.py)
-    shared_memory: bool | None = None  # p2p rings on one host (runtime/shm.py); None: where they work
-    on_nonfinite: str = "raise"    # a NaN/inf loss or gradient: "raise", "warn", "skip" (runtime/guards.py)
-    resume_fallback: bool = True   # a damaged newest checkpoint: fall back to the previous sealed one
+    device: str | None = _default("device")     # None/"cpu", "cuda", "cuda:N"
+    measure_memory: bool = _default("measure_memory")   # runtime/memory.py
+    pin_cores: bool | None = _default("pin_cores")      # runtime/affinity.py
+    shared_memory: bool | None = _default("shared_memory")   # runtime/shm.py
+    on_nonfinite: str = _default("on_nonfinite")   # runtime/guards.py
+    resume_fallback: bool = _default("resume_fallback")
     method: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_options(cls, method: str | None, options: Mapping[str, Any]) -> RuntimeOptions:
         """The record of ``options`` (runtime options only, as ``split_options`` returns them)."""
         check_runtime_options(options)
-        common = {o.name for o in methods.COMMON_RUNTIME_OPTIONS}
-        own = {k: v for k, v in options.items() if k not in common}
+        own = {k: v for k, v in options.items() if k not in _COMMON}
         unknown = sorted(set(own) - runtime_option_names(method))
         if unknown:
             raise ValueError(f"{', '.join(unknown)} are not runtime options of method {method!r}; its "
                              f"runtime options: {', '.join(sorted(runtime_option_names(method)))}")
-        codec = options.get("compression")
-        ckdir, resume = options.get("checkpoint_dir"), options.get("resume")
-        return cls(
-            compression=None if codec in (None, "none") else str(codec),
-            recompute=bool(options.get("recompute") or False),
-            slowdown={int(w): float(f) for w, f in (options.get("slowdown") or {}).items()},
-            coalesce_wgrad=bool(options.get("coalesce_wgrad") or False),
-            checkpoint_every=None if options.get("checkpoint_every") is None
-            else int(options["checkpoint_every"]),
-            checkpoint_dir=None if ckdir is None else str(ckdir),
-            checkpoint_keep=int(options.get("checkpoint_keep") or 2),
-            resume=None if resume is None else str(resume),
-            device=None if options.get("device") is None else str(options["device"]),
-            measure_memory=bool(options.get("measure_memory") or False),
-            pin_cores=None if options.get("pin_cores") is None else bool(options["pin_cores"]),
-            shared_memory=None if options.get("shared_memory") is None else bool(options["shared_memory"]),
-            on_nonfinite=str(options.get("on_nonfinite") or "raise"),
-            resume_fallback=bool(options.get("resume_fallback", True)),
-            method=dict(own),
-        )
+
+        def get(name: str) -> Any:
+            v = options.get(name)
+            return _default(name) if v is None else v
+
+        codec = get("compression")
+        opt: dict[str, Any] = {name: None if get(name) is None else conv(get(name))
+                               for name, conv in _CONVERT.items()}
+        return cls(**opt, compression=None if codec in (None, "none") else str(codec),
+                   slowdown={int(w): float(f) for w, f in (options.get("slowdown") or {}).items()},
+                   method=dict(own))
+
+
+#: how each plain runtime option's value becomes its field (None stays None)
+_CONVERT: dict[str, Any] = {
+    "recompute": bool, "coalesce_wgrad": bool, "checkpoint_every": int, "checkpoint_dir": str,
+    "checkpoint_keep": int, "resume": str, "device": str, "measure_memory": bool, "pin_cores": bool,
+    "shared_memory": bool, "on_nonfinite": str, "resume_fallback": bool}
 
 
 def tune_malloc() -> bool:

@@ -7,6 +7,8 @@ the process group and runs :func:`execute`, which moves a Worker's messages over
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import io
 import math
 import os
@@ -28,6 +30,8 @@ from pipelab.runtime.job import Job
 from pipelab.runtime.lifeline import ORPHANED_EXIT, use_loopback, watch_launcher
 from pipelab.runtime.options import tune_malloc
 from pipelab.runtime.param_server import WSPClient
+from pipelab.runtime.tensor_group import GroupComm, make_groups, replica_groups
+from pipelab.runtime.tensor_parallel import Group
 from pipelab.runtime.worker import Worker, WorkerResult
 from pipelab.trace import Event
 
@@ -189,7 +193,7 @@ def open_comm(job: Job, worker: Worker, rank: int, device: torch.device, groups:
     process group, one lane per direction."""
     through_host = device.type == "cuda" and job.backend != "nccl"
     asked = job.runtime.shared_memory
-    if asked or (asked is None and device.type == "cpu"):
+    if (asked or (asked is None and device.type == "cpu")) and not job.groups:
         incoming: dict[int, list[Any]] = {}
         for i in range(len(worker.actions)):
             for r in worker.recvs(i):
@@ -217,19 +221,26 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
     """Join the process group and run this rank's actions; its result and (``gather``) rank 0's all."""
     mode = p2p_match(job.backend, match)
     device = _join_group(job, rank, local_rank, init_method)
-    comm: DistComm | None = None
+    comm: Any = None
     try:
-        groups = {
-            s: dist.new_group(list(rs)) for s, rs in enumerate(job.schedule.stage_ranks) if job.syncs(s)
-        }
+        w, idx = job.member(rank)     # this process's schedule worker and its index in the tensor group
+        syncs = [job.syncs(s) for s in range(job.schedule.num_stages)]
+        groups = replica_groups(job.groups, job.schedule.stage_ranks, syncs, rank)
+        tensor_pg = make_groups(job.groups, rank) if job.groups else None
+        members = job.groups[w] if job.groups else (w,)
+        grp = Group(idx, len(members), tensor_pg) if len(members) > 1 else None
         groups.update({g.key: dist.new_group(list(g.ranks)) for g in job.ties})   # shared parameters
-        worker, clients = _make_worker(job, rank, device, sink, wsp_conn)
+        worker, clients = _make_worker(job, w, device, sink, wsp_conn, tensor=grp, process_rank=rank)
 
         def carried(msg: Any) -> bool:   # a cut with no floating-point value sends no gradient
             return bool(msg.kind == "act" or grad_specs(job.specs[msg.stage - 1]))
 
-        orders = peer_orders(job.schedule, rank, carried) if mode == "order" else None
+        orders = peer_orders(job.schedule, w, carried) if mode == "order" else None
         comm = open_comm(job, worker, rank, device, groups, mode, orders, carried)
+        if grp is not None:
+            comm = GroupComm(comm, tensor_pg, members[0], idx == 0)
+        # a tensor group member's events are its own process's: the trace keeps them apart
+        emit = sink.emit if idx == 0 else functools.partial(_as_process, sink, rank)
         torch.set_rng_state(worker.rng_state)
         if worker.meter is not None:
             worker.meter.messages = comm.held
@@ -239,7 +250,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
             torch.cuda.manual_seed(job.seed * 1_000_003 + rank + 1)
         clock = _common_clock(job, device)
         try:
-            execute(worker, comm, clock, sink.emit)
+            execute(worker, comm, clock, emit)
         except BaseException:
             a = worker.current
             sink.error(a.stage if a else -1, str(a) if a else "start-up", traceback.format_exc())
@@ -284,10 +295,16 @@ def _join_group(job: Job, rank: int, local_rank: int | None, init_method: str | 
     return device
 
 
-def _make_worker(job: Job, rank: int, device: torch.device, sink: Any,
-                 wsp_conn: Any) -> tuple[Worker, list[Any]]:
-    """This rank's Worker reporting to ``sink``, and its parameter-server clients (HetPipe)."""
-    worker = Worker(job, rank, device)
+def _as_process(sink: Any, rank: int, ev: Event) -> None:
+    """Emit ``ev`` as process ``rank``'s (a tensor group member's copy of its worker's action)."""
+    sink.emit(dataclasses.replace(ev, worker=rank))
+
+
+def _make_worker(job: Job, rank: int, device: torch.device, sink: Any, wsp_conn: Any, *,
+                 tensor: Any = None, process_rank: int | None = None) -> tuple[Worker, list[Any]]:
+    """Schedule worker ``rank``'s Worker reporting to ``sink``, and its parameter-server clients (HetPipe);
+    ``tensor``: this process's place in the worker's tensor group."""
+    worker = Worker(job, rank, device, tensor=tensor, process_rank=process_rank)
     worker.warn = getattr(sink, "warn", worker.warn)
     if hasattr(sink, "saved"):
         worker.on_saved = sink.saved

@@ -100,10 +100,18 @@ class StageState:
     """One stage hosted by this worker: module, optimizer, weight policy, in-flight microbatches."""
 
     def __init__(self, job: Job, gm: Any, stage: int, device: torch.device, policy_factory: Any,
-                 reads: StageReads) -> None:
+                 reads: StageReads, tensor: Any = None) -> None:
         start, end = job.ranges[stage]
         self.index = stage
-        self.module = StageModule(gm, start, end).to(device)
+        self.module = StageModule(gm, start, end)
+        #: tensor-parallel member (``(Group, model's plan)``): its shard of the stage, and each split
+        #: parameter's cut dimension (pipelab.runtime.tensor_parallel)
+        self.shard_dims: dict[str, int] = {}
+        if tensor is not None:
+            from pipelab.runtime.tensor_parallel import shard
+
+            self.shard_dims = shard(self.module.graph_module, tensor[1], tensor[0])
+        self.module = self.module.to(device)
         self.params: dict[str, nn.Parameter] = dict(self.module.named_parameters())
         #: calls the module on a stashed weight version (resolved once; see pipelab.runtime.reparam)
         self.reparam = Reparametrizer(self.module)

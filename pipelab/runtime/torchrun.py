@@ -109,7 +109,8 @@ def run_torchrun_worker(job_path: str, *, trust: bool = False) -> int:
     job = dataclasses.replace(job, run_id=run_id)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != job.world_size:
-        print(f"torchrun started {world} processes but the plan has {job.world_size} workers; "
+        print(f"torchrun started {world} processes but the plan runs on {job.world_size} (one per device: "
+              "Plan.num_devices, replicas x tensor degree); "
               f"use --nproc-per-node/--nnodes for {job.world_size}", file=sys.stderr)
         return 2
     sink = _ListSink()

@@ -50,13 +50,19 @@ class WorkerResult:
     memory_timeline: list[tuple[int, int]] = field(default_factory=list)
     wsp_log: list[Any] = field(default_factory=list)   # HetPipe, reference executor: the server's log
     transport: str = "in process"    # how its messages travelled: "shared memory", "gloo", "nccl"
+    process_rank: int = -1           # its process (differs from ``rank`` for a tensor group's members)
+    shard_dims: dict[str, int] = field(default_factory=dict)   # split weights' cut dimensions
 
 
 class Worker(Checkpointing):
     """Executes worker ``rank``'s action list of ``job.schedule`` (transport-free; see module doc)."""
 
-    def __init__(self, job: Job, rank: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, job: Job, rank: int, device: torch.device | str = "cpu", *,
+                 tensor: Any = None, process_rank: int | None = None) -> None:
         self.job, self.rank = job, rank
+        #: this process's rank (a tensor group's members share ``rank``, the schedule worker)
+        self.process_rank = rank if process_rank is None else process_rank
+        self.tensor = tensor       # a tensor_parallel.Group, or None
         self.device = torch.device(device)
         sched = job.schedule
         self.actions: tuple[Action, ...] = sched.actions[rank]
@@ -65,10 +71,15 @@ class Worker(Checkpointing):
             torch.manual_seed(job.seed)
             model = job.model_fn()
         gm = trace(model, **job.trace_kwargs)
+        split = None
+        if tensor is not None and tensor.degree > 1:
+            from pipelab.runtime.tensor_parallel import plan_of
+
+            split = (tensor, plan_of(model))
         factory = policy_for(sched.method, job.policy_options)
         self.stages: dict[int, StageState] = {}
         for s in sched.stages_of(rank):
-            self.stages[s] = StageState(job, gm, s, self.device, factory, stage_reads(sched, rank, s))
+            self.stages[s] = StageState(job, gm, s, self.device, factory, stage_reads(sched, rank, s), split)
         del model, gm
         self.split = {s: any(a.kind == "W" and a.stage == s for a in self.actions) for s in self.stages}
         ends = 0 in self.stages or sched.num_stages - 1 in self.stages
@@ -398,7 +409,8 @@ class Worker(Checkpointing):
         state = {k: v.detach().cpu().clone() for st in owned
                  for k, v in st.module.graph_module.state_dict().items()}
         losses: dict[int, float] = {}
-        for st in self.stages.values():
+        leader = self.tensor is None or self.tensor.index == 0    # a group's members share one loss
+        for st in self.stages.values() if leader else ():
             for k, v in st.losses.items():
                 losses[k] = losses.get(k, 0.0) + float(v)
         m = self.meter
@@ -409,5 +421,6 @@ class Worker(Checkpointing):
                             peak_memory=m.peak if m else 0, peak_held=m.peak_held if m else 0,
                             peak_state=m.peak_state if m else 0,
                             memory_breakdown=dict(m.breakdown) if m else {},
-                            memory_timeline=list(m.timeline) if m else [])
+                            memory_timeline=list(m.timeline) if m else [], process_rank=self.process_rank,
+                            shard_dims={k: d for st in owned for k, d in st.shard_dims.items()})
 

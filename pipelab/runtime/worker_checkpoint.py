@@ -22,6 +22,7 @@ class Checkpointing:
 
     job: Job
     rank: int
+    process_rank: int      # names its checkpoint file (a tensor group's members each write their shard)
     stages: dict[int, StageState]
     rng_state: torch.Tensor
     warn: Callable[[str], None]
@@ -50,7 +51,7 @@ class Checkpointing:
 
     def restore(self, path: Any) -> None:
         """Load this worker's state from ``path`` (plan and method checked); data restart at its step."""
-        state = load_worker(path, self.rank, plan=self.job.plan, method=self.job.schedule.method)
+        state = load_worker(path, self.process_rank, plan=self.job.plan, method=self.job.schedule.method)
         want = self.job.runtime.resume_step
         if int(state.get("step", want)) != want:
             raise ValueError(f"the checkpoint at {path} holds step {state.get('step')} but this run was "
@@ -106,10 +107,10 @@ class Checkpointing:
             return
         state["rng"] = rng
         state["step"] = state["data_position"] = step     # minibatches consumed; data() resumes there
-        _, sha = ckpt.write_worker(root, step, self.rank, state, plan=plan, method=method,
+        _, sha = ckpt.write_worker(root, step, self.process_rank, state, plan=plan, method=method,
                                    run_id=self.job.run_id)
         if self.on_saved is not None:
-            self.on_saved(step, self.rank, sha)
+            self.on_saved(step, self.process_rank, sha)
             return
         # no coordinator (a Worker used on its own): the last worker to write its file seals the checkpoint
         d = ckpt.step_dir(root, step)
