@@ -98,3 +98,21 @@ def test_hugging_face_gpt2_tied_head() -> None:
         names = [k for k in st if k.endswith("wte.weight") or k.endswith("lm_head.weight")]
         assert len(names) == 2 and torch.equal(st[names[0]], st[names[1]])
         assert H.distance(st, want) < 1e-6
+
+
+@pytest.mark.filterwarnings("ignore:the profile of GPT was measured on cpu")
+@pytest.mark.parametrize("workers", [2, 3])
+def test_partitioner_picked_cuts_on_the_full_trace(workers: int) -> None:
+    """Issue 44's acceptance: the tied GPT traced op by op (its blocks read ``x.shape``, so shape integers
+    block most boundaries) through ``pl.profile`` -> ``pl.partition`` -> ``pl.train`` on gloo, whatever
+    legal boundaries the partitioner picks, equals plain SGD for every synchronous method."""
+    x, _ = H.data()[0]
+    prof = pl.profile(H.tied_gpt(), x, warmup=0, repeats=1, progress=False)
+    assert prof.blocked_cuts, "the shape integers should block some boundaries"
+    want = H.plain()
+    plan = pl.partition(prof, f"flat:{workers}", "gpipe", stages=workers)
+    assert plan.shared() and plan.shared()[0][1] == (0, workers - 1)
+    for method in ("gpipe", "1f1b-flush", "zb-h1"):
+        _check(_train(plan, method), want)
+    virtual = pl.partition(prof, f"flat:{2 * workers}", "gpipe", stages=2 * workers)   # 2 chunks a worker
+    _check(_train(virtual, "interleaved-1f1b", chunks=2, microbatches=workers), want)
