@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from timing import holds_or_skip
+
+from pipelab.hostload import HostLoadSampler
 
 REPO = Path(__file__).resolve().parents[1]
 NB_DIR = REPO / "notebooks"
@@ -75,14 +78,18 @@ def test_notebook_is_stored_clean(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_notebook_runs_under_papermill(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     papermill = pytest.importorskip("papermill")
+    from nbclient.exceptions import CellTimeoutError
     # the kernel imports pipelab and reproductions.* from this checkout (as `make lab` sets it)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     t0 = time.perf_counter()
     out = tmp_path / f"{name}.out.ipynb"
     try:
-        papermill.execute_notebook(str(NB_DIR / f"{name}.ipynb"), str(out), parameters=SMALL[name],
-                                   kernel_name="python3", cwd=str(NB_DIR), progress_bar=False,
-                                   execution_timeout=180)
+        with HostLoadSampler() as load:
+            papermill.execute_notebook(str(NB_DIR / f"{name}.ipynb"), str(out), parameters=SMALL[name],
+                                       kernel_name="python3", cwd=str(NB_DIR), progress_bar=False,
+                                       execution_timeout=180)
+    except CellTimeoutError as exc:      # a cell over 180 s: a busy machine skips, a quiet one fails
+        holds_or_skip(False, load.result, f"{name}: a cell ran over 180 s ({exc})")
     except papermill.PapermillExecutionError as exc:
         tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(exc.traceback[-4:]))   # drop terminal colours
         pytest.fail(f"{name} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n{tb}", pytrace=False)

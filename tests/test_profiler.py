@@ -21,10 +21,12 @@ from pipelab.models import gnmt, gnmt_param_count, mlp, resnet50, synthetic_tran
 
 
 def test_vgg16_and_resnet50_parameter_bytes_are_exact() -> None:
-    # Parameter bytes do not depend on the image size, so a small image keeps this fast.
-    pv = pl.profile(vgg16(), torch.randn(1, 3, 32, 32), warmup=0, repeats=1, progress=False)
+    # Parameter bytes do not depend on the image size, so a small image keeps this fast; nor on the
+    # small-batch pass (fixed parts) or the whole-model timing, which would time everything again.
+    quick = {"warmup": 0, "repeats": 1, "progress": False, "small_batch": None, "whole": False}
+    pv = pl.profile(vgg16(), torch.randn(1, 3, 32, 32), **quick)
     assert pv.param_bytes == 4 * 138_357_544
-    pr = pl.profile(resnet50(), torch.randn(2, 3, 32, 32), warmup=0, repeats=1, progress=False)
+    pr = pl.profile(resnet50(), torch.randn(2, 3, 32, 32), **quick)
     assert pr.param_bytes == 4 * 25_557_032
     assert pr.batch_size == 2 and pr.input_bytes == 2 * 3 * 32 * 32 * 4
     assert len(pr) == len(pr.cut_bytes) + 1 and all(a < b for a, b in pr.edges)

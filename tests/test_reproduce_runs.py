@@ -27,11 +27,19 @@ def test_matched_rows_and_the_largest_change_are_found() -> None:
     run = pd.DataFrame({"method": ["gpipe", "dp"], "acc": [0.78, 0.90], "epochs": [8, 8]})
     change = compare_table(run, ref, "summary.csv")
     assert (change.rows_run, change.rows_reference, change.rows_matched) == (2, 3, 2)
-    assert change.largest == pytest.approx(0.02 / 0.80) and (change.column, change.row) == ("acc", "gpipe")
+    assert change.largest == pytest.approx(0.02 / 0.80)
+    assert (change.column, change.row) == ("acc", "gpipe / 8")
     assert change.describe() == ("summary.csv: 2 rows matched (this run 2, reference 3), largest change "
-                                 "2.5% in acc (gpipe)")
+                                 "2.5% in acc (gpipe / 8)")
     same = compare_table(ref.iloc[::-1], ref, "summary.csv")   # row order does not matter
     assert same.describe() == "summary.csv: 3 rows, the same as the reference"
+
+
+def test_whole_number_columns_are_part_of_the_key() -> None:
+    ref = pd.DataFrame({"method": ["dp"] * 3, "epoch": [1, 2, 3], "acc": [0.5, 0.6, 0.7]})
+    run = ref.assign(acc=[0.5, 0.6, 0.77])
+    change = compare_table(run, ref, "accuracy.csv")
+    assert change.rows_matched == 3 and change.row == "dp / 3" and change.largest == pytest.approx(0.1)
 
 
 def test_a_missing_value_on_one_side_is_an_infinite_change() -> None:

@@ -1,8 +1,9 @@
 """How one run of a reproduction compares with its committed reference results, table by table.
 
 A run writes its tables (CSV) into a run folder; the committed references are the same files in the
-reproduction's own folder. For each table both hold, rows are matched on their text columns (the
-configuration: method, model, row key, ...), and each numeric column shared by both is compared on
+reproduction's own folder. For each table both hold, rows are matched on their text and whole-number
+columns (the configuration: method, model, epoch, seed, ...), and each other numeric column shared by
+both is compared on
 the matched rows: the largest relative change, where it is, and how many rows each side has (a run
 at the defaults' stated subset has fewer rows than the full references). Nothing is judged right or
 wrong here: measured figures move with the machine and its load; the lines say how much they moved.
@@ -58,8 +59,11 @@ def compare_table(run: pd.DataFrame, reference: pd.DataFrame, name: str) -> Tabl
     """Match ``run``'s rows with ``reference``'s on their shared text columns and find the largest
     relative numeric change (``|run - ref| / max(|ref|, 1e-12)``) over shared numeric columns."""
     shared = [c for c in run.columns if c in reference.columns]
-    text = [c for c in shared if not pd.api.types.is_numeric_dtype(run[c])
-            and not pd.api.types.is_numeric_dtype(reference[c])]
+
+    def keyed(c: str) -> bool:   # text or whole numbers on both sides: a configuration (method, epoch, seed)
+        return all(not pd.api.types.is_numeric_dtype(df[c]) or pd.api.types.is_integer_dtype(df[c])
+                   for df in (run, reference))
+    text = [c for c in shared if keyed(c)]
     numeric = [c for c in shared if c not in text and pd.api.types.is_numeric_dtype(run[c])
                and pd.api.types.is_numeric_dtype(reference[c])]
     a = run.assign(_key=_key(run, text)).drop_duplicates("_key").set_index("_key")
