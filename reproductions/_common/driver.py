@@ -178,6 +178,29 @@ def collect_table1(done: Sequence[tuple[Job, Path]]) -> pd.DataFrame:
     return pd.DataFrame([json.loads((job.out_dir / "row.json").read_text()) for job, _ in done])
 
 
+#: reproductions that are scripts (the simulator and cost model only, seconds to a minute): part ->
+#: (module, its arguments at --quick)
+SCRIPTS: dict[str, tuple[str, list[str]]] = {
+    "zero_bubble": ("reproductions.zero_bubble.zero_bubble", []),
+    "llm_acceptance": ("reproductions.llm_acceptance.acceptance", ["--rows", "1.7B", "22B"]),
+}
+
+
+def run_scripts(parts: Sequence[str], out_of: Any, *, quick: bool) -> list[str]:
+    """Run the script reproductions ``parts``, each writing its tables to ``out_of(part)``; the failures."""
+    import importlib
+
+    failures = []
+    for part in parts:
+        module, quick_args = SCRIPTS[part]
+        print(f"\n{part}: python -m {module}")
+        try:
+            importlib.import_module(module).main(["--out", str(out_of(part)), *(quick_args if quick else [])])
+        except (Exception, SystemExit) as exc:   # one failing part does not stop the others
+            failures.append(f"{part}: {type(exc).__name__}: {exc}")
+    return failures
+
+
 def run_folder(now: datetime.datetime | None = None) -> Path:
     """A new folder under :data:`RUNS` named by the UTC time (``20261207-153000``, suffixed if taken)."""
     stamp = f"{(now or datetime.datetime.now(datetime.timezone.utc)):%Y%m%d-%H%M%S}"
@@ -214,9 +237,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="pipelab reproduce", description=(
         "Run the reproductions under reproductions/ (PipeDream Table 1, weight stashing, HetPipe, weight "
-        "buffer) with papermill, write their tables and reports, and print the Table 1 comparison."))
+        "buffer, simulator accuracy with papermill; the Zero Bubble development set and the blind LLM "
+        "acceptance as scripts), write their tables and reports, and print how they compare with the "
+        "committed references."))
     p.add_argument("--only",
-                   default="table1,measure,weight_stashing,hetpipe,weight_buffer,sim_accuracy,convergence",
+                   default="table1,measure,weight_stashing,hetpipe,weight_buffer,sim_accuracy,convergence,"
+                   "zero_bubble,llm_acceptance",
                    help="comma-separated parts to run (default: all)")
     p.add_argument(
         "--quick", action="store_true", help="tiny sizes (seconds, for tests)"
@@ -244,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--update-references rewrites the committed results at full size: not with --quick or --out")
     parts = [s.strip() for s in args.only.split(",") if s.strip()]
     known = {"table1", "measure", "weight_stashing", "hetpipe", "weight_buffer", "sim_accuracy",
-             "convergence"}
+             "convergence", *SCRIPTS}
     if unknown := set(parts) - known:
         p.error(f"unknown part(s) {sorted(unknown)}; choose from {sorted(known)}")
     out_root = None if args.update_references else Path(args.out).resolve() if args.out else run_folder()
@@ -336,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs["sim_accuracy"] = [Job("simulator accuracy", nb, aparams, out_of("sim_accuracy"))]
 
     total = sum(len(v) for v in jobs.values())
-    failures: list[str] = []
+    failures: list[str] = run_scripts([s for s in SCRIPTS if s in parts], out_of, quick=quick)
     if "convergence" in parts and not quick:
         failures += convergence_subset(out_of("convergence") / "subset")
     done: dict[str, list[tuple[Job, Path]]] = {}

@@ -222,11 +222,12 @@ def _err(pred: object, real: float) -> str:
     return "" if pred is None else f"{100 * (float(pred) / real - 1):+.1f}%"  # type: ignore[arg-type]
 
 
-def write(rows: list[dict[str, object]], fit: dict[str, float]) -> None:
-    """``table.csv`` and ``table.md`` beside this script."""
+def write(rows: list[dict[str, object]], fit: dict[str, float], out: Path = HERE) -> None:
+    """``table.csv`` and ``table.md`` in ``out`` (the committed reference: beside this script)."""
     keys = ["model", "m", "method", "measured", "bubble", "table6", "analytic", "measured_memory_gb",
             "memory_gb"]
-    with open(HERE / "table.csv", "w", encoding="utf-8", newline="") as fh:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "table.csv", "w", encoding="utf-8", newline="") as fh:
         wr = csv.DictWriter(fh, keys)
         wr.writeheader()
         for r in rows:
@@ -241,17 +242,19 @@ def write(rows: list[dict[str, object]], fit: dict[str, float]) -> None:
             f"{_err(r['bubble'], real)} | {_fmt(r.get('table6'))} | {_err(r.get('table6'), real)} | "
             f"{_fmt(r.get('analytic'))} | {_err(r.get('analytic'), real)} | {r['measured_memory_gb']} | "
             f"{_fmt(mem)} | {_err(mem, float(r['measured_memory_gb']))} |")  # type: ignore[arg-type]
-    (HERE / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _fmt(v: object) -> str:
     return "n/a" if v is None else f"{float(v):.3g}"  # type: ignore[arg-type]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Fit the two constants, predict Table 4, print the table and write it to ``--out``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--virtual", type=int, default=2, help="chunks per GPU of interleaved 1F1B (not stated)")
-    args = ap.parse_args()
+    ap.add_argument("--out", default=str(HERE), help="folder for table.md and table.csv")
+    args = ap.parse_args(argv)
     fit = fit_constants()
     print(f"GEMM efficiency from T_W: {fit['gemm_efficiency']:.3f} (per model "
           f"{', '.join(f'{x:.3f}' for x in fit['gemm_per_model'])})")  # type: ignore[attr-defined]
@@ -260,8 +263,8 @@ def main() -> None:
     print("T_B predicted vs Table 6 (not fitted): "
           + ", ".join(f"{100 * x:+.1f}%" for x in fit["backward_input_error"]))  # type: ignore[attr-defined]
     rows = predict(args.virtual)
-    write(rows, fit)
-    print((HERE / "table.md").read_text(encoding="utf-8"))
+    write(rows, fit, Path(args.out))
+    print((Path(args.out) / "table.md").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":
