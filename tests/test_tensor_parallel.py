@@ -172,7 +172,8 @@ def test_a_tie_cut_two_ways_or_across_two_degrees_is_refused_by_name() -> None:
                                          r"head.weight \(whole\).*untie them"):
         check_shared(T.tied_gpt(), plan)
     mixed = tensor_plan([CUT], 2)
-    mixed = dataclasses.replace(mixed, stages=(mixed.stages[0], dataclasses.replace(mixed.stages[1], tensor=1)))
+    second = dataclasses.replace(mixed.stages[1], tensor=1)
+    mixed = dataclasses.replace(mixed, stages=(mixed.stages[0], second))
     with pytest.raises(ValueError, match=r"parameter head.weight=wte.weight is shared by stages of different "
                                          r"tensor degrees \(stage 0 tensor 2, stage 1 tensor 1\)"):
         run(mixed, "gpipe", model_fn=T.tied_gpt)

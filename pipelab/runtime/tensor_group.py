@@ -98,8 +98,9 @@ def check_ties(ties: Sequence[Any], plan: Plan) -> None:
         ts = {s: plan.stages[s].tensor for s in g.tie.stages}
         if len(set(ts.values())) > 1:
             said = ", ".join(f"stage {s} tensor {t}" for s, t in ts.items())
-            raise ValueError(f"parameter {g.tie.name} is shared by stages of different tensor degrees ({said});"
-                             " its copies must be cut alike: give those stages one tensor degree, or untie it")
+            raise ValueError(f"parameter {g.tie.name} is shared by stages of different tensor degrees "
+                             f"({said}); its copies must be cut alike: give those stages one tensor degree, "
+                             "or untie it")
 
 
 def tie_process_groups(groups: Sequence[Sequence[int]], ties: Sequence[Any], rank: int) -> dict[int, Any]:

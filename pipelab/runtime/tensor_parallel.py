@@ -242,7 +242,7 @@ def cuts(module: nn.Module, plan: Mapping[str, str]) -> dict[str, int | None]:
     """Every parameter name (shared ones under each of their names) and the dimension the plan cuts it
     along (``-3``: per ``[q; k; v]`` third; ``None``: whole on every member)."""
     out: dict[str, int | None] = {n: None for n, _ in module.named_parameters(remove_duplicate=False)}
-    for name, m in module.named_modules():
+    for name, _ in module.named_modules():
         style = _matches(plan, name) if name else None
         dim = {"colwise": 0, "vocab_head": 0, "vocab_embedding": 0, "qkv": -3, "rowwise": 1}.get(style or "")
         if dim is None:
