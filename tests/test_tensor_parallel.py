@@ -209,7 +209,9 @@ def test_a_group_that_loses_one_rank_ends_the_run_naming_rank_stage_and_shard() 
 
 def test_the_gantt_draws_a_group_as_one_row_or_one_row_per_process() -> None:
     from pipelab.trace import Event, Trace
-    from pipelab.views.tensor_groups import gantt_groups
+    from pipelab.views import gantt_groups
+
+    assert pl.views.gantt_groups is gantt_groups and "gantt_groups" in pl.views.__all__
 
     lead = [Event(w, w, k, m, t + w, t + w + 0.5) for w in (0, 1) for m, (k, t) in enumerate((("F", 0.0),
                                                                                              ("B", 2.0)))]
