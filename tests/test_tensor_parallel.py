@@ -19,10 +19,10 @@ CUT = 24             # after block 0's residual add
 STEPS = 2
 
 
-def plain_sgd(steps: int = STEPS) -> dict[str, torch.Tensor]:
+def plain_sgd(steps: int = STEPS, model_fn=T.gpt) -> dict[str, torch.Tensor]:
     """The oracle: the whole model trained on one process, minibatch SGD."""
     torch.manual_seed(0)
-    model = T.gpt()
+    model = model_fn()
     opt = T.sgd(model.parameters())
     it = iter(T.data())
     for _ in range(steps):
@@ -130,9 +130,53 @@ def test_what_tensor_parallelism_does_not_run_with_is_refused_by_name() -> None:
         plan = pl.Plan.from_boundaries(5, [])
         plan = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], tensor=2),))
         pl.train(H.mlp, plan, method="gpipe", data=H.mlp_data, loss_fn=H.loss_fn, optimizer=H.sgd, steps=1)
-    with pytest.raises(ValueError, match=r"shares parameters between modules \(wte.weight = head.weight\).*"
-                                         "not supported yet"):
-        run(tensor_plan([], 2), "gpipe", model_fn=T.tied_gpt)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["gpipe", "1f1b-flush"])
+def test_tied_gpt_two_by_two_equals_plain_sgd(method: str) -> None:
+    # the embedding (stage 0) and the head (stage 1) split over the vocabulary: shard k of each copy is
+    # summed with shard k of the other (processes 0+1, 2+3), never with the other shard
+    res = run(tensor_plan([CUT], 2), method, model_fn=T.tied_gpt)
+    want = plain_sgd(model_fn=T.tied_gpt)
+    assert torch.equal(want["wte.weight"], want["head.weight"])
+    assert max_diff(res.state_dict(), want) < 1e-5
+    ties = [e for e in res.member_events if e.kind == "allreduce"]
+    assert {e.worker for e in ties} == {2, 3} and all(e.bytes == T.VOCAB // 2 * T.EMBD * 4 for e in ties)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_tied_gpt_two_by_one_keeps_one_shard_for_embedding_and_head() -> None:
+    res = run(tensor_plan([], 2), "1f1b-flush", model_fn=T.tied_gpt)
+    assert max_diff(res.state_dict(), plain_sgd(model_fn=T.tied_gpt)) < 1e-5
+
+
+def test_a_shard_of_a_tied_weight_is_one_parameter_for_both_users() -> None:
+    from pipelab.runtime.tensor_parallel import Group, shard
+
+    model = T.tied_gpt()
+    whole = model.wte.weight.detach().clone()
+    dims = shard(model, T.GPT.tensor_parallel_plan, Group(1, 2, None))
+    assert model.head.weight is model.wte.weight
+    assert torch.equal(model.wte.weight, whole[T.VOCAB // 2:])
+    assert dims["wte.weight"] == dims["head.weight"] == 0
+
+
+def test_a_tie_cut_two_ways_or_across_two_degrees_is_refused_by_name() -> None:
+    from pipelab.runtime.tensor_parallel import check_shared
+
+    plan = {k: v for k, v in T.GPT.tensor_parallel_plan.items() if k != "head"}     # head kept whole
+    with pytest.raises(ValueError, match=r"cuts differently: wte.weight \(split along dimension 0\), "
+                                         r"head.weight \(whole\).*untie them"):
+        check_shared(T.tied_gpt(), plan)
+    mixed = tensor_plan([CUT], 2)
+    second = dataclasses.replace(mixed.stages[1], tensor=1)
+    mixed = dataclasses.replace(mixed, stages=(mixed.stages[0], second))
+    with pytest.raises(ValueError, match=r"parameter head.weight=wte.weight is shared by stages of different "
+                                         r"tensor degrees \(stage 0 tensor 2, stage 1 tensor 1\)"):
+        run(mixed, "gpipe", model_fn=T.tied_gpt)
 
 
 @pytest.mark.slow
@@ -165,7 +209,9 @@ def test_a_group_that_loses_one_rank_ends_the_run_naming_rank_stage_and_shard() 
 
 def test_the_gantt_draws_a_group_as_one_row_or_one_row_per_process() -> None:
     from pipelab.trace import Event, Trace
-    from pipelab.views.tensor_groups import gantt_groups
+    from pipelab.views import gantt_groups
+
+    assert pl.views.gantt_groups is gantt_groups and "gantt_groups" in pl.views.__all__
 
     lead = [Event(w, w, k, m, t + w, t + w + 0.5) for w in (0, 1) for m, (k, t) in enumerate((("F", 0.0),
                                                                                              ("B", 2.0)))]

@@ -311,3 +311,12 @@ def test_a_compute_and_comms_order_imports_its_compute_actions(tmp_path):
                     "1RECV_F0,1F0,1RECV_F1,1F1,1B0,1SEND_B0,1B1,1SEND_B1,1REDUCE_GRAD\n", encoding="utf-8")
     sch = from_torch(path)
     assert sch.actions == pl.schedules.build("gpipe", 2, microbatches=2, minibatches=1).actions
+
+
+def test_a_tensor_parallel_plan_is_refused_by_name_before_any_process_group():
+    plan = pl.Plan.from_boundaries(14, [7], tensor=2)
+    with pytest.raises(ValueError, match=r"stage 0 has tensor degree 2 \(and 1 more stage\(s\)\), but the "
+                                         r"torch bridge .*pl\.train / pl\.launch"):
+        to_torch(plan, "1f1b-flush", H.pair(), loss_fn=H.loss_fn, microbatches=4)
+    with pytest.raises(ValueError, match="stage 0 has tensor degree 2"):
+        stage_modules(plan, pl.schedules.build("gpipe", plan, microbatches=2), H.pair(), rank=0)

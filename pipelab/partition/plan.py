@@ -101,6 +101,17 @@ class Plan(Described):
         """Total devices: each worker is a tensor-parallel group of ``stage.tensor`` devices."""
         return sum(s.replicas * s.tensor for s in self.stages)
 
+    def refuse_tensor(self, what: str, instead: str) -> None:
+        """Raise ``ValueError`` naming the first stage with ``tensor > 1``: ``what`` (a sentence's subject,
+        e.g. ``"pl.simulate"``) prices or runs each stage as one device; ``instead`` says what to use."""
+        split = [s for s in self.stages if s.tensor > 1]
+        if split:
+            s = split[0]
+            more = f" (and {len(split) - 1} more stage(s))" if len(split) > 1 else ""
+            raise ValueError(f"stage {s.index} has tensor degree {s.tensor}{more}, but {what} treats each "
+                             f"stage replica as one device and does not model a tensor-parallel group; "
+                             f"{instead}")
+
     @property
     def replicas(self) -> tuple[int, ...]:
         """Replica count per stage."""

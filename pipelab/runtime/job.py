@@ -35,7 +35,7 @@ from pipelab.runtime.comm import TensorSpec, boundary_specs
 from pipelab.runtime.lifeline import check_port
 from pipelab.runtime.options import RuntimeOptions, split_options
 from pipelab.runtime.policies import policy_for
-from pipelab.runtime.tensor_group import check_model, check_processes, layout
+from pipelab.runtime.tensor_group import check_model, check_processes, check_ties, layout
 from pipelab.runtime.ties import TieGroup, check_schedule, check_tie_method, tie_groups
 from pipelab.schedules import build
 from pipelab.schedules.actions import Schedule
@@ -263,6 +263,7 @@ def prepare(args: TrainArgs, *, check_rendezvous: bool = True) -> Job:
     groups = layout(args.plan, schedule)
     if groups:
         check_tensor_job(args, schedule, runtime)
+        check_ties(ties, args.plan)
     if check_rendezvous and args.backend != "local":
         check_processes(sum(len(g) for g in groups) if groups else schedule.num_workers,
                         per_core=args.max_per_core, backend=args.backend, device=runtime.device)

@@ -30,7 +30,7 @@ from pipelab.runtime.job import Job
 from pipelab.runtime.lifeline import ORPHANED_EXIT, use_loopback, watch_launcher
 from pipelab.runtime.options import tune_malloc
 from pipelab.runtime.param_server import WSPClient
-from pipelab.runtime.tensor_group import GroupComm, make_groups, replica_groups
+from pipelab.runtime.tensor_group import GroupComm, make_groups, replica_groups, tie_process_groups
 from pipelab.runtime.tensor_parallel import Group
 from pipelab.runtime.worker import Worker, WorkerResult
 from pipelab.trace import Event
@@ -229,7 +229,7 @@ def run_distributed(job: Job, rank: int, sink: Any, *, init_method: str | None =
         tensor_pg = make_groups(job.groups, rank) if job.groups else None
         members = job.groups[w] if job.groups else (w,)
         grp = Group(idx, len(members), tensor_pg) if len(members) > 1 else None
-        groups.update({g.key: dist.new_group(list(g.ranks)) for g in job.ties})   # shared parameters
+        groups.update(tie_process_groups(job.groups, job.ties, rank))   # shared parameters, per shard
         worker, clients = _make_worker(job, w, device, sink, wsp_conn, tensor=grp, process_rank=rank)
 
         def carried(msg: Any) -> bool:   # a cut with no floating-point value sends no gradient

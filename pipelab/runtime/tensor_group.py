@@ -81,22 +81,41 @@ def check_processes(n: int, *, per_core: int, backend: str, device: str | None) 
 
 def check_model(model: torch.nn.Module, plan: Plan) -> None:
     """Refuse a tensor degree that does not divide what the model's split cuts, with the valid ones."""
-    from pipelab.runtime.tensor_parallel import check_degree
+    from pipelab.runtime.tensor_parallel import check_degree, check_shared, plan_of
 
     if not any(s.tensor > 1 for s in plan.stages):
         return
-    owners: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        owners.setdefault(id(p), []).append(name)
-    shared = [" = ".join(ns) for ns in owners.values() if len(ns) > 1]
-    if shared:
-        raise ValueError(f"the model shares parameters between modules ({'; '.join(shared)}); a tensor "
-                         "degree > 1 splits each module's weight on its own, which would untie them silently."
-                         " Tied weights with tensor parallelism are not supported yet: untie them (e.g. "
-                         "tied=False) or use tensor degree 1")
+    check_shared(model, plan_of(model))
     for s in plan.stages:
         if s.tensor > 1:
             check_degree(model, s.tensor, stage=s.index)
+
+
+def check_ties(ties: Sequence[Any], plan: Plan) -> None:
+    """Refuse a parameter shared by stages of different tensor degrees: its copies would be cut into
+    different shards, and the tie's sum runs shard by shard (:func:`tie_process_groups`)."""
+    for g in ties:
+        ts = {s: plan.stages[s].tensor for s in g.tie.stages}
+        if len(set(ts.values())) > 1:
+            said = ", ".join(f"stage {s} tensor {t}" for s, t in ts.items())
+            raise ValueError(f"parameter {g.tie.name} is shared by stages of different tensor degrees "
+                             f"({said}); its copies must be cut alike: give those stages one tensor degree, "
+                             "or untie it")
+
+
+def tie_process_groups(groups: Sequence[Sequence[int]], ties: Sequence[Any], rank: int) -> dict[int, Any]:
+    """Per tie group (``pipelab.runtime.ties.TieGroup``, keyed by its ``key``), the process group of this
+    rank's shard of the shared parameter: member ``i`` of every holding worker's tensor group (the
+    workers themselves when no stage is split); every rank creates all of them, in one order."""
+    out: dict[int, Any] = {}
+    for g in ties:
+        width = len(groups[g.ranks[0]]) if groups else 1
+        for i in range(width):
+            members = [groups[w][i] if groups else w for w in g.ranks]
+            pg = dist.new_group(members)
+            if rank in members:
+                out[g.key] = pg
+    return out
 
 
 def make_groups(groups: Sequence[Sequence[int]], rank: int) -> Any:

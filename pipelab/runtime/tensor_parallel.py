@@ -131,8 +131,7 @@ class RowParallelLinear(nn.Module):
         W = full.weight.detach()
         self.weight = nn.Parameter(W[:, grp.rows(W.shape[1])].clone(),
                                    requires_grad=full.weight.requires_grad)
-        self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone(),
-                                                                requires_grad=full.bias.requires_grad)
+        self.bias = full.bias      # whole on every member (the same object: a tie to it holds)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Partial products summed over the group (*g*), then the bias once."""
@@ -239,12 +238,53 @@ def check_degree(model: nn.Module, degree: int, *, stage: int | None = None) -> 
                          f"model: {valid}")
 
 
+def cuts(module: nn.Module, plan: Mapping[str, str]) -> dict[str, int | None]:
+    """Every parameter name (shared ones under each of their names) and the dimension the plan cuts it
+    along (``-3``: per ``[q; k; v]`` third; ``None``: whole on every member)."""
+    out: dict[str, int | None] = {n: None for n, _ in module.named_parameters(remove_duplicate=False)}
+    for name, _ in module.named_modules():
+        style = _matches(plan, name) if name else None
+        dim = {"colwise": 0, "vocab_head": 0, "vocab_embedding": 0, "qkv": -3, "rowwise": 1}.get(style or "")
+        if dim is None:
+            continue
+        out[f"{name}.weight"] = dim
+        if style != "rowwise" and f"{name}.bias" in out:
+            out[f"{name}.bias"] = dim
+    return out
+
+
+def check_shared(module: nn.Module, plan: Mapping[str, str]) -> None:
+    """Refuse a parameter shared between modules that the plan cuts differently (``ValueError`` naming
+    them): a tied weight stays one tensor only when each of its users holds the same shard of it."""
+    where = cuts(module, plan)
+    owners: dict[int, list[str]] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(n)
+    for names in owners.values():
+        if len({where[n] for n in names}) > 1:
+            said = ", ".join(f"{n} ({_said(where[n])})" for n in names)
+            raise ValueError(f"the model shares one parameter between modules its tensor_parallel_plan cuts "
+                             f"differently: {said}; a tie stays one weight only when every user holds the "
+                             "same shard (e.g. 'vocab_embedding' with 'vocab_head': both split over the "
+                             "vocabulary). Give them matching styles, or untie them")
+
+
+def _said(dim: int | None) -> str:
+    return {None: "whole", -3: "split per q/k/v third", 0: "split along dimension 0",
+            1: "split along dimension 1"}[dim]
+
+
 def shard(module: nn.Module, plan: Mapping[str, str], grp: Group) -> dict[str, int]:
     """Replace ``module``'s planned submodules by this member's shards, in place.
+
+    A parameter that several of the modules share (a tied embedding and head) stays one parameter: its
+    users hold the same shard object (:func:`check_shared` refuses users cut differently).
 
     Returns the dimension each split parameter was cut along (qualified names); parameters not listed
     are whole on every member.
     """
+    check_shared(module, plan)
+    made: dict[int, nn.Parameter] = {}     # id of a whole parameter -> this member's shard of it
     dims: dict[str, int] = {}
     for name, m in list(module.named_modules()):
         style = _matches(plan, name) if name else None
@@ -271,6 +311,10 @@ def shard(module: nn.Module, plan: Mapping[str, str], grp: Group) -> dict[str, i
         else:
             raise ValueError(f"tensor_parallel_plan: {name} is a {type(m).__name__}, not what style "
                              f"{style!r} splits")
+        for leaf_name, whole in list(m.named_parameters(recurse=False)):
+            piece = getattr(new, leaf_name, None)
+            if isinstance(piece, nn.Parameter):
+                setattr(new, leaf_name, made.setdefault(id(whole), piece))
         parent_name, _, leaf = name.rpartition(".")
         setattr(module.get_submodule(parent_name) if parent_name else module, leaf, new)
     return dims

@@ -305,6 +305,14 @@ def _host_effects_of(host_effects: HostEffects | bool, cluster: Cluster) -> Host
     raise ValueError(f"host_effects={host_effects!r} must be True, False or a HostEffects record")
 
 
+#: what to use instead of pricing a plan whose stages are tensor-parallel groups
+TENSOR_INSTEAD = ("a Profile holds one device's per-layer costs and does not say where a split stage's "
+                  "all-reduces fall or how big they are. For a transformer, simulate the job with "
+                  "pl.simulate_llm(pl.llm.Transformer(...), cluster, pl.llm.Parallel(tensor=..., "
+                  "pipeline=..., ...)), which prices compute / t plus each block's tensor collectives; "
+                  "or simulate this plan with tensor=1 on every stage")
+
+
 def _stage_plan(plan: Plan | int, profile: Profile, method: str, options: dict[str, Any]) -> Plan:
     """``plan`` as a checked Plan (an int P: an even straight plan; interleaved: its virtual stages)."""
     if not isinstance(plan, Plan):
@@ -312,6 +320,7 @@ def _stage_plan(plan: Plan | int, profile: Profile, method: str, options: dict[s
             raise ScheduleError(f"plan must be a pipelab Plan or an int (stages); got {plan!r}")
         plan = Plan.even(len(profile), plan, batch_size=profile.batch_size)
     plan.validate(profile)
+    plan.refuse_tensor("pl.simulate", TENSOR_INSTEAD)
     v = methods.get(method).virtual_stages(options)
     if v > 1 and plan.num_stages == plan.num_workers:
         try:

@@ -45,6 +45,9 @@ class BridgeOptions:
 
 
 def _ranges(plan: Plan, schedule: Schedule) -> list[tuple[int, int]]:
+    plan.refuse_tensor("the torch bridge (torch.distributed.pipelining runs one process per stage "
+                       "replica)", "run a tensor-parallel plan with pl.train / pl.launch, whose workers are "
+                       "tensor groups of processes (docs/runtime.md), or use tensor=1")
     if schedule.num_stages != plan.num_stages:
         raise ScheduleError(f"the schedule has {schedule.num_stages} stages but the plan has "
                             f"{plan.num_stages}; build the schedule from this plan (for interleaved and V "

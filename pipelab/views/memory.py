@@ -31,6 +31,8 @@ def memory_breakdown(plan: Plan, profile: Profile, *, optimizer: str = "sgd-mome
                      microbatches: int = 1) -> dict[int, dict[str, int]]:
     """Predicted peak bytes per worker and component (:meth:`pipelab.costs.CostModel.memory_bytes`)."""
     plan.validate(profile)
+    plan.refuse_tensor("memory_breakdown", "a tensor-parallel stage's memory per device is priced by "
+                       "pl.simulate_llm (LlmResult.memory) for transformer shapes; or use tensor=1")
     # memory does not depend on the interconnect: any cluster with enough workers will do
     cm = CostModel(profile, Cluster.flat(plan.num_workers), optimizer=optimizer)
     parts = {st.index: cm.memory_bytes(st.start, st.end, versions=st.versions, in_flight=st.in_flight,
