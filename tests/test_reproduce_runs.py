@@ -42,6 +42,14 @@ def test_whole_number_columns_are_part_of_the_key() -> None:
     assert change.rows_matched == 3 and change.row == "dp / 3" and change.largest == pytest.approx(0.1)
 
 
+def test_a_missing_text_value_is_part_of_the_key(tmp_path: Path) -> None:
+    """A text column with an empty cell (NaN once read back) keys its row, as weight buffer's tables have."""
+    table = pd.DataFrame({"method": ["gpipe", "gpipe"], "compress": ["int8", None], "acc": [0.5, 0.6]})
+    table.to_csv(tmp_path / "t.csv", index=False)
+    change = compare_table(pd.read_csv(tmp_path / "t.csv"), pd.read_csv(tmp_path / "t.csv"), "t.csv")
+    assert change.rows_matched == 2 and change.largest == 0.0
+
+
 def test_a_missing_value_on_one_side_is_an_infinite_change() -> None:
     ref = pd.DataFrame({"key": ["a"], "x": [1.0]})
     assert compare_table(pd.DataFrame({"key": ["a"], "x": [float("nan")]}), ref, "t").largest == float("inf")

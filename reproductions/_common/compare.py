@@ -52,7 +52,9 @@ class TableChange:
 def _key(df: pd.DataFrame, columns: list[str]) -> pd.Series:
     if not columns:
         return pd.Series([f"row {i}" for i in range(len(df))], index=df.index)
-    return df[columns].astype(str).agg(" / ".join, axis=1)
+    # each value through str() itself: a missing text value is a float NaN in pandas' string columns
+    return pd.Series([" / ".join(str(v) for v in row) for row in df[columns].itertuples(index=False)],
+                     index=df.index, dtype=object)
 
 
 def compare_table(run: pd.DataFrame, reference: pd.DataFrame, name: str) -> TableChange:
@@ -96,7 +98,7 @@ def compare_folder(run_dir: Path, reference_dir: Path) -> list[str]:
             continue
         try:
             lines.append(compare_table(pd.read_csv(run_dir / rel), pd.read_csv(ref), str(rel)).describe())
-        except (pd.errors.EmptyDataError, pd.errors.ParserError) as exc:
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, TypeError, ValueError, KeyError) as exc:
             lines.append(f"{rel}: not compared ({type(exc).__name__}: {exc})")
     written = set(run_tables)
     for ref in sorted(p.relative_to(reference_dir) for p in reference_dir.glob("*.csv")):
