@@ -205,6 +205,23 @@ class Cluster(Described):
         """Workers in one level-``k`` block (``prod`` of sizes of levels ``0..k``); 1 for ``k == -1``."""
         return math.prod(lv.size for lv in self.levels[: k + 1])
 
+    def ring_levels(self, workers: Sequence[int]) -> list[tuple[Level, int, int]]:
+        """The levels a hierarchical ring over ``workers`` crosses, each as ``(level, p, links)``: ``p``
+        blocks of the level below take part in its ring, over ``links`` of its uplinks at once."""
+        ws = sorted(set(int(w) for w in workers))
+        for w in ws:
+            self._check(w)
+        out = []
+        for k, lv in enumerate(self.levels):
+            inner, outer = self.block_size(k - 1), self.block_size(k)
+            blocks: dict[int, set[int]] = {}
+            for w in ws:
+                blocks.setdefault(w // outer, set()).add(w // inner)
+            p = max((len(b) for b in blocks.values()), default=1)
+            if p > 1:
+                out.append((lv, p, min(lv.uplinks, max(Counter(w // inner for w in ws).values()))))
+        return out
+
     def level_between(self, a: int, b: int) -> int:
         """Index of the innermost level whose block contains both ``a`` and ``b``; -1 if ``a == b``."""
         self._check(a)

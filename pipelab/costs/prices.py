@@ -315,15 +315,7 @@ class Prices:
             return 2.0 * (p - 1) / p / bw, 2.0 * (p - 1) * cal.allreduce_latency(compute_s)
         per_byte, fixed = 0.0, 0.0
         crossed = []
-        for k, lv in enumerate(self.cluster.levels):
-            inner, outer = self.cluster.block_size(k - 1), self.cluster.block_size(k)
-            groups: dict[int, set[int]] = {}
-            for w in ws:
-                groups.setdefault(w // outer, set()).add(w // inner)
-            p = max(len(g) for g in groups.values())
-            if p <= 1:
-                continue
-            links = min(lv.uplinks, max(Counter(w // inner for w in ws).values()))
+        for lv, p, links in self.cluster.ring_levels(ws):
             bw = lv.ring_bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
             crossed.append((bw, lv.latency))
             per_byte += 2.0 * (p - 1) / p / (bw * links)

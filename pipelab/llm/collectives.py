@@ -9,7 +9,6 @@ its ``p`` (members per block) and its bus bandwidth (``Level.ring_bandwidth``, N
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from pipelab.cluster import Cluster
@@ -18,19 +17,8 @@ from pipelab.cluster import Cluster
 def ring_terms(cluster: Cluster, workers: Sequence[int]) -> tuple[float, float]:
     """``(seconds per byte, fixed seconds)`` of a ring all-reduce over ``workers``: the sum over the
     levels the group crosses of ``2 (p - 1) / p / (busbw x links)`` and ``2 (p - 1)`` latencies."""
-    ws = sorted(set(int(w) for w in workers))
-    for w in ws:
-        cluster.speed(w)            # validates the index
     per_byte = fixed = 0.0
-    for k, lv in enumerate(cluster.levels):
-        inner, outer = cluster.block_size(k - 1), cluster.block_size(k)
-        blocks: dict[int, set[int]] = {}
-        for w in ws:
-            blocks.setdefault(w // outer, set()).add(w // inner)
-        p = max(len(b) for b in blocks.values())
-        if p <= 1:
-            continue
-        links = min(lv.uplinks, max(Counter(w // inner for w in ws).values()))
+    for lv, p, links in cluster.ring_levels(workers):
         per_byte += 2.0 * (p - 1) / p / (lv.ring_bandwidth * links)
         fixed += 2.0 * (p - 1) * lv.latency
     return per_byte, fixed
