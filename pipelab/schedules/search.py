@@ -2,8 +2,12 @@
 
 Given per-stage times of ``F`` (forward), ``B`` (input gradient) and ``W`` (weight gradient), the
 time ``c`` a message takes between neighbour stages, and a budget of activations per stage (counted in
-microbatches: an ``F`` holds one until its ``W`` frees it), find each stage's order of ``m``
-microbatches' ``F``, ``B`` and ``W``. Two searches:
+microbatches: an ``F`` takes one; its ``B`` frees the share ``input_grad_frees`` of it and its ``W``
+the rest), find each stage's order of ``m`` microbatches' ``F``, ``B`` and ``W``. The paper's own
+scheduler (sail-sg/zero-bubble-pipeline-parallelism, ``auto_schedule.py``: ``mem_f = 2``,
+``mem_b = mem_w = -1``, ``max_mem`` = twice the pending backwards, so ZB-1p's ``p`` and ZB-2p's
+``2p``) counts half: ``input_grad_frees=0.5``; the default ``0`` (``W`` frees all) is the stricter
+count pipelab's runtime holds. Two searches:
 
 - :func:`heuristic_order`: the greedy of Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024,
   §3.1 "automatic scheduling"): in the warm-up run as many ``F`` as the budget allows before the first
@@ -155,11 +159,22 @@ def evaluate(orders: Orders, times: StageTimes, *, fused: frozenset[int] = froze
     return max(free[j] - first[j] for j in range(p) if orders[j]), end
 
 
-def peak_activations(order: Sequence[tuple[str, int]]) -> int:
-    """Most microbatches' activations one stage's order holds at once (``F`` adds one, ``W`` frees it)."""
-    live = best = 0
+def _freed(input_grad_frees: float) -> float:
+    x = float(input_grad_frees)
+    if not 0.0 <= x <= 1.0:
+        raise ScheduleError(f"input_grad_frees={input_grad_frees!r} is the share of a microbatch's activations "
+                            "its B frees (its W frees the rest): give a number in [0, 1] (the paper's "
+                            "scheduler: 0.5; pipelab's runtime: 0)")
+    return x
+
+
+def peak_activations(order: Sequence[tuple[str, int]], *, input_grad_frees: float = 0.0) -> float:
+    """Most microbatches' activations one stage's order holds at once (``F`` adds one, ``B`` frees
+    ``input_grad_frees`` of it, ``W`` the rest)."""
+    x = _freed(input_grad_frees)
+    live = best = 0.0
     for kind, _ in order:
-        live += 1 if kind == "F" else -1 if kind == "W" else 0
+        live += 1.0 if kind == "F" else -x if kind == "B" else -(1.0 - x) if kind == "W" else 0.0
         best = max(best, live)
     return best
 
@@ -187,17 +202,18 @@ def _microbatches(m: int) -> int:
 class _Placer:
     """The greedy's state: per stage what is placed, when it ends, and the activations held."""
 
-    def __init__(self, times: StageTimes, m: int, caps: tuple[float, ...]) -> None:
+    def __init__(self, times: StageTimes, m: int, caps: tuple[float, ...], freed_by_b: float) -> None:
         p = times.stages
-        self.times, self.m, self.caps = times, m, caps
+        self.times, self.m, self.caps, self.freed_by_b = times, m, caps, freed_by_b
         self.count = {k: [0] * p for k in "FBW"}
         self.end = [0.0] * p
         self.t: dict[Node, float] = {}
         self.order: list[list[tuple[str, int]]] = [[] for _ in range(p)]
         self.waited = [0.0] * p
 
-    def live(self, j: int) -> int:
-        return self.count["F"][j] - self.count["W"][j]
+    def live(self, j: int) -> float:
+        x = self.freed_by_b
+        return self.count["F"][j] - x * self.count["B"][j] - (1.0 - x) * self.count["W"][j]
 
     def arrival(self, kind: str, j: int) -> float:
         """When the input of stage ``j``'s next ``kind`` is there (its producer must be placed)."""
@@ -221,7 +237,10 @@ class _Placer:
         """Place ``W``s on stage ``j`` while it would otherwise wait for its next ``kind``'s input."""
         w_cost = self.times.backward_weight[j]
         if kind == "F":       # the budget first: an F needs room for one more microbatch
-            while self.live(j) + 1 > self.caps[j]:
+            while self.live(j) + 1 > self.caps[j] + 1e-9:
+                if self.count["W"][j] >= self.count["B"][j]:
+                    raise ScheduleError(f"stage {j} holds {self.live(j):g} microbatches' activations with no "
+                                        f"W left to free them: the budget {self.caps[j]:g} is too small")
                 self.put(j, "W")
         arrive = self.arrival(kind, j)
         while self.count["W"][j] < self.count["B"][j] and self.end[j] + w_cost <= arrive:
@@ -234,7 +253,7 @@ class _Placer:
 
 
 def heuristic_order(times: StageTimes, microbatches: int, budget: float | Sequence[float], *,
-                    eager_warmup: bool, fill_short_waits: bool) -> Orders:
+                    eager_warmup: bool, fill_short_waits: bool, input_grad_frees: float = 0.0) -> Orders:
     """The paper's greedy order for one setting of its two knobs.
 
     Args:
@@ -243,11 +262,12 @@ def heuristic_order(times: StageTimes, microbatches: int, budget: float | Sequen
             before it arrives.
         fill_short_waits: fill every wait shorter than ``T_W`` with a ``W``; else only those that would
             become the largest accumulated wait of all stages.
+        input_grad_frees: the share of a microbatch's activations its ``B`` frees (its ``W`` the rest).
     """
     m = _microbatches(microbatches)
     p = times.stages
     caps = _budget(budget, p, m)
-    st = _Placer(times, m, caps)
+    st = _Placer(times, m, caps, _freed(input_grad_frees))
     for j in range(p):
         st.put(j, "F")
     # warm-up: extra forwards per stage before its first backward's input arrives (walking back)
@@ -287,16 +307,21 @@ def heuristic_order(times: StageTimes, microbatches: int, budget: float | Sequen
     return tuple(tuple(o) for o in st.order)
 
 
-def _stage_orders(m: int, cap: float) -> list[tuple[tuple[str, int], ...]]:
+def _fits(f: int, b: int, w: int, cap: float, x: float) -> bool:
+    """May a stage that has run ``f`` F, ``b`` B and ``w`` W start another ``F`` under ``cap``?"""
+    return f - x * b - (1.0 - x) * w + 1 <= cap + 1e-9
+
+
+def _stage_orders(m: int, cap: float, x: float = 0.0) -> list[tuple[tuple[str, int], ...]]:
     """Every order of one stage's ``m`` microbatches (each kind in microbatch order, ``F < B < W`` per
-    microbatch) holding at most ``cap`` activations."""
+    microbatch) holding at most ``cap`` activations (``B`` frees the share ``x``)."""
     out: list[tuple[tuple[str, int], ...]] = []
 
     def rec(f: int, b: int, w: int, acc: list[tuple[str, int]]) -> None:
         if w == m:
             out.append(tuple(acc))
             return
-        if f < m and f - w + 1 <= cap:
+        if f < m and _fits(f, b, w, cap, x):
             rec(f + 1, b, w, [*acc, ("F", f)])
         if b < f:
             rec(f, b + 1, w, [*acc, ("B", b)])
@@ -306,13 +331,13 @@ def _stage_orders(m: int, cap: float) -> list[tuple[tuple[str, int], ...]]:
     return out
 
 
-def _count_orders(m: int, cap: float) -> int:
+def _count_orders(m: int, cap: float, x: float = 0.0) -> int:
     """How many orders :func:`_stage_orders` would list (counted without listing them)."""
     @functools.cache
     def n(f: int, b: int, w: int) -> int:
         if w == m:
             return 1
-        return ((n(f + 1, b, w) if f < m and f - w + 1 <= cap else 0) + (n(f, b + 1, w) if b < f else 0)
+        return ((n(f + 1, b, w) if f < m and _fits(f, b, w, cap, x) else 0) + (n(f, b + 1, w) if b < f else 0)
                 + (n(f, b, w + 1) if w < b else 0))
     return n(0, 0, 0)
 
@@ -322,18 +347,19 @@ EXACT_LIMIT = 200_000
 
 
 def exact_order(times: StageTimes, microbatches: int, budget: float | Sequence[float], *,
-                limit: int = EXACT_LIMIT) -> tuple[float, Orders]:
+                limit: int = EXACT_LIMIT, input_grad_frees: float = 0.0) -> tuple[float, Orders]:
     """(cost, orders) of the best orders within ``budget``, by trying every combination of every stage's
     orders; refuses cases with more than ``limit`` combinations (use :func:`search_order`'s heuristic)."""
     m = _microbatches(microbatches)
     p = times.stages
     caps = _budget(budget, p, m)
-    n = math.prod(_count_orders(m, cap) for cap in caps)
+    x = _freed(input_grad_frees)
+    n = math.prod(_count_orders(m, cap, x) for cap in caps)
     if n > limit:
         raise ScheduleError(f"the exact search would try {n} order combinations for {p} stages and {m} "
                             f"microbatches (limit {limit}); it is for small cases: use search_order(..., "
                             "exact=False), the heuristic, or fewer stages/microbatches")
-    per_stage = [_stage_orders(m, cap) for cap in caps]
+    per_stage = [_stage_orders(m, cap, x) for cap in caps]
     best: tuple[float, Orders] | None = None
     for combo in itertools.product(*per_stage):
         got = evaluate(combo, times)
@@ -352,7 +378,7 @@ class SearchResult:
     schedule: Schedule
     cost: float
     bubble_rate: float
-    peak_activations: tuple[int, ...]
+    peak_activations: tuple[float, ...]
     budget: tuple[float, ...]
     how: str
     knobs: dict[str, bool] = field(default_factory=dict)
@@ -369,7 +395,7 @@ def to_schedule(orders: Orders, microbatches: int, *, budget: Sequence[float] = 
 
 
 def search_order(times: StageTimes, microbatches: int, budget: float | Sequence[float], *,
-           exact: bool = False) -> SearchResult:
+                 exact: bool = False, input_grad_frees: float = 0.0) -> SearchResult:
     """The best order of ``microbatches`` microbatches within ``budget`` activations per stage.
 
     Args:
@@ -377,18 +403,22 @@ def search_order(times: StageTimes, microbatches: int, budget: float | Sequence[
         budget: microbatches' activations each stage may hold (one number for all stages, or one per
             stage); below 1 on any stage is refused (no order fits).
         exact: try every order (small cases) instead of the paper's greedy over its two knobs.
+        input_grad_frees: the share of a microbatch's activations its ``B`` frees, its ``W`` the rest
+            (0: pipelab's runtime, which frees at ``W``; 0.5: the Zero Bubble paper's scheduler, whose
+            ZB-1p and ZB-2p are ``budget`` = ``p`` and ``2p`` in this count).
     """
     m = _microbatches(microbatches)
     p = times.stages
     caps = _budget(budget, p, m)
     knobs: dict[str, bool] = {}
     if exact:
-        cost, orders = exact_order(times, m, caps)
+        cost, orders = exact_order(times, m, caps, input_grad_frees=input_grad_frees)
         how = "exact"
     else:
         best: tuple[float, Orders, dict[str, bool]] | None = None
         for eager, fill in itertools.product((False, True), repeat=2):
-            cand = heuristic_order(times, m, caps, eager_warmup=eager, fill_short_waits=fill)
+            cand = heuristic_order(times, m, caps, eager_warmup=eager, fill_short_waits=fill,
+                                   input_grad_frees=input_grad_frees)
             got = evaluate(cand, times)
             if got is None:
                 raise ScheduleError("internal: the greedy built a deadlocking order")
@@ -398,7 +428,7 @@ def search_order(times: StageTimes, microbatches: int, budget: float | Sequence[
         cost, orders, knobs = best
         how = "heuristic"
     work = max(times.work(j, m) for j in range(p))
-    peaks = tuple(peak_activations(o) for o in orders)
+    peaks = tuple(peak_activations(o, input_grad_frees=input_grad_frees) for o in orders)
     return SearchResult(schedule=to_schedule(orders, m, budget=caps), cost=cost,
                         bubble_rate=(cost - work) / cost, peak_activations=peaks, budget=caps, how=how,
                         knobs=knobs)
