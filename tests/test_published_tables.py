@@ -175,8 +175,11 @@ def _table(name: str) -> list[dict[str, str]]:
 
 
 def _zb_rates(p: int, m: int, f: float, b: float, w: float, c: float) -> dict[str, float]:
-    """Table 5's columns from pipelab: the builders' orders and the search's at p and 2p activations,
-    timed the paper's way (cost = the longest stage span; rate = (cost - m(F+B+W)) / cost)."""
+    """Table 5's columns from pipelab: the builders' orders and the search's at ``p`` and ``2p``
+    activations, counted and timed the paper's way (its scheduler, sail-sg/zero-bubble-pipeline-
+    parallelism ``auto_schedule.py``: a ``B`` frees half a microbatch's activations, its ``W`` the rest;
+    a message takes ``T_comm`` between neighbour stages; cost = the longest stage span; rate =
+    (cost - m(F+B+W)) / cost)."""
     times = S.StageTimes.uniform(p, forward=f, backward_input=b, backward_weight=w, send_s=c)
     work = m * (f + b + w)
     out = {}
@@ -184,21 +187,62 @@ def _zb_rates(p: int, m: int, f: float, b: float, w: float, c: float) -> dict[st
         sch = build(method, p, microbatches=m)
         cost, _ = S.evaluate(S.orders_of(sch), times, fused=S.fused_stages(sch))
         out[col] = (cost - work) / cost
-    out["ZB-1p"] = S.search_order(times, m, p).bubble_rate
-    out["ZB-2p"] = S.search_order(times, m, 2 * p).bubble_rate
+    out["ZB-1p"] = S.search_order(times, m, p, input_grad_frees=0.5).bubble_rate
+    out["ZB-2p"] = S.search_order(times, m, 2 * p, input_grad_frees=0.5).bubble_rate
     return out
+
+
+COLUMNS = ("1F1B", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p")
+
+
+def _row_rates(row: dict[str, str], **times: float) -> dict[str, float]:
+    given = {k: float(row[k]) for k in ("T_F_ms", "T_B_ms", "T_W_ms", "T_comm_ms")} | times
+    return _zb_rates(int(row["stages"]), int(row["m"]), given["T_F_ms"], given["T_B_ms"], given["T_W_ms"],
+                     given["T_comm_ms"])
 
 
 @pytest.mark.parametrize("row", _table("zero_bubble_table5.csv"), ids=lambda r: f"{r['model']}-m{r['m']}")
 def test_zero_bubble_table5_from_table6(row: dict[str, str]) -> None:
-    """At the low end of Table 6's T_comm range, 1F1B, ZB-H1, ZB-H2 and ZB-1p come within 5e-4 of the
-    printed rates (4 digits printed: the last digit differs by 1 to 4); ZB-1p equals ZB-H1 exactly, as
-    in the table. ZB-2p is the paper's ILP's result and is not reproduced by the greedy (see README)."""
-    p, m = int(row["stages"]), int(row["m"])
-    got = _zb_rates(p, m, float(row["T_F_ms"]), float(row["T_B_ms"]), float(row["T_W_ms"]),
-                    float(row["T_comm_ms"]))
-    for col in ("1F1B", "ZB-H1", "ZB-H2", "ZB-1p"):
-        assert got[col] == pytest.approx(float(row[col]), abs=5e-4), (col, got[col], row[col])
+    """From Table 6's printed times (the low end of its ranges) every column comes within 7e-4 of the
+    printed rate (1F1B, ZB-H1, ZB-H2, ZB-1p within 5e-4); ZB-1p equals ZB-H1, as in the table; ZB-2p
+    (the search at 2p with the paper's memory count) beats ZB-H2, as in the table."""
+    got = _row_rates(row)
+    for col in COLUMNS:
+        tol = 7e-4 if col == "ZB-2p" else 5e-4
+        assert got[col] == pytest.approx(float(row[col]), abs=tol), (col, got[col], row[col])
     assert got["ZB-1p"] == pytest.approx(got["ZB-H1"], abs=1e-12)
-    assert got["ZB-2p"] < got["ZB-H2"]              # 2p activations beat ZB-H2's 2p-1 ...
-    assert got["ZB-2p"] > float(row["ZB-2p"])        # ... but not the paper's ILP
+    assert got["ZB-2p"] < got["ZB-H2"]
+
+
+#: Times inside Table 6's printed precision (each rounds to the printed figure, T_B and T_comm inside
+#: the printed range of the 28.3B model), found by a grid search around the printed times: with them
+#: pipelab gives every digit Table 5 prints, so the last-digit differences above are Table 6's rounding
+#: of the profiled times the paper computed Table 5 from, not a difference of model.
+UNROUNDED = {"1.5B": {"T_F_ms": 18.475, "T_B_ms": 18.1, "T_W_ms": 9.33, "T_comm_ms": 0.602},
+             "28.3B": {"T_F_ms": 10.4, "T_B_ms": 10.23, "T_W_ms": 7.72, "T_comm_ms": 0.409}}
+#: Table 6's printed times (lowest, highest where it prints a range) and their last printed digit's unit
+PRINTED = {"1.5B": {"T_F_ms": (18.5, 18.5, 0.1), "T_B_ms": (18.1, 18.1, 0.1), "T_W_ms": (9.3, 9.3, 0.1),
+                    "T_comm_ms": (0.6, 0.76, 0.01)},
+           "28.3B": {"T_F_ms": (10.4, 10.4, 0.1), "T_B_ms": (10.2, 10.25, 0.01), "T_W_ms": (7.7, 7.7, 0.1),
+                     "T_comm_ms": (0.41, 0.46, 0.01)}}
+
+
+@pytest.mark.parametrize("row", _table("zero_bubble_table5.csv"), ids=lambda r: f"{r['model']}-m{r['m']}")
+def test_zero_bubble_table5_printed_digits_within_table6_rounding(row: dict[str, str]) -> None:
+    """Every digit Table 5 prints, all five columns, from times that Table 6 prints as it does."""
+    times = UNROUNDED[row["model"]]
+    for name, value in times.items():
+        low, high, unit = PRINTED[row["model"]][name]
+        assert low - unit / 2 <= value < high + unit / 2, (name, value)
+    got = _row_rates(row, **times)
+    assert {col: round(got[col], 4) for col in COLUMNS} == {col: float(row[col]) for col in COLUMNS}
+
+
+@pytest.mark.xfail(strict=True, reason="Table 5 was computed from the profiled times before Table 6 rounded "
+                   "them to 3 significant digits: from the printed times the last digit differs by 1 to 7 "
+                   "(1.5B: 1F1B 0.2430, ZB-H1 and ZB-1p 0.1588, ZB-H2 0.1087, ZB-2p 0.0440; 28.3B: 0.2647, "
+                   "0.1423, 0.0643, 0.0036); times within that rounding give every printed digit (above)")
+@pytest.mark.parametrize("row", _table("zero_bubble_table5.csv"), ids=lambda r: f"{r['model']}-m{r['m']}")
+def test_zero_bubble_table5_printed_digits_from_printed_table6(row: dict[str, str]) -> None:
+    got = _row_rates(row)
+    assert {col: round(got[col], 4) for col in COLUMNS} == {col: float(row[col]) for col in COLUMNS}

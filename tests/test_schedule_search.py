@@ -93,3 +93,31 @@ def test_budget_below_any_order_is_refused_with_what_it_needs() -> None:
         S.search_order(S.StageTimes.uniform(4), 8, 7, exact=True)
     with pytest.raises(ScheduleError, match="F, B and W time"):
         S.StageTimes((1.0,), (0.0,), (1.0,))
+
+
+def test_input_grad_frees_counts_the_paper_way() -> None:
+    """F takes one microbatch's activations, B frees the share given, W the rest (the paper's scheduler:
+    half at B, ``mem_f = 2, mem_b = mem_w = -1``); counted by hand."""
+    order = (("F", 0), ("F", 1), ("B", 0), ("F", 2), ("W", 0), ("B", 1), ("W", 1), ("B", 2), ("W", 2))
+    assert S.peak_activations(order) == 3                          # 1, 2, 2, 3, 2, ...
+    assert S.peak_activations(order, input_grad_frees=0.5) == 2.5   # 1, 2, 1.5, 2.5, 2, ...
+    assert S.peak_activations(order, input_grad_frees=1.0) == 2     # 1, 2, 1, 2, 2, ...
+    with pytest.raises(ScheduleError, match=r"input_grad_frees=1.5 .* in \[0, 1\]"):
+        S.search_order(S.StageTimes.uniform(2), 4, 2, input_grad_frees=1.5)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 3), (3, 3)])
+def test_half_freeing_admits_more_orders(p: int, m: int) -> None:
+    """With B freeing half, the exhaustive search's best never loses to the stricter count (its orders
+    are a superset) and holds at most the budget; the greedy stays above the exhaustive optimum."""
+    times = S.StageTimes((1.0,) * p, (2.0,) * p, (1.0,) * p, send_s=0.5)
+    gained = []
+    for budget in (1.5, 2, p, 2 * p - 1):
+        strict = S.search_order(times, m, budget, exact=True)
+        half = S.search_order(times, m, budget, exact=True, input_grad_frees=0.5)
+        greedy = S.search_order(times, m, budget, input_grad_frees=0.5)
+        assert max(half.peak_activations) <= budget and max(greedy.peak_activations) <= budget
+        assert half.cost <= strict.cost + 1e-9
+        assert greedy.cost >= half.cost - 1e-9
+        gained.append(strict.cost - half.cost)
+    assert max(gained) > 0, gained            # the count matters somewhere
