@@ -162,9 +162,9 @@ def evaluate(orders: Orders, times: StageTimes, *, fused: frozenset[int] = froze
 def _freed(input_grad_frees: float) -> float:
     x = float(input_grad_frees)
     if not 0.0 <= x <= 1.0:
-        raise ScheduleError(f"input_grad_frees={input_grad_frees!r} is the share of a microbatch's activations "
-                            "its B frees (its W frees the rest): give a number in [0, 1] (the paper's "
-                            "scheduler: 0.5; pipelab's runtime: 0)")
+        raise ScheduleError(f"input_grad_frees={input_grad_frees!r} is the share of a microbatch's "
+                            "activations its B frees (its W frees the rest): give a number in [0, 1] (the "
+                            "paper's scheduler: 0.5; pipelab's runtime: 0)")
     return x
 
 
