@@ -28,3 +28,18 @@ def test_search_rows_fall_to_zero_bubble_at_2p_minus_1() -> None:
     assert costs == sorted(costs, reverse=True)
     assert rows[4 - 1]["cost"] == pytest.approx(24 + 3)     # ZB-H1 at P: 3M + (P-1)(F+B-W)
     assert rows[2 * 4 - 2]["cost"] == pytest.approx(24)     # ZB-H2 at 2P-1: 3M
+
+
+def test_zero_bubble_rows_the_papers_count_reaches_its_zb_2p() -> None:
+    """On Table 6's 1.5B times, ZB-1p's budget gives the same cost in both counts (0.1588, Table 5 prints
+    0.1585), and at ZB-2p's budget the paper's count (B frees half) reaches 0.0440 (printed 0.0433) where
+    freeing at W stays above 0.1; each count's cost never rises with the budget."""
+    rows = compare.zero_bubble_search_rows()
+    assert [r["budget"] for r in rows] == list(range(8, 17))
+    assert rows[0]["cost"] == pytest.approx(rows[0]["cost_half_at_B"])
+    assert rows[0]["bubble_rate"] == pytest.approx(0.1588, abs=5e-5)
+    assert rows[-1]["bubble_rate_half_at_B"] == pytest.approx(0.0440, abs=5e-5)
+    assert rows[-1]["bubble_rate"] > 0.1
+    for key in ("cost", "cost_half_at_B"):
+        costs = [r[key] for r in rows]
+        assert costs == sorted(costs, reverse=True), key
