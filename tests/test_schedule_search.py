@@ -121,3 +121,5 @@ def test_half_freeing_admits_more_orders(p: int, m: int) -> None:
         assert greedy.cost >= half.cost - 1e-9
         gained.append(strict.cost - half.cost)
     assert max(gained) > 0, gained            # the count matters somewhere
+    validate(greedy.schedule)
+    assert greedy.schedule.options["input_grad_frees"] == 0.5      # how its budget was counted

@@ -384,14 +384,16 @@ class SearchResult:
     knobs: dict[str, bool] = field(default_factory=dict)
 
 
-def to_schedule(orders: Orders, microbatches: int, *, budget: Sequence[float] = ()) -> Schedule:
-    """Per-stage orders as a one-minibatch pipelab Schedule (one worker per stage, a ``U`` at the end)."""
+def to_schedule(orders: Orders, microbatches: int, *, budget: Sequence[float] = (),
+                input_grad_frees: float = 0.0) -> Schedule:
+    """Per-stage orders as a one-minibatch pipelab Schedule (one worker per stage, a ``U`` at the end);
+    its options record the budget and how it was counted."""
     p = len(orders)
     acts = tuple(tuple(Action(j, k, i) for k, i in orders[j]) + (Action(j, "U", 0),) for j in range(p))
     return Schedule(method=METHOD, num_stages=p, stage_ranks=tuple((j,) for j in range(p)),
                     microbatches=microbatches, minibatches=1, actions=acts,
                     options={"allreduce": False, "weights": "single", "split_backward": True,
-                             "activation_budget": list(budget)})
+                             "activation_budget": list(budget), "input_grad_frees": float(input_grad_frees)})
 
 
 def search_order(times: StageTimes, microbatches: int, budget: float | Sequence[float], *,
@@ -429,9 +431,9 @@ def search_order(times: StageTimes, microbatches: int, budget: float | Sequence[
         how = "heuristic"
     work = max(times.work(j, m) for j in range(p))
     peaks = tuple(peak_activations(o, input_grad_frees=input_grad_frees) for o in orders)
-    return SearchResult(schedule=to_schedule(orders, m, budget=caps), cost=cost,
-                        bubble_rate=(cost - work) / cost, peak_activations=peaks, budget=caps, how=how,
-                        knobs=knobs)
+    sch = to_schedule(orders, m, budget=caps, input_grad_frees=input_grad_frees)
+    return SearchResult(schedule=sch, cost=cost, bubble_rate=(cost - work) / cost, peak_activations=peaks,
+                        budget=caps, how=how, knobs=knobs)
 
 
 def fused_stages(schedule: Schedule) -> frozenset[int]:
