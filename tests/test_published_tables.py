@@ -3,8 +3,14 @@
 1. DeepSeek-V3 technical report (arXiv 2412.19437), Table 2, also deepseek-ai/DualPipe's README: per
    method the bubble, parameters per device and activations per device, with PP stages and F, B (full
    backward), W, F&B times. Here B is pipelab's input gradient, so the report's B is ``b + w``.
+   The formula is checked for what it is: DeepSeek's own order's idle with F&B one chunk at equal
+   times, a bound (not an identity) under pipelab's pricing of the pair as two actions.
 2. Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024): Table 5's bubble rates computed from
-   Table 6's profiled times (tests/data/zero_bubble_tables.csv, cited there).
+   Table 6's profiled times (tests/data/zero_bubble_table5.csv, cited there), timed and counted as the
+   authors' scheduler does (sail-sg/zero-bubble-pipeline-parallelism, ``auto_schedule.py``): T_comm on
+   every message between neighbour stages, a B freeing half a microbatch's activations, ZB-1p/ZB-2p the
+   greedy's (its ILP is not run at these sizes). Every printed digit from times within Table 6's
+   printed precision; from the printed times themselves, the last digit is off (strict xfail).
 """
 
 from __future__ import annotations
