@@ -319,7 +319,7 @@ def test_zero_bubble_table5_from_table6(row: dict[str, str]) -> None:
 #: pipelab gives every digit Table 5 prints, so the last-digit differences above are Table 6's rounding
 #: of the profiled times the paper computed Table 5 from, not a difference of model.
 UNROUNDED = {"1.5B": {"T_F_ms": 18.475, "T_B_ms": 18.1, "T_W_ms": 9.33, "T_comm_ms": 0.602},
-             "28.3B": {"T_F_ms": 10.4, "T_B_ms": 10.23, "T_W_ms": 7.72, "T_comm_ms": 0.409}}
+             "28.3B": {"T_F_ms": 10.4, "T_B_ms": 10.23, "T_W_ms": 7.7175, "T_comm_ms": 0.4075}}
 #: Table 6's printed times (lowest, highest where it prints a range) and their last printed digit's unit
 PRINTED = {"1.5B": {"T_F_ms": (18.5, 18.5, 0.1), "T_B_ms": (18.1, 18.1, 0.1), "T_W_ms": (9.3, 9.3, 0.1),
                     "T_comm_ms": (0.6, 0.76, 0.01)},
