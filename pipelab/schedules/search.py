@@ -373,7 +373,8 @@ def exact_order(times: StageTimes, microbatches: int, budget: float | Sequence[f
 @dataclass(frozen=True)
 class SearchResult:
     """A searched order: its ``schedule``, ``cost`` (longest stage span, the paper's), ``bubble_rate``
-    ``(cost - most stage work) / cost``, activations held per stage, and the knobs that won."""
+    ``(cost - most stage work) / cost``, the most activations each stage holds (in microbatches, counted
+    as the search was told: ``input_grad_frees``), and the knobs that won."""
 
     schedule: Schedule
     cost: float
