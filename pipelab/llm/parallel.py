@@ -62,6 +62,10 @@ class Parallel:
         sharding: ``"none"``, ``"zero1"`` (optimizer states over the data group; Rajbhandari et al. SC'20)
             or ``"fsdp"`` (weights, gradients and states; ZeRO-3).
         dp_overlap: the gradient all-reduce runs in buckets behind the backward.
+        tensor_overlap: in a backward that computes its weight gradients (not split off as ``W``), the
+            tensor group's collective of each column-parallel linear's input gradient runs behind that
+            linear's weight-gradient GEMM (Megatron-LM's asynchronous tensor-parallel all-reduce,
+            Korthikanti et al. 2022 §6.2); a recomputed forward's collectives stay exposed.
         schedule: the pipeline order whose in-flight microbatches set the activation memory (SCHEDULES).
     """
 
@@ -76,6 +80,7 @@ class Parallel:
     sharding: str = "none"
     dp_overlap: bool = True
     schedule: str = "1f1b"
+    tensor_overlap: bool = False
 
     def __post_init__(self) -> None:
         for label in ("tensor", "pipeline", "data", "microbatch_size", "microbatches", "virtual"):
