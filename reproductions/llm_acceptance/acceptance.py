@@ -174,7 +174,7 @@ def table(results: list[dict[str, Any]]) -> str:
                  f"over {len(errs)} rows (target: median <= 10%, worst <= 20%)")
     mems = [abs(r["memory_error"]) for r in results if r["memory_error"] is not None]
     lines.append(f"memory per GPU: worst |error| {max(mems):.1%} over {len(mems)} rows" if mems else
-                 "memory per GPU: no published per-GPU memory figure among these rows")
+                 "memory per GPU: these papers publish none; memory.md compares published_memory.csv's rows")
     return "\n".join(lines)
 
 
@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> str:
         w.writeheader()
         w.writerows(results)
     print(text)
+    from reproductions.llm_acceptance.memory import write_memory
+    print()
+    print(write_memory(out))
     return text
 
 
