@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pipelab.cluster import Cluster
-from pipelab.llm import Parallel, Transformer, stage_costs
+from pipelab.llm import Parallel, ParallelError, Transformer, stage_costs
 from pipelab.llm.collectives import allreduce_s, reduce_scatter_s
 from pipelab.llm.costs import block_costs
 from pipelab.llm.devices import device_table
@@ -79,3 +79,14 @@ def test_split_weight_gradients_hide_nothing():
     off = simulate_llm(MODEL, CLUSTER, Parallel(**kw))
     on = simulate_llm(MODEL, CLUSTER, Parallel(**kw, tensor_overlap=True))
     assert on.time_per_iteration_s == pytest.approx(off.time_per_iteration_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("label", ["tensor_overlap", "dp_overlap", "sequence_parallel"])
+def test_switches_must_be_booleans(label):
+    with pytest.raises(ParallelError, match=f"{label}='yes' must be True or False"):
+        Parallel(tensor=2, **{label: "yes"})
+
+
+def test_round_trip_keeps_the_overlap():
+    par = Parallel(tensor=8, tensor_overlap=True, dp_overlap=False)
+    assert Parallel.from_dict(par.to_dict()) == par

@@ -54,18 +54,14 @@ class Parallel:
     Args:
         tensor, pipeline, data: degrees (devices = their product).
         microbatch_size: sequences per microbatch.
-        microbatches: microbatches per pipeline per iteration (the global batch is
-            ``data * microbatches * microbatch_size``).
+        microbatches: microbatches per pipeline per iteration (global batch: ``data * microbatches * b``).
         virtual: model chunks per device (interleaved 1F1B, Narayanan et al. SC'21 §2.2).
         recompute: ``"none"``, ``"selective"`` (attention core, Korthikanti et al. 2022 §5) or ``"full"``.
         sequence_parallel: norms and dropout split over the tensor group by sequence (Korthikanti §4.2.2).
         sharding: ``"none"``, ``"zero1"`` (optimizer states over the data group; Rajbhandari et al. SC'20)
             or ``"fsdp"`` (weights, gradients and states; ZeRO-3).
         dp_overlap: the gradient all-reduce runs in buckets behind the backward.
-        tensor_overlap: in a backward that computes its weight gradients (not split off as ``W``), the
-            tensor group's collective of each column-parallel linear's input gradient runs behind that
-            linear's weight-gradient GEMM (Megatron-LM's asynchronous tensor-parallel all-reduce,
-            Korthikanti et al. 2022 §6.2); a recomputed forward's collectives stay exposed.
+        tensor_overlap: backward collectives behind the weight GEMMs (:mod:`pipelab.llm.costs`).
         schedule: the pipeline order whose in-flight microbatches set the activation memory (SCHEDULES).
     """
 
@@ -87,6 +83,9 @@ class Parallel:
             v = getattr(self, label)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ParallelError(f"Parallel: {label}={v!r} must be an integer >= 1")
+        for label in ("sequence_parallel", "dp_overlap", "tensor_overlap"):
+            if not isinstance(getattr(self, label), bool):
+                raise ParallelError(f"Parallel: {label}={getattr(self, label)!r} must be True or False")
         if self.recompute not in RECOMPUTE:
             raise ParallelError(f"Parallel: recompute={self.recompute!r} is not one of {RECOMPUTE}")
         if self.sharding not in SHARDING:

@@ -252,11 +252,9 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
         cluster: a Cluster or preset spec (e.g. ``"dgx-a100:3072"``: 3,072 GPUs in nodes of 8).
         parallel: tensor, pipeline, data degrees, microbatches, recomputation, sharding
             (:class:`pipelab.llm.parallel.Parallel`); checked against model and cluster first.
-        method: pipelab's method for ``parallel.schedule`` (default; given, it must agree):
-            ``"1f1b-flush"``, ``"interleaved-1f1b"`` (``parallel.virtual`` stages per worker), ``"zb-h1"``
-            or ``"gpipe"``.
-        recipe: the precision recipe (:data:`pipelab.llm.memory.RECIPES`): the gradient bytes the data
-            group reduces, the optimizer step's bytes and the model states' memory.
+        method: pipelab's method for ``parallel.schedule`` (:data:`SCHEDULE_METHODS`; given, it must
+            agree).
+        recipe: the precision recipe (:data:`pipelab.llm.memory.RECIPES`): gradient bytes, states.
 
     Returns:
         An :class:`LlmResult`; its ``trace`` is the one pipeline's, with ``tensor`` and ``allreduce``

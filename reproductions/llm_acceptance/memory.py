@@ -42,7 +42,8 @@ def predict_memory(row: dict[str, str]) -> dict[str, Any]:
     parts = {k: v / 2**30 for k, v in worst.parts().items() if k != "total"}
     return {"source": row["source"], "row": row["row"], "gpus": par.devices,
             "config": f"t={par.tensor} p={par.pipeline} d={par.data} b={par.microbatch_size} "
-                      f"{par.recompute}{' sp' if par.sequence_parallel else ''} {par.sharding} {row['recipe']}",
+                      f"{par.recompute}{' sp' if par.sequence_parallel else ''} {par.sharding} "
+                      f"{row['recipe']}",
             "published_gib": pub, "predicted_gib": pred, "error": pred / pub - 1,
             **{f"{k}_gib": v for k, v in parts.items()}}
 
@@ -52,8 +53,9 @@ def memory_table(results: list[dict[str, Any]]) -> str:
     lines = ["| source | row | GPUs | configuration | published GiB/GPU | predicted GiB/GPU | error | "
              "of which activations |", "|" + "---|" * 8]
     for r in results:
-        lines.append(f"| {r['source']} | {r['row']} | {r['gpus']} | {r['config']} | {r['published_gib']:.1f} | "
-                     f"{r['predicted_gib']:.1f} | {r['error']:+.1%} | {r['activations_gib']:.1f} |")
+        lines.append(f"| {r['source']} | {r['row']} | {r['gpus']} | {r['config']} | "
+                     f"{r['published_gib']:.1f} | {r['predicted_gib']:.1f} | {r['error']:+.1%} | "
+                     f"{r['activations_gib']:.1f} |")
     errs = [abs(r["error"]) for r in results]
     lines += ["", f"memory per GPU: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%} over "
               f"{len(errs)} rows (target: within 10%); each row's note in published_memory.csv says what the "
