@@ -32,7 +32,7 @@ UNSTATED: dict[str, Any] = {
     # Megatron-LM of 2021-22 all-reduced the gradients after the backward (its local DDP); Korthikanti
     # et al. §6.3: "we do not use any overlapping of gradient all-reduces with back-propagation"
     "dp_overlap": False,
-    # Megatron-LM added the backward's asynchronous tensor all-reduce in September 2021, after SC'21's
+    # Megatron-LM added the backward's asynchronous tensor all-reduce in August 2021, after SC'21's
     # runs; Korthikanti §6.2 states it for theirs (their rows set it)
     "tensor_overlap": False,
     # gradients accumulated and all-reduced in fp32 (bf16 forces it in Megatron-LM); SC'21's release
