@@ -40,7 +40,7 @@ from pipelab.cluster import Cluster
 from pipelab.llm.collectives import all_gather_s, allreduce_s, p2p_s, reduce_scatter_s
 from pipelab.llm.devices import DeviceRates
 from pipelab.llm.memory import RECIPES, Recipe, stage_params
-from pipelab.llm.parallel import Parallel
+from pipelab.llm.parallel import Parallel, ParallelError
 from pipelab.llm.shape import Transformer
 
 #: attention implementations: ``"unfused"`` materializes the ``a s^2 b`` scores (softmax, mask and
@@ -217,6 +217,10 @@ def stage_costs(model: Transformer, parallel: Parallel, cluster: Cluster, *,
         stage_layers: blocks per pipeline stage where uneven (default ``layers / pipeline`` each).
     """
     parallel.check(model, cluster, allow_slow_tensor=allow_slow_tensor, stage_layers=stage_layers)
+    if parallel.recompute == "selective-op":
+        raise ParallelError("recompute='selective-op' (torchtitan's per-operator save list) is modelled for "
+                            "memory only (pipelab.llm.memory_per_device); price time with 'none', "
+                            "'selective' or 'full'")
     rates = DeviceRates.of(device if device is not None else cluster.devices[0].name)
     p, t, e = parallel.pipeline, parallel.tensor, model.bytes_per_element
     counts = list(stage_layers) if stage_layers is not None else [model.layers // p] * p
@@ -278,7 +282,7 @@ def _data_parallel(model: Transformer, parallel: Parallel, cluster: Cluster, rat
     for st in stages:
         group = parallel.data_group(stage=st.stage)
         grads = rec.gradients * st.params
-        weights = rec.weights * st.params
+        weights = (rec.gathered_weight_bytes if parallel.sharding == "fsdp" else rec.weights) * st.params
         gather = 0.0
         if d == 1:
             sync = 0.0

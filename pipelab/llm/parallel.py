@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from pipelab.cluster import Cluster
     from pipelab.llm.shape import Transformer
 
-RECOMPUTE = ("none", "selective", "full")
+#: activation recomputation policies: Korthikanti et al. 2022's three, and torchtitan's per-operator
+#: save list ("selective-op": :func:`pipelab.llm.memory.op_saved_bytes`; memory only)
+RECOMPUTE = ("none", "selective", "full", "selective-op")
 SHARDING = ("none", "zero1", "fsdp")
 #: pipeline orders whose in-flight microbatches :mod:`pipelab.llm.memory` knows
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "gpipe")
@@ -56,7 +58,8 @@ class Parallel:
         microbatch_size: sequences per microbatch.
         microbatches: microbatches per pipeline per iteration (global batch: ``data * microbatches * b``).
         virtual: model chunks per device (interleaved 1F1B, Narayanan et al. SC'21 §2.2).
-        recompute: ``"none"``, ``"selective"`` (attention core, Korthikanti et al. 2022 §5) or ``"full"``.
+        recompute: ``"none"``, ``"selective"`` (attention core, Korthikanti et al. 2022 §5), ``"full"``, or
+            ``"selective-op"`` (torchtitan's per-operator save list; priced for memory only).
         sequence_parallel: norms and dropout split over the tensor group by sequence (Korthikanti §4.2.2).
         sharding: ``"none"``, ``"zero1"`` (optimizer states over the data group; Rajbhandari et al. SC'20)
             or ``"fsdp"`` (weights, gradients and states; ZeRO-3).

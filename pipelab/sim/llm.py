@@ -182,6 +182,8 @@ def model_flops(model: Transformer, sequences: int) -> float:
 def hardware_flops(model: Transformer, sequences: int, recompute: str) -> float:
     """FLOPs the devices execute: model FLOPs plus the recomputed forward (``"full"``: every block's;
     ``"selective"``: the attention core's, Korthikanti et al. 2022 §4)."""
+    if recompute == "selective-op":
+        raise ValueError("recompute='selective-op' is modelled for memory only; its recomputed FLOPs are not")
     extra = 0
     if recompute == "full":
         extra = model.layers * model.block_flops(sequences)["forward"]
