@@ -58,8 +58,7 @@ class Parallel:
         microbatch_size: sequences per microbatch.
         microbatches: microbatches per pipeline per iteration (global batch: ``data * microbatches * b``).
         virtual: model chunks per device (interleaved 1F1B, Narayanan et al. SC'21 §2.2).
-        recompute: ``"none"``, ``"selective"`` (attention core, Korthikanti et al. 2022 §5), ``"full"``, or
-            ``"selective-op"`` (torchtitan's per-operator save list; priced for memory only).
+        recompute: one of :data:`RECOMPUTE` (``"selective"``: Korthikanti et al. 2022 §5's).
         sequence_parallel: norms and dropout split over the tensor group by sequence (Korthikanti §4.2.2).
         sharding: ``"none"``, ``"zero1"`` (optimizer states over the data group; Rajbhandari et al. SC'20)
             or ``"fsdp"`` (weights, gradients and states; ZeRO-3).
