@@ -218,3 +218,26 @@ def test_op_policy_is_memory_only():
         stage_costs(m, Parallel(recompute="selective-op"), Cluster.preset("dgx-a100", nodes=1))
     with pytest.raises(ValueError, match="memory only"):
         hardware_flops(m, 8, "selective-op")
+
+
+def test_sequence_parallel_gathered_inputs_closed_form():
+    """DTensor sequence parallelism keeps the qkv and MLP inputs whole (2 bf16 s b h per block, instead of
+    their shards) and the head's input whole: Korthikanti's ``sbh/t (34 + 5as/h)`` becomes
+    ``sbh/t (30 + 5as/h) + 4 sbh`` per block, and the last stage adds ``2 sbh (1 - 1/t)``."""
+    s, b, h, a, t = 2048, 1, 1024, 16, 8
+    sbh = s * b * h
+    m = Transformer(name="gpt", layers=4, hidden=h, heads=a, seq=s, vocab=51200, tied=False)
+    par = Parallel(tensor=t, microbatch_size=b, sequence_parallel=True)
+    sharded = layer_activation_bytes(m, par, "unfused")
+    gathered = layer_activation_bytes(m, par, "unfused", "gathered")
+    assert sharded == sbh * (34 + 5 * a * s // h) // t
+    assert gathered == sbh * (30 + 5 * a * s // h) // t + 4 * sbh
+    fused = memory_per_device(m, par, attention="unfused")[0]
+    whole = memory_per_device(m, par, attention="unfused", sequence_parallel_inputs="gathered")[0]
+    assert whole.activations - fused.activations == 4 * (gathered - sharded) + 2 * sbh - 2 * sbh // t
+    # without sequence parallelism there is nothing to gather: the knob changes nothing
+    plain = Parallel(tensor=t, microbatch_size=b)
+    same = layer_activation_bytes(m, plain, "unfused")
+    assert layer_activation_bytes(m, plain, "unfused", "gathered") == same
+    with pytest.raises(ValueError, match="sequence_parallel_inputs"):
+        memory_per_device(m, par, sequence_parallel_inputs="whole")

@@ -145,6 +145,18 @@ def in_flight(schedule: str, stage: int, pipeline: int, microbatches: int, virtu
 LOSSES = ("fused", "upcast")
 
 
+#: what sequence parallelism keeps of a column-parallel linear's input: Megatron-LM saves its sequence
+#: shard and gathers it again in the backward (Korthikanti §4.2.2); torch's DTensor ``SequenceParallel``
+#: with ``ColwiseParallel`` (torchtitan's ``apply_tp``) gathers it in the forward and autograd keeps the
+#: whole ``s b h``
+SEQUENCE_PARALLEL_INPUTS = ("sharded", "gathered")
+
+
+def _check_sp_inputs(value: str) -> None:
+    if value not in SEQUENCE_PARALLEL_INPUTS:
+        raise ValueError(f"sequence_parallel_inputs={value!r} is not one of {SEQUENCE_PARALLEL_INPUTS}")
+
+
 def op_saved_bytes(model: Transformer, parallel: Parallel, attention: str = "flash") -> int:
     """Bytes one block keeps per microbatch on one device under torchtitan's per-operator selective
     checkpointing (``recompute="selective-op"``).
@@ -178,13 +190,17 @@ def op_saved_bytes(model: Transformer, parallel: Parallel, attention: str = "fla
     return block_input + kept + core + scatters
 
 
-def layer_activation_bytes(model: Transformer, parallel: Parallel, attention: str = "unfused") -> int:
+def layer_activation_bytes(model: Transformer, parallel: Parallel, attention: str = "unfused",
+                           sequence_parallel_inputs: str = "sharded") -> int:
     """Bytes one block saves for its backward per microbatch on one device (Korthikanti §4, term by term).
 
     Args:
         attention: ``"unfused"`` keeps the ``a s^2 b`` softmax output, dropout mask and dropout output;
             ``"flash"`` (Dao et al. 2022) keeps one fp32 softmax statistic per row instead.
+        sequence_parallel_inputs: ``"gathered"``: with sequence parallelism the qkv and MLP inputs are
+            kept whole (:data:`SEQUENCE_PARALLEL_INPUTS`).
     """
+    _check_sp_inputs(sequence_parallel_inputs)
     if attention not in ("unfused", "flash"):
         raise ValueError(f"attention={attention!r} is not one of ('unfused', 'flash')")
     b, s, h, a, f = parallel.microbatch_size, model.seq, model.hidden, model.heads, model.ffn
@@ -199,6 +215,9 @@ def layer_activation_bytes(model: Transformer, parallel: Parallel, attention: st
     # kept whole on each tensor rank unless sequence-parallel: two norm inputs, the qkv and MLP inputs
     # (e bytes each) and two dropout masks (1 byte each)
     replicated = 4 * e * sbh + 2 * sbh
+    if parallel.sequence_parallel and sequence_parallel_inputs == "gathered":
+        # the norms' inputs and the masks divide by t below; the qkv and MLP inputs stay whole
+        replicated = 2 * e * sbh + 2 * sbh + 2 * e * sbh * t
     # attention core: softmax output and its dropout's output (e bytes) and mask (1 byte), a s^2 b each
     # split over the tensor group: q, k, v, the projection's input, the MLP's intermediate tensors
     mlp_inner = (3 if model.gated_mlp else 2) * e * s * b * f
@@ -236,9 +255,12 @@ def stage_params(model: Transformer, parallel: Parallel, stage: int, blocks: int
     return n
 
 
-def end_activation_bytes(model: Transformer, parallel: Parallel, stage: int) -> int:
+def end_activation_bytes(model: Transformer, parallel: Parallel, stage: int,
+                         sequence_parallel_inputs: str = "sharded") -> int:
     """Activation bytes per microbatch the end stages add: the embedding's dropout mask on the first, the
-    final norm's and head's inputs and the fp32 logits of the loss on the last (Korthikanti §4.3)."""
+    final norm's and head's inputs and the fp32 logits of the loss on the last (Korthikanti §4.3); the
+    head's input whole when sequence parallelism keeps it ``"gathered"``."""
+    _check_sp_inputs(sequence_parallel_inputs)
     b, s, h = parallel.microbatch_size, model.seq, model.hidden
     t, e = parallel.tensor, model.bytes_per_element
     split_seq = t if parallel.sequence_parallel else 1
@@ -246,16 +268,19 @@ def end_activation_bytes(model: Transformer, parallel: Parallel, stage: int) -> 
     if stage == 0:
         out += s * b * h // split_seq
     if stage == parallel.pipeline - 1:
-        out += 2 * e * s * b * h // split_seq + 4 * s * b * model.vocab // t
+        head_split = split_seq if sequence_parallel_inputs == "sharded" else 1
+        out += e * s * b * h // split_seq + e * s * b * h // head_split + 4 * s * b * model.vocab // t
     return out
 
 
-def recompute_transient_bytes(model: Transformer, parallel: Parallel, attention: str = "unfused") -> int:
+def recompute_transient_bytes(model: Transformer, parallel: Parallel, attention: str = "unfused",
+                              sequence_parallel_inputs: str = "sharded") -> int:
     """Bytes one block's recomputation adds while its backward runs: ``"full"`` rebuilds all of the
     block's activations, ``"selective-op"`` what its save list left out; 0 otherwise."""
     if parallel.recompute not in ("full", "selective-op"):
         return 0
-    whole = layer_activation_bytes(model, Parallel(**{**parallel.to_dict(), "recompute": "none"}), attention)
+    whole = layer_activation_bytes(model, Parallel(**{**parallel.to_dict(), "recompute": "none"}), attention,
+                                   sequence_parallel_inputs)
     if parallel.recompute == "full":
         return whole
     return max(0, whole - op_saved_bytes(model, parallel, attention))
@@ -277,7 +302,8 @@ def loss_transient_bytes(model: Transformer, parallel: Parallel, loss: str = "fu
 def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | None = None, *,
                       recipe: str = "mixed-adam-fp32-grads",
                       stage_layers: Sequence[int] | None = None,
-                      attention: str = "unfused", loss: str = "fused") -> tuple[MemoryBreakdown, ...]:
+                      attention: str = "unfused", loss: str = "fused",
+                      sequence_parallel_inputs: str = "sharded") -> tuple[MemoryBreakdown, ...]:
     """Peak memory of one device of each pipeline stage (``schedule`` overrides ``parallel.schedule``).
 
     Args:
@@ -285,6 +311,8 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
         stage_layers: blocks per pipeline stage where uneven (default ``layers / pipeline`` each).
         attention: ``"unfused"`` or ``"flash"`` (:func:`layer_activation_bytes`).
         loss: ``"fused"`` (default) or ``"upcast"`` (:data:`LOSSES`).
+        sequence_parallel_inputs: ``"sharded"`` (default, Megatron-LM) or ``"gathered"`` (DTensor,
+            :data:`SEQUENCE_PARALLEL_INPUTS`).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
@@ -294,7 +322,8 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
     order = schedule or parallel.schedule
     parallel.check(model, stage_layers=stage_layers)
     d, p = parallel.data, parallel.pipeline
-    per_layer = layer_activation_bytes(model, parallel, attention)
+    _check_sp_inputs(sequence_parallel_inputs)
+    per_layer = layer_activation_bytes(model, parallel, attention, sequence_parallel_inputs)
     counts = list(stage_layers) if stage_layers is not None else [model.layers // p] * p
     out = []
     for i in range(p):
@@ -310,8 +339,9 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
             # this block's and the next's, gathered, with their unsharded gradients
             gathered = 2 * (rec.gathered_weight_bytes + rec.gathered_grad_bytes) * one_block
         flight = in_flight(order, i, p, parallel.microbatches, parallel.virtual)
-        acts = flight * (layers * per_layer + end_activation_bytes(model, parallel, i))
-        acts += max(recompute_transient_bytes(model, parallel, attention),
+        ends = end_activation_bytes(model, parallel, i, sequence_parallel_inputs)
+        acts = flight * (layers * per_layer + ends)
+        acts += max(recompute_transient_bytes(model, parallel, attention, sequence_parallel_inputs),
                     loss_transient_bytes(model, parallel, loss) if i == p - 1 else 0)
         out.append(MemoryBreakdown(stage=i, weights=w, gradients=g, optimizer=o, activations=int(acts),
                                    gathered=gathered, in_flight=flight))

@@ -36,7 +36,7 @@ def predict_memory(row: dict[str, str]) -> dict[str, Any]:
                    recompute=row["recompute"], sequence_parallel=row["sequence_parallel"] == "true",
                    sharding=row["sharding"])
     worst = max(memory_per_device(model, par, recipe=row["recipe"], attention=row["attention"],
-                                  loss=row["loss"]),
+                                  loss=row["loss"], sequence_parallel_inputs=row["sequence_parallel_inputs"]),
                 key=lambda m: m.total)
     pub = float(row["published_memory_gib"])
     pred = worst.total / 2**30
@@ -44,7 +44,8 @@ def predict_memory(row: dict[str, str]) -> dict[str, Any]:
     return {"source": row["source"], "row": row["row"], "gpus": par.devices,
             "config": f"t={par.tensor} p={par.pipeline} d={par.data} b={par.microbatch_size} "
                       f"{par.recompute}{' sp' if par.sequence_parallel else ''} {par.sharding} "
-                      f"{row['recipe']} loss {row['loss']}",
+                      f"{row['recipe']} loss {row['loss']}"
+                      f"{' sp-inputs ' + row['sequence_parallel_inputs'] if par.sequence_parallel else ''}",
             "published_gib": pub, "predicted_gib": pred, "error": pred / pub - 1,
             **{f"{k}_gib": v for k, v in parts.items()}}
 
