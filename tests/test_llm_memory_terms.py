@@ -101,9 +101,10 @@ class _Block(nn.Module):
 
 def test_op_saved_bytes_matches_torch_selective_checkpointing_on_a_real_block():
     """Run a bf16 Llama block under torch's selective checkpointing with the save list's rule (matrix
-    multiplies but every second one, the fused attention kernel) and add up what the policy keeps plus
-    the block input: pipelab's closed form must equal it (CPU: the attention kernel is torch's CPU
-    flash attention, whose logsumexp is fp32 per head and row, as on CUDA)."""
+    multiplies but every second one, the fused attention kernels) and add up what torch's cache holds
+    after the forward, plus the block input: pipelab's closed form must equal it (CPU: the attention
+    kernel is torch's CPU flash attention, whose logsumexp is fp32 per head and row, as on CUDA)."""
+    from torch.utils._pytree import tree_leaves
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
     b, s, h, heads, kv, f = 2, 16, 64, 4, 2, 96
@@ -112,7 +113,7 @@ def test_op_saved_bytes_matches_torch_selective_checkpointing_on_a_real_block():
     attention_ops = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
                      torch.ops.aten._scaled_dot_product_flash_attention.default,
                      torch.ops.aten._scaled_dot_product_efficient_attention.default}
-    kept: list[torch.Tensor] = []
+    contexts = []
     seen: set[str] = set()
 
     def context():
@@ -125,37 +126,24 @@ def test_op_saved_bytes_matches_torch_selective_checkpointing_on_a_real_block():
                 meta[mode] += 1
             save = (func == torch.ops.aten.mm.default and meta[mode] % 2 == 1) or func in attention_ops
             return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
-        return create_selective_checkpoint_contexts(policy)
-
-    # the outputs the rule keeps, read off the real dispatch sequence of one forward
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Record(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.mm = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func == torch.ops.aten.mm.default:
-                self.mm += 1
-                if self.mm % 2 == 1:
-                    kept.append(out)
-            elif func in attention_ops:
-                kept.extend(t for t in out if isinstance(t, torch.Tensor) and t.dim() >= 3)
-            return out
+        contexts.append(create_selective_checkpoint_contexts(policy))
+        return contexts[-1]
 
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
-    with Record():
-        block(x)
     y = checkpoint(block, x, use_reentrant=False, context_fn=context)
-    y.float().sum().backward()                       # the policy runs and the block trains under it
+    # torch's cache (private): per op, the outputs it keeps, each wrapped with its version counter
+    entries = [out for entry in contexts[0][0].storage.values()
+               for out in (entry.values() if isinstance(entry, dict) else entry)]
+    leaves = [getattr(leaf, "val", leaf) for out in entries for leaf in tree_leaves(out)]
+    cached = [t for t in leaves if isinstance(t, torch.Tensor)]
+    measured = x.numel() * x.element_size() + sum(t.numel() * t.element_size() for t in cached)
+    y.float().sum().backward()                       # and the block trains under the policy
     assert "aten.mm.default" in seen and any("flash_attention" in n for n in seen)
-    measured = x.numel() * x.element_size() + sum(t.numel() * t.element_size() for t in kept)
+    assert sorted(t.shape[-1] for t in cached if t.dim() == 2) == [32, 64, 64, 96]   # v, q, w2, w1
     model = Transformer(name="tiny", layers=1, hidden=h, heads=heads, kv_heads=kv, ffn=f, seq=s, vocab=100,
                         gated_mlp=True, bias=False, positions=False)
     assert op_saved_bytes(model, Parallel(microbatch_size=b, recompute="selective-op"), "flash") == measured
-    assert len([t for t in kept if t.dtype == torch.float32]) == 1            # the logsumexp
+    assert len([t for t in cached if t.dtype == torch.float32]) == 1            # the logsumexp
 
 
 def test_loss_transient_closed_form():
