@@ -229,3 +229,11 @@ def test_sequence_parallel_gathered_inputs_closed_form():
     assert layer_activation_bytes(m, plain, "unfused", "gathered") == same
     with pytest.raises(ValueError, match="sequence_parallel_inputs"):
         memory_per_device(m, par, sequence_parallel_inputs="whole")
+
+
+def test_planner_refuses_the_memory_only_policy():
+    from pipelab.planner.llm import enumerate_parallel
+
+    m = _llama(layers=4, seq=256)
+    with pytest.raises(ValueError, match="memory only"):
+        list(enumerate_parallel(m, Cluster.preset("dgx-a100", nodes=1), 8, recompute="selective-op"))

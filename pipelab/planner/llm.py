@@ -265,6 +265,9 @@ def enumerate_parallel(model: Transformer, cluster: Cluster, global_batch: int, 
     vs = _choices(virtual, DEFAULT_VIRTUAL)
     orders = _strs(schedule, DEFAULT_SCHEDULES)
     policies = _strs(recompute, DEFAULT_RECOMPUTE)
+    if "selective-op" in policies:
+        raise ValueError("recompute='selective-op' is priced for memory only (memory_per_device); the "
+                         f"planner ranks by time: choose among {DEFAULT_RECOMPUTE}")
     shardings = _strs(sharding, DEFAULT_SHARDING)
     for t, p, b, sched, rc, sh in product(ts, ps, bs, orders, policies, shardings):
         if n % (t * p) or global_batch % ((n // (t * p)) * b):
