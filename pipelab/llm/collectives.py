@@ -4,7 +4,11 @@ A ring all-reduce of ``n`` bytes over ``p`` members moves ``2 (p - 1) / p * n`` 
 member's link (Patarasuk and Yuan 2009); a reduce-scatter or an all-gather half of it. Over a hierarchy
 the ring runs per level (NCCL's hierarchical rings): each level the group crosses adds its term with
 its ``p`` (members per block) and its bus bandwidth (``Level.ring_bandwidth``, NCCL's measured
-``busbw``) times the links the members of one block use at once (``Level.uplinks``).
+``busbw``) times the links the members of one block use at once (``Level.uplinks``). A cluster built
+with ``allreduce_ring="flat"`` (gloo's ring) instead runs one ring of all ``n`` members in rank order:
+``2 (n - 1) / n`` per byte over the slowest level's bus bandwidth it crosses (one link), and ``2 (n - 1)``
+of the slowest latency crossed -- the same terms as the 2019 cost model's
+(:meth:`pipelab.costs.prices.CostModel.allreduce_coeffs`).
 """
 
 from __future__ import annotations
@@ -16,9 +20,15 @@ from pipelab.cluster import Cluster
 
 def ring_terms(cluster: Cluster, workers: Sequence[int]) -> tuple[float, float]:
     """``(seconds per byte, fixed seconds)`` of a ring all-reduce over ``workers``: the sum over the
-    levels the group crosses of ``2 (p - 1) / p / (busbw x links)`` and ``2 (p - 1)`` latencies."""
+    levels the group crosses of ``2 (p - 1) / p / (busbw x links)`` and ``2 (p - 1)`` latencies; for a
+    ``"flat"`` cluster one ring of all members over the slowest level crossed."""
+    crossed = cluster.ring_levels(workers)
+    if cluster.allreduce_ring == "flat" and crossed:
+        n = len(set(int(w) for w in workers))
+        return (2.0 * (n - 1) / n / min(lv.ring_bandwidth for lv, _, _ in crossed),
+                2.0 * (n - 1) * max(lv.latency for lv, _, _ in crossed))
     per_byte = fixed = 0.0
-    for lv, p, links in cluster.ring_levels(workers):
+    for lv, p, links in crossed:
         per_byte += 2.0 * (p - 1) / p / (lv.ring_bandwidth * links)
         fixed += 2.0 * (p - 1) * lv.latency
     return per_byte, fixed

@@ -13,8 +13,13 @@ Per block and microbatch of ``b`` sequences, on one device of a tensor group of 
 - **Tensor communication.** Two all-reduces of the block's ``s b h`` activations forward and two
   backward (Shoeybi et al. §3); with sequence parallelism (Korthikanti et al. 2022 §4.2.2) each becomes
   a reduce-scatter plus an all-gather of the same size, which a ring prices the same.
-- **Recomputation** adds to ``B``: full, the block's forward and its tensor communication; selective,
-  the attention core (Korthikanti §5).
+  With ``tensor_overlap`` the backward's collective of each column-parallel linear's input gradient
+  (qkv and MLP-up: the ``f`` operator's all-reduce, or with sequence parallelism its reduce-scatter)
+  runs behind that linear's weight-gradient GEMM (Megatron-LM's asynchronous all-reduce, Korthikanti
+  §6.2): only what exceeds the GEMM stays exposed, and only where ``B`` computes its weight gradients.
+- **Recomputation** adds to ``B``: full, the block's forward and its tensor communication (exposed: a
+  recomputed forward has no weight-gradient GEMM to hide it); selective, the attention core
+  (Korthikanti §5).
 - **Pipeline.** One microbatch's ``s b h / t`` activations between neighbouring stages (scatter-gather,
   Narayanan et al. SC'21 §4.1), then an all-gather inside the receiving tensor group without sequence
   parallelism.
@@ -35,12 +40,15 @@ from pipelab.cluster import Cluster
 from pipelab.llm.collectives import all_gather_s, allreduce_s, p2p_s, reduce_scatter_s
 from pipelab.llm.devices import DeviceRates
 from pipelab.llm.memory import RECIPES, Recipe, stage_params
-from pipelab.llm.parallel import Parallel
+from pipelab.llm.parallel import Parallel, ParallelError
 from pipelab.llm.shape import Transformer
 
 #: attention implementations: ``"unfused"`` materializes the ``a s^2 b`` scores (softmax, mask and
 #: dropout stream them); ``"flash"`` keeps them on chip (Dao et al. 2022)
 ATTENTION = ("unfused", "flash")
+#: the block's column-parallel linears (Megatron-LM's ``f`` operator before them all-reduces their input
+#: gradient in the backward; Shoeybi et al. 2019 §3)
+COLUMN_PARALLEL = ("qkv", "mlp_up")
 #: bytes per gradient bucket of the overlapped data-parallel all-reduce (PyTorch DDP's bucket_cap_mb=25)
 BUCKET_BYTES = 25 * 2**20
 
@@ -59,6 +67,9 @@ class BlockCosts:
     #: the forward's matmul seconds and its element-wise bytes (the parts the development set fits)
     matmul_forward_s: float = 0.0
     elementwise_bytes: float = 0.0
+    #: of ``tensor_comm_backward_s``, the seconds that hide behind weight-gradient GEMMs
+    #: (``Parallel.tensor_overlap``; 0 without it)
+    tensor_comm_backward_hidden_s: float = 0.0
 
 
 def _elementwise_elements(model: Transformer, parallel: Parallel, attention: str) -> tuple[float, float]:
@@ -83,6 +94,7 @@ def block_costs(model: Transformer, parallel: Parallel, device: DeviceRates, clu
     tokens = parallel.microbatch_size * model.seq
     mm_w = mm_core = 0.0
     flops = 0
+    column_parallel_w = []      # weight-gradient GEMMs of the linears whose input gradient is reduced
     for mm in model.matmuls(tokens):
         fl = mm.flops / t
         nbytes = e * mm.count * (mm.rows * mm.inner + mm.inner * mm.cols + mm.rows * mm.cols) / t
@@ -90,25 +102,33 @@ def block_costs(model: Transformer, parallel: Parallel, device: DeviceRates, clu
         flops += int(fl)
         if mm.weight:
             mm_w += sec
+            if mm.name in COLUMN_PARALLEL:
+                column_parallel_w.append(sec)
         else:
             mm_core += sec
     elems, core_elems = _elementwise_elements(model, parallel, attention)
     ew = device.stream_s(e * elems)
     core_ew = device.stream_s(e * core_elems)
     fwd = mm_w + mm_core + ew
-    comm_f = comm_b = 0.0
+    comm_f = comm_b = hidden = 0.0
     if t > 1 and cluster is not None:
         group = parallel.workers(stage=stage)
         act = e * tokens * model.hidden
         if parallel.sequence_parallel:
-            one = reduce_scatter_s(cluster, group, act) + all_gather_s(cluster, group, act)
+            # backward: all-gather (the reduce-scatter's gradient) before the row-parallel linears,
+            # reduce-scatter (the all-gather's gradient) of the column-parallel linears' input gradient
+            reduced = reduce_scatter_s(cluster, group, act)
+            one = reduced + all_gather_s(cluster, group, act)
         else:
-            one = allreduce_s(cluster, group, act)
+            reduced = one = allreduce_s(cluster, group, act)
         comm_f = comm_b = 2 * one
+        if parallel.tensor_overlap:
+            hidden = sum(min(reduced, w) for w in column_parallel_w)
     return BlockCosts(forward_s=fwd, backward_input_s=mm_w + 2 * mm_core + ew,
                       backward_weight_s=mm_w, attention_core_s=mm_core + core_ew,
                       tensor_comm_forward_s=comm_f, tensor_comm_backward_s=comm_b, forward_flops=flops,
-                      matmul_forward_s=mm_w + mm_core, elementwise_bytes=e * elems)
+                      matmul_forward_s=mm_w + mm_core, elementwise_bytes=e * elems,
+                      tensor_comm_backward_hidden_s=hidden)
 
 
 @dataclass(frozen=True)
@@ -128,6 +148,9 @@ class StageCosts:
     params: int
     #: seconds of the optimizer step on this stage's shard (once per iteration)
     optimizer_s: float = 0.0
+    #: of ``tensor_comm_backward_s``, the seconds hidden behind the weight-gradient GEMMs when the
+    #: backward computes them (``Parallel.tensor_overlap``)
+    tensor_comm_backward_hidden_s: float = 0.0
 
     @property
     def forward_total_s(self) -> float:
@@ -136,8 +159,9 @@ class StageCosts:
 
     @property
     def backward_total_s(self) -> float:
-        """Input and weight gradients plus the backward's tensor communication."""
-        return self.backward_input_s + self.backward_weight_s + self.tensor_comm_backward_s
+        """Input and weight gradients plus the backward's exposed tensor communication."""
+        return (self.backward_input_s + self.backward_weight_s + self.tensor_comm_backward_s
+                - self.tensor_comm_backward_hidden_s)
 
 
 @dataclass(frozen=True)
@@ -193,6 +217,10 @@ def stage_costs(model: Transformer, parallel: Parallel, cluster: Cluster, *,
         stage_layers: blocks per pipeline stage where uneven (default ``layers / pipeline`` each).
     """
     parallel.check(model, cluster, allow_slow_tensor=allow_slow_tensor, stage_layers=stage_layers)
+    if parallel.recompute == "selective-op":
+        raise ParallelError("recompute='selective-op' (torchtitan's per-operator save list) is modelled for "
+                            "memory only (pipelab.llm.memory_per_device); price time with 'none', "
+                            "'selective' or 'full'")
     rates = DeviceRates.of(device if device is not None else cluster.devices[0].name)
     p, t, e = parallel.pipeline, parallel.tensor, model.bytes_per_element
     counts = list(stage_layers) if stage_layers is not None else [model.layers // p] * p
@@ -229,6 +257,7 @@ def stage_costs(model: Transformer, parallel: Parallel, cluster: Cluster, *,
         stages.append(StageCosts(stage=i, layers=per_stage, forward_s=fwd, backward_input_s=b_in + rec,
                                  backward_weight_s=w, tensor_comm_forward_s=comm_f,
                                  tensor_comm_backward_s=comm_b, recompute_s=rec, p2p_s=send,
+                                 tensor_comm_backward_hidden_s=per_stage * blk.tensor_comm_backward_hidden_s,
                                  params=stage_params(model, parallel, i, per_stage),
                                  optimizer_s=_optimizer_s(rates, RECIPES[recipe], parallel,
                                                           stage_params(model, parallel, i, per_stage))))
@@ -253,7 +282,7 @@ def _data_parallel(model: Transformer, parallel: Parallel, cluster: Cluster, rat
     for st in stages:
         group = parallel.data_group(stage=st.stage)
         grads = rec.gradients * st.params
-        weights = rec.weights * st.params
+        weights = (rec.gathered_weight_bytes if parallel.sharding == "fsdp" else rec.weights) * st.params
         gather = 0.0
         if d == 1:
             sync = 0.0

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from pipelab.cluster import Cluster
     from pipelab.llm.shape import Transformer
 
-RECOMPUTE = ("none", "selective", "full")
+#: activation recomputation policies: Korthikanti et al. 2022's three, and torchtitan's per-operator
+#: save list ("selective-op": :func:`pipelab.llm.memory.op_saved_bytes`; memory only)
+RECOMPUTE = ("none", "selective", "full", "selective-op")
 SHARDING = ("none", "zero1", "fsdp")
 #: pipeline orders whose in-flight microbatches :mod:`pipelab.llm.memory` knows
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "gpipe")
@@ -54,14 +56,14 @@ class Parallel:
     Args:
         tensor, pipeline, data: degrees (devices = their product).
         microbatch_size: sequences per microbatch.
-        microbatches: microbatches per pipeline per iteration (the global batch is
-            ``data * microbatches * microbatch_size``).
+        microbatches: microbatches per pipeline per iteration (global batch: ``data * microbatches * b``).
         virtual: model chunks per device (interleaved 1F1B, Narayanan et al. SC'21 §2.2).
-        recompute: ``"none"``, ``"selective"`` (attention core, Korthikanti et al. 2022 §5) or ``"full"``.
+        recompute: one of :data:`RECOMPUTE` (``"selective"``: Korthikanti et al. 2022 §5's).
         sequence_parallel: norms and dropout split over the tensor group by sequence (Korthikanti §4.2.2).
         sharding: ``"none"``, ``"zero1"`` (optimizer states over the data group; Rajbhandari et al. SC'20)
             or ``"fsdp"`` (weights, gradients and states; ZeRO-3).
         dp_overlap: the gradient all-reduce runs in buckets behind the backward.
+        tensor_overlap: backward collectives behind the weight GEMMs (:mod:`pipelab.llm.costs`).
         schedule: the pipeline order whose in-flight microbatches set the activation memory (SCHEDULES).
     """
 
@@ -76,12 +78,16 @@ class Parallel:
     sharding: str = "none"
     dp_overlap: bool = True
     schedule: str = "1f1b"
+    tensor_overlap: bool = False
 
     def __post_init__(self) -> None:
         for label in ("tensor", "pipeline", "data", "microbatch_size", "microbatches", "virtual"):
             v = getattr(self, label)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ParallelError(f"Parallel: {label}={v!r} must be an integer >= 1")
+        for label in ("sequence_parallel", "dp_overlap", "tensor_overlap"):
+            if not isinstance(getattr(self, label), bool):
+                raise ParallelError(f"Parallel: {label}={getattr(self, label)!r} must be True or False")
         if self.recompute not in RECOMPUTE:
             raise ParallelError(f"Parallel: recompute={self.recompute!r} is not one of {RECOMPUTE}")
         if self.sharding not in SHARDING:

@@ -215,7 +215,8 @@ def closed_form_s(model: Transformer, parallel: Parallel, cluster: Cluster) -> f
         w = s % p
         f = x.forward_s + x.tensor_forward_s
         b = x.backward_input_s + x.tensor_backward_s
-        per_worker[w] += f + b + x.backward_weight_s
+        split = parallel.schedule == "zb-h1"      # W its own action: nothing hides behind B's GEMMs
+        per_worker[w] += f + x.backward_s(split) + (x.backward_weight_s if split else 0.0)
         fb[w] += f + b
         weight[w] += x.backward_weight_s
     slow = max(range(p), key=per_worker.__getitem__)
@@ -264,6 +265,9 @@ def enumerate_parallel(model: Transformer, cluster: Cluster, global_batch: int, 
     vs = _choices(virtual, DEFAULT_VIRTUAL)
     orders = _strs(schedule, DEFAULT_SCHEDULES)
     policies = _strs(recompute, DEFAULT_RECOMPUTE)
+    if "selective-op" in policies:
+        raise ValueError("recompute='selective-op' is priced for memory only (memory_per_device); the "
+                         f"planner ranks by time: choose among {DEFAULT_RECOMPUTE}")
     shardings = _strs(sharding, DEFAULT_SHARDING)
     for t, p, b, sched, rc, sh in product(ts, ps, bs, orders, policies, shardings):
         if n % (t * p) or global_batch % ((n // (t * p)) * b):

@@ -46,6 +46,16 @@ class StageTimes:
     tensor_backward_s: float   # the tensor group's collectives inside B
     send_s: float              # the activation (or its gradient) to the next (previous) stage
     send_bytes: int
+    #: of tensor_backward_s, what hides behind the weight-gradient GEMMs when B computes them
+    tensor_backward_hidden_s: float = 0.0
+
+    def backward_s(self, split: bool) -> float:
+        """Seconds of ``B``: its compute and exposed tensor collectives, with the weight gradients
+        unless they are split off as ``W`` (then nothing hides behind them)."""
+        if split:
+            return self.backward_input_s + self.tensor_backward_s
+        return (self.backward_input_s + self.backward_weight_s + self.tensor_backward_s
+                - self.tensor_backward_hidden_s)
 
 
 class FoldedCosts(Costs):
@@ -60,7 +70,7 @@ class FoldedCosts(Costs):
         if action.kind == "F":
             return st.forward_s + st.tensor_forward_s
         if action.kind == "B":
-            return st.backward_input_s + st.tensor_backward_s + (0.0 if split else st.backward_weight_s)
+            return st.backward_s(split)
         if action.kind == "W":
             return st.backward_weight_s
         return self.step_end_s
@@ -172,6 +182,8 @@ def model_flops(model: Transformer, sequences: int) -> float:
 def hardware_flops(model: Transformer, sequences: int, recompute: str) -> float:
     """FLOPs the devices execute: model FLOPs plus the recomputed forward (``"full"``: every block's;
     ``"selective"``: the attention core's, Korthikanti et al. 2022 §4)."""
+    if recompute == "selective-op":
+        raise ValueError("recompute='selective-op' is modelled for memory only; its recomputed FLOPs are not")
     extra = 0
     if recompute == "full":
         extra = model.layers * model.block_flops(sequences)["forward"]
@@ -223,7 +235,8 @@ def stage_times(model: Transformer, parallel: Parallel, costs: LlmCosts) -> list
                               backward_weight_s=st.backward_weight_s / v,
                               tensor_forward_s=st.tensor_comm_forward_s / v,
                               tensor_backward_s=st.tensor_comm_backward_s / v,
-                              send_s=0.0 if last else link, send_bytes=0 if last else sent))
+                              send_s=0.0 if last else link, send_bytes=0 if last else sent,
+                              tensor_backward_hidden_s=st.tensor_comm_backward_hidden_s / v))
     return out
 
 
@@ -233,7 +246,7 @@ def peak_flops(model: Transformer, cluster: Cluster) -> float:
 
 
 def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel, *,
-                 method: str | None = None) -> LlmResult:
+                 method: str | None = None, recipe: str = "mixed-adam-fp32-grads") -> LlmResult:
     """Simulate one training iteration of ``model`` on ``cluster`` with ``parallel``'s degrees.
 
     Args:
@@ -241,9 +254,9 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
         cluster: a Cluster or preset spec (e.g. ``"dgx-a100:3072"``: 3,072 GPUs in nodes of 8).
         parallel: tensor, pipeline, data degrees, microbatches, recomputation, sharding
             (:class:`pipelab.llm.parallel.Parallel`); checked against model and cluster first.
-        method: pipelab's method for ``parallel.schedule`` (default; given, it must agree):
-            ``"1f1b-flush"``, ``"interleaved-1f1b"`` (``parallel.virtual`` stages per worker), ``"zb-h1"``
-            or ``"gpipe"``.
+        method: pipelab's method for ``parallel.schedule`` (:data:`SCHEDULE_METHODS`; given, it must
+            agree).
+        recipe: the precision recipe (:data:`pipelab.llm.memory.RECIPES`): gradient bytes, states.
 
     Returns:
         An :class:`LlmResult`; its ``trace`` is the one pipeline's, with ``tensor`` and ``allreduce``
@@ -253,7 +266,7 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
     method, options = method_of(parallel, method)
     global_batch = parallel.data * parallel.microbatches * parallel.microbatch_size
     parallel.check(model, cluster, global_batch)
-    costs = stage_costs(model, parallel, cluster)
+    costs = stage_costs(model, parallel, cluster, recipe=recipe)
     stages = stage_times(model, parallel, costs)
     step_end = costs.dp_exposed_s + costs.sharding_gather_s + costs.optimizer_s
     schedule = build(method, parallel.pipeline, microbatches=parallel.microbatches, **options)
@@ -276,7 +289,7 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
                               config=f"t={parallel.tensor} p={parallel.pipeline} d={parallel.data}",
                               folded=f"one pipeline simulated; tensor t={parallel.tensor} and data "
                                      f"d={parallel.data} folded in")
-    per_stage = memory_per_device(model, parallel)
+    per_stage = memory_per_device(model, parallel, recipe=recipe)
     return LlmResult(
         model=model, parallel=parallel, cluster=cluster.name, method=method, time_per_iteration_s=end,
         model_flops=model_flops(model, global_batch), hardware_flops=hardware_flops(model, global_batch,
@@ -289,13 +302,15 @@ def simulate_llm(model: Transformer, cluster: Cluster | str, parallel: Parallel,
 
 def _drawn_communication(events: list[Event], stages: Sequence[StageTimes],
                          dp_exposed_s: float) -> list[Event]:
-    """The folded communication as events: each F/B's tensor collectives at its end, the exposed
-    data-parallel sync at the start of each ``U``."""
+    """The folded communication as events: each F/B's exposed tensor collectives at its end, the
+    exposed data-parallel sync at the start of each ``U``."""
     out = []
+    split = any(e.kind == "W" for e in events)     # W split off: nothing hides behind B's GEMMs
     for e in events:
         if e.kind in ("F", "B"):
             st = stages[e.stage]
-            secs = st.tensor_forward_s if e.kind == "F" else st.tensor_backward_s
+            secs = st.tensor_forward_s if e.kind == "F" else st.tensor_backward_s - (
+                0.0 if split else st.tensor_backward_hidden_s)
             if secs > 0:
                 out.append(Event(e.worker, e.stage, "tensor", e.microbatch, e.end_s - secs, e.end_s))
         elif e.kind == "U" and dp_exposed_s > 0:

@@ -22,13 +22,23 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
-#: choices the papers leave unstated, as explicit inputs with their defaults
+#: choices the papers leave unstated, as explicit inputs with their defaults (a row of published.csv
+#: that states one -- its microbatch_size, schedule, virtual, tensor_overlap columns -- overrides it)
 UNSTATED: dict[str, Any] = {
-    "microbatch_size": 1,         # neither paper's tables state it; 1 is Megatron-LM's example default
-    "schedule": "1f1b",           # Table 1 does not say which rows interleave: plain 1F1B, virtual = 1
+    "microbatch_size": 1,         # SC'21 Table 1 does not state it; 1 is Megatron-LM's example default
+    "schedule": "1f1b",           # SC'21 Table 1 does not say which rows interleave: plain 1F1B
     "virtual": 1,
     "sharding": "none",           # 2021-22 Megatron-LM: no distributed optimizer in these runs
-    "dp_overlap": True,           # gradient all-reduce overlapped with the backward where it can be
+    # Megatron-LM of 2021-22 all-reduced the gradients after the backward (its local DDP); Korthikanti
+    # et al. §6.3: "we do not use any overlapping of gradient all-reduces with back-propagation"
+    "dp_overlap": False,
+    # Megatron-LM added the backward's asynchronous tensor all-reduce in August 2021, after SC'21's
+    # runs; Korthikanti §6.2 states it for theirs (their rows set it)
+    "tensor_overlap": False,
+    # gradients accumulated and all-reduced in fp32 (bf16 forces it in Megatron-LM); SC'21's release
+    # (Megatron-LM 50a4b5f, whose README carries Table 1) trains GPT with --fp16, whose gradients stay
+    # 16-bit unless --accumulate-allreduce-grads-in-fp32 is given (its rows set "mixed-adam")
+    "recipe": "mixed-adam-fp32-grads",
     "cluster": "dgx-a100",        # Selene: DGX A100 80 GB nodes, 8 GPUs on NVSwitch, 8 HDR InfiniBand NICs
 }
 
@@ -53,6 +63,8 @@ class Row:
     published_tflops_per_gpu: float | None
     published_iteration_s: float | None
     published_memory_gib: float | None
+    #: inputs the source states (None: the :data:`UNSTATED` default)
+    stated: tuple[tuple[str, Any], ...] = ()
 
     @property
     def data(self) -> int:
@@ -87,8 +99,16 @@ def load_rows(path: Path = HERE / "published.csv") -> list[Row]:
                     recompute=r["recompute"], sequence_parallel=r["sequence_parallel"] == "true",
                     published_tflops_per_gpu=_opt(r["published_tflops_per_gpu"], float),
                     published_iteration_s=_opt(r["published_iteration_s"], float),
-                    published_memory_gib=_opt(r["published_memory_gib"], float))
+                    published_memory_gib=_opt(r["published_memory_gib"], float),
+                    stated=_stated(r))
                 for r in csv.DictReader(fh)]
+
+
+def _stated(r: dict[str, str]) -> tuple[tuple[str, Any], ...]:
+    """The inputs a published row states (non-empty columns), typed."""
+    kinds: dict[str, Any] = {"microbatch_size": int, "schedule": str, "virtual": int,
+                             "tensor_overlap": lambda x: x == "true", "recipe": str}
+    return tuple((k, kind(r[k])) for k, kind in kinds.items() if r.get(k, "").strip())
 
 
 def predict(row: Row, **unstated: Any) -> dict[str, Any]:
@@ -97,24 +117,26 @@ def predict(row: Row, **unstated: Any) -> dict[str, Any]:
     from pipelab.llm.shape import Transformer
     from pipelab.sim.llm import simulate_llm
 
-    inputs = {**UNSTATED, **unstated}
+    inputs = {**UNSTATED, **unstated, **dict(row.stated)}
     b = inputs["microbatch_size"]
     model = Transformer(name=f"gpt-{row.row}", layers=row.layers, hidden=row.hidden, heads=row.heads,
                         seq=row.seq, vocab=row.vocab)
     par = Parallel(tensor=row.tensor, pipeline=row.pipeline, data=row.data, microbatch_size=b,
                    microbatches=row.global_batch // (row.data * b), virtual=inputs["virtual"],
                    recompute=row.recompute, sequence_parallel=row.sequence_parallel,
-                   sharding=inputs["sharding"], dp_overlap=inputs["dp_overlap"], schedule=inputs["schedule"])
-    res = simulate_llm(model, f"{inputs['cluster']}:{row.gpus}", par)
+                   sharding=inputs["sharding"], dp_overlap=inputs["dp_overlap"], schedule=inputs["schedule"],
+                   tensor_overlap=inputs["tensor_overlap"])
+    res = simulate_llm(model, f"{inputs['cluster']}:{row.gpus}", par, recipe=inputs["recipe"])
     pub = row.published_time_s()
     pred = res.time_per_iteration_s
     mem_err = None
     if row.published_memory_gib is not None:
         mem_err = res.peak_memory / 2**30 / row.published_memory_gib - 1
     return {"source": row.source, "row": row.row, "gpus": row.gpus,
-            "config": f"t={row.tensor} p={row.pipeline} d={row.data} B={row.global_batch} {row.recompute}"
-                      + (" sp" if row.sequence_parallel else "")
-                      + (f" v={par.virtual}" if par.virtual > 1 else ""),
+            "config": f"t={row.tensor} p={row.pipeline} d={row.data} B={row.global_batch} b={b} "
+                      f"{row.recompute}" + (" sp" if row.sequence_parallel else "")
+                      + (f" v={par.virtual}" if par.virtual > 1 else "")
+                      + (" tp-overlap" if par.tensor_overlap else ""),
             "schedule": f"{par.schedule} v={par.virtual}", "published_s": pub, "predicted_s": pred,
             "error": pred / pub - 1,
             "published_tflops": row.megatron_flops() / pub / row.gpus / 1e12,
@@ -125,7 +147,10 @@ def predict(row: Row, **unstated: Any) -> dict[str, Any]:
 
 
 def _interleaving(row: Row, virtual: int) -> dict[str, Any]:
-    """The schedule inputs for ``--virtual``: interleaved where the row has a pipeline and it divides."""
+    """The schedule inputs for ``--virtual``: interleaved where the row has a pipeline, it divides and
+    the source does not state the schedule."""
+    if "schedule" in dict(row.stated):
+        return {}
     if virtual > 1 and row.pipeline > 1 and row.layers % (row.pipeline * virtual) == 0:
         return {"schedule": "interleaved", "virtual": virtual}
     return {}
@@ -149,7 +174,7 @@ def table(results: list[dict[str, Any]]) -> str:
                  f"over {len(errs)} rows (target: median <= 10%, worst <= 20%)")
     mems = [abs(r["memory_error"]) for r in results if r["memory_error"] is not None]
     lines.append(f"memory per GPU: worst |error| {max(mems):.1%} over {len(mems)} rows" if mems else
-                 "memory per GPU: no published per-GPU memory figure among these rows")
+                 "memory per GPU: these papers publish none; memory.md compares published_memory.csv's rows")
     return "\n".join(lines)
 
 
@@ -179,6 +204,9 @@ def main(argv: list[str] | None = None) -> str:
         w.writeheader()
         w.writerows(results)
     print(text)
+    from reproductions.llm_acceptance.memory import write_memory
+    print()
+    print(write_memory(out))
     return text
 
 
