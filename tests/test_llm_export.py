@@ -107,3 +107,17 @@ def test_what_a_tool_cannot_express_is_refused_by_name():
     fsdp = Parallel(tensor=4, pipeline=4, data=8, microbatches=16, sharding="fsdp")
     with pytest.raises(ExportError, match="FSDP is not exported"):
         megatron_args(GPT, fsdp)
+
+
+def test_recompute_policies_export_to_what_each_tool_runs():
+    op = Parallel(tensor=8, pipeline=8, data=16, microbatches=96, recompute="selective-op")
+    assert torchtitan_options(GPT, op)["activation_checkpoint"] == {"mode": "selective",
+                                                                    "selective_ac_option": "op"}
+    assert "# recompute:" not in torchtitan_toml(GPT, op)
+    with pytest.raises(ExportError, match="per-op save list"):
+        megatron_args(GPT, op)
+    core = Parallel(tensor=8, pipeline=8, data=16, microbatches=96, recompute="selective")
+    assert "# recompute: pipelab priced Korthikanti" in torchtitan_toml(GPT, core)
+    assert tomllib.loads(torchtitan_toml(GPT, core))["activation_checkpoint"]["mode"] == "selective"
+    flags = megatron_args(GPT, core)
+    assert flags[flags.index("--recompute-granularity") + 1] == "selective"

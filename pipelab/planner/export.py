@@ -15,10 +15,15 @@ from pipelab.llm.shape import Transformer
 
 #: torchtitan's pipeline_parallel_schedule names (torch.distributed.pipelining.schedules) per pipelab order
 TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
-#: torchtitan's activation_checkpoint.mode per pipelab recompute policy. "selective" maps to per-op SAC
-#: ("op"), torchtitan's nearest policy, which chooses its recomputed ops itself: not exactly Korthikanti et
-#: al.'s attention core that pipelab prices, so simulate, then measure, before trusting the time
-TORCHTITAN_RECOMPUTE = {"none": ("none", None), "selective": ("selective", "op"), "full": ("full", None)}
+#: torchtitan's activation_checkpoint.mode per pipelab recompute policy. "selective-op" is torchtitan's
+#: per-op save list exactly. "selective" (Korthikanti et al.'s attention core) has no torchtitan policy: it
+#: maps to the nearest, per-op SAC, and the TOML says so in a comment
+TORCHTITAN_RECOMPUTE = {"none": ("none", None), "selective": ("selective", "op"),
+                        "selective-op": ("selective", "op"), "full": ("full", None)}
+#: the TOML comment written where the exported policy is not the one pipelab priced
+SELECTIVE_NOTE = ("# recompute: pipelab priced Korthikanti et al.'s selective policy (the attention core); "
+                  "torchtitan has none, so this asks for its per-op save list, which keeps other tensors: "
+                  "plan with recompute='selective-op' to price what torchtitan runs")
 
 
 class ExportError(ValueError):
@@ -82,6 +87,8 @@ def torchtitan_toml(model: Transformer, parallel: Parallel) -> str:
     """The plan as a torchtitan TOML job file (the sections :func:`torchtitan_options` writes)."""
     lines = [f"# pipelab plan for {model.name}: {parallel.describe()}",
              f"# run on {parallel.devices} GPUs (NGPU x nodes); the model shape is a torchtitan flavor"]
+    if parallel.recompute == "selective":
+        lines.append(SELECTIVE_NOTE)
     for section, opts in torchtitan_options(model, parallel).items():
         lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in opts.items()]
     return "\n".join(lines) + "\n"
@@ -122,6 +129,10 @@ def megatron_args(model: Transformer, parallel: Parallel) -> list[str]:
         args += ["--num-layers-per-virtual-pipeline-stage", str(model.layers // parallel.stages)]
     if parallel.sequence_parallel:
         args.append("--sequence-parallel")
+    if parallel.recompute == "selective-op":
+        raise ExportError("Megatron-LM has no per-op save list like torchtitan's (recompute='selective-op'): "
+                          "plan with recompute='selective' (Megatron-LM's --recompute-granularity "
+                          "selective), 'full' or 'none'")
     if parallel.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif parallel.recompute == "full":
