@@ -20,9 +20,13 @@ def test_devices_csv_holds_the_fit():
 
 
 def test_schedules_on_table6_close_part_of_the_bubble_only_gap():
-    rows = [r for r in zb.predict(virtual=2) if "table6" in r]
-    assert len(rows) == 36
+    rows = zb.predict(virtual=2)
+    assert len(rows) == 48 and all("table6" in r for r in rows)
     for r in rows:
         measured, bubble, sim = r["measured"], r["bubble"], r["table6"]
-        assert measured < sim < bubble, r       # bubbles alone overpredict; the schedule's sends recover part
+        assert sim < bubble, r                  # bubbles alone overpredict; the schedule's sends recover part
         assert 0.02 < bubble / measured - 1 < 0.2, r
+        if r["method"] != "ZB-2p":              # fixed orders: what they leave is overhead nobody models
+            assert measured < sim, r
+        else:                                   # the searched order is the greedy's, not the paper's run
+            assert abs(sim / measured - 1) < 0.06, r
