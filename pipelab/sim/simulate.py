@@ -447,7 +447,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
 def check_tie_methods(profile: Profile, ranges: list[tuple[int, int]], schedule: Schedule) -> None:
     """Refuse, as ``train`` does (:func:`pipelab.ties.check_tie_method`), an asynchronous method whose
     stages would each update their own copy of a parameter shared across stages (``TieError``)."""
-    ties = [StageTie(names=tuple((s, n) for s in stages for n in tie.names[:1]), nbytes=tie.nbytes,
+    ties = [StageTie(names=tuple((s, tie.name) for s in stages), nbytes=tie.nbytes,
                      shape=tie.shape) for tie, stages in across_stages(profile.ties, ranges)]
     if schedule.method not in methods.METHODS:
         return
