@@ -209,8 +209,8 @@ def _classify(head: fx.Node, module: nn.Module | None, style: str | None, target
                                 f"({target}.{inner[0]}); profile without that leaf module so each split module is a layer")
         own = any(True for _ in module.parameters())
         if any_in and (own or not all_in):
-            what = "has weights and reads a shard" if own else "mixes shards and whole tensors"
-            return unclassified(f"{type(module).__name__} {target} {what}")
+            does = "has weights and reads a shard" if own else "mixes shards and whole tensors"
+            return unclassified(f"{type(module).__name__} {target} {does}")
         return LayerSplit(kind=SHARDED if all_in else WHOLE)
     if module is None:
         if any_in and not all_in:

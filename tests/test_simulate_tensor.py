@@ -80,8 +80,8 @@ def test_what_cannot_be_priced_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"tensor degree 3 does not divide output features of fc \(8\).*"
                                          r"valid degrees for its layers: \[1, 2, 4, 8\]"):
         pl.simulate(with_tensor(one, 3), prof, "flat:3", "gpipe", microbatches=2)
-    with pytest.raises(ValueError, match=r"stage 0 \(tensor degree 2\) ends after layer 1 \('layer1'\), whose "
-                                         r"output is a shard"):
+    with pytest.raises(ValueError, match=r"stage 0 \(tensor degree 2\) ends after layer 1 \('layer1'\), "
+                                         r"whose output is a shard"):
         pl.simulate(with_tensor(pl.Plan.from_boundaries(4, [2]), 2, 2), prof, "flat:4", "gpipe",
                     microbatches=2)
     odd = dataclasses.replace(prof, tensor_splits=(*prof.tensor_splits[:3], LayerSplit(
@@ -124,7 +124,8 @@ def test_the_profile_splits_exactly_the_modules_the_runtime_cuts(gpt_profiles) -
     model = T.gpt()
     dims = shard(model, plan_of(model), Group(0, 2, None))
     cut_modules = {k.rsplit(".", 1)[0] for k in dims} | {"wte"}
-    styled = {ly.name for ly, sp in zip(prof.layers, prof.tensor_splits) if sp.kind not in ("whole", "sharded")}
+    styled = {ly.name for ly, sp in zip(prof.layers, prof.tensor_splits)
+              if sp.kind not in ("whole", "sharded")}
     assert styled == cut_modules
     assert not [sp for sp in prof.tensor_splits if sp.kind == "unclassified"]
     # the collectives: per block g after each row-parallel layer, f before each column-parallel one
@@ -143,7 +144,9 @@ def test_two_by_two_draws_tensor_collectives_and_expands_groups(gpt_profiles) ->
     res = pl.simulate(plan, prof, "flat:4", "1f1b-flush", microbatches=2)
     assert res.trace.meta["tensor_devices"] == [[0, 1], [2, 3]]
     fig = pl.views.gantt_groups(res)
-    assert "tensor" in {t.name for t in fig.data}
+    drawn = [k for tr in fig.data if tr.name == "transfer" for k in tr.text]
+    assert drawn.count("tensor") == 2 * 2 * 2       # 2 workers x 2 microbatches x (F, B)
+    assert "tensor-group collectives" in {tr.name for tr in fig.data}
     assert len(pl.views.gantt_groups(res, expand=True).layout.yaxis.ticktext) == 4
 
 

@@ -68,7 +68,8 @@ def check_priceable(profile: Profile, ranges: Sequence[tuple[int, int]], degrees
             sp = profile.tensor_splits[i]
             if sp.kind == "unclassified":
                 raise ValueError(f"stage {s} (tensor degree {t}) holds layer {i} "
-                                 f"({profile.layers[i].name!r}), which the split rule cannot classify: {sp.reason}")
+                                 f"({profile.layers[i].name!r}), which the split rule cannot classify: "
+                                 f"{sp.reason}")
         sizes = {k: v for i in range(a, e) for k, v in profile.tensor_splits[i].sizes}
         wrong = {k: v for k, v in sizes.items() if v % t}
         if wrong:

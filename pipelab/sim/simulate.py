@@ -334,8 +334,8 @@ def _stage_plan(plan: Plan | int, profile: Profile, method: str, options: dict[s
         what = f"{v} virtual stages per worker" if v > 1 else "data parallelism alone"
         raise ScheduleError(f"stage {tensor[0].index} has tensor degree {tensor[0].tensor}, but method "
                             f"{method!r} runs {what}; a plan with tensor groups is simulated (and run) "
-                            "with a schedule of the plan's own stages: use gpipe, 1f1b-flush, pipedream, ... or "
-                            "tensor=1")
+                            "with a schedule of the plan's own stages: use gpipe, 1f1b-flush, pipedream, "
+                            "... or tensor=1")
     if v > 1 and plan.num_stages == plan.num_workers:
         try:
             plan = virtual_plan(plan, profile, v)
@@ -463,7 +463,8 @@ def _tensor_groups(plan: Plan, schedule: Schedule, cluster: Cluster, profile: Pr
     worker's leader device and its group's devices (:func:`pipelab.sim.tensor.place_groups`)."""
     if schedule.num_stages != plan.num_stages:
         raise ScheduleError(f"the {schedule.method} schedule has {schedule.num_stages} stage(s) for a plan "
-                            f"of {plan.num_stages}: tensor degrees > 1 run with a schedule of the plan's stages")
+                            f"of {plan.num_stages}: tensor degrees > 1 run with a schedule of the plan's "
+                            "stages")
     if plan.notes.get("workers"):
         raise ScheduleError("plan.notes['workers'] places one device per worker, but this plan's workers are "
                             "tensor groups, which pl.simulate places contiguously (pipelab.sim.tensor); drop "

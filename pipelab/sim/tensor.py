@@ -46,8 +46,9 @@ def place_groups(degrees: Sequence[int], cluster: Cluster) -> list[tuple[int, ..
         speeds = {cluster.speed(d) for d in group}
         if len(speeds) > 1:
             raise ValueError(f"tensor group on devices {list(group)} of cluster {cluster.name!r} mixes "
-                             f"device speeds {sorted(speeds)}: its members run in lockstep at the slowest one's pace, "
-                             "which pl.simulate does not model; give each group devices of one kind")
+                             f"device speeds {sorted(speeds)}: its members run in lockstep at the slowest "
+                             "one's pace, which pl.simulate does not model; give each group devices of one "
+                             "kind")
         out.append(group)
         nxt += t
     return out
