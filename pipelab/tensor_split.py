@@ -206,7 +206,8 @@ def _classify(head: fx.Node, module: nn.Module | None, style: str | None, target
         inner = [n for n, _ in module.named_modules() if n and style_of(plan, f"{target}.{n}")]
         if inner:
             return unclassified(f"it is one leaf layer holding modules the plan splits "
-                                f"({target}.{inner[0]}); profile without that leaf module so each split module is a layer")
+                                f"({target}.{inner[0]}); profile without that leaf module so each split "
+                                "module is a layer")
         own = any(True for _ in module.parameters())
         if any_in and (own or not all_in):
             does = "has weights and reads a shard" if own else "mixes shards and whole tensors"

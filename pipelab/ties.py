@@ -16,16 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.fx as fx
 from torch import nn
 
 import pipelab.methods as methods
 from pipelab.graph import StageModule, layer_members
-
-if TYPE_CHECKING:
-    from pipelab.schedules.actions import Schedule
 
 
 @dataclass(frozen=True)
@@ -182,9 +179,10 @@ class TieError(ValueError):
     """A shared parameter the chosen method or schedule cannot keep as one weight."""
 
 
-def version_split(tie: StageTie, schedule: Schedule) -> str:
+def version_split(tie: StageTie, schedule: Any) -> str:
     """Why ``schedule`` cannot keep ``tie`` one weight ("" when it can): every holding stage must read the
-    same version for each microbatch (the versions the schedule names) and update once per minibatch."""
+    same version for each microbatch (the versions the schedule names) and update once per minibatch.
+    ``schedule`` is a :class:`pipelab.schedules.Schedule` (read by its fields: this layer is below it)."""
     if schedule.versions is None:
         return ""
     if methods.get(schedule.method).update != "minibatch":
@@ -200,7 +198,7 @@ def version_split(tie: StageTie, schedule: Schedule) -> str:
     return ""
 
 
-def check_tie_method(ties: Sequence[StageTie], schedule: Schedule) -> None:
+def check_tie_method(ties: Sequence[StageTie], schedule: Any) -> None:
     """Refuse a schedule that cannot keep a shared parameter one weight (names it, why, and what to do).
 
     Synchronous methods always can; an asynchronous one can when every holding stage reads the same
