@@ -161,3 +161,31 @@ def test_an_asynchronous_method_is_refused_on_a_tie_across_stages_as_train_does(
     assert pl.simulate(pl.Plan.from_boundaries(len(prof), []), prof, "flat:1", "pipedream",
                        microbatches=1).time_per_minibatch > 0
     torch.manual_seed(0)
+
+
+def test_a_leaf_layer_holding_split_modules_is_unclassified_and_refused() -> None:
+    from pipelab.models.tp_gpt import Attention
+
+    x, _ = next(T.data())
+    prof = pl.profile(T.gpt(), x, progress=False, small_batch=None, repeats=1, leaf_modules=(Attention,))
+    kinds = {ly.name: sp.kind for ly, sp in zip(prof.layers, prof.tensor_splits)}
+    assert kinds["blocks.0.attn"] == "unclassified" and kinds["blocks.0.fc"] == "colwise"
+    with pytest.raises(ValueError, match=r"layer \d+ \('blocks.0.attn'\), which the split rule cannot classify: "
+                                         r"attention blocks.0.attn is one leaf layer"):
+        pl.simulate(with_tensor(pl.Plan.from_boundaries(len(prof), []), 2), prof, "flat:2", "gpipe",
+                    microbatches=2)
+    # at tensor=1 the same profile simulates as ever
+    assert pl.simulate(pl.Plan.from_boundaries(len(prof), []), prof, "flat:1", "gpipe",
+                       microbatches=2).time_per_minibatch > 0
+
+
+def test_replicated_tensor_groups_all_reduce_one_shard_over_the_leaders() -> None:
+    prof = hand_profile()
+    plan = pl.Plan.from_boundaries(4, [], replicas=[2], tensor=2)
+    res = pl.simulate(plan, prof, pl.Cluster.flat(4, bandwidth=BW, latency=LAT), "gpipe", microbatches=2,
+                      allreduce_overlap="none")
+    assert res.trace.meta["tensor_devices"] == [[0, 1], [2, 3]]
+    ar = [e for e in res.trace.events if e.kind == "allreduce"]
+    shard_bytes = 100 + 4000 // 2 + 3000 // 2 + 100
+    assert ar and {e.bytes for e in ar} == {shard_bytes}
+    assert ar[0].duration_s == pytest.approx(ring(shard_bytes, 2))
