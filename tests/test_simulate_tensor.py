@@ -170,8 +170,8 @@ def test_a_leaf_layer_holding_split_modules_is_unclassified_and_refused() -> Non
     prof = pl.profile(T.gpt(), x, progress=False, small_batch=None, repeats=1, leaf_modules=(Attention,))
     kinds = {ly.name: sp.kind for ly, sp in zip(prof.layers, prof.tensor_splits)}
     assert kinds["blocks.0.attn"] == "unclassified" and kinds["blocks.0.fc"] == "colwise"
-    with pytest.raises(ValueError, match=r"layer \d+ \('blocks.0.attn'\), which the split rule cannot classify: "
-                                         r"attention blocks.0.attn is one leaf layer"):
+    with pytest.raises(ValueError, match=r"layer \d+ \('blocks.0.attn'\), which the split rule cannot "
+                                         r"classify: attention blocks.0.attn is one leaf layer"):
         pl.simulate(with_tensor(pl.Plan.from_boundaries(len(prof), []), 2), prof, "flat:2", "gpipe",
                     microbatches=2)
     # at tensor=1 the same profile simulates as ever
