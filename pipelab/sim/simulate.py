@@ -102,6 +102,10 @@ class SimResult(Described):
     def describe(self) -> str:
         """The summary, what it assumes, and each worker's utilization and peak memory."""
         lines = [f"simulated {self.summary()}", f"    (assumes {self.assumes})"]
+        groups = self.trace.meta.get("tensor_devices")
+        if groups:
+            lines.append("    tensor groups (one member priced per worker; memory per member): "
+                         + ", ".join(f"w{w} on devices {list(g)}" for w, g in enumerate(groups)))
         lines += [f"  worker {w:3d}: utilization {u:6.1%}  peak memory {m / 2**30:7.3f} GiB"
                   for w, (u, m) in enumerate(zip(self.utilization, self.peak_memory))]
         return "\n".join(lines)

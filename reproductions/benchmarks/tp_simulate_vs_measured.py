@@ -4,9 +4,12 @@ The GPT of ``_tp_gpt.py`` (``pipelab.models.SplittableGPT``: 2 blocks, width 256
 512, 64 tokens, 16 sequences per minibatch in 2 microbatches) trains with GPipe as 1x1 (one process,
 the baseline), 2x1 (one stage, tensor degree 2: 2 processes) and 2x2 (two stages of degree 2: 4
 processes). ``pl.simulate`` prices the same plans from one ``pl.profile`` of the model (its
-``tensor_splits``: the runtime's split rule) on this machine's ``pl.calibrate(workers=4)``. Per plan
-and stage it prints the measured median ``F``/``B`` and time per step, the prediction, and
-measured/predicted as the median and range over rounds.
+``tensor_splits``: the runtime's split rule) on this machine calibrated with as many processes as the
+run has (``pl.calibrate(workers=2)`` for 1x1 and 2x1, ``workers=4`` for 2x2). Per plan and stage it
+prints the measured median ``F``/``B`` and time per step, the prediction, and measured/predicted as
+the median and range over rounds. ``2x2 shared`` is the same prediction with each device's speed
+times cores / processes: what four single-threaded processes on fewer cores leave each one, a
+mechanism the cost model does not have (it gives every worker a device of its own).
 
 It also splits the 2x1 gap in two: the degree-2 shard's forward and backward timed alone on one
 process with the collectives made local (same shapes, no communication) against the prediction's
@@ -32,8 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _tp_gpt as G  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from _pair import run_pair, spin  # noqa: E402  (this folder's helper: two processes, reaped)
 
 import pipelab as pl  # noqa: E402
+from pipelab.runtime.affinity import pin_worker  # noqa: E402
 from pipelab.runtime.tensor_parallel import Group, plan_of, shard  # noqa: E402
 
 M = 2          # microbatches
@@ -111,6 +117,37 @@ def shard_compute(degree: int, reps: int = 15) -> tuple[float, float]:
     return statistics.median(fs[2:]), statistics.median(bs[2:])
 
 
+def _collectives(rank: int, port: int, compute_s: float, steps: int, queue: object) -> None:
+    """One ``F``'s collectives of the 2x1 group in the runtime's order, between two pinned gloo processes,
+    ``compute_s`` of compute before each: the embedding's and every row-parallel layer's all-reduce of
+    one microbatch's activation, then the head's all-gather of its logits; seconds per ``F``."""
+    pin_worker(rank, 2)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    act = torch.zeros(G.BATCH // M, G.SEQ, G.EMBD)
+    half = torch.zeros(G.BATCH // M, G.SEQ, G.VOCAB // 2)
+    times = []
+    for _ in range(steps + 3):
+        total = 0.0
+        for _ in range(2 * G.LAYERS + 1):
+            spin(compute_s)
+            t0 = time.perf_counter()
+            dist.all_reduce(act)
+            total += time.perf_counter() - t0
+        spin(compute_s)
+        t0 = time.perf_counter()
+        dist.all_gather([torch.empty_like(half) for _ in range(2)], half)
+        times.append(total + time.perf_counter() - t0)
+    queue.put((rank, times[3:]))  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def collectives_alone(compute_s: float, steps: int = 15) -> float:
+    """Median over steps of the slower rank's seconds in one ``F``'s collectives (:func:`_collectives`)."""
+    got = dict(run_pair(_collectives, compute_s, steps))
+    return statistics.median(max(a, b) for a, b in zip(got[0], got[1]))
+
+
 def spread(xs: list[float]) -> str:
     """``median (min-max)``."""
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
@@ -123,28 +160,40 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    cluster = pl.calibrate(workers=4, progress=False)
+    two, four = pl.calibrate(workers=2, progress=False), pl.calibrate(workers=4, progress=False)
+    cores = len(os.sched_getaffinity(0))
+    share = min(1.0, cores / 4)
+    shared = dataclasses.replace(four, devices=tuple(dataclasses.replace(d, speed=d.speed * share)
+                                                     for d in four.devices))
     profile = pl.profile(G.gpt(), next(G.data())[0], progress=False)
     n = len(profile)
     plans = {name: plan_of_shape(name, n) for name in PLANS}
-    pred = {name: predicted(p, profile, cluster) for name, p in plans.items()}
+    clusters = {"1x1": two, "2x1": two, "2x2": four}
+    pred = {name: predicted(p, profile, clusters[name]) for name, p in plans.items()}
+    pred["2x2 shared"] = predicted(plans["2x2"], profile, shared)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in plans}
     alone: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+    lockstep: dict[float, list[float]] = {0.0: [], 0.002: []}
     for r in range(a.rounds):
         for name, p in plans.items():
             runs[name].append(measured(p, a.steps))
         for t in (1, 2):
             alone[t].append(shard_compute(t))
+        for c in (0.0, 0.002):
+            lockstep[c].append(collectives_alone(c))
         print(f"round {r + 1}/{a.rounds} done", flush=True)
-    print(f"\ncluster {cluster.name}: {cluster.describe() if hasattr(cluster, 'describe') else ''}")
-    print(f"{'plan':>4} {'what':>5} {'measured ms':>22} {'predicted ms':>13} {'of it tensor ms':>16} "
+    for c in (two, four):
+        assert c.calibration is not None
+        print(f"\n{c.name}: {c.calibration.describe()}")
+    print(f"\n{'plan':>10} {'what':>5} {'measured ms':>22} {'predicted ms':>13} {'of it tensor ms':>16} "
           f"{'measured/predicted':>24}")
-    for name in plans:
+    for name in pred:
         p, comm = pred[name]
+        measured_as = runs[name.split()[0]]
         for key in p:
-            ms = [run[key] * 1e3 for run in runs[name]]
-            ratio = [run[key] / p[key] for run in runs[name]]
-            print(f"{name:>4} {key:>5} {spread(ms):>22} {p[key] * 1e3:>13.2f} "
+            ms = [run[key] * 1e3 for run in measured_as]
+            ratio = [run[key] / p[key] for run in measured_as]
+            print(f"{name:>10} {key:>5} {spread(ms):>22} {p[key] * 1e3:>13.2f} "
                   f"{comm.get(key, 0.0) * 1e3:>16.2f} {spread(ratio):>24}")
     # the 2x1 gap in two: compute of one shard alone, and the rest (collectives, runtime's own work)
     p, comm = pred["2x1"]
@@ -161,6 +210,10 @@ def main() -> None:
               f"-> shard/predicted {spread([h / pc for h in half_alone])}")
         print(f"     rest of the measured action (collectives + runtime) {spread(rest)} against predicted "
               f"collectives {pt:.2f} -> {spread([x / pt for x in rest]) if pt > 0 else 'n/a'}")
+    print("  one F's collectives alone between 2 pinned gloo processes: "
+          + "; ".join(f"after {c * 1e3:.0f} ms of compute each {spread([x * 1e3 for x in xs])} ms"
+                      for c, xs in lockstep.items())
+          + f" (predicted {comm['F0'] * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":
