@@ -7,8 +7,9 @@ processes). ``pl.simulate`` prices the same plans from one ``pl.profile`` of the
 ``tensor_splits``: the runtime's split rule) on this machine calibrated with as many processes as the
 run has (``pl.calibrate(workers=2)`` for 1x1 and 2x1, ``workers=4`` for 2x2). Per plan and stage it
 prints the measured median ``F``/``B`` and time per step, the prediction, and measured/predicted as
-the median and range over rounds. ``2x2 shared`` is the same prediction with each device's speed
-times cores / processes: what four single-threaded processes on fewer cores leave each one, a
+the median and range over rounds, and that ratio divided by the same round's 1x1 ratio (what the
+tensor split adds to the error, the machine's drift between profile, calibration and run left out).
+``2x2 shared`` is the same prediction with each device's speed times cores / processes: what four single-threaded processes on fewer cores leave each one, a
 mechanism the cost model does not have (it gives every worker a device of its own).
 
 It also splits the 2x1 gap in two: the degree-2 shard's forward and backward timed alone on one
@@ -160,6 +161,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     a = ap.parse_args()
     torch.set_num_threads(1)
+    before = os.getloadavg()
     two, four = pl.calibrate(workers=2, progress=False), pl.calibrate(workers=4, progress=False)
     cores = len(os.sched_getaffinity(0))
     share = min(1.0, cores / 4)
@@ -185,16 +187,19 @@ def main() -> None:
     for c in (two, four):
         assert c.calibration is not None
         print(f"\n{c.name}: {c.calibration.describe()}")
+    print(f"\nload average (1, 5, 15 min) before the runs {before}, after {os.getloadavg()}")
     print(f"\n{'plan':>10} {'what':>5} {'measured ms':>22} {'predicted ms':>13} {'of it tensor ms':>16} "
-          f"{'measured/predicted':>24}")
+          f"{'measured/predicted':>24} {'÷ same round 1x1':>22}")
     for name in pred:
         p, comm = pred[name]
         measured_as = runs[name.split()[0]]
         for key in p:
             ms = [run[key] * 1e3 for run in measured_as]
             ratio = [run[key] / p[key] for run in measured_as]
+            base = key if key == "step" else key[0] + "0"
+            norm = [x / (b[base] / pred["1x1"][0][base]) for x, b in zip(ratio, runs["1x1"])]
             print(f"{name:>10} {key:>5} {spread(ms):>22} {p[key] * 1e3:>13.2f} "
-                  f"{comm.get(key, 0.0) * 1e3:>16.2f} {spread(ratio):>24}")
+                  f"{comm.get(key, 0.0) * 1e3:>16.2f} {spread(ratio):>24} {spread(norm):>22}")
     # the 2x1 gap in two: compute of one shard alone, and the rest (collectives, runtime's own work)
     p, comm = pred["2x1"]
     print("\n2x1, one member's work apart (ms; measured median (range) over rounds):")
