@@ -141,8 +141,25 @@ def test_the_profile_splits_exactly_the_modules_the_runtime_cuts(gpt_profiles) -
 def test_two_by_two_draws_tensor_collectives_and_expands_groups(gpt_profiles) -> None:
     prof = gpt_profiles["untied"]
     plan = with_tensor(pl.Plan.from_boundaries(len(prof), [24]), 2, 2)
-    res = pl.simulate(plan, prof, "flat:4", "1f1b-flush", microbatches=2)
+    cluster = pl.Cluster.flat(4, bandwidth=BW, latency=LAT)
+    res = pl.simulate(plan, prof, cluster, "1f1b-flush", microbatches=2)
     assert res.trace.meta["tensor_devices"] == [[0, 1], [2, 3]]
+    # the leader broadcasts what it receives: stage 1's F the cut's activations, stage 0's B their gradient
+    cut = prof.cut_bytes[23] // 2
+    splits = prof.tensor_splits
+    g_bytes = [sum(s.forward_allreduce_bytes + s.forward_allgather_bytes for s in part) // 2
+               for part in (splits[:24], splits[24:])]
+    f_bytes = {e.stage: e.bytes for e in res.trace.events if e.kind == "tensor" and e.step == -1
+               and any(a.kind == "F" and a.stage == e.stage and a.end_s == e.end_s for a in res.trace.events)}
+    assert f_bytes == {0: g_bytes[0], 1: g_bytes[1] + cut}
+    # stage 1's F: each g a ring of its own, the logits' all-gather half of one, the broadcast a transfer
+    g = [-(-s.forward_allreduce_bytes // 2) for s in splits[24:] if s.forward_allreduce_bytes]
+    gather = [-(-s.forward_allgather_bytes // 2) for s in splits[24:] if s.forward_allgather_bytes]
+    want = sum(ring(n, 2) for n in g) + sum(ring(n, 2) / 2 for n in gather) + LAT + cut / BW
+    f1_end = {e.end_s for e in res.trace.events if e.kind == "F" and e.stage == 1}
+    comm = [e.duration_s for e in res.trace.events
+            if e.kind == "tensor" and e.stage == 1 and e.end_s in f1_end]
+    assert comm == pytest.approx([want] * 2, rel=1e-9)
     fig = pl.views.gantt_groups(res)
     drawn = [k for tr in fig.data if tr.name == "transfer" for k in tr.text]
     assert drawn.count("tensor") == 2 * 2 * 2       # 2 workers x 2 microbatches x (F, B)

@@ -10,7 +10,10 @@ profiler (``Profile.tensor_splits``). For a stage of degree ``t``:
 - a layer whose output is a shard keeps ``1/t`` of its saved activations and output;
 - each of the group's collectives is priced over the group's devices with the cost model's ring
   (:meth:`CostModel.allreduce_s`, this machine's calibrated figures where the cluster has them); a
-  ring all-gather moves half an all-reduce's bytes in half its steps (:func:`allgather_s`).
+  ring all-gather moves half an all-reduce's bytes in half its steps (:func:`allgather_s`);
+- the leader alone receives the stage's activations (``F``) and gradients (``B``) and broadcasts
+  them to its group, as the runtime does (``pipelab.runtime.tensor_group``): a binomial tree of
+  ``ceil(log2 t)`` point-to-point transfers (:func:`broadcast_s`).
 
 :func:`per_device` applies the first three to the whole profile at once (each layer at its stage's
 degree), so every other price of the cost model (compute, update, replica all-reduce of the member's
@@ -130,12 +133,31 @@ def allgather_s(prices: Prices, nbytes: int, workers: Sequence[int]) -> float:
     return prices.allreduce_s(nbytes, workers) / 2
 
 
+def broadcast_s(prices: Prices, nbytes: int, group: Sequence[int]) -> float:
+    """Seconds of the leader ``group[0]`` broadcasting ``nbytes`` to ``group``: ``ceil(log2 t)`` rounds of a
+    binomial tree, each one point-to-point transfer over the group's slowest link, uncompressed (the
+    runtime broadcasts the received tensors as they are)."""
+    if len(group) < 2 or nbytes == 0:
+        return 0.0
+    rounds = math.ceil(math.log2(len(group)))
+    links = [prices.cluster.link(group[0], d) for d in group[1:]]
+    slowest = max(lv.latency + nbytes / lv.transfer_bandwidth for lv in links)
+    return rounds * (slowest + prices.staging_s(nbytes))
+
+
 def group_comm(prices: Prices, profile: Profile, start: int, end: int, group: Sequence[int],
                microbatches: int) -> GroupComm:
     """The collectives of layers ``[start, end)`` over the tensor group on devices ``group``, per microbatch:
-    each all-reduce (all-gather) of the recorded bytes divided by ``microbatches``, priced one by one."""
+    each all-reduce (all-gather) of the recorded bytes divided by ``microbatches``, priced one by one,
+    and the broadcast of what the leader receives (activations into ``F``, gradients into ``B``)."""
     fwd = bwd = 0.0
     fb = bb = nf = nb = 0
+    if start > 0:
+        n = -(-profile.cut_bytes[start - 1] // microbatches)
+        fwd, fb, nf = broadcast_s(prices, n, group), n, 1
+    if end < len(profile):
+        n = -(-profile.cut_bytes[end - 1] // microbatches)
+        bwd, bb, nb = broadcast_s(prices, n, group), n, 1
     for sp in profile.tensor_splits[start:end]:
         for nbytes, gather in ((sp.forward_allreduce_bytes, False), (sp.forward_allgather_bytes, True)):
             if nbytes:

@@ -9,8 +9,9 @@ run has (``pl.calibrate(workers=2)`` for 1x1 and 2x1, ``workers=4`` for 2x2). Pe
 prints the measured median ``F``/``B`` and time per step, the prediction, and measured/predicted as
 the median and range over rounds, and that ratio divided by the same round's 1x1 ratio (what the
 tensor split adds to the error, the machine's drift between profile, calibration and run left out).
-``2x2 shared`` is the same prediction with each device's speed times cores / processes: what four single-threaded processes on fewer cores leave each one, a
-mechanism the cost model does not have (it gives every worker a device of its own).
+``2x2 shared`` is the same prediction with each device's speed times cores / processes: what four
+single-threaded processes on fewer cores leave each one, a mechanism the cost model does not have
+(it gives every worker a device of its own).
 
 It also splits the 2x1 gap in two: the degree-2 shard's forward and backward timed alone on one
 process with the collectives made local (same shapes, no communication) against the prediction's
