@@ -206,3 +206,21 @@ def test_replicated_tensor_groups_all_reduce_one_shard_over_the_leaders() -> Non
     shard_bytes = 100 + 4000 // 2 + 3000 // 2 + 100
     assert ar and {e.bytes for e in ar} == {shard_bytes}
     assert ar[0].duration_s == pytest.approx(ring(shard_bytes, 2))
+
+
+def test_a_group_is_priced_over_the_links_it_sits_on() -> None:
+    from pipelab.cluster import Cluster, Device, Level
+
+    slow_bw, slow_lat = BW / 10, 20 * LAT
+    cluster = Cluster("two nodes", (Level("node", 2, BW, LAT), Level("net", 2, slow_bw, slow_lat)),
+                      (Device("cpu"),) * 4)
+    prof = hand_profile()
+    one = pl.Plan.from_boundaries(4, [])
+    inside = pl.simulate(with_tensor(one, 2), prof, cluster, "gpipe", microbatches=1)
+    drawn = [e.duration_s for e in inside.trace.events if e.kind == "tensor"]
+    assert drawn == pytest.approx([ring(800, 2)] * 2)
+    # a group of 4 spans both nodes: a ring inside each node, then one between them (hierarchical)
+    across = pl.simulate(with_tensor(one, 4), prof, cluster, "gpipe", microbatches=1)
+    between = 2 * (slow_lat + 800 / 2 / slow_bw)
+    assert [e.duration_s for e in across.trace.events if e.kind == "tensor"] == \
+        pytest.approx([ring(800, 2) + between] * 2)
