@@ -21,6 +21,7 @@ from typing import Any
 import torch.fx as fx
 from torch import nn
 
+import pipelab.methods as methods
 from pipelab.graph import StageModule, layer_members
 
 
@@ -172,3 +173,50 @@ def stage_ties(gm: fx.GraphModule, ranges: Sequence[tuple[int, int]]) -> tuple[S
     out = [StageTie(names=tuple(h), nbytes=objects[k].numel() * objects[k].element_size(),
                     shape=tuple(objects[k].shape)) for k, h in holders.items() if len(h) >= 2]
     return tuple(sorted(out, key=lambda t: (t.stages, t.name)))
+
+
+class TieError(ValueError):
+    """A shared parameter the chosen method or schedule cannot keep as one weight."""
+
+
+def version_split(tie: StageTie, schedule: Any) -> str:
+    """Why ``schedule`` cannot keep ``tie`` one weight ("" when it can): every holding stage must read the
+    same version for each microbatch (the versions the schedule names) and update once per minibatch.
+    ``schedule`` is a :class:`pipelab.schedules.Schedule` (read by its fields: this layer is below it)."""
+    if schedule.versions is None:
+        return ""
+    if methods.get(schedule.method).update != "minibatch":
+        return "its stages update after every microbatch, each at its own time"
+    read: dict[int, tuple[int, int]] = {}    # microbatch -> (stage, version) first seen
+    for w, acts in enumerate(schedule.actions):
+        for a, v in zip(acts, schedule.versions[w]):
+            if a.kind in ("F", "B", "W") and a.stage in tie.stages:
+                s0, v0 = read.setdefault(a.microbatch, (a.stage, v))
+                if v0 != v:
+                    return (f"microbatch {a.microbatch} reads version {v0} on stage {s0} but version {v} on "
+                            f"stage {a.stage}")
+    return ""
+
+
+def check_tie_method(ties: Sequence[StageTie], schedule: Any) -> None:
+    """Refuse a schedule that cannot keep a shared parameter one weight (names it, why, and what to do).
+
+    Synchronous methods always can; an asynchronous one can when every holding stage reads the same
+    version of each microbatch and all update once per minibatch (2BW and the bounded buffer: minibatch
+    ``t`` reads ``W(t - d)`` on every stage), so the summed gradient is the whole model's at that version.
+    """
+    method = schedule.method
+    if not ties or methods.get(method).synchronous:
+        return
+    for t in ties:
+        why = version_split(t, schedule)
+        if not why:
+            continue
+        sync = ", ".join(m.name for m in methods.METHODS.values() if m.synchronous)
+        more = f" (and {len(ties) - 1} more shared parameter(s))" if len(ties) > 1 else ""
+        raise TieError(
+            f"parameter {t.name} ({'x'.join(map(str, t.shape))}) is shared by stages {list(t.stages)}{more}, "
+            f"and method {method!r} is asynchronous: {why}, so each stage's copy would follow its own "
+            "versions, silently untying it. Untie it (give each user its own weight), train with a "
+            f"synchronous method ({sync}) or one whose stages read one version per minibatch (2bw, "
+            "buffered), or keep every user of it on one stage (a plan whose stage spans those layers)")

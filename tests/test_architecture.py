@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipelab._io", "pipelab._display", "pipelab.batching", "pipelab.methods", "pipelab.metrics",
      "pipelab.transports", "pipelab.hostload"),
     ("pipelab.trace", "pipelab.cluster", "pipelab.measured", "pipelab.graph", "pipelab.ties",
-     "pipelab.tracing", "pipelab.hf"),
+     "pipelab.tracing", "pipelab.hf", "pipelab.tensor_split"),
     ("pipelab.profile",),
     ("pipelab.models", "pipelab.costs", "pipelab.llm"),
     ("pipelab.partition",),

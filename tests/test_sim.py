@@ -458,7 +458,7 @@ def test_the_core_simulation_has_no_host_effect_unless_asked() -> None:
         host.without("cross")
 
 
-def test_a_tensor_parallel_plan_is_refused_naming_the_stage_and_simulate_llm() -> None:
+def test_a_tensor_parallel_plan_without_a_recorded_split_is_refused_naming_the_stage() -> None:
     import dataclasses
 
     from pipelab.views import memory_breakdown
@@ -466,9 +466,9 @@ def test_a_tensor_parallel_plan_is_refused_naming_the_stage_and_simulate_llm() -
     prof = Profile.synthetic([1e-3] * 4, [2e-3] * 4, param_bytes=[10**6] * 4, batch_size=4)
     plan = Plan.from_boundaries(4, [2])
     split = dataclasses.replace(plan, stages=(plan.stages[0], dataclasses.replace(plan.stages[1], tensor=2)))
-    with pytest.raises(ValueError, match=r"stage 1 has tensor degree 2, but pl.simulate treats each stage "
-                                         r"replica as one device.*pl.simulate_llm\(.*tensor=1"):
+    with pytest.raises(ValueError, match=r"stage 1 has tensor degree 2, but profile 'synthetic' records no "
+                                         r"tensor split.*tensor_parallel_plan.*pl.simulate_llm"):
         simulate(split, prof, "flat:3", "1f1b-flush", microbatches=2)
-    with pytest.raises(ValueError, match=r"stage 1 has tensor degree 2, but memory_breakdown"):
+    with pytest.raises(ValueError, match=r"stage 1 has tensor degree 2, but profile 'synthetic' records no"):
         memory_breakdown(split, prof)
     assert simulate(plan, prof, "flat:2", "1f1b-flush", microbatches=2).time_per_minibatch > 0

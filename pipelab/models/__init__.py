@@ -1,5 +1,6 @@
 """The model zoo: the papers' models (VGG-16, ResNet-50, GNMT-8/16), small demo models and data (a tied
-GPT among them), and PipeDream's measured profiles (:func:`pipedream_profile`). Nothing here downloads."""
+GPT among them, and one that splits over a tensor-parallel group), and PipeDream's measured profiles
+(:func:`pipedream_profile`). Nothing here downloads."""
 
 from __future__ import annotations
 
@@ -12,19 +13,21 @@ from torch import nn
 from pipelab.models.demo import digits_data, mlp, small_cnn, synthetic_translation, tiny_transformer
 from pipelab.models.gnmt import GNMT, gnmt, gnmt_param_count
 from pipelab.models.gpt import GPT, gpt, gpt_data, gpt_loss
+from pipelab.models.tp_gpt import SplittableGPT, splittable_gpt
 from pipelab.models.vision import resnet50, vgg16
 from pipelab.profile.pipedream_format import load_pipedream, shipped
 from pipelab.profile.records import Profile
 
 __all__ = ["GNMT", "GPT", "REGISTRY", "build", "digits_data", "example", "gnmt", "gnmt_param_count", "gpt",
            "gpt_data", "gpt_loss", "mlp",
-           "pipedream_profile", "resnet50", "small_cnn", "synthetic_translation", "tiny_transformer", "vgg16"]
+           "pipedream_profile", "resnet50", "small_cnn", "SplittableGPT", "splittable_gpt",
+           "synthetic_translation", "tiny_transformer", "vgg16"]
 
 #: name -> builder, for the CLI and notebooks (keyword arguments pass through)
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "vgg16": vgg16, "resnet50": resnet50, "gnmt8": lambda **kw: gnmt(num_layers=8, **kw),
     "gnmt16": lambda **kw: gnmt(num_layers=16, **kw), "mlp": mlp, "small_cnn": small_cnn,
-    "tiny_transformer": tiny_transformer, "gpt": gpt,
+    "tiny_transformer": tiny_transformer, "gpt": gpt, "splittable_gpt": splittable_gpt,
 }
 
 

@@ -38,6 +38,7 @@ from pipelab.profile.hooks import tensors as _tensors
 from pipelab.profile.layer_timing import LayerRunner, Pass, measure_layer
 from pipelab.profile.loss import measure_loss
 from pipelab.profile.records import BlockedCut, Layer, Profile
+from pipelab.tensor_split import LayerSplit, find_splits
 from pipelab.ties import find_ties
 from pipelab.tracing import TracingConfig
 
@@ -130,9 +131,16 @@ def profile(model: nn.Module, sample_input: Any, *, device: str | torch.device =
                    blocked_cuts=_blocked(crossings, [ly.name for ly in layers]),
                    tracing=TracingConfig.of(leaf_modules, depth,
                                             inputs=len(args) if is_hf_model(model) else None),
-                   ties=find_ties(gm))
+                   ties=find_ties(gm), tensor_splits=_tensor_splits(model, gm, value_bytes))
     warn_dominant_layer(prof, gm)
     return prof
+
+
+def _tensor_splits(model: nn.Module, gm: fx.GraphModule, value_bytes: dict[str, int]
+                   ) -> tuple[LayerSplit, ...]:
+    """The model's ``tensor_parallel_plan`` applied to its layers (none: the model declares none)."""
+    plan = getattr(model, "tensor_parallel_plan", None)
+    return find_splits(gm, plan, value_bytes, model) if isinstance(plan, dict) and plan else ()
 
 
 def _blocked(crossings: Sequence[tuple[int, str, str, int, tuple[int, ...]]], names: Sequence[str]

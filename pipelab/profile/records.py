@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, overload
 from pipelab._display import html_pre
 from pipelab._io import read_record, write_record
 from pipelab.profile.pipedream_graph import read_fields
+from pipelab.tensor_split import LayerSplit
 from pipelab.ties import Tie
 from pipelab.tracing import TracingConfig
 
@@ -136,9 +137,17 @@ class Profile:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     #: parameters that two or more layers use (tied weights), found by object identity (pipelab.ties)
     ties: tuple[Tie, ...] = field(default=())
+    #: per layer, how it splits over a tensor-parallel group (pipelab.tensor_split); empty: the model
+    #: declared no ``tensor_parallel_plan``
+    tensor_splits: tuple[LayerSplit, ...] = field(default=())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "tensor_splits", tuple(
+            t if isinstance(t, LayerSplit) else LayerSplit.from_dict(t) for t in self.tensor_splits))
+        if self.tensor_splits and len(self.tensor_splits) != len(self.layers):
+            raise ValueError(f"tensor_splits has {len(self.tensor_splits)} entries for {len(self.layers)} "
+                             "layers; give one per layer (pipelab.tensor_split.LayerSplit) or none")
         object.__setattr__(self, "ties", tuple(self.ties))
         object.__setattr__(self, "cut_bytes", tuple(int(c) for c in self.cut_bytes))
         object.__setattr__(self, "edges", tuple((int(a), int(b)) for a, b in self.edges))
@@ -300,8 +309,13 @@ class Profile:
             for ly in self.layers)
         note = (f"rescaled from batch {self.batch_size} to {batch_size} (times affine in the batch, "
                 f"activations and cuts linear)")
+        splits = tuple(replace(t, forward_allreduce_bytes=int(round(t.forward_allreduce_bytes * r)),
+                               backward_allreduce_bytes=int(round(t.backward_allreduce_bytes * r)),
+                               forward_allgather_bytes=int(round(t.forward_allgather_bytes * r)))
+                       for t in self.tensor_splits)
         return replace(self, layers=layers, cut_bytes=tuple(int(round(c * r)) for c in self.cut_bytes),
-                       batch_size=batch_size, input_bytes=int(round(self.input_bytes * r)),
+                       batch_size=batch_size, tensor_splits=splits,
+                       input_bytes=int(round(self.input_bytes * r)),
                        source=f"{self.source}; {note}" if self.source else note,
                        loss_saved_bytes=int(round(self.loss_saved_bytes * r)))
 
@@ -350,7 +364,8 @@ class Profile:
                 "layers": [asdict(layer) for layer in self.layers], "cut_bytes": list(self.cut_bytes),
                 "edges": [list(e) for e in self.edges], "loss_saved_bytes": self.loss_saved_bytes,
                 "blocked_cuts": [asdict(c) for c in self.blocked_cuts], "tracing": self.tracing.to_dict(),
-                "ties": [t.to_dict() for t in self.ties]}
+                "ties": [t.to_dict() for t in self.ties],
+                "tensor_splits": [t.to_dict() for t in self.tensor_splits]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
@@ -364,7 +379,8 @@ class Profile:
                        loss_saved_bytes=int(d.get("loss_saved_bytes", 0)),
                        blocked_cuts=tuple(BlockedCut(**c) for c in d.get("blocked_cuts", ())),
                        tracing=TracingConfig.from_dict(d.get("tracing")),
-                       ties=tuple(Tie.from_dict(t) for t in d.get("ties", ())))
+                       ties=tuple(Tie.from_dict(t) for t in d.get("ties", ())),
+                       tensor_splits=tuple(LayerSplit.from_dict(t) for t in d.get("tensor_splits", ())))
         except KeyError as exc:
             raise ValueError(f"profile JSON lacks field {exc}; re-create it with "
                              "pl.profile(...).save()") from None

@@ -1,7 +1,9 @@
 """Megatron-style tensor parallelism of one stage: its modules split over a group of ``t`` processes.
 
 A model says how it splits with ``tensor_parallel_plan``, a dict from module names (``fnmatch``
-patterns over qualified names, e.g. ``"blocks.*.mlp.fc"``) to a style of :data:`STYLES`:
+patterns over qualified names, e.g. ``"blocks.*.mlp.fc"``) to a style of :data:`STYLES`. The rule
+(which module has which style, what each cuts, what its size is) lives in :mod:`pipelab.tensor_split`,
+which the profiler applies to the layers it records, so the simulator prices what this module splits:
 
 - ``colwise``: ``nn.Linear`` whose output features are split (Megatron's column-parallel layer);
   its input passes through *f* (identity forward, all-reduce of the gradient backward).
@@ -23,7 +25,6 @@ weights are the members' shards concatenated (:func:`unshard`).
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-STYLES = ("colwise", "rowwise", "qkv", "heads", "vocab_embedding", "vocab_head")
+from pipelab.tensor_split import CUT_DIM, STYLES, bias_cut, cut_size, style_of
 
 
 class _Copy(torch.autograd.Function):
@@ -192,10 +193,7 @@ def plan_of(model: nn.Module) -> dict[str, str]:
 
 
 def _matches(plan: Mapping[str, str], name: str) -> str | None:
-    for pattern, style in plan.items():
-        if fnmatch.fnmatchcase(name, pattern):
-            return style
-    return None
+    return style_of(plan, name)
 
 
 def split_sizes(model: nn.Module, plan: Mapping[str, str]) -> dict[str, int]:
@@ -203,19 +201,9 @@ def split_sizes(model: nn.Module, plan: Mapping[str, str]) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for name, m in model.named_modules():
         style = _matches(plan, name)
-        if style is None:
-            continue
-        if style == "heads":
-            sizes[f"heads of {name}"] = int(m.n_head)
-        elif style == "vocab_embedding":
-            sizes[f"vocabulary of {name}"] = int(m.num_embeddings)
-        elif style in ("colwise", "vocab_head"):
-            what = "vocabulary" if style == "vocab_head" else "output features"
-            sizes[f"{what} of {name}"] = int(m.out_features)
-        elif style == "rowwise":
-            sizes[f"input features of {name}"] = int(m.in_features)
-        elif style == "qkv":
-            sizes[f"q/k/v features of {name}"] = int(m.out_features) // 3
+        what = cut_size(style, m) if style is not None else None
+        if what is not None:
+            sizes[f"{what[0]} of {name}"] = what[1]
     return sizes
 
 
@@ -244,11 +232,11 @@ def cuts(module: nn.Module, plan: Mapping[str, str]) -> dict[str, int | None]:
     out: dict[str, int | None] = {n: None for n, _ in module.named_parameters(remove_duplicate=False)}
     for name, _ in module.named_modules():
         style = _matches(plan, name) if name else None
-        dim = {"colwise": 0, "vocab_head": 0, "vocab_embedding": 0, "qkv": -3, "rowwise": 1}.get(style or "")
-        if dim is None:
+        dim = CUT_DIM.get(style or "")
+        if dim is None or style is None:
             continue
         out[f"{name}.weight"] = dim
-        if style != "rowwise" and f"{name}.bias" in out:
+        if bias_cut(style) and f"{name}.bias" in out:
             out[f"{name}.bias"] = dim
     return out
 

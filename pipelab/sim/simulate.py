@@ -3,11 +3,15 @@
 The simulator executes the very :class:`~pipelab.schedules.Schedule` the runtime runs
 (:mod:`pipelab.schedules.dataflow`), each action priced by :class:`pipelab.costs.CostModel`: compute,
 transfers through the ports they cross, all-reduce as ``allreduce_overlap`` says, the optimizer step.
-Memory per worker over time follows what the runtime holds (docs/cost_model.md).
+Memory per worker over time follows what the runtime holds (docs/cost_model.md). A stage of tensor
+degree ``t`` is priced as one member of its group sees it (:mod:`pipelab.costs.tensor`, by the split
+rule the runtime cuts with, recorded on the Profile), its collectives inside its ``F`` and ``B``; its
+groups sit on the cluster as :mod:`pipelab.sim.tensor` places them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +24,7 @@ from pipelab.batching import check_divides
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel, compression_ratio_of
 from pipelab.costs.prices import span
+from pipelab.costs.tensor import GroupComm, check_priceable, group_comm, layer_degrees, per_device
 from pipelab.partition.plan import Plan
 from pipelab.partition.virtual import virtual_plan
 from pipelab.schedules import build
@@ -27,7 +32,8 @@ from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
 from pipelab.schedules.steps import ScheduleError
 from pipelab.sim.host_effects import HostCosts, HostEffects
-from pipelab.ties import across_stages
+from pipelab.sim.tensor import comm_events, member_events, place_groups, process_ranks, worker_degrees
+from pipelab.ties import StageTie, TieError, across_stages, check_tie_method
 from pipelab.trace import Event, Trace
 
 if TYPE_CHECKING:
@@ -60,6 +66,9 @@ class SimResult(Described):
     memory_timeline: dict[int, list[tuple[float, int]]] = field(default_factory=dict, repr=False)
     window: tuple[float, float] = (0.0, 0.0)   # the measured interval (steady state for async methods)
     batch_size: int = 1
+    #: the tensor groups' other members' copies of their leader's events (worker: the member's process
+    #: rank, ``trace.meta["tensor_groups"]``); drawn by ``pl.views.gantt_groups(result, expand=True)``
+    member_events: tuple[Event, ...] = field(default=(), repr=False)
 
     @property
     def makespan(self) -> float:
@@ -93,6 +102,10 @@ class SimResult(Described):
     def describe(self) -> str:
         """The summary, what it assumes, and each worker's utilization and peak memory."""
         lines = [f"simulated {self.summary()}", f"    (assumes {self.assumes})"]
+        groups = self.trace.meta.get("tensor_devices")
+        if groups:
+            lines.append("    tensor groups (one member priced per worker; memory per member): "
+                         + ", ".join(f"w{w} on devices {list(g)}" for w, g in enumerate(groups)))
         lines += [f"  worker {w:3d}: utilization {u:6.1%}  peak memory {m / 2**30:7.3f} GiB"
                   for w, (u, m) in enumerate(zip(self.utilization, self.peak_memory))]
         return "\n".join(lines)
@@ -126,11 +139,14 @@ class ProfileCosts(Costs):
 
     def __init__(self, model: CostModel, ranges: list[tuple[int, int]], microbatches: int,
                  memory_bandwidth: float | None = None, workers: list[int] | None = None,
-                 recompute_forward: bool = False, tie_s: dict[int, float] | None = None) -> None:
+                 recompute_forward: bool = False, tie_s: dict[int, float] | None = None,
+                 tensor_comm: Mapping[int, GroupComm] | None = None) -> None:
         """``ranges[s]``: stage ``s``'s layers; ``workers[r]``: rank ``r``'s cluster worker (default
         identity); ``recompute_forward``: every ``B`` first runs its stage's forward again; ``tie_s[s]``:
-        seconds of the all-reduce of the shared parameters stage ``s`` holds, part of its ``U``."""
+        seconds of the all-reduce of the shared parameters stage ``s`` holds, part of its ``U``;
+        ``tensor_comm[s]``: stage ``s``'s tensor-group collectives, inside its ``F`` and ``B``."""
         self.model = model
+        self.tensor_comm = dict(tensor_comm or {})
         self.tie_s = dict(tie_s or {})
         self.recompute_forward = recompute_forward
         self.ranges = ranges
@@ -151,15 +167,19 @@ class ProfileCosts(Costs):
         if key not in self._cache:
             price = self.model.backward_split_s if split_bw else self.model.compute_s
             self._cache[key] = price(a, e, self._w(worker), microbatches=self.M)
+        comm = self.tensor_comm.get(action.stage)
+        tf, tb = (comm.forward_s, comm.backward_s) if comm is not None else (0.0, 0.0)
+        if self.recompute_forward:
+            tb += tf
         if split_bw:
-            return self._cache[key][0 if action.kind == "B" else 1]
+            return self._cache[key][0] + tb if action.kind == "B" else self._cache[key][1]
         f, b = self._cache[key]
         if action.kind == "F":
-            return f
+            return f + tf
         if action.kind == "B":
             if self.recompute_forward:
                 b += self.model.layers_s(a, e, self._w(worker), microbatches=self.M)[0]
-            return b
+            return b + tb
         tie = self.tie_s.get(action.stage, 0.0)
         return self.model.update_s(a, e, self._w(worker), self.memory_bandwidth) + tie
 
@@ -305,14 +325,6 @@ def _host_effects_of(host_effects: HostEffects | bool, cluster: Cluster) -> Host
     raise ValueError(f"host_effects={host_effects!r} must be True, False or a HostEffects record")
 
 
-#: what to use instead of pricing a plan whose stages are tensor-parallel groups
-TENSOR_INSTEAD = ("a Profile holds one device's per-layer costs and does not say where a split stage's "
-                  "all-reduces fall or how big they are. For a transformer, simulate the job with "
-                  "pl.simulate_llm(pl.llm.Transformer(...), cluster, pl.llm.Parallel(tensor=..., "
-                  "pipeline=..., ...)), which prices compute / t plus each block's tensor collectives; "
-                  "or simulate this plan with tensor=1 on every stage")
-
-
 def _stage_plan(plan: Plan | int, profile: Profile, method: str, options: dict[str, Any]) -> Plan:
     """``plan`` as a checked Plan (an int P: an even straight plan; interleaved: its virtual stages)."""
     if not isinstance(plan, Plan):
@@ -320,8 +332,14 @@ def _stage_plan(plan: Plan | int, profile: Profile, method: str, options: dict[s
             raise ScheduleError(f"plan must be a pipelab Plan or an int (stages); got {plan!r}")
         plan = Plan.even(len(profile), plan, batch_size=profile.batch_size)
     plan.validate(profile)
-    plan.refuse_tensor("pl.simulate", TENSOR_INSTEAD)
     v = methods.get(method).virtual_stages(options)
+    tensor = [s for s in plan.stages if s.tensor > 1]
+    if tensor and (v > 1 or _order(method) == "dp"):
+        what = f"{v} virtual stages per worker" if v > 1 else "data parallelism alone"
+        raise ScheduleError(f"stage {tensor[0].index} has tensor degree {tensor[0].tensor}, but method "
+                            f"{method!r} runs {what}; a plan with tensor groups is simulated (and run) "
+                            "with a schedule of the plan's own stages: use gpipe, 1f1b-flush, pipedream, "
+                            "... or tensor=1")
     if v > 1 and plan.num_stages == plan.num_workers:
         try:
             plan = virtual_plan(plan, profile, v)
@@ -396,21 +414,69 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
                                                       minibatches=minibatches, **options)
     is_dp = _order(method) == "dp" or _order(sch.method) == "dp"
     ranges = [(0, len(profile))] if is_dp else [(s.start, s.end) for s in plan.stages]
-    phys = _fits(sch, plan, cluster, is_dp)
+    check_tie_methods(profile, ranges, sch)
+    tensor = not is_dp and any(s.tensor > 1 for s in plan.stages)
+    phys, groups = _tensor_groups(plan, sch, cluster, profile, ranges) if tensor else \
+        (_fits(sch, plan, cluster, is_dp), [])
     spec = methods.METHODS.get(sch.method)
-    cm = CostModel(profile, cluster, compression_ratio=compression_ratio_of(compression), optimizer=optimizer,
-                   allreduce_overlap=allreduce_overlap, allreduce_bandwidth=allreduce_bandwidth,
-                   host_staging_bandwidth=host_staging_bandwidth)
+    device_profile = per_device(profile, layer_degrees(profile, ranges, [s.tensor for s in plan.stages])) \
+        if tensor else profile
+    cm = CostModel(device_profile, cluster, compression_ratio=compression_ratio_of(compression),
+                   optimizer=optimizer, allreduce_overlap=allreduce_overlap,
+                   allreduce_bandwidth=allreduce_bandwidth, host_staging_bandwidth=host_staging_bandwidth)
     micro = 1 if is_dp else sch.microbatches
     if profile.source != "synthetic":   # a synthetic profile's times split into any M (tests, teaching)
         check_divides(profile.batch_size, micro)
     # a backward that reads the newest weights recomputes its forward
     recompute = spec is not None and spec.versions == "latest"
+    comm = {s: group_comm(cm, profile, a, e, groups[sch.stage_ranks[s][0]], micro)
+            for s, (a, e) in enumerate(ranges) if plan.stages[s].tensor > 1} if tensor else {}
     core = ProfileCosts(cm, ranges, micro, memory_bandwidth, workers=phys, recompute_forward=recompute,
-                        tie_s=tie_allreduce_s(cm, profile, ranges, sch, phys))
+                        tie_s=tie_allreduce_s(cm, device_profile, ranges, sch, phys), tensor_comm=comm)
     costs: Costs = core if host is None else HostCosts(core, host)
-    mem = _stage_memory(cm, profile, ranges, micro, spec, recompute)
+    mem = _stage_memory(cm, device_profile, ranges, micro, spec, recompute)
     res = simulate_schedule(sch, costs, batch_size=profile.batch_size, memory=mem,
                             minibatch_scale=sch.microbatches if is_dp else 1)
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
-    return res
+    if not tensor:
+        return res
+    ranks = process_ranks([len(g) for g in groups])
+    events = [*res.trace.events, *comm_events(res.trace.events, comm, recompute)]
+    meta = {**res.trace.meta, "tensor_groups": [list(r) for r in ranks],
+            "tensor_devices": [list(g) for g in groups]}
+    return dataclasses.replace(res, trace=Trace.from_events(events, **meta),
+                               member_events=tuple(member_events(events, ranks)))
+
+
+def check_tie_methods(profile: Profile, ranges: list[tuple[int, int]], schedule: Schedule) -> None:
+    """Refuse, as ``train`` does (:func:`pipelab.ties.check_tie_method`), an asynchronous method whose
+    stages would each update their own copy of a parameter shared across stages (``TieError``)."""
+    ties = [StageTie(names=tuple((s, tie.name) for s in stages), nbytes=tie.nbytes,
+                     shape=tie.shape) for tie, stages in across_stages(profile.ties, ranges)]
+    if schedule.method not in methods.METHODS:
+        return
+    try:
+        check_tie_method(ties, schedule)
+    except TieError as exc:
+        raise TieError(f"pl.simulate refuses what train refuses: {exc}") from None
+
+
+def _tensor_groups(plan: Plan, schedule: Schedule, cluster: Cluster, profile: Profile,
+                   ranges: list[tuple[int, int]]) -> tuple[list[int], list[tuple[int, ...]]]:
+    """A plan with tensor groups checked against the profile and placed on ``cluster``: each schedule
+    worker's leader device and its group's devices (:func:`pipelab.sim.tensor.place_groups`)."""
+    if schedule.num_stages != plan.num_stages:
+        raise ScheduleError(f"the {schedule.method} schedule has {schedule.num_stages} stage(s) for a plan "
+                            f"of {plan.num_stages}: tensor degrees > 1 run with a schedule of the plan's "
+                            "stages")
+    if plan.notes.get("workers"):
+        raise ScheduleError("plan.notes['workers'] places one device per worker, but this plan's workers are "
+                            "tensor groups, which pl.simulate places contiguously (pipelab.sim.tensor); drop "
+                            "the note")
+    degrees = [plan.stages[s].tensor for s in range(plan.num_stages)]
+    try:
+        check_priceable(profile, ranges, degrees)
+        groups = place_groups(worker_degrees(plan, schedule), cluster)
+    except ValueError as exc:
+        raise ScheduleError(str(exc)) from None
+    return [g[0] for g in groups], groups

@@ -1,4 +1,4 @@
-"""Gantt chart of a pipeline: one row per worker, one box per action.
+"""Gantt chart of a pipeline: one row per worker, one box per action, communication under them.
 
 Draws a :class:`~pipelab.trace.Trace`, a result with ``.trace``, or a bare schedule laid out with unit
 costs (:func:`schedule_trace`). Kinds differ by pattern, colour is the microbatch or weight version;
@@ -34,6 +34,9 @@ KIND_STYLE: dict[str, dict[str, Any]] = {
     "U": {"pattern_shape": "x", "line": {"width": 2.0, "color": "#000"}, "opacity": 1.0},
 }
 TRANSFER_COLOR = "#7f7f7f"
+#: communication drawn under the actions: point-to-point sends grey, each collective its own colour
+COMM_COLORS: dict[str, str] = {"tensor": "#E69F00", "allreduce": "#6A3D9A"}
+COMM_NAMES: dict[str, str] = {"tensor": "tensor-group collectives", "allreduce": "data-parallel all-reduce"}
 KIND_LEGEND_COLOR = "#d9d9d9"
 LEGEND_COLORS_MAX = 8
 #: the legend-only entries' groups (:func:`action_traces` leaves them out)
@@ -312,13 +315,18 @@ def _bars(compute: Sequence[Event], trace: Trace, labels: Mapping[int, str], row
             name="transfer", orientation="h", legendgroup="transfer",
             base=np.array([e.start_s - t0 for e in transfers]), x=np.array([e.duration_s for e in transfers]),
             y=np.array([row_of[e.worker] for e in transfers]), width=0.12, offset=0.42,
-            marker={"color": TRANSFER_COLOR, "line": {"width": 0}},
+            marker={"color": np.array([COMM_COLORS.get(e.kind, TRANSFER_COLOR) for e in transfers],
+                                      dtype=object), "line": {"width": 0}},
             text=np.array([e.kind for e in transfers], dtype=object), textposition="none",
             customdata=np.array([[e.stage, e.microbatch, e.peer, e.bytes] for e in transfers]),
             hovertemplate=("<b>%{text}</b> stage %{customdata[0]} microbatch %{customdata[1]} "
                            "peer w%{customdata[2]}<br>%{customdata[3]:,} bytes in %{x:.4g} " + unit
                            + "<extra>transfer</extra>"),
         ))
+        for kind in sorted({e.kind for e in transfers} & set(COMM_COLORS)):
+            fig.add_trace(go.Bar(name=COMM_NAMES[kind], orientation="h", x=[None], y=[None],
+                                 legendgroup="kinds", showlegend=True, hoverinfo="skip",
+                                 marker={"color": COMM_COLORS[kind], "line": {"width": 0}}))
     fig.update_layout(meta={"render": "bars"})
     return fig
 

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from pipelab.cluster import Cluster
 from pipelab.costs import CostModel
+from pipelab.costs.tensor import check_priceable, layer_degrees, per_device
 from pipelab.partition.plan import Plan
 from pipelab.profile.records import Profile
 from pipelab.schedules.actions import Schedule
@@ -29,12 +30,14 @@ _COMPONENT_NAMES = {"weights": "weights", "stashed_weights": "stashed versions",
 
 def memory_breakdown(plan: Plan, profile: Profile, *, optimizer: str = "sgd-momentum",
                      microbatches: int = 1) -> dict[int, dict[str, int]]:
-    """Predicted peak bytes per worker and component (:meth:`pipelab.costs.CostModel.memory_bytes`)."""
+    """Predicted peak bytes per worker and component (:meth:`pipelab.costs.CostModel.memory_bytes`); a
+    worker of a tensor-parallel stage is one member of its group."""
     plan.validate(profile)
-    plan.refuse_tensor("memory_breakdown", "a tensor-parallel stage's memory per device is priced by "
-                       "pl.simulate_llm (LlmResult.memory) for transformer shapes; or use tensor=1")
+    ranges, degrees = [(st.start, st.end) for st in plan.stages], [st.tensor for st in plan.stages]
+    check_priceable(profile, ranges, degrees)   # a tensor group's member holds its shard (costs.tensor)
+    device = per_device(profile, layer_degrees(profile, ranges, degrees))
     # memory does not depend on the interconnect: any cluster with enough workers will do
-    cm = CostModel(profile, Cluster.flat(plan.num_workers), optimizer=optimizer)
+    cm = CostModel(device, Cluster.flat(plan.num_workers), optimizer=optimizer)
     parts = {st.index: cm.memory_bytes(st.start, st.end, versions=st.versions, in_flight=st.in_flight,
                                        microbatches=microbatches) for st in plan.stages}
     out = {r: {_COMPONENT_NAMES.get(k, k): int(v) for k, v in parts[st.index].items() if k != "total"}

@@ -8,9 +8,9 @@ priced with the cost model's ring all-reduce (``CostModel.allreduce_coeffs`` on 
 forward (Megatron's *g* after each row-parallel layer) and two backward (*f* before each
 column-parallel layer), the embedding's *g* forward, the head's *f* backward and its logits'
 all-gather forward (half an all-reduce of the whole ``[8, 64, 512]`` logits). It prints, per action
-kind, the median measured times (range over rounds) and the prediction. The simulator does not yet
-price a stage's tensor degree itself (``Plan.stages[i].tensor`` is not read by ``pl.simulate``); this
-is the pricing it would use. Run:
+kind, the median measured times (range over rounds) and the prediction. ``pl.simulate`` now prices a
+stage's tensor degree itself from the profile's recorded split: ``tp_simulate_vs_measured.py``
+compares whole runs with it. Run:
 
     python reproductions/benchmarks/tensor_parallel_costs.py [--rounds 3] [--steps 6]
 """
