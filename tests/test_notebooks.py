@@ -40,6 +40,11 @@ SMALL: dict[str, dict[str, Any]] = {
     "09_transformers": {"backend": "gloo", "stages": 2, "n_layer": 2, "steps": 3},
     "10_3d_parallelism": {"gpus": 256, "global_batch": 512, "shortlist": 2, "gantt_rounds": 1},
 }
+#: notebooks that calibrate this machine at their defaults: the suite gives them the session's
+#: calibrated cluster (``calibration_run`` in conftest.py) as ``cluster_file`` instead. Their code path
+#: that calibrates is the one ``pipelab calibrate`` runs (tests/test_calibrate.py), and the quickstart's
+#: runs at its defaults in JupyterLab (tests/browser/test_quickstart_browser.py).
+CALIBRATED = ("01_quickstart", "08_planner")
 NOTEBOOKS = sorted(p.stem for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -65,7 +70,7 @@ def test_notebook_is_stored_clean(name: str) -> None:
         f"{name}: first code cell must be the parameters cell"
     # every small parameter the suite overrides is in the parameters cell (papermill would add it silently)
     source = "".join(tagged[0]["source"])
-    for key in SMALL[name]:
+    for key in [*SMALL[name], *(["cluster_file"] if name in CALIBRATED else [])]:
         assert f"\n{key} =" in "\n" + source, f"{name}: parameter {key!r} is not in its parameters cell"
     solutions = [c for c in codes if "solution" in c["metadata"].get("tags", [])]
     assert all(c["metadata"]["jupyter"]["source_hidden"] for c in solutions)
@@ -74,10 +79,14 @@ def test_notebook_is_stored_clean(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(540)   # the session's calibration may fall in this test's set-up (300 s at most)
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_notebook_runs_under_papermill(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_runs_under_papermill(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      request: pytest.FixtureRequest) -> None:
     papermill = pytest.importorskip("papermill")
+    parameters = dict(SMALL[name])
+    if name in CALIBRATED:
+        parameters["cluster_file"] = str(request.getfixturevalue("calibrated_cluster_file"))
     from nbclient.exceptions import CellTimeoutError
     # the kernel imports pipelab and reproductions.* from this checkout (as `make lab` sets it)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
@@ -85,7 +94,7 @@ def test_notebook_runs_under_papermill(name: str, tmp_path: Path, monkeypatch: p
     out = tmp_path / f"{name}.out.ipynb"
     try:
         with HostLoadSampler() as load:
-            papermill.execute_notebook(str(NB_DIR / f"{name}.ipynb"), str(out), parameters=SMALL[name],
+            papermill.execute_notebook(str(NB_DIR / f"{name}.ipynb"), str(out), parameters=parameters,
                                        kernel_name="python3", cwd=str(NB_DIR), progress_bar=False,
                                        execution_timeout=180)
     except CellTimeoutError as exc:      # a cell over 180 s: a busy machine skips, a quiet one fails
