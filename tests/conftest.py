@@ -15,16 +15,19 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from _calibrations import CalibrationRun  # noqa: E402
+from _runs import Table1QuickRun  # noqa: E402
 
 from pipelab.hostload import HostLoadSampler  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 #: the most a calibration of this machine may take before a test says so (a quiet 2-core machine: ~50 s)
 CALIBRATION_TIMEOUT_S = 300
+
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +65,36 @@ def calibrated_cluster_file(calibration_run: CalibrationRun) -> Path:
     assert run.proc is not None and run.proc.returncode == 0, \
         f"pipelab calibrate failed:\n{run.proc.stderr[-3000:] if run.proc else ''}"
     return run.path
+
+
+@pytest.fixture(scope="session")
+def table1_quick_run() -> Iterator[Table1QuickRun]:
+    """``pipelab reproduce --only table1 --quick`` run once per session as ``make reproduce`` runs it
+    (no ``--out``: into a new run folder under ``reproductions/runs/``), with what it printed and the
+    checkout's ``git status`` before and after (None where this is not a git checkout). The run folder
+    is removed at the session's end. ``tests/test_reproduce_runs.py`` checks the checkout stays clean
+    and the comparison it printed; ``tests/test_reproductions.py`` checks the tables and the report."""
+    import contextlib
+    import io
+    import shutil
+
+    from reproductions._common import driver
+
+    def status() -> str | None:
+        if shutil.which("git") is None or not (REPO / ".git").exists():
+            return None
+        return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                              check=True, capture_output=True, text=True).stdout
+
+    def folders() -> set[Path]:
+        return set(driver.RUNS.iterdir()) if driver.RUNS.is_dir() else set()
+
+    before, runs_before = status(), folders()
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            code = driver.main(["--only", "table1", "--quick"])
+        yield Table1QuickRun(code, printed.getvalue(), before, status(), sorted(folders() - runs_before))
+    finally:
+        for folder in folders() - runs_before:
+            shutil.rmtree(folder, ignore_errors=True)
