@@ -58,6 +58,8 @@ real_steps = None                                  # minibatches per real run (N
                                                    # steady state, as reproductions/sim_accuracy runs)
 real_rounds = 3                                    # rounds, variants interleaved; medians quoted
 confirm_rounds = 1                                 # rounds of pl.planner.confirm (its own runs)
+confirm_top = 2                                    # its shortlist: default, pick, fastest and the next
+                                                   # `confirm_top` predictions that fit
 margin_file = None                                 # this machine's sim_errors.json, which
                                                    # reproductions/sim_accuracy writes; None: ranked
                                                    # by prediction alone
@@ -321,7 +323,8 @@ if run_real:
         # the shortlist (default, pick, fastest, next two) measured side by side: the choice by measurement
         model_fn, data_fn, loss_fn, batch = REAL[name]
         confirmed = pl.planner.confirm(table, model_fn, functools.partial(data_fn, batch), loss_fn,
-                                       accuracy.sgd, rounds=confirm_rounds, steps=real_steps, progress=False)
+                                       accuracy.sgd, rounds=confirm_rounds, steps=real_steps, top=confirm_top,
+                                       progress=False)
         confirmations[name] = confirmed
         print(f"{name}: {confirmed.describe()}\n")
         # the same search over synchronous methods only (no stale weights): its pick, when it differs

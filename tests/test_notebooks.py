@@ -37,7 +37,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "07_beyond_dnns": {"batches": 8},
     "08_planner": {"full_search": False, "models": ["gnmt16"], "clusters": ["pipedream-a:1x4"],
                    "run_real": True, "real_models": ["cnn"], "real_steps": 8, "real_rounds": 1,
-                   "confirm_rounds": 1},
+                   "confirm_rounds": 1, "confirm_top": 0},
     "09_transformers": {"backend": "gloo", "stages": 2, "n_layer": 2, "steps": 3},
     "10_3d_parallelism": {"gpus": 256, "global_batch": 512, "shortlist": 2, "gantt_rounds": 1},
 }
