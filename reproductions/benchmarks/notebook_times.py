@@ -5,7 +5,8 @@ at its defaults in at most 90 s here. That is a speed claim, so it lives here an
 suite: ``tests/test_notebooks.py`` runs each notebook with the smallest parameters that still execute
 every cell. This script runs each one ``--rounds`` times exactly as a reader opens it (no parameter
 overridden, cluster calibration included), in the notebooks' folder, each inside
-``pipelab.hostload.HostLoadSampler``, and prints per notebook the median time, its range, the bound
+``pipelab.hostload.HostLoadSampler`` (papermill through ``reproductions._common.report.run_notebook``,
+as ``make reproduce`` runs its notebooks), and prints per notebook the median time, its range, the bound
 and the share of the cores other processes held meanwhile.
 
     OMP_NUM_THREADS=1 .venv/bin/python reproductions/benchmarks/notebook_times.py [--rounds N] [NAME ...]
@@ -17,7 +18,6 @@ Exit status 1 if a notebook failed to run (a time over the bound is printed, not
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -28,6 +28,7 @@ from pathlib import Path
 from pipelab.hostload import HostLoadSampler
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))   # reproductions._common, run from a checkout
 NB_DIR = REPO / "notebooks"
 #: the most a teaching notebook may take at its defaults on the project's 2-core machine (seconds)
 BOUND_S = 90.0
@@ -46,13 +47,11 @@ def notebooks(names: Sequence[str] = ()) -> list[Path]:
 
 def run_once(path: Path, out_dir: Path) -> tuple[float, float]:
     """Run one notebook at its defaults; return (seconds, share of the cores other processes held)."""
-    import papermill
+    from reproductions._common.report import run_notebook
 
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     with HostLoadSampler() as load:
         t0 = time.perf_counter()
-        papermill.execute_notebook(str(path), str(out_dir / path.name), kernel_name="python3",
-                                   cwd=str(NB_DIR), progress_bar=False, execution_timeout=600)
+        run_notebook(path, out_dir / path.name, {}, cwd=NB_DIR, timeout=600)
         seconds = time.perf_counter() - t0
     return seconds, load.result.others_share
 
