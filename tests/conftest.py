@@ -5,7 +5,8 @@ calibrate`` runs once, as a user runs it, and ``tests/test_calibrate.py`` checks
 output and the record it wrote). The tests that only need *a* calibrated cluster of this machine (the
 quickstart notebook and script, the planner notebook's real runs) load that file instead of measuring
 the machine again: the measurement takes most of a minute here and its result does not change what
-they check.
+they check. Likewise one ``pipelab reproduce --only table1 --quick`` (:func:`table1_quick_run`) serves
+the two tests that check such a run: the checkout stays clean, and its tables and report.
 """
 
 import os
