@@ -58,9 +58,13 @@ real_steps = None                                  # minibatches per real run (N
                                                    # steady state, as reproductions/sim_accuracy runs)
 real_rounds = 3                                    # rounds, variants interleaved; medians quoted
 confirm_rounds = 1                                 # rounds of pl.planner.confirm (its own runs)
+confirm_top = 2                                    # its shortlist: default, pick, fastest and the next
+                                                   # `confirm_top` predictions that fit
 margin_file = None                                 # this machine's sim_errors.json, which
                                                    # reproductions/sim_accuracy writes; None: ranked
                                                    # by prediction alone
+cluster_file = None                                # this machine calibrated (`pipelab calibrate -o
+                                                   # me.json`) for the real runs; None: calibrate here
 
 # %%
 if full_search:
@@ -243,7 +247,7 @@ for method in ("gpipe", "1f1b-flush"):
 # ## Run for real: the planner's pick against the default on this machine
 #
 # This part runs with `run_real = True` in the parameters cell (a few minutes: it calibrates the
-# machine, then trains every variant several times).
+# machine, or loads the calibrated cluster `cluster_file` names, then trains every variant several times).
 #
 # `pl.calibrate` measures this machine (gloo point-to-point and all-reduce, the runtime's per-action
 # overhead, the optimizer step) and returns a calibrated 2-worker cluster; `real_models` are profiled here
@@ -291,7 +295,7 @@ if run_real:
     # window of 40 ms on the CNN, at the mercy of one descheduling)
     STEPS = {**accuracy.STEPS, "unbalanced": accuracy.STEPS["transformer"]}
     SYNC = [m for m in pl.planner.DEFAULT_METHODS if registry.get(m).synchronous]
-    here = calibrate(workers=2, progress=False)
+    here = pl.Cluster.load(cluster_file) if cluster_file else calibrate(workers=2, progress=False)
 
     def profile_of(name):
         """``name``'s profile on this machine, with the loss its last stage computes: its time and what
@@ -319,7 +323,8 @@ if run_real:
         # the shortlist (default, pick, fastest, next two) measured side by side: the choice by measurement
         model_fn, data_fn, loss_fn, batch = REAL[name]
         confirmed = pl.planner.confirm(table, model_fn, functools.partial(data_fn, batch), loss_fn,
-                                       accuracy.sgd, rounds=confirm_rounds, steps=real_steps, progress=False)
+                                       accuracy.sgd, rounds=confirm_rounds, steps=real_steps, top=confirm_top,
+                                       progress=False)
         confirmations[name] = confirmed
         print(f"{name}: {confirmed.describe()}\n")
         # the same search over synchronous methods only (no stale weights): its pick, when it differs

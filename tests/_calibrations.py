@@ -1,9 +1,14 @@
-"""A bare calibrated record for unit tests: this host, gloo, 2 workers, no runtime work."""
+"""Calibrations for tests: a bare record for unit tests (this host, gloo, 2 workers, no runtime work),
+and the record of the session's one real calibration (:class:`CalibrationRun`, made in conftest.py)."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
+from pipelab.hostload import HostLoad
 from pipelab.measured import Calibration
 
 
@@ -18,3 +23,13 @@ def bare_calibration(**kw: object) -> Calibration:
     )
     base.update(kw)
     return Calibration(**base)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """One ``pipelab calibrate -o path --quiet`` of this machine: its output file, the finished process
+    (None when it ran past conftest's ``CALIBRATION_TIMEOUT_S``) and the host's load meanwhile."""
+
+    path: Path
+    proc: subprocess.CompletedProcess[str] | None
+    load: HostLoad | None

@@ -5,10 +5,13 @@ file and run once with this interpreter. What is checked is behaviour, never thi
 the run ends cleanly, prints ``simulated vs measured: ...`` in the format the README quotes, the
 median lies inside the printed range, a "busy" note appears exactly when the printed rounds disagree
 by over :data:`pipelab.metrics.BUSY_SPREAD` or the machine's load note says other processes held the
-cores, and it writes the Gantt chart. The simulator's accuracy on this machine (the README's figure)
+cores, and it writes the Gantt chart. Its one call of ``pl.calibrate`` is replaced by loading the
+session's calibration of this machine (``calibration_run`` in conftest.py, made by ``pipelab calibrate``
+with the same workers and checked by ``tests/test_calibrate.py``): the same cluster, without measuring
+the machine a second time. The simulator's accuracy on this machine (the README's figure)
 is a benchmark, ``reproductions/benchmarks/quickstart_accuracy.py``, which prints it with its spread;
 the verdict logic itself is tested on synthetic rounds in ``tests/test_hostload.py``. Slow: the run
-calibrates this machine (about a minute here).
+trains for real in two processes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pipelab.hostload import HostLoadSampler
 from pipelab.metrics import BUSY_SPREAD
 
 REPO = Path(__file__).resolve().parents[1]
+#: the README script's calibration, which the suite's run replaces by the session's calibrated cluster
+CALIBRATE = "pl.calibrate(workers=2, progress=False)"
 #: the verdict line; group 4: a busy machine; 5: the rounds disagreed (6: by how much); 7: other
 #: processes held the cores (8: their share, 9: of how many cores)
 LINE = re.compile(r"simulated vs measured: ([+-]\d+\.\d)% \(([+-]\d+\.\d)% \.\. ([+-]\d+\.\d)% over 5 "
@@ -56,9 +61,13 @@ def test_the_readme_script_samples_the_load_for_its_verdict() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_readme_quickstart_prints_its_verdict_in_the_readme_format(tmp_path: Path) -> None:
+def test_readme_quickstart_prints_its_verdict_in_the_readme_format(tmp_path: Path,
+                                                                  calibrated_cluster_file: Path) -> None:
     script = tmp_path / "quickstart.py"
-    script.write_text(readme_script(), encoding="utf-8")
+    text = readme_script()
+    assert text.count(CALIBRATE) == 1, f"the README's quickstart no longer calls {CALIBRATE} once"
+    script.write_text(text.replace(CALIBRATE, f"pl.Cluster.load({str(calibrated_cluster_file)!r})"),
+                      encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     with HostLoadSampler() as load:

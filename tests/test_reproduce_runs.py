@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from _runs import Table1QuickRun
 
 from reproductions._common import driver
 from reproductions._common.compare import compare_folder, compare_table
@@ -95,27 +96,19 @@ def test_the_run_folder_is_ignored_by_git() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_reproduction_leaves_the_checkout_clean(capsys: pytest.CaptureFixture[str]) -> None:
-    if shutil.which("git") is None or not (REPO / ".git").exists():
+def test_a_reproduction_leaves_the_checkout_clean(table1_quick_run: Table1QuickRun) -> None:
+    # the session's one `--only table1 --quick` run (conftest.py); its tables and report are checked
+    # by tests/test_reproductions.py::test_driver_writes_table_and_offline_report
+    run = table1_quick_run
+    if run.status_before is None:
         pytest.skip("not a git checkout (or no git here): nothing to keep clean")
-
-    def status() -> str:
-        return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
-                              check=True, capture_output=True, text=True).stdout
-
-    before = status()
-    runs_before = set(driver.RUNS.iterdir()) if driver.RUNS.is_dir() else set()
-    try:
-        assert driver.main(["--only", "table1", "--quick"]) == 0
-        out = capsys.readouterr().out
-        assert status() == before, "a reproduction changed the checkout's git status"
-        new = (set(driver.RUNS.iterdir()) if driver.RUNS.is_dir() else set()) - runs_before
-        assert len(new) == 1, new
-        run = new.pop()
-        assert (run / "pipedream_table1" / "results.csv").is_file()
-        assert f"this run's results go to {run}" in out
-        assert "pipedream_table1: this run against the committed reference" in out
-        assert "results.csv: 2 rows matched (this run 2, reference 10)" in out
-    finally:
-        for folder in (set(driver.RUNS.iterdir()) if driver.RUNS.is_dir() else set()) - runs_before:
-            shutil.rmtree(folder, ignore_errors=True)
+    assert run.code == 0
+    assert run.status_after == run.status_before, "a reproduction changed the checkout's git status"
+    assert len(run.new_folders) == 1, run.new_folders
+    folder = run.new_folders[0]
+    assert folder.parent == driver.RUNS
+    assert (folder / "pipedream_table1" / "results.csv").is_file()
+    out = run.printed
+    assert f"this run's results go to {folder}" in out
+    assert "pipedream_table1: this run against the committed reference" in out
+    assert "results.csv: 2 rows matched (this run 2, reference 10)" in out

@@ -14,8 +14,9 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+from _runs import Table1QuickRun
 
-from reproductions._common import driver, report
+from reproductions._common import report
 from reproductions.hetpipe import virtual_workers
 from reproductions.pipedream_table1 import measure, rows
 from reproductions.weight_stashing import stashing
@@ -244,9 +245,12 @@ def test_weight_buffer_notebook(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_driver_writes_table_and_offline_report(tmp_path: Path) -> None:
-    assert driver.main(["--only", "table1", "--quick", "--out", str(tmp_path)]) == 0
-    out = tmp_path / "pipedream_table1"
+@pytest.mark.timeout(300)
+def test_driver_writes_table_and_offline_report(table1_quick_run: Table1QuickRun) -> None:
+    # the session's one `pipelab reproduce --only table1 --quick` (conftest.py), into its run folder;
+    # that the checkout stays clean is tests/test_reproduce_runs.py's
+    assert table1_quick_run.code == 0 and len(table1_quick_run.new_folders) == 1
+    out = table1_quick_run.new_folders[0] / "pipedream_table1"
     df = pd.read_csv(out / "results.csv")
     assert len(df) == 2 and set(df["paper_config"]) == {"15-1"}
     md = (out / "results.md").read_text()

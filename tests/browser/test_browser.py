@@ -4,8 +4,8 @@
    check in the DOM that the Gantt boxes are drawn (one per action), that moving a ScheduleExplorer
    slider and dropdown redraws its chart, that the live Gantt of a real 2-process gloo job
    (``pl.launch``) fills in while the job runs, and that no error or widget error appears. A
-   screenshot goes to ``tests/browser/out/``. The 64-worker x 512-microbatch Gantt is re-run and
-   timed from cell start to drawn (printed, not asserted).
+   screenshot goes to ``tests/browser/out/``. That the 64-worker x 512-microbatch Gantt is drawn is
+   checked here; how fast it draws is ``reproductions/benchmarks/gantt_render.py``'s figure.
 2. papermill runs the same notebook without a front end; nbconvert makes HTML; Chromium opens it
    from file:// with networking off and counts the drawn boxes.
 
@@ -160,33 +160,11 @@ def test_widgets_in_jupyterlab(chromium: str, tmp_path: Path):
         page.wait_for_timeout(300)
         page.screenshot(path=str(OUT / "jupyterlab.png"))
 
-        # ---- time the 64-worker x 512-microbatch Gantt: re-run its cell, wait until drawn
-        before = L.cell(page.evaluate(L.PROBE), "big")["prompt"]
-        page.locator(".jp-CodeCell", has_text="# [big]").first.locator(".jp-InputPrompt").click()
-        t0 = time.time()
-        page.keyboard.press("Control+Enter")
-        page.wait_for_function(
-            """(before) => { const c = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')]
-                   .find(c => (c.querySelector('.jp-InputArea-editor') || {}).textContent.includes('# [big]'));
-                 const p = c.querySelector('.jp-InputArea-prompt').textContent.trim();
-                 return /^\\[\\d+\\]:$/.test(p) && p !== before
-                        && c.querySelectorAll('.heatmaplayer image').length > 0; }""",
-            arg=before,
-            timeout=120_000,
-            polling=50,
-        )
-        summary["big_gantt_cell_to_drawn_s"] = round(time.time() - t0, 2)
-        big = L.cell(page.evaluate(L.PROBE), "big")
-        summary["big_gantt_python_build_s"] = number(big["text"], "BIG_BUILD_S")
-        page.locator(".jp-CodeCell", has_text="# [big]").first.scroll_into_view_if_needed()
-        page.screenshot(path=str(OUT / "jupyterlab_big.png"))
         summary["page_errors"] = console[:5]
         browser.close()
     summary["total_s"] = round(time.time() - t_start, 1)
     (OUT / "jupyterlab_summary.json").write_text(json.dumps(summary, indent=1))
     print("\nbrowser check:", json.dumps(summary))
-    print(f"64x512 Gantt: {summary['big_gantt_cell_to_drawn_s']} s from cell start to drawn in Chromium "
-          f"(of which {summary['big_gantt_python_build_s']} s building the figure in Python)")
 
 
 def test_report_renders_offline(chromium: str, tmp_path: Path):
