@@ -301,7 +301,7 @@ pl.views.compare(sim.trace, run.trace)
 # `"1f1b-flush"` with `"zb-h1"` (same memory, a third of the bubble), or `"zb-h1"` with `"zb-h2"`: ZB-H2
 # runs more forwards early (it holds 2P-1 activations) and each stage finishes its own work sooner, but on
 # this chart's clock the last stage still ends last, so the makespan only shrinks once the optimizer
-# step stops waiting for every stage (Qi et al., ICLR'24 §4). With ipywidgets, the dropdowns redraw it.
+# step stops waiting for every stage (Qi et al., ICLR'24 §4). In JupyterLab, the dropdowns redraw it.
 
 # %%
 from plotly.subplots import make_subplots
@@ -343,11 +343,11 @@ def side_by_side(left=left_schedule, right=right_schedule):
     return both
 
 
-try:
+if pl.widgets.live_frontend():      # JupyterLab: the dropdowns redraw the pair
     import ipywidgets
     ipywidgets.interact(side_by_side, left=list(choices), right=list(choices))
-except ImportError:                  # no widgets: the parameters above pick the two
-    side_by_side().show()
+else:                                # papermill, nbconvert, a report: the parameters above pick the two
+    pl.widgets.show(side_by_side())
 
 # %% [markdown]
 # ## Explore
