@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from pipelab.partition.plan import Plan
 from pipelab.schedules.actions import Schedule
+from pipelab.schedules.groups import member_numbers, worker_degrees
 
 
 def degrees(plan: Plan, schedule: Schedule) -> list[int]:
@@ -30,27 +31,13 @@ def degrees(plan: Plan, schedule: Schedule) -> list[int]:
     if any(s.tensor > 1 for s in plan.stages) and schedule.num_stages != plan.num_stages:
         raise ValueError(f"the {schedule.method} schedule has {schedule.num_stages} stage(s) for a plan of "
                          f"{plan.num_stages}: tensor degrees > 1 run with a schedule of the plan's stages")
-    out = []
-    for w in range(schedule.num_workers):
-        ts = sorted({plan.stages[s].tensor for s in schedule.stages_of(w)}) or [1]
-        if len(ts) > 1:
-            raise ValueError(f"worker {w} hosts stages {list(schedule.stages_of(w))} of tensor degrees {ts}; "
-                             "the stages of one worker need one degree (they share its processes)")
-        out.append(ts[0])
-    return out
+    return worker_degrees(plan, schedule)
 
 
 def layout(plan: Plan, schedule: Schedule) -> tuple[tuple[int, ...], ...]:
     """Per schedule worker, its group's process ranks, leader first (``()`` when every degree is 1)."""
     ts = degrees(plan, schedule)
-    if all(t == 1 for t in ts):
-        return ()
-    nxt = schedule.num_workers
-    groups = []
-    for w, t in enumerate(ts):
-        groups.append((w, *range(nxt, nxt + t - 1)))
-        nxt += t - 1
-    return tuple(groups)
+    return () if all(t == 1 for t in ts) else member_numbers(ts)
 
 
 def usable_cores() -> int:

@@ -30,9 +30,10 @@ from pipelab.partition.virtual import virtual_plan
 from pipelab.schedules import build
 from pipelab.schedules.actions import Action, Schedule
 from pipelab.schedules.dataflow import Costs, Deadlock, UnitCosts, run
+from pipelab.schedules.groups import member_numbers, worker_degrees
 from pipelab.schedules.steps import ScheduleError
 from pipelab.sim.host_effects import HostCosts, HostEffects
-from pipelab.sim.tensor import comm_events, member_events, place_groups, process_ranks, worker_degrees
+from pipelab.sim.tensor import comm_events, member_events, place_groups
 from pipelab.ties import StageTie, TieError, across_stages, check_tie_method
 from pipelab.trace import Event, Trace
 
@@ -440,7 +441,7 @@ def simulate(plan: Plan | int, profile: Profile, cluster: Cluster | str, method:
     res.trace.meta.update(config=plan.config, cluster=cluster.name, model=profile.model)
     if not tensor:
         return res
-    ranks = process_ranks([len(g) for g in groups])
+    ranks = member_numbers([len(g) for g in groups])
     events = [*res.trace.events, *comm_events(res.trace.events, comm, recompute)]
     meta = {**res.trace.meta, "tensor_groups": [list(r) for r in ranks],
             "tensor_devices": [list(g) for g in groups]}

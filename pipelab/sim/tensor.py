@@ -5,8 +5,8 @@ cluster's devices in worker order, each a contiguous block (so a group fits one 
 hierarchical cluster whenever the node's size is a multiple of it), and the first device of a block,
 the *leader*, sends and receives the stage's activations, as in the runtime
 (:mod:`pipelab.runtime.tensor_group`). The simulated trace numbers the groups' members the way a run
-does (leader = schedule worker, the other members after every worker's), so the views draw a
-simulated group exactly as a measured one (:func:`pipelab.views.gantt_groups`).
+does (:mod:`pipelab.schedules.groups`, shared with the runtime), so the views draw a simulated group
+exactly as a measured one (:func:`pipelab.views.gantt_groups`).
 """
 
 from __future__ import annotations
@@ -16,21 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from pipelab.cluster import Cluster
 from pipelab.costs.tensor import GroupComm
-from pipelab.partition.plan import Plan
-from pipelab.schedules.actions import Schedule
 from pipelab.trace import Event
-
-
-def worker_degrees(plan: Plan, schedule: Schedule) -> list[int]:
-    """The tensor degree of each schedule worker (``ValueError`` if one hosts stages of two degrees)."""
-    out = []
-    for w in range(schedule.num_workers):
-        ts = sorted({plan.stages[s].tensor for s in schedule.stages_of(w)}) or [1]
-        if len(ts) > 1:
-            raise ValueError(f"worker {w} hosts stages {list(schedule.stages_of(w))} of tensor degrees {ts}; "
-                             "the stages of one worker need one degree (they share its devices)")
-        out.append(ts[0])
-    return out
 
 
 def place_groups(degrees: Sequence[int], cluster: Cluster) -> list[tuple[int, ...]]:
@@ -52,17 +38,6 @@ def place_groups(degrees: Sequence[int], cluster: Cluster) -> list[tuple[int, ..
         out.append(group)
         nxt += t
     return out
-
-
-def process_ranks(degrees: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """Per schedule worker, its group's process ranks as a run numbers them: the leader keeps the
-    worker's number, the other members follow every worker's, group by group."""
-    nxt = len(degrees)
-    out = []
-    for w, t in enumerate(degrees):
-        out.append((w, *range(nxt, nxt + t - 1)))
-        nxt += t - 1
-    return tuple(out)
 
 
 def comm_events(events: Sequence[Event], comm: Mapping[int, GroupComm], recompute_forward: bool
