@@ -201,41 +201,16 @@ def test_json_round_trips():
     assert type(costs).from_dict(costs.to_dict()) == costs
 
 
-class _Block(torch.nn.Module):
-    def __init__(self, h: int, heads: int) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
-        self.qkv, self.proj = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
-        self.up, self.down = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
-        self.heads = heads
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
-        att = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)).softmax(-1) @ v.transpose(1, 2)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
-        return x + self.down(torch.nn.functional.gelu(self.up(self.ln2(x))))
-
-
-def tiny_gpt(shape: Transformer) -> torch.nn.Sequential:
-    """A plain GPT of ``shape`` (no positions, untied head) as layers the profiler times one by one."""
-    class Embed(torch.nn.Embedding):
-        pass
-    return torch.nn.Sequential(Embed(shape.vocab, shape.hidden),
-                               *[_Block(shape.hidden, shape.heads) for _ in range(shape.layers)],
-                               torch.nn.LayerNorm(shape.hidden),
-                               torch.nn.Linear(shape.hidden, shape.vocab, bias=False))
-
-
 def test_analytic_profile_flop_split_matches_measured():
     """The analytic Profile's per-layer forward FLOPs equal torch's FlopCounter on a real model."""
+    from pipelab.models import PlainBlock, plain_gpt
     from pipelab.profile.measure import profile
     shape = Transformer(name="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=50, tied=False,
                         precision="fp32", positions=False)
-    net = tiny_gpt(shape)
+    net = plain_gpt(vocab=shape.vocab, hidden=shape.hidden, heads=shape.heads, layers=shape.layers)
     x = torch.randint(0, shape.vocab, (2, shape.seq))
     measured = profile(net, x, progress=False, repeats=1, warmup=0, small_batch=None, whole=False,
-                       leaf_modules=(_Block,))
+                       leaf_modules=(PlainBlock,))
     analytic = transformer_profile(shape, Parallel(microbatch_size=2), "a100")
     got = [ly.flops for ly in measured.layers]
     want = [ly.flops for ly in analytic.layers]

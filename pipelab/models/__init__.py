@@ -10,7 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipelab.models.demo import digits_data, mlp, small_cnn, synthetic_translation, tiny_transformer
+from pipelab.models.demo import (
+    PlainBlock,
+    digits_data,
+    mlp,
+    plain_gpt,
+    small_cnn,
+    synthetic_translation,
+    tiny_transformer,
+)
 from pipelab.models.gnmt import GNMT, gnmt, gnmt_param_count
 from pipelab.models.gpt import GPT, gpt, gpt_data, gpt_loss
 from pipelab.models.tp_gpt import SplittableGPT, splittable_gpt
@@ -20,7 +28,8 @@ from pipelab.profile.records import Profile
 
 __all__ = ["GNMT", "GPT", "REGISTRY", "build", "digits_data", "example", "gnmt", "gnmt_param_count", "gpt",
            "gpt_data", "gpt_loss", "mlp",
-           "pipedream_profile", "resnet50", "small_cnn", "SplittableGPT", "splittable_gpt",
+           "PlainBlock", "pipedream_profile", "plain_gpt", "resnet50", "small_cnn", "SplittableGPT",
+           "splittable_gpt",
            "synthetic_translation", "tiny_transformer", "vgg16"]
 
 #: name -> builder, for the CLI and notebooks (keyword arguments pass through)

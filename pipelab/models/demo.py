@@ -71,6 +71,32 @@ def tiny_transformer(vocab: int = 100, d_model: int = 32, heads: int = 2, depth:
     return TinyTransformer(vocab, d_model, heads, depth, max_len, dropout)
 
 
+class PlainBlock(nn.Module):
+    """A GPT block as the analytic transformer counts it: pre-norm attention and a GeLU MLP, no dropout."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.up, self.down = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
+        att = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)).softmax(-1) @ v.transpose(1, 2)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
+        return x + self.down(nn.functional.gelu(self.up(self.ln2(x))))
+
+
+def plain_gpt(*, vocab: int, hidden: int, heads: int, layers: int) -> nn.Sequential:
+    """A GPT without positions and with an untied head: embedding, ``layers`` :class:`PlainBlock`, final
+    norm and head, the five kinds of layer ``pipelab.llm.transformer_profile`` prices (profile it with
+    ``leaf_modules=(PlainBlock,)`` to time each block as one layer)."""
+    return nn.Sequential(nn.Embedding(vocab, hidden), *[PlainBlock(hidden, heads) for _ in range(layers)],
+                         nn.LayerNorm(hidden), nn.Linear(hidden, vocab, bias=False))
+
+
 def digits_data(split: str = "all", *, flat: bool = False, test_fraction: float = 0.2,
                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's bundled 8x8 digits: images in [0, 1] ``[N, 1, 8, 8]`` (``[N, 64]`` flat), labels 0..9;

@@ -24,33 +24,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from pipelab.llm import DeviceRates, Parallel, Transformer, transformer_profile  # noqa: E402
+from pipelab.models import PlainBlock, plain_gpt  # noqa: E402
 from pipelab.profile.measure import profile  # noqa: E402
-
-
-class Block(torch.nn.Module):
-    """A GPT block: pre-norm attention and a GeLU MLP (no dropout)."""
-
-    def __init__(self, h: int, heads: int) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
-        self.qkv, self.proj = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
-        self.up, self.down = torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
-        self.heads = heads
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).unbind(2)
-        att = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)).softmax(-1) @ v.transpose(1, 2)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
-        return x + self.down(torch.nn.functional.gelu(self.up(self.ln2(x))))
-
-
-def tiny_gpt(shape: Transformer) -> torch.nn.Sequential:
-    """A plain GPT of ``shape`` (no positions, untied head)."""
-    return torch.nn.Sequential(torch.nn.Embedding(shape.vocab, shape.hidden),
-                               *[Block(shape.hidden, shape.heads) for _ in range(shape.layers)],
-                               torch.nn.LayerNorm(shape.hidden),
-                               torch.nn.Linear(shape.hidden, shape.vocab, bias=False))
 
 
 def _median_rate(fn: object, work: float, repeats: int) -> float:
@@ -100,9 +75,9 @@ def main() -> None:
     print(f"this CPU: GEMM {rates.peak_flops_fp32 / 1e9:.1f} GFLOP/s (median of {args.repeats}, "
           f"the model's weight-matmul shapes, fp32), streaming {rates.hbm_bytes_per_s / 1e9:.1f} GB/s "
           "(x + y into a preallocated 64 MB output)")
-    net = tiny_gpt(shape)
+    net = plain_gpt(vocab=shape.vocab, hidden=shape.hidden, heads=shape.heads, layers=shape.layers)
     x = torch.randint(0, shape.vocab, (batch, shape.seq))
-    runs = [profile(net, x, progress=False, repeats=3, warmup=1, small_batch=None, leaf_modules=(Block,))
+    runs = [profile(net, x, progress=False, repeats=3, warmup=1, small_batch=None, leaf_modules=(PlainBlock,))
             for _ in range(args.repeats)]
     analytic = transformer_profile(shape, Parallel(microbatch_size=batch), rates)
     print(f"{'layer':12s} {'fwd ms meas':>11s} {'pred':>7s} {'ratio':>6s} {'bwd ms meas':>11s} {'pred':>7s} "
