@@ -141,13 +141,18 @@ def search_rows(P: int = 8, M: int = 24) -> list[dict[str, Any]]:
     counting activations as pipelab's runtime frees them (at ``W``) and as the Zero Bubble paper's
     scheduler does (half at ``B``)."""
     times = S.StageTimes.uniform(P, forward=1.0, backward_input=1.0, backward_weight=1.0, send_s=0.0)
+    return _search_rows(times, M, range(1, 2 * P + 1))
+
+
+def _search_rows(times: S.StageTimes, M: int, budgets: range) -> list[dict[str, Any]]:
+    """One row per budget: the search's cost, bubble and peak under both activation counts."""
     rows = []
-    for budget in range(1, 2 * P + 1):
+    for budget in budgets:
         r = S.search_order(times, M, budget)
         half = S.search_order(times, M, budget, input_grad_frees=0.5)
-        rows.append({"P": P, "M": M, "budget": budget, "cost": r.cost, "bubble_rate": r.bubble_rate,
-                     "held": max(r.peak_activations), "cost_half_at_B": half.cost,
-                     "bubble_rate_half_at_B": half.bubble_rate})
+        rows.append({"P": times.stages, "M": M, "budget": budget, "cost": r.cost,
+                     "bubble_rate": r.bubble_rate, "held": max(r.peak_activations),
+                     "cost_half_at_B": half.cost, "bubble_rate_half_at_B": half.bubble_rate})
     return rows
 
 
@@ -160,15 +165,7 @@ ZB_1_5B = {"forward": 18.5, "backward_input": 18.1, "backward_weight": 9.3, "sen
 
 def zero_bubble_search_rows(P: int = 8, M: int = 24) -> list[dict[str, Any]]:
     """The search on Zero Bubble Table 6's 1.5B times from ZB-1p's budget (P) to ZB-2p's (2P), both counts."""
-    times = S.StageTimes.uniform(P, **ZB_1_5B)
-    rows = []
-    for budget in range(P, 2 * P + 1):
-        r = S.search_order(times, M, budget)
-        half = S.search_order(times, M, budget, input_grad_frees=0.5)
-        rows.append({"P": P, "M": M, "budget": budget, "cost": r.cost, "bubble_rate": r.bubble_rate,
-                     "held": max(r.peak_activations), "cost_half_at_B": half.cost,
-                     "bubble_rate_half_at_B": half.bubble_rate})
-    return rows
+    return _search_rows(S.StageTimes.uniform(P, **ZB_1_5B), M, range(P, 2 * P + 1))
 
 
 def _fmt(v: Any) -> str:
