@@ -5,11 +5,15 @@ Per block and microbatch of ``b`` sequences, on one device of a tensor group of 
 - **Compute.** Each matmul of :meth:`Transformer.matmuls` with its weight split by ``t`` (Megatron-LM,
   Shoeybi et al. 2019: qkv and MLP-up by columns, proj and MLP-down by rows, heads by ``t``) is priced
   by the device's roofline (:meth:`DeviceRates.matmul_s`). Element-wise work (norms, dropout, residual
-  adds, the activation function, and without fused attention the softmax over ``a s^2 b`` scores)
-  streams its bytes through memory; norms and dropout divide by ``t`` only with sequence parallelism.
+  adds, the activation function) streams its bytes at the device's element-wise rate; norms and dropout
+  divide by ``t`` only with sequence parallelism. Without fused attention the softmax and dropout over
+  the ``a s^2 b`` scores stream at the attention core's own rate (``attention_efficiency``, measured on
+  Megatron-LM's kernels): forward 4.5 elements a score (softmax read and write, dropout read, write and
+  a byte of mask), backward 5.5 (dropout's gradient reads the mask, softmax's reads output and gradient).
   The backward's input gradients (``B``) run each weight matmul once and the attention core's two
-  twice, and stream as many element-wise bytes as the forward (the development set, Qi et al.'s
-  Table 6, has ``T_B`` within 3% of ``T_F`` on all four models); weight gradients (``W``) are matmuls.
+  twice, and stream as many of the other element-wise bytes as the forward (the development set, Qi et
+  al.'s Table 6, has ``T_B`` within 3% of ``T_F`` on all four models); weight gradients (``W``) are
+  matmuls.
 - **Tensor communication.** Two all-reduces of the block's ``s b h`` activations forward and two
   backward (Shoeybi et al. §3); with sequence parallelism (Korthikanti et al. 2022 §4.2.2) each becomes
   a reduce-scatter plus an all-gather of the same size, which a ring prices the same.
@@ -64,16 +68,25 @@ class BlockCosts:
     tensor_comm_forward_s: float
     tensor_comm_backward_s: float
     forward_flops: int
-    #: the forward's matmul seconds and its element-wise bytes (the parts the development set fits)
+    #: the forward's matmul seconds, the attention core's score-streaming seconds and the other
+    #: element-wise bytes (what the development set's ``T_F`` leaves to the element-wise rate)
     matmul_forward_s: float = 0.0
     elementwise_bytes: float = 0.0
+    attention_stream_forward_s: float = 0.0
     #: of ``tensor_comm_backward_s``, the seconds that hide behind weight-gradient GEMMs
     #: (``Parallel.tensor_overlap``; 0 without it)
     tensor_comm_backward_hidden_s: float = 0.0
 
 
+#: elements streamed per attention score by the unfused core: forward (softmax read and write; dropout
+#: read, write and its one-byte mask) and backward (dropout's gradient read, mask read and write;
+#: softmax's gradient reads output and gradient and writes one)
+CORE_FORWARD_ELEMENTS, CORE_BACKWARD_ELEMENTS = 4.5, 5.5
+
+
 def _elementwise_elements(model: Transformer, parallel: Parallel, attention: str) -> tuple[float, float]:
-    """(elements streamed per forward of one block on one device, of which the attention core's)."""
+    """(elements streamed by one block's forward on one device outside the attention core, attention
+    scores on that device: ``a s^2 b / t`` unfused, 0 with flash attention)."""
     b, s, h, f, a = parallel.microbatch_size, model.seq, model.hidden, model.ffn, model.heads
     t = parallel.tensor
     split_seq = t if parallel.sequence_parallel else 1
@@ -81,8 +94,8 @@ def _elementwise_elements(model: Transformer, parallel: Parallel, attention: str
     # two norms (read, write), two dropout + residual adds (read two, write one): 10 sbh
     seq_parts = 10 * sbh / split_seq
     act_fn = (3 if model.gated_mlp else 2) * s * b * f / t     # gelu: read, write; swiglu: read two, write
-    core = 0.0 if attention == "flash" else 4.5 * a * s * s * b / t   # softmax r+w, dropout r+w+mask
-    return seq_parts + act_fn + core, core
+    scores = 0.0 if attention == "flash" else a * s * s * b / t
+    return seq_parts + act_fn, scores
 
 
 def block_costs(model: Transformer, parallel: Parallel, device: DeviceRates, cluster: Cluster | None = None,
@@ -106,10 +119,11 @@ def block_costs(model: Transformer, parallel: Parallel, device: DeviceRates, clu
                 column_parallel_w.append(sec)
         else:
             mm_core += sec
-    elems, core_elems = _elementwise_elements(model, parallel, attention)
+    elems, scores = _elementwise_elements(model, parallel, attention)
     ew = device.stream_s(e * elems)
-    core_ew = device.stream_s(e * core_elems)
-    fwd = mm_w + mm_core + ew
+    core_f = device.attention_stream_s(e * CORE_FORWARD_ELEMENTS * scores)
+    core_b = device.attention_stream_s(e * CORE_BACKWARD_ELEMENTS * scores)
+    fwd = mm_w + mm_core + ew + core_f
     comm_f = comm_b = hidden = 0.0
     if t > 1 and cluster is not None:
         group = parallel.workers(stage=stage)
@@ -124,11 +138,11 @@ def block_costs(model: Transformer, parallel: Parallel, device: DeviceRates, clu
         comm_f = comm_b = 2 * one
         if parallel.tensor_overlap:
             hidden = sum(min(reduced, w) for w in column_parallel_w)
-    return BlockCosts(forward_s=fwd, backward_input_s=mm_w + 2 * mm_core + ew,
-                      backward_weight_s=mm_w, attention_core_s=mm_core + core_ew,
+    return BlockCosts(forward_s=fwd, backward_input_s=mm_w + 2 * mm_core + ew + core_b,
+                      backward_weight_s=mm_w, attention_core_s=mm_core + core_f,
                       tensor_comm_forward_s=comm_f, tensor_comm_backward_s=comm_b, forward_flops=flops,
                       matmul_forward_s=mm_w + mm_core, elementwise_bytes=e * elems,
-                      tensor_comm_backward_hidden_s=hidden)
+                      attention_stream_forward_s=core_f, tensor_comm_backward_hidden_s=hidden)
 
 
 @dataclass(frozen=True)

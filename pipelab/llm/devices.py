@@ -3,8 +3,9 @@
 Every number is a specification sheet's figure or a per-operation measurement (GEMM efficiency, NCCL
 bus bandwidth), with its source in the table's ``source`` column. The time of a piece of work is a
 roofline (Williams et al., CACM 2009): a matrix multiply takes ``max(FLOPs / (peak x gemm_efficiency),
-bytes / HBM)``; element-wise work (norms, dropout, softmax, activation functions: unfused kernels)
-streams its bytes at ``HBM x hbm_efficiency``.
+bytes / HBM)``; element-wise work (norms, dropout, residual adds, activation functions) streams its bytes
+at ``HBM x hbm_efficiency``, and the unfused attention core's softmax, mask and dropout over the
+``a s^2 b`` scores at ``HBM x attention_efficiency`` (a per-operation measurement of those kernels).
 A machine at hand gets its rates from a measurement (``DeviceRates(...)`` by keyword, e.g. from a GEMM
 probe), never from this table.
 """
@@ -19,8 +20,9 @@ from typing import Any
 
 #: the quantities each device row must give
 QUANTITIES = ("peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp32", "hbm_bytes_per_s", "memory_bytes",
-              "gemm_efficiency", "hbm_efficiency", "nvlink_bytes_per_s", "nvlink_busbw", "nic_bytes_per_s",
-              "nic_busbw", "nics_per_node", "link_latency_s", "nic_latency_s")
+              "gemm_efficiency", "hbm_efficiency", "attention_efficiency", "nvlink_bytes_per_s",
+              "nvlink_busbw", "nic_bytes_per_s", "nic_busbw", "nics_per_node", "link_latency_s",
+              "nic_latency_s")
 
 
 @dataclass(frozen=True)
@@ -47,15 +49,20 @@ class DeviceRates:
     nics_per_node: int
     link_latency_s: float = 0.0
     nic_latency_s: float = 0.0
+    #: share of HBM reached by the attention core's softmax, mask and dropout over the ``a s^2 b``
+    #: scores; ``None`` takes ``hbm_efficiency`` (one element-wise rate, e.g. a machine's measurement)
+    attention_efficiency: float | None = None
 
     def __post_init__(self) -> None:
+        if self.attention_efficiency is None:
+            object.__setattr__(self, "attention_efficiency", self.hbm_efficiency)
         for f in fields(self):
             if f.name == "name":
                 continue
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
                 raise ValueError(f"DeviceRates {self.name!r}: {f.name}={v!r} must be a number >= 0")
-        for label in ("gemm_efficiency", "hbm_efficiency"):
+        for label in ("gemm_efficiency", "hbm_efficiency", "attention_efficiency"):
             if not 0 < getattr(self, label) <= 1:
                 raise ValueError(f"DeviceRates {self.name!r}: {label}={getattr(self, label)!r} must be in "
                                  "(0, 1]: a share of the peak")
@@ -76,6 +83,10 @@ class DeviceRates:
     def stream_s(self, nbytes: float) -> float:
         """Seconds to read or write ``nbytes`` through device memory (element-wise work)."""
         return nbytes / (self.hbm_bytes_per_s * self.hbm_efficiency)
+
+    def attention_stream_s(self, nbytes: float) -> float:
+        """Seconds of the attention core's softmax, mask and dropout reading and writing ``nbytes``."""
+        return nbytes / (self.hbm_bytes_per_s * float(self.attention_efficiency or self.hbm_efficiency))
 
     def replace(self, **changes: Any) -> DeviceRates:
         """A copy with fields changed (e.g. a measured ``gemm_efficiency``)."""
