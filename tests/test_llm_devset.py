@@ -49,3 +49,12 @@ def test_schedules_on_table6_close_part_of_the_bubble_only_gap():
             assert measured < sim, r
         else:                                   # the searched order is the greedy's, not the paper's run
             assert abs(sim / measured - 1) < 0.06, r
+
+
+def test_another_layer_norm_timing_agrees_with_the_one_the_share_comes_from():
+    """PyTorch's own layer norm (pytorch/pytorch#87445), timed apart from apex's, streams pipelab's count
+    of a norm's bytes within 15% of apex's rate at each of its four largest shapes."""
+    apex = elementwise.counted_norm_rate(elementwise.NORM_ROWS, elementwise.NORM_HIDDEN,
+                                         elementwise.NORM_FORWARD_S + elementwise.NORM_BACKWARD_S)
+    for rows, hidden, seconds in elementwise.TORCH_NORM_FWD_BWD:
+        assert abs(elementwise.counted_norm_rate(rows, hidden, seconds) / apex - 1) < 0.15

@@ -44,6 +44,10 @@ CORE_FORWARD_S, CORE_BACKWARD_S, CORE_BOTH_S = 6.56e-3, 10.80e-3, 17.41e-3
 #: apex's fused affine layer norm on a GA100, fp16, rows x hidden (NVIDIA/apex pull request 1037)
 NORM_ROWS, NORM_HIDDEN = 32 * 512, 1024
 NORM_FORWARD_S, NORM_BACKWARD_S = 0.0751e-3, 0.1762e-3
+#: a check from another source: PyTorch's own layer norm, forward + backward on an A100, fp16, the four
+#: largest shapes (rows, hidden, seconds) of pytorch/pytorch pull request 87445's table
+TORCH_NORM_FWD_BWD = ((8192, 2048, 235.2e-6), (8192, 3072, 346.7e-6), (6144, 4096, 389.8e-6),
+                      (8192, 4096, 509.0e-6))
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,11 @@ def elementwise(hbm_bytes_per_s: float = A100_40GB_HBM) -> float:
     return counted / ((NORM_FORWARD_S + NORM_BACKWARD_S) * hbm_bytes_per_s)
 
 
+def counted_norm_rate(rows: int, hidden: int, seconds: float) -> float:
+    """Bytes per second of a 16-bit layer norm's forward + backward under pipelab's count."""
+    return 2 * (2 * 2 * rows * hidden) / seconds
+
+
 def main() -> None:
     """Print both shares and the attention core's per-pass check."""
     f = attention_core()
@@ -102,6 +111,10 @@ def main() -> None:
           f"({f.backward_error:+.1%})")
     print(f"hbm_efficiency = {elementwise():.3f} of HBM (apex layer norm, NVIDIA/apex#1037; "
           f"{elementwise(2039e9):.3f} if the card was the 80 GB A100)")
+    apex = counted_norm_rate(NORM_ROWS, NORM_HIDDEN, NORM_FORWARD_S + NORM_BACKWARD_S)
+    torch_rates = [counted_norm_rate(*row) for row in TORCH_NORM_FWD_BWD]
+    print(f"  apex's layer norm streams {apex / 1e9:.0f} GB/s under pipelab's count; PyTorch's, timed in "
+          f"pytorch/pytorch#87445: {', '.join(f'{r / 1e9:.0f}' for r in torch_rates)} GB/s")
 
 
 if __name__ == "__main__":
