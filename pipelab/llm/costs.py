@@ -110,7 +110,7 @@ def block_costs(model: Transformer, parallel: Parallel, device: DeviceRates, clu
     column_parallel_w = []      # weight-gradient GEMMs of the linears whose input gradient is reduced
     for mm in model.matmuls(tokens):
         fl = mm.flops / t
-        nbytes = e * mm.count * (mm.rows * mm.inner + mm.inner * mm.cols + mm.rows * mm.cols) / t
+        nbytes = mm.operand_bytes(e) / t
         sec = device.matmul_s(fl, nbytes, prec)
         flops += int(fl)
         if mm.weight:

@@ -86,7 +86,9 @@ class DeviceRates:
 
     def attention_stream_s(self, nbytes: float) -> float:
         """Seconds of the attention core's softmax, mask and dropout reading and writing ``nbytes``."""
-        return nbytes / (self.hbm_bytes_per_s * float(self.attention_efficiency or self.hbm_efficiency))
+        share = self.attention_efficiency
+        assert share is not None    # __post_init__ resolves None to hbm_efficiency
+        return nbytes / (self.hbm_bytes_per_s * share)
 
     def replace(self, **changes: Any) -> DeviceRates:
         """A copy with fields changed (e.g. a measured ``gemm_efficiency``)."""

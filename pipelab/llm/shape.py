@@ -54,6 +54,11 @@ class Matmul:
         """Forward FLOPs (2 per multiply-add)."""
         return 2 * self.rows * self.inner * self.cols * self.count
 
+    def operand_bytes(self, bytes_per_element: int) -> int:
+        """Bytes it reads and writes: both operands and the product, ``count`` times."""
+        return bytes_per_element * self.count * (self.rows * self.inner + self.inner * self.cols
+                                                 + self.rows * self.cols)
+
 
 @dataclass(frozen=True)
 class Transformer:

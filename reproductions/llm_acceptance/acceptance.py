@@ -156,14 +156,14 @@ def layer_check() -> list[tuple[str, float, float]]:
     """(pass, measured ms, pipelab ms) of Korthikanti et al.'s Table 4 layer, as ``block_costs`` prices it
     on the ``dgx-a100`` preset with the tensor all-reduce behind the weight-gradient GEMMs (§6.2)."""
     from pipelab.cluster import Cluster
-    from pipelab.llm.costs import block_costs
+    from pipelab.llm.costs import BlockCosts, block_costs
     from pipelab.llm.devices import DeviceRates
     from pipelab.llm.parallel import Parallel
     from pipelab.llm.shape import Transformer
 
     model = Transformer(name="gpt-22B-layer", layers=48, hidden=6144, heads=64, seq=2048, vocab=51200)
     cluster, rates = Cluster.of("dgx-a100:8"), DeviceRates.of("a100")
-    def blk(sp: bool):  # noqa: ANN202
+    def blk(sp: bool) -> BlockCosts:
         par = Parallel(tensor=8, microbatch_size=4, sequence_parallel=sp, tensor_overlap=True)
         return block_costs(model, par, rates, cluster)
     base, sp = blk(False), blk(True)

@@ -77,8 +77,7 @@ def attention_core() -> CoreFit:
                         seq=SEQ, vocab=1, precision="fp16")
     e = model.bytes_per_element
     core = [mm for mm in model.matmuls(BATCH * SEQ) if not mm.weight]
-    mm_f = sum(rates.matmul_s(mm.flops, e * mm.count * (mm.rows * mm.inner + mm.inner * mm.cols
-                                                       + mm.rows * mm.cols), "fp16") for mm in core)
+    mm_f = sum(rates.matmul_s(mm.flops, mm.operand_bytes(e), "fp16") for mm in core)
     scores = BATCH * HEADS * SEQ * SEQ
     fwd_bytes, bwd_bytes = e * CORE_FORWARD_ELEMENTS * scores, e * CORE_BACKWARD_ELEMENTS * scores
     eff = (fwd_bytes + bwd_bytes) / ((CORE_BOTH_S - 3 * mm_f) * A100_40GB_HBM)
@@ -87,16 +86,15 @@ def attention_core() -> CoreFit:
                    backward_s=2 * mm_f + bwd_bytes / rate)
 
 
-def elementwise(hbm_bytes_per_s: float = A100_40GB_HBM) -> float:
-    """The share of ``hbm_bytes_per_s`` at which apex's layer norm streams pipelab's count of its bytes
-    (forward: read and write; backward: as many again) over its measured forward + backward."""
-    counted = 2 * (2 * 2 * NORM_ROWS * NORM_HIDDEN)
-    return counted / ((NORM_FORWARD_S + NORM_BACKWARD_S) * hbm_bytes_per_s)
-
-
 def counted_norm_rate(rows: int, hidden: int, seconds: float) -> float:
     """Bytes per second of a 16-bit layer norm's forward + backward under pipelab's count."""
     return 2 * (2 * 2 * rows * hidden) / seconds
+
+
+def elementwise(hbm_bytes_per_s: float = A100_40GB_HBM) -> float:
+    """The share of ``hbm_bytes_per_s`` at which apex's layer norm streams pipelab's count of its bytes
+    (forward: read and write; backward: as many again) over its measured forward + backward."""
+    return counted_norm_rate(NORM_ROWS, NORM_HIDDEN, NORM_FORWARD_S + NORM_BACKWARD_S) / hbm_bytes_per_s
 
 
 def main() -> None:
