@@ -152,6 +152,33 @@ LOSSES = ("fused", "upcast")
 SEQUENCE_PARALLEL_INPUTS = ("sharded", "gathered")
 
 
+#: what the block's kernels keep: ``"fused"``, Megatron-LM's fused layer norm (its 16-bit input) and
+#: fused SwiGLU (the two projections' outputs and the product), Korthikanti's counts; ``"eager"``,
+#: torch-native Llama modules as Hugging Face Transformers (``LlamaRMSNorm``) and torchtitan
+#: (``models/norms.py`` at 9dec370) write them: RMSNorm upcasts its input, so autograd keeps the fp32
+#: input, the fp32 ``rsqrt`` per row and the 16-bit normalized tensor before the weight, and SwiGLU's
+#: ``silu(w1 x) * w3 x`` keeps ``silu``'s output as well
+KERNELS = ("fused", "eager")
+
+
+def _check_kernels(model: Transformer, value: str) -> None:
+    if value not in KERNELS:
+        raise ValueError(f"kernels={value!r} is not one of {KERNELS}")
+    if value == "eager" and not (model.gated_mlp and not model.bias):
+        raise ParallelError(f"kernels='eager' describes torch-native Llama blocks (RMSNorm in fp32, unfused "
+                            f"SwiGLU); {model.name} is not one (gated_mlp={model.gated_mlp}, "
+                            f"bias={model.bias}): use kernels='fused'")
+
+
+def eager_norm_extra_bytes(model: Transformer, parallel: Parallel) -> int:
+    """Bytes one eager RMSNorm keeps beyond a fused norm's 16-bit input, per microbatch on one device:
+    its input in fp32 instead (``4 - e`` bytes an element more), the normalized 16-bit tensor (``e``) and
+    the fp32 ``rsqrt`` of each row (4 bytes a token), divided by ``t`` with sequence parallelism."""
+    b, s, h = parallel.microbatch_size, model.seq, model.hidden
+    split_seq = parallel.tensor if parallel.sequence_parallel else 1
+    return (4 * s * b * h + 4 * s * b) // split_seq
+
+
 def _check_sp_inputs(value: str) -> None:
     if value not in SEQUENCE_PARALLEL_INPUTS:
         raise ValueError(f"sequence_parallel_inputs={value!r} is not one of {SEQUENCE_PARALLEL_INPUTS}")
@@ -191,7 +218,7 @@ def op_saved_bytes(model: Transformer, parallel: Parallel, attention: str = "fla
 
 
 def layer_activation_bytes(model: Transformer, parallel: Parallel, attention: str = "unfused",
-                           sequence_parallel_inputs: str = "sharded") -> int:
+                           sequence_parallel_inputs: str = "sharded", kernels: str = "fused") -> int:
     """Bytes one block saves for its backward per microbatch on one device (Korthikanti §4, term by term).
 
     Args:
@@ -199,8 +226,10 @@ def layer_activation_bytes(model: Transformer, parallel: Parallel, attention: st
             ``"flash"`` (Dao et al. 2022) keeps one fp32 softmax statistic per row instead.
         sequence_parallel_inputs: ``"gathered"``: with sequence parallelism the qkv and MLP inputs are
             kept whole (:data:`SEQUENCE_PARALLEL_INPUTS`).
+        kernels: ``"fused"`` (Megatron-LM, Korthikanti's counts) or ``"eager"`` (:data:`KERNELS`).
     """
     _check_sp_inputs(sequence_parallel_inputs)
+    _check_kernels(model, kernels)
     if attention not in ("unfused", "flash"):
         raise ValueError(f"attention={attention!r} is not one of ('unfused', 'flash')")
     b, s, h, a, f = parallel.microbatch_size, model.seq, model.hidden, model.heads, model.ffn
@@ -213,14 +242,15 @@ def layer_activation_bytes(model: Transformer, parallel: Parallel, attention: st
     if parallel.recompute == "selective-op":
         return op_saved_bytes(model, parallel, attention)
     # kept whole on each tensor rank unless sequence-parallel: two norm inputs, the qkv and MLP inputs
-    # (e bytes each) and two dropout masks (1 byte each)
-    replicated = 4 * e * sbh + 2 * sbh
+    # (e bytes each) and two dropout masks (1 byte each; eager Llama blocks have no dropout)
+    masks = 0 if kernels == "eager" else 2 * sbh
+    replicated = 4 * e * sbh + masks
     if parallel.sequence_parallel and sequence_parallel_inputs == "gathered":
         # the norms' inputs and the masks divide by t below; the qkv and MLP inputs stay whole
-        replicated = 2 * e * sbh + 2 * sbh + 2 * e * sbh * t
+        replicated = 2 * e * sbh + masks + 2 * e * sbh * t
     # attention core: softmax output and its dropout's output (e bytes) and mask (1 byte), a s^2 b each
     # split over the tensor group: q, k, v, the projection's input, the MLP's intermediate tensors
-    mlp_inner = (3 if model.gated_mlp else 2) * e * s * b * f
+    mlp_inner = (3 if model.gated_mlp else 2) * e * s * b * f + (e * s * b * f if kernels == "eager" else 0)
     split = e * sbh * (1 + 2 * kv) + e * sbh + mlp_inner
     if parallel.recompute == "selective":
         core = 0
@@ -228,7 +258,8 @@ def layer_activation_bytes(model: Transformer, parallel: Parallel, attention: st
         core = 4 * a * s * b
     else:
         core = (2 * e + 1) * a * s * s * b
-    return int(replicated / split_seq + split / t + core / t)
+    norms = 2 * eager_norm_extra_bytes(model, parallel) if kernels == "eager" else 0
+    return int(replicated / split_seq + split / t + core / t) + norms
 
 
 def block_shard_params(model: Transformer, tensor: int) -> int:
@@ -256,31 +287,35 @@ def stage_params(model: Transformer, parallel: Parallel, stage: int, blocks: int
 
 
 def end_activation_bytes(model: Transformer, parallel: Parallel, stage: int,
-                         sequence_parallel_inputs: str = "sharded") -> int:
+                         sequence_parallel_inputs: str = "sharded", kernels: str = "fused") -> int:
     """Activation bytes per microbatch the end stages add: the embedding's dropout mask on the first, the
     final norm's and head's inputs and the fp32 logits of the loss on the last (Korthikanti §4.3); the
-    head's input whole when sequence parallelism keeps it ``"gathered"``."""
+    head's input whole when sequence parallelism keeps it ``"gathered"``; with ``kernels="eager"``
+    (:data:`KERNELS`) no dropout mask and the final norm's fp32 copies."""
     _check_sp_inputs(sequence_parallel_inputs)
+    _check_kernels(model, kernels)
     b, s, h = parallel.microbatch_size, model.seq, model.hidden
     t, e = parallel.tensor, model.bytes_per_element
     split_seq = t if parallel.sequence_parallel else 1
     out = 0
-    if stage == 0:
+    if stage == 0 and kernels == "fused":
         out += s * b * h // split_seq
     if stage == parallel.pipeline - 1:
         head_split = split_seq if sequence_parallel_inputs == "sharded" else 1
         out += e * s * b * h // split_seq + e * s * b * h // head_split + 4 * s * b * model.vocab // t
+        if kernels == "eager":
+            out += eager_norm_extra_bytes(model, parallel)
     return out
 
 
 def recompute_transient_bytes(model: Transformer, parallel: Parallel, attention: str = "unfused",
-                              sequence_parallel_inputs: str = "sharded") -> int:
+                              sequence_parallel_inputs: str = "sharded", kernels: str = "fused") -> int:
     """Bytes one block's recomputation adds while its backward runs: ``"full"`` rebuilds all of the
     block's activations, ``"selective-op"`` what its save list left out; 0 otherwise."""
     if parallel.recompute not in ("full", "selective-op"):
         return 0
     whole = layer_activation_bytes(model, Parallel(**{**parallel.to_dict(), "recompute": "none"}), attention,
-                                   sequence_parallel_inputs)
+                                   sequence_parallel_inputs, kernels)
     if parallel.recompute == "full":
         return whole
     return max(0, whole - op_saved_bytes(model, parallel, attention))
@@ -303,7 +338,8 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
                       recipe: str = "mixed-adam-fp32-grads",
                       stage_layers: Sequence[int] | None = None,
                       attention: str = "unfused", loss: str = "fused",
-                      sequence_parallel_inputs: str = "sharded") -> tuple[MemoryBreakdown, ...]:
+                      sequence_parallel_inputs: str = "sharded",
+                      kernels: str = "fused") -> tuple[MemoryBreakdown, ...]:
     """Peak memory of one device of each pipeline stage (``schedule`` overrides ``parallel.schedule``).
 
     Args:
@@ -313,6 +349,7 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
         loss: ``"fused"`` (default) or ``"upcast"`` (:data:`LOSSES`).
         sequence_parallel_inputs: ``"sharded"`` (default, Megatron-LM) or ``"gathered"`` (DTensor,
             :data:`SEQUENCE_PARALLEL_INPUTS`).
+        kernels: ``"fused"`` (default, Megatron-LM) or ``"eager"`` (torch-native Llama, :data:`KERNELS`).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
@@ -323,7 +360,8 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
     parallel.check(model, stage_layers=stage_layers)
     d, p = parallel.data, parallel.pipeline
     _check_sp_inputs(sequence_parallel_inputs)
-    per_layer = layer_activation_bytes(model, parallel, attention, sequence_parallel_inputs)
+    _check_kernels(model, kernels)
+    per_layer = layer_activation_bytes(model, parallel, attention, sequence_parallel_inputs, kernels)
     counts = list(stage_layers) if stage_layers is not None else [model.layers // p] * p
     out = []
     for i in range(p):
@@ -339,9 +377,9 @@ def memory_per_device(model: Transformer, parallel: Parallel, schedule: str | No
             # this block's and the next's, gathered, with their unsharded gradients
             gathered = 2 * (rec.gathered_weight_bytes + rec.gathered_grad_bytes) * one_block
         flight = in_flight(order, i, p, parallel.microbatches, parallel.virtual)
-        ends = end_activation_bytes(model, parallel, i, sequence_parallel_inputs)
+        ends = end_activation_bytes(model, parallel, i, sequence_parallel_inputs, kernels)
         acts = flight * (layers * per_layer + ends)
-        acts += max(recompute_transient_bytes(model, parallel, attention, sequence_parallel_inputs),
+        acts += max(recompute_transient_bytes(model, parallel, attention, sequence_parallel_inputs, kernels),
                     loss_transient_bytes(model, parallel, loss) if i == p - 1 else 0)
         out.append(MemoryBreakdown(stage=i, weights=w, gradients=g, optimizer=o, activations=int(acts),
                                    gathered=gathered, in_flight=flight))

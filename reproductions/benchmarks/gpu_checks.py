@@ -18,7 +18,13 @@ On a machine with CUDA it prints, for the demo CNN on scikit-learn's digits (bat
    simulator gets the CUDA profile, a flat 2-worker cluster of ``--loopback-bandwidth`` and the
    device-host copy speed measured here (``host_staging_bandwidth``). Both workers share one GPU,
    which the simulator does not model (it gives each worker its own device), so the ratio shows
-   that contention too.
+   that contention too;
+7. memory of a transformer training step shaped like torchtitan's Llama 3.1 8B run (its blocks,
+   vocabulary, sequence 8,192 and local batch 2, 4 of its 32 layers; Hugging Face's Llama, bf16,
+   per-operator checkpointing, the logits upcast for the loss): ``pipelab.llm.memory_per_device``
+   against ``torch.cuda.max_memory_allocated``, and the caching allocator's peak reserved memory over
+   it, with ``expandable_segments`` on (as torchtitan's launcher sets it) and off, each in a fresh
+   process (``reproductions/llm_acceptance/measured_step.py --device cuda``).
 
 Without CUDA it says so and measures nothing; ``--dry-run-on-cpu`` runs the same code on the CPU
 (CUDA-only figures left out), to check the script itself.
@@ -202,6 +208,23 @@ def check_throughput(prof: pl.Profile, device: str, steps: int, loopback: float)
           f"{measured / sim.throughput:.2f}")
 
 
+def check_llm_memory() -> None:
+    """7. a torchtitan-shaped Llama step: allocated against predicted, and the allocator's reserve."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    print("7. Llama 3.1 8B-shaped step (4 layers), one GPU:", flush=True)
+    for conf in ("expandable_segments:True", "expandable_segments:False"):
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf, "PYTHONPATH": str(root)}
+        done = subprocess.run([sys.executable, "-m", "reproductions.llm_acceptance.measured_step",
+                               "--device", "cuda"], env=env, cwd=root, timeout=900, capture_output=True,
+                              text=True, check=False)
+        lines = (done.stdout.strip() or done.stderr.strip() or "(no output)").splitlines()
+        print(f"   {lines[-1]}" + ("" if done.returncode == 0 else f" (exit {done.returncode})"), flush=True)
+
+
 def main() -> int:
     """Run the checks and print their figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -231,6 +254,11 @@ def main() -> int:
     else:
         print("5. memory: needs CUDA (torch.cuda.max_memory_allocated); skipped in the dry run")
     check_throughput(prof, device, max(a.steps, 12), a.loopback_bandwidth)
+    if device == "cuda":
+        check_llm_memory()
+    else:
+        print("7. transformer step memory: needs CUDA (the caching allocator's peaks); skipped in the dry "
+              "run")
     return 0
 
 

@@ -36,7 +36,8 @@ def predict_memory(row: dict[str, str]) -> dict[str, Any]:
                    recompute=row["recompute"], sequence_parallel=row["sequence_parallel"] == "true",
                    sharding=row["sharding"])
     worst = max(memory_per_device(model, par, recipe=row["recipe"], attention=row["attention"],
-                                  loss=row["loss"], sequence_parallel_inputs=row["sequence_parallel_inputs"]),
+                                  loss=row["loss"], sequence_parallel_inputs=row["sequence_parallel_inputs"],
+                                  kernels=row["kernels"]),
                 key=lambda m: m.total)
     pub = float(row["published_memory_gib"])
     pred = worst.total / 2**30
@@ -44,7 +45,7 @@ def predict_memory(row: dict[str, str]) -> dict[str, Any]:
     return {"source": row["source"], "row": row["row"], "gpus": par.devices,
             "config": f"t={par.tensor} p={par.pipeline} d={par.data} b={par.microbatch_size} "
                       f"{par.recompute}{' sp' if par.sequence_parallel else ''} {par.sharding} "
-                      f"{row['recipe']} loss {row['loss']}"
+                      f"{row['recipe']} loss {row['loss']} {row['kernels']}"
                       f"{' sp-inputs ' + row['sequence_parallel_inputs'] if par.sequence_parallel else ''}",
             "published_gib": pub, "predicted_gib": pred, "error": pred / pub - 1,
             **{f"{k}_gib": v for k, v in parts.items()}}
@@ -66,9 +67,15 @@ def memory_table(results: list[dict[str, Any]]) -> str:
 
 
 def write_memory(out: Path) -> str:
-    """Run every memory row, write ``memory.md`` and ``memory.csv`` into ``out``; the Markdown."""
+    """Run every memory row and the measured steps, write ``memory.md`` and ``memory.csv`` into ``out``;
+    the Markdown."""
+    from reproductions.llm_acceptance.measured_step import measured_table, run_all
+
     results = [predict_memory(r) for r in load_memory_rows()]
     text = memory_table(results)
+    text += ("\n\npipelab's allocated count against a measured training step of a Hugging Face Llama on this "
+             "CPU (measured_step.py; kernels='eager', attention='flash', loss='upcast'):\n\n"
+             + measured_table(run_all()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "memory.md").write_text(text + "\n", encoding="utf-8")
     with open(out / "memory.csv", "w", newline="", encoding="utf-8") as fh:
