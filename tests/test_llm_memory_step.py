@@ -26,7 +26,7 @@ def test_meter_counts_a_storage_once_and_frees_it():
         del w
     assert (m.held, m.current, m.peak) == (4_000, 4_000, 12_000)
     assert [e[0] for e in m.events] == ["alloc", "alloc", "alloc", "free", "free"]
-    assert sum(n if kind == "alloc" else -n for kind, _, n in m.events) == 4_000
+    assert sum(n if kind == "alloc" else -n for kind, _, n, _ in m.events) == 4_000
 
 
 def test_meter_sees_autograd_saved_tensors_on_the_meta_device():

@@ -15,7 +15,6 @@ flash kernel, which keeps the output and an fp32 logsumexp, as on CUDA).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 #: the measured shapes: one whose peak is the loss's backward (large vocabulary), one whose peak is a
@@ -33,24 +32,6 @@ CUDA_SHAPES: dict[str, dict[str, int]] = {
 RECOMPUTES = ("full", "selective-op", "none")
 
 
-def _op_policy_context() -> Any:
-    """torchtitan's per-operator save list as a selective-checkpoint context (one per layer call)."""
-    import torch
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    attention = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-                 torch.ops.aten._scaled_dot_product_flash_attention.default,
-                 torch.ops.aten._scaled_dot_product_efficient_attention.default}
-    count: dict[bool, int] = defaultdict(int)
-
-    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-        if func == torch.ops.aten.mm.default:
-            count[ctx.is_recompute] += 1
-        keep = (func == torch.ops.aten.mm.default and count[ctx.is_recompute] % 2 == 1) or func in attention
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-    return create_selective_checkpoint_contexts(policy)
-
-
 def measure(shape: str, recompute: str, device: str = "cpu") -> dict[str, Any]:
     """Measured and predicted peak bytes of one training step of ``shape`` (:data:`SHAPES` or
     :data:`CUDA_SHAPES`) under ``recompute``; on CUDA also the caching allocator's peaks."""
@@ -59,7 +40,9 @@ def measure(shape: str, recompute: str, device: str = "cpu") -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pipelab.llm import Parallel, Transformer, memory_per_device
-    from pipelab.llm.measure import measure_step
+    from pipelab.llm.allocator import replay
+    from pipelab.llm.measure import StorageMeter, measure_step
+    from pipelab.llm.reserved import op_checkpoint_context
 
     s = {**SHAPES, **CUDA_SHAPES}[shape]
     cfg = LlamaConfig(hidden_size=s["hidden"], intermediate_size=s["ffn"], num_hidden_layers=s["layers"],
@@ -71,7 +54,7 @@ def measure(shape: str, recompute: str, device: str = "cpu") -> dict[str, Any]:
     if recompute != "none":
         kwargs: dict[str, Any] = {"use_reentrant": False}
         if recompute == "selective-op":
-            kwargs["context_fn"] = _op_policy_context
+            kwargs["context_fn"] = op_checkpoint_context
         if hasattr(model, "activation_checkpointing_enable"):          # transformers 5
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
@@ -105,6 +88,17 @@ def measure(shape: str, recompute: str, device: str = "cpu") -> dict[str, Any]:
         out["cuda_allocated_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
         out["cuda_reserved_peak_mib"] = stats["reserved_bytes.all.peak"] / 2**20
         out["alloc_retries"] = stats.get("num_alloc_retries", 0)
+        # the replay against the allocator itself: two steps from an emptied cache, recorded and replayed
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        with StorageMeter([*params, ids, labels], record=True) as meter:
+            step()
+            step()
+        torch.cuda.synchronize()
+        out["cuda_reserved_two_steps_mib"] = torch.cuda.memory_stats()["reserved_bytes.all.peak"] / 2**20
+        out["replayed_reserved_mib"] = replay(meter.events).peak_reserved / 2**20
     return out
 
 
@@ -147,7 +141,10 @@ def main(argv: list[str] | None = None) -> None:
           f"(predicted {r['predicted_mib'] / r['cuda_allocated_peak_mib'] - 1:+.1%}); peak reserved "
           f"{r['cuda_reserved_peak_mib'] / 1024:.2f} GiB = allocated x "
           f"{r['cuda_reserved_peak_mib'] / r['cuda_allocated_peak_mib']:.3f}; allocation retries "
-          f"{r['alloc_retries']}")
+          f"{r['alloc_retries']}; two steps from an empty cache: reserved "
+          f"{r['cuda_reserved_two_steps_mib'] / 1024:.2f} GiB, pipelab's allocator replay of their trace "
+          f"{r['replayed_reserved_mib'] / 1024:.2f} GiB "
+          f"({r['replayed_reserved_mib'] / r['cuda_reserved_two_steps_mib'] - 1:+.1%})")
 
 
 if __name__ == "__main__":
