@@ -90,3 +90,13 @@ def test_switches_must_be_booleans(label):
 def test_round_trip_keeps_the_overlap():
     par = Parallel(tensor=8, tensor_overlap=True, dp_overlap=False)
     assert Parallel.from_dict(par.to_dict()) == par
+
+
+def test_the_generic_profile_refuses_the_overlap_it_cannot_express():
+    """transformer_profile folds the collectives into each block's times; hiding part of them depends on
+    whether the schedule splits W off, which a Profile does not know: refused, not silently exposed."""
+    from pipelab.llm import transformer_profile
+
+    with pytest.raises(ParallelError, match="simulate_llm"):
+        transformer_profile(MODEL, Parallel(tensor=8, tensor_overlap=True), "a100", cluster=CLUSTER)
+    assert transformer_profile(MODEL, Parallel(tensor=8), "a100", cluster=CLUSTER).layers

@@ -13,7 +13,7 @@ from pipelab.cluster import Cluster
 from pipelab.llm.costs import _embedding_s, _head_s, block_costs
 from pipelab.llm.devices import DeviceRates
 from pipelab.llm.memory import block_shard_params, layer_activation_bytes
-from pipelab.llm.parallel import Parallel
+from pipelab.llm.parallel import Parallel, ParallelError
 from pipelab.llm.shape import Transformer
 from pipelab.profile.records import Layer, Profile
 
@@ -32,8 +32,16 @@ def transformer_profile(model: Transformer, parallel: Parallel | int = 1, device
     Returns:
         A Profile of one microbatch (``batch_size`` = its sequences); for ``M`` microbatches per
         minibatch give the simulator ``profile.at_batch_size(M * batch_size)``.
+
+    Raises:
+        ParallelError: for ``tensor_overlap=True``, which a Profile cannot express.
     """
     par = parallel if isinstance(parallel, Parallel) else Parallel(tensor=int(parallel))
+    if par.tensor_overlap:
+        raise ParallelError("transformer_profile folds each block's tensor collectives into its times, so it "
+                            "cannot hide them behind the weight-gradient GEMMs (which depends on whether the "
+                            "schedule splits W off): use pl.simulate_llm, which prices tensor_overlap, or "
+                            "tensor_overlap=False")
     if microbatch_size is not None:
         par = Parallel(**{**par.to_dict(), "microbatch_size": microbatch_size})
     par.check(model)
