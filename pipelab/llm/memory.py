@@ -15,13 +15,18 @@ so that GQA, gated MLPs and any ``ffn`` follow: with ``ffn = 4h`` and 16-bit act
 sequence parallelism, ``34 sbh/t`` with selective recomputation, ``2 sbh`` (``/t`` with sequence
 parallelism) with full recomputation. torchtitan's per-operator selective checkpointing
 (``"selective-op"``) keeps the block's input and the outputs of the operators on its save list
-(:func:`op_saved_bytes`). A stage holds the activations of its in-flight microbatches
+(:func:`op_saved_bytes`). Korthikanti's counts are Megatron-LM's fused kernels; torch-native Llama
+modules keep more (``kernels="eager"``, :data:`KERNELS`: RMSNorm's fp32 copies, the unfused SwiGLU's
+extra tensor, no dropout). A stage holds the activations of its in-flight microbatches
 (:func:`in_flight`), the first stage also the embedding's, the last the head's and the loss's logits.
 
 On top of what it holds, a device's peak adds the larger of two short-lived terms: the recomputation of
 one block in its backward (``"full"``: the whole block's activations; ``"selective-op"``: what the save
 list left out), and the loss's backward (:data:`LOSSES`): a loss that upcasts the whole logits to fp32
 holds, at the start of the backward, the fp32 log-softmax output, its gradient and its input's gradient.
+
+These are allocated bytes. What a GPU reports as a run's memory is usually the caching allocator's
+reserved bytes, which :mod:`pipelab.llm.reserved` replays.
 """
 
 from __future__ import annotations
