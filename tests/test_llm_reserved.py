@@ -160,3 +160,22 @@ def test_the_recorded_step_agrees_with_the_closed_form(par):
     at_the_loss = closed.total - closed.gradients - closed.gathered + 2 * (root + block_shard_params(m, t))
     recorded = max(reserved_memory(m, par, steps=2).step_peaks)
     assert recorded == pytest.approx(at_the_loss, rel=1e-6)
+
+
+def test_fsdp_emulation_reduces_each_block_after_its_backward_then_the_root(monkeypatch):
+    """FSDP2's order: a block's reduce-scatter once its input's gradient exists (last block first), the
+    root's (embedding, norm, head) when the backward ends; the previous block is gathered (prefetched)
+    before the next reduce."""
+    import pipelab.llm.reserved as reserved
+
+    seen: list[str] = []
+    unshard, post = reserved._Fsdp.unshard, reserved._Fsdp.post_backward
+    monkeypatch.setattr(reserved._Fsdp, "post_backward", lambda self, u: (seen.append(f"reduce {u}"),
+                                                                        post(self, u))[1])
+    monkeypatch.setattr(reserved._Fsdp, "unshard", lambda self, u: (
+        seen.append(f"gather {u}") if u not in self.gathered else None, unshard(self, u))[1])
+    m = Transformer(**{**LLAMA, "layers": 3})
+    reserved.reserved_memory(m, Parallel(data=2, recompute="full", sharding="fsdp"), steps=1)
+    backward = seen[seen.index("reduce layers.2") - 1:]
+    assert backward == ["gather layers.1", "reduce layers.2", "gather layers.0", "reduce layers.1",
+                        "reduce layers.0", "reduce root"]

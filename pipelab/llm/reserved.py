@@ -120,6 +120,20 @@ class _LossParallel(torch.autograd.Function):
         return (torch.zeros_like(x) + torch.exp(x)) * g
 
 
+class _PostBackward(torch.autograd.Function):
+    """Identity whose backward first calls ``callback`` (FSDP2's post-backward hook on a unit's input)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, callback: Callable[[], None]) -> torch.Tensor:
+        ctx.callback = callback
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.callback()
+        return g, None
+
+
 class _RMSNorm(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -282,8 +296,13 @@ class _Fsdp:
         def around(i: int) -> tuple[Callable[..., None], Callable[..., None]]:
             unit = f"layers.{i}"
 
-            def pre_forward(module: nn.Module, args: Any) -> None:
+            def pre_forward(module: nn.Module, args: Any) -> Any:
                 self.unshard(unit)
+                if not args[0].requires_grad:
+                    return None
+                # as FSDP2's RegisterPostBackwardFunction: the reduce runs once the input's gradient is
+                # computed, before that gradient reaches the previous block (and its pre-backward)
+                return (_PostBackward.apply(args[0], lambda: self.post_backward(unit)), *args[1:])
 
             def post_forward(module: nn.Module, args: Any, out: torch.Tensor) -> None:
                 if i < last:
@@ -294,8 +313,6 @@ class _Fsdp:
                     if i > 0:
                         self.unshard(f"layers.{i - 1}")
                 out.register_hook(pre_backward)
-                if args[0].requires_grad:
-                    args[0].register_hook(lambda grad: self.post_backward(unit))
             return pre_forward, post_forward
 
         for i, layer in enumerate(model.layers):
