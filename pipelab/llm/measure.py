@@ -25,8 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-#: one trace event: ``("alloc", key, bytes, stream)`` or ``("free", key, bytes, stream)``
-Event = tuple[str, Hashable, int, str]
+from pipelab.llm.allocator import Event
 
 
 class StorageMeter(TorchDispatchMode):

@@ -103,6 +103,16 @@ class _ScatterSeq(torch.autograd.Function):
         return _GatherSeq.apply(g, ctx.t), None
 
 
+def _gather(x: torch.Tensor, t: int) -> torch.Tensor:
+    """``x`` gathered along the sequence over a tensor group of ``t`` (itself when ``t`` is 1)."""
+    return _GatherSeq.apply(x, t) if t > 1 else x
+
+
+def _scatter(x: torch.Tensor, t: int) -> torch.Tensor:
+    """``x`` reduce-scattered along the sequence over a tensor group of ``t`` (itself when ``t`` is 1)."""
+    return _ScatterSeq.apply(x, t) if t > 1 else x
+
+
 class _LossParallel(torch.autograd.Function):
     """torch's ``loss_parallel`` cross entropy on one rank's vocabulary shard of fp32 logits."""
 
@@ -165,12 +175,6 @@ class _Block(nn.Module):
         self.w1, self.w3 = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False)
         self.w2 = nn.Linear(f, h, bias=False)
 
-    def _gather(self, x: torch.Tensor) -> torch.Tensor:
-        return _GatherSeq.apply(x, self.t) if self.t > 1 else x
-
-    def _scatter(self, x: torch.Tensor) -> torch.Tensor:
-        return _ScatterSeq.apply(x, self.t) if self.t > 1 else x
-
     def attention(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q = _rotate(self.wq(x).view(b, s, self.heads, self.d), freqs)
@@ -184,9 +188,10 @@ class _Block(nn.Module):
         return self.wo(out.transpose(1, 2).contiguous().view(b, s, -1))
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-        h = x + self._scatter(self.attention(self._gather(self.attention_norm(x)), freqs))
-        z = self._gather(self.ffn_norm(h))
-        return h + self._scatter(self.w2(F.silu(self.w1(z)) * self.w3(z)))
+        t = self.t
+        h = x + _scatter(self.attention(_gather(self.attention_norm(x), t), freqs), t)
+        z = _gather(self.ffn_norm(h), t)
+        return h + _scatter(self.w2(F.silu(self.w1(z)) * self.w3(z)), t)
 
 
 class _Checkpointed(nn.Module):
@@ -215,12 +220,11 @@ class _Llama(nn.Module):
         self.output = nn.Linear(m.hidden, m.vocab // t, bias=False)
 
     def forward(self, ids: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-        x = self.tok_embeddings(ids)
-        x = _ScatterSeq.apply(x, self.t) if self.t > 1 else x
+        x = _scatter(self.tok_embeddings(ids), self.t)
         for layer in self.layers:
             x = layer(x, freqs)
-        x = self.norm(x)
-        return self.output(_GatherSeq.apply(x, self.t) if self.t > 1 else x)
+        x = self.norm(x)                    # rebinding frees the last block's output, as torchtitan's does
+        return self.output(_gather(x, self.t))
 
 
 class _Fsdp:
@@ -243,13 +247,16 @@ class _Fsdp:
     def _shard(self, p: torch.Tensor) -> int:
         return math.ceil(p.numel() / self.d)
 
+    def _unit_shard(self, unit: str) -> int:
+        """Elements of ``unit``'s shard on one rank (its gathered flat buffer holds ``d`` of them)."""
+        return sum(self._shard(p) for p in self.units[unit])
+
     def unshard(self, unit: str) -> None:
         """All-gather ``unit``'s parameters in bf16 (a no-op when they are gathered)."""
         if unit in self.gathered:
             return
-        params = self.units[unit]
-        flat = self.meter.alloc(sum(self._shard(p) for p in params) * self.d * 2, "all-gather copy-in")
-        self.gathered[unit] = [self.meter.alloc(p.numel() * 2) for p in params]
+        flat = self.meter.alloc(self._unit_shard(unit) * self.d * 2, "all-gather copy-in")
+        self.gathered[unit] = [self.meter.alloc(p.numel() * 2) for p in self.units[unit]]
         self.meter.free(flat)
 
     def reshard(self, unit: str) -> None:
@@ -259,14 +266,13 @@ class _Fsdp:
 
     def post_backward(self, unit: str) -> None:
         """Reshard, then reduce-scatter the unit's gradients into fp32 shards."""
-        params = self.units[unit]
         self.reshard(unit)
         if self.reduce_input is not None:
             self.meter.free(self.reduce_input)
-        self.reduce_input = self.meter.alloc(sum(self._shard(p) for p in params) * self.d * 4)
-        for p in params:
+        self.reduce_input = self.meter.alloc(self._unit_shard(unit) * self.d * 4)
+        for p in self.units[unit]:
             p.grad = None                                             # the bf16 gradients, copied in
-        self.grads.append(self.meter.alloc(sum(self._shard(p) for p in params) * 4, "reduce-scatter"))
+        self.grads.append(self.meter.alloc(self._unit_shard(unit) * 4, "reduce-scatter"))
 
     def end_backward(self) -> None:
         """The last reduce-scatter's input is released when the backward ends."""
