@@ -57,10 +57,10 @@ def transformer_profile(model: Transformer, parallel: Parallel | int = 1, device
     layers = [Layer("embedding", "Embedding", fwd_s=emb, bwd_s=emb, out_bytes=act,
                     param_bytes=e * model.embedding_params() // t, flops=0, saved_bytes=b * s * h,
                     wgrad_s=emb, param_tensors=2 if model.positions else 1)]
-    bwd = blk.backward_input_s + blk.backward_weight_s + blk.tensor_comm_backward_s
+    bwd = blk.backward_total_s            # nothing hidden: tensor_overlap is refused above
     saved = layer_activation_bytes(model, par, attention)
     for k in range(model.layers):
-        layers.append(Layer(f"block.{k}", "TransformerBlock", fwd_s=blk.forward_s + blk.tensor_comm_forward_s,
+        layers.append(Layer(f"block.{k}", "TransformerBlock", fwd_s=blk.forward_total_s,
                             bwd_s=bwd, out_bytes=act, param_bytes=e * n_blk, flops=blk.forward_flops,
                             saved_bytes=saved, wgrad_s=blk.backward_weight_s,
                             param_tensors=12 if model.bias else 9))

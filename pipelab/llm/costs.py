@@ -57,8 +57,30 @@ COLUMN_PARALLEL = ("qkv", "mlp_up")
 BUCKET_BYTES = 25 * 2**20
 
 
+class _PassTotals:
+    """A forward's and a backward's seconds with their tensor communication (a block's or a stage's)."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    tensor_comm_forward_s: float
+    tensor_comm_backward_s: float
+    tensor_comm_backward_hidden_s: float
+
+    @property
+    def forward_total_s(self) -> float:
+        """Forward compute plus its tensor communication."""
+        return self.forward_s + self.tensor_comm_forward_s
+
+    @property
+    def backward_total_s(self) -> float:
+        """Input and weight gradients plus the backward's exposed tensor communication."""
+        return (self.backward_input_s + self.backward_weight_s + self.tensor_comm_backward_s
+                - self.tensor_comm_backward_hidden_s)
+
+
 @dataclass(frozen=True)
-class BlockCosts:
+class BlockCosts(_PassTotals):
     """Seconds of one block for one microbatch on one device of its tensor group."""
 
     forward_s: float
@@ -146,7 +168,7 @@ def block_costs(model: Transformer, parallel: Parallel, device: DeviceRates, clu
 
 
 @dataclass(frozen=True)
-class StageCosts:
+class StageCosts(_PassTotals):
     """Seconds of one pipeline stage (all its blocks, and the embedding or head at the ends) per
     microbatch, on one device of its tensor group; recomputation is inside ``backward_input_s``."""
 
@@ -165,17 +187,6 @@ class StageCosts:
     #: of ``tensor_comm_backward_s``, the seconds hidden behind the weight-gradient GEMMs when the
     #: backward computes them (``Parallel.tensor_overlap``)
     tensor_comm_backward_hidden_s: float = 0.0
-
-    @property
-    def forward_total_s(self) -> float:
-        """Forward compute plus its tensor communication."""
-        return self.forward_s + self.tensor_comm_forward_s
-
-    @property
-    def backward_total_s(self) -> float:
-        """Input and weight gradients plus the backward's exposed tensor communication."""
-        return (self.backward_input_s + self.backward_weight_s + self.tensor_comm_backward_s
-                - self.tensor_comm_backward_hidden_s)
 
 
 @dataclass(frozen=True)

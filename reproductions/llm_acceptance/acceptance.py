@@ -167,12 +167,10 @@ def layer_check() -> list[tuple[str, float, float]]:
         par = Parallel(tensor=8, microbatch_size=4, sequence_parallel=sp, tensor_overlap=True)
         return block_costs(model, par, rates, cluster)
     base, sp = blk(False), blk(True)
-    fwd = base.forward_s + base.tensor_comm_forward_s
-    bwd = (base.backward_input_s + base.backward_weight_s + base.tensor_comm_backward_s
-           - base.tensor_comm_backward_hidden_s)
+    fwd, bwd = base.forward_total_s, base.backward_total_s
     ours = {"forward": fwd, "backward": bwd, "backward, full recomputation": bwd + fwd,
             "backward, selective recomputation": bwd + base.attention_core_s,
-            "forward, sequence parallel": sp.forward_s + sp.tensor_comm_forward_s}
+            "forward, sequence parallel": sp.forward_total_s}
     return [(k, v, 1e3 * ours[k]) for k, v in LAYER_TABLE4_MS.items()]
 
 
